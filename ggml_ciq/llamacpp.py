@@ -1,0 +1,405 @@
+"""Bridge to llama.cpp's ggml libraries (cffi ABI mode): its mul_mat on any ggml device as a
+reference, plus ggml's quantize / dequantize routines.
+
+Only ggml API functions are called; no ggml struct layout is read or written here, except the
+by-value `ggml_init_params`. Every size is checked in Python first, so bad input raises a
+CiqError instead of reaching a GGML_ASSERT (which aborts the process).
+"""
+
+import importlib.util
+import os
+import pathlib
+
+import cffi
+import numpy as np
+
+from .errors import BackendError, LibraryNotFoundError, ShapeError, UnsupportedTypeError
+
+ENV_VAR = "GGML_CIQ_LLAMACPP_LIB"
+_HINT = "(pip install 'ggml-ciq[llamacpp]' or set GGML_CIQ_LLAMACPP_LIB)"
+
+# enum ggml_type values (ggml.h; fixed by the GGUF format).
+F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 = 0, 1, 2, 3, 6, 7, 8, 9
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K = 10, 11, 12, 13, 14, 15
+BF16 = 30
+_TYPE_COUNT = 43  # GGML_TYPE_COUNT of ggml 0.25.x; ggml does not bounds-check type indices
+_MAX_THREADS = 512  # GGML_MAX_N_THREADS
+
+# Types in ggml_quantize_chunk's switch (ggml.c); others abort. IQ* types: 16..23, 29.
+_QUANTIZABLE = frozenset({F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+                          16, 17, 18, 19, 20, 21, 22, 23, 29, 34, 35, 39, 40, 41, 42})
+# Weight types without a CPU vec_dot (Q8_1, Q8_K, I8, I16, I32, I64, F64): mul_mat would abort.
+_NO_MUL_MAT = frozenset({Q8_1, Q8_K, 24, 25, 26, 27, 28})
+_DEQUANTIZE = {
+    Q4_0: "dequantize_row_q4_0", Q5_0: "dequantize_row_q5_0", Q8_0: "dequantize_row_q8_0",
+    Q4_K: "dequantize_row_q4_K", Q5_K: "dequantize_row_q5_K", Q6_K: "dequantize_row_q6_K",
+    F16: "ggml_fp16_to_fp32_row", BF16: "ggml_bf16_to_fp32_row",
+}
+
+_CDEF = """
+struct ggml_context; struct ggml_tensor; struct ggml_cgraph;
+struct ggml_backend; struct ggml_backend_device; struct ggml_backend_reg; struct ggml_backend_buffer;
+struct ggml_init_params { size_t mem_size; void * mem_buffer; bool no_alloc; };
+
+const char * ggml_version(void);
+const char * ggml_commit(void);
+const char * ggml_type_name(int type);
+int64_t ggml_blck_size(int type);
+size_t ggml_type_size(int type);
+size_t ggml_row_size(int type, int64_t ne);
+
+struct ggml_context * ggml_init(struct ggml_init_params params);
+void ggml_free(struct ggml_context * ctx);
+size_t ggml_tensor_overhead(void);
+size_t ggml_graph_overhead_custom(size_t size, bool grads);
+struct ggml_tensor * ggml_new_tensor_2d(struct ggml_context * ctx, int type, int64_t ne0, int64_t ne1);
+struct ggml_tensor * ggml_mul_mat(struct ggml_context * ctx, struct ggml_tensor * a, struct ggml_tensor * b);
+size_t ggml_nbytes(const struct ggml_tensor * tensor);
+struct ggml_cgraph * ggml_new_graph_custom(struct ggml_context * ctx, size_t size, bool grads);
+void ggml_build_forward_expand(struct ggml_cgraph * cgraph, struct ggml_tensor * tensor);
+
+size_t ggml_backend_dev_count(void);
+struct ggml_backend_device * ggml_backend_dev_get(size_t index);
+struct ggml_backend_device * ggml_backend_dev_by_name(const char * name);
+const char * ggml_backend_dev_name(struct ggml_backend_device * device);
+struct ggml_backend * ggml_backend_dev_init(struct ggml_backend_device * device, const char * params);
+struct ggml_backend_reg * ggml_backend_dev_backend_reg(struct ggml_backend_device * device);
+void * ggml_backend_reg_get_proc_address(struct ggml_backend_reg * reg, const char * name);
+void ggml_backend_load_all_from_path(const char * dir_path);
+void ggml_backend_free(struct ggml_backend * backend);
+bool ggml_backend_supports_op(struct ggml_backend * backend, const struct ggml_tensor * op);
+struct ggml_backend_buffer * ggml_backend_alloc_ctx_tensors(struct ggml_context * ctx,
+                                                            struct ggml_backend * backend);
+void ggml_backend_buffer_free(struct ggml_backend_buffer * buffer);
+void ggml_backend_tensor_set(struct ggml_tensor * tensor, const void * data, size_t offset, size_t size);
+void ggml_backend_tensor_get(const struct ggml_tensor * tensor, void * data, size_t offset, size_t size);
+int ggml_backend_graph_compute(struct ggml_backend * backend, struct ggml_cgraph * cgraph);
+
+void ggml_quantize_init(int type);
+bool ggml_quantize_requires_imatrix(int type);
+size_t ggml_quantize_chunk(int type, const float * src, void * dst, int64_t start, int64_t nrows,
+                           int64_t n_per_row, const float * imatrix);
+void quantize_row_q8_K_ref(const float * x, void * y, int64_t k);
+void dequantize_row_q4_0(const void * x, float * y, int64_t k);
+void dequantize_row_q5_0(const void * x, float * y, int64_t k);
+void dequantize_row_q8_0(const void * x, float * y, int64_t k);
+void dequantize_row_q4_K(const void * x, float * y, int64_t k);
+void dequantize_row_q5_K(const void * x, float * y, int64_t k);
+void dequantize_row_q6_K(const void * x, float * y, int64_t k);
+void ggml_fp16_to_fp32_row(const void * x, float * y, int64_t n);
+void ggml_bf16_to_fp32_row(const void * x, float * y, int64_t n);
+"""
+_REQUIRED = ("ggml_init", "ggml_mul_mat", "ggml_backend_dev_count", "ggml_backend_dev_init",
+             "ggml_backend_alloc_ctx_tensors", "ggml_backend_graph_compute", "ggml_quantize_chunk",
+             "quantize_row_q8_K_ref")
+
+ffi = cffi.FFI()
+ffi.cdef(_CDEF)
+
+
+def _lib_file(directory, stem):
+    """The shared library `stem` (e.g. "ggml-base") in `directory`, or None."""
+    for name in (f"lib{stem}.so", f"lib{stem}.dylib", f"{stem}.dll"):
+        if (directory / name).is_file():
+            return directory / name
+    return None
+
+
+def find_library_dir(path=None):
+    """Directory holding llama.cpp's libggml-base and libggml: `path`, else $GGML_CIQ_LLAMACPP_LIB,
+    else the installed llama_cpp package's lib/ (found without importing llama_cpp)."""
+    if path is None:
+        path = os.environ.get(ENV_VAR) or None
+    if path is None:
+        spec = importlib.util.find_spec("llama_cpp")
+        if spec is None or not spec.submodule_search_locations:
+            raise LibraryNotFoundError(f"llama.cpp libraries not found: no llama_cpp package and "
+                                       f"{ENV_VAR} unset {_HINT}")
+        path = pathlib.Path(spec.submodule_search_locations[0]) / "lib"
+    directory = pathlib.Path(path).expanduser().resolve()
+    missing = [stem for stem in ("ggml-base", "ggml") if _lib_file(directory, stem) is None]
+    if missing:
+        raise LibraryNotFoundError(f"llama.cpp libraries not found: no lib{missing[0]} in "
+                                   f"{directory} {_HINT}")
+    return directory
+
+
+def _raw_bytes(data):
+    """A contiguous flat uint8 view (or copy) of a bytes-like object or numpy array."""
+    if isinstance(data, np.ndarray):
+        return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    return np.frombuffer(data, dtype=np.uint8)
+
+
+def _live(handle):
+    return handle is not None and handle != ffi.NULL
+
+
+def _positive(**sizes):
+    for name, value in sizes.items():
+        if int(value) != value or value < 1:
+            raise ShapeError(f"{name} must be a positive integer, got {value!r}")
+
+
+class LlamaCpp:
+    """llama.cpp's ggml, loaded from one library directory. Use `LlamaCpp.load()`."""
+
+    _instances = {}
+
+    @classmethod
+    def load(cls, path=None):
+        """The (cached) bridge for `find_library_dir(path)`. One directory per process: a second
+        copy of ggml would bind to the first one's symbols."""
+        directory = find_library_dir(path)
+        if directory not in cls._instances:
+            if cls._instances:
+                other = next(iter(cls._instances))
+                raise BackendError(f"llama.cpp is already loaded from {other}; cannot also load "
+                                   f"{directory} in the same process")
+            cls._instances[directory] = cls(directory)
+        return cls._instances[directory]
+
+    def __init__(self, lib_dir):
+        self.lib_dir = pathlib.Path(lib_dir)
+        try:
+            # RTLD_GLOBAL so that backend modules can resolve ggml-base's symbols. Symbols are looked
+            # up through libggml's handle, which also searches its dependencies (base, cpu, ...).
+            flags = ffi.RTLD_NOW | ffi.RTLD_GLOBAL
+            self._base = ffi.dlopen(str(_lib_file(self.lib_dir, "ggml-base")), flags)
+            self._lib = ffi.dlopen(str(_lib_file(self.lib_dir, "ggml")), flags)
+        except (OSError, TypeError) as e:
+            raise LibraryNotFoundError(f"cannot load llama.cpp libraries from {self.lib_dir}: {e}")
+        for name in _REQUIRED:
+            if not self._has(name):
+                raise LibraryNotFoundError(f"{name} not exported by the llama.cpp libraries in "
+                                           f"{self.lib_dir}")
+        if self._lib.ggml_backend_dev_count() == 0:  # backends built as loadable modules
+            self._lib.ggml_backend_load_all_from_path(str(self.lib_dir).encode())
+        if self._lib.ggml_backend_dev_count() == 0:
+            raise LibraryNotFoundError(f"no ggml backend devices found in {self.lib_dir}")
+        self.version = self._string("ggml_version")
+        self.commit = self._string("ggml_commit")
+
+    def __repr__(self):
+        return f"LlamaCpp({str(self.lib_dir)!r}, version={self.version!r}, devices={self.devices()})"
+
+    def _has(self, name):
+        try:
+            getattr(self._lib, name)
+            return True
+        except (AttributeError, ffi.error):
+            return False
+
+    def _string(self, name):
+        return ffi.string(getattr(self._lib, name)()).decode() if self._has(name) else None
+
+    def devices(self):
+        """Names of the ggml devices, e.g. ["CUDA0", "CPU"]."""
+        lib = self._lib
+        return [ffi.string(lib.ggml_backend_dev_name(lib.ggml_backend_dev_get(i))).decode()
+                for i in range(lib.ggml_backend_dev_count())]
+
+    def _device(self, name):
+        dev = self._lib.ggml_backend_dev_by_name(str(name).encode())
+        if dev == ffi.NULL:
+            raise BackendError(f'unknown device "{name}" (available: {", ".join(self.devices())})')
+        return dev
+
+    def _check_type(self, ggml_type):
+        if not isinstance(ggml_type, (int, np.integer)) or not 0 <= ggml_type < _TYPE_COUNT:
+            raise UnsupportedTypeError(f"invalid ggml type {ggml_type!r}")
+        if self._lib.ggml_blck_size(ggml_type) <= 0:
+            raise UnsupportedTypeError(f"ggml type {ggml_type} has been removed from ggml")
+        return int(ggml_type)
+
+    def _check_row(self, ggml_type, n, what="K"):
+        """Validate type and row length; returns the row's byte size."""
+        ggml_type = self._check_type(ggml_type)
+        blck = self._lib.ggml_blck_size(ggml_type)
+        if n % blck:
+            raise ShapeError(f"{what}={n} is not a multiple of {self.type_name(ggml_type)}'s block "
+                             f"size {blck}")
+        return self._lib.ggml_row_size(ggml_type, n)
+
+    def type_name(self, ggml_type):
+        """ggml's name of a type, e.g. "q4_K"."""
+        return ffi.string(self._lib.ggml_type_name(self._check_type(ggml_type))).decode()
+
+    def type_size(self, ggml_type):
+        """Bytes per block (ggml_type_size)."""
+        return self._lib.ggml_type_size(self._check_type(ggml_type))
+
+    def block_size(self, ggml_type):
+        """Values per block (ggml_blck_size)."""
+        return self._lib.ggml_blck_size(self._check_type(ggml_type))
+
+    def mul_mat(self, ggml_type, weight, rows, k, x, device="CPU", threads=None):
+        """llama.cpp's out[tokens, rows] = x[tokens, k] @ W[rows, k].T, with W in raw GGUF blocks."""
+        x = np.asarray(x)
+        if x.ndim != 2:
+            raise ShapeError(f"activations must be [tokens, K], got shape {x.shape}")
+        with MulMatGraph(self, device, ggml_type, rows, k, x.shape[0], threads=threads) as graph:
+            graph.set_weights(weight)
+            graph.set_input(x)
+            graph.compute()
+            return graph.output()
+
+    def quantize_chunk(self, ggml_type, x):
+        """ggml_quantize_chunk of float32 x[rows, k] (no imatrix) -> raw blocks, uint8."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.ndim != 2:
+            raise ShapeError(f"quantize_chunk needs [rows, K], got shape {x.shape}")
+        rows, k = x.shape
+        _positive(rows=rows, K=k)
+        row_size = self._check_row(ggml_type, k)
+        if ggml_type not in _QUANTIZABLE or self._lib.ggml_quantize_requires_imatrix(ggml_type):
+            raise UnsupportedTypeError(f"ggml cannot quantize to {self.type_name(ggml_type)} "
+                                       f"without an importance matrix")
+        out = np.empty(rows * row_size, dtype=np.uint8)
+        self._lib.ggml_quantize_init(ggml_type)
+        written = self._lib.ggml_quantize_chunk(ggml_type, ffi.from_buffer("float[]", x),
+                                                ffi.from_buffer(out), 0, rows, k, ffi.NULL)
+        if written != out.size:
+            raise BackendError(f"ggml_quantize_chunk wrote {written} bytes, expected {out.size}")
+        return out
+
+    def dequantize(self, ggml_type, data, n):
+        """ggml's dequantize_row_* of `n` values in raw blocks -> float32[n]."""
+        _positive(n=n)
+        nbytes = self._check_row(ggml_type, n, what="n")
+        name = _DEQUANTIZE.get(ggml_type)
+        if name is None or not self._has(name):
+            raise UnsupportedTypeError(f"no ggml dequantize function for {self.type_name(ggml_type)}")
+        raw = _raw_bytes(data)
+        if raw.size != nbytes:
+            raise ShapeError(f"{n} {self.type_name(ggml_type)} values take {nbytes} bytes, got {raw.size}")
+        out = np.empty(n, dtype=np.float32)
+        getattr(self._lib, name)(ffi.from_buffer(raw), ffi.from_buffer("float[]", out), n)
+        return out
+
+    def quantize_row_q8_K_ref(self, x):
+        """ggml's quantize_row_q8_K_ref of float32 values (a multiple of 256; e.g. [tokens, K])
+        -> Q8_K blocks (292 B per 256 values), uint8."""
+        x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+        _positive(n=x.size)
+        # Zeroed: for an all-zero block ggml writes d and qs but leaves bsums untouched.
+        out = np.zeros(self._check_row(Q8_K, x.size, what="n"), dtype=np.uint8)
+        self._lib.quantize_row_q8_K_ref(ffi.from_buffer("float[]", x), ffi.from_buffer(out), x.size)
+        return out
+
+
+class MulMatGraph:
+    """A ggml graph of `copies` mul_mats W_i[rows, k] x x[tokens, k] on one device: each with its
+    own weight tensor, all sharing one activation tensor. Allocated once, computed many times."""
+
+    def __init__(self, bridge, device, ggml_type, rows, k, tokens, copies=1, threads=None):
+        self._lib = lib = bridge._lib
+        self._ctx = self._backend = self._buffer = None
+        _positive(rows=rows, K=k, tokens=tokens, copies=copies)
+        self.weight_nbytes = rows * bridge._check_row(ggml_type, k)
+        if ggml_type in _NO_MUL_MAT:
+            raise UnsupportedTypeError(f"ggml has no mul_mat for {bridge.type_name(ggml_type)} weights")
+        if threads is not None and not 1 <= threads <= _MAX_THREADS:
+            raise BackendError(f"threads must be in 1..{_MAX_THREADS}, got {threads}")
+        self.device, self.rows, self.k, self.tokens, self.copies = device, rows, k, tokens, copies
+        self._weights_set, self._input_set = set(), False
+        dev = bridge._device(device)
+        try:
+            graph_size = 2 * copies + 8
+            mem = ((2 * copies + 1) * lib.ggml_tensor_overhead()
+                   + lib.ggml_graph_overhead_custom(graph_size, False))
+            self._ctx = lib.ggml_init(ffi.new("struct ggml_init_params *", [mem, ffi.NULL, True])[0])
+            if self._ctx == ffi.NULL:
+                raise BackendError("ggml_init failed")
+            self._w = [lib.ggml_new_tensor_2d(self._ctx, ggml_type, k, rows) for _ in range(copies)]
+            self._x = lib.ggml_new_tensor_2d(self._ctx, F32, k, tokens)
+            self._out = [lib.ggml_mul_mat(self._ctx, w, self._x) for w in self._w]
+            self._graph = lib.ggml_new_graph_custom(self._ctx, graph_size, False)
+            for out in self._out:
+                lib.ggml_build_forward_expand(self._graph, out)
+            self._backend = lib.ggml_backend_dev_init(dev, ffi.NULL)
+            if self._backend == ffi.NULL:
+                raise BackendError(f"cannot initialize a ggml backend on {device}")
+            if not lib.ggml_backend_supports_op(self._backend, self._out[0]):
+                raise UnsupportedTypeError(f"{device} does not support mul_mat with "
+                                           f"{bridge.type_name(ggml_type)} weights")
+            # The backend's default buffer type: plain layout (no CPU repacking).
+            self._buffer = lib.ggml_backend_alloc_ctx_tensors(self._ctx, self._backend)
+            if self._buffer == ffi.NULL:
+                raise BackendError(f"cannot allocate {copies} x {self.weight_nbytes} weight bytes "
+                                   f"+ activations on {device}")
+            set_threads = lib.ggml_backend_reg_get_proc_address(
+                lib.ggml_backend_dev_backend_reg(dev), b"ggml_backend_set_n_threads")
+            if set_threads != ffi.NULL:
+                ffi.cast("void (*)(struct ggml_backend *, int)", set_threads)(
+                    self._backend, threads or os.cpu_count() or 1)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self):
+        if self._ctx is None:
+            raise BackendError("MulMatGraph is closed")
+
+    def set_weights(self, weights):
+        """Raw weight blocks: one bytes-like for all copies, or a list of `copies` of them."""
+        self._open()
+        if not isinstance(weights, (list, tuple)):
+            weights = [weights] * self.copies
+        if len(weights) != self.copies:
+            raise ShapeError(f"expected {self.copies} weight buffers, got {len(weights)}")
+        raws = [_raw_bytes(w) for w in weights]
+        for raw in raws:
+            if raw.size != self.weight_nbytes:
+                raise ShapeError(f"weight has {raw.size} bytes, expected {self.weight_nbytes} "
+                                 f"({self.rows} rows x K={self.k})")
+        for i, raw in enumerate(raws):
+            self._lib.ggml_backend_tensor_set(self._w[i], ffi.from_buffer(raw), 0, raw.size)
+            self._weights_set.add(i)
+
+    def set_input(self, x):
+        """Activations, float32 [tokens, K]."""
+        self._open()
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.shape != (self.tokens, self.k):
+            raise ShapeError(f"activations have shape {x.shape}, expected ({self.tokens}, {self.k})")
+        self._lib.ggml_backend_tensor_set(self._x, ffi.from_buffer(x), 0, x.nbytes)
+        self._input_set = True
+
+    def compute(self):
+        """Run the graph; returns when the results are ready."""
+        self._open()
+        if len(self._weights_set) != self.copies or not self._input_set:
+            raise BackendError("set_weights() and set_input() must be called before compute()")
+        status = self._lib.ggml_backend_graph_compute(self._backend, self._graph)
+        if status != 0:
+            raise BackendError(f"ggml_backend_graph_compute on {self.device} failed (status {status})")
+
+    def output(self, i=0):
+        """Result of mul_mat `i`, float32 [tokens, rows]."""
+        self._open()
+        if not 0 <= i < self.copies:
+            raise ShapeError(f"output index {i} out of range (copies={self.copies})")
+        out = np.empty((self.tokens, self.rows), dtype=np.float32)
+        self._lib.ggml_backend_tensor_get(self._out[i], ffi.from_buffer(out), 0, out.nbytes)
+        return out
+
+    def close(self):
+        """Free the device buffer, backend and context (idempotent)."""
+        if _live(self._buffer):
+            self._lib.ggml_backend_buffer_free(self._buffer)
+        if _live(self._backend):
+            self._lib.ggml_backend_free(self._backend)
+        if _live(self._ctx):
+            self._lib.ggml_free(self._ctx)
+        self._ctx = self._backend = self._buffer = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_ctx", None) is not None:
+            self.close()

@@ -1,0 +1,357 @@
+"""ggml block formats and the reference GEMMs, in numpy, bit-exact with ggml and llama.cpp CUDA MMQ.
+
+docs/SEMANTICS.md is the contract. Shapes: weight blocks ``[rows, K/256, block_bytes]`` (uint8),
+activations ``[tokens, K]`` float32, GEMM output ``[tokens, rows]``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import ShapeError, UnsupportedTypeError
+
+QK_K = 256
+Q8_1_MMQ_VALUES = 128
+
+# ggml type ids (ggml.h enum ggml_type).
+F32, F16, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, Q8_K, BF16 = 0, 1, 2, 6, 8, 12, 13, 14, 15, 30
+TYPE_NAMES = {F32: "F32", F16: "F16", Q4_0: "Q4_0", Q5_0: "Q5_0", Q8_0: "Q8_0", Q4_K: "Q4_K",
+              Q5_K: "Q5_K", Q6_K: "Q6_K", Q8_K: "Q8_K", BF16: "BF16"}
+# (values per block, bytes per block)
+BLOCK_LAYOUT = {F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q4_0: (32, 18), Q5_0: (32, 22), Q8_0: (32, 34),
+                Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210), Q8_K: (256, 292)}
+KEEP_QUANT_TYPES = (Q4_K, Q6_K)
+
+Q8_K_DTYPE = np.dtype([("d", "<f4"), ("qs", "i1", QK_K), ("bsums", "<i2", QK_K // 16)])
+Q8_1_MMQ_BYTES = 144
+
+
+def type_name(ggml_type: int) -> str:
+    return TYPE_NAMES.get(ggml_type, f"type {ggml_type}")
+
+
+def row_bytes(ggml_type: int, k: int) -> int:
+    """Bytes of one row of k values; ShapeError if k is not a whole number of blocks."""
+    if ggml_type not in BLOCK_LAYOUT:
+        raise UnsupportedTypeError(f"unsupported tensor type {type_name(ggml_type)}")
+    values, nbytes = BLOCK_LAYOUT[ggml_type]
+    if k % values:
+        raise ShapeError(f"{type_name(ggml_type)} rows need K % {values} == 0, got K={k}")
+    return k // values * nbytes
+
+
+def _blocks(data, ggml_type: int, rows: int, k: int) -> np.ndarray:
+    """View raw tensor bytes as [rows, K/256, block_bytes] uint8."""
+    nbytes = row_bytes(ggml_type, k)
+    raw = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data.view(np.uint8)
+    if raw.size != rows * nbytes:
+        raise ShapeError(f"{type_name(ggml_type)} [{rows} x {k}] needs {rows * nbytes} bytes, got {raw.size}")
+    return raw.reshape(rows, k // QK_K, BLOCK_LAYOUT[ggml_type][1])
+
+
+def _half(raw: np.ndarray) -> np.ndarray:
+    """Little-endian fp16 from [..., 2] uint8 as float32."""
+    return np.ascontiguousarray(raw).view("<f2")[..., 0].astype(np.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# Q4_K
+
+def q4_K_fields(data, rows: int, k: int):
+    """Decode Q4_K blocks into (d, dmin [rows, nb] f32; sc, m [rows, nb, 8] int; q [rows, nb, 8, 32] int)."""
+    b = _blocks(data, Q4_K, rows, k)
+    d, dmin = _half(b[..., 0:2]), _half(b[..., 2:4])
+    s = b[..., 4:16].astype(np.int32)
+    sc = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 0xF) | ((s[..., 0:4] >> 6) << 4)], axis=-1)
+    m = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], axis=-1)
+    qs = b[..., 16:144].reshape(rows, -1, 4, 32)
+    q = np.stack([qs & 0xF, qs >> 4], axis=3).reshape(rows, -1, 8, 32).astype(np.int32)
+    return d, dmin, sc, m, q
+
+
+def dequantize_q4_K(data, rows: int, k: int) -> np.ndarray:
+    """ggml dequantize_row_q4_K, bit for bit: (d*sc)*q - dmin*m in float32."""
+    d, dmin, sc, m, q = q4_K_fields(data, rows, k)
+    d1 = d[..., None] * sc.astype(np.float32)
+    m1 = dmin[..., None] * m.astype(np.float32)
+    return (d1[..., None] * q.astype(np.float32) - m1[..., None]).reshape(rows, k)
+
+
+def quantize_q4_K(x: np.ndarray) -> np.ndarray:
+    """Simple deterministic Q4_K quantizer (min/max per sub-block; not ggml's search) -> raw bytes."""
+    rows, k = x.shape
+    row_bytes(Q4_K, k)
+    xb = x.astype(np.float32).reshape(rows, k // QK_K, 8, 32)
+    lo = np.minimum(xb.min(-1), 0.0)
+    scale = (xb.max(-1) - lo) / 15.0
+    d = (scale.max(-1) / 63.0).astype(np.float16)
+    dmin = ((-lo).max(-1) / 63.0).astype(np.float16)
+    df, dminf = d.astype(np.float32)[..., None], dmin.astype(np.float32)[..., None]
+    sc = np.clip(np.rint(np.divide(scale, df, out=np.zeros_like(scale), where=df > 0)), 0, 63).astype(np.int32)
+    m = np.clip(np.rint(np.divide(-lo, dminf, out=np.zeros_like(lo), where=dminf > 0)), 0, 63).astype(np.int32)
+    step = (df * sc)[..., None]
+    q = np.divide(xb + (dminf * m)[..., None], step, out=np.zeros_like(xb), where=step > 0)
+    q = np.clip(np.rint(q), 0, 15).astype(np.uint8)
+    out = np.zeros((rows, k // QK_K, 144), np.uint8)
+    out[..., 0:2] = d.view(np.uint8).reshape(rows, -1, 2)
+    out[..., 2:4] = dmin.view(np.uint8).reshape(rows, -1, 2)
+    s = np.zeros((rows, k // QK_K, 12), np.int32)
+    s[..., 0:4] = sc[..., 0:4] | ((sc[..., 4:8] >> 4) << 6)
+    s[..., 4:8] = m[..., 0:4] | ((m[..., 4:8] >> 4) << 6)
+    s[..., 8:12] = (sc[..., 4:8] & 0xF) | ((m[..., 4:8] & 0xF) << 4)
+    out[..., 4:16] = s.astype(np.uint8)
+    qc = q.reshape(rows, -1, 4, 2, 32)
+    out[..., 16:144] = (qc[:, :, :, 0] | (qc[:, :, :, 1] << 4)).reshape(rows, -1, 128)
+    return out.reshape(-1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Q6_K
+
+def q6_K_fields(data, rows: int, k: int):
+    """Decode Q6_K blocks into (d [rows, nb] f32; sc [rows, nb, 16] int; q [rows, nb, 256] int in -32..31)."""
+    b = _blocks(data, Q6_K, rows, k)
+    ql, qh = b[..., 0:128].astype(np.int32), b[..., 128:192].astype(np.int32)
+    sc = b[..., 192:208].view(np.int8).astype(np.int32)
+    d = _half(b[..., 208:210])
+    halves = []
+    for n in range(2):
+        lo, hi = ql[..., 64 * n:64 * n + 64], qh[..., 32 * n:32 * n + 32]
+        groups = [lo[..., 0:32] & 0xF, lo[..., 32:64] & 0xF, lo[..., 0:32] >> 4, lo[..., 32:64] >> 4]
+        halves += [g | (((hi >> (2 * i)) & 3) << 4) for i, g in enumerate(groups)]
+    q = np.concatenate(halves, axis=-1) - 32
+    return d, sc, q
+
+
+def dequantize_q6_K(data, rows: int, k: int) -> np.ndarray:
+    """ggml dequantize_row_q6_K, bit for bit: (d*sc)*q in float32."""
+    d, sc, q = q6_K_fields(data, rows, k)
+    ds = d[..., None] * sc.astype(np.float32)
+    return (ds[..., None] * q.reshape(rows, -1, 16, 16).astype(np.float32)).reshape(rows, k)
+
+
+def quantize_q6_K(x: np.ndarray) -> np.ndarray:
+    """Simple deterministic Q6_K quantizer (absmax per 16 values) -> raw bytes."""
+    rows, k = x.shape
+    row_bytes(Q6_K, k)
+    xb = x.astype(np.float32).reshape(rows, k // QK_K, 16, 16)
+    scale = np.abs(xb).max(-1) / 31.0
+    d = (scale.max(-1) / 127.0).astype(np.float16)
+    df = d.astype(np.float32)[..., None]
+    sc = np.clip(np.rint(np.divide(scale, df, out=np.zeros_like(scale), where=df > 0)), -128, 127)
+    step = (df * sc)[..., None]
+    q = np.divide(xb, step, out=np.zeros_like(xb), where=step > 0)
+    q = (np.clip(np.rint(q), -32, 31) + 32).astype(np.int32).reshape(rows, -1, 2, 4, 32)
+    lo, hi = q & 0xF, q >> 4
+    out = np.zeros((rows, k // QK_K, 210), np.uint8)
+    ql = np.concatenate([lo[:, :, :, 0] | (lo[:, :, :, 2] << 4), lo[:, :, :, 1] | (lo[:, :, :, 3] << 4)], axis=-1)
+    out[..., 0:128] = ql.reshape(rows, -1, 128)
+    qh = hi[:, :, :, 0] | (hi[:, :, :, 1] << 2) | (hi[:, :, :, 2] << 4) | (hi[:, :, :, 3] << 6)
+    out[..., 128:192] = qh.reshape(rows, -1, 64)
+    out[..., 192:208] = sc.astype(np.int8).view(np.uint8)
+    out[..., 208:210] = d.view(np.uint8).reshape(rows, -1, 2)
+    return out.reshape(-1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Other ggml types (dequantization only)
+
+def dequantize(ggml_type: int, data, rows: int, k: int) -> np.ndarray:
+    """Dequantize a 2-D tensor's raw bytes to float32 [rows, k]."""
+    if ggml_type == Q4_K:
+        return dequantize_q4_K(data, rows, k)
+    if ggml_type == Q6_K:
+        return dequantize_q6_K(data, rows, k)
+    nbytes = row_bytes(ggml_type, k)
+    raw = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data.view(np.uint8)
+    if raw.size != rows * nbytes:
+        raise ShapeError(f"{type_name(ggml_type)} [{rows} x {k}] needs {rows * nbytes} bytes, got {raw.size}")
+    raw = np.ascontiguousarray(raw).reshape(rows, -1)
+    if ggml_type == F32:
+        return raw.view("<f4").copy()
+    if ggml_type == F16:
+        return raw.view("<f2").astype(np.float32)
+    if ggml_type == BF16:
+        return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
+    nb = k // 32
+    b = raw.reshape(rows, nb, -1)
+    d = _half(b[..., 0:2])[..., None]
+    if ggml_type == Q8_0:
+        return (d * b[..., 2:34].view(np.int8).astype(np.float32)).reshape(rows, k)
+    if ggml_type == Q4_0:
+        qs = b[..., 2:18].astype(np.int32)
+        q = np.concatenate([qs & 0xF, qs >> 4], axis=-1) - 8
+        return (q.astype(np.float32) * d).reshape(rows, k)
+    if ggml_type == Q5_0:
+        qh = np.ascontiguousarray(b[..., 2:6]).view("<u4").astype(np.int64)
+        bits = (qh >> np.arange(32)) & 1
+        qs = b[..., 6:22].astype(np.int64)
+        q = np.concatenate([(qs & 0xF) | (bits[..., :16] << 4), (qs >> 4) | (bits[..., 16:] << 4)], axis=-1) - 16
+        return (q.astype(np.float32) * d).reshape(rows, k)
+    if ggml_type == Q5_K:
+        return _dequantize_q5_K(raw, rows, k)
+    raise UnsupportedTypeError(f"unsupported tensor type {type_name(ggml_type)}")
+
+
+def _dequantize_q5_K(raw: np.ndarray, rows: int, k: int) -> np.ndarray:
+    b = raw.reshape(rows, k // QK_K, 176)
+    d, dmin = _half(b[..., 0:2]), _half(b[..., 2:4])
+    s = b[..., 4:16].astype(np.int32)
+    sc = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 0xF) | ((s[..., 0:4] >> 6) << 4)], axis=-1)
+    m = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], axis=-1)
+    qh = b[..., 16:48].astype(np.int32)
+    qs = b[..., 48:176].reshape(rows, -1, 4, 32).astype(np.int32)
+    chunks = []
+    for c in range(4):
+        chunks.append((qs[:, :, c] & 0xF) | (((qh >> (2 * c)) & 1) << 4))
+        chunks.append((qs[:, :, c] >> 4) | (((qh >> (2 * c + 1)) & 1) << 4))
+    q = np.stack(chunks, axis=2)
+    d1 = d[..., None] * sc.astype(np.float32)
+    m1 = dmin[..., None] * m.astype(np.float32)
+    return (d1[..., None] * q.astype(np.float32) - m1[..., None]).reshape(rows, k)
+
+
+# ----------------------------------------------------------------------------------------------
+# Activation quantization
+
+def _check_activations(x: np.ndarray, multiple: int) -> np.ndarray:
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2 or x.shape[1] % multiple:
+        raise ShapeError(f"activations must be [tokens, K] with K % {multiple} == 0, got {x.shape}")
+    return x
+
+
+def quantize_q8_K(x: np.ndarray) -> np.ndarray:
+    """ggml quantize_row_q8_K_ref per token: Q8_K records [tokens, K/256] (292 B each)."""
+    x = _check_activations(x, QK_K)
+    tokens, k = x.shape
+    xb = x.reshape(tokens, k // QK_K, QK_K)
+    index = np.abs(xb).argmax(-1)[..., None]
+    signed_max = np.take_along_axis(xb, index, -1)[..., 0]
+    nonzero = signed_max != 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iscale = np.float32(-127.0) / signed_max
+        q = np.minimum(127, np.rint(iscale[..., None] * xb))
+        d = np.float32(1.0) / iscale
+    out = np.zeros((tokens, k // QK_K), Q8_K_DTYPE)
+    qs = np.where(nonzero[..., None], q, 0).astype(np.int8)
+    out["qs"] = qs
+    out["bsums"] = qs.reshape(tokens, -1, 16, 16).sum(-1, dtype=np.int16)
+    out["d"] = np.where(nonzero, d, 0)
+    return out
+
+
+def _round_half_away(v: np.ndarray) -> np.ndarray:
+    """C roundf on float32 (exact: the fractional part of a float32 is representable)."""
+    a = np.abs(v)
+    f = np.floor(a)
+    return np.copysign(f + (a - f >= 0.5), v)
+
+
+def quantize_q8_1_mmq(x: np.ndarray, weight_type: int) -> np.ndarray:
+    """llama.cpp quantize_mmq_q8_1: [K/128, tokens] blocks of 144 B (DS4 for Q4_K, D4 for Q6_K)."""
+    x = _check_activations(x, Q8_1_MMQ_VALUES)
+    if weight_type not in KEEP_QUANT_TYPES:
+        raise UnsupportedTypeError(f"q8_1-mmq layout is defined here for Q4_K/Q6_K, not {type_name(weight_type)}")
+    tokens, k = x.shape
+    xg = x.reshape(tokens, k // 32, 32)
+    amax = np.abs(xg).max(-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d_inv = np.float32(127.0) / amax
+        q = _round_half_away(xg * d_inv[..., None])
+        d = np.float32(1.0) / d_inv
+    q = np.where(amax[..., None] > 0, q, 0).astype(np.int8)
+    t = xg.reshape(tokens, k // 32, 8, 4)
+    t = ((t[..., 0] + t[..., 1]) + t[..., 2]) + t[..., 3]
+    s = ((t[..., 0] + t[..., 4]) + (t[..., 2] + t[..., 6])) + ((t[..., 1] + t[..., 5]) + (t[..., 3] + t[..., 7]))
+    if weight_type == Q4_K:
+        words = np.stack([d.astype(np.float16), s.astype(np.float16)], axis=-1).view(np.uint32)[..., 0]
+    else:
+        words = d.astype(np.float32).view(np.uint32)
+    out = np.empty((k // Q8_1_MMQ_VALUES, tokens, Q8_1_MMQ_BYTES), np.uint8)
+    out[..., 0:16] = words.reshape(tokens, -1, 4).transpose(1, 0, 2).copy().view(np.uint8)
+    out[..., 16:] = q.view(np.uint8).reshape(tokens, -1, Q8_1_MMQ_VALUES).transpose(1, 0, 2)
+    return out
+
+
+def q8_1_mmq_fields(blocks: np.ndarray, weight_type: int, tokens: int, k: int):
+    """Unpack q8_1-mmq blocks into (q [tokens, K] int, d8 [tokens, K/32] f32, s8 or None)."""
+    b = blocks.reshape(k // Q8_1_MMQ_VALUES, tokens, Q8_1_MMQ_BYTES)
+    q = b[..., 16:].view(np.int8).transpose(1, 0, 2).reshape(tokens, k).astype(np.int32)
+    words = np.ascontiguousarray(b[..., 0:16]).view(np.uint32).transpose(1, 0, 2).reshape(tokens, k // 32)
+    if weight_type == Q4_K:
+        halves = words.copy().view(np.float16).reshape(tokens, k // 32, 2).astype(np.float32)
+        return q, halves[..., 0], halves[..., 1]
+    return q, words.copy().view(np.float32), None
+
+
+# ----------------------------------------------------------------------------------------------
+# Reference GEMMs, out[tokens, rows] = X @ W^T. Integer sums are exact; float parts run in float64.
+
+def gemm_cpu_semantics(weight_type: int, data, rows: int, k: int, x: np.ndarray) -> np.ndarray:
+    """llama.cpp CPU semantics: Q8_K activations, integer sub-block sums, float per super-block."""
+    xq = quantize_q8_K(_check_activations(x, QK_K))
+    return gemm_cpu_semantics_quantized(weight_type, data, rows, k, xq)
+
+
+def gemm_cpu_semantics_quantized(weight_type: int, data, rows: int, k: int, xq: np.ndarray) -> np.ndarray:
+    tokens = xq.shape[0]
+    q8 = xq["qs"].astype(np.float64)                      # [tokens, nb, 256]
+    dy = xq["d"].astype(np.float64)                       # [tokens, nb]
+    xf = (dy[..., None] * q8).reshape(tokens, k)          # exact products
+    if weight_type == Q4_K:
+        d, dmin, sc, m, q = q4_K_fields(data, rows, k)
+        wf = (d.astype(np.float64)[..., None, None] * sc[..., None] * q).reshape(rows, k)
+        bsum32 = xq["bsums"].astype(np.float64).reshape(tokens, -1, 8, 2).sum(-1)   # [tokens, nb, 8]
+        xmin = (dy[..., None] * bsum32).reshape(tokens, -1)
+        wmin = (dmin.astype(np.float64)[..., None] * m).reshape(rows, -1)
+        return xf @ wf.T - xmin @ wmin.T
+    if weight_type == Q6_K:
+        d, sc, q = q6_K_fields(data, rows, k)
+        wf = (d.astype(np.float64)[..., None, None] * sc[..., None] * q.reshape(rows, -1, 16, 16)).reshape(rows, k)
+        return xf @ wf.T
+    raise UnsupportedTypeError(f"keep-quant GEMM supports Q4_K and Q6_K, not {type_name(weight_type)}")
+
+
+def gemm_mmq_semantics(weight_type: int, data, rows: int, k: int, x: np.ndarray) -> np.ndarray:
+    """llama.cpp CUDA MMQ semantics: q8_1 activations, fp16-rounded d*sc and dmin*m."""
+    x = _check_activations(x, QK_K)
+    xq = quantize_q8_1_mmq(x, weight_type)
+    return gemm_mmq_semantics_quantized(weight_type, data, rows, k, xq, x.shape[0])
+
+
+def gemm_mmq_semantics_quantized(weight_type: int, data, rows: int, k: int, xq: np.ndarray,
+                                 tokens: int) -> np.ndarray:
+    q8, d8, s8 = q8_1_mmq_fields(xq, weight_type, tokens, k)
+    xf = (np.repeat(d8.astype(np.float64), 32, axis=1) * q8)
+    if weight_type == Q4_K:
+        d, dmin, sc, m, q = q4_K_fields(data, rows, k)
+        a = (d[..., None] * sc.astype(np.float32)).astype(np.float16).astype(np.float64)
+        b = -(dmin[..., None] * m.astype(np.float32)).astype(np.float16).astype(np.float64)
+        wf = (a[..., None] * q).reshape(rows, k)
+        return xf @ wf.T + s8.astype(np.float64) @ b.reshape(rows, -1).T
+    if weight_type == Q6_K:
+        d, sc, q = q6_K_fields(data, rows, k)
+        wf = (d.astype(np.float64)[..., None, None] * sc[..., None] * q.reshape(rows, -1, 16, 16)).reshape(rows, k)
+        return xf @ wf.T
+    raise UnsupportedTypeError(f"keep-quant GEMM supports Q4_K and Q6_K, not {type_name(weight_type)}")
+
+
+def gemm_f64(weight_type: int, data, rows: int, k: int, x: np.ndarray) -> np.ndarray:
+    """The truth: ggml-dequantized weights times the float activations, in float64."""
+    w = dequantize(weight_type, data, rows, k).astype(np.float64)
+    return np.asarray(x, dtype=np.float64) @ w.T
+
+
+def nmse(a: np.ndarray, b: np.ndarray) -> float:
+    """sum((a-b)^2) / sum(b^2), in float64; inf when a has non-finite values."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if not np.all(np.isfinite(a)):
+        return float("inf")
+    den = float(np.sum(b * b))
+    num = float(np.sum((a - b) ** 2))
+    return num / den if den > 0 else (0.0 if num == 0 else float("inf"))
+
+
+REFERENCE_GEMMS = {"cpu": gemm_cpu_semantics, "mmq": gemm_mmq_semantics, "f64": gemm_f64}

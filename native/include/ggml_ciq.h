@@ -1,0 +1,112 @@
+/* ggml_ciq.h - the contract of libggml_ciq: keep-quant (CIQ) GEMM over GGUF Q4_K/Q6_K blocks.
+ *
+ * Conventions, said once:
+ *   weight W   : [rows = output features][K = input features], K % 256 == 0, raw GGUF blocks
+ *                (Q4_K 144 B / 256 values, Q6_K 210 B / 256 values), row-major by block.
+ *   activations: X[tokens][K] float32, token-major.
+ *   output     : out[tokens][rows] = X @ W^T, token-major, float32 or bf16.
+ *   Q8_K       : [tokens][K/256] blocks of 292 B (float d, int8 qs[256], int16 bsums[16]), as ggml.
+ *   q8_1-mmq   : [K/128][tokens] blocks of 144 B, as llama.cpp CUDA MMQ's block_q8_1_mmq:
+ *                4 scale words then int8 qs[128]; DS4 (half2 d,s per 32) for Q4_K, D4 (float d per 32) for Q6_K.
+ *   device     : CIQ_DEVICE_CPU (-1) is the host; 0..n-1 are GPUs. Pointers live on the device named.
+ *
+ * Every function returns a ciq_status; on failure ciq_last_error() (thread-local) says why.
+ * The region between the CDEF markers is plain C that Python's cffi parses directly.
+ */
+#ifndef GGML_CIQ_H
+#define GGML_CIQ_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GGML_CIQ_API_VERSION 1
+#define CIQ_DEVICE_CPU (-1)
+
+/* CDEF-BEGIN */
+typedef enum {
+    CIQ_OK = 0,
+    CIQ_ERR_INVALID_ARGUMENT = 1, /* null pointer, bad size, K % 256 != 0, unknown enum */
+    CIQ_ERR_UNSUPPORTED = 2,      /* valid request this build or device cannot run */
+    CIQ_ERR_BACKEND = 3,          /* CUDA/HIP runtime failure */
+    CIQ_ERR_OUT_OF_MEMORY = 4
+} ciq_status;
+
+typedef enum {             /* values are ggml's type ids */
+    CIQ_TYPE_Q4_K = 12,
+    CIQ_TYPE_Q6_K = 14
+} ciq_weight_type;
+
+typedef enum {
+    CIQ_SEMANTICS_CPU = 0, /* Q8_K activations, integer sub-block sums, float per super-block (llama.cpp CPU) */
+    CIQ_SEMANTICS_MMQ = 1  /* q8_1-mmq activations, fp16-rounded d*sc and dmin*m (llama.cpp CUDA MMQ) */
+} ciq_semantics;
+
+typedef enum {
+    CIQ_VARIANT_AUTO = 0,         /* GGML_CIQ_VARIANT from the environment, else the tuned table */
+    CIQ_VARIANT_CPU = 1,          /* host kernel: AVX2 or scalar int8 dot, threaded; either semantics */
+    CIQ_VARIANT_WMMA = 2,         /* warp-private 16x16 WMMA tile, 4 warps (CPU semantics) */
+    CIQ_VARIANT_WMMA_WIDE = 3,    /* the same, 8 warps */
+    CIQ_VARIANT_WMMA_SHARED = 4,  /* 8 warps, activation rows staged in shared memory */
+    CIQ_VARIANT_WMMA_BIGTILE = 5, /* 8 warps, 2-D grid, 48 staged activation rows reused */
+    CIQ_VARIANT_MMA = 6,          /* MMQ-class 128-row tile, mma.sync m16n8k32 (MMQ semantics) */
+    CIQ_VARIANT_COUNT = 7
+} ciq_variant;
+
+typedef enum {
+    CIQ_OUT_F32 = 0,
+    CIQ_OUT_BF16 = 1
+} ciq_out_type;
+
+int         ciq_api_version(void);
+const char *ciq_last_error(void);
+/* JSON object: version, api_version, backends, cuda_archs, hip_archs, cpu_features, threads. */
+const char *ciq_build_info(void);
+const char *ciq_variant_name(ciq_variant variant);
+ciq_semantics ciq_variant_semantics(ciq_variant variant);
+
+/* Devices and memory. */
+ciq_status ciq_device_count(int *count);
+ciq_status ciq_device_name(int device, char *buffer, size_t buffer_size);
+ciq_status ciq_variant_available(int device, ciq_variant variant, int *available);
+ciq_status ciq_malloc(int device, size_t nbytes, void **ptr);
+ciq_status ciq_free(int device, void *ptr);
+ciq_status ciq_memcpy_to_device(int device, void *dst, const void *host_src, size_t nbytes);
+ciq_status ciq_memcpy_to_host(int device, void *host_dst, const void *src, size_t nbytes);
+ciq_status ciq_memset(int device, void *dst, int value, size_t nbytes);
+ciq_status ciq_synchronize(int device);
+ciq_status ciq_set_num_threads(int threads); /* CPU kernels; <= 0 means all cores */
+
+/* Activation quantization. Sizes in bytes of the quantized activations. */
+size_t     ciq_q8_K_size(int64_t tokens, int64_t k);
+size_t     ciq_q8_1_mmq_size(int64_t tokens, int64_t k);
+ciq_status ciq_quantize_q8_K(int device, const float *x, void *out, int64_t tokens, int64_t k);
+ciq_status ciq_quantize_q8_1_mmq(int device, ciq_weight_type layout_for, const float *x, void *out,
+                                 int64_t tokens, int64_t k);
+
+/* Which variant ciq_gemm would run for this problem: AUTO resolved, availability and semantics checked. */
+ciq_status ciq_resolve_variant(int device, ciq_variant variant, ciq_semantics semantics, ciq_weight_type type,
+                               int64_t rows, int64_t k, int64_t tokens, ciq_variant *resolved);
+
+/* out = X @ W^T. Quantizes X itself (semantics picks Q8_K or q8_1-mmq) into an internal scratch buffer.
+ * weight_nbytes must equal rows * (K/256) * block bytes. */
+ciq_status ciq_gemm(int device, ciq_variant variant, ciq_semantics semantics, ciq_weight_type type,
+                    const void *weight, size_t weight_nbytes, int64_t rows, int64_t k,
+                    const float *x, int64_t tokens, void *out, ciq_out_type out_type);
+/* The same on activations already quantized in the semantics' layout (GEMM-only timing). */
+ciq_status ciq_gemm_quantized(int device, ciq_variant variant, ciq_semantics semantics, ciq_weight_type type,
+                              const void *weight, size_t weight_nbytes, int64_t rows, int64_t k,
+                              const void *x_quantized, int64_t tokens, void *out, ciq_out_type out_type);
+
+/* Dispatch counters: kernel launches per resolved variant and weight type since the last reset. */
+ciq_status ciq_dispatch_count(ciq_variant variant, ciq_weight_type type, uint64_t *count);
+void       ciq_dispatch_reset(void);
+/* CDEF-END */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GGML_CIQ_H */

@@ -1,0 +1,406 @@
+// The C API: argument checks, device routing, AUTO variant resolution and dispatch counters.
+#include "ciq_internal.h"
+
+#include <atomic>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#ifndef GGML_CIQ_VERSION
+#define GGML_CIQ_VERSION "0.0.0"
+#endif
+#ifndef GGML_CIQ_CUDA_ARCHS
+#define GGML_CIQ_CUDA_ARCHS ""
+#endif
+
+static thread_local char g_last_error[1024] = "";
+static std::atomic<uint64_t> g_dispatch[CIQ_VARIANT_COUNT][2];
+
+ciq_status ciq_fail(ciq_status status, const char *format, ...) {
+    va_list args;
+    va_start(args, format);
+    std::vsnprintf(g_last_error, sizeof(g_last_error), format, args);
+    va_end(args);
+    return status;
+}
+
+#define CIQ_TRY(expr)                        \
+    do {                                     \
+        ciq_status status_ = (expr);         \
+        if (status_ != CIQ_OK) return status_; \
+    } while (0)
+
+static const char *const k_variant_names[CIQ_VARIANT_COUNT] = {"auto", "cpu", "wmma", "wmma-wide", "wmma-shared",
+                                                               "wmma-bigtile", "mma"};
+
+int ciq_api_version(void) { return GGML_CIQ_API_VERSION; }
+const char *ciq_last_error(void) { return g_last_error; }
+
+const char *ciq_variant_name(ciq_variant variant) {
+    return (int)variant >= 0 && variant < CIQ_VARIANT_COUNT ? k_variant_names[variant] : "unknown";
+}
+
+ciq_semantics ciq_variant_semantics(ciq_variant variant) {
+    return variant == CIQ_VARIANT_MMA ? CIQ_SEMANTICS_MMQ : CIQ_SEMANTICS_CPU;
+}
+
+size_t ciq_weight_row_bytes(ciq_weight_type type, int64_t k) {
+    return (size_t)(k / QK_K) * (type == CIQ_TYPE_Q4_K ? Q4_K_BLOCK_BYTES : Q6_K_BLOCK_BYTES);
+}
+
+const char *ciq_build_info(void) {
+    static std::string info;
+    char buffer[512];
+    std::snprintf(buffer, sizeof(buffer),
+                  "{\"version\": \"%s\", \"api_version\": %d, \"backends\": [\"cpu\"%s], \"cuda_archs\": \"%s\", "
+                  "\"hip\": false, \"cpu_isa\": \"%s\", \"threads\": %d}",
+                  GGML_CIQ_VERSION, GGML_CIQ_API_VERSION,
+#ifdef GGML_CIQ_WITH_CUDA
+                  ", \"cuda\"",
+#else
+                  "",
+#endif
+                  GGML_CIQ_CUDA_ARCHS, ciq_cpu_features(), ciq_cpu_threads());
+    info = buffer;
+    return info.c_str();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Devices and memory
+
+static ciq_status check_device(int device) {
+    if (device == CIQ_DEVICE_CPU) return CIQ_OK;
+#ifdef GGML_CIQ_WITH_CUDA
+    int count = 0;
+    CIQ_TRY(ciq_cuda_device_count(&count));
+    if (device < 0 || device >= count) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "GPU device %d requested but %d CUDA device(s) found", device, count);
+    }
+    return CIQ_OK;
+#else
+    return ciq_fail(CIQ_ERR_UNSUPPORTED, "GPU device %d requested but libggml_ciq was built without CUDA", device);
+#endif
+}
+
+ciq_status ciq_device_count(int *count) {
+    if (count == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_device_count: count is NULL");
+    *count = 0;
+#ifdef GGML_CIQ_WITH_CUDA
+    return ciq_cuda_device_count(count);
+#else
+    return CIQ_OK;
+#endif
+}
+
+ciq_status ciq_device_name(int device, char *buffer, size_t buffer_size) {
+    if (buffer == nullptr || buffer_size == 0) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_device_name: empty buffer");
+    CIQ_TRY(check_device(device));
+    if (device == CIQ_DEVICE_CPU) {
+        std::snprintf(buffer, buffer_size, "CPU (%s, %d threads)", ciq_cpu_features(), ciq_cpu_threads());
+        return CIQ_OK;
+    }
+#ifdef GGML_CIQ_WITH_CUDA
+    return ciq_cuda_device_name(device, buffer, buffer_size);
+#else
+    return CIQ_OK;
+#endif
+}
+
+ciq_status ciq_variant_available(int device, ciq_variant variant, int *available) {
+    if (available == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_variant_available: available is NULL");
+    if ((int)variant < 0 || variant >= CIQ_VARIANT_COUNT) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "unknown kernel variant %d", (int)variant);
+    }
+    *available = 0;
+    CIQ_TRY(check_device(device));
+    if (device == CIQ_DEVICE_CPU) {
+        *available = variant == CIQ_VARIANT_AUTO || variant == CIQ_VARIANT_CPU;
+        return CIQ_OK;
+    }
+#ifdef GGML_CIQ_WITH_CUDA
+    int major = 0, minor = 0;
+    CIQ_TRY(ciq_cuda_compute_capability(device, &major, &minor));
+    *available = variant != CIQ_VARIANT_CPU && major >= 8;  // kernels are built for sm_80 and newer
+#endif
+    return CIQ_OK;
+}
+
+ciq_status ciq_malloc(int device, size_t nbytes, void **ptr) {
+    if (ptr == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_malloc: ptr is NULL");
+    *ptr = nullptr;
+    CIQ_TRY(check_device(device));
+    if (device == CIQ_DEVICE_CPU) {
+        *ptr = std::malloc(nbytes ? nbytes : 1);
+        return *ptr ? CIQ_OK : ciq_fail(CIQ_ERR_OUT_OF_MEMORY, "ciq_malloc: %zu bytes of host memory", nbytes);
+    }
+#ifdef GGML_CIQ_WITH_CUDA
+    return ciq_cuda_malloc(device, nbytes, ptr);
+#else
+    return CIQ_OK;
+#endif
+}
+
+ciq_status ciq_free(int device, void *ptr) {
+    CIQ_TRY(check_device(device));
+    if (device == CIQ_DEVICE_CPU) {
+        std::free(ptr);
+        return CIQ_OK;
+    }
+#ifdef GGML_CIQ_WITH_CUDA
+    return ciq_cuda_free(device, ptr);
+#else
+    return CIQ_OK;
+#endif
+}
+
+static ciq_status copy(int device, void *dst, const void *src, size_t nbytes, bool to_device) {
+    if ((dst == nullptr || src == nullptr) && nbytes) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "memcpy: NULL pointer");
+    CIQ_TRY(check_device(device));
+    if (device == CIQ_DEVICE_CPU) {
+        if (nbytes) std::memcpy(dst, src, nbytes);
+        return CIQ_OK;
+    }
+#ifdef GGML_CIQ_WITH_CUDA
+    return ciq_cuda_memcpy(device, dst, src, nbytes, to_device);
+#else
+    (void)to_device;
+    return CIQ_OK;
+#endif
+}
+
+ciq_status ciq_memcpy_to_device(int device, void *dst, const void *host_src, size_t nbytes) {
+    return copy(device, dst, host_src, nbytes, true);
+}
+
+ciq_status ciq_memcpy_to_host(int device, void *host_dst, const void *src, size_t nbytes) {
+    return copy(device, host_dst, src, nbytes, false);
+}
+
+ciq_status ciq_memset(int device, void *dst, int value, size_t nbytes) {
+    if (dst == nullptr && nbytes) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_memset: dst is NULL");
+    CIQ_TRY(check_device(device));
+    if (device == CIQ_DEVICE_CPU) {
+        if (nbytes) std::memset(dst, value, nbytes);
+        return CIQ_OK;
+    }
+#ifdef GGML_CIQ_WITH_CUDA
+    return ciq_cuda_memset(device, dst, value, nbytes);
+#else
+    return CIQ_OK;
+#endif
+}
+
+ciq_status ciq_synchronize(int device) {
+    CIQ_TRY(check_device(device));
+#ifdef GGML_CIQ_WITH_CUDA
+    if (device != CIQ_DEVICE_CPU) return ciq_cuda_synchronize(device);
+#endif
+    return CIQ_OK;
+}
+
+ciq_status ciq_set_num_threads(int threads) {
+    ciq_cpu_set_threads(threads);
+    return CIQ_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Quantization and GEMM
+
+size_t ciq_q8_K_size(int64_t tokens, int64_t k) {
+    return tokens > 0 && k > 0 ? (size_t)(tokens * (k / QK_K)) * Q8_K_BLOCK_BYTES : 0;
+}
+
+size_t ciq_q8_1_mmq_size(int64_t tokens, int64_t k) {
+    return tokens > 0 && k > 0 ? (size_t)(tokens * (k / Q8_1_MMQ_VALUES)) * Q8_1_MMQ_BLOCK_BYTES : 0;
+}
+
+static ciq_status check_shape(const char *what, int64_t tokens, int64_t k) {
+    if (tokens < 1) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: tokens must be >= 1, got %lld", what, (long long)tokens);
+    if (k < QK_K || k % QK_K != 0) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: K must be a positive multiple of 256, got %lld", what, (long long)k);
+    }
+    return CIQ_OK;
+}
+
+static ciq_status check_type(const char *what, ciq_weight_type type) {
+    if (type != CIQ_TYPE_Q4_K && type != CIQ_TYPE_Q6_K) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: weight type %d is not Q4_K (12) or Q6_K (14)", what, (int)type);
+    }
+    return CIQ_OK;
+}
+
+ciq_status ciq_quantize_q8_K(int device, const float *x, void *out, int64_t tokens, int64_t k) {
+    if (x == nullptr || out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_quantize_q8_K: NULL pointer");
+    CIQ_TRY(check_shape("ciq_quantize_q8_K", tokens, k));
+    CIQ_TRY(check_device(device));
+#ifdef GGML_CIQ_WITH_CUDA
+    if (device != CIQ_DEVICE_CPU) {
+        CIQ_TRY(ciq_cuda_set_device(device));
+        return ciq_cuda_quantize_q8_K(x, out, tokens, k);
+    }
+#endif
+    return ciq_cpu_quantize_q8_K(x, out, tokens, k);
+}
+
+ciq_status ciq_quantize_q8_1_mmq(int device, ciq_weight_type layout_for, const float *x, void *out, int64_t tokens,
+                                 int64_t k) {
+    if (x == nullptr || out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_quantize_q8_1_mmq: NULL pointer");
+    CIQ_TRY(check_type("ciq_quantize_q8_1_mmq", layout_for));
+    CIQ_TRY(check_shape("ciq_quantize_q8_1_mmq", tokens, k));
+    CIQ_TRY(check_device(device));
+    const bool ds4 = layout_for == CIQ_TYPE_Q4_K;
+#ifdef GGML_CIQ_WITH_CUDA
+    if (device != CIQ_DEVICE_CPU) {
+        CIQ_TRY(ciq_cuda_set_device(device));
+        return ciq_cuda_quantize_q8_1_mmq(ds4, x, out, tokens, k);
+    }
+#endif
+    return ciq_cpu_quantize_q8_1_mmq(ds4, x, out, tokens, k);
+}
+
+// AUTO on a GPU: GGML_CIQ_VARIANT if set, else the first entry of this table (measured on the H200, see
+// bench/results/) that matches the semantics and token count.
+struct AutoChoice {
+    ciq_semantics semantics;
+    int64_t max_tokens;  // the entry applies when tokens <= max_tokens
+    ciq_variant variant;
+};
+static const AutoChoice k_auto_table[] = {
+    {CIQ_SEMANTICS_MMQ, INT64_MAX, CIQ_VARIANT_MMA},
+    {CIQ_SEMANTICS_CPU, INT64_MAX, CIQ_VARIANT_WMMA_BIGTILE},
+};
+
+static ciq_status variant_from_name(const char *name, ciq_variant *variant) {
+    for (int v = 1; v < CIQ_VARIANT_COUNT; ++v) {
+        if (std::strcmp(name, k_variant_names[v]) == 0) {
+            *variant = (ciq_variant)v;
+            return CIQ_OK;
+        }
+    }
+    return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "GGML_CIQ_VARIANT=%s is not a kernel variant", name);
+}
+
+ciq_status ciq_resolve_variant(int device, ciq_variant variant, ciq_semantics semantics, ciq_weight_type type,
+                               int64_t rows, int64_t k, int64_t tokens, ciq_variant *resolved) {
+    if (resolved == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_resolve_variant: resolved is NULL");
+    CIQ_TRY(check_type("ciq_resolve_variant", type));
+    CIQ_TRY(check_shape("ciq_resolve_variant", tokens, k));
+    if (rows < 1) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "rows must be >= 1, got %lld", (long long)rows);
+    if ((int)variant < 0 || variant >= CIQ_VARIANT_COUNT) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "unknown kernel variant %d", (int)variant);
+    }
+    if (semantics != CIQ_SEMANTICS_CPU && semantics != CIQ_SEMANTICS_MMQ) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "unknown semantics %d", (int)semantics);
+    }
+    CIQ_TRY(check_device(device));
+    *resolved = variant;
+    if (variant == CIQ_VARIANT_AUTO) {
+        const char *env = std::getenv("GGML_CIQ_VARIANT");
+        if (device == CIQ_DEVICE_CPU) {
+            *resolved = CIQ_VARIANT_CPU;
+        } else if (env != nullptr && *env != '\0') {
+            CIQ_TRY(variant_from_name(env, resolved));
+        } else {
+            for (const AutoChoice &choice : k_auto_table) {
+                if (choice.semantics == semantics && tokens <= choice.max_tokens) {
+                    *resolved = choice.variant;
+                    break;
+                }
+            }
+        }
+    }
+    int available = 0;
+    CIQ_TRY(ciq_variant_available(device, *resolved, &available));
+    if (!available) {
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "kernel variant %s is not available on %s", ciq_variant_name(*resolved),
+                        device == CIQ_DEVICE_CPU ? "the CPU" : "this GPU");
+    }
+    if (*resolved != CIQ_VARIANT_CPU && ciq_variant_semantics(*resolved) != semantics) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "kernel variant %s implements %s semantics, not %s",
+                        ciq_variant_name(*resolved), ciq_variant_semantics(*resolved) == CIQ_SEMANTICS_CPU ? "cpu" : "mmq",
+                        semantics == CIQ_SEMANTICS_CPU ? "cpu" : "mmq");
+    }
+    return CIQ_OK;
+}
+
+ciq_status ciq_gemm_quantized(int device, ciq_variant variant, ciq_semantics semantics, ciq_weight_type type,
+                              const void *weight, size_t weight_nbytes, int64_t rows, int64_t k,
+                              const void *x_quantized, int64_t tokens, void *out, ciq_out_type out_type) {
+    if (weight == nullptr || x_quantized == nullptr || out == nullptr) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm: NULL pointer");
+    }
+    CIQ_TRY(check_type("ciq_gemm", type));
+    CIQ_TRY(check_shape("ciq_gemm", tokens, k));
+    if (rows < 1) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm: rows must be >= 1, got %lld", (long long)rows);
+    if (weight_nbytes != (size_t)rows * ciq_weight_row_bytes(type, k)) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm: %s [%lld x %lld] needs %zu weight bytes, got %zu",
+                        type == CIQ_TYPE_Q4_K ? "Q4_K" : "Q6_K", (long long)rows, (long long)k,
+                        (size_t)rows * ciq_weight_row_bytes(type, k), weight_nbytes);
+    }
+    if (out_type != CIQ_OUT_F32 && out_type != CIQ_OUT_BF16) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm: unknown output type %d", (int)out_type);
+    }
+    ciq_variant resolved;
+    CIQ_TRY(ciq_resolve_variant(device, variant, semantics, type, rows, k, tokens, &resolved));
+    ciq_status status;
+    if (resolved == CIQ_VARIANT_CPU) {
+        status = ciq_cpu_gemm(semantics, type, weight, rows, k, x_quantized, tokens, out, out_type);
+#ifdef GGML_CIQ_WITH_CUDA
+    } else if (ciq_cuda_set_device(device) != CIQ_OK) {
+        status = CIQ_ERR_BACKEND;
+    } else if (resolved == CIQ_VARIANT_MMA) {
+        status = ciq_cuda_gemm_mma(type, weight, rows, k, x_quantized, tokens, out, out_type);
+    } else {
+        status = ciq_cuda_gemm_wmma(resolved, type, weight, rows, k, x_quantized, tokens, out, out_type);
+#endif
+    } else {
+        status = ciq_fail(CIQ_ERR_UNSUPPORTED, "kernel variant %s is not built", ciq_variant_name(resolved));
+    }
+    if (status == CIQ_OK) g_dispatch[resolved][type == CIQ_TYPE_Q6_K].fetch_add(1, std::memory_order_relaxed);
+    return status;
+}
+
+ciq_status ciq_gemm(int device, ciq_variant variant, ciq_semantics semantics, ciq_weight_type type, const void *weight,
+                    size_t weight_nbytes, int64_t rows, int64_t k, const float *x, int64_t tokens, void *out,
+                    ciq_out_type out_type) {
+    if (x == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm: x is NULL");
+    CIQ_TRY(check_type("ciq_gemm", type));
+    CIQ_TRY(check_shape("ciq_gemm", tokens, k));
+    ciq_variant resolved;
+    CIQ_TRY(ciq_resolve_variant(device, variant, semantics, type, rows, k, tokens, &resolved));
+    const size_t nbytes = semantics == CIQ_SEMANTICS_CPU ? ciq_q8_K_size(tokens, k) : ciq_q8_1_mmq_size(tokens, k);
+    void *scratch = nullptr;
+    std::string host_scratch;
+    if (device == CIQ_DEVICE_CPU) {
+        host_scratch.resize(nbytes);
+        scratch = &host_scratch[0];
+#ifdef GGML_CIQ_WITH_CUDA
+    } else {
+        CIQ_TRY(ciq_cuda_scratch(device, nbytes, &scratch));
+#endif
+    }
+    if (semantics == CIQ_SEMANTICS_CPU) {
+        CIQ_TRY(ciq_quantize_q8_K(device, x, scratch, tokens, k));
+    } else {
+        CIQ_TRY(ciq_quantize_q8_1_mmq(device, type, x, scratch, tokens, k));
+    }
+    return ciq_gemm_quantized(device, resolved, semantics, type, weight, weight_nbytes, rows, k, scratch, tokens, out,
+                              out_type);
+}
+
+ciq_status ciq_dispatch_count(ciq_variant variant, ciq_weight_type type, uint64_t *count) {
+    if (count == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_dispatch_count: count is NULL");
+    if ((int)variant < 0 || variant >= CIQ_VARIANT_COUNT) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "unknown kernel variant %d", (int)variant);
+    }
+    CIQ_TRY(check_type("ciq_dispatch_count", type));
+    *count = g_dispatch[variant][type == CIQ_TYPE_Q6_K].load();
+    return CIQ_OK;
+}
+
+void ciq_dispatch_reset(void) {
+    for (auto &per_variant : g_dispatch) {
+        for (auto &counter : per_variant) counter.store(0);
+    }
+}

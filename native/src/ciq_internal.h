@@ -1,0 +1,79 @@
+// Internal declarations shared by the C API (api.cpp), the CPU backend and the CUDA backend.
+#pragma once
+#include "ggml_ciq.h"
+
+#include <cstdint>
+#include <cstring>
+
+#define QK_K 256
+#define Q4_K_BLOCK_BYTES 144
+#define Q6_K_BLOCK_BYTES 210
+#define Q8_K_BLOCK_BYTES 292
+#define Q8_1_MMQ_VALUES 128
+#define Q8_1_MMQ_BLOCK_BYTES 144
+
+// Block layouts, identical to ggml's (ggml-common.h). Scales are IEEE half bit patterns.
+struct block_q4_K {
+    uint16_t d;          // super-block scale for the 6-bit sub-block scales
+    uint16_t dmin;       // super-block scale for the 6-bit sub-block mins
+    uint8_t scales[12];  // 8 scales and 8 mins, 6 bits each (get_scale_min_k4)
+    uint8_t qs[128];     // 4-bit quants: value e of chunk c=e/64 is low nibble of qs[32c + e%32] for e%64 < 32, else high
+};
+struct block_q6_K {
+    uint8_t ql[128];     // low 4 bits
+    uint8_t qh[64];      // high 2 bits
+    int8_t scales[16];   // one per 16 values
+    uint16_t d;
+};
+struct block_q8_K {
+    float d;
+    int8_t qs[QK_K];
+    int16_t bsums[QK_K / 16];
+};
+struct block_q8_1_mmq {
+    uint32_t scales[4];  // DS4: half2 {d, s} per 32 values; D4: float d per 32 values
+    int8_t qs[Q8_1_MMQ_VALUES];
+};
+static_assert(sizeof(block_q4_K) == Q4_K_BLOCK_BYTES, "block_q4_K");
+static_assert(sizeof(block_q6_K) == Q6_K_BLOCK_BYTES, "block_q6_K");
+static_assert(sizeof(block_q8_K) == Q8_K_BLOCK_BYTES, "block_q8_K");
+static_assert(sizeof(block_q8_1_mmq) == Q8_1_MMQ_BLOCK_BYTES, "block_q8_1_mmq");
+
+// Records the thread-local error message and returns status.
+ciq_status ciq_fail(ciq_status status, const char *format, ...);
+
+size_t ciq_weight_row_bytes(ciq_weight_type type, int64_t k);
+
+// CPU backend (native/src/cpu/).
+ciq_status ciq_cpu_quantize_q8_K(const float *x, void *out, int64_t tokens, int64_t k);
+ciq_status ciq_cpu_quantize_q8_1_mmq(bool ds4, const float *x, void *out, int64_t tokens, int64_t k);
+ciq_status ciq_cpu_gemm(ciq_semantics semantics, ciq_weight_type type, const void *weight, int64_t rows, int64_t k,
+                        const void *x_quantized, int64_t tokens, void *out, ciq_out_type out_type);
+int ciq_cpu_threads(void);
+void ciq_cpu_set_threads(int threads);
+const char *ciq_cpu_features(void);
+
+// CUDA backend (native/src/cuda/), present when GGML_CIQ_WITH_CUDA is defined. All pointers are device
+// memory; work is queued on the legacy default stream; launch errors are returned, not synchronized.
+#ifdef GGML_CIQ_WITH_CUDA
+ciq_status ciq_cuda_device_count(int *count);
+ciq_status ciq_cuda_set_device(int device);
+ciq_status ciq_cuda_device_name(int device, char *buffer, size_t buffer_size);
+ciq_status ciq_cuda_compute_capability(int device, int *major, int *minor);
+ciq_status ciq_cuda_malloc(int device, size_t nbytes, void **ptr);
+ciq_status ciq_cuda_free(int device, void *ptr);
+ciq_status ciq_cuda_memcpy(int device, void *dst, const void *src, size_t nbytes, bool to_device);
+ciq_status ciq_cuda_memset(int device, void *dst, int value, size_t nbytes);
+ciq_status ciq_cuda_synchronize(int device);
+ciq_status ciq_cuda_scratch(int device, size_t nbytes, void **ptr);  // per-device buffer, grown on demand
+const char *ciq_cuda_archs(void);
+
+ciq_status ciq_cuda_quantize_q8_K(const float *x, void *out, int64_t tokens, int64_t k);
+ciq_status ciq_cuda_quantize_q8_1_mmq(bool ds4, const float *x, void *out, int64_t tokens, int64_t k);
+// variant is one of CIQ_VARIANT_WMMA, _WMMA_WIDE, _WMMA_SHARED, _WMMA_BIGTILE; x is Q8_K.
+ciq_status ciq_cuda_gemm_wmma(ciq_variant variant, ciq_weight_type type, const void *weight, int64_t rows, int64_t k,
+                              const void *x_q8_K, int64_t tokens, void *out, ciq_out_type out_type);
+// x is q8_1-mmq (DS4 for Q4_K, D4 for Q6_K).
+ciq_status ciq_cuda_gemm_mma(ciq_weight_type type, const void *weight, int64_t rows, int64_t k,
+                             const void *x_q8_1_mmq, int64_t tokens, void *out, ciq_out_type out_type);
+#endif

@@ -1,0 +1,74 @@
+// Activation quantizers on the host, byte-identical to ggml's quantize_row_q8_K_ref and llama.cpp CUDA's
+// quantize_mmq_q8_1 (docs/SEMANTICS.md).
+#include "../ciq_internal.h"
+#include "fp16.h"
+
+#include <cmath>
+
+static inline int nearest_int(float fval) {  // ggml: round half to even for |fval| < 2^22
+    float val = fval + 12582912.f;
+    int i;
+    std::memcpy(&i, &val, sizeof(int));
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+static void quantize_block_q8_K(const float *x, block_q8_K *y) {
+    float max = 0, amax = 0;
+    for (int j = 0; j < QK_K; ++j) {
+        const float ax = std::fabs(x[j]);
+        if (ax > amax) {
+            amax = ax;
+            max = x[j];
+        }
+    }
+    std::memset(y, 0, sizeof(*y));
+    if (amax == 0) return;
+    const float iscale = -127.f / max;
+    for (int j = 0; j < QK_K; ++j) {
+        const int v = nearest_int(iscale * x[j]);
+        y->qs[j] = (int8_t)(v < 127 ? v : 127);
+    }
+    for (int j = 0; j < QK_K / 16; ++j) {
+        int sum = 0;
+        for (int i = 0; i < 16; ++i) sum += y->qs[j * 16 + i];
+        y->bsums[j] = (int16_t)sum;
+    }
+    y->d = 1 / iscale;
+}
+
+ciq_status ciq_cpu_quantize_q8_K(const float *x, void *out, int64_t tokens, int64_t k) {
+    block_q8_K *y = (block_q8_K *)out;
+    const int64_t nb = k / QK_K;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < tokens * nb; ++i) quantize_block_q8_K(x + i * QK_K, y + i);
+    return CIQ_OK;
+}
+
+// One group of 32 values: int8 quants, the scale d and the float sum in llama.cpp's shuffle order.
+static void quantize_group_q8_1(const float *x, int8_t *q, float *d, float *sum) {
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+    float t[8];
+    for (int i = 0; i < 8; ++i) t[i] = ((x[4 * i] + x[4 * i + 1]) + x[4 * i + 2]) + x[4 * i + 3];
+    *sum = ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));
+    const float d_inv = 127.0f / amax;
+    for (int i = 0; i < 32; ++i) q[i] = amax == 0.0f ? 0 : (int8_t)std::round(x[i] * d_inv);
+    *d = 1.0f / d_inv;
+}
+
+ciq_status ciq_cpu_quantize_q8_1_mmq(bool ds4, const float *x, void *out, int64_t tokens, int64_t k) {
+    block_q8_1_mmq *y = (block_q8_1_mmq *)out;
+    const int64_t nblocks = k / Q8_1_MMQ_VALUES;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < tokens * nblocks; ++i) {
+        const int64_t token = i / nblocks, kb = i % nblocks;
+        block_q8_1_mmq *block = y + kb * tokens + token;
+        for (int g = 0; g < 4; ++g) {
+            float d, sum;
+            quantize_group_q8_1(x + token * k + kb * Q8_1_MMQ_VALUES + g * 32, block->qs + g * 32, &d, &sum);
+            block->scales[g] = ds4 ? (uint32_t)ciq_fp32_to_fp16(d) | ((uint32_t)ciq_fp32_to_fp16(sum) << 16)
+                                   : ciq_float_to_bits(d);
+        }
+    }
+    return CIQ_OK;
+}

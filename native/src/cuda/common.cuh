@@ -1,0 +1,33 @@
+// Shared device helpers for the CUDA kernels: block layouts, scale unpacking, output stores, error checks.
+#pragma once
+#include "../ciq_internal.h"
+#include "vendor.cuh"
+
+#define CIQ_CUDA_LAUNCH_CHECK(what)                                                                   \
+    do {                                                                                              \
+        cudaError_t err_ = cudaGetLastError();                                                        \
+        if (err_ != cudaSuccess) return ciq_fail(CIQ_ERR_BACKEND, "%s: %s", what, cudaGetErrorString(err_)); \
+    } while (0)
+
+static __device__ __forceinline__ float ciq_half_to_float(uint16_t bits) {
+    return __half2float(__ushort_as_half(bits));
+}
+
+// ggml's get_scale_min_k4: 6-bit scale and min of sub-block j (0..7) of a Q4_K super-block.
+static __device__ __forceinline__ void ciq_q4_K_scale_min(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+static __device__ __forceinline__ void ciq_store_out(void *out, int64_t index, float value, ciq_out_type out_type) {
+    if (out_type == CIQ_OUT_F32) {
+        ((float *)out)[index] = value;
+    } else {
+        ((__nv_bfloat16 *)out)[index] = __float2bfloat16(value);
+    }
+}

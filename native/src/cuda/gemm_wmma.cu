@@ -1,0 +1,456 @@
+// gemm_wmma.cu - CIQ GEMM on int8 WMMA tensor cores with CPU semantics (Q8_K activations, docs/SEMANTICS.md).
+//
+// Layouts, said once:
+//   weight : [rows][K/256] GGUF blocks; Q4_K (144 B) blocks are 16-byte aligned (cudaMalloc'd base),
+//            Q6_K (210 B) blocks only 2-byte aligned, so Q6_K is read in 16-bit pieces.
+//   x      : Q8_K [tokens][K/256] blocks of 292 B: float d at 0, int8 qs[256] at 4, int16 bsums[16] at 260.
+//   out    : [tokens][rows], f32 or bf16.
+//   shared : every 16x256 int8 operand of a super-block (16 weight rows, or 16 tokens) is staged "slice-major":
+//            k-slice s (k = 16s..16s+15) is a dense 16x16 tile of 256 B, byte [i][kk] at s*256 + 16*i + kk. Each
+//            WMMA operand is then one 32-byte aligned tile with ldm 16: weights as row_major A (rows x k),
+//            tokens as col_major B (k x tokens). (Q8_K qs can't feed load_matrix_sync from global memory: they sit
+//            at offset 4 of a 292-byte block, neither 32-byte aligned nor at a multiple-of-16 stride.)
+//
+// Accumulation: wmma hides which lane holds which accumulator element, so the int32 tile of each sub-block is
+// stored to a per-warp shared tile and folded from there with a fixed ownership: lane l owns weight row l/2 and
+// tokens 8*(l%2)..8*(l%2)+7 of every 16x16 tile. Within a super-block the scaled integer sum S = Σ_j sc_j*isum_j
+// is exact in int32 (as in the CPU kernel); the float fold happens once per super-block:
+//   Q4_K: acc += dy * (d*S - dmin*M),  M = Σ_j m_j*(bsums[2j]+bsums[2j+1])  (the min term never enters the MMA)
+//   Q6_K: acc += dy * d*S
+// Tails: weight rows >= rows are staged as zeros with zero scales, tokens >= tokens as zeros with dy = 0, and only
+// in-range outputs are stored. No thread returns before a barrier.
+#include "common.cuh"
+
+#include <cstddef>
+#include <mma.h>
+
+namespace {
+
+constexpr int TILE = 16;                               // WMMA m = n = k
+constexpr int SLICES = QK_K / TILE;                    // k-slices per super-block
+constexpr int SLICE_BYTES = TILE * TILE;               // one 16x16 int8 operand tile
+constexpr int OPERAND_BYTES = SLICES * SLICE_BYTES;    // 16 rows (or tokens) x 256 int8
+constexpr int STAGED_WARPS = 8;                        // warps per block of the block-staged variants
+
+// ---- WMMA fragment wrapper: the only place that names nvcuda::wmma (a HIP port swaps these) ----
+namespace wmma = nvcuda::wmma;
+using FragWeights = wmma::fragment<wmma::matrix_a, TILE, TILE, TILE, signed char, wmma::row_major>;
+using FragTokens = wmma::fragment<wmma::matrix_b, TILE, TILE, TILE, signed char, wmma::col_major>;
+using FragSum = wmma::fragment<wmma::accumulator, TILE, TILE, TILE, int>;
+
+__device__ __forceinline__ void frag_zero(FragSum &c) { wmma::fill_fragment(c, 0); }
+__device__ __forceinline__ void frag_load(FragWeights &a, const int8_t *slice) {
+    wmma::load_matrix_sync(a, reinterpret_cast<const signed char *>(slice), TILE);
+}
+__device__ __forceinline__ void frag_load(FragTokens &b, const int8_t *slice) {
+    wmma::load_matrix_sync(b, reinterpret_cast<const signed char *>(slice), TILE);
+}
+__device__ __forceinline__ void frag_mma(FragSum &c, const FragWeights &a, const FragTokens &b) {
+    wmma::mma_sync(c, a, b, c);
+}
+__device__ __forceinline__ void frag_store(int *tile, const FragSum &c) {  // row-major [row][token]
+    wmma::store_matrix_sync(tile, c, TILE, wmma::mem_row_major);
+}
+
+// ---- shared-memory tiles ----
+struct __align__(32) ActivationTile {  // 16 tokens of one super-block
+    int8_t qs[OPERAND_BYTES];          // slice-major, token = tile row
+    int16_t bsum_pairs[TILE][8];       // Q4_K only: bsums[2j] + bsums[2j+1] per 32-value sub-block j
+    float dy[TILE];
+};
+
+template <int TOKEN_TILES>
+struct __align__(32) WarpTiles {               // private to one warp
+    int8_t w[OPERAND_BYTES];                   // its 16 dequantized weight rows, slice-major
+    int isum[2][TOKEN_TILES][TILE * TILE];     // int32 results of the two sub-block groups being folded
+};
+
+// ---- weight blocks ----
+template <ciq_weight_type T>
+struct RowScales;
+
+// Scales of one weight row's super-block. The 6-bit sub-block scales (and Q4_K mins) stay packed four to a
+// 32-bit word; the fully unrolled loops that read them index with constants, so each read is one bit-field extract.
+template <>
+struct RowScales<CIQ_TYPE_Q4_K> {
+    static constexpr int BLOCK_BYTES = Q4_K_BLOCK_BYTES;
+    static constexpr int SLICES_PER_GROUP = 2;  // a sub-block is 32 values = 2 k-slices
+    float d = 0.f, dmin = 0.f;
+    uint32_t sc_packed[2] = {}, m_packed[2] = {};
+
+    __device__ __forceinline__ void load(const uint8_t *block) {
+        const uint4 head = *reinterpret_cast<const uint4 *>(block);  // half d, half dmin, scales[12]
+        d = ciq_half_to_float((uint16_t)(head.x & 0xFFFF));
+        dmin = ciq_half_to_float((uint16_t)(head.x >> 16));
+        const uint32_t words[3] = {head.y, head.z, head.w};
+        uint8_t packed[12];
+#pragma unroll
+        for (int i = 0; i < 12; ++i) packed[i] = (uint8_t)(words[i / 4] >> (8 * (i % 4)));
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            int sc, m;
+            ciq_q4_K_scale_min(j, packed, &sc, &m);
+            sc_packed[j / 4] |= (uint32_t)sc << (8 * (j % 4));
+            m_packed[j / 4] |= (uint32_t)m << (8 * (j % 4));
+        }
+    }
+    __device__ __forceinline__ int scale(int j) const { return (sc_packed[j / 4] >> (8 * (j % 4))) & 0xFF; }
+    __device__ __forceinline__ int min(int j) const { return (m_packed[j / 4] >> (8 * (j % 4))) & 0xFF; }
+};
+
+template <>
+struct RowScales<CIQ_TYPE_Q6_K> {
+    static constexpr int BLOCK_BYTES = Q6_K_BLOCK_BYTES;
+    static constexpr int SLICES_PER_GROUP = 1;  // a sub-block is 16 values = 1 k-slice
+    float d = 0.f;
+    uint32_t sc_packed[4] = {};  // int8 scales
+
+    __device__ __forceinline__ void load(const uint8_t *block) {
+        const uint16_t *scales = reinterpret_cast<const uint16_t *>(block + offsetof(block_q6_K, scales));
+#pragma unroll
+        for (int i = 0; i < 4; ++i) sc_packed[i] = scales[2 * i] | (uint32_t)scales[2 * i + 1] << 16;
+        d = ciq_half_to_float(*reinterpret_cast<const uint16_t *>(block + offsetof(block_q6_K, d)));
+    }
+    __device__ __forceinline__ int scale(int j) const { return (int)(int8_t)(sc_packed[j / 4] >> (8 * (j % 4))); }
+};
+
+// Scales of the weight row this lane folds (row0 + lane/2); zeros past the last row.
+template <ciq_weight_type T>
+__device__ __forceinline__ RowScales<T> load_row_scales(const uint8_t *weight, int64_t row_bytes, int64_t rows,
+                                                        int64_t row, int sb) {
+    RowScales<T> scales;
+    if (row < rows) scales.load(weight + row * row_bytes + (int64_t)sb * RowScales<T>::BLOCK_BYTES);
+    return scales;
+}
+
+__device__ __forceinline__ uint4 nibbles(uint4 q, int shift) {
+    return make_uint4((q.x >> shift) & 0x0F0F0F0F, (q.y >> shift) & 0x0F0F0F0F, (q.z >> shift) & 0x0F0F0F0F,
+                      (q.w >> shift) & 0x0F0F0F0F);
+}
+
+__device__ __forceinline__ uint4 load_16_bytes_align2(const uint8_t *p) {
+    const uint16_t *h = reinterpret_cast<const uint16_t *>(p);
+    return make_uint4(h[0] | (uint32_t)h[1] << 16, h[2] | (uint32_t)h[3] << 16, h[4] | (uint32_t)h[5] << 16,
+                      h[6] | (uint32_t)h[7] << 16);
+}
+
+// Four Q6_K values per 32-bit word: low nibbles (ql >> ql_shift), high bits (qh >> qh_shift), minus 32 bytewise.
+// Setting bit 7 of every byte first keeps the subtraction from borrowing across bytes; the xor clears it again.
+__device__ __forceinline__ uint32_t q6_minus_32(uint32_t ql, int ql_shift, uint32_t qh, int qh_shift) {
+    const uint32_t q6 = ((ql >> ql_shift) & 0x0F0F0F0F) | (((qh >> qh_shift) & 0x03030303) << 4);
+    return ((q6 | 0x80808080) - 0x20202020) ^ 0x80808080;
+}
+
+__device__ __forceinline__ uint4 q6_minus_32(uint4 ql, int ql_shift, uint4 qh, int qh_shift) {
+    return make_uint4(q6_minus_32(ql.x, ql_shift, qh.x, qh_shift), q6_minus_32(ql.y, ql_shift, qh.y, qh_shift),
+                      q6_minus_32(ql.z, ql_shift, qh.z, qh_shift), q6_minus_32(ql.w, ql_shift, qh.w, qh_shift));
+}
+
+// Warp-cooperative: super-block sb of weight rows row0..row0+15 into w (slice-major int8). Q4_K keeps the raw
+// nibbles 0..15 (scales and mins are applied in the fold), Q6_K stores q6-32. Rows past the end are zeros.
+// The row index runs fastest over the lanes, so 8 lanes store one contiguous 128 B of shared memory.
+template <ciq_weight_type T>
+__device__ __forceinline__ void dequantize_weight_tile(const uint8_t *weight, int64_t row_bytes, int64_t rows,
+                                                       int64_t row0, int sb, int8_t *w, int lane) {
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    if constexpr (T == CIQ_TYPE_Q4_K) {
+        // Unit: 16 bytes of qs = chunk c (0..7). Byte i holds value 64*(c/2) + 16*(c%2) + i in its low nibble and
+        // the value 32 higher in its high nibble: slices 4*(c/2) + c%2 and that + 2.
+        for (int unit = lane; unit < TILE * 8; unit += CIQ_WARP_SIZE) {
+            const int r = unit % TILE, chunk = unit / TILE;
+            const int64_t row = row0 + r;
+            uint4 q = zero;
+            if (row < rows) {
+                q = *reinterpret_cast<const uint4 *>(weight + row * row_bytes + (int64_t)sb * Q4_K_BLOCK_BYTES +
+                                                     offsetof(block_q4_K, qs) + 16 * chunk);
+            }
+            const int slice = 4 * (chunk / 2) + chunk % 2;
+            *reinterpret_cast<uint4 *>(w + slice * SLICE_BYTES + r * TILE) = nibbles(q, 0);
+            *reinterpret_cast<uint4 *>(w + (slice + 2) * SLICE_BYTES + r * TILE) = nibbles(q, 4);
+        }
+    } else {
+        // Unit: half n (values 128n..128n+127) and l-range 16h..16h+15. Quarter g of the half (values
+        // 128n + 32g + l) comes from ql[64n + 32*(g%2) + l] (nibble g/2) and qh[32n + l] (bits 2g): slice 8n+2g+h.
+        for (int unit = lane; unit < TILE * 4; unit += CIQ_WARP_SIZE) {
+            const int r = unit % TILE, n = unit / (2 * TILE), h = (unit / TILE) % 2;
+            const int64_t row = row0 + r;
+            const bool valid = row < rows;
+            uint4 ql_even = zero, ql_odd = zero, qh = zero;
+            if (valid) {
+                const uint8_t *block = weight + row * row_bytes + (int64_t)sb * Q6_K_BLOCK_BYTES;
+                ql_even = load_16_bytes_align2(block + offsetof(block_q6_K, ql) + 64 * n + 16 * h);
+                ql_odd = load_16_bytes_align2(block + offsetof(block_q6_K, ql) + 64 * n + 32 + 16 * h);
+                qh = load_16_bytes_align2(block + offsetof(block_q6_K, qh) + 32 * n + 16 * h);
+            }
+#pragma unroll
+            for (int g = 0; g < 4; ++g) {
+                const uint4 q = valid ? q6_minus_32(g % 2 ? ql_odd : ql_even, 4 * (g / 2), qh, 2 * g) : zero;
+                *reinterpret_cast<uint4 *>(w + (8 * n + 2 * g + h) * SLICE_BYTES + r * TILE) = q;
+            }
+        }
+    }
+}
+
+// ---- activations ----
+// Cooperative over `threads` threads (a warp or the block): super-block sb of tokens tok0..tok0+15 into tile.
+// Token runs fastest over the threads, so consecutive threads store consecutive 16 B of shared memory.
+template <ciq_weight_type T>
+__device__ __forceinline__ void stage_activations(const uint8_t *x, int64_t x_row_bytes, int64_t tokens,
+                                                  int64_t tok0, int sb, ActivationTile &tile, int thread,
+                                                  int threads) {
+    for (int unit = thread; unit < TILE * SLICES; unit += threads) {
+        const int t = unit % TILE, slice = unit / TILE;
+        int4 q = make_int4(0, 0, 0, 0);
+        if (tok0 + t < tokens) {
+            const int *src = reinterpret_cast<const int *>(x + (tok0 + t) * x_row_bytes + (int64_t)sb * Q8_K_BLOCK_BYTES +
+                                                           offsetof(block_q8_K, qs) + TILE * slice);
+            q = make_int4(src[0], src[1], src[2], src[3]);
+        }
+        *reinterpret_cast<int4 *>(tile.qs + slice * SLICE_BYTES + t * TILE) = q;
+    }
+    for (int t = thread; t < TILE; t += threads) {
+        tile.dy[t] = tok0 + t < tokens
+                         ? *reinterpret_cast<const float *>(x + (tok0 + t) * x_row_bytes + (int64_t)sb * Q8_K_BLOCK_BYTES)
+                         : 0.f;
+    }
+    if constexpr (T == CIQ_TYPE_Q4_K) {
+        for (int unit = thread; unit < TILE * 8; unit += threads) {
+            const int t = unit / 8, j = unit % 8;
+            int pair = 0;
+            if (tok0 + t < tokens) {
+                const uint32_t word = *reinterpret_cast<const uint32_t *>(
+                    x + (tok0 + t) * x_row_bytes + (int64_t)sb * Q8_K_BLOCK_BYTES + offsetof(block_q8_K, bsums) + 4 * j);
+                pair = (int16_t)(word & 0xFFFF) + (int16_t)(word >> 16);
+            }
+            tile.bsum_pairs[t][j] = (int16_t)pair;
+        }
+    }
+}
+
+// ---- the shared per-warp super-block step ----
+// One warp, its 16 weight rows (tiles.w) against TOKEN_TILES staged 16-token tiles (act). Q4_K's min term is
+// folded first, from the bsums alone. Then per sub-block group (Q4_K: 32 values, 2 MMAs summed; Q6_K: 16 values,
+// 1 MMA) one int32 tile per token tile, two groups per __syncwarp, folded with the sub-block scales into the exact
+// int32 sum S; finally the float fold of S into acc. Ends with __syncwarp, after which this warp no longer reads
+// tiles.w or act.
+template <ciq_weight_type T, int TOKEN_TILES>
+__device__ __forceinline__ void warp_multiply_superblock(WarpTiles<TOKEN_TILES> &tiles, const ActivationTile *act,
+                                                         const RowScales<T> &scales, int lane,
+                                                         float (&acc)[TOKEN_TILES][8]) {
+    constexpr int SLICES_PER_GROUP = RowScales<T>::SLICES_PER_GROUP;
+    constexpr int GROUPS = SLICES / SLICES_PER_GROUP;
+    const int own_row = lane / 2, own_token = 8 * (lane % 2);
+
+    if constexpr (T == CIQ_TYPE_Q4_K) {
+#pragma unroll
+        for (int nt = 0; nt < TOKEN_TILES; ++nt) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int t = own_token + i;
+                const int4 p = *reinterpret_cast<const int4 *>(act[nt].bsum_pairs[t]);  // 8 x int16
+                const int words[4] = {p.x, p.y, p.z, p.w};
+                int min_sum = 0;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    min_sum += scales.min(j) * (j % 2 ? words[j / 2] >> 16 : (int)(int16_t)words[j / 2]);
+                }
+                acc[nt][i] -= act[nt].dy[t] * (scales.dmin * (float)min_sum);
+            }
+        }
+    }
+
+    int sum[TOKEN_TILES][8] = {};
+#pragma unroll
+    for (int g0 = 0; g0 < GROUPS; g0 += 2) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            FragSum c[TOKEN_TILES];
+#pragma unroll
+            for (int nt = 0; nt < TOKEN_TILES; ++nt) frag_zero(c[nt]);
+#pragma unroll
+            for (int kk = 0; kk < SLICES_PER_GROUP; ++kk) {
+                const int slice = (g0 + half) * SLICES_PER_GROUP + kk;
+                FragWeights a;
+                frag_load(a, tiles.w + slice * SLICE_BYTES);
+#pragma unroll
+                for (int nt = 0; nt < TOKEN_TILES; ++nt) {
+                    FragTokens b;
+                    frag_load(b, act[nt].qs + slice * SLICE_BYTES);
+                    frag_mma(c[nt], a, b);
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < TOKEN_TILES; ++nt) frag_store(tiles.isum[half][nt], c[nt]);
+        }
+        __syncwarp();
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int sc = scales.scale(g0 + half);
+#pragma unroll
+            for (int nt = 0; nt < TOKEN_TILES; ++nt) {
+                const int4 *src = reinterpret_cast<const int4 *>(tiles.isum[half][nt] + own_row * TILE + own_token);
+                const int4 lo = src[0], hi = src[1];
+                sum[nt][0] += sc * lo.x;
+                sum[nt][1] += sc * lo.y;
+                sum[nt][2] += sc * lo.z;
+                sum[nt][3] += sc * lo.w;
+                sum[nt][4] += sc * hi.x;
+                sum[nt][5] += sc * hi.y;
+                sum[nt][6] += sc * hi.z;
+                sum[nt][7] += sc * hi.w;
+            }
+        }
+        __syncwarp();
+    }
+
+#pragma unroll
+    for (int nt = 0; nt < TOKEN_TILES; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[nt][i] += act[nt].dy[own_token + i] * (scales.d * (float)sum[nt][i]);
+    }
+}
+
+// Lane l writes row row0 + l/2, tokens tok0 + 16*nt + 8*(l%2) + i, in range only.
+template <int TOKEN_TILES>
+__device__ __forceinline__ void store_outputs(const float (&acc)[TOKEN_TILES][8], void *out, int64_t rows,
+                                              int64_t tokens, int64_t row0, int64_t tok0, int lane,
+                                              ciq_out_type out_type) {
+    const int64_t row = row0 + lane / 2;
+    if (row >= rows) return;
+#pragma unroll
+    for (int nt = 0; nt < TOKEN_TILES; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int64_t token = tok0 + nt * TILE + 8 * (lane % 2) + i;
+            if (token < tokens) ciq_store_out(out, token * rows + row, acc[nt][i], out_type);
+        }
+    }
+}
+
+extern __shared__ __align__(32) unsigned char gemm_smem[];
+
+// CIQ_VARIANT_WMMA (WARPS = 4) and CIQ_VARIANT_WMMA_WIDE (WARPS = 8). Grid: x = row tiles of 16*WARPS rows,
+// y = token tiles of 16. Each warp owns the 16x16 output tile (rows row0.., tokens tok0..) and stages both of its
+// operands privately (the block's warps load the same 16 tokens independently); only __syncwarp is needed.
+template <ciq_weight_type T, int WARPS>
+__global__ void __launch_bounds__(WARPS * CIQ_WARP_SIZE)
+gemm_wmma_warp_private(const uint8_t *__restrict__ weight, int64_t rows, int64_t row_bytes, int superblocks,
+                       const uint8_t *__restrict__ x, int64_t tokens, void *__restrict__ out, ciq_out_type out_type) {
+    const int warp = threadIdx.x / CIQ_WARP_SIZE, lane = threadIdx.x % CIQ_WARP_SIZE;
+    WarpTiles<1> &tiles = reinterpret_cast<WarpTiles<1> *>(gemm_smem)[warp];
+    ActivationTile &act = reinterpret_cast<ActivationTile *>(gemm_smem + WARPS * sizeof(WarpTiles<1>))[warp];
+    const int64_t row0 = ((int64_t)blockIdx.x * WARPS + warp) * TILE;
+    const int64_t tok0 = (int64_t)blockIdx.y * TILE;
+    const int64_t x_row_bytes = (int64_t)superblocks * Q8_K_BLOCK_BYTES;
+
+    float acc[1][8] = {};
+    for (int sb = 0; sb < superblocks; ++sb) {
+        dequantize_weight_tile<T>(weight, row_bytes, rows, row0, sb, tiles.w, lane);
+        stage_activations<T>(x, x_row_bytes, tokens, tok0, sb, act, lane, CIQ_WARP_SIZE);
+        const RowScales<T> scales = load_row_scales<T>(weight, row_bytes, rows, row0 + lane / 2, sb);
+        __syncwarp();
+        warp_multiply_superblock<T, 1>(tiles, &act, scales, lane, acc);
+    }
+    store_outputs<1>(acc, out, rows, tokens, row0, tok0, lane, out_type);
+}
+
+// CIQ_VARIANT_WMMA_SHARED (TOKEN_TILES = 1) and CIQ_VARIANT_WMMA_BIGTILE (TOKEN_TILES = 3). 8 warps; grid: x = row
+// tiles of 128 rows, y = token tiles of 16*TOKEN_TILES. The block's 16*TOKEN_TILES tokens are staged once per
+// super-block by all threads and shared by the 8 warps; each warp owns 16 weight rows x 16*TOKEN_TILES tokens.
+template <ciq_weight_type T, int TOKEN_TILES>
+__global__ void __launch_bounds__(STAGED_WARPS * CIQ_WARP_SIZE)
+gemm_wmma_block_staged(const uint8_t *__restrict__ weight, int64_t rows, int64_t row_bytes, int superblocks,
+                       const uint8_t *__restrict__ x, int64_t tokens, void *__restrict__ out, ciq_out_type out_type) {
+    const int warp = threadIdx.x / CIQ_WARP_SIZE, lane = threadIdx.x % CIQ_WARP_SIZE;
+    WarpTiles<TOKEN_TILES> &tiles = reinterpret_cast<WarpTiles<TOKEN_TILES> *>(gemm_smem)[warp];
+    ActivationTile *act = reinterpret_cast<ActivationTile *>(gemm_smem + STAGED_WARPS * sizeof(WarpTiles<TOKEN_TILES>));
+    const int64_t row0 = ((int64_t)blockIdx.x * STAGED_WARPS + warp) * TILE;
+    const int64_t tok0 = (int64_t)blockIdx.y * TOKEN_TILES * TILE;
+    const int64_t x_row_bytes = (int64_t)superblocks * Q8_K_BLOCK_BYTES;
+
+    float acc[TOKEN_TILES][8] = {};
+    for (int sb = 0; sb < superblocks; ++sb) {
+        __syncthreads();  // every warp is done with the previous super-block's activations
+#pragma unroll
+        for (int nt = 0; nt < TOKEN_TILES; ++nt) {
+            stage_activations<T>(x, x_row_bytes, tokens, tok0 + nt * TILE, sb, act[nt], threadIdx.x, blockDim.x);
+        }
+        dequantize_weight_tile<T>(weight, row_bytes, rows, row0, sb, tiles.w, lane);
+        const RowScales<T> scales = load_row_scales<T>(weight, row_bytes, rows, row0 + lane / 2, sb);
+        __syncthreads();
+        warp_multiply_superblock<T, TOKEN_TILES>(tiles, act, scales, lane, acc);
+    }
+    store_outputs<TOKEN_TILES>(acc, out, rows, tokens, row0, tok0, lane, out_type);
+}
+
+using GemmKernel = void (*)(const uint8_t *, int64_t, int64_t, int, const uint8_t *, int64_t, void *, ciq_out_type);
+
+struct LaunchShape {
+    GemmKernel kernel;
+    int warps;             // 16 weight rows per warp
+    int tokens_per_block;  // grid y covers tokens in steps of this
+    size_t shared_bytes;
+};
+
+template <ciq_weight_type T>
+ciq_status launch_shape(ciq_variant variant, LaunchShape *shape) {
+    switch (variant) {
+        case CIQ_VARIANT_WMMA:
+            *shape = {gemm_wmma_warp_private<T, 4>, 4, TILE, 4 * (sizeof(WarpTiles<1>) + sizeof(ActivationTile))};
+            return CIQ_OK;
+        case CIQ_VARIANT_WMMA_WIDE:
+            *shape = {gemm_wmma_warp_private<T, 8>, 8, TILE, 8 * (sizeof(WarpTiles<1>) + sizeof(ActivationTile))};
+            return CIQ_OK;
+        case CIQ_VARIANT_WMMA_SHARED:
+            *shape = {gemm_wmma_block_staged<T, 1>, STAGED_WARPS, TILE,
+                      STAGED_WARPS * sizeof(WarpTiles<1>) + sizeof(ActivationTile)};
+            return CIQ_OK;
+        case CIQ_VARIANT_WMMA_BIGTILE:
+            *shape = {gemm_wmma_block_staged<T, 3>, STAGED_WARPS, 3 * TILE,
+                      STAGED_WARPS * sizeof(WarpTiles<3>) + 3 * sizeof(ActivationTile)};
+            return CIQ_OK;
+        default:
+            return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wmma: variant %d is not a WMMA variant", (int)variant);
+    }
+}
+
+constexpr int64_t MAX_GRID_Y = 65535;
+
+}  // namespace
+
+ciq_status ciq_cuda_gemm_wmma(ciq_variant variant, ciq_weight_type type, const void *weight, int64_t rows, int64_t k,
+                              const void *x_q8_K, int64_t tokens, void *out, ciq_out_type out_type) {
+    LaunchShape shape;
+    ciq_status status;
+    switch (type) {
+        case CIQ_TYPE_Q4_K: status = launch_shape<CIQ_TYPE_Q4_K>(variant, &shape); break;
+        case CIQ_TYPE_Q6_K: status = launch_shape<CIQ_TYPE_Q6_K>(variant, &shape); break;
+        default: return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wmma: unsupported weight type %d", (int)type);
+    }
+    if (status != CIQ_OK) return status;
+
+    const cudaError_t err = cudaFuncSetAttribute(reinterpret_cast<const void *>(shape.kernel),
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shape.shared_bytes);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wmma: %zu B of shared memory: %s", shape.shared_bytes,
+                        cudaGetErrorString(err));
+    }
+
+    const int superblocks = (int)(k / QK_K);
+    const int64_t row_bytes = (int64_t)ciq_weight_row_bytes(type, k);
+    const int64_t rows_per_block = (int64_t)shape.warps * TILE;
+    const int64_t out_elem_bytes = out_type == CIQ_OUT_F32 ? 4 : 2;
+    const int64_t tokens_per_launch = MAX_GRID_Y * shape.tokens_per_block;  // grid y is limited to 65535
+    for (int64_t first = 0; first < tokens; first += tokens_per_launch) {
+        const int64_t launch_tokens = tokens - first < tokens_per_launch ? tokens - first : tokens_per_launch;
+        const dim3 grid((unsigned)((rows + rows_per_block - 1) / rows_per_block),
+                        (unsigned)((launch_tokens + shape.tokens_per_block - 1) / shape.tokens_per_block));
+        shape.kernel<<<grid, shape.warps * CIQ_WARP_SIZE, shape.shared_bytes>>>(
+            static_cast<const uint8_t *>(weight), rows, row_bytes, superblocks,
+            static_cast<const uint8_t *>(x_q8_K) + first * superblocks * Q8_K_BLOCK_BYTES, launch_tokens,
+            static_cast<char *>(out) + first * rows * out_elem_bytes, out_type);
+        CIQ_CUDA_LAUNCH_CHECK("gemm_wmma");
+    }
+    return CIQ_OK;
+}
