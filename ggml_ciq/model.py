@@ -124,7 +124,7 @@ class ModelFile:
         except GGUFFileError:
             raise
         except Exception as exc:  # gguf-py raises assorted errors on corrupt headers
-            raise GGUFFileError(f"{self.path}: corrupt GGUF ({type(exc).__name__}: {exc})") from None
+            raise GGUFFileError(f"{self.path}: truncated or corrupt GGUF header ({type(exc).__name__}: {exc})") from None
         self._reader = reader
         self.tensors: dict[str, Tensor] = {}
         for t in reader.tensors:

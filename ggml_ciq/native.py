@@ -49,6 +49,11 @@ def _library_path() -> Path:
     for name in _LIBRARY_NAMES:
         if (_PACKAGE_DIR / name).is_file():
             return _PACKAGE_DIR / name
+    # Running from a checkout: the library pip's CMake build left under build/.
+    for name in _LIBRARY_NAMES:
+        builds = sorted(_PACKAGE_DIR.parent.glob(f"build/*/{name}"), key=lambda p: p.stat().st_mtime)
+        if builds:
+            return builds[-1]
     raise LibraryNotFoundError("libggml_ciq not found in the package (pip install . builds it) and GGML_CIQ_LIB is unset")
 
 

@@ -27,7 +27,14 @@ Q8_1_MMQ_BYTES = 144
 
 
 def type_name(ggml_type: int) -> str:
-    return TYPE_NAMES.get(ggml_type, f"type {ggml_type}")
+    if ggml_type in TYPE_NAMES:
+        return TYPE_NAMES[ggml_type]
+    import gguf
+
+    try:
+        return gguf.GGMLQuantizationType(ggml_type).name
+    except ValueError:
+        return f"type {ggml_type}"
 
 
 def row_bytes(ggml_type: int, k: int) -> int:
@@ -265,7 +272,8 @@ def quantize_q8_1_mmq(x: np.ndarray, weight_type: int) -> np.ndarray:
     t = ((t[..., 0] + t[..., 1]) + t[..., 2]) + t[..., 3]
     s = ((t[..., 0] + t[..., 4]) + (t[..., 2] + t[..., 6])) + ((t[..., 1] + t[..., 5]) + (t[..., 3] + t[..., 7]))
     if weight_type == Q4_K:
-        words = np.stack([d.astype(np.float16), s.astype(np.float16)], axis=-1).view(np.uint32)[..., 0]
+        with np.errstate(over="ignore"):  # sums beyond fp16 range become inf, as on the GPU
+            words = np.stack([d.astype(np.float16), s.astype(np.float16)], axis=-1).view(np.uint32)[..., 0]
     else:
         words = d.astype(np.float32).view(np.uint32)
     out = np.empty((k // Q8_1_MMQ_VALUES, tokens, Q8_1_MMQ_BYTES), np.uint8)

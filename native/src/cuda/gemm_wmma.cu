@@ -69,14 +69,14 @@ struct __align__(32) WarpTiles {               // private to one warp
 template <ciq_weight_type T>
 struct RowScales;
 
-// Scales of one weight row's super-block. The 6-bit sub-block scales (and Q4_K mins) stay packed four to a
-// 32-bit word; the fully unrolled loops that read them index with constants, so each read is one bit-field extract.
+// Scales of one weight row's super-block, the sub-block scales (and Q4_K mins) packed a byte each into 64-bit words:
+// a runtime sub-block index then selects one with a shift, in registers.
 template <>
 struct RowScales<CIQ_TYPE_Q4_K> {
     static constexpr int BLOCK_BYTES = Q4_K_BLOCK_BYTES;
     static constexpr int SLICES_PER_GROUP = 2;  // a sub-block is 32 values = 2 k-slices
     float d = 0.f, dmin = 0.f;
-    uint32_t sc_packed[2] = {}, m_packed[2] = {};
+    uint64_t sc_packed = 0, m_packed = 0;  // byte j = sub-block j
 
     __device__ __forceinline__ void load(const uint8_t *block) {
         const uint4 head = *reinterpret_cast<const uint4 *>(block);  // half d, half dmin, scales[12]
@@ -90,12 +90,12 @@ struct RowScales<CIQ_TYPE_Q4_K> {
         for (int j = 0; j < 8; ++j) {
             int sc, m;
             ciq_q4_K_scale_min(j, packed, &sc, &m);
-            sc_packed[j / 4] |= (uint32_t)sc << (8 * (j % 4));
-            m_packed[j / 4] |= (uint32_t)m << (8 * (j % 4));
+            sc_packed |= (uint64_t)sc << (8 * j);
+            m_packed |= (uint64_t)m << (8 * j);
         }
     }
-    __device__ __forceinline__ int scale(int j) const { return (sc_packed[j / 4] >> (8 * (j % 4))) & 0xFF; }
-    __device__ __forceinline__ int min(int j) const { return (m_packed[j / 4] >> (8 * (j % 4))) & 0xFF; }
+    __device__ __forceinline__ int scale(int j) const { return (int)(sc_packed >> (8 * j)) & 0xFF; }
+    __device__ __forceinline__ int sub_min(int j) const { return (int)(m_packed >> (8 * j)) & 0xFF; }
 };
 
 template <>
@@ -103,15 +103,18 @@ struct RowScales<CIQ_TYPE_Q6_K> {
     static constexpr int BLOCK_BYTES = Q6_K_BLOCK_BYTES;
     static constexpr int SLICES_PER_GROUP = 1;  // a sub-block is 16 values = 1 k-slice
     float d = 0.f;
-    uint32_t sc_packed[4] = {};  // int8 scales
+    uint64_t sc_low = 0, sc_high = 0;  // int8 scales: byte j of sc_low is sub-block j, of sc_high sub-block 8 + j
 
     __device__ __forceinline__ void load(const uint8_t *block) {
         const uint16_t *scales = reinterpret_cast<const uint16_t *>(block + offsetof(block_q6_K, scales));
 #pragma unroll
-        for (int i = 0; i < 4; ++i) sc_packed[i] = scales[2 * i] | (uint32_t)scales[2 * i + 1] << 16;
+        for (int i = 0; i < 4; ++i) {
+            sc_low |= (uint64_t)scales[i] << (16 * i);
+            sc_high |= (uint64_t)scales[4 + i] << (16 * i);
+        }
         d = ciq_half_to_float(*reinterpret_cast<const uint16_t *>(block + offsetof(block_q6_K, d)));
     }
-    __device__ __forceinline__ int scale(int j) const { return (int)(int8_t)(sc_packed[j / 4] >> (8 * (j % 4))); }
+    __device__ __forceinline__ int scale(int j) const { return (int)(int8_t)((j < 8 ? sc_low : sc_high) >> (8 * (j % 8))); }
 };
 
 // Scales of the weight row this lane folds (row0 + lane/2); zeros past the last row.
@@ -148,36 +151,33 @@ __device__ __forceinline__ uint4 q6_minus_32(uint4 ql, int ql_shift, uint4 qh, i
 
 // Warp-cooperative: super-block sb of weight rows row0..row0+15 into w (slice-major int8). Q4_K keeps the raw
 // nibbles 0..15 (scales and mins are applied in the fold), Q6_K stores q6-32. Rows past the end are zeros.
-// The row index runs fastest over the lanes, so 8 lanes store one contiguous 128 B of shared memory.
+// Lane l always handles row row0 + l%16, so 8 consecutive lanes store one contiguous 128 B of shared memory.
 template <ciq_weight_type T>
 __device__ __forceinline__ void dequantize_weight_tile(const uint8_t *weight, int64_t row_bytes, int64_t rows,
                                                        int64_t row0, int sb, int8_t *w, int lane) {
     const uint4 zero = make_uint4(0, 0, 0, 0);
+    const int r = lane % TILE, part = lane / TILE;
+    const bool valid = row0 + r < rows;
+    const uint8_t *block = weight + (valid ? (row0 + r) * row_bytes + (int64_t)sb * RowScales<T>::BLOCK_BYTES : 0);
     if constexpr (T == CIQ_TYPE_Q4_K) {
-        // Unit: 16 bytes of qs = chunk c (0..7). Byte i holds value 64*(c/2) + 16*(c%2) + i in its low nibble and
-        // the value 32 higher in its high nibble: slices 4*(c/2) + c%2 and that + 2.
-        for (int unit = lane; unit < TILE * 8; unit += CIQ_WARP_SIZE) {
-            const int r = unit % TILE, chunk = unit / TILE;
-            const int64_t row = row0 + r;
-            uint4 q = zero;
-            if (row < rows) {
-                q = *reinterpret_cast<const uint4 *>(weight + row * row_bytes + (int64_t)sb * Q4_K_BLOCK_BYTES +
-                                                     offsetof(block_q4_K, qs) + 16 * chunk);
-            }
+        // 16 bytes of qs = chunk c (0..7). Byte i holds value 64*(c/2) + 16*(c%2) + i in its low nibble and the
+        // value 32 higher in its high nibble: slices 4*(c/2) + c%2 and that + 2.
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int chunk = part + 2 * i;
+            const uint4 q = valid ? *reinterpret_cast<const uint4 *>(block + offsetof(block_q4_K, qs) + 16 * chunk) : zero;
             const int slice = 4 * (chunk / 2) + chunk % 2;
             *reinterpret_cast<uint4 *>(w + slice * SLICE_BYTES + r * TILE) = nibbles(q, 0);
             *reinterpret_cast<uint4 *>(w + (slice + 2) * SLICE_BYTES + r * TILE) = nibbles(q, 4);
         }
     } else {
-        // Unit: half n (values 128n..128n+127) and l-range 16h..16h+15. Quarter g of the half (values
+        // Half n (values 128n..128n+127), l-range 16h..16h+15 with h = part. Quarter g of the half (values
         // 128n + 32g + l) comes from ql[64n + 32*(g%2) + l] (nibble g/2) and qh[32n + l] (bits 2g): slice 8n+2g+h.
-        for (int unit = lane; unit < TILE * 4; unit += CIQ_WARP_SIZE) {
-            const int r = unit % TILE, n = unit / (2 * TILE), h = (unit / TILE) % 2;
-            const int64_t row = row0 + r;
-            const bool valid = row < rows;
+        const int h = part;
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
             uint4 ql_even = zero, ql_odd = zero, qh = zero;
             if (valid) {
-                const uint8_t *block = weight + row * row_bytes + (int64_t)sb * Q6_K_BLOCK_BYTES;
                 ql_even = load_16_bytes_align2(block + offsetof(block_q6_K, ql) + 64 * n + 16 * h);
                 ql_odd = load_16_bytes_align2(block + offsetof(block_q6_K, ql) + 64 * n + 32 + 16 * h);
                 qh = load_16_bytes_align2(block + offsetof(block_q6_K, qh) + 32 * n + 16 * h);
@@ -192,34 +192,32 @@ __device__ __forceinline__ void dequantize_weight_tile(const uint8_t *weight, in
 }
 
 // ---- activations ----
-// Cooperative over `threads` threads (a warp or the block): super-block sb of tokens tok0..tok0+15 into tile.
-// Token runs fastest over the threads, so consecutive threads store consecutive 16 B of shared memory.
-template <ciq_weight_type T>
+// Cooperative over THREADS threads (a warp or the block): super-block sb of tokens tok0..tok0+15 into tile.
+// Thread i always handles token tok0 + i%16, so consecutive threads store consecutive 16 B of shared memory.
+template <ciq_weight_type T, int THREADS>
 __device__ __forceinline__ void stage_activations(const uint8_t *x, int64_t x_row_bytes, int64_t tokens,
-                                                  int64_t tok0, int sb, ActivationTile &tile, int thread,
-                                                  int threads) {
-    for (int unit = thread; unit < TILE * SLICES; unit += threads) {
-        const int t = unit % TILE, slice = unit / TILE;
+                                                  int64_t tok0, int sb, ActivationTile &tile, int thread) {
+    constexpr int PARTS = THREADS / TILE;  // threads per token
+    static_assert(THREADS % TILE == 0 && SLICES % PARTS == 0, "threads must split the slices evenly");
+    const int t = thread % TILE, part = thread / TILE;
+    const bool valid = tok0 + t < tokens;
+    const uint8_t *block = x + (valid ? (tok0 + t) * x_row_bytes + (int64_t)sb * Q8_K_BLOCK_BYTES : 0);
+#pragma unroll
+    for (int i = 0; i < SLICES / PARTS; ++i) {
+        const int slice = part + i * PARTS;
         int4 q = make_int4(0, 0, 0, 0);
-        if (tok0 + t < tokens) {
-            const int *src = reinterpret_cast<const int *>(x + (tok0 + t) * x_row_bytes + (int64_t)sb * Q8_K_BLOCK_BYTES +
-                                                           offsetof(block_q8_K, qs) + TILE * slice);
+        if (valid) {
+            const int *src = reinterpret_cast<const int *>(block + offsetof(block_q8_K, qs) + TILE * slice);
             q = make_int4(src[0], src[1], src[2], src[3]);
         }
         *reinterpret_cast<int4 *>(tile.qs + slice * SLICE_BYTES + t * TILE) = q;
     }
-    for (int t = thread; t < TILE; t += threads) {
-        tile.dy[t] = tok0 + t < tokens
-                         ? *reinterpret_cast<const float *>(x + (tok0 + t) * x_row_bytes + (int64_t)sb * Q8_K_BLOCK_BYTES)
-                         : 0.f;
-    }
+    if (part == 0) tile.dy[t] = valid ? *reinterpret_cast<const float *>(block + offsetof(block_q8_K, d)) : 0.f;
     if constexpr (T == CIQ_TYPE_Q4_K) {
-        for (int unit = thread; unit < TILE * 8; unit += threads) {
-            const int t = unit / 8, j = unit % 8;
+        for (int j = part; j < 8; j += PARTS) {
             int pair = 0;
-            if (tok0 + t < tokens) {
-                const uint32_t word = *reinterpret_cast<const uint32_t *>(
-                    x + (tok0 + t) * x_row_bytes + (int64_t)sb * Q8_K_BLOCK_BYTES + offsetof(block_q8_K, bsums) + 4 * j);
+            if (valid) {
+                const uint32_t word = *reinterpret_cast<const uint32_t *>(block + offsetof(block_q8_K, bsums) + 4 * j);
                 pair = (int16_t)(word & 0xFFFF) + (int16_t)(word >> 16);
             }
             tile.bsum_pairs[t][j] = (int16_t)pair;
@@ -231,8 +229,7 @@ __device__ __forceinline__ void stage_activations(const uint8_t *x, int64_t x_ro
 // One warp, its 16 weight rows (tiles.w) against TOKEN_TILES staged 16-token tiles (act). Q4_K's min term is
 // folded first, from the bsums alone. Then per sub-block group (Q4_K: 32 values, 2 MMAs summed; Q6_K: 16 values,
 // 1 MMA) one int32 tile per token tile, two groups per __syncwarp, folded with the sub-block scales into the exact
-// int32 sum S; finally the float fold of S into acc. Ends with __syncwarp, after which this warp no longer reads
-// tiles.w or act.
+// int32 sum S; finally the float fold of S into acc (which still reads act: callers sync before restaging).
 template <ciq_weight_type T, int TOKEN_TILES>
 __device__ __forceinline__ void warp_multiply_superblock(WarpTiles<TOKEN_TILES> &tiles, const ActivationTile *act,
                                                          const RowScales<T> &scales, int lane,
@@ -252,7 +249,7 @@ __device__ __forceinline__ void warp_multiply_superblock(WarpTiles<TOKEN_TILES> 
                 int min_sum = 0;
 #pragma unroll
                 for (int j = 0; j < 8; ++j) {
-                    min_sum += scales.min(j) * (j % 2 ? words[j / 2] >> 16 : (int)(int16_t)words[j / 2]);
+                    min_sum += scales.sub_min(j) * (j % 2 ? words[j / 2] >> 16 : (int)(int16_t)words[j / 2]);
                 }
                 acc[nt][i] -= act[nt].dy[t] * (scales.dmin * (float)min_sum);
             }
@@ -260,35 +257,35 @@ __device__ __forceinline__ void warp_multiply_superblock(WarpTiles<TOKEN_TILES> 
     }
 
     int sum[TOKEN_TILES][8] = {};
-#pragma unroll
+#pragma unroll 1  // each round is serialized by its __syncwarp anyway; unrolling only costs registers (and spills)
     for (int g0 = 0; g0 < GROUPS; g0 += 2) {
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            FragSum c[TOKEN_TILES];
-#pragma unroll
-            for (int nt = 0; nt < TOKEN_TILES; ++nt) frag_zero(c[nt]);
+        for (int gi = 0; gi < 2; ++gi) {  // group g0 + gi
+            FragWeights a[SLICES_PER_GROUP];
 #pragma unroll
             for (int kk = 0; kk < SLICES_PER_GROUP; ++kk) {
-                const int slice = (g0 + half) * SLICES_PER_GROUP + kk;
-                FragWeights a;
-                frag_load(a, tiles.w + slice * SLICE_BYTES);
-#pragma unroll
-                for (int nt = 0; nt < TOKEN_TILES; ++nt) {
-                    FragTokens b;
-                    frag_load(b, act[nt].qs + slice * SLICE_BYTES);
-                    frag_mma(c[nt], a, b);
-                }
+                frag_load(a[kk], tiles.w + ((g0 + gi) * SLICES_PER_GROUP + kk) * SLICE_BYTES);
             }
 #pragma unroll
-            for (int nt = 0; nt < TOKEN_TILES; ++nt) frag_store(tiles.isum[half][nt], c[nt]);
+            for (int nt = 0; nt < TOKEN_TILES; ++nt) {
+                FragSum c;
+                frag_zero(c);
+#pragma unroll
+                for (int kk = 0; kk < SLICES_PER_GROUP; ++kk) {
+                    FragTokens b;
+                    frag_load(b, act[nt].qs + ((g0 + gi) * SLICES_PER_GROUP + kk) * SLICE_BYTES);
+                    frag_mma(c, a[kk], b);
+                }
+                frag_store(tiles.isum[gi][nt], c);
+            }
         }
         __syncwarp();
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int sc = scales.scale(g0 + half);
+        for (int gi = 0; gi < 2; ++gi) {
+            const int sc = scales.scale(g0 + gi);
 #pragma unroll
             for (int nt = 0; nt < TOKEN_TILES; ++nt) {
-                const int4 *src = reinterpret_cast<const int4 *>(tiles.isum[half][nt] + own_row * TILE + own_token);
+                const int4 *src = reinterpret_cast<const int4 *>(tiles.isum[gi][nt] + own_row * TILE + own_token);
                 const int4 lo = src[0], hi = src[1];
                 sum[nt][0] += sc * lo.x;
                 sum[nt][1] += sc * lo.y;
@@ -345,8 +342,9 @@ gemm_wmma_warp_private(const uint8_t *__restrict__ weight, int64_t rows, int64_t
 
     float acc[1][8] = {};
     for (int sb = 0; sb < superblocks; ++sb) {
+        __syncwarp();  // every lane is done with the previous super-block's tiles
         dequantize_weight_tile<T>(weight, row_bytes, rows, row0, sb, tiles.w, lane);
-        stage_activations<T>(x, x_row_bytes, tokens, tok0, sb, act, lane, CIQ_WARP_SIZE);
+        stage_activations<T, CIQ_WARP_SIZE>(x, x_row_bytes, tokens, tok0, sb, act, lane);
         const RowScales<T> scales = load_row_scales<T>(weight, row_bytes, rows, row0 + lane / 2, sb);
         __syncwarp();
         warp_multiply_superblock<T, 1>(tiles, &act, scales, lane, acc);
@@ -357,8 +355,9 @@ gemm_wmma_warp_private(const uint8_t *__restrict__ weight, int64_t rows, int64_t
 // CIQ_VARIANT_WMMA_SHARED (TOKEN_TILES = 1) and CIQ_VARIANT_WMMA_BIGTILE (TOKEN_TILES = 3). 8 warps; grid: x = row
 // tiles of 128 rows, y = token tiles of 16*TOKEN_TILES. The block's 16*TOKEN_TILES tokens are staged once per
 // super-block by all threads and shared by the 8 warps; each warp owns 16 weight rows x 16*TOKEN_TILES tokens.
+// The register cap matches the occupancy shared memory allows anyway (53 KB -> 4 blocks per SM, 93 KB -> 2).
 template <ciq_weight_type T, int TOKEN_TILES>
-__global__ void __launch_bounds__(STAGED_WARPS * CIQ_WARP_SIZE)
+__global__ void __launch_bounds__(STAGED_WARPS * CIQ_WARP_SIZE, TOKEN_TILES == 1 ? 4 : 2)
 gemm_wmma_block_staged(const uint8_t *__restrict__ weight, int64_t rows, int64_t row_bytes, int superblocks,
                        const uint8_t *__restrict__ x, int64_t tokens, void *__restrict__ out, ciq_out_type out_type) {
     const int warp = threadIdx.x / CIQ_WARP_SIZE, lane = threadIdx.x % CIQ_WARP_SIZE;
@@ -373,7 +372,8 @@ gemm_wmma_block_staged(const uint8_t *__restrict__ weight, int64_t rows, int64_t
         __syncthreads();  // every warp is done with the previous super-block's activations
 #pragma unroll
         for (int nt = 0; nt < TOKEN_TILES; ++nt) {
-            stage_activations<T>(x, x_row_bytes, tokens, tok0 + nt * TILE, sb, act[nt], threadIdx.x, blockDim.x);
+            stage_activations<T, STAGED_WARPS * CIQ_WARP_SIZE>(x, x_row_bytes, tokens, tok0 + nt * TILE, sb, act[nt],
+                                                                threadIdx.x);
         }
         dequantize_weight_tile<T>(weight, row_bytes, rows, row0, sb, tiles.w, lane);
         const RowScales<T> scales = load_row_scales<T>(weight, row_bytes, rows, row0 + lane / 2, sb);
@@ -420,7 +420,7 @@ constexpr int64_t MAX_GRID_Y = 65535;
 
 ciq_status ciq_cuda_gemm_wmma(ciq_variant variant, ciq_weight_type type, const void *weight, int64_t rows, int64_t k,
                               const void *x_q8_K, int64_t tokens, void *out, ciq_out_type out_type) {
-    LaunchShape shape;
+    LaunchShape shape{};
     ciq_status status;
     switch (type) {
         case CIQ_TYPE_Q4_K: status = launch_shape<CIQ_TYPE_Q4_K>(variant, &shape); break;

@@ -1,0 +1,204 @@
+"""ggml-ciq command line: diff, bench, info. Errors print one line and exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from .errors import CiqError
+
+
+def _console():
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=200)
+
+
+def _progress(console):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console, transient=True)
+
+
+def _fmt(v, spec=".2e"):
+    return "-" if v is None else format(v, spec)
+
+
+def _write_json(path: str, payload: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(payload, indent=2) + "\n")
+
+
+# ----------------------------------------------------------------------------------------------
+
+def cmd_diff(args) -> int:
+    from rich.table import Table
+
+    from . import catalog
+    from .diff import DiffReport, Differ, activations, select_tensors
+    from .model import ModelFile
+
+    console = _console()
+    path = catalog.resolve_model(args.model)
+    model = ModelFile(path)
+    differ = Differ(args.backend, args.reference, variant=args.variant, threads=args.threads)
+    tensors = select_tensors(model, args.all_quantized, args.tensor)
+    if not tensors:
+        raise CiqError(f"{path}: no Q4_K/Q6_K weights to diff")
+    report = DiffReport(str(path), args.tokens, args.seed, differ.backend, differ.reference, differ.semantics, args.bar,
+                        environment=differ.environment())
+    with _progress(console) as progress:
+        task = progress.add_task("diff", total=len(tensors))
+        for tensor in tensors:
+            progress.update(task, description=tensor.name)
+            report.tensors.append(differ.run(tensor, activations(tensor, args.tokens, args.seed), args.bar))
+            progress.advance(task)
+
+    table = Table(title=f"{model.config.name}: {differ.backend} ({differ.semantics} semantics) vs {differ.reference}, "
+                        f"{args.tokens} tokens")
+    for col in ("tensor", "type", "rows x K", "kernel", "ours vs llama NMSE", "max|d|", "llama vs f64 NMSE",
+                "max|d|", "ours vs f64 NMSE", "max|d|", ""):
+        table.add_column(col, justify="left" if col in ("tensor", "type", "kernel") else "right")
+    for t in report.tensors:
+        table.add_row(t.name, t.type, f"{t.rows} x {t.k}", t.variant or "-", _fmt(t.ours_vs_llamacpp),
+                      _fmt(t.ours_vs_llamacpp_maxabs), _fmt(t.llamacpp_vs_f64), _fmt(t.llamacpp_vs_f64_maxabs),
+                      _fmt(t.ours_vs_f64), _fmt(t.ours_vs_f64_maxabs),
+                      "[green]ok[/]" if t.passed else "[red]FAIL[/]")
+    console.print(table)
+    s = report.summary()
+    verdict = "PASS" if not s["failed"] else "FAIL"
+    console.print(f"{verdict}: {s['compared']} tensors compared, {s['failed']} above the bar {args.bar:.0e}; "
+                  f"worst ours-vs-llama.cpp NMSE {_fmt(s['worst_ours_vs_llamacpp'])}, "
+                  f"worst llama.cpp-vs-f64 NMSE {_fmt(s['worst_llamacpp_vs_f64'])}")
+    if args.json:
+        _write_json(args.json, report.to_json())
+    return 1 if s["failed"] else 0
+
+
+def cmd_info(args) -> int:
+    from rich.table import Table
+
+    from . import catalog, native
+
+    console = _console()
+    table = Table(title="ggml-ciq", show_header=False)
+    table.add_column("what")
+    table.add_column("value")
+    try:
+        info = native.build_info()
+        table.add_row("libggml_ciq", str(native.load().path))
+        table.add_row("build", json.dumps(info))
+        devices = ["cpu"] + [f"cuda:{i}" for i in range(native.device_count())]
+        for dev in devices:
+            available = [v for v in native.VARIANTS[1:] if native.variant_available(dev, v)]
+            table.add_row(f"device {dev}", f"{native.device_name(dev)}; variants: {', '.join(available)}")
+    except CiqError as exc:
+        table.add_row("libggml_ciq", f"[red]{exc}[/]")
+    try:
+        from .llamacpp import LlamaCpp
+
+        llama = LlamaCpp.load(args.llamacpp_lib)
+        table.add_row("llama.cpp", f"{llama.lib_dir} (ggml {llama.version}, commit {llama.commit})")
+        table.add_row("llama.cpp devices", ", ".join(llama.devices()))
+    except CiqError as exc:
+        table.add_row("llama.cpp", f"[red]{exc}[/]")
+    for name, (description, _) in catalog.CATALOG.items():
+        table.add_row(f"model {name}", description)
+    table.add_row("cache", str(catalog.cache_dir()))
+    console.print(table)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from rich.table import Table
+
+    from . import bench, catalog
+    from .model import ModelFile
+
+    console = _console()
+    if args.op != "gemm":
+        raise CiqError(f"unknown benchmark {args.op!r} (available: gemm)")
+    if args.backend != "ciq-cpu":
+        raise CiqError(f"bench gemm --backend {args.backend}: only ciq-cpu is available in this build of the CLI")
+    shapes = [bench.parse_shape(s) for s in args.shape or []]
+    if args.model or not shapes:
+        shapes += bench.model_shapes(ModelFile(catalog.resolve_model(args.model)))
+    tokens = [int(t) for t in args.tokens.split(",")]
+    threads = args.threads or os.cpu_count() or 1
+    with _progress(console) as progress:
+        task = progress.add_task("bench", total=len(shapes) * len(tokens))
+        rows = bench.bench_cpu(shapes, tokens, threads, repeat=args.repeat, progress=lambda: progress.advance(task))
+    env = bench.cpu_environment(threads)
+    table = Table(title=f"ciq-cpu vs llama.cpp CPU mul_mat, {threads} threads ({env['device']})")
+    for col in ("type", "rows", "K", "tokens", "ciq us", "llama.cpp us", "ciq / llama.cpp"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(r.type, str(r.rows), str(r.k), str(r.tokens), f"{r.ciq_us:.0f}", f"{r.llamacpp_us:.0f}",
+                      f"{r.ratio:.2f}")
+    console.print(table)
+    geo = 1.0
+    for r in rows:
+        geo *= r.ratio
+    geo **= 1.0 / len(rows)
+    console.print(f"geomean ciq/llama.cpp time ratio: {geo:.2f}")
+    if args.json:
+        _write_json(args.json, {"environment": env, "rows": bench.rows_to_json(rows), "geomean_ratio": geo})
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ggml-ciq", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("diff", help="per-tensor GEMM diff against llama.cpp and float64")
+    p.add_argument("model", nargs="?", help="GGUF path or catalog name (default: the embedded default model)")
+    p.add_argument("--tokens", type=int, default=32, help="activation rows (default 32)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--backend", default="auto", help="auto (GPU if present), ciq-cpu, ciq-cuda or reference (numpy)")
+    p.add_argument("--reference", default="auto", help="auto, llamacpp-cpu or llamacpp-cuda")
+    p.add_argument("--variant", default="auto", help="kernel variant for ciq-cuda (default auto)")
+    p.add_argument("--all-quantized", action="store_true", help="also report llama.cpp vs f64 for other quant types")
+    p.add_argument("--tensor", action="append", help="only this tensor (repeatable)")
+    p.add_argument("--bar", type=float, default=1e-10, help="max NMSE of ours vs llama.cpp (default 1e-10)")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", help="write the full report here")
+    p.set_defaults(func=cmd_diff)
+
+    p = sub.add_parser("bench", help="benchmarks (gemm)")
+    p.add_argument("op", help="gemm")
+    p.add_argument("--backend", default="ciq-cpu")
+    p.add_argument("--model", help="GGUF path or catalog name whose weight shapes to time")
+    p.add_argument("--shape", action="append", help="TYPE:ROWS:K (repeatable)")
+    p.add_argument("--tokens", default="32", help="comma-separated token counts")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--json")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("info", help="build, devices, llama.cpp libraries, models")
+    p.add_argument("--llamacpp-lib", default=None)
+    p.set_defaults(func=cmd_info)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except CiqError as exc:
+        print(f"ggml-ciq: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ggml-ciq: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""Per-tensor GEMM diff: our path vs llama.cpp's mul_mat vs the float64 truth, on every weight of a GGUF."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from . import native, quants
+from .errors import InvalidArgumentError, UnsupportedTypeError
+from .model import ModelFile, Tensor, require_keep_quant
+
+BACKENDS = ("auto", "reference", "ciq-cpu", "ciq-cuda")
+REFERENCES = ("auto", "llamacpp-cpu", "llamacpp-cuda")
+# The semantics each llama.cpp path implements, so "ours" is compared with like.
+REFERENCE_SEMANTICS = {"llamacpp-cpu": "cpu", "llamacpp-cuda": "mmq"}
+REFERENCE_DEVICE = {"llamacpp-cpu": "CPU", "llamacpp-cuda": "CUDA0"}
+
+
+def activations(tensor: Tensor, tokens: int, seed: int) -> np.ndarray:
+    """Seeded activations with a realistic spread: log-normal channel scales and a few outlier channels."""
+    rng = np.random.default_rng([seed, zlib.crc32(tensor.name.encode())])
+    scale = np.exp(rng.normal(0.0, 0.5, size=tensor.k)).astype(np.float32)
+    scale[rng.choice(tensor.k, size=max(1, tensor.k // 128), replace=False)] *= 20.0
+    return (rng.standard_normal((tokens, tensor.k)).astype(np.float32) * scale).astype(np.float32)
+
+
+def max_abs(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+
+
+@dataclass
+class TensorDiff:
+    name: str
+    type: str
+    rows: int
+    k: int
+    variant: str | None = None          # kernel that ran for "ours" (None: no keep-quant path for this type)
+    ours_vs_llamacpp: float | None = None
+    ours_vs_llamacpp_maxabs: float | None = None
+    llamacpp_vs_f64: float | None = None
+    llamacpp_vs_f64_maxabs: float | None = None
+    ours_vs_f64: float | None = None
+    ours_vs_f64_maxabs: float | None = None
+    passed: bool = True
+
+
+@dataclass
+class DiffReport:
+    model: str
+    tokens: int
+    seed: int
+    backend: str
+    reference: str
+    semantics: str
+    bar: float
+    tensors: list[TensorDiff] = field(default_factory=list)
+    environment: dict = field(default_factory=dict)
+
+    @property
+    def failures(self) -> list[TensorDiff]:
+        return [t for t in self.tensors if not t.passed]
+
+    def summary(self) -> dict:
+        ours = [t.ours_vs_llamacpp for t in self.tensors if t.ours_vs_llamacpp is not None]
+        return {"tensors": len(self.tensors), "compared": len(ours), "failed": len(self.failures),
+                "worst_ours_vs_llamacpp": max(ours) if ours else None,
+                "worst_llamacpp_vs_f64": max((t.llamacpp_vs_f64 for t in self.tensors
+                                              if t.llamacpp_vs_f64 is not None), default=None)}
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["summary"] = self.summary()
+        return out
+
+
+class Differ:
+    """Runs one tensor through ours, llama.cpp and float64, holding the libraries and device state."""
+
+    def __init__(self, backend: str, reference: str, variant: str = "auto", threads: int | None = None):
+        from .llamacpp import LlamaCpp
+
+        if backend not in BACKENDS:
+            raise InvalidArgumentError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
+        if reference not in REFERENCES:
+            raise InvalidArgumentError(f"unknown reference {reference!r} (choose from {', '.join(REFERENCES)})")
+        self.llamacpp = LlamaCpp.load()
+        if backend == "auto":  # our kernels on the GPU when there is one
+            backend = "ciq-cuda" if native.device_count() > 0 else "ciq-cpu"
+        if reference == "auto":  # llama.cpp's CUDA MMQ when its build has CUDA, else its CPU path
+            cuda = backend == "ciq-cuda" and "CUDA0" in self.llamacpp.devices()
+            reference = "llamacpp-cuda" if cuda else "llamacpp-cpu"
+        self.backend, self.reference, self.variant, self.threads = backend, reference, variant, threads
+        self.semantics = REFERENCE_SEMANTICS[reference]
+        self.llamacpp_device = REFERENCE_DEVICE[reference]
+        if self.llamacpp_device not in self.llamacpp.devices():
+            raise InvalidArgumentError(f"reference {reference} needs llama.cpp device {self.llamacpp_device}, "
+                                       f"found {', '.join(self.llamacpp.devices())} in {self.llamacpp.lib_dir}")
+        self.device = "cuda" if backend == "ciq-cuda" else "cpu"
+        if backend != "reference":
+            if threads:
+                native.set_num_threads(threads)
+            if backend == "ciq-cpu":
+                self.variant = "cpu"
+
+    def environment(self) -> dict:
+        env = {"llamacpp": {"lib_dir": str(self.llamacpp.lib_dir), "version": self.llamacpp.version,
+                            "commit": self.llamacpp.commit, "device": self.llamacpp_device}}
+        if self.backend != "reference":
+            env["ggml_ciq"] = native.build_info()
+            env["device"] = native.device_name(self.device)
+        return env
+
+    def ours(self, tensor: Tensor, x: np.ndarray) -> tuple[np.ndarray, str]:
+        if self.backend == "reference":
+            return quants.REFERENCE_GEMMS[self.semantics](tensor.ggml_type, tensor.raw(), tensor.rows, tensor.k, x), \
+                "numpy"
+        variant = native.resolve_variant(self.variant, self.device, self.semantics, tensor.ggml_type, tensor.rows,
+                                         tensor.k, x.shape[0])
+        native.dispatch_reset()
+        out = native.gemm(tensor, x, variant=variant, device=self.device, semantics=self.semantics)
+        counts = native.dispatch_counts()
+        if counts[(variant, tensor.type_name)] != 1 or sum(counts.values()) != 1:
+            raise InvalidArgumentError(f"{tensor.name}: dispatch counters do not show exactly one {variant} launch")
+        return out, variant
+
+    def run(self, tensor: Tensor, x: np.ndarray, bar: float) -> TensorDiff:
+        d = TensorDiff(tensor.name, tensor.type_name, tensor.rows, tensor.k)
+        llama = self.llamacpp.mul_mat(tensor.ggml_type, tensor.raw(), tensor.rows, tensor.k, x,
+                                      device=self.llamacpp_device, threads=self.threads)
+        truth = quants.gemm_f64(tensor.ggml_type, tensor.raw(), tensor.rows, tensor.k, x)
+        d.llamacpp_vs_f64, d.llamacpp_vs_f64_maxabs = quants.nmse(llama, truth), max_abs(llama, truth)
+        if tensor.is_keep_quant:
+            ours, d.variant = self.ours(tensor, x)
+            d.ours_vs_llamacpp, d.ours_vs_llamacpp_maxabs = quants.nmse(ours, llama), max_abs(ours, llama)
+            d.ours_vs_f64, d.ours_vs_f64_maxabs = quants.nmse(ours, truth), max_abs(ours, truth)
+            d.passed = d.ours_vs_llamacpp <= bar
+        return d
+
+
+def select_tensors(model: ModelFile, all_quantized: bool, names: list[str] | None = None) -> list[Tensor]:
+    """Keep-quant weights (or every quantized 2-D weight), optionally only the named ones.
+
+    A named tensor we cannot run, or (with all_quantized) a type we cannot decode, is an error naming it."""
+    if names:
+        tensors = [model.tensor(name) for name in names]
+        if not all_quantized:
+            for t in tensors:
+                require_keep_quant(t)
+    else:
+        tensors = model.quantized_weights() if all_quantized else model.weights()
+    for t in tensors:
+        if t.ggml_type not in quants.BLOCK_LAYOUT:
+            raise UnsupportedTypeError(f"{model.path}: tensor {t.name} has type {t.type_name}, which ggml-ciq "
+                                       f"does not decode")
+    return tensors

@@ -1,0 +1,63 @@
+"""Shared fixtures. llama.cpp and the native library are skipped when absent, unless CI requires them
+(GGML_CIQ_REQUIRE_LLAMACPP=1 / GGML_CIQ_REQUIRE_NATIVE=1 make a missing one a failure, not a skip)."""
+
+import os
+
+import numpy as np
+import pytest
+
+from ggml_ciq import catalog
+from ggml_ciq.errors import LibraryNotFoundError
+from ggml_ciq.model import ModelFile
+
+
+def _require(env: str, reason: str):
+    if os.environ.get(env):
+        pytest.fail(f"{reason} ({env} is set)")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def llama():
+    from ggml_ciq.llamacpp import LlamaCpp
+
+    try:
+        return LlamaCpp.load()
+    except LibraryNotFoundError as exc:
+        _require("GGML_CIQ_REQUIRE_LLAMACPP", f"llama.cpp not available: {exc}")
+
+
+@pytest.fixture(scope="session")
+def native_lib():
+    from ggml_ciq import native
+
+    try:
+        return native.load()
+    except LibraryNotFoundError as exc:
+        _require("GGML_CIQ_REQUIRE_NATIVE", f"libggml_ciq not available: {exc}")
+
+
+@pytest.fixture(scope="session")
+def default_model():
+    return ModelFile(catalog.default_model_path())
+
+
+@pytest.fixture(scope="session")
+def gemma_model():
+    return ModelFile(catalog.gemma3_270m_path())
+
+
+@pytest.fixture(scope="session", params=["default", "gemma3-270m"])
+def model(request, default_model, gemma_model):
+    return default_model if request.param == "default" else gemma_model
+
+
+@pytest.fixture
+def rng():
+    seed = np.random.SeedSequence().entropy
+    print(f"seed={seed}")  # pytest shows it when a test fails
+    return np.random.default_rng(seed)
+
+
+def keep_quant_tensors(model):
+    return model.weights()

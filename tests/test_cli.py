@@ -1,0 +1,115 @@
+"""The ggml-ciq command line as a user runs it: exit codes, one-line errors, JSON reports."""
+
+import json
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+
+
+def ggml_ciq(*args, timeout=600):
+    # Run outside the checkout so the installed package (with its native library) is the one imported.
+    proc = subprocess.run([sys.executable, "-m", "ggml_ciq.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=tempfile.gettempdir())
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def assert_one_line_error(rc, err, *needles):
+    assert rc == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ggml-ciq: error:"), err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_diff_default_model(llama, tmp_path):
+    rc, out, err = ggml_ciq("diff", "--backend", "reference", "--reference", "llamacpp-cpu", "--tokens", 9,
+                            "--json", tmp_path / "d.json")
+    assert rc == 0, err
+    assert "PASS: 16 tensors compared, 0 above the bar" in out
+    report = json.loads((tmp_path / "d.json").read_text())
+    assert report["tokens"] == 9 and report["semantics"] == "cpu" and len(report["tensors"]) == 16
+    assert all(t["ours_vs_llamacpp"] <= 1e-10 and t["llamacpp_vs_f64"] > 1e-8 for t in report["tensors"])
+    assert report["environment"]["llamacpp"]["version"]
+
+
+def test_diff_native_cpu_on_gemma(llama, native_lib, gemma_model, tmp_path):
+    rc, out, err = ggml_ciq("diff", gemma_model.path, "--backend", "ciq-cpu", "--tokens", 17, "--json",
+                            tmp_path / "g.json")
+    assert rc == 0, err
+    report = json.loads((tmp_path / "g.json").read_text())
+    assert len(report["tensors"]) == 36 and {t["variant"] for t in report["tensors"]} == {"cpu"}
+
+
+def test_diff_all_quantized_reports_other_types(llama, gemma_model):
+    rc, out, err = ggml_ciq("diff", gemma_model.path, "--all-quantized", "--tensor", "blk.0.attn_q.weight",
+                            "--tensor", "blk.0.ffn_down.weight", "--tokens", 3)
+    assert rc == 0, err
+    assert "Q5_0" in out and "Q6_K" in out
+
+
+def test_diff_default_job(llama, native_lib):
+    rc, out, err = ggml_ciq("diff")  # the README's main job: our kernels (GPU if present) vs llama.cpp
+    assert rc == 0, err
+    assert "PASS: 16 tensors compared" in out
+
+
+def test_diff_fails_when_bar_is_broken(llama, native_lib):
+    rc, out, err = ggml_ciq("diff", "--tokens", 3, "--bar", "1e-30")
+    assert rc == 1 and "FAIL" in out
+
+
+def test_bench_cpu(llama, native_lib, tmp_path):
+    rc, out, err = ggml_ciq("bench", "gemm", "--backend", "ciq-cpu", "--shape", "Q4_K:256:512", "--shape",
+                            "Q6_K:300:768", "--tokens", "1,17", "--repeat", 2, "--json", tmp_path / "b.json")
+    assert rc == 0, err
+    rows = json.loads((tmp_path / "b.json").read_text())["rows"]
+    assert len(rows) == 4 and all(r["ciq_us"] > 0 and r["llamacpp_us"] > 0 for r in rows)
+
+
+def test_info(native_lib):
+    rc, out, err = ggml_ciq("info")
+    assert rc == 0, err
+    assert "libggml_ciq" in out and "gemma3-270m" in out
+
+
+def test_bad_inputs_one_line_exit_2(tmp_path, default_model, gemma_model, llama):
+    rc, _, err = ggml_ciq("diff", tmp_path / "missing.gguf")
+    assert_one_line_error(rc, err, "not found", "missing.gguf")
+    (tmp_path / "x.gguf").write_bytes(b"PK\x03\x04 not a gguf")
+    rc, _, err = ggml_ciq("diff", tmp_path / "x.gguf")
+    assert_one_line_error(rc, err, "not a GGUF file")
+    data = default_model.path.read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(data[: len(data) * 2 // 3])
+    rc, _, err = ggml_ciq("diff", tmp_path / "cut.gguf")
+    assert_one_line_error(rc, err, "truncated: tensor", "cut.gguf")
+    rc, _, err = ggml_ciq("diff", gemma_model.path, "--tensor", "blk.0.attn_q.weight")
+    assert_one_line_error(rc, err, "blk.0.attn_q.weight", "Q5_0", "Q4_K or Q6_K")
+    rc, _, err = ggml_ciq("bench", "gemm", "--shape", "Q4_K:16:300")
+    assert_one_line_error(rc, err, "K % 256")
+    rc, _, err = ggml_ciq("diff", "--backend", "ciq-cuda", "--reference", "llamacpp-cuda")
+    assert_one_line_error(rc, err, "CUDA0")
+
+
+def test_unsupported_tensor_type_one_line(tmp_path, llama):
+    import gguf
+
+    path = tmp_path / "q2k.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("blk.0.ffn_down.weight", np.zeros((4, 84), np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q2_K)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    rc, _, err = ggml_ciq("diff", path, "--all-quantized")
+    assert_one_line_error(rc, err, "blk.0.ffn_down.weight", "Q2_K", "does not decode")
+    rc, _, err = ggml_ciq("diff", path)
+    assert_one_line_error(rc, err, "no Q4_K/Q6_K weights")
+
+
+@pytest.mark.parametrize("argv", [["frobnicate"], ["diff", "--tokens", "many"]])
+def test_usage_errors_exit_2(argv):
+    rc, _, err = ggml_ciq(*argv)
+    assert rc == 2 and "usage:" in err

@@ -1,0 +1,122 @@
+"""CUDA kernels against the numpy references of their semantics and against llama.cpp CUDA MMQ.
+
+Skipped (not failed) without a CUDA device. Every GEMM runs on a NaN-poisoned output, fresh random inputs, and
+asserts through the dispatch counters that the named kernel ran."""
+
+import numpy as np
+import pytest
+
+from ggml_ciq import native
+from ggml_ciq import quants as Q
+
+GPU_VARIANTS = ("wmma", "wmma-wide", "wmma-shared", "wmma-bigtile", "mma")
+TAIL_TOKENS = (1, 15, 17, 128, 131, 512)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def gpu(native_lib):
+    if native.device_count() == 0:
+        pytest.skip("no CUDA device (or libggml_ciq built without CUDA)")
+    return native.device_name("cuda")
+
+
+def run_checked(weight, x, variant, **raw):
+    native.dispatch_reset()
+    semantics = native.default_semantics(variant, "cuda")
+    out = native.gemm(weight, x, variant=variant, device="cuda", semantics=semantics, **raw)
+    counts = native.dispatch_counts()
+    name = Q.type_name(raw.get("ggml_type", getattr(weight, "ggml_type", None)))
+    assert counts[(variant, name)] == 1 and sum(counts.values()) == 1, counts
+    assert np.isfinite(out).all(), f"{variant}: unwritten (poisoned) outputs"
+    return out
+
+
+@pytest.mark.parametrize("weight_type", [Q.Q4_K, Q.Q6_K])
+def test_gpu_quantizers_byte_identical(weight_type, rng):
+    tied = np.zeros((3, 512), np.float32)
+    tied[:, 7], tied[:, 200] = 2.5, -2.5
+    for x in (rng.standard_normal((131, 1024)).astype(np.float32), np.zeros((17, 256), np.float32), tied,
+              (rng.standard_normal((5, 256)) * 1e30).astype(np.float32),
+              (rng.standard_normal((5, 256)) * 1e-30).astype(np.float32)):
+        assert np.array_equal(native.quantize_activations(x, "cpu", weight_type, "cuda"),
+                              Q.quantize_q8_K(x).view(np.uint8).reshape(-1))
+        assert np.array_equal(native.quantize_activations(x, "mmq", weight_type, "cuda"),
+                              Q.quantize_q8_1_mmq(x, weight_type).reshape(-1))
+
+
+def test_every_variant_on_model_tensors(model, rng):
+    for t in model.weights():
+        for tokens in (1, 17, 131):
+            x = rng.standard_normal((tokens, t.k)).astype(np.float32)
+            refs = {s: Q.REFERENCE_GEMMS[s](t.ggml_type, t.raw(), t.rows, t.k, x) for s in ("cpu", "mmq")}
+            for variant in GPU_VARIANTS:
+                out = run_checked(t, x, variant)
+                assert Q.nmse(out, refs[native.default_semantics(variant, "cuda")]) <= 1e-10, (t.name, tokens, variant)
+
+
+@pytest.mark.parametrize("rows", [1000, 4097, 14336])
+@pytest.mark.parametrize("weight_type", [Q.Q4_K, Q.Q6_K])
+def test_tail_shapes(rows, weight_type, rng):
+    k = 1024
+    w = (rng.standard_normal((rows, k)) * 0.02).astype(np.float32)
+    data = Q.quantize_q4_K(w) if weight_type == Q.Q4_K else Q.quantize_q6_K(w)
+    for tokens in TAIL_TOKENS:
+        x = rng.standard_normal((tokens, k)).astype(np.float32)
+        refs = {s: Q.REFERENCE_GEMMS[s](weight_type, data, rows, k, x) for s in ("cpu", "mmq")}
+        for variant in GPU_VARIANTS:
+            out = run_checked(data, x, variant, ggml_type=weight_type, rows=rows, k=k)
+            assert Q.nmse(out, refs[native.default_semantics(variant, "cuda")]) <= 1e-10, (rows, tokens, variant)
+
+
+@pytest.mark.parametrize("variant", ["wmma-shared", "wmma-bigtile"])
+def test_staged_variants_with_partial_block_tiles(variant, rng):
+    """Tile counts that are not multiples of the block's warps (8 row tiles) or of bigtile's 3 token tiles."""
+    for rows, tokens in ((16 * 9, 16 * 4), (16 * 9 + 5, 16 * 4 + 1), (16 * 7 + 3, 16 * 2), (8, 49)):
+        w = (rng.standard_normal((rows, 512)) * 0.02).astype(np.float32)
+        data = Q.quantize_q6_K(w)
+        x = rng.standard_normal((tokens, 512)).astype(np.float32)
+        ref = Q.gemm_cpu_semantics(Q.Q6_K, data, rows, 512, x)
+        out = run_checked(data, x, variant, ggml_type=Q.Q6_K, rows=rows, k=512)
+        assert Q.nmse(out, ref) <= 1e-10, (rows, tokens)
+
+
+def test_bf16_output(default_model, rng):
+    t = default_model.weights()[2]
+    x = rng.standard_normal((33, t.k)).astype(np.float32)
+    f32 = native.gemm(t, x, variant="mma", device="cuda")
+    bf16 = native.gemm(t, x, variant="mma", device="cuda", out_type="bf16")
+    assert 0 < Q.nmse(bf16, f32) < 1e-4
+
+
+def test_auto_resolves_per_semantics():
+    assert native.resolve_variant("auto", "cuda", "mmq", Q.Q4_K, 4096, 4096, 512) in GPU_VARIANTS
+    assert native.default_semantics(native.resolve_variant("auto", "cuda", "cpu", Q.Q6_K, 4096, 4096, 512),
+                                    "cuda") == "cpu"
+
+
+@pytest.fixture(scope="module")
+def llama_cuda(llama):
+    if "CUDA0" not in llama.devices():
+        pytest.skip(f"llama.cpp at {llama.lib_dir} has no CUDA device (set GGML_CIQ_LLAMACPP_LIB to a CUDA build)")
+    return llama
+
+
+def test_mma_matches_llamacpp_mmq(llama_cuda, model, rng):
+    for t in model.weights():
+        for tokens in (15, 131):
+            x = rng.standard_normal((tokens, t.k)).astype(np.float32)
+            ours = run_checked(t, x, "mma")
+            theirs = llama_cuda.mul_mat(t.ggml_type, t.raw(), t.rows, t.k, x, device="CUDA0")
+            assert Q.nmse(ours, theirs) <= 1e-10, (t.name, tokens)
+
+
+@pytest.mark.parametrize("rows", [1000, 4097])
+def test_mma_matches_llamacpp_mmq_tails(llama_cuda, rows, rng):
+    k = 2048
+    for weight_type, quantize in ((Q.Q4_K, Q.quantize_q4_K), (Q.Q6_K, Q.quantize_q6_K)):
+        data = quantize((rng.standard_normal((rows, k)) * 0.02).astype(np.float32))
+        for tokens in (17, 128, 131, 512):
+            x = rng.standard_normal((tokens, k)).astype(np.float32)
+            ours = run_checked(data, x, "mma", ggml_type=weight_type, rows=rows, k=k)
+            theirs = llama_cuda.mul_mat(weight_type, data, rows, k, x, device="CUDA0")
+            assert Q.nmse(ours, theirs) <= 1e-10, (weight_type, rows, tokens)

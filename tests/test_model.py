@@ -1,0 +1,43 @@
+"""GGUF access: config, tensor views, and one-line errors for bad files."""
+
+import numpy as np
+import pytest
+
+from ggml_ciq import catalog
+from ggml_ciq.errors import GGUFFileError
+from ggml_ciq.model import ModelFile
+
+
+def test_default_model_is_deterministic(tmp_path, default_model):
+    again = catalog.write_default_model(tmp_path / "again.gguf")
+    assert again.read_bytes() == default_model.path.read_bytes()
+
+
+def test_configs(default_model, gemma_model):
+    c = default_model.config
+    assert (c.architecture, c.block_count, c.embedding_length, c.head_count_kv, c.vocab_size) == ("llama", 2, 512, 2, 512)
+    g = gemma_model.config
+    assert (g.architecture, g.block_count, g.embedding_length, g.feed_forward_length) == ("gemma3", 18, 640, 2048)
+
+
+def test_tensor_convention(gemma_model):
+    t = gemma_model.tensor("blk.0.ffn_down.weight")
+    assert (t.type_name, t.rows, t.k) == ("Q6_K", 640, 2048)  # rows = output features, k = input features
+    assert t.raw().size == 640 * 8 * 210 and not t.raw().flags.writeable
+
+
+def test_bad_files(tmp_path, default_model):
+    with pytest.raises(GGUFFileError, match="not found"):
+        ModelFile(tmp_path / "missing.gguf")
+    (tmp_path / "text.gguf").write_text("hello world")
+    with pytest.raises(GGUFFileError, match="not a GGUF file"):
+        ModelFile(tmp_path / "text.gguf")
+    data = default_model.path.read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(data[: len(data) - 1000])
+    with pytest.raises(GGUFFileError, match="truncated: tensor output.weight"):
+        ModelFile(tmp_path / "cut.gguf")
+    (tmp_path / "header.gguf").write_bytes(data[:200])
+    with pytest.raises(GGUFFileError, match="truncated or corrupt"):
+        ModelFile(tmp_path / "header.gguf")
+    with pytest.raises(GGUFFileError, match="no tensor named"):
+        default_model.tensor("nope")
