@@ -139,3 +139,152 @@ def cpu_environment(threads: int) -> dict:
 
 def rows_to_json(rows) -> list[dict]:
     return [asdict(r) for r in rows]
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU: our variants and llama.cpp's CUDA mul_mat in one process, weights rotated through more than the L2.
+
+SHAPE_SETS = {
+    "seed6": ([(3072, 2048), (12288, 2048), (2048, 6144)], [128]),
+    "llama3-8b": ([(4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336), (128256, 4096)], [512]),
+}
+ROTATION_BYTES = 192 << 20  # > 3x the H200's 60 MB L2
+
+
+def shape_set(name: str) -> tuple[list[Shape], list[int]]:
+    if name not in SHAPE_SETS:
+        raise InvalidArgumentError(f"unknown shape set {name!r} (choose from {', '.join(SHAPE_SETS)})")
+    dims, tokens = SHAPE_SETS[name]
+    return [Shape(t, r, k) for t in quants.KEEP_QUANT_TYPES for r, k in dims], tokens
+
+
+def random_blocks(shape: Shape, seed: int = 0) -> np.ndarray:
+    """Valid random blocks, fast at any size: random quants and scales, fp16 super-block scales near 1e-3."""
+    rng = np.random.default_rng(seed)
+    nbytes = quants.row_bytes(shape.ggml_type, shape.k)
+    blocks = rng.integers(0, 256, size=(shape.rows * shape.k // quants.QK_K, nbytes // (shape.k // quants.QK_K)),
+                          dtype=np.uint8)
+    halves = (np.abs(rng.normal(1e-3, 3e-4, size=(blocks.shape[0], 2))) + 1e-5).astype(np.float16).view(np.uint8)
+    if shape.ggml_type == quants.Q4_K:
+        blocks[:, 0:4] = halves.reshape(-1, 4)
+    else:
+        blocks[:, 208:210] = halves[:, 0:2]
+    return blocks.reshape(-1)
+
+
+@dataclass
+class GpuRow:
+    type: str
+    rows: int
+    k: int
+    tokens: int
+    variant: str
+    us: float            # median per GEMM, activation quantization included
+    gemm_only_us: float  # median per GEMM on pre-quantized activations
+    tflops: float
+    llamacpp_us: float | None
+    speedup: float | None  # llama.cpp time / ours
+
+
+def _time_gpu_us(launch, n: int, device: int, warmup: int, repeat: int) -> float:
+    """Median over `repeat` timed batches of n launches, per launch, with device events."""
+    n_ = native.load()
+    for i in range(warmup):
+        launch(i)
+    samples = []
+    for _ in range(repeat):
+        timer = n_.ffi.new("void **")
+        n_.check(n_.lib.ciq_timer_start(device, timer))
+        for i in range(n):
+            launch(i)
+        ms = n_.ffi.new("float *")
+        n_.check(n_.lib.ciq_timer_stop(timer[0], ms))
+        samples.append(ms[0] * 1e3 / n)
+    return statistics.median(samples)
+
+
+def bench_gpu(shapes: list[Shape], tokens_list: list[int], variants: list[str], repeat: int = 5,
+              llamacpp: bool = True, device: int = 0, progress=None) -> list[GpuRow]:
+    n = native.load()
+    llama = None
+    if llamacpp:
+        from .llamacpp import LlamaCpp, MulMatGraph
+
+        llama = LlamaCpp.load()
+        if "CUDA0" not in llama.devices():
+            raise InvalidArgumentError(f"llama.cpp at {llama.lib_dir} has no CUDA0 device "
+                                       f"(point GGML_CIQ_LLAMACPP_LIB at a CUDA build, or pass --no-llamacpp)")
+    rows_out = []
+    for shape in shapes:
+        data = shape.data if shape.data is not None else random_blocks(shape)
+        copies = max(2, min(16, -(-ROTATION_BYTES // data.nbytes)))
+        weights = [native.Buffer.from_array(device, data) for _ in range(copies)]
+        for tokens in tokens_list:
+            x = np.random.default_rng(tokens).standard_normal((tokens, shape.k)).astype(np.float32)
+            flops = 2.0 * shape.rows * shape.k * tokens
+            llama_us = None
+            if llama is not None:
+                with MulMatGraph(llama, "CUDA0", shape.ggml_type, shape.rows, shape.k, tokens, copies=copies) as g:
+                    g.set_weights(data)
+                    g.set_input(x)
+                    llama_us = _median_us(g.compute, 2, repeat) / copies
+            with native.Buffer.from_array(device, x) as xb, native.Buffer(device, tokens * shape.rows * 4) as ob:
+                xp = n.ffi.cast("float *", xb.ptr)
+                for variant in variants:
+                    sem = native.SEMANTICS.index(native.default_semantics(variant, device))
+                    v = native.variant_id(variant)
+                    qsize = (n.lib.ciq_q8_K_size if sem == 0 else n.lib.ciq_q8_1_mmq_size)(tokens, shape.k)
+
+                    def full(i):
+                        w = weights[i % copies]
+                        n.check(n.lib.ciq_gemm(device, v, sem, shape.ggml_type, w.ptr, w.nbytes, shape.rows, shape.k,
+                                               xp, tokens, ob.ptr, 0))
+
+                    us = _time_gpu_us(full, 2 * copies, device, 2, repeat)
+                    with native.Buffer(device, qsize) as qb:
+                        if sem == 0:
+                            n.check(n.lib.ciq_quantize_q8_K(device, xp, qb.ptr, tokens, shape.k))
+                        else:
+                            n.check(n.lib.ciq_quantize_q8_1_mmq(device, shape.ggml_type, xp, qb.ptr, tokens, shape.k))
+
+                        def gemm_only(i):
+                            w = weights[i % copies]
+                            n.check(n.lib.ciq_gemm_quantized(device, v, sem, shape.ggml_type, w.ptr, w.nbytes,
+                                                             shape.rows, shape.k, qb.ptr, tokens, ob.ptr, 0))
+
+                        gemm_us = _time_gpu_us(gemm_only, 2 * copies, device, 2, repeat)
+                    rows_out.append(GpuRow(quants.type_name(shape.ggml_type), shape.rows, shape.k, tokens, variant,
+                                           us, gemm_us, flops / us * 1e-6, llama_us,
+                                           None if llama_us is None else llama_us / us))
+                    if progress:
+                        progress()
+        for w in weights:
+            w.close()
+    return rows_out
+
+
+def gpu_environment(device: int = 0, llamacpp: bool = True) -> dict:
+    env = {"device": native.device_name(device), "ggml_ciq_commit": git_commit(), "ggml_ciq": native.build_info(),
+           "rotation_bytes": ROTATION_BYTES}
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,"
+                              "power.draw,temperature.gpu", "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        env["nvidia_smi"] = out
+    except (OSError, subprocess.SubprocessError):
+        env["nvidia_smi"] = None
+    if llamacpp:
+        from .llamacpp import LlamaCpp
+
+        llama = LlamaCpp.load()
+        env.update(llamacpp_version=llama.version, llamacpp_commit=llama.commit, llamacpp_lib=str(llama.lib_dir))
+    return env
+
+
+def geomeans(rows: list[GpuRow]) -> dict:
+    """Geomean speedup over llama.cpp per (variant, type)."""
+    groups: dict[str, list[float]] = {}
+    for r in rows:
+        if r.speedup:
+            groups.setdefault(f"{r.variant}/{r.type}", []).append(r.speedup)
+    return {k: float(np.exp(np.mean(np.log(v)))) for k, v in groups.items()}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -115,20 +116,31 @@ def cmd_info(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from rich.table import Table
-
     from . import bench, catalog
     from .model import ModelFile
 
-    console = _console()
     if args.op != "gemm":
         raise CiqError(f"unknown benchmark {args.op!r} (available: gemm)")
-    if args.backend != "ciq-cpu":
-        raise CiqError(f"bench gemm --backend {args.backend}: only ciq-cpu is available in this build of the CLI")
+    if args.backend not in ("ciq-cpu", "ciq-cuda"):
+        raise CiqError(f"unknown backend {args.backend!r} (choose ciq-cpu or ciq-cuda)")
     shapes = [bench.parse_shape(s) for s in args.shape or []]
+    tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else None
+    if args.shapes:
+        set_shapes, set_tokens = bench.shape_set(args.shapes)
+        shapes += set_shapes
+        tokens = tokens or set_tokens
     if args.model or not shapes:
         shapes += bench.model_shapes(ModelFile(catalog.resolve_model(args.model)))
-    tokens = [int(t) for t in args.tokens.split(",")]
+    tokens = tokens or [32]
+    return (_bench_cpu if args.backend == "ciq-cpu" else _bench_cuda)(args, shapes, tokens)
+
+
+def _bench_cpu(args, shapes, tokens) -> int:
+    from rich.table import Table
+
+    from . import bench
+
+    console = _console()
     threads = args.threads or os.cpu_count() or 1
     with _progress(console) as progress:
         task = progress.add_task("bench", total=len(shapes) * len(tokens))
@@ -141,13 +153,43 @@ def cmd_bench(args) -> int:
         table.add_row(r.type, str(r.rows), str(r.k), str(r.tokens), f"{r.ciq_us:.0f}", f"{r.llamacpp_us:.0f}",
                       f"{r.ratio:.2f}")
     console.print(table)
-    geo = 1.0
-    for r in rows:
-        geo *= r.ratio
-    geo **= 1.0 / len(rows)
+    geo = math.exp(sum(math.log(r.ratio) for r in rows) / len(rows))
     console.print(f"geomean ciq/llama.cpp time ratio: {geo:.2f}")
     if args.json:
         _write_json(args.json, {"environment": env, "rows": bench.rows_to_json(rows), "geomean_ratio": geo})
+    return 0
+
+
+def _bench_cuda(args, shapes, tokens) -> int:
+    from rich.table import Table
+
+    from . import bench, native
+
+    console = _console()
+    if native.device_count() == 0:
+        raise CiqError("bench gemm --backend ciq-cuda: no CUDA device (or libggml_ciq built without CUDA)")
+    variants = args.variants.split(",") if args.variants else [v for v in native.GPU_VARIANTS
+                                                               if native.variant_available("cuda", v)]
+    for v in variants:
+        native.variant_id(v)
+    with _progress(console) as progress:
+        task = progress.add_task("bench", total=len(shapes) * len(tokens) * len(variants))
+        rows = bench.bench_gpu(shapes, tokens, variants, repeat=args.repeat, llamacpp=not args.no_llamacpp,
+                               progress=lambda: progress.advance(task))
+    env = bench.gpu_environment(llamacpp=not args.no_llamacpp)
+    table = Table(title=f"ciq-cuda vs llama.cpp CUDA mul_mat ({env['device']})")
+    for col in ("type", "rows", "K", "tokens", "variant", "us", "gemm-only us", "TFLOP/s", "llama.cpp us",
+                "speedup"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(r.type, str(r.rows), str(r.k), str(r.tokens), r.variant, f"{r.us:.1f}", f"{r.gemm_only_us:.1f}",
+                      f"{r.tflops:.1f}", _fmt(r.llamacpp_us, ".1f"), _fmt(r.speedup, ".2f"))
+    console.print(table)
+    geo = bench.geomeans(rows)
+    for key, value in geo.items():
+        console.print(f"geomean speedup over llama.cpp, {key}: {value:.2f}x")
+    if args.json:
+        _write_json(args.json, {"environment": env, "rows": bench.rows_to_json(rows), "geomean_speedup": geo})
     return 0
 
 
@@ -176,7 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="ciq-cpu")
     p.add_argument("--model", help="GGUF path or catalog name whose weight shapes to time")
     p.add_argument("--shape", action="append", help="TYPE:ROWS:K (repeatable)")
-    p.add_argument("--tokens", default="32", help="comma-separated token counts")
+    p.add_argument("--shapes", help="shape set: seed6 or llama3-8b")
+    p.add_argument("--tokens", default=None, help="comma-separated token counts (default: the set's, else 32)")
+    p.add_argument("--variants", help="comma-separated GPU kernel variants (default: all available)")
+    p.add_argument("--no-llamacpp", action="store_true", help="time our kernels only")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--json")

@@ -5,6 +5,8 @@
 #   tools/gpu_run.sh test       GPU test suite (pytest tests/test_cuda.py + the rest)
 #   tools/gpu_run.sh sanitize   compute-sanitizer memcheck + racecheck on every kernel -> $OUT
 #   tools/gpu_run.sh wait       wait for the llama.cpp CUDA build
+#   tools/gpu_run.sh py ARGS    python3 ARGS with this environment (e.g. py -m ggml_ciq.cli bench gemm ...)
+#   tools/gpu_run.sh all        all of the above in one call, logs and results under $OUT
 # /tmp survives between calls while the machine stays warm, so setup runs once per lease.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,5 +42,16 @@ case "${1:-}" in
       echo "$tool exit=$? $(tail -n 1 "$OUT/sanitizer-$tool.txt")"
     done ;;
   wait) while [ -f /tmp/llama.building ]; do sleep 5; done; tail -n 2 /tmp/llama-build.log; ls /tmp/llama/llama_cpp/lib ;;
-  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait" >&2; exit 2 ;;
+  py) shift; python3 "$@" ;;
+  all)
+    "$0" setup 2>&1 | tail -n 8
+    "$0" test tests/test_cuda.py tests/test_native.py 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -n 15
+    "$0" sanitize
+    "$0" wait 2>&1 | tail -n 3
+    "$0" test tests/test_cuda.py -k llamacpp tests/test_llamacpp_bridge.py 2>&1 | tee "$OUT/pytest-llamacpp-cuda.txt" | tail -n 8
+    for set in llama3-8b seed6; do
+      python3 -m ggml_ciq.cli bench gemm --backend ciq-cuda --shapes $set --repeat 3 --json "$OUT/bench-$set.json" 2>&1 \
+        | tail -n 40
+    done ;;
+  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|all" >&2; exit 2 ;;
 esac

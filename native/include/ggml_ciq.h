@@ -101,6 +101,11 @@ ciq_status ciq_gemm_quantized(int device, ciq_variant variant, ciq_semantics sem
                               const void *weight, size_t weight_nbytes, int64_t rows, int64_t k,
                               const void *x_quantized, int64_t tokens, void *out, ciq_out_type out_type);
 
+/* Device timing on the stream the kernels use (host wall clock on the CPU): start, then stop returns the
+ * milliseconds between the two and frees the timer. */
+ciq_status ciq_timer_start(int device, void **timer);
+ciq_status ciq_timer_stop(void *timer, float *milliseconds);
+
 /* Dispatch counters: kernel launches per resolved variant and weight type since the last reset. */
 ciq_status ciq_dispatch_count(ciq_variant variant, ciq_weight_type type, uint64_t *count);
 void       ciq_dispatch_reset(void);

@@ -2,6 +2,7 @@
 #include "ciq_internal.h"
 
 #include <atomic>
+#include <chrono>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -388,6 +389,46 @@ ciq_status ciq_gemm(int device, ciq_variant variant, ciq_semantics semantics, ci
     }
     return ciq_gemm_quantized(device, resolved, semantics, type, weight, weight_nbytes, rows, k, scratch, tokens, out,
                               out_type);
+}
+
+struct Timer {
+    int device;
+    void *start;  // CUDA event, or nullptr on the host
+    std::chrono::steady_clock::time_point host_start;
+};
+
+ciq_status ciq_timer_start(int device, void **timer) {
+    if (timer == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_timer_start: timer is NULL");
+    CIQ_TRY(check_device(device));
+    Timer *t = new Timer{device, nullptr, std::chrono::steady_clock::now()};
+#ifdef GGML_CIQ_WITH_CUDA
+    if (device != CIQ_DEVICE_CPU) {
+        ciq_status status = ciq_cuda_event_record(device, &t->start);
+        if (status != CIQ_OK) {
+            delete t;
+            return status;
+        }
+    }
+#endif
+    *timer = t;
+    return CIQ_OK;
+}
+
+ciq_status ciq_timer_stop(void *timer, float *milliseconds) {
+    if (timer == nullptr || milliseconds == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_timer_stop: NULL");
+    Timer *t = (Timer *)timer;
+    ciq_status status = CIQ_OK;
+    if (t->start == nullptr) {
+        *milliseconds = std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - t->host_start).count();
+#ifdef GGML_CIQ_WITH_CUDA
+    } else {
+        void *stop = nullptr;
+        status = ciq_cuda_event_record(t->device, &stop);
+        if (status == CIQ_OK) status = ciq_cuda_event_elapsed(t->start, stop, milliseconds);
+#endif
+    }
+    delete t;
+    return status;
 }
 
 ciq_status ciq_dispatch_count(ciq_variant variant, ciq_weight_type type, uint64_t *count) {

@@ -66,7 +66,8 @@ ciq_status ciq_cuda_memcpy(int device, void *dst, const void *src, size_t nbytes
 ciq_status ciq_cuda_memset(int device, void *dst, int value, size_t nbytes);
 ciq_status ciq_cuda_synchronize(int device);
 ciq_status ciq_cuda_scratch(int device, size_t nbytes, void **ptr);  // per-device buffer, grown on demand
-const char *ciq_cuda_archs(void);
+ciq_status ciq_cuda_event_record(int device, void **event);  // creates and records an event
+ciq_status ciq_cuda_event_elapsed(void *start, void *stop, float *milliseconds);  // syncs stop, frees both
 
 ciq_status ciq_cuda_quantize_q8_K(const float *x, void *out, int64_t tokens, int64_t k);
 ciq_status ciq_cuda_quantize_q8_1_mmq(bool ds4, const float *x, void *out, int64_t tokens, int64_t k);

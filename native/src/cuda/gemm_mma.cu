@@ -1,8 +1,9 @@
 // gemm_mma.cu - MMQ-class keep-quant GEMM on int8 tensor cores (mma.sync), MMQ semantics (docs/SEMANTICS.md).
 //
 // One CTA (8 warps) computes a 128-row x J-token tile of out, walking K one 256-value super-block at a time:
-// all threads issue their global loads of the super-block (weights and activations) into registers, dequantize
-// them into shared memory, barrier, run the mma, barrier. Shared memory (STRIDE = 272 B per staged row):
+// stage (global loads into registers in batches, dequantize into shared memory), barrier, mma, barrier. Latency
+// is hidden by batching the loads and by the other CTAs of the SM (cp.async double buffering measured no faster).
+// Shared memory (STRIDE = 272 B per staged row):
 //   wq [128][STRIDE] int8   weights in natural k order: Q4_K the nibble 0..15, Q6_K q6-32.
 //   xq [J][STRIDE]   int8   activations (block_q8_1_mmq qs), natural k order.
 //   ws [8][128]      float2 per 32-value sub-block i and row: Q4_K {A_i, B_i} = {half(d*sc_i), -half(dmin*m_i)},
@@ -14,7 +15,7 @@
 // layout. Per sub-block: Q4_K one m16n8k32, acc += A*d8*isum + B*s8 (llama.cpp vec_dot_q8_1_q8_1_mma); Q6_K two
 // m16n8k16 (one per 16-value scale), acc += d8*(isum_lo*sc_lo*d + isum_hi*sc_hi*d) (vec_dot_q6_K_q8_1_mma with d
 // folded into the scales). The int32 accumulators start at 0x4B400000 (1.5*2^23 as float), so that
-// float(isum) = as_float(c) - 1.5*2^23 exactly (|isum| <= 32*127*32 < 2^22): one FADD instead of a slow I2F.
+// float(isum) = as_float(c) - 1.5*2^23 exactly (|isum| <= 16*32*127 < 2^22): one FADD instead of a slow I2F.
 #include "common.cuh"
 
 #include <atomic>
@@ -26,20 +27,22 @@
 #define CIQ_MMA_STRIDE 272  // bytes per staged row: 256 int8 + 16 pad
 
 // Token tiles: the first config with J >= tokens is used, else the last. warps_m: warp rows of the 8 warps;
-// min_ctas: CTAs per SM the registers are budgeted for (__launch_bounds__).
+// min_ctas: CTAs per SM the registers are budgeted for (__launch_bounds__; J >= 64 gets 255 registers, which
+// measured faster on H200 than 2 CTAs/SM at 128 registers).
 struct mma_tile_config {
     int tokens;
     int warps_m;
     int min_ctas;
+    int weight_batch;  // weight rows per thread whose loads are in flight together (divides 16)
 };
-static constexpr mma_tile_config k_mma_configs[] = {{8, 8, 4}, {16, 8, 4}, {32, 4, 3}, {64, 4, 2}, {128, 4, 2}};
+static constexpr mma_tile_config k_mma_configs[] = {
+    {8, 8, 3, 8}, {16, 8, 3, 8}, {32, 4, 2, 8}, {64, 4, 1, 4}, {128, 4, 1, 4}};
 static constexpr int k_mma_config_count = sizeof(k_mma_configs) / sizeof(k_mma_configs[0]);
 
 static constexpr size_t mma_smem_bytes(int J) {  // wq, xq, ws, xs
     return (size_t)(CIQ_MMA_ROWS + J) * CIQ_MMA_STRIDE + (size_t)8 * (CIQ_MMA_ROWS + J) * sizeof(float2);
 }
 
-static constexpr int k_unroll_i = UNROLL_I;
 static constexpr int k_magic_bits = 0x4B400000;
 static __device__ __forceinline__ float isum_of(int c) { return __int_as_float(c) - 12582912.0f; }
 
@@ -80,122 +83,108 @@ static __device__ __forceinline__ void mma_k16(int (&c)[4], int a0, int a1, int 
 #endif
 }
 
-// One super-block of the CTA's 128 weight rows: global loads into registers (load), then dequantization into
-// wq/ws (store). Warp w reads rows w, w+8, ..., one qs word per lane; thread tid reads the scales of row tid/2
-// for sub-blocks 4*(tid%2) .. +3. Rows past the end re-read the last row.
-template <ciq_weight_type T> struct weight_tile;
-
-template <> struct weight_tile<CIQ_TYPE_Q4_K> {
-    uint32_t qs[16], hdr[4];  // hdr: {d, dmin}, scales[12]
-    __device__ __forceinline__ void load(const uint8_t *__restrict__ w, int64_t row_bytes, int64_t row0, int64_t rows,
-                                         int kb) {
-        const uint8_t *base = w + (int64_t)kb * Q4_K_BLOCK_BYTES;
-        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+// Stages super-block kb of the CTA's 128 weight rows into wq/ws. Warp w handles rows w, w+8, ... with one qs
+// word per lane, issuing the global loads of BATCH rows before dequantizing them; thread tid handles the scales
+// of row tid/2, sub-blocks 4*(tid%2) .. +3. Rows past the end re-read the last row. Q6_K is read with 2-byte
+// loads: its 210 B blocks are only 2-byte aligned.
+template <ciq_weight_type T, int BATCH>
+static __device__ __forceinline__ void stage_weights(const uint8_t *__restrict__ w, int64_t row_bytes, int64_t row0,
+                                                     int64_t rows, int kb, int8_t *wq, float2 *ws) {
+    constexpr int block_bytes = T == CIQ_TYPE_Q4_K ? Q4_K_BLOCK_BYTES : Q6_K_BLOCK_BYTES;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const uint8_t *base = w + (int64_t)kb * block_bytes;
 #pragma unroll
-        for (int it = 0; it < 16; ++it)
-            qs[it] = __ldg((const uint32_t *)(base + min(row0 + 8 * it + warp, rows - 1) * row_bytes + 16) + lane);
-        const uint32_t *blk = (const uint32_t *)(base + min(row0 + threadIdx.x / 2, rows - 1) * row_bytes);
+    for (int it0 = 0; it0 < 16; it0 += BATCH) {
+        uint32_t raw[BATCH][2];  // Q4_K: qs word lane; Q6_K: ql word lane, qh word 8(lane/16) + lane%8
 #pragma unroll
-        for (int l = 0; l < 4; ++l) hdr[l] = __ldg(blk + l);
-    }
-    __device__ __forceinline__ void store(int8_t *wq, float2 *ws) const {
-        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-#pragma unroll
-        for (int it = 0; it < 16; ++it) {  // qs word l: low nibbles = values 64(l/8) + 4(l%8) + 0..3, high +32
-            int *dst = (int *)(wq + (8 * it + warp) * CIQ_MMA_STRIDE) + 16 * (lane / 8) + lane % 8;
-            dst[0] = qs[it] & 0x0F0F0F0F;
-            dst[8] = (qs[it] >> 4) & 0x0F0F0F0F;
-        }
-        const float d = __low2float(*(const __half2 *)&hdr[0]), dmin = __high2float(*(const __half2 *)&hdr[0]);
-        const uint32_t s0 = hdr[1], s1 = hdr[2], s2 = hdr[3];
-#pragma unroll
-        for (int l = 0; l < 4; ++l) {  // get_scale_min_k4 of sub-block j = 4*(tid%2) + l
-            const bool lo = threadIdx.x % 2 == 0;
-            const uint32_t sc = lo ? (s0 >> 8 * l) & 63 : ((s2 >> 8 * l) & 15) | (((s0 >> 8 * l) & 0xC0) >> 2);
-            const uint32_t m = lo ? (s1 >> 8 * l) & 63 : (((s2 >> 8 * l) & 0xF0) >> 4) | (((s1 >> 8 * l) & 0xC0) >> 2);
-            ws[(4 * (threadIdx.x % 2) + l) * CIQ_MMA_ROWS + threadIdx.x / 2] =
-                make_float2(__half2float(__float2half_rn(d * (float)sc)), -__half2float(__float2half_rn(dmin * (float)m)));
-        }
-    }
-};
-
-template <> struct weight_tile<CIQ_TYPE_Q6_K> {  // 2-byte loads: Q6_K blocks (210 B) are only 2-byte aligned
-    uint16_t ql[16][2], qh[16][2], sc[4], d;
-    __device__ __forceinline__ void load(const uint8_t *__restrict__ w, int64_t row_bytes, int64_t row0, int64_t rows,
-                                         int kb) {
-        const uint8_t *base = w + (int64_t)kb * Q6_K_BLOCK_BYTES;
-        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-#pragma unroll
-        for (int it = 0; it < 16; ++it) {  // ql word l, qh word 8(l/16) + l%8
-            const uint16_t *blk = (const uint16_t *)(base + min(row0 + 8 * it + warp, rows - 1) * row_bytes);
-#pragma unroll
-            for (int b = 0; b < 2; ++b) {
-                ql[it][b] = __ldg(blk + 2 * lane + b);
-                qh[it][b] = __ldg(blk + 64 + 16 * (lane / 16) + 2 * (lane % 8) + b);
+        for (int b = 0; b < BATCH; ++b) {
+            const uint8_t *blk = base + min(row0 + 8 * (it0 + b) + warp, rows - 1) * row_bytes;
+            if constexpr (T == CIQ_TYPE_Q4_K) {
+                raw[b][0] = __ldg((const uint32_t *)(blk + 16) + lane);
+            } else {
+                const uint16_t *ql = (const uint16_t *)blk + 2 * lane;
+                const uint16_t *qh = (const uint16_t *)blk + 64 + 16 * (lane / 16) + 2 * (lane % 8);
+                raw[b][0] = __ldg(ql) | (uint32_t)__ldg(ql + 1) << 16;
+                raw[b][1] = __ldg(qh) | (uint32_t)__ldg(qh + 1) << 16;
             }
         }
-        const uint16_t *blk = (const uint16_t *)(base + min(row0 + threadIdx.x / 2, rows - 1) * row_bytes);
 #pragma unroll
-        for (int l = 0; l < 4; ++l) sc[l] = __ldg(blk + 96 + 4 * (threadIdx.x % 2) + l);  // scales 8(tid%2) + 0..7
-        d = __ldg(blk + 104);
-    }
-    __device__ __forceinline__ void store(int8_t *wq, float2 *ws) const {
-        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-#pragma unroll
-        for (int it = 0; it < 16; ++it) {  // ql word l: values 128(l/16) + 32((l/8)%2) + 4(l%8) + 0..3, high nibbles +64
-            const uint32_t q = ql[it][0] | (uint32_t)ql[it][1] << 16;
-            const uint32_t hb = (qh[it][0] | (uint32_t)qh[it][1] << 16) >> (2 * ((lane / 8) % 2));
-            int *dst = (int *)(wq + (8 * it + warp) * CIQ_MMA_STRIDE) + 2 * lane - lane % 16;
-            dst[0] = __vsub4((q & 0x0F0F0F0F) | ((hb << 4) & 0x30303030), 0x20202020);
-            dst[16] = __vsub4(((q >> 4) & 0x0F0F0F0F) | (hb & 0x30303030), 0x20202020);
+        for (int b = 0; b < BATCH; ++b) {
+            int *dst = (int *)(wq + (8 * (it0 + b) + warp) * CIQ_MMA_STRIDE);
+            if constexpr (T == CIQ_TYPE_Q4_K) {  // qs word l: low nibbles = values 64(l/8) + 4(l%8) + 0..3, high +32
+                dst[16 * (lane / 8) + lane % 8] = raw[b][0] & 0x0F0F0F0F;
+                dst[16 * (lane / 8) + lane % 8 + 8] = (raw[b][0] >> 4) & 0x0F0F0F0F;
+            } else {  // ql word l: values 128(l/16) + 32((l/8)%2) + 4(l%8) + 0..3, high nibbles +64
+                const uint32_t ql = raw[b][0], qh = raw[b][1] >> (2 * ((lane / 8) % 2));
+                dst[2 * lane - lane % 16] = __vsub4((ql & 0x0F0F0F0F) | ((qh << 4) & 0x30303030), 0x20202020);
+                dst[2 * lane - lane % 16 + 16] = __vsub4(((ql >> 4) & 0x0F0F0F0F) | (qh & 0x30303030), 0x20202020);
+            }
         }
-        const float df = ciq_half_to_float(d);
-#pragma unroll
-        for (int l = 0; l < 4; ++l)
-            ws[(4 * (threadIdx.x % 2) + l) * CIQ_MMA_ROWS + threadIdx.x / 2] =
-                make_float2((float)(int8_t)sc[l] * df, (float)(int8_t)(sc[l] >> 8) * df);
     }
-};
+    const int r = threadIdx.x / 2, h = threadIdx.x % 2;
+    const uint8_t *blk = base + min(row0 + r, rows - 1) * row_bytes;
+    if constexpr (T == CIQ_TYPE_Q4_K) {
+        const uint32_t *hdr = (const uint32_t *)blk;  // {d, dmin}, scales[12]
+        const uint32_t dm = __ldg(hdr), s0 = __ldg(hdr + 1), s1 = __ldg(hdr + 2), s2 = __ldg(hdr + 3);
+        const float d = __low2float(*(const __half2 *)&dm), dmin = __high2float(*(const __half2 *)&dm);
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {  // get_scale_min_k4 of sub-block j = 4h + l
+            const uint32_t sc = h == 0 ? (s0 >> 8 * l) & 63 : ((s2 >> 8 * l) & 15) | (((s0 >> 8 * l) & 0xC0) >> 2);
+            const uint32_t m = h == 0 ? (s1 >> 8 * l) & 63 : (((s2 >> 8 * l) & 0xF0) >> 4) | (((s1 >> 8 * l) & 0xC0) >> 2);
+            ws[(4 * h + l) * CIQ_MMA_ROWS + r] = make_float2(__half2float(__float2half_rn(d * (float)sc)),
+                                                             -__half2float(__float2half_rn(dmin * (float)m)));
+        }
+    } else {
+        const uint16_t *b16 = (const uint16_t *)blk;
+        const float d = ciq_half_to_float(__ldg(b16 + 104));
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {  // scales 8h + 2l, 8h + 2l + 1
+            const uint16_t sc = __ldg(b16 + 96 + 4 * h + l);
+            ws[(4 * h + l) * CIQ_MMA_ROWS + r] = make_float2((float)(int8_t)sc * d, (float)(int8_t)(sc >> 8) * d);
+        }
+    }
+}
 
-// One super-block of the J tokens' activations (block_q8_1_mmq [k/128][tokens], two blocks per super-block):
-// thread tid reads qs words it*256 + tid of the J x 64 words and scale words of the J x 8. Tokens past the end
-// re-read the last token.
+// Super-block kb of the J tokens' activations (block_q8_1_mmq [k/128][tokens], two blocks per super-block), in
+// batches: batch c covers qs words (c*CHUNK + it)*256 + tid of the J x 64 and, in batch 0, the scale words
+// it*256 + tid of the J x 8. Tokens past the end re-read the last token.
 template <ciq_weight_type T, int J> struct act_tile {
-    static constexpr int QW = J * 64 / CIQ_MMA_THREADS, SW = (J * 8 + CIQ_MMA_THREADS - 1) / CIQ_MMA_THREADS;
-    uint32_t q[QW], s[SW];
+    static constexpr int QW = J * 64 / CIQ_MMA_THREADS, CHUNK = QW < 8 ? QW : 8, BATCHES = QW / CHUNK;
+    static constexpr int SW = (J * 8 + CIQ_MMA_THREADS - 1) / CIQ_MMA_THREADS;
+    uint32_t q[CHUNK], s[SW];
     static __device__ __forceinline__ const uint32_t *block(const uint8_t *x, int64_t tokens, int64_t tok0, int t,
                                                             int kb, int half) {
         return (const uint32_t *)(x + ((2 * (int64_t)kb + half) * tokens + min(tok0 + t, tokens - 1)) * Q8_1_MMQ_BLOCK_BYTES);
     }
-    __device__ __forceinline__ void load(const uint8_t *__restrict__ x, int64_t tokens, int64_t tok0, int kb) {
+    __device__ __forceinline__ void load(const uint8_t *__restrict__ x, int64_t tokens, int64_t tok0, int kb, int c) {
 #pragma unroll
-        for (int it = 0; it < QW; ++it) {  // token t, qs word wd of 64
-            const int idx = it * CIQ_MMA_THREADS + threadIdx.x, t = idx / 64, wd = idx % 64;
+        for (int it = 0; it < CHUNK; ++it) {  // token t, qs word wd of 64
+            const int idx = (c * CHUNK + it) * CIQ_MMA_THREADS + threadIdx.x, t = idx / 64, wd = idx % 64;
             q[it] = __ldg(block(x, tokens, tok0, t, kb, wd / 32) + 4 + wd % 32);
         }
 #pragma unroll
         for (int it = 0; it < SW; ++it) {  // token t, sub-block i
             const int idx = it * CIQ_MMA_THREADS + threadIdx.x, t = idx / 8, i = idx % 8;
-            if (idx < J * 8) s[it] = __ldg(block(x, tokens, tok0, t, kb, i / 4) + i % 4);
+            if (c == 0 && idx < J * 8) s[it] = __ldg(block(x, tokens, tok0, t, kb, i / 4) + i % 4);
         }
     }
-    __device__ __forceinline__ void store(int8_t *xq, float2 *xs) const {
+    __device__ __forceinline__ void store(int8_t *xq, float2 *xs, int c) const {
 #pragma unroll
-        for (int it = 0; it < QW; ++it) {
-            const int idx = it * CIQ_MMA_THREADS + threadIdx.x;
+        for (int it = 0; it < CHUNK; ++it) {
+            const int idx = (c * CHUNK + it) * CIQ_MMA_THREADS + threadIdx.x;
             ((uint32_t *)(xq + idx / 64 * CIQ_MMA_STRIDE))[idx % 64] = q[it];
         }
 #pragma unroll
         for (int it = 0; it < SW; ++it) {
             const int idx = it * CIQ_MMA_THREADS + threadIdx.x;
-            if (idx < J * 8)
+            if (c == 0 && idx < J * 8)
                 xs[idx % 8 * J + idx / 8] = T == CIQ_TYPE_Q4_K ? __half22float2(*(const __half2 *)&s[it])
                                                                : make_float2(__uint_as_float(s[it]), 0.0f);
         }
     }
 };
 
-template <ciq_weight_type T, int J, int WM, int MIN_CTAS>
+template <ciq_weight_type T, int J, int WM, int MIN_CTAS, int WBATCH>
 __global__ void __launch_bounds__(CIQ_MMA_THREADS, MIN_CTAS)
     gemm_mma_kernel(const uint8_t *__restrict__ w, int64_t rows, int nb, const uint8_t *__restrict__ x,
                     int64_t tokens, void *__restrict__ out, ciq_out_type out_type) {
@@ -214,14 +203,16 @@ __global__ void __launch_bounds__(CIQ_MMA_THREADS, MIN_CTAS)
 
     float acc[MT][NT][4] = {};
     for (int kb = 0; kb < nb; ++kb) {
-        weight_tile<T> wtile;
         act_tile<T, J> atile;
-        wtile.load(w, row_bytes, row0, rows, kb);
-        atile.load(x, tokens, tok0, kb);
-        wtile.store(wq, ws);
-        atile.store(xq, xs);
+        atile.load(x, tokens, tok0, kb, 0);  // in flight while the weights are staged
+        stage_weights<T, WBATCH>(w, row_bytes, row0, rows, kb, wq, ws);
+        atile.store(xq, xs, 0);
+        for (int c = 1; c < atile.BATCHES; ++c) {
+            atile.load(x, tokens, tok0, kb, c);
+            atile.store(xq, xs, c);
+        }
         __syncthreads();
-#pragma unroll k_unroll_i
+#pragma unroll 2
         for (int i = 0; i < 8; ++i) {  // 32-value sub-block
             int a[MT][4];
             float2 wsc[MT][2];  // rows g and g+8 of each m tile
@@ -281,7 +272,7 @@ static ciq_status launch_mma(const void *weight, int64_t rows, int64_t k, const 
                              ciq_out_type out_type) {
     constexpr mma_tile_config cfg = k_mma_configs[C];
     constexpr size_t smem = mma_smem_bytes(cfg.tokens);
-    const auto kernel = gemm_mma_kernel<T, cfg.tokens, cfg.warps_m, cfg.min_ctas>;
+    const auto kernel = gemm_mma_kernel<T, cfg.tokens, cfg.warps_m, cfg.min_ctas, cfg.weight_batch>;
     if (smem > 48 * 1024) {  // raise the dynamic shared memory limit once per device
         static std::atomic<uint64_t> raised{0};
         int device = 64;
@@ -323,7 +314,7 @@ ciq_status ciq_cuda_gemm_mma(ciq_weight_type type, const void *weight, int64_t r
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_mma: activations (and Q4_K weights) must be 4-byte aligned");
     int config = 0;
     while (config + 1 < k_mma_config_count && k_mma_configs[config].tokens < tokens) ++config;
-    if ((tokens + k_mma_configs[config].tokens - 1) / k_mma_configs[config].tokens > 65535 || k / QK_K > INT32_MAX / 2)
+    if ((tokens + k_mma_configs[config].tokens - 1) / k_mma_configs[config].tokens > 65535 || k / QK_K > INT32_MAX)
         return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_mma: problem too large (k %lld, tokens %lld)", (long long)k,
                         (long long)tokens);
     return type == CIQ_TYPE_Q4_K ? dispatch_mma<CIQ_TYPE_Q4_K>(config, weight, rows, k, x_q8_1_mmq, tokens, out, out_type)
@@ -337,160 +328,4 @@ ciq_status ciq_cuda_gemm_mma(ciq_weight_type, const void *, int64_t, int64_t, co
     return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_mma: the mma.sync kernel is CUDA-only");
 }
 
-#endif
-
-#ifdef CIQ_GEMM_MMA_SELFTEST  // TEMPORARY self-test (removed before hand-off)
-#include <cstdarg>
-#include <cstdio>
-#include <cmath>
-#include <random>
-#include <vector>
-#include <chrono>
-ciq_status ciq_fail(ciq_status status, const char *format, ...) {
-    va_list ap; va_start(ap, format); fprintf(stderr, "ciq_fail: "); vfprintf(stderr, format, ap); fprintf(stderr, "\n"); va_end(ap);
-    return status;
-}
-static uint16_t f2h(float f) { return __half_as_ushort(__float2half_rn(f)); }
-static float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
-static std::mt19937 rng(1234);
-static float urand(float a, float b) { return std::uniform_real_distribution<float>(a, b)(rng); }
-static int irand(int a, int b) { return std::uniform_int_distribution<int>(a, b)(rng); }
-
-static void make_weights(ciq_weight_type type, int64_t rows, int64_t k, std::vector<uint8_t> &w) {
-    const int64_t nb = k / 256;
-    const int bb = type == CIQ_TYPE_Q4_K ? 144 : 210;
-    w.resize(rows * nb * bb);
-    for (auto &b : w) b = (uint8_t)irand(0, 255);
-    for (int64_t i = 0; i < rows * nb; ++i) {
-        uint8_t *blk = w.data() + i * bb;
-        if (type == CIQ_TYPE_Q4_K) {
-            uint16_t d = f2h(urand(1e-4f, 2e-2f)), dm = f2h(urand(1e-4f, 2e-2f));
-            memcpy(blk, &d, 2); memcpy(blk + 2, &dm, 2);
-        } else {
-            uint16_t d = f2h(urand(-2e-3f, 2e-3f)); memcpy(blk + 208, &d, 2);
-        }
-    }
-}
-static void make_acts(ciq_weight_type type, int64_t tokens, int64_t k, std::vector<uint8_t> &x) {
-    x.resize(tokens * (k / 128) * 144);
-    for (size_t b = 0; b < x.size() / 144; ++b) {
-        uint8_t *blk = x.data() + b * 144;
-        for (int i = 0; i < 128; ++i) ((int8_t *)blk)[16 + i] = (int8_t)irand(-127, 127);
-        for (int g = 0; g < 4; ++g) {
-            uint32_t s;
-            if (type == CIQ_TYPE_Q4_K) s = f2h(urand(1e-3f, 5e-2f)) | ((uint32_t)f2h(urand(-20.f, 20.f)) << 16);
-            else { float d = urand(1e-3f, 5e-2f); memcpy(&s, &d, 4); }
-            memcpy(blk + 4 * g, &s, 4);
-        }
-    }
-}
-static void reference(ciq_weight_type type, const uint8_t *w, int64_t rows, int64_t k, const uint8_t *x, int64_t tokens, std::vector<double> &ref) {
-    const int64_t nb = k / 256;
-    const int bb = type == CIQ_TYPE_Q4_K ? 144 : 210;
-    ref.assign(rows * tokens, 0.0);
-    std::vector<int> q(256);
-    for (int64_t r = 0; r < rows; ++r) for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t *blk = w + (r * nb + b) * bb;
-        double wa[16], wb[16];
-        if (type == CIQ_TYPE_Q4_K) {
-            const float d = h2f(blk[0] | blk[1] << 8), dmin = h2f(blk[2] | blk[3] << 8);
-            const uint8_t *s = blk + 4;
-            for (int j = 0; j < 8; ++j) {
-                int sc, m;
-                if (j < 4) { sc = s[j] & 63; m = s[j + 4] & 63; } else { sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4); m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4); }
-                wa[j] = h2f(f2h(d * sc)); wb[j] = -(double)h2f(f2h(dmin * m));
-            }
-            for (int e = 0; e < 256; ++e) { int c = e / 64, rr = e % 64; q[e] = rr < 32 ? blk[16 + 32 * c + rr] & 15 : blk[16 + 32 * c + rr - 32] >> 4; }
-        } else {
-            const float d = h2f(blk[208] | blk[209] << 8);
-            for (int j = 0; j < 16; ++j) wa[j] = (double)d * (int8_t)blk[192 + j];
-            for (int e = 0; e < 256; ++e) {
-                int n = e / 128, lp = e % 128, g = lp / 32, l = lp % 32;
-                int low = g < 2 ? blk[64 * n + l + 32 * g] & 15 : blk[64 * n + l + 32 * (g - 2)] >> 4;
-                int high = (blk[128 + 32 * n + l] >> (2 * g)) & 3;
-                q[e] = (low | high << 4) - 32;
-            }
-        }
-        for (int64_t t = 0; t < tokens; ++t) {
-            double sum = 0;
-            for (int i = 0; i < 8; ++i) {
-                const uint8_t *xb = x + ((2 * b + i / 4) * tokens + t) * 144;
-                const int8_t *xq = (const int8_t *)(xb + 16) + 32 * (i % 4);
-                uint32_t s; memcpy(&s, xb + 4 * (i % 4), 4);
-                if (type == CIQ_TYPE_Q4_K) {
-                    long isum = 0; for (int v = 0; v < 32; ++v) isum += q[32 * i + v] * xq[v];
-                    sum += wa[i] * h2f(s & 0xFFFF) * isum + wb[i] * h2f(s >> 16);
-                } else {
-                    long i0 = 0, i1 = 0; for (int v = 0; v < 16; ++v) { i0 += q[32 * i + v] * xq[v]; i1 += q[32 * i + 16 + v] * xq[16 + v]; }
-                    float d8; memcpy(&d8, &s, 4);
-                    sum += d8 * (wa[2 * i] * i0 + wa[2 * i + 1] * i1);
-                }
-            }
-            ref[t * rows + r] += sum;
-        }
-    }
-}
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("CUDA %s at %d\n", cudaGetErrorString(e_), __LINE__); exit(1); } } while (0)
-static int run_case(ciq_weight_type type, int64_t rows, int64_t k, int64_t tokens) {
-    std::vector<uint8_t> w, x; make_weights(type, rows, k, w); make_acts(type, tokens, k, x);
-    std::vector<double> ref; reference(type, w.data(), rows, k, x.data(), tokens, ref);
-    void *dw, *dx, *df, *dh;
-    CK(cudaMalloc(&dw, w.size())); CK(cudaMalloc(&dx, x.size())); CK(cudaMalloc(&df, rows * tokens * 4)); CK(cudaMalloc(&dh, rows * tokens * 2));
-    CK(cudaMemcpy(dw, w.data(), w.size(), cudaMemcpyHostToDevice)); CK(cudaMemcpy(dx, x.data(), x.size(), cudaMemcpyHostToDevice));
-    if (ciq_cuda_gemm_mma(type, dw, rows, k, dx, tokens, df, CIQ_OUT_F32) != CIQ_OK) return 1;
-    if (ciq_cuda_gemm_mma(type, dw, rows, k, dx, tokens, dh, CIQ_OUT_BF16) != CIQ_OK) return 1;
-    CK(cudaDeviceSynchronize());
-    std::vector<float> of(rows * tokens); std::vector<uint16_t> oh(rows * tokens);
-    CK(cudaMemcpy(of.data(), df, of.size() * 4, cudaMemcpyDeviceToHost)); CK(cudaMemcpy(oh.data(), dh, oh.size() * 2, cudaMemcpyDeviceToHost));
-    double num = 0, den = 0; long bfbad = 0;
-    for (size_t i = 0; i < of.size(); ++i) {
-        num += (of[i] - ref[i]) * (of[i] - ref[i]); den += ref[i] * ref[i];
-        if (__bfloat16_as_ushort(__float2bfloat16(of[i])) != oh[i]) ++bfbad;
-    }
-    const double nmse = num / den;
-    const bool ok = nmse <= 1e-10 && bfbad == 0 && std::isfinite(nmse);
-    printf("%s %s rows %lld k %lld tokens %lld nmse %.3e bf16-mismatch %ld\n", ok ? "ok  " : "FAIL", type == CIQ_TYPE_Q4_K ? "Q4_K" : "Q6_K", (long long)rows, (long long)k, (long long)tokens, nmse, bfbad);
-    cudaFree(dw); cudaFree(dx); cudaFree(df); cudaFree(dh);
-    return ok ? 0 : 1;
-}
-static void bench(ciq_weight_type type, int64_t rows, int64_t k, int64_t tokens) {
-    std::vector<uint8_t> w, x; make_weights(type, rows, k, w); make_acts(type, tokens, k, x);
-    void *dw, *dx, *df;
-    CK(cudaMalloc(&dw, w.size())); CK(cudaMalloc(&dx, x.size())); CK(cudaMalloc(&df, rows * tokens * 4));
-    CK(cudaMemcpy(dw, w.data(), w.size(), cudaMemcpyHostToDevice)); CK(cudaMemcpy(dx, x.data(), x.size(), cudaMemcpyHostToDevice));
-    for (int i = 0; i < 3; ++i) ciq_cuda_gemm_mma(type, dw, rows, k, dx, tokens, df, CIQ_OUT_F32);
-    cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
-    const int iters = 20;
-    cudaEventRecord(a);
-    for (int i = 0; i < iters; ++i) ciq_cuda_gemm_mma(type, dw, rows, k, dx, tokens, df, CIQ_OUT_F32);
-    cudaEventRecord(b); CK(cudaEventSynchronize(b));
-    float ms; cudaEventElapsedTime(&ms, a, b); ms /= iters;
-    printf("bench %s rows %lld k %lld tokens %lld: %.1f us, %.1f TOPS, %.0f GB/s weights\n", type == CIQ_TYPE_Q4_K ? "Q4_K" : "Q6_K", (long long)rows, (long long)k, (long long)tokens,
-           ms * 1e3, 2.0 * rows * k * tokens / ms / 1e9, w.size() / ms / 1e6);
-    cudaFree(dw); cudaFree(dx); cudaFree(df);
-}
-int main(int argc, char **argv) {
-    const int mode = argc > 1 ? atoi(argv[1]) : 0;
-    int fails = 0;
-    if (mode == 0 || mode == 1) {
-        const int64_t toks[] = {1, 5, 8, 9, 16, 17, 31, 33, 64, 65, 100, 128, 129, 200, 300};
-        for (ciq_weight_type type : {CIQ_TYPE_Q4_K, CIQ_TYPE_Q6_K}) {
-            for (int64_t t : toks) fails += run_case(type, 300, 512, t);
-            fails += run_case(type, 1, 256, 1);
-            fails += run_case(type, 127, 768, 7);
-            fails += run_case(type, 257, 1024, 130);
-        }
-    }
-    if (mode == 2) {  // small cases for the sanitizers
-        for (ciq_weight_type type : {CIQ_TYPE_Q4_K, CIQ_TYPE_Q6_K}) { fails += run_case(type, 130, 512, 3); fails += run_case(type, 129, 256, 70); fails += run_case(type, 200, 256, 129); fails += run_case(type, 100, 256, 20); fails += run_case(type, 100, 256, 40); fails += run_case(type, 100, 256, 12); }
-    }
-    if (mode == 0 || mode == 3) {
-        for (ciq_weight_type type : {CIQ_TYPE_Q4_K, CIQ_TYPE_Q6_K})
-            for (int64_t t : {8, 16, 32, 64, 128, 512, 2048}) bench(type, 4096, 4096, t);
-        bench(CIQ_TYPE_Q4_K, 14336, 4096, 2048);
-        bench(CIQ_TYPE_Q6_K, 128256, 4096, 16);
-    }
-    printf("%s (%d failures)\n", fails ? "FAILED" : "PASSED", fails);
-    return fails != 0;
-}
 #endif

@@ -11,12 +11,26 @@
         if (err_ != cudaSuccess) return ciq_fail(CIQ_ERR_BACKEND, "%s: %s", what, cudaGetErrorString(err_)); \
     } while (0)
 
+// Device count and properties are read once: the GEMM path checks them on every call.
+static const std::vector<cudaDeviceProp> &device_properties() {
+    static const std::vector<cudaDeviceProp> props = [] {
+        std::vector<cudaDeviceProp> result;
+        int count = 0;
+        if (cudaGetDeviceCount(&count) != cudaSuccess) {
+            cudaGetLastError();  // no driver or no device: zero GPUs, not an error
+            count = 0;
+        }
+        for (int i = 0; i < count; ++i) {
+            cudaDeviceProp prop;
+            if (cudaGetDeviceProperties(&prop, i) == cudaSuccess) result.push_back(prop);
+        }
+        return result;
+    }();
+    return props;
+}
+
 ciq_status ciq_cuda_device_count(int *count) {
-    *count = 0;
-    if (cudaGetDeviceCount(count) != cudaSuccess) {
-        cudaGetLastError();  // no driver or no device: zero GPUs, not an error
-        *count = 0;
-    }
+    *count = (int)device_properties().size();
     return CIQ_OK;
 }
 
@@ -26,15 +40,13 @@ ciq_status ciq_cuda_set_device(int device) {
 }
 
 ciq_status ciq_cuda_device_name(int device, char *buffer, size_t buffer_size) {
-    cudaDeviceProp prop;
-    CIQ_CUDA_CHECK(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+    const cudaDeviceProp &prop = device_properties().at(device);
     std::snprintf(buffer, buffer_size, "%s (sm_%d%d, %d SMs)", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
     return CIQ_OK;
 }
 
 ciq_status ciq_cuda_compute_capability(int device, int *major, int *minor) {
-    cudaDeviceProp prop;
-    CIQ_CUDA_CHECK(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+    const cudaDeviceProp &prop = device_properties().at(device);
     *major = prop.major;
     *minor = prop.minor;
     return CIQ_OK;
@@ -88,5 +100,24 @@ ciq_status ciq_cuda_scratch(int device, size_t nbytes, void **ptr) {
         buffer.second = nbytes;
     }
     *ptr = buffer.first;
+    return CIQ_OK;
+}
+
+ciq_status ciq_cuda_event_record(int device, void **event) {
+    CIQ_CUDA_CHECK(cudaSetDevice(device), "cudaSetDevice");
+    cudaEvent_t e;
+    CIQ_CUDA_CHECK(cudaEventCreate(&e), "cudaEventCreate");
+    CIQ_CUDA_CHECK(cudaEventRecord(e, 0), "cudaEventRecord");
+    *event = (void *)e;
+    return CIQ_OK;
+}
+
+ciq_status ciq_cuda_event_elapsed(void *start, void *stop, float *milliseconds) {
+    cudaEvent_t a = (cudaEvent_t)start, b = (cudaEvent_t)stop;
+    cudaError_t err = cudaEventSynchronize(b);
+    if (err == cudaSuccess) err = cudaEventElapsedTime(milliseconds, a, b);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    if (err != cudaSuccess) return ciq_fail(CIQ_ERR_BACKEND, "timer: %s", cudaGetErrorString(err));
     return CIQ_OK;
 }

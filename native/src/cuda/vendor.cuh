@@ -22,6 +22,12 @@
 #define cudaMemset hipMemset
 #define cudaDeviceSynchronize hipDeviceSynchronize
 #define cudaFuncSetAttribute hipFuncSetAttribute
+#define cudaEvent_t hipEvent_t
+#define cudaEventCreate hipEventCreate
+#define cudaEventRecord hipEventRecord
+#define cudaEventSynchronize hipEventSynchronize
+#define cudaEventElapsedTime hipEventElapsedTime
+#define cudaEventDestroy hipEventDestroy
 #define cudaFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
 #define __nv_bfloat16 hip_bfloat16
 #define CIQ_WARP_SIZE 32  // RDNA wave32
