@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import statistics
 import subprocess
@@ -115,6 +116,9 @@ def bench_cpu(shapes: list[Shape], tokens_list: list[int], threads: int, repeat:
 
 
 def git_commit(path: Path | None = None) -> str | None:
+    """This checkout's commit ($GGML_CIQ_COMMIT where the tree travels without .git, as to the GPU machine)."""
+    if os.environ.get("GGML_CIQ_COMMIT"):
+        return os.environ["GGML_CIQ_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=path or Path(__file__).parent,
                               capture_output=True, text=True, timeout=5).stdout.strip() or None

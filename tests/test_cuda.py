@@ -31,24 +31,50 @@ def run_checked(weight, x, variant, **raw):
     return out
 
 
-@pytest.mark.parametrize("weight_type", [Q.Q4_K, Q.Q6_K])
-def test_gpu_quantizers_byte_identical(weight_type, rng):
+def _inputs(rng):
     tied = np.zeros((3, 512), np.float32)
     tied[:, 7], tied[:, 200] = 2.5, -2.5
-    for x in (rng.standard_normal((131, 1024)).astype(np.float32), np.zeros((17, 256), np.float32), tied,
-              (rng.standard_normal((5, 256)) * 1e30).astype(np.float32),
-              (rng.standard_normal((5, 256)) * 1e-30).astype(np.float32)):
+    return (rng.standard_normal((131, 1024)).astype(np.float32), np.zeros((17, 256), np.float32), tied,
+            (rng.standard_normal((5, 256)) * 1e30).astype(np.float32),
+            (rng.standard_normal((5, 256)) * 1e-30).astype(np.float32))
+
+
+@pytest.mark.parametrize("weight_type", [Q.Q4_K, Q.Q6_K])
+def test_gpu_q8_K_byte_identical(weight_type, rng):
+    for x in _inputs(rng):
         assert np.array_equal(native.quantize_activations(x, "cpu", weight_type, "cuda"),
                               Q.quantize_q8_K(x).view(np.uint8).reshape(-1))
-        assert np.array_equal(native.quantize_activations(x, "mmq", weight_type, "cuda"),
-                              Q.quantize_q8_1_mmq(x, weight_type).reshape(-1))
+
+
+@pytest.mark.parametrize("weight_type", [Q.Q4_K, Q.Q6_K])
+def test_gpu_q8_1_mmq_mirrors_llamacpp_fast_math(weight_type, rng):
+    """The GPU quantizer uses llama.cpp's fast-math division: the same bytes as the IEEE reference except d within
+    2 ulp (exact after fp16 rounding almost always) and q off by one only at rounding ties."""
+    for x in _inputs(rng):
+        tokens, k = x.shape
+        gpu = native.quantize_activations(x, "mmq", weight_type, "cuda").reshape(k // 128, tokens, 144)
+        ref = Q.quantize_q8_1_mmq(x, weight_type)
+        q_gpu, d_gpu, s_gpu = Q.q8_1_mmq_fields(gpu, weight_type, tokens, k)
+        q_ref, d_ref, s_ref = Q.q8_1_mmq_fields(ref, weight_type, tokens, k)
+        assert np.abs(q_gpu - q_ref).max() <= 1 and np.mean(q_gpu != q_ref) < 1e-3
+        assert np.allclose(d_gpu, d_ref, rtol=2.5e-7 if weight_type == Q.Q6_K else 1e-3, atol=0)
+        if s_gpu is not None:
+            assert np.array_equal(s_gpu, s_ref, equal_nan=True)
+
+
+def reference(weight_type, data, rows, k, x, semantics):
+    """The numpy reference of a semantics; for mmq on the GPU's own quantized activations (same bytes)."""
+    if semantics == "cpu":
+        return Q.gemm_cpu_semantics(weight_type, data, rows, k, x)
+    xq = native.quantize_activations(x, "mmq", weight_type, "cuda")
+    return Q.gemm_mmq_semantics_quantized(weight_type, data, rows, k, xq, x.shape[0])
 
 
 def test_every_variant_on_model_tensors(model, rng):
     for t in model.weights():
         for tokens in (1, 17, 131):
             x = rng.standard_normal((tokens, t.k)).astype(np.float32)
-            refs = {s: Q.REFERENCE_GEMMS[s](t.ggml_type, t.raw(), t.rows, t.k, x) for s in ("cpu", "mmq")}
+            refs = {s: reference(t.ggml_type, t.raw(), t.rows, t.k, x, s) for s in ("cpu", "mmq")}
             for variant in GPU_VARIANTS:
                 out = run_checked(t, x, variant)
                 assert Q.nmse(out, refs[native.default_semantics(variant, "cuda")]) <= 1e-10, (t.name, tokens, variant)
@@ -62,7 +88,7 @@ def test_tail_shapes(rows, weight_type, rng):
     data = Q.quantize_q4_K(w) if weight_type == Q.Q4_K else Q.quantize_q6_K(w)
     for tokens in TAIL_TOKENS:
         x = rng.standard_normal((tokens, k)).astype(np.float32)
-        refs = {s: Q.REFERENCE_GEMMS[s](weight_type, data, rows, k, x) for s in ("cpu", "mmq")}
+        refs = {s: reference(weight_type, data, rows, k, x, s) for s in ("cpu", "mmq")}
         for variant in GPU_VARIANTS:
             out = run_checked(data, x, variant, ggml_type=weight_type, rows=rows, k=k)
             assert Q.nmse(out, refs[native.default_semantics(variant, "cuda")]) <= 1e-10, (rows, tokens, variant)

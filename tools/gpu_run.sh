@@ -48,8 +48,12 @@ case "${1:-}" in
     "$0" test tests/test_cuda.py tests/test_native.py 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -n 15
     "$0" sanitize
     "$0" wait 2>&1 | tail -n 3
-    "$0" test tests/test_cuda.py -k llamacpp tests/test_llamacpp_bridge.py 2>&1 | tee "$OUT/pytest-llamacpp-cuda.txt" | tail -n 8
-    for set in llama3-8b seed6; do
+    "$0" test tests/test_cuda.py -k llamacpp 2>&1 | tee "$OUT/pytest-llamacpp-cuda.txt" | tail -n 8
+    for model in default gemma3-270m; do
+      python3 -m ggml_ciq.cli diff $model --backend ciq-cuda --reference llamacpp-cuda --variant mma --tokens 131 \
+        --json "$OUT/diff-$model-mma-vs-llamacpp-cuda.json" 2>&1 | tail -n 2
+    done
+    [ -n "${BENCH:-}" ] && for set in llama3-8b seed6; do
       python3 -m ggml_ciq.cli bench gemm --backend ciq-cuda --shapes $set --repeat 3 --json "$OUT/bench-$set.json" 2>&1 \
         | tail -n 40
     done ;;

@@ -90,6 +90,31 @@ quantize_q8_K_kernel(const float *__restrict__ x, uint8_t *__restrict__ out, int
     if (lane == 0) *reinterpret_cast<float *>(yb) = nonzero ? __fdiv_rn(1.f, iscale) : 0.f;
 }
 
+// llama.cpp builds ggml-cuda with -use_fast_math, so its quantize_mmq_q8_1 divides with div.approx.ftz, takes
+// d = rcp.approx.ftz(d_inv) and flushes subnormals in products and sums. We issue the same instructions, so the
+// mma kernel sees llama.cpp's exact activation bytes (docs/SEMANTICS.md: the IEEE host reference can differ by
+// an ulp in d and by one in q at rounding ties).
+static __device__ __forceinline__ float fast_div(float a, float b) {
+    float r;
+    asm("div.approx.ftz.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+static __device__ __forceinline__ float fast_rcp(float a) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(a));
+    return r;
+}
+static __device__ __forceinline__ float ftz_mul(float a, float b) {
+    float r;
+    asm("mul.ftz.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+static __device__ __forceinline__ float ftz_add(float a, float b) {
+    float r;
+    asm("add.ftz.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
 // One warp per q8_1-mmq block (128 values of one token); warps are numbered token-major, matching x.
 // Lanes 8i..8i+7 form the 32-value group i. The xor butterfly over offsets 4, 2, 1 adds the per-lane sums in
 // exactly llama.cpp's order: ((t0+t4)+(t2+t6))+((t1+t5)+(t3+t7)).
@@ -105,20 +130,20 @@ quantize_q8_1_mmq_kernel(const float *__restrict__ x, uint8_t *__restrict__ out,
     const float4 v = load_float4(x + chunk * Q8_1_MMQ_VALUES + 4 * lane, x_aligned16);
 
     float amax = fmaxf(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fabsf(v.z)), fabsf(v.w));
-    float sum = __fadd_rn(__fadd_rn(__fadd_rn(v.x, v.y), v.z), v.w);
+    float sum = ftz_add(ftz_add(ftz_add(v.x, v.y), v.z), v.w);
 #pragma unroll
     for (int offset = 4; offset > 0; offset >>= 1) {
         amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFF, amax, offset));
-        sum = __fadd_rn(sum, __shfl_xor_sync(0xFFFFFFFF, sum, offset));
+        sum = ftz_add(sum, __shfl_xor_sync(0xFFFFFFFF, sum, offset));
     }
 
-    const float d_inv = __fdiv_rn(127.f, amax);
-    const float d = __fdiv_rn(1.f, d_inv);  // 0 when amax == 0 (d_inv = inf)
+    const float d_inv = fast_div(127.f, amax);
+    const float d = fast_rcp(d_inv);  // 0 when amax == 0 (d_inv = inf)
     const bool nonzero = amax != 0.f;
-    const int qx = nonzero ? (int)roundf(__fmul_rn(v.x, d_inv)) : 0;  // round half away from zero
-    const int qy = nonzero ? (int)roundf(__fmul_rn(v.y, d_inv)) : 0;
-    const int qz = nonzero ? (int)roundf(__fmul_rn(v.z, d_inv)) : 0;
-    const int qw = nonzero ? (int)roundf(__fmul_rn(v.w, d_inv)) : 0;
+    const int qx = nonzero ? (int)roundf(ftz_mul(v.x, d_inv)) : 0;  // round half away from zero
+    const int qy = nonzero ? (int)roundf(ftz_mul(v.y, d_inv)) : 0;
+    const int qz = nonzero ? (int)roundf(ftz_mul(v.z, d_inv)) : 0;
+    const int qw = nonzero ? (int)roundf(ftz_mul(v.w, d_inv)) : 0;
 
     uint8_t *yb = out + (k_chunk * tokens + token) * Q8_1_MMQ_BLOCK_BYTES;
     reinterpret_cast<uint32_t *>(yb + offsetof(block_q8_1_mmq, qs))[lane] = pack_int8x4(qx, qy, qz, qw);
