@@ -81,6 +81,20 @@ def _median_us(fn, warmup: int, repeat: int) -> float:
     return statistics.median(times) * 1e6
 
 
+def _interleaved_median_us(a, b, warmup: int, repeat: int) -> tuple[float, float]:
+    """Medians of a and b timed alternately (a b a b ...), so drift in machine load hits both alike."""
+    for _ in range(warmup):
+        a()
+        b()
+    times_a, times_b = [], []
+    for _ in range(repeat):
+        for fn, times in ((a, times_a), (b, times_b)):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times_a) * 1e6, statistics.median(times_b) * 1e6
+
+
 def bench_cpu(shapes: list[Shape], tokens_list: list[int], threads: int, repeat: int = 5, warmup: int = 1,
               progress=None) -> list[CpuRow]:
     """Our CPU GEMM (activation quantization included) vs llama.cpp CPU mul_mat, same threads."""
@@ -105,8 +119,7 @@ def bench_cpu(shapes: list[Shape], tokens_list: list[int], threads: int, repeat:
             with MulMatGraph(llama, "CPU", shape.ggml_type, shape.rows, shape.k, tokens, threads=threads) as graph:
                 graph.set_weights(data)
                 graph.set_input(x)
-                llama_us = _median_us(graph.compute, warmup, repeat)
-            ours_us = _median_us(ours, warmup, repeat)
+                llama_us, ours_us = _interleaved_median_us(graph.compute, ours, warmup, repeat)
             rows_out.append(CpuRow(quants.type_name(shape.ggml_type), shape.rows, shape.k, tokens, ours_us,
                                    llama_us, ours_us / llama_us))
             if progress:

@@ -68,7 +68,7 @@ struct UnpackedRow {
     std::vector<double> mmq_a, mmq_b;    // Q4_K MMQ: half(d*sc), -half(dmin*m) per 32 values
 };
 
-void unpack_q4_K(const block_q4_K *blocks, int64_t nb, UnpackedRow &row) {
+void unpack_q4_K(const block_q4_K *blocks, int64_t nb, bool mmq, UnpackedRow &row) {
     for (int64_t b = 0; b < nb; ++b) {
         const block_q4_K &x = blocks[b];
         const float d = ciq_fp16_to_fp32(x.d), dmin = ciq_fp16_to_fp32(x.dmin);
@@ -80,15 +80,24 @@ void unpack_q4_K(const block_q4_K *blocks, int64_t nb, UnpackedRow &row) {
             const int m = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
             row.scale[b * 8 + j] = sc;
             row.min[b * 8 + j] = m;
-            row.mmq_a[b * 8 + j] = ciq_fp16_to_fp32(ciq_fp32_to_fp16(d * (float)sc));
-            row.mmq_b[b * 8 + j] = -ciq_fp16_to_fp32(ciq_fp32_to_fp16(dmin * (float)m));
+            if (mmq) {
+                row.mmq_a[b * 8 + j] = ciq_fp16_to_fp32(ciq_fp32_to_fp16(d * (float)sc));
+                row.mmq_b[b * 8 + j] = -ciq_fp16_to_fp32(ciq_fp32_to_fp16(dmin * (float)m));
+            }
         }
         uint8_t *q = row.q.data() + b * QK_K;
         for (int c = 0; c < 4; ++c) {
+#if defined(CIQ_ISA_AVX2) || defined(CIQ_ISA_AVXVNNI)
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(x.qs + 32 * c));
+            const __m256i low4 = _mm256_set1_epi8(0x0F);
+            _mm256_storeu_si256((__m256i *)(q + 64 * c), _mm256_and_si256(v, low4));
+            _mm256_storeu_si256((__m256i *)(q + 64 * c + 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
+#else
             for (int l = 0; l < 32; ++l) {
                 q[64 * c + l] = x.qs[32 * c + l] & 0xF;
                 q[64 * c + 32 + l] = x.qs[32 * c + l] >> 4;
             }
+#endif
         }
     }
 }
@@ -101,82 +110,86 @@ void unpack_q6_K(const block_q6_K *blocks, int64_t nb, UnpackedRow &row) {
         uint8_t *q = row.q.data() + b * QK_K;
         for (int n = 0; n < 2; ++n) {
             const uint8_t *ql = x.ql + 64 * n, *qh = x.qh + 32 * n;
+#if defined(CIQ_ISA_AVX2) || defined(CIQ_ISA_AVXVNNI)
+            const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+            auto high = [&](int shift) { return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, shift), two), 4); };
+            _mm256_storeu_si256((__m256i *)(q + 128 * n), _mm256_or_si256(_mm256_and_si256(l0, low4), high(0)));
+            _mm256_storeu_si256((__m256i *)(q + 128 * n + 32), _mm256_or_si256(_mm256_and_si256(l1, low4), high(2)));
+            _mm256_storeu_si256((__m256i *)(q + 128 * n + 64),
+                                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4), high(4)));
+            _mm256_storeu_si256((__m256i *)(q + 128 * n + 96),
+                                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4), high(6)));
+#else
             for (int l = 0; l < 32; ++l) {
                 q[128 * n + l] = (ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4);
                 q[128 * n + 32 + l] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
                 q[128 * n + 64 + l] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
                 q[128 * n + 96 + l] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
             }
+#endif
         }
     }
 }
 
-// CPU semantics: activations Q8_K [tokens][nb].
-double dot_cpu_q4_K(const UnpackedRow &row, const block_q8_K *y, int64_t nb) {
-    double acc = 0;
+// One super-block b of one row with one token, in each semantics.
+double superblock_cpu_q4_K(const UnpackedRow &row, int64_t b, const block_q8_K &y) {
     int32_t is[8];
-    for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t *q = row.q.data() + b * QK_K;
-        isums32x4(q, y[b].qs, is);
-        isums32x4(q + 128, y[b].qs + 128, is + 4);
-        const int32_t *sc = row.scale.data() + b * 8, *m = row.min.data() + b * 8;
-        int32_t sumi = 0, summ = 0;
-        for (int j = 0; j < 8; ++j) {
-            sumi += sc[j] * is[j];
-            summ += m[j] * (y[b].bsums[2 * j] + y[b].bsums[2 * j + 1]);
-        }
-        acc += (double)y[b].d * (row.d[b] * sumi - row.dmin[b] * summ);
+    const uint8_t *q = row.q.data() + b * QK_K;
+    isums32x4(q, y.qs, is);
+    isums32x4(q + 128, y.qs + 128, is + 4);
+    const int32_t *sc = row.scale.data() + b * 8, *m = row.min.data() + b * 8;
+    int32_t sumi = 0, summ = 0;
+    for (int j = 0; j < 8; ++j) {
+        sumi += sc[j] * is[j];
+        summ += m[j] * (y.bsums[2 * j] + y.bsums[2 * j + 1]);
     }
-    return acc;
+    return (double)y.d * (row.d[b] * sumi - row.dmin[b] * summ);
 }
 
-double dot_cpu_q6_K(const UnpackedRow &row, const block_q8_K *y, int64_t nb) {
-    double acc = 0;
+double superblock_cpu_q6_K(const UnpackedRow &row, int64_t b, const block_q8_K &y) {
     int32_t is[16];
-    for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t *q = row.q.data() + b * QK_K;
-        isums16x8(q, y[b].qs, is);
-        isums16x8(q + 128, y[b].qs + 128, is + 8);
-        const int32_t *sc = row.scale.data() + b * 16;
-        int32_t sumi = 0;
-        for (int j = 0; j < 16; ++j) sumi += sc[j] * (is[j] - 32 * y[b].bsums[j]);
-        acc += (double)y[b].d * row.d[b] * sumi;
-    }
-    return acc;
+    const uint8_t *q = row.q.data() + b * QK_K;
+    isums16x8(q, y.qs, is);
+    isums16x8(q + 128, y.qs + 128, is + 8);
+    const int32_t *sc = row.scale.data() + b * 16;
+    int32_t sumi = 0;
+    for (int j = 0; j < 16; ++j) sumi += sc[j] * (is[j] - 32 * y.bsums[j]);
+    return (double)y.d * row.d[b] * sumi;
 }
 
-// MMQ semantics: activations q8_1-mmq [K/128][tokens]; x points at this token's first block.
-double dot_mmq_q4_K(const UnpackedRow &row, const block_q8_1_mmq *x, int64_t tokens, int64_t nb128) {
+// MMQ semantics: the two q8_1-mmq blocks (128 values each) of super-block b for one token.
+double superblock_mmq_q4_K(const UnpackedRow &row, int64_t b, const block_q8_1_mmq &y0, const block_q8_1_mmq &y1) {
     double acc = 0;
     int32_t is[4];
-    for (int64_t kb = 0; kb < nb128; ++kb) {
-        const block_q8_1_mmq &y = x[kb * tokens];
-        isums32x4(row.q.data() + kb * 128, y.qs, is);
+    for (int half = 0; half < 2; ++half) {
+        const block_q8_1_mmq &y = half ? y1 : y0;
+        isums32x4(row.q.data() + b * QK_K + 128 * half, y.qs, is);
         for (int g = 0; g < 4; ++g) {
             const double d8 = ciq_fp16_to_fp32((uint16_t)(y.scales[g] & 0xFFFF));
             const double s8 = ciq_fp16_to_fp32((uint16_t)(y.scales[g] >> 16));
-            acc += row.mmq_a[kb * 4 + g] * d8 * is[g] + row.mmq_b[kb * 4 + g] * s8;
+            acc += row.mmq_a[b * 8 + half * 4 + g] * d8 * is[g] + row.mmq_b[b * 8 + half * 4 + g] * s8;
         }
     }
     return acc;
 }
 
-double dot_mmq_q6_K(const UnpackedRow &row, const block_q8_1_mmq *x, const int32_t *bsum16, int64_t tokens,
-                    int64_t nb128) {
-    double acc = 0;
+double superblock_mmq_q6_K(const UnpackedRow &row, int64_t b, const block_q8_1_mmq &y0, const block_q8_1_mmq &y1,
+                           const int32_t *bsum16) {
+    double block = 0;
     int32_t is[8];
-    for (int64_t kb = 0; kb < nb128; ++kb) {
-        const block_q8_1_mmq &y = x[kb * tokens];
-        isums16x8(row.q.data() + kb * 128, y.qs, is);
-        const int32_t *sc = row.scale.data() + kb * 8, *bs = bsum16 + kb * 8;
-        double block = 0;
+    for (int half = 0; half < 2; ++half) {
+        const block_q8_1_mmq &y = half ? y1 : y0;
+        isums16x8(row.q.data() + b * QK_K + 128 * half, y.qs, is);
+        const int32_t *sc = row.scale.data() + b * 16 + half * 8, *bs = bsum16 + half * 8;
         for (int g = 0; g < 4; ++g) {
             const int32_t sumi = sc[2 * g] * (is[2 * g] - 32 * bs[2 * g]) + sc[2 * g + 1] * (is[2 * g + 1] - 32 * bs[2 * g + 1]);
             block += (double)ciq_bits_to_float(y.scales[g]) * sumi;
         }
-        acc += row.d[kb / 2] * block;
     }
-    return acc;
+    return row.d[b] * block;
 }
 
 // Sums of 16 activation quants, [tokens][K/16], for the -32 offset of Q6_K's unsigned quants.
@@ -203,43 +216,71 @@ inline void store(void *out, int64_t index, double value, ciq_out_type out_type)
 
 }  // namespace
 
+// Tiles of ROW_TILE rows x TOKEN_TILE tokens walk K one super-block at a time, so that a super-block's weights
+// and activations (about 9 KB) stay in L1 while every pair of the tile is dotted.
+constexpr int ROW_TILE = 16, TOKEN_TILE = 16;
+
 ciq_status CIQ_FN(ciq_cpu_gemm)(ciq_semantics semantics, ciq_weight_type type, const void *weight, int64_t rows,
                                 int64_t k, const void *x_quantized, int64_t tokens, void *out, ciq_out_type out_type) {
     const int64_t nb = k / QK_K;
     const size_t row_bytes = ciq_weight_row_bytes(type, k);
+    const bool mmq = semantics == CIQ_SEMANTICS_MMQ;
+    const block_q8_K *x8 = (const block_q8_K *)x_quantized;
+    const block_q8_1_mmq *x1 = (const block_q8_1_mmq *)x_quantized;
     std::vector<int32_t> bsum16;
-    if (semantics == CIQ_SEMANTICS_MMQ && type == CIQ_TYPE_Q6_K) {
-        bsum16 = q8_1_mmq_sums16((const block_q8_1_mmq *)x_quantized, tokens, k);
-    }
+    if (mmq && type == CIQ_TYPE_Q6_K) bsum16 = q8_1_mmq_sums16(x1, tokens, k);
+    const int64_t row_tiles = (rows + ROW_TILE - 1) / ROW_TILE;
 #pragma omp parallel
     {
-        UnpackedRow row;
-        row.q.resize(k);
-        row.scale.resize(nb * 16);
-        row.min.resize(nb * 8);
-        row.d.resize(nb);
-        row.dmin.resize(nb);
-        row.mmq_a.resize(nb * 8);
-        row.mmq_b.resize(nb * 8);
-#pragma omp for schedule(dynamic, 4)
-        for (int64_t r = 0; r < rows; ++r) {
-            const uint8_t *w = (const uint8_t *)weight + r * row_bytes;
-            if (type == CIQ_TYPE_Q4_K) {
-                unpack_q4_K((const block_q4_K *)w, nb, row);
-            } else {
-                unpack_q6_K((const block_q6_K *)w, nb, row);
-            }
-            for (int64_t t = 0; t < tokens; ++t) {
-                double v;
-                if (semantics == CIQ_SEMANTICS_CPU) {
-                    const block_q8_K *y = (const block_q8_K *)x_quantized + t * nb;
-                    v = type == CIQ_TYPE_Q4_K ? dot_cpu_q4_K(row, y, nb) : dot_cpu_q6_K(row, y, nb);
+        std::vector<UnpackedRow> tile(ROW_TILE);
+        for (UnpackedRow &row : tile) {
+            row.q.resize(k);
+            row.scale.resize(nb * 16);
+            row.min.resize(nb * 8);
+            row.d.resize(nb);
+            row.dmin.resize(nb);
+            row.mmq_a.resize(nb * 8);
+            row.mmq_b.resize(nb * 8);
+        }
+        double acc[ROW_TILE][TOKEN_TILE];
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t rt = 0; rt < row_tiles; ++rt) {
+            const int64_t r0 = rt * ROW_TILE;
+            const int nr = (int)(rows - r0 < ROW_TILE ? rows - r0 : ROW_TILE);
+            for (int i = 0; i < nr; ++i) {
+                const uint8_t *w = (const uint8_t *)weight + (r0 + i) * row_bytes;
+                if (type == CIQ_TYPE_Q4_K) {
+                    unpack_q4_K((const block_q4_K *)w, nb, mmq, tile[i]);
                 } else {
-                    const block_q8_1_mmq *y = (const block_q8_1_mmq *)x_quantized + t;
-                    v = type == CIQ_TYPE_Q4_K ? dot_mmq_q4_K(row, y, tokens, 2 * nb)
-                                              : dot_mmq_q6_K(row, y, bsum16.data() + t * (k / 16), tokens, 2 * nb);
+                    unpack_q6_K((const block_q6_K *)w, nb, tile[i]);
                 }
-                store(out, t * rows + r, v, out_type);
+            }
+            for (int64_t t0 = 0; t0 < tokens; t0 += TOKEN_TILE) {
+                const int nt = (int)(tokens - t0 < TOKEN_TILE ? tokens - t0 : TOKEN_TILE);
+                for (int i = 0; i < nr; ++i) {
+                    for (int j = 0; j < nt; ++j) acc[i][j] = 0;
+                }
+                for (int64_t b = 0; b < nb; ++b) {
+                    for (int j = 0; j < nt; ++j) {
+                        const int64_t t = t0 + j;
+                        for (int i = 0; i < nr; ++i) {
+                            const UnpackedRow &row = tile[i];
+                            if (!mmq) {
+                                const block_q8_K &y = x8[t * nb + b];
+                                acc[i][j] += type == CIQ_TYPE_Q4_K ? superblock_cpu_q4_K(row, b, y)
+                                                                   : superblock_cpu_q6_K(row, b, y);
+                            } else {
+                                const block_q8_1_mmq &y0 = x1[(2 * b) * tokens + t], &y1 = x1[(2 * b + 1) * tokens + t];
+                                acc[i][j] += type == CIQ_TYPE_Q4_K
+                                                 ? superblock_mmq_q4_K(row, b, y0, y1)
+                                                 : superblock_mmq_q6_K(row, b, y0, y1, bsum16.data() + t * (k / 16) + b * 16);
+                            }
+                        }
+                    }
+                }
+                for (int i = 0; i < nr; ++i) {
+                    for (int j = 0; j < nt; ++j) store(out, (t0 + j) * rows + r0 + i, acc[i][j], out_type);
+                }
             }
         }
     }
