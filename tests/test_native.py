@@ -69,6 +69,15 @@ def test_build_info(native_lib):
     assert info["cpu_isa"] in ISAS
 
 
+def test_cuda_sources_compiled_where_expected(native_lib):
+    """CI sets GGML_CIQ_EXPECT_CUDA when nvcc is present: the CUDA backend must then be in the build."""
+    expected = os.environ.get("GGML_CIQ_EXPECT_CUDA")
+    if not expected:
+        pytest.skip("GGML_CIQ_EXPECT_CUDA not set")
+    info = native.build_info()
+    assert "cuda" in info["backends"] and info["cuda_archs"] == expected, info
+
+
 # ----------------------------------------------------------------------------------------------
 # The C API's error paths, called directly through cffi.
 
