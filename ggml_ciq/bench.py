@@ -196,15 +196,18 @@ class GpuRow:
     k: int
     tokens: int
     variant: str
-    us: float            # median per GEMM, activation quantization included
-    gemm_only_us: float  # median per GEMM on pre-quantized activations
-    tflops: float
+    us: float               # median per GEMM, activation quantization included
+    best_us: float          # best batch
+    gemm_only_us: float     # median per GEMM on pre-quantized activations
+    tflops: float           # from the median
     llamacpp_us: float | None
-    speedup: float | None  # llama.cpp time / ours
+    speedup: float | None   # llama.cpp time / ours
+    bf16_us: float | None   # dense bf16 cuBLAS GEMM of the same shape (the ceiling)
+    bf16_fraction: float | None  # bf16 time / ours = our fraction of the ceiling
 
 
-def _time_gpu_us(launch, n: int, device: int, warmup: int, repeat: int) -> float:
-    """Median over `repeat` timed batches of n launches, per launch, with device events."""
+def _time_gpu_us(launch, n: int, device: int, warmup: int, repeat: int) -> list[float]:
+    """Per-launch times of `repeat` timed batches of n launches, with device events."""
     n_ = native.load()
     for i in range(warmup):
         launch(i)
@@ -217,67 +220,203 @@ def _time_gpu_us(launch, n: int, device: int, warmup: int, repeat: int) -> float
         ms = n_.ffi.new("float *")
         n_.check(n_.lib.ciq_timer_stop(timer[0], ms))
         samples.append(ms[0] * 1e3 / n)
-    return statistics.median(samples)
+    return samples
+
+
+class GpuProblem:
+    """One shape on the GPU: `copies` weight buffers (rotated past the L2), activations, output, launchers."""
+
+    def __init__(self, shape: Shape, tokens: int, device: int = 0):
+        self.n = native.load()
+        self.shape, self.tokens, self.device = shape, tokens, device
+        self.data = shape.data if shape.data is not None else random_blocks(shape)
+        self.copies = max(2, min(16, -(-ROTATION_BYTES // self.data.nbytes)))
+        self.weights = [native.Buffer.from_array(device, self.data) for _ in range(self.copies)]
+        self.x = np.random.default_rng(tokens).standard_normal((tokens, shape.k)).astype(np.float32)
+        self.xb = native.Buffer.from_array(device, self.x)
+        self.out = native.Buffer(device, tokens * shape.rows * 4)
+        self.quantized: dict[str, native.Buffer] = {}
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.shape.rows * self.shape.k * self.tokens
+
+    def launcher(self, variant: str, gemm_only: bool = False):
+        n, s = self.n, self.shape
+        semantics = native.default_semantics(variant, self.device)
+        sem, v = native.SEMANTICS.index(semantics), native.variant_id(variant)
+        xp = n.ffi.cast("float *", self.xb.ptr)
+        if not gemm_only:
+            def launch(i):
+                w = self.weights[i % self.copies]
+                n.check(n.lib.ciq_gemm(self.device, v, sem, s.ggml_type, w.ptr, w.nbytes, s.rows, s.k, xp,
+                                       self.tokens, self.out.ptr, 0))
+            return launch
+        if semantics not in self.quantized:
+            size = (n.lib.ciq_q8_K_size if sem == 0 else n.lib.ciq_q8_1_mmq_size)(self.tokens, s.k)
+            qb = native.Buffer(self.device, size)
+            if sem == 0:
+                n.check(n.lib.ciq_quantize_q8_K(self.device, xp, qb.ptr, self.tokens, s.k))
+            else:
+                n.check(n.lib.ciq_quantize_q8_1_mmq(self.device, s.ggml_type, xp, qb.ptr, self.tokens, s.k))
+            self.quantized[semantics] = qb
+        qb = self.quantized[semantics]
+
+        def launch(i):
+            w = self.weights[i % self.copies]
+            n.check(n.lib.ciq_gemm_quantized(self.device, v, sem, s.ggml_type, w.ptr, w.nbytes, s.rows, s.k, qb.ptr,
+                                             self.tokens, self.out.ptr, 0))
+        return launch
+
+    def time(self, launch, repeat: int) -> list[float]:
+        return _time_gpu_us(launch, 2 * self.copies, self.device, 2, repeat)
+
+    def time_bf16(self, repeat: int) -> float:
+        """Median time of cuBLAS bf16 out = X @ W^T on bf16 copies of the same shape (random values)."""
+        n, s = self.n, self.shape
+        copies = max(2, min(16, -(-ROTATION_BYTES // (s.rows * s.k * 2))))
+        rng = np.random.default_rng(1)
+        w = (rng.standard_normal((s.rows, s.k), dtype=np.float32) * 0.02).view(np.uint32) >> 16
+        x = rng.standard_normal((self.tokens, s.k), dtype=np.float32).view(np.uint32) >> 16
+        weights = [native.Buffer.from_array(self.device, w.astype(np.uint16)) for _ in range(copies)]
+        with native.Buffer.from_array(self.device, x.astype(np.uint16)) as xb:
+            def launch(i):
+                n.check(n.lib.ciq_dense_gemm_bf16(self.device, weights[i % copies].ptr, s.rows, s.k, xb.ptr,
+                                                  self.tokens, self.out.ptr, 0))
+            times = _time_gpu_us(launch, 2 * copies, self.device, 2, repeat)
+        for b in weights:
+            b.close()
+        return statistics.median(times)
+
+    def time_llamacpp(self, llama, repeat: int) -> float:
+        """llama.cpp's CUDA mul_mat: a graph of `copies` mul_mats on distinct weight copies, per mul_mat."""
+        from .llamacpp import MulMatGraph
+
+        s = self.shape
+        with MulMatGraph(llama, "CUDA0", s.ggml_type, s.rows, s.k, self.tokens, copies=self.copies) as g:
+            g.set_weights(self.data)
+            g.set_input(self.x)
+            return _median_us(g.compute, 2, repeat) / self.copies
+
+    def close(self) -> None:
+        for b in [*self.weights, self.xb, self.out, *self.quantized.values()]:
+            b.close()
+
+
+def _llamacpp_cuda():
+    from .llamacpp import LlamaCpp
+
+    llama = LlamaCpp.load()
+    if "CUDA0" not in llama.devices():
+        raise InvalidArgumentError(f"llama.cpp at {llama.lib_dir} has no CUDA0 device "
+                                   f"(point GGML_CIQ_LLAMACPP_LIB at a CUDA build, or pass --no-llamacpp)")
+    return llama
 
 
 def bench_gpu(shapes: list[Shape], tokens_list: list[int], variants: list[str], repeat: int = 5,
-              llamacpp: bool = True, device: int = 0, progress=None) -> list[GpuRow]:
-    n = native.load()
-    llama = None
-    if llamacpp:
-        from .llamacpp import LlamaCpp, MulMatGraph
-
-        llama = LlamaCpp.load()
-        if "CUDA0" not in llama.devices():
-            raise InvalidArgumentError(f"llama.cpp at {llama.lib_dir} has no CUDA0 device "
-                                       f"(point GGML_CIQ_LLAMACPP_LIB at a CUDA build, or pass --no-llamacpp)")
+              llamacpp: bool = True, ceiling: bool = True, device: int = 0, progress=None) -> list[GpuRow]:
+    """Every variant, llama.cpp and the bf16 ceiling on every shape and token count."""
+    llama = _llamacpp_cuda() if llamacpp else None
     rows_out = []
     for shape in shapes:
-        data = shape.data if shape.data is not None else random_blocks(shape)
-        copies = max(2, min(16, -(-ROTATION_BYTES // data.nbytes)))
-        weights = [native.Buffer.from_array(device, data) for _ in range(copies)]
         for tokens in tokens_list:
-            x = np.random.default_rng(tokens).standard_normal((tokens, shape.k)).astype(np.float32)
-            flops = 2.0 * shape.rows * shape.k * tokens
-            llama_us = None
-            if llama is not None:
-                with MulMatGraph(llama, "CUDA0", shape.ggml_type, shape.rows, shape.k, tokens, copies=copies) as g:
-                    g.set_weights(data)
-                    g.set_input(x)
-                    llama_us = _median_us(g.compute, 2, repeat) / copies
-            with native.Buffer.from_array(device, x) as xb, native.Buffer(device, tokens * shape.rows * 4) as ob:
-                xp = n.ffi.cast("float *", xb.ptr)
+            p = GpuProblem(shape, tokens, device)
+            try:
+                llama_us = p.time_llamacpp(llama, repeat) if llama is not None else None
+                bf16_us = p.time_bf16(repeat) if ceiling else None
                 for variant in variants:
-                    sem = native.SEMANTICS.index(native.default_semantics(variant, device))
-                    v = native.variant_id(variant)
-                    qsize = (n.lib.ciq_q8_K_size if sem == 0 else n.lib.ciq_q8_1_mmq_size)(tokens, shape.k)
-
-                    def full(i):
-                        w = weights[i % copies]
-                        n.check(n.lib.ciq_gemm(device, v, sem, shape.ggml_type, w.ptr, w.nbytes, shape.rows, shape.k,
-                                               xp, tokens, ob.ptr, 0))
-
-                    us = _time_gpu_us(full, 2 * copies, device, 2, repeat)
-                    with native.Buffer(device, qsize) as qb:
-                        if sem == 0:
-                            n.check(n.lib.ciq_quantize_q8_K(device, xp, qb.ptr, tokens, shape.k))
-                        else:
-                            n.check(n.lib.ciq_quantize_q8_1_mmq(device, shape.ggml_type, xp, qb.ptr, tokens, shape.k))
-
-                        def gemm_only(i):
-                            w = weights[i % copies]
-                            n.check(n.lib.ciq_gemm_quantized(device, v, sem, shape.ggml_type, w.ptr, w.nbytes,
-                                                             shape.rows, shape.k, qb.ptr, tokens, ob.ptr, 0))
-
-                        gemm_us = _time_gpu_us(gemm_only, 2 * copies, device, 2, repeat)
+                    times = p.time(p.launcher(variant), repeat)
+                    us = statistics.median(times)
+                    gemm_us = statistics.median(p.time(p.launcher(variant, gemm_only=True), repeat))
                     rows_out.append(GpuRow(quants.type_name(shape.ggml_type), shape.rows, shape.k, tokens, variant,
-                                           us, gemm_us, flops / us * 1e-6, llama_us,
-                                           None if llama_us is None else llama_us / us))
+                                           us, min(times), gemm_us, p.flops / us * 1e-6, llama_us,
+                                           None if llama_us is None else llama_us / us, bf16_us,
+                                           None if bf16_us is None else bf16_us / us))
                     if progress:
                         progress()
-        for w in weights:
-            w.close()
+            finally:
+                p.close()
     return rows_out
+
+
+@dataclass
+class AbRow:
+    type: str
+    rows: int
+    k: int
+    tokens: int
+    a_us: float
+    b_us: float
+    ratio: float  # a time / b time: > 1 means B is faster
+
+
+def bench_ab(shapes: list[Shape], tokens_list: list[int], a: str, b: str, repeat: int = 7, device: int = 0,
+             progress=None) -> list[AbRow]:
+    """Two variants timed alternately (A B A B ...) on the same buffers, per-shape median ratio."""
+    rows_out = []
+    for shape in shapes:
+        for tokens in tokens_list:
+            p = GpuProblem(shape, tokens, device)
+            try:
+                la, lb = p.launcher(a), p.launcher(b)
+                ta, tb = [], []
+                for _ in range(repeat):
+                    ta += p.time(la, 1)
+                    tb += p.time(lb, 1)
+                a_us, b_us = statistics.median(ta), statistics.median(tb)
+                rows_out.append(AbRow(quants.type_name(shape.ggml_type), shape.rows, shape.k, tokens, a_us, b_us,
+                                      a_us / b_us))
+                if progress:
+                    progress()
+            finally:
+                p.close()
+    return rows_out
+
+
+def plot_gpu(rows: list[GpuRow], path: str, title: str) -> None:
+    """Grouped bars of TFLOP/s per shape, one bar per variant; llama.cpp and the bf16 ceiling as markers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = list(dict.fromkeys((r.type, r.rows, r.k, r.tokens) for r in rows))
+    variants = list(dict.fromkeys(r.variant for r in rows))
+    by = {(r.type, r.rows, r.k, r.tokens, r.variant): r for r in rows}
+    width = 0.8 / max(1, len(variants))
+    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(shapes)), 5))
+    for i, v in enumerate(variants):
+        xs = [j + (i - (len(variants) - 1) / 2) * width for j in range(len(shapes))]
+        ax.bar(xs, [by[(*s, v)].tflops if (*s, v) in by else 0 for s in shapes], width, label=v)
+    for j, s in enumerate(shapes):
+        any_row = next(r for r in rows if (r.type, r.rows, r.k, r.tokens) == s)
+        flops = 2.0 * s[1] * s[2] * s[3]
+        if any_row.llamacpp_us:
+            ax.hlines(flops / any_row.llamacpp_us * 1e-6, j - 0.45, j + 0.45, colors="black",
+                      label="llama.cpp MMQ" if j == 0 else None)
+        if any_row.bf16_us:
+            ax.hlines(flops / any_row.bf16_us * 1e-6, j - 0.45, j + 0.45, colors="gray", linestyles="dashed",
+                      label="bf16 cuBLAS" if j == 0 else None)
+    ax.set_xticks(range(len(shapes)), [f"{t}\n{r}x{k}\nn={n}" for t, r, k, n in shapes], fontsize=8)
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(title)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_json(json_path: str, png_path: str) -> None:
+    """Plot a saved GPU bench file (fields missing from older files count as absent)."""
+    import json
+
+    data = json.loads(Path(json_path).read_text())
+    fields = GpuRow.__dataclass_fields__
+    rows = [GpuRow(**{name: r.get(name) for name in fields}) for r in data["rows"]]
+    for r in rows:
+        r.tflops = r.tflops or 2.0 * r.rows * r.k * r.tokens / r.us * 1e-6
+    plot_gpu(rows, png_path, f"keep-quant GEMM on {data['environment']['device']} "
+                             f"(ggml-ciq {data['environment'].get('ggml_ciq_commit')})")
 
 
 def gpu_environment(device: int = 0, llamacpp: bool = True) -> dict:
@@ -298,10 +437,15 @@ def gpu_environment(device: int = 0, llamacpp: bool = True) -> dict:
     return env
 
 
+def geomean(values) -> float:
+    values = list(values)
+    return float(np.exp(np.mean(np.log(values)))) if values else float("nan")
+
+
 def geomeans(rows: list[GpuRow]) -> dict:
     """Geomean speedup over llama.cpp per (variant, type)."""
     groups: dict[str, list[float]] = {}
     for r in rows:
         if r.speedup:
             groups.setdefault(f"{r.variant}/{r.type}", []).append(r.speedup)
-    return {k: float(np.exp(np.mean(np.log(v)))) for k, v in groups.items()}
+    return {k: geomean(v) for k, v in groups.items()}

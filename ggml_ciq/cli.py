@@ -119,8 +119,13 @@ def cmd_bench(args) -> int:
     from . import bench, catalog
     from .model import ModelFile
 
+    if args.op == "plot":
+        if not args.json or not args.plot:
+            raise CiqError("bench plot needs --json SAVED_FILE and --plot OUT.png")
+        bench.plot_json(args.json, args.plot)
+        return 0
     if args.op != "gemm":
-        raise CiqError(f"unknown benchmark {args.op!r} (available: gemm)")
+        raise CiqError(f"unknown benchmark {args.op!r} (available: gemm, plot)")
     if args.backend not in ("ciq-cpu", "ciq-cuda"):
         raise CiqError(f"unknown backend {args.backend!r} (choose ciq-cpu or ciq-cuda)")
     shapes = [bench.parse_shape(s) for s in args.shape or []]
@@ -156,7 +161,8 @@ def _bench_cpu(args, shapes, tokens) -> int:
     geo = math.exp(sum(math.log(r.ratio) for r in rows) / len(rows))
     console.print(f"geomean ciq/llama.cpp time ratio: {geo:.2f}")
     if args.json:
-        _write_json(args.json, {"environment": env, "rows": bench.rows_to_json(rows), "geomean_ratio": geo})
+        _write_json(args.json, {"schema": "docs/BENCH_JSON.md", "environment": env, "rows": bench.rows_to_json(rows),
+                                "geomean_ratio": geo})
     return 0
 
 
@@ -168,6 +174,8 @@ def _bench_cuda(args, shapes, tokens) -> int:
     console = _console()
     if native.device_count() == 0:
         raise CiqError("bench gemm --backend ciq-cuda: no CUDA device (or libggml_ciq built without CUDA)")
+    if args.ab:
+        return _bench_ab(args, shapes, tokens, console)
     variants = args.variants.split(",") if args.variants else [v for v in native.GPU_VARIANTS
                                                                if native.variant_available("cuda", v)]
     for v in variants:
@@ -175,21 +183,54 @@ def _bench_cuda(args, shapes, tokens) -> int:
     with _progress(console) as progress:
         task = progress.add_task("bench", total=len(shapes) * len(tokens) * len(variants))
         rows = bench.bench_gpu(shapes, tokens, variants, repeat=args.repeat, llamacpp=not args.no_llamacpp,
-                               progress=lambda: progress.advance(task))
+                               ceiling=not args.no_ceiling, progress=lambda: progress.advance(task))
     env = bench.gpu_environment(llamacpp=not args.no_llamacpp)
     table = Table(title=f"ciq-cuda vs llama.cpp CUDA mul_mat ({env['device']})")
-    for col in ("type", "rows", "K", "tokens", "variant", "us", "gemm-only us", "TFLOP/s", "llama.cpp us",
-                "speedup"):
+    for col in ("type", "rows", "K", "tokens", "variant", "us", "best us", "gemm-only us", "TFLOP/s", "llama.cpp us",
+                "speedup", "bf16 us", "of bf16"):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(r.type, str(r.rows), str(r.k), str(r.tokens), r.variant, f"{r.us:.1f}", f"{r.gemm_only_us:.1f}",
-                      f"{r.tflops:.1f}", _fmt(r.llamacpp_us, ".1f"), _fmt(r.speedup, ".2f"))
+        table.add_row(r.type, str(r.rows), str(r.k), str(r.tokens), r.variant, f"{r.us:.1f}", f"{r.best_us:.1f}",
+                      f"{r.gemm_only_us:.1f}", f"{r.tflops:.1f}", _fmt(r.llamacpp_us, ".1f"), _fmt(r.speedup, ".2f"),
+                      _fmt(r.bf16_us, ".1f"), _fmt(r.bf16_fraction, ".0%"))
     console.print(table)
     geo = bench.geomeans(rows)
     for key, value in geo.items():
         console.print(f"geomean speedup over llama.cpp, {key}: {value:.2f}x")
     if args.json:
-        _write_json(args.json, {"environment": env, "rows": bench.rows_to_json(rows), "geomean_speedup": geo})
+        _write_json(args.json, {"schema": "docs/BENCH_JSON.md", "environment": env, "rows": bench.rows_to_json(rows),
+                                "geomean_speedup": geo})
+    if args.plot:
+        bench.plot_gpu(rows, args.plot, f"keep-quant GEMM on {env['device']}")
+    return 0
+
+
+def _bench_ab(args, shapes, tokens, console) -> int:
+    from rich.table import Table
+
+    from . import bench, native
+
+    pair = args.ab.split(",")
+    if len(pair) != 2:
+        raise CiqError(f"--ab takes two variants, e.g. --ab wmma,wmma-shared (got {args.ab!r})")
+    for v in pair:
+        native.variant_id(v)
+    a, b = pair
+    with _progress(console) as progress:
+        task = progress.add_task("A/B", total=len(shapes) * len(tokens))
+        rows = bench.bench_ab(shapes, tokens, a, b, repeat=args.repeat, progress=lambda: progress.advance(task))
+    table = Table(title=f"A/B, interleaved: A = {a}, B = {b} ({native.device_name('cuda')})")
+    for col in ("type", "rows", "K", "tokens", "A us", "B us", "A/B time"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(r.type, str(r.rows), str(r.k), str(r.tokens), f"{r.a_us:.1f}", f"{r.b_us:.1f}", f"{r.ratio:.3f}")
+    console.print(table)
+    ratios = [r.ratio for r in rows]
+    summary = {"a": a, "b": b, "geomean": bench.geomean(ratios), "min": min(ratios), "max": max(ratios)}
+    console.print(f"B is {summary['geomean']:.3f}x A's speed (geomean; min {summary['min']:.3f}, max {summary['max']:.3f})")
+    if args.json:
+        _write_json(args.json, {"schema": "docs/BENCH_JSON.md", "environment": bench.gpu_environment(llamacpp=False),
+                                "ab": summary, "rows": bench.rows_to_json(rows)})
     return 0
 
 
@@ -213,8 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write the full report here")
     p.set_defaults(func=cmd_diff)
 
-    p = sub.add_parser("bench", help="benchmarks (gemm)")
-    p.add_argument("op", help="gemm")
+    p = sub.add_parser("bench", help="benchmarks: gemm, or plot a saved --json file")
+    p.add_argument("op", help="gemm | plot")
     p.add_argument("--backend", default="ciq-cpu")
     p.add_argument("--model", help="GGUF path or catalog name whose weight shapes to time")
     p.add_argument("--shape", action="append", help="TYPE:ROWS:K (repeatable)")
@@ -222,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", default=None, help="comma-separated token counts (default: the set's, else 32)")
     p.add_argument("--variants", help="comma-separated GPU kernel variants (default: all available)")
     p.add_argument("--no-llamacpp", action="store_true", help="time our kernels only")
+    p.add_argument("--no-ceiling", action="store_true", help="skip the dense bf16 cuBLAS ceiling")
+    p.add_argument("--ab", help="A,B: two variants timed alternately, per-shape ratio and geomean")
+    p.add_argument("--plot", help="write grouped TFLOP/s bars (PNG; needs matplotlib)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--json")

@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -113,3 +114,20 @@ def test_unsupported_tensor_type_one_line(tmp_path, llama):
 def test_usage_errors_exit_2(argv):
     rc, _, err = ggml_ciq(*argv)
     assert rc == 2 and "usage:" in err
+
+
+def test_bench_plot_from_saved_results(tmp_path):
+    saved = Path(__file__).resolve().parent.parent / "bench" / "results" / "h200" / "seed6.json"
+    rc, _, err = ggml_ciq("bench", "plot", "--json", saved, "--plot", tmp_path / "p.png")
+    assert rc == 0, err
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_gpu_without_gpu_is_one_line(native_lib):
+    from ggml_ciq import native
+
+    if native.device_count() > 0:
+        pytest.skip("a GPU is present")
+    for extra in ([], ["--ab", "wmma,mma"]):
+        rc, _, err = ggml_ciq("bench", "gemm", "--backend", "ciq-cuda", "--shapes", "seed6", *extra)
+        assert_one_line_error(rc, err, "no CUDA device")

@@ -120,6 +120,35 @@ def test_auto_resolves_per_semantics():
                                     "cuda") == "cpu"
 
 
+def test_environment_default_variant(monkeypatch, default_model, rng):
+    t = default_model.weights()[0]
+    x = rng.standard_normal((5, t.k)).astype(np.float32)
+    monkeypatch.setenv("GGML_CIQ_VARIANT", "wmma-wide")
+    assert native.resolve_variant("auto", "cuda", "cpu", t.ggml_type, t.rows, t.k, 5) == "wmma-wide"
+    native.dispatch_reset()
+    native.gemm(t, x, variant="auto", device="cuda", semantics="cpu")
+    assert native.dispatch_counts()[("wmma-wide", t.type_name)] == 1
+    monkeypatch.setenv("GGML_CIQ_VARIANT", "turbo")
+    with pytest.raises(Exception, match="GGML_CIQ_VARIANT=turbo"):
+        native.gemm(t, x, variant="auto", device="cuda")
+
+
+def test_dense_bf16_ceiling_and_bench_cli(tmp_path):
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    proc = subprocess.run([sys.executable, "-m", "ggml_ciq.cli", "bench", "gemm", "--backend", "ciq-cuda", "--shape",
+                           "Q4_K:1000:1024", "--tokens", "17", "--variants", "wmma,mma", "--no-llamacpp", "--repeat",
+                           "2", "--json", str(tmp_path / "b.json"), "--plot", str(tmp_path / "b.png")],
+                          capture_output=True, text=True, cwd=tempfile.gettempdir(), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads((tmp_path / "b.json").read_text())["rows"]
+    assert [r["variant"] for r in rows] == ["wmma", "mma"]
+    assert all(r["us"] > 0 and r["bf16_us"] > 0 and r["best_us"] <= r["us"] for r in rows)
+
+
 @pytest.fixture(scope="module")
 def llama_cuda(llama):
     if "CUDA0" not in llama.devices():

@@ -101,6 +101,11 @@ ciq_status ciq_gemm_quantized(int device, ciq_variant variant, ciq_semantics sem
                               const void *weight, size_t weight_nbytes, int64_t rows, int64_t k,
                               const void *x_quantized, int64_t tokens, void *out, ciq_out_type out_type);
 
+/* Dense bf16 GEMM (cuBLAS, GPU only), out = X @ W^T with W [rows][K] and X [tokens][K] in bf16: the ceiling
+ * keep-quant kernels are compared with. */
+ciq_status ciq_dense_gemm_bf16(int device, const void *weight, int64_t rows, int64_t k, const void *x,
+                               int64_t tokens, void *out, ciq_out_type out_type);
+
 /* Device timing on the stream the kernels use (host wall clock on the CPU): start, then stop returns the
  * milliseconds between the two and frees the timer. */
 ciq_status ciq_timer_start(int device, void **timer);

@@ -74,6 +74,8 @@ ciq_status ciq_cuda_quantize_q8_1_mmq(bool ds4, const float *x, void *out, int64
 // variant is one of CIQ_VARIANT_WMMA, _WMMA_WIDE, _WMMA_SHARED, _WMMA_BIGTILE; x is Q8_K.
 ciq_status ciq_cuda_gemm_wmma(ciq_variant variant, ciq_weight_type type, const void *weight, int64_t rows, int64_t k,
                               const void *x_q8_K, int64_t tokens, void *out, ciq_out_type out_type);
+ciq_status ciq_cuda_dense_gemm_bf16(int device, const void *weight, int64_t rows, int64_t k, const void *x,
+                                    int64_t tokens, void *out, ciq_out_type out_type);
 // x is q8_1-mmq (DS4 for Q4_K, D4 for Q6_K).
 ciq_status ciq_cuda_gemm_mma(ciq_weight_type type, const void *weight, int64_t rows, int64_t k,
                              const void *x_q8_1_mmq, int64_t tokens, void *out, ciq_out_type out_type);
