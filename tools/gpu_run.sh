@@ -20,7 +20,7 @@ ARCHS=${GGML_CIQ_CUDA_ARCHITECTURES:-90a}
 
 setup() {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .device/whl/*.whl
-  if [ ! -f /tmp/llama/llama_cpp/lib/libggml-cuda.so ] && [ ! -f /tmp/llama.building ]; then
+  if [ -z "${NO_LLAMA:-}" ] && [ ! -f /tmp/llama/llama_cpp/lib/libggml-cuda.so ] && [ ! -f /tmp/llama.building ]; then
     touch /tmp/llama.building
     tar xzf .device/llama_cpp_python.tar.gz -C /tmp
     setsid bash -c 'CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF" \
