@@ -11,30 +11,27 @@ from ggml_ciq.errors import LibraryNotFoundError
 from ggml_ciq.model import ModelFile
 
 
-def _require(env: str, reason: str):
-    if os.environ.get(env):
-        pytest.fail(f"{reason} ({env} is set)")
-    pytest.skip(reason)
+def _load_or_skip(load, env: str, what: str):
+    try:
+        return load()
+    except LibraryNotFoundError as exc:
+        if os.environ.get(env):
+            pytest.fail(f"{what} not available: {exc} ({env} is set)")
+        pytest.skip(f"{what} not available: {exc}")
 
 
 @pytest.fixture(scope="session")
 def llama():
     from ggml_ciq.llamacpp import LlamaCpp
 
-    try:
-        return LlamaCpp.load()
-    except LibraryNotFoundError as exc:
-        _require("GGML_CIQ_REQUIRE_LLAMACPP", f"llama.cpp not available: {exc}")
+    return _load_or_skip(LlamaCpp.load, "GGML_CIQ_REQUIRE_LLAMACPP", "llama.cpp")
 
 
 @pytest.fixture(scope="session")
 def native_lib():
     from ggml_ciq import native
 
-    try:
-        return native.load()
-    except LibraryNotFoundError as exc:
-        _require("GGML_CIQ_REQUIRE_NATIVE", f"libggml_ciq not available: {exc}")
+    return _load_or_skip(native.load, "GGML_CIQ_REQUIRE_NATIVE", "libggml_ciq")
 
 
 @pytest.fixture(scope="session")
@@ -58,6 +55,3 @@ def rng():
     print(f"seed={seed}")  # pytest shows it when a test fails
     return np.random.default_rng(seed)
 
-
-def keep_quant_tensors(model):
-    return model.weights()
