@@ -55,14 +55,20 @@ const char *ciq_build_info(void) {
     char buffer[512];
     std::snprintf(buffer, sizeof(buffer),
                   "{\"version\": \"%s\", \"api_version\": %d, \"backends\": [\"cpu\"%s], \"cuda_archs\": \"%s\", "
-                  "\"hip\": false, \"cpu_isa\": \"%s\", \"threads\": %d}",
+                  "\"hip\": %s, \"cpu_isa\": \"%s\", \"threads\": %d}",
                   GGML_CIQ_VERSION, GGML_CIQ_API_VERSION,
 #ifdef GGML_CIQ_WITH_CUDA
                   ", \"cuda\"",
 #else
                   "",
 #endif
-                  GGML_CIQ_CUDA_ARCHS, ciq_cpu_features(), ciq_cpu_threads());
+                  GGML_CIQ_CUDA_ARCHS,
+#ifdef GGML_CIQ_HIP
+                  "true",
+#else
+                  "false",
+#endif
+                  ciq_cpu_features(), ciq_cpu_threads());
     info = buffer;
     return info.c_str();
 }
@@ -122,7 +128,14 @@ ciq_status ciq_variant_available(int device, ciq_variant variant, int *available
 #ifdef GGML_CIQ_WITH_CUDA
     int major = 0, minor = 0;
     CIQ_TRY(ciq_cuda_compute_capability(device, &major, &minor));
+#ifdef GGML_CIQ_HIP
+    // AMD: major is the gfx generation (11: RDNA3, 12: RDNA4). mma is CUDA-only; wmma-wide and wmma-bigtile need
+    // more than the 64 KB of LDS an RDNA workgroup gets.
+    *available = (variant == CIQ_VARIANT_AUTO || variant == CIQ_VARIANT_WMMA || variant == CIQ_VARIANT_WMMA_SHARED) &&
+                 (major == 11 || major == 12);
+#else
     *available = variant != CIQ_VARIANT_CPU && major >= 8;  // kernels are built for sm_80 and newer
+#endif
 #endif
     return CIQ_OK;
 }
@@ -268,9 +281,13 @@ struct AutoChoice {
     ciq_variant variant;
 };
 static const AutoChoice k_auto_table[] = {
+#ifdef GGML_CIQ_HIP
+    {CIQ_SEMANTICS_CPU, INT64_MAX, CIQ_VARIANT_WMMA_SHARED},  // AMD: no mma; wide and bigtile exceed 64 KB of LDS
+#else
     {CIQ_SEMANTICS_MMQ, INT64_MAX, CIQ_VARIANT_MMA},
     {CIQ_SEMANTICS_CPU, 128, CIQ_VARIANT_WMMA_SHARED},  // seed6, 128 tokens: shared fastest on 4 of 6 shapes
     {CIQ_SEMANTICS_CPU, INT64_MAX, CIQ_VARIANT_WMMA_BIGTILE},  // llama3-8b, 512 tokens: bigtile on 9 of 10
+#endif
 };
 
 static ciq_status variant_from_name(const char *name, ciq_variant *variant) {
@@ -309,6 +326,10 @@ ciq_status ciq_resolve_variant(int device, ciq_variant variant, ciq_semantics se
                     *resolved = choice.variant;
                     break;
                 }
+            }
+            if (*resolved == CIQ_VARIANT_AUTO) {
+                return ciq_fail(CIQ_ERR_UNSUPPORTED, "no GPU kernel of this build implements %s semantics",
+                                semantics == CIQ_SEMANTICS_CPU ? "cpu" : "mmq");
             }
         }
     }

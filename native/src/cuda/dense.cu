@@ -2,6 +2,8 @@
 // run time, so libggml_ciq has no link dependency on it and loads on machines without it.
 #include "common.cuh"
 
+#if !defined(GGML_CIQ_HIP)
+
 #include <dlfcn.h>
 #include <library_types.h>
 
@@ -70,3 +72,11 @@ ciq_status ciq_cuda_dense_gemm_bf16(int device, const void *weight, int64_t rows
     if (s != CUBLAS_STATUS_SUCCESS) return ciq_fail(CIQ_ERR_BACKEND, "cublasGemmEx failed (status %d)", (int)s);
     return CIQ_OK;
 }
+
+#else  // HIP: no cuBLAS (hipBLAS is not wired up)
+
+ciq_status ciq_cuda_dense_gemm_bf16(int, const void *, int64_t, int64_t, const void *, int64_t, void *, ciq_out_type) {
+    return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_dense_gemm_bf16 needs cuBLAS: not part of the HIP build");
+}
+
+#endif

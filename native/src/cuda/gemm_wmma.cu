@@ -11,46 +11,29 @@
 //            tokens as col_major B (k x tokens). (Q8_K qs can't feed load_matrix_sync from global memory: they sit
 //            at offset 4 of a 292-byte block, neither 32-byte aligned nor at a multiple-of-16 stride.)
 //
-// Accumulation: wmma hides which lane holds which accumulator element, so the int32 tile of each sub-block is
-// stored to a per-warp shared tile and folded from there with a fixed ownership: lane l owns weight row l/2 and
-// tokens 8*(l%2)..8*(l%2)+7 of every 16x16 tile. Within a super-block the scaled integer sum S = Σ_j sc_j*isum_j
-// is exact in int32 (as in the CPU kernel); the float fold happens once per super-block:
+// Accumulation: which lane holds which accumulator element differs per architecture (wmma_fragment.cuh; opaque
+// under nvcuda::wmma), so the int32 tile of each sub-block is stored to a per-warp shared tile and folded from there
+// with a fixed ownership: lane l owns weight row l/2 and tokens 8*(l%2)..8*(l%2)+7 of every 16x16 tile. Within a
+// super-block the scaled integer sum S = Σ_j sc_j*isum_j is exact in int32 (as in the CPU kernel); the float fold
+// happens once per super-block:
 //   Q4_K: acc += dy * (d*S - dmin*M),  M = Σ_j m_j*(bsums[2j]+bsums[2j+1])  (the min term never enters the MMA)
 //   Q6_K: acc += dy * d*S
 // Tails: weight rows >= rows are staged as zeros with zero scales, tokens >= tokens as zeros with dy = 0, and only
 // in-range outputs are stored. No thread returns before a barrier.
 #include "common.cuh"
+#include "wmma_fragment.cuh"
 
 #include <cstddef>
-#include <mma.h>
 
 namespace {
 
-constexpr int TILE = 16;                               // WMMA m = n = k
+using namespace ciq_wmma;  // FragWeights (A), FragTokens (B), FragSum (C) and their frag_* operations
+
+constexpr int TILE = DIM;                              // WMMA m = n = k
 constexpr int SLICES = QK_K / TILE;                    // k-slices per super-block
 constexpr int SLICE_BYTES = TILE * TILE;               // one 16x16 int8 operand tile
 constexpr int OPERAND_BYTES = SLICES * SLICE_BYTES;    // 16 rows (or tokens) x 256 int8
 constexpr int STAGED_WARPS = 8;                        // warps per block of the block-staged variants
-
-// ---- WMMA fragment wrapper: the only place that names nvcuda::wmma (a HIP port swaps these) ----
-namespace wmma = nvcuda::wmma;
-using FragWeights = wmma::fragment<wmma::matrix_a, TILE, TILE, TILE, signed char, wmma::row_major>;
-using FragTokens = wmma::fragment<wmma::matrix_b, TILE, TILE, TILE, signed char, wmma::col_major>;
-using FragSum = wmma::fragment<wmma::accumulator, TILE, TILE, TILE, int>;
-
-__device__ __forceinline__ void frag_zero(FragSum &c) { wmma::fill_fragment(c, 0); }
-__device__ __forceinline__ void frag_load(FragWeights &a, const int8_t *slice) {
-    wmma::load_matrix_sync(a, reinterpret_cast<const signed char *>(slice), TILE);
-}
-__device__ __forceinline__ void frag_load(FragTokens &b, const int8_t *slice) {
-    wmma::load_matrix_sync(b, reinterpret_cast<const signed char *>(slice), TILE);
-}
-__device__ __forceinline__ void frag_mma(FragSum &c, const FragWeights &a, const FragTokens &b) {
-    wmma::mma_sync(c, a, b, c);
-}
-__device__ __forceinline__ void frag_store(int *tile, const FragSum &c) {  // row-major [row][token]
-    wmma::store_matrix_sync(tile, c, TILE, wmma::mem_row_major);
-}
 
 // ---- shared-memory tiles ----
 struct __align__(32) ActivationTile {  // 16 tokens of one super-block
@@ -415,6 +398,9 @@ ciq_status launch_shape(ciq_variant variant, LaunchShape *shape) {
 }
 
 constexpr int64_t MAX_GRID_Y = 65535;
+#if defined(GGML_CIQ_HIP)
+constexpr size_t HIP_MAX_LDS_BYTES = 64 * 1024;  // per workgroup on RDNA3/RDNA4: wmma-wide and wmma-bigtile don't fit
+#endif
 
 }  // namespace
 
@@ -428,6 +414,12 @@ ciq_status ciq_cuda_gemm_wmma(ciq_variant variant, ciq_weight_type type, const v
         default: return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wmma: unsupported weight type %d", (int)type);
     }
     if (status != CIQ_OK) return status;
+#if defined(GGML_CIQ_HIP)
+    if (shape.shared_bytes > HIP_MAX_LDS_BYTES) {
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wmma: %s needs %zu B of LDS, an RDNA workgroup gets %zu B",
+                        ciq_variant_name(variant), shape.shared_bytes, HIP_MAX_LDS_BYTES);
+    }
+#endif
 
     const cudaError_t err = cudaFuncSetAttribute(reinterpret_cast<const void *>(shape.kernel),
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shape.shared_bytes);

@@ -94,6 +94,15 @@ quantize_q8_K_kernel(const float *__restrict__ x, uint8_t *__restrict__ out, int
 // d = rcp.approx.ftz(d_inv) and flushes subnormals in products and sums. We issue the same instructions, so the
 // mma kernel sees llama.cpp's exact activation bytes (docs/SEMANTICS.md: the IEEE host reference can differ by
 // an ulp in d and by one in q at rounding ties).
+#if defined(GGML_CIQ_HIP)
+// HIP: the same reciprocal-based approximate division on v_rcp_f32. AMD keeps f32 denormals, so subnormal products
+// and sums are not flushed: those inputs can give other bytes than llama.cpp's CUDA build. (No product here feeds
+// an addition, so nothing can contract into an FMA.)
+static __device__ __forceinline__ float fast_div(float a, float b) { return a * __builtin_amdgcn_rcpf(b); }
+static __device__ __forceinline__ float fast_rcp(float a) { return __builtin_amdgcn_rcpf(a); }
+static __device__ __forceinline__ float ftz_mul(float a, float b) { return a * b; }
+static __device__ __forceinline__ float ftz_add(float a, float b) { return a + b; }
+#else
 static __device__ __forceinline__ float fast_div(float a, float b) {
     float r;
     asm("div.approx.ftz.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
@@ -114,6 +123,7 @@ static __device__ __forceinline__ float ftz_add(float a, float b) {
     asm("add.ftz.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
     return r;
 }
+#endif
 
 // One warp per q8_1-mmq block (128 values of one token); warps are numbered token-major, matching x.
 // Lanes 8i..8i+7 form the 32-value group i. The xor butterfly over offsets 4, 2, 1 adds the per-lane sums in

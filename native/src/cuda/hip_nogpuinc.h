@@ -1,0 +1,111 @@
+// hip_nogpuinc.h - the few HIP declarations quantize.cu and gemm_wmma.cu need, for tools/hip_compile_check.sh: a
+// device-code-only compile with clang -nogpuinc, no ROCm installed. vendor.cuh includes it instead of the ROCm
+// headers when GGML_CIQ_HIP_NOGPUINC is defined; no build uses it. The device functions follow HIP's own
+// definitions (so the emitted code is representative), the host API is declared only (the device pass parses it).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#define __host__ __attribute__((host))
+#define __device__ __attribute__((device))
+#define __global__ __attribute__((global))
+#define __shared__ __attribute__((shared))
+#define __forceinline__ inline __attribute__((always_inline))
+#define __align__(n) __attribute__((aligned(n)))
+#define __launch_bounds_1(threads) __attribute__((amdgpu_flat_work_group_size(1, threads)))
+#define __launch_bounds_2(threads, waves) \
+    __attribute__((amdgpu_flat_work_group_size(1, threads), amdgpu_waves_per_eu(waves)))
+#define __launch_bounds_select(_1, _2, name, ...) name
+#define __launch_bounds__(...) __launch_bounds_select(__VA_ARGS__, __launch_bounds_2, __launch_bounds_1, )(__VA_ARGS__)
+
+// ---- host API (declarations) ----
+enum hipError_t { hipSuccess = 0 };
+enum hipFuncAttribute { hipFuncAttributeMaxDynamicSharedMemorySize = 8 };
+typedef struct ihipStream_t *hipStream_t;
+struct dim3 {
+    uint32_t x, y, z;
+    constexpr dim3(uint32_t x_ = 1, uint32_t y_ = 1, uint32_t z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+hipError_t hipGetLastError();
+const char *hipGetErrorString(hipError_t error);
+hipError_t hipFuncSetAttribute(const void *func, hipFuncAttribute attr, int value);
+extern "C" hipError_t __hipPushCallConfiguration(dim3 grid, dim3 block, size_t shared = 0, hipStream_t stream = 0);
+
+// ---- built-in variables and synchronization ----
+struct ciq_hip_index {
+    uint32_t x, y, z;
+};
+static __device__ __forceinline__ ciq_hip_index ciq_hip_thread_idx() {
+    return {__builtin_amdgcn_workitem_id_x(), __builtin_amdgcn_workitem_id_y(), __builtin_amdgcn_workitem_id_z()};
+}
+static __device__ __forceinline__ ciq_hip_index ciq_hip_block_idx() {
+    return {__builtin_amdgcn_workgroup_id_x(), __builtin_amdgcn_workgroup_id_y(), __builtin_amdgcn_workgroup_id_z()};
+}
+#define threadIdx (ciq_hip_thread_idx())
+#define blockIdx (ciq_hip_block_idx())
+
+static __device__ __forceinline__ void __syncthreads() {
+    __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
+    __builtin_amdgcn_s_barrier();
+    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
+}
+
+static __device__ __forceinline__ int __shfl_xor(int var, int lane_mask, int width = 32) {
+    const int self = (int)__builtin_amdgcn_mbcnt_lo(~0u, 0u);  // wave32
+    int index = self ^ lane_mask;
+    index = index >= ((self + width) & ~(width - 1)) ? self : index;
+    return __builtin_amdgcn_ds_bpermute(index << 2, var);
+}
+static __device__ __forceinline__ float __shfl_xor(float var, int lane_mask, int width = 32) {
+    return __builtin_bit_cast(float, __shfl_xor(__builtin_bit_cast(int, var), lane_mask, width));
+}
+
+// ---- vector types ----
+struct __align__(16) int4 {
+    int x, y, z, w;
+};
+struct __align__(16) uint4 {
+    unsigned int x, y, z, w;
+};
+struct __align__(16) float4 {
+    float x, y, z, w;
+};
+static __host__ __device__ __forceinline__ int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
+static __host__ __device__ __forceinline__ uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z,
+                                                            unsigned int w) {
+    return {x, y, z, w};
+}
+static __host__ __device__ __forceinline__ float4 make_float4(float x, float y, float z, float w) {
+    return {x, y, z, w};
+}
+
+// ---- half, bfloat16 ----
+typedef _Float16 __half;
+struct __hip_bfloat16 {
+    unsigned short data;
+};
+static __device__ __forceinline__ __half __ushort_as_half(unsigned short bits) {
+    return __builtin_bit_cast(__half, bits);
+}
+static __device__ __forceinline__ unsigned short __half_as_ushort(__half h) {
+    return __builtin_bit_cast(unsigned short, h);
+}
+static __device__ __forceinline__ float __half2float(__half h) { return (float)h; }
+static __device__ __forceinline__ __half __float2half_rn(float f) { return (__half)f; }
+static __device__ __forceinline__ __hip_bfloat16 __float2bfloat16(float f) {  // round to nearest even, NaN stays NaN
+    uint32_t u = __builtin_bit_cast(uint32_t, f);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return {(unsigned short)((u >> 16) | 0x40)};
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return {(unsigned short)(u >> 16)};
+}
+
+// ---- float math ----
+static __device__ __forceinline__ float fabsf(float x) { return __builtin_fabsf(x); }
+static __device__ __forceinline__ float fmaxf(float a, float b) { return __builtin_fmaxf(a, b); }
+static __device__ __forceinline__ float roundf(float x) { return __builtin_roundf(x); }
+static __device__ __forceinline__ int min(int a, int b) { return a < b ? a : b; }
+static __device__ __forceinline__ float __fdiv_rn(float a, float b) { return a / b; }
+static __device__ __forceinline__ float __fmul_rn(float a, float b) { return a * b; }
+static __device__ __forceinline__ int __float2int_rn(float x) { return (int)__builtin_rintf(x); }
+static __device__ __forceinline__ unsigned int __float_as_uint(float x) { return __builtin_bit_cast(unsigned int, x); }
