@@ -125,16 +125,21 @@ def emulate(arch: str, layouts: dict, code: dict, rng) -> None:
 
 
 def check(layouts: dict, text: str) -> None:
+    # Comparisons are bound to names first: pytest would otherwise diff the large structures on failure, which
+    # the alteration tests provoke on purpose (and which takes minutes).
     table = header_table(text)
-    assert table.keys() == layouts.keys(), "architectures differ between header and module"
+    same_archs = table.keys() == layouts.keys()
+    assert same_archs, "architectures differ between header and module"
     for arch, operands in layouts.items():
-        assert table[arch].keys() == operands.keys(), f"{arch}: operands differ"
+        same_operands = table[arch].keys() == operands.keys()
+        assert same_operands, f"{arch}: operands differ"
         for operand, layout in operands.items():
             documented = table[arch][operand]
-            assert documented.n == layout.n and coordinates(documented) == coordinates(layout), (
-                f"{arch} {operand}: header table {documented} != ggml_ciq/wmma_layouts.py {layout}")
+            agree = documented.n == layout.n and coordinates(documented) == coordinates(layout)
+            assert agree, f"{arch} {operand}: header table {documented} != ggml_ciq/wmma_layouts.py {layout}"
     code = header_code(text)
-    assert code.keys() == {arch for arch in layouts if arch.startswith("gfx")}
+    same_code = code.keys() == {arch for arch in layouts if arch.startswith("gfx")}
+    assert same_code, "AMD layout structs differ from the table's architectures"
     for arch in layouts:
         emulate(arch, layouts, code, np.random.default_rng(0))
 
@@ -188,7 +193,7 @@ def _alterations():
                     yield pytest.param(arch, operand, field, where, id=f"{arch}-{operand}-{field}-{where}")
 
 
-@pytest.mark.parametrize("arch,operand,field,where", _alterations())
+@pytest.mark.parametrize("arch,operand,field,where", list(_alterations()))
 def test_altered_table_is_detected(arch, operand, field, where):
     text = HEADER.read_text()
     layouts = {a: dict(ops) for a, ops in LAYOUTS.items()}
