@@ -140,9 +140,63 @@ def gemma3_270m_path() -> Path:
     return Path(package.assemble(cache_dir() / package.MODEL_NAME))
 
 
+LLAMA_CPP_PYTHON_SDIST = "llama-cpp-python==0.3.36"
+_VOCAB_MEMBER = "llama_cpp_python-0.3.36/vendor/llama.cpp/models/ggml-vocab-llama-bpe.gguf"
+
+
+def llama3_vocab_path() -> Path:
+    """llama.cpp's Llama 3 vocab-only GGUF (tokenizer + 8B hyperparameters), taken from the llama-cpp-python sdist
+    (pip download, cached); $GGML_CIQ_LLAMA3_VOCAB overrides it (the GPU machine has no network)."""
+    import subprocess
+    import sys
+    import tarfile
+    import tempfile
+
+    if os.environ.get("GGML_CIQ_LLAMA3_VOCAB"):
+        return Path(os.environ["GGML_CIQ_LLAMA3_VOCAB"])
+    path = cache_dir() / "ggml-vocab-llama-bpe.gguf"
+    if path.exists():
+        return path
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+                               "-d", tmp, LLAMA_CPP_PYTHON_SDIST], capture_output=True, text=True)
+        sdists = list(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
+        if proc.returncode != 0 or not sdists:
+            last = (proc.stderr.strip().splitlines() or ["no sdist"])[-1]
+            raise GGUFFileError(f"cannot download {LLAMA_CPP_PYTHON_SDIST} for its vocab GGUF: {last}")
+        with tarfile.open(sdists[0]) as tar:
+            member = tar.extractfile(_VOCAB_MEMBER)
+            if member is None:
+                raise GGUFFileError(f"{sdists[0].name} has no {_VOCAB_MEMBER}")
+            tmp_path = path.with_suffix(f".tmp{os.getpid()}")
+            tmp_path.write_bytes(member.read())
+            tmp_path.replace(path)
+    return path
+
+
+def llama3_8b_synthetic_path() -> Path:
+    """The synthetic Llama-3-8B-shaped Q4_K_M model (models/llama3_8b_synthetic.py), generated on first use."""
+    import importlib.util
+
+    path = cache_dir() / "llama3-8b-synthetic-q4_k_m.gguf"
+    if not path.exists():
+        recipe = Path(__file__).resolve().parent.parent / "models" / "llama3_8b_synthetic.py"
+        if not recipe.exists():
+            raise GGUFFileError(f"the recipe {recipe} is not in this install (run from a checkout)")
+        spec = importlib.util.spec_from_file_location("llama3_8b_synthetic", recipe)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        module.write(tmp, llama3_vocab_path())
+        tmp.replace(path)
+    return path
+
+
 CATALOG = {
     DEFAULT_MODEL: ("embedded synthetic Llama, Q4_K_M mix (generated on first use)", default_model_path),
     "gemma3-270m": ("Gemma 3 270M Q4_K_M from PyPI (27 Q4_K + 9 Q6_K tensors)", gemma3_270m_path),
+    "llama3-8b-synthetic": ("Llama-3-8B shapes, real Llama 3 tokenizer, random weights quantized by llama.cpp to "
+                            "Q4_K_M (4.6 GiB, generated on first use)", llama3_8b_synthetic_path),
 }
 
 

@@ -15,6 +15,7 @@ tar xzf "$tmp"/llama_cpp_python-0.3.36.tar.gz -C "$tmp"
 src="$tmp/llama_cpp_python-0.3.36"
 rm -rf "$src/.git" "$src/docs" "$src/vendor/llama.cpp/docs" "$src/vendor/llama.cpp/media" \
   "$src/vendor/llama.cpp/benches" "$src/vendor/llama.cpp/tools/ui" "$src/vendor/llama.cpp/.git"
+cp "$src/vendor/llama.cpp/models/ggml-vocab-llama-bpe.gguf" "$out/"  # models/llama3_8b_synthetic.py --vocab
 find "$src/vendor/llama.cpp/models" -name '*.gguf' -delete
 tar czf "$out/llama_cpp_python.tar.gz" -C "$tmp" llama_cpp_python-0.3.36
 rm -rf "$tmp"
