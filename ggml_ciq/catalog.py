@@ -208,3 +208,17 @@ def resolve_model(name_or_path: str | os.PathLike | None) -> Path:
     if key in CATALOG:
         return CATALOG[key][1]()
     return Path(name_or_path)
+
+
+def fetch(repo_id: str, filename: str, directory: str | os.PathLike | None = None) -> Path:
+    """Download one GGUF from the Hugging Face hub (huggingface-hub) into directory (default: the cache)."""
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError:
+        raise GGUFFileError("ggml-ciq fetch needs huggingface-hub (pip install huggingface-hub)") from None
+    target = Path(directory) if directory else cache_dir() / "downloads"
+    try:
+        return Path(hf_hub_download(repo_id=repo_id, filename=filename, local_dir=target))
+    except Exception as exc:  # network, auth, missing repo or file: all one line for the user
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise GGUFFileError(f"cannot fetch {repo_id}/{filename}: {message}") from None

@@ -81,6 +81,19 @@ def cmd_diff(args) -> int:
     return 1 if s["failed"] else 0
 
 
+def cmd_fetch(args) -> int:
+    from . import catalog
+
+    if args.filename is None:
+        if args.model not in catalog.CATALOG:
+            raise CiqError(f"{args.model!r} is not a catalog model ({', '.join(catalog.CATALOG)}); "
+                           f"for the hub give REPO_ID FILENAME")
+        print(catalog.resolve_model(args.model))
+    else:
+        print(catalog.fetch(args.model, args.filename, args.dir))
+    return 0
+
+
 def cmd_info(args) -> int:
     from rich.table import Table
 
@@ -270,6 +283,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--json")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("fetch", help="a catalog model (generated or assembled) or a GGUF from the Hugging Face hub")
+    p.add_argument("model", help="catalog name, or a hub REPO_ID (with FILENAME)")
+    p.add_argument("filename", nargs="?", help="GGUF file in the hub repository")
+    p.add_argument("--dir", help="download directory (default: the cache's downloads/)")
+    p.set_defaults(func=cmd_fetch)
 
     p = sub.add_parser("info", help="build, devices, llama.cpp libraries, models")
     p.add_argument("--llamacpp-lib", default=None)

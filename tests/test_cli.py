@@ -131,3 +131,14 @@ def test_bench_gpu_without_gpu_is_one_line(native_lib):
     for extra in ([], ["--ab", "wmma,mma"]):
         rc, _, err = ggml_ciq("bench", "gemm", "--backend", "ciq-cuda", "--shapes", "seed6", *extra)
         assert_one_line_error(rc, err, "no CUDA device")
+
+
+def test_fetch(default_model, monkeypatch):
+    rc, out, err = ggml_ciq("fetch", "default")
+    assert rc == 0 and out.strip() == str(default_model.path), err
+    rc, _, err = ggml_ciq("fetch", "no-such-model")
+    assert_one_line_error(rc, err, "not a catalog model")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    rc, _, err = ggml_ciq("fetch", "Qwen/Qwen2.5-0.5B-Instruct-GGUF", "qwen2.5-0.5b-instruct-q4_k_m.gguf", "--dir",
+                          tempfile.mkdtemp())
+    assert_one_line_error(rc, err, "cannot fetch Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q4_k_m.gguf")
