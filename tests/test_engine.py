@@ -41,7 +41,7 @@ def test_prefill_matches_llamacpp(llama, native_lib, default_model, rng, tmp_pat
     assert ours.shape == theirs.shape == (45, 512)
     err = Q.nmse(ours, theirs)
     print(f"logits NMSE {err:.2e}")
-    assert err <= 1e-3  # measured 1e-6 .. 1.5e-4: float-order differences flip Q8_K roundings, which this
+    assert err <= 1e-3  # measured 7e-14 .. 2e-4: float-order differences flip Q8_K roundings, which this
     # random-weight model (outlier channels, sharp attention) amplifies; a wrong RoPE pairing or eps gives ~0.2
     assert np.mean(ours.argmax(-1) == theirs.argmax(-1)) >= 0.95
 
