@@ -1,5 +1,6 @@
 """Prefill engine (CPU, native keep-quant GEMMs) against llama.cpp's own forward pass on the same GGUF."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -27,6 +28,9 @@ def llama_logits(path, tokens, tmp_path):
     out = tmp_path / "logits.npy"
     proc = subprocess.run([sys.executable, "-c", LLAMA_LOGITS, str(path), str(out), ",".join(map(str, tokens))],
                           capture_output=True, text=True, timeout=300)
+    if proc.returncode < 0 and not os.environ.get("GGML_CIQ_REQUIRE_LLAMACPP"):
+        pytest.skip(f"llama.cpp's own forward pass died (signal {-proc.returncode}); seen with -march=native builds "
+                    f"(AVX512/AMX) of llama-cpp-python 0.3.36: build it with CMAKE_ARGS=-DGGML_NATIVE=OFF")
     assert proc.returncode == 0, proc.stderr[-2000:]
     return np.load(out)
 
