@@ -81,6 +81,85 @@ def cmd_diff(args) -> int:
     return 1 if s["failed"] else 0
 
 
+TOKENIZE = """
+import sys, llama_cpp
+model = llama_cpp.Llama(sys.argv[1], vocab_only=True, verbose=False)
+print(",".join(map(str, model.tokenize(sys.stdin.read().encode()))))
+"""
+
+
+def _tokenize(path, prompt: str) -> list[int]:
+    """llama.cpp's tokenizer for the GGUF's own vocabulary (llama-cpp-python, in a child process)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise CiqError("--prompt needs llama.cpp's tokenizer: pip install 'ggml-ciq[llamacpp]' (or use --tokens N)")
+    proc = subprocess.run([sys.executable, "-c", TOKENIZE, str(path)], input=prompt, capture_output=True, text=True,
+                          timeout=300)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        raise CiqError(f"llama.cpp could not tokenize with {path}: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+    return [int(t) for t in proc.stdout.strip().split(",")]
+
+
+def cmd_prefill(args) -> int:
+    import numpy as np
+    from rich.table import Table
+
+    from . import catalog
+    from .engine import Transformer
+    from .model import ModelFile
+
+    console = _console()
+    path = catalog.resolve_model(args.model)
+    model = ModelFile(path)
+    if (args.prompt is None) == (args.tokens is None):
+        raise CiqError("give exactly one of --prompt TEXT and --tokens N")
+    if args.device != "cpu":
+        raise CiqError(f"prefill --device {args.device}: the engine runs on the CPU in this version")
+    engine = Transformer(model)
+    if args.prompt is not None:
+        tokens = _tokenize(path, args.prompt)
+    else:
+        if args.tokens < 1:
+            raise CiqError("--tokens must be >= 1")
+        tokens = np.random.default_rng(args.seed).integers(0, model.config.vocab_size, args.tokens).tolist()
+    logits = engine.forward(tokens)
+    t = engine.timings
+    console.print(f"{model.config.name}: {len(tokens)} tokens in {t['total'] * 1e3:.1f} ms = "
+                  f"{len(tokens) / t['total']:.1f} tokens/s (CPU, {native_threads()} threads)")
+    vocab = model.token_strings()
+    last = logits[-1].astype(np.float64)
+    probs = np.exp(last - last.max())
+    probs /= probs.sum()
+    table = Table(title="next token")
+    for col in ("id", "token", "p"):
+        table.add_column(col)
+    for i in np.argsort(-last)[:args.top]:
+        table.add_row(str(i), repr(vocab[i]) if i < len(vocab) else "-", f"{probs[i]:.3f}")
+    console.print(table)
+    breakdown = Table(title="time by op class")
+    breakdown.add_column("op class")
+    breakdown.add_column("ms", justify="right")
+    breakdown.add_column("share", justify="right")
+    rest = t["total"] - sum(v for k, v in t.items() if k != "total")
+    for name, seconds in [*((k, v) for k, v in t.items() if k != "total"), ("the rest", rest)]:
+        breakdown.add_row(name, f"{seconds * 1e3:.1f}", f"{seconds / t['total']:.0%}")
+    console.print(breakdown)
+    if args.json:
+        _write_json(args.json, {"model": str(path), "tokens": len(tokens), "seconds": dict(t),
+                                "tokens_per_second": len(tokens) / t["total"],
+                                "top": [int(i) for i in np.argsort(-last)[:args.top]]})
+    return 0
+
+
+def native_threads() -> int:
+    from . import native
+
+    return native.build_info()["threads"]
+
+
 def cmd_fetch(args) -> int:
     from . import catalog
 
@@ -283,6 +362,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--json")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("prefill", help="run a prompt through a GGUF model: tokens/s, next tokens, time by op class")
+    p.add_argument("model", nargs="?", help="GGUF path or catalog name (default: the embedded default model)")
+    p.add_argument("--prompt", help="text, tokenized by llama.cpp's tokenizer")
+    p.add_argument("--tokens", type=int, help="N random token ids instead of a prompt")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--top", type=int, default=5)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--json")
+    p.set_defaults(func=cmd_prefill)
 
     p = sub.add_parser("fetch", help="a catalog model (generated or assembled) or a GGUF from the Hugging Face hub")
     p.add_argument("model", help="catalog name, or a hub REPO_ID (with FILENAME)")

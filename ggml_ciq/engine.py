@@ -8,6 +8,8 @@ Activations are [tokens, features] float32, as everywhere in ggml_ciq.
 
 from __future__ import annotations
 
+import time
+from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,20 +63,41 @@ def q8_0_round_trip(x: np.ndarray) -> np.ndarray:
     return (q * d.astype(np.float16).astype(np.float32)).reshape(x.shape)
 
 
+class Timings(defaultdict):
+    """Seconds per op class: keep-quant GEMM, other GEMM, attention; `time(cls)` is a context manager."""
+
+    def __init__(self):
+        super().__init__(float)
+
+    def time(self, op_class: str):
+        timings = self
+
+        class _Timer:
+            def __enter__(self):
+                self.start = time.perf_counter()
+
+            def __exit__(self, *exc):
+                timings[op_class] += time.perf_counter() - self.start
+
+        return _Timer()
+
+
 class Linear:
     """One weight matrix: keep-quant GEMM for Q4_K/Q6_K; other types dequantized once and multiplied in float32
     (on q8_0-rounded activations for Q4_0/Q5_0/Q8_0, as llama.cpp's CPU path)."""
 
-    def __init__(self, tensor: Tensor, device="cpu"):
-        self.tensor, self.device = tensor, device
+    def __init__(self, tensor: Tensor, timings: Timings, device="cpu"):
+        self.tensor, self.device, self.timings = tensor, device, timings
         self.keep_quant = tensor.is_keep_quant
         self.q8_0_activations = tensor.ggml_type in (quants.Q4_0, quants.Q5_0, quants.Q8_0)
         self.dense = None if self.keep_quant else tensor.dequantize()
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         if self.keep_quant:
-            return native.gemm(self.tensor, x, variant="auto", device=self.device, semantics="cpu")
-        return (q8_0_round_trip(x) if self.q8_0_activations else x) @ self.dense.T
+            with self.timings.time("keep-quant GEMM"):
+                return native.gemm(self.tensor, x, variant="auto", device=self.device, semantics="cpu")
+        with self.timings.time("other GEMM"):
+            return (q8_0_round_trip(x) if self.q8_0_activations else x) @ self.dense.T
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -136,10 +159,11 @@ class Transformer:
 
     def __init__(self, model: ModelFile, device="cpu"):
         self.model, self.hp = model, Hyperparameters.of(model)
+        self.timings = Timings()
         gemma = self.hp.architecture == "gemma3"
 
         def w(name):
-            return Linear(model.tensor(name), device)
+            return Linear(model.tensor(name), self.timings, device)
 
         def norm(name):
             return model.tensor(name).dequantize().reshape(-1)
@@ -175,7 +199,9 @@ class Transformer:
         q = rope(layer["q"](h).reshape(t, hp.n_head, hp.head_dim), positions, hp.rope_base)
         k = rope(layer["k"](h).reshape(t, hp.n_head_kv, hp.head_dim), positions, hp.rope_base)
         v = layer["v"](h).reshape(t, hp.n_head_kv, hp.head_dim)
-        x = x + layer["o"](attention(q, k, v, 1.0 / np.sqrt(hp.head_dim)))
+        with self.timings.time("attention"):
+            attn = attention(q, k, v, 1.0 / np.sqrt(hp.head_dim))
+        x = x + layer["o"](attn)
         h = rms_norm(x, layer["ffn_norm"], hp.rms_eps)
         gate = layer["gate"](h)
         return x + layer["down"]((gate / (1.0 + np.exp(-gate)) * layer["up"](h)).astype(np.float32))
@@ -190,14 +216,18 @@ class Transformer:
         q = rope(q, positions, base, neox=True) * np.float32(1.0 / np.sqrt(np.float32(hp.head_dim)))
         k = rope(k, positions, base, neox=True)
         v = layer["v"](h).reshape(t, hp.n_head_kv, hp.head_dim)
-        attn = attention(q, k, v, 1.0, hp.sliding_window if sliding else 0)
+        with self.timings.time("attention"):
+            attn = attention(q, k, v, 1.0, hp.sliding_window if sliding else 0)
         x = rms_norm(layer["o"](attn), layer["post_attention_norm"], hp.rms_eps) + x
         h = rms_norm(x, layer["ffn_norm"], hp.rms_eps)
         ffn = layer["down"](gelu(layer["gate"](h)) * layer["up"](h))
         return rms_norm(ffn, layer["post_ffw_norm"], hp.rms_eps) + x
 
     def forward(self, tokens, hidden_states: list | None = None) -> np.ndarray:
-        """Logits [tokens, vocab] for a prompt; appends each layer's output to hidden_states if given."""
+        """Logits [tokens, vocab] for a prompt; appends each layer's output to hidden_states if given.
+        self.timings holds the seconds per op class of this call ("total" included)."""
+        self.timings.clear()
+        start = time.perf_counter()
         tokens = np.asarray(tokens, dtype=np.int64)
         hp = self.hp
         x = self.embed(tokens)
@@ -210,4 +240,6 @@ class Transformer:
             x = block(layer, x, positions, il)
             if hidden_states is not None:
                 hidden_states.append(x.copy())
-        return self.output(rms_norm(x, self.output_norm, hp.rms_eps))
+        logits = self.output(rms_norm(x, self.output_norm, hp.rms_eps))
+        self.timings["total"] = time.perf_counter() - start
+        return logits

@@ -170,6 +170,11 @@ class ModelFile:
             metadata=metadata,
         )
 
+    def token_strings(self) -> list[str]:
+        """The vocabulary (tokenizer.ggml.tokens), or [] when the file has none."""
+        field = self._reader.get_field("tokenizer.ggml.tokens")
+        return list(field.contents()) if field is not None else []
+
     def tensor(self, name: str) -> Tensor:
         try:
             return self.tensors[name]

@@ -142,3 +142,20 @@ def test_fetch(default_model, monkeypatch):
     rc, _, err = ggml_ciq("fetch", "Qwen/Qwen2.5-0.5B-Instruct-GGUF", "qwen2.5-0.5b-instruct-q4_k_m.gguf", "--dir",
                           tempfile.mkdtemp())
     assert_one_line_error(rc, err, "cannot fetch Qwen/Qwen2.5-0.5B-Instruct-GGUF/qwen2.5-0.5b-instruct-q4_k_m.gguf")
+
+
+def test_prefill(llama, native_lib, gemma_model, tmp_path):
+    rc, out, err = ggml_ciq("prefill", gemma_model.path, "--prompt", "The capital of France is", "--json",
+                            tmp_path / "p.json")
+    assert rc == 0, err
+    assert "tokens/s" in out and "keep-quant GEMM" in out and "attention" in out and "Paris" in out
+    import json
+
+    report = json.loads((tmp_path / "p.json").read_text())
+    assert report["tokens"] >= 5 and report["seconds"]["keep-quant GEMM"] > 0
+    rc, out, err = ggml_ciq("prefill", "--tokens", 7)
+    assert rc == 0 and "7 tokens" in out, err
+    rc, _, err = ggml_ciq("prefill", "--tokens", 7, "--prompt", "x")
+    assert_one_line_error(rc, err, "exactly one of")
+    rc, _, err = ggml_ciq("prefill", "--tokens", 7, "--device", "cuda")
+    assert_one_line_error(rc, err, "runs on the CPU")
