@@ -52,13 +52,6 @@ def model_shapes(model: ModelFile) -> list[Shape]:
     return list(seen.values())
 
 
-def synthetic_weight(shape: Shape, seed: int = 0) -> np.ndarray:
-    """Random weight bytes of the shape, quantized with our simple quantizer."""
-    rng = np.random.default_rng(seed)
-    w = rng.standard_normal((shape.rows, shape.k)).astype(np.float32) * 0.02
-    return quants.quantize_q4_K(w) if shape.ggml_type == quants.Q4_K else quants.quantize_q6_K(w)
-
-
 @dataclass
 class CpuRow:
     type: str
@@ -105,7 +98,7 @@ def bench_cpu(shapes: list[Shape], tokens_list: list[int], threads: int, repeat:
     n = native.load()
     rows_out = []
     for shape in shapes:
-        data = shape.data if shape.data is not None else synthetic_weight(shape)
+        data = shape.data if shape.data is not None else random_blocks(shape)
         problem = native.GemmProblem.upload(shape.ggml_type, data, shape.rows, shape.k, "cpu")
         for tokens in tokens_list:
             x = np.random.default_rng(tokens).standard_normal((tokens, shape.k)).astype(np.float32)

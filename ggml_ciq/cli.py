@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -107,7 +106,7 @@ def cmd_prefill(args) -> int:
     import numpy as np
     from rich.table import Table
 
-    from . import catalog
+    from . import catalog, native
     from .engine import Transformer
     from .model import ModelFile
 
@@ -128,7 +127,7 @@ def cmd_prefill(args) -> int:
     logits = engine.forward(tokens)
     t = engine.timings
     console.print(f"{model.config.name}: {len(tokens)} tokens in {t['total'] * 1e3:.1f} ms = "
-                  f"{len(tokens) / t['total']:.1f} tokens/s (CPU, {native_threads()} threads)")
+                  f"{len(tokens) / t['total']:.1f} tokens/s (CPU, {native.build_info()['threads']} threads)")
     vocab = model.token_strings()
     last = logits[-1].astype(np.float64)
     probs = np.exp(last - last.max())
@@ -152,12 +151,6 @@ def cmd_prefill(args) -> int:
                                 "tokens_per_second": len(tokens) / t["total"],
                                 "top": [int(i) for i in np.argsort(-last)[:args.top]]})
     return 0
-
-
-def native_threads() -> int:
-    from . import native
-
-    return native.build_info()["threads"]
 
 
 def cmd_fetch(args) -> int:
@@ -250,7 +243,7 @@ def _bench_cpu(args, shapes, tokens) -> int:
         table.add_row(r.type, str(r.rows), str(r.k), str(r.tokens), f"{r.ciq_us:.0f}", f"{r.llamacpp_us:.0f}",
                       f"{r.ratio:.2f}")
     console.print(table)
-    geo = math.exp(sum(math.log(r.ratio) for r in rows) / len(rows))
+    geo = bench.geomean(r.ratio for r in rows)
     console.print(f"geomean ciq/llama.cpp time ratio: {geo:.2f}")
     if args.json:
         _write_json(args.json, {"schema": "docs/BENCH_JSON.md", "environment": env, "rows": bench.rows_to_json(rows),
