@@ -246,12 +246,8 @@ class GpuProblem:
                                        self.tokens, self.out.ptr, 0))
             return launch
         if semantics not in self.quantized:
-            size = (n.lib.ciq_q8_K_size if sem == 0 else n.lib.ciq_q8_1_mmq_size)(self.tokens, s.k)
-            qb = native.Buffer(self.device, size)
-            if sem == 0:
-                n.check(n.lib.ciq_quantize_q8_K(self.device, xp, qb.ptr, self.tokens, s.k))
-            else:
-                n.check(n.lib.ciq_quantize_q8_1_mmq(self.device, s.ggml_type, xp, qb.ptr, self.tokens, s.k))
+            qb = native.Buffer(self.device, native.activation_bytes(semantics, self.tokens, s.k))
+            native.quantize_into(self.device, semantics, s.ggml_type, self.xb.ptr, qb.ptr, self.tokens, s.k)
             self.quantized[semantics] = qb
         qb = self.quantized[semantics]
 

@@ -18,9 +18,10 @@ _PACKAGE_DIR = Path(__file__).resolve().parent
 _SOURCE_HEADER = _PACKAGE_DIR.parent / "native" / "include" / "ggml_ciq.h"
 _LIBRARY_NAMES = ("libggml_ciq.so", "libggml_ciq.dylib", "ggml_ciq.dll")
 
-VARIANTS = ("auto", "cpu", "wmma", "wmma-wide", "wmma-shared", "wmma-bigtile", "mma")
+VARIANTS = ("auto", "cpu", "wmma", "wmma-wide", "wmma-shared", "wmma-bigtile", "mma", "wgmma")
 GPU_VARIANTS = VARIANTS[2:]
-SEMANTICS = ("cpu", "mmq")
+SEMANTICS = ("cpu", "mmq", "f16", "any")  # "any": whatever AUTO picks (ciq_gemm only)
+VARIANT_SEMANTICS = {"mma": "mmq", "wgmma": "f16"}  # the rest (cpu: also mmq) implement cpu semantics
 
 
 def _header_path() -> Path:
@@ -133,12 +134,12 @@ def variant_available(device, variant: str) -> bool:
 
 
 def default_semantics(variant: str, device) -> str:
-    """The semantics a variant implements; AUTO follows the device (GPU: llama.cpp CUDA MMQ, CPU: llama.cpp CPU)."""
-    if variant == "mma":
-        return "mmq"
+    """The semantics a variant implements; AUTO: the fastest kernel's ("any"; on the CPU, llama.cpp CPU's)."""
+    if variant in VARIANT_SEMANTICS:
+        return VARIANT_SEMANTICS[variant]
     if variant in GPU_VARIANTS or variant == "cpu":
         return "cpu"
-    return "cpu" if parse_device(device) < 0 else "mmq"
+    return "cpu" if parse_device(device) < 0 else "any"
 
 
 def resolve_variant(variant: str, device, semantics: str, ggml_type: int, rows: int, k: int, tokens: int) -> str:
@@ -225,20 +226,37 @@ class Buffer:
 
 
 def quantize_activations(x: np.ndarray, semantics: str, weight_type: int, device="cpu") -> np.ndarray:
-    """Quantize on a device with libggml_ciq: Q8_K (cpu semantics) or q8_1-mmq bytes, returned to the host."""
+    """Activations in a semantics' layout, made on a device by libggml_ciq and returned to the host as bytes:
+    Q8_K (cpu), q8_1-mmq (mmq) or the f16 layout (f16)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2:
         raise ShapeError(f"activations must be [tokens, K], got shape {x.shape}")
+    if semantics not in SEMANTICS[:3]:
+        raise InvalidArgumentError(f"unknown semantics {semantics!r} (choose cpu, mmq or f16)")
     tokens, k = x.shape
     n = load()
-    size = (n.lib.ciq_q8_K_size if semantics == "cpu" else n.lib.ciq_q8_1_mmq_size)(tokens, k)
     dev = parse_device(device)
+    size = activation_bytes(semantics, tokens, k)
     with Buffer.from_array(dev, x) as xb, Buffer(dev, max(size, 1)) as qb:
-        if semantics == "cpu":
-            n.check(n.lib.ciq_quantize_q8_K(dev, n.ffi.cast("float *", xb.ptr), qb.ptr, tokens, k))
-        else:
-            n.check(n.lib.ciq_quantize_q8_1_mmq(dev, weight_type, n.ffi.cast("float *", xb.ptr), qb.ptr, tokens, k))
+        quantize_into(dev, semantics, weight_type, xb.ptr, qb.ptr, tokens, k)
         return qb.download(np.uint8, (size,))
+
+
+def activation_bytes(semantics: str, tokens: int, k: int) -> int:
+    lib = load().lib
+    return {"cpu": lib.ciq_q8_K_size, "mmq": lib.ciq_q8_1_mmq_size, "f16": lib.ciq_f16_size}[semantics](tokens, k)
+
+
+def quantize_into(device: int, semantics: str, weight_type: int, x_ptr, out_ptr, tokens: int, k: int) -> None:
+    """Device-to-device: float activations at x_ptr into the semantics' layout at out_ptr."""
+    n = load()
+    xp = n.ffi.cast("float *", x_ptr)
+    if semantics == "cpu":
+        n.check(n.lib.ciq_quantize_q8_K(device, xp, out_ptr, tokens, k))
+    elif semantics == "mmq":
+        n.check(n.lib.ciq_quantize_q8_1_mmq(device, weight_type, xp, out_ptr, tokens, k))
+    else:
+        n.check(n.lib.ciq_convert_f16(device, xp, out_ptr, tokens, k))
 
 
 @dataclass
@@ -270,7 +288,7 @@ class GemmProblem:
             raise ShapeError(f"activations must be [tokens, {self.k}], got shape {x.shape}")
         semantics = semantics or default_semantics(variant, self.device)
         if semantics not in SEMANTICS:
-            raise InvalidArgumentError(f"unknown semantics {semantics!r} (choose cpu or mmq)")
+            raise InvalidArgumentError(f"unknown semantics {semantics!r} (choose from {', '.join(SEMANTICS)})")
         if out_type not in ("f32", "bf16"):
             raise InvalidArgumentError(f"unknown output type {out_type!r} (choose f32 or bf16)")
         tokens = x.shape[0]
@@ -297,7 +315,8 @@ def gemm(weight, x: np.ndarray, variant: str = "auto", device="cpu", semantics: 
     """out[tokens, rows] = x @ W^T through libggml_ciq.
 
     ``weight`` is a model.Tensor, or raw block bytes with ``ggml_type``, ``rows`` and ``k``.
-    ``semantics`` defaults to the variant's own ('mma' -> mmq, WMMA and cpu -> cpu; auto: GPU mmq, CPU cpu).
+    ``semantics`` defaults to the variant's own ('mma' -> mmq, 'wgmma' -> f16, WMMA and cpu -> cpu; auto: GPU any,
+    CPU cpu).
     """
     if hasattr(weight, "ggml_type"):
         ggml_type, rows, k, data = weight.ggml_type, weight.rows, weight.k, weight.raw()

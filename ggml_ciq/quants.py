@@ -345,6 +345,44 @@ def gemm_mmq_semantics_quantized(weight_type: int, data, rows: int, k: int, xq: 
     raise UnsupportedTypeError(f"keep-quant GEMM supports Q4_K and Q6_K, not {type_name(weight_type)}")
 
 
+def convert_f16(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """f16 semantics' activations: (f16 [tokens, K] of x * 2^-e, scale [tokens] = 2^e), e putting amax in [2^14, 2^15)."""
+    x = _check_activations(x, QK_K)
+    e = np.maximum(np.frexp(np.abs(x).max(-1))[1], -100)
+    up = np.ldexp(np.float32(1.0), 15 - e).astype(np.float32)
+    with np.errstate(over="ignore"):
+        return (x * up[:, None]).astype(np.float16), np.ldexp(np.float32(1.0), e - 15).astype(np.float32)
+
+
+def f16_layout(x: np.ndarray) -> np.ndarray:
+    """The bytes of libggml_ciq's f16 activation layout: f16 values, padding to 256 B, float scales."""
+    xh, scale = convert_f16(x)
+    body = xh.reshape(-1).view(np.uint8)
+    pad = np.zeros(-body.size % 256, np.uint8)
+    return np.concatenate([body, pad, scale.view(np.uint8)])
+
+
+def dequantize_f16(weight_type: int, data, rows: int, k: int) -> np.ndarray:
+    """f16 semantics' weights, one rounding each: Q4_K fma(q, half(d*sc), -half(dmin*m)), Q6_K (q-32)*half(d*sc)."""
+    if weight_type == Q4_K:
+        d, dmin, sc, m, q = q4_K_fields(data, rows, k)
+        a = (d[..., None] * sc.astype(np.float32)).astype(np.float16).astype(np.float64)
+        b = (dmin[..., None] * m.astype(np.float32)).astype(np.float16).astype(np.float64)
+        return (a[..., None] * q - b[..., None]).astype(np.float16).reshape(rows, k)
+    if weight_type == Q6_K:
+        d, sc, q = q6_K_fields(data, rows, k)
+        s = (d[..., None] * sc.astype(np.float32)).astype(np.float16).astype(np.float64)
+        return (s[..., None] * q.reshape(rows, -1, 16, 16)).astype(np.float16).reshape(rows, k)
+    raise UnsupportedTypeError(f"keep-quant GEMM supports Q4_K and Q6_K, not {type_name(weight_type)}")
+
+
+def gemm_f16_semantics(weight_type: int, data, rows: int, k: int, x: np.ndarray) -> np.ndarray:
+    """The wgmma kernel's semantics: f16 activations and weights (see convert_f16, dequantize_f16), exact sums."""
+    xh, scale = convert_f16(x)
+    w = dequantize_f16(weight_type, data, rows, k).astype(np.float64)
+    return (xh.astype(np.float64) @ w.T) * scale.astype(np.float64)[:, None]
+
+
 def gemm_f64(weight_type: int, data, rows: int, k: int, x: np.ndarray) -> np.ndarray:
     """The truth: ggml-dequantized weights times the float activations, in float64."""
     w = dequantize(weight_type, data, rows, k).astype(np.float64)
@@ -362,4 +400,4 @@ def nmse(a: np.ndarray, b: np.ndarray) -> float:
     return num / den if den > 0 else (0.0 if num == 0 else float("inf"))
 
 
-REFERENCE_GEMMS = {"cpu": gemm_cpu_semantics, "mmq": gemm_mmq_semantics, "f64": gemm_f64}
+REFERENCE_GEMMS = {"cpu": gemm_cpu_semantics, "mmq": gemm_mmq_semantics, "f16": gemm_f16_semantics, "f64": gemm_f64}

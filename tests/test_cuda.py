@@ -9,7 +9,6 @@ import pytest
 from ggml_ciq import native
 from ggml_ciq import quants as Q
 
-GPU_VARIANTS = ("wmma", "wmma-wide", "wmma-shared", "wmma-bigtile", "mma")
 TAIL_TOKENS = (1, 15, 17, 128, 131, 512)
 
 
@@ -18,6 +17,24 @@ def gpu(native_lib):
     if native.device_count() == 0:
         pytest.skip("no CUDA device (or libggml_ciq built without CUDA)")
     return native.device_name("cuda")
+
+
+def hopper() -> bool:
+    """An sm_90 GPU and a build with sm_90a code: wgmma must be available (a silent fallback fails the tests)."""
+    return "sm_90" in native.device_name("cuda") and "90a" in native.build_info()["cuda_archs"]
+
+
+@pytest.fixture(scope="module")
+def variants(gpu):
+    base = ("wmma", "wmma-wide", "wmma-shared", "wmma-bigtile", "mma")
+    assert native.variant_available("cuda", "wgmma") == hopper()
+    return base + (("wgmma",) if hopper() else ())
+
+
+@pytest.fixture(scope="module")
+def wgmma(gpu):
+    if not hopper():
+        pytest.skip("wgmma needs an sm_90 GPU and a build with sm_90a")
 
 
 def run_checked(weight, x, variant, **raw):
@@ -66,30 +83,37 @@ def reference(weight_type, data, rows, k, x, semantics):
     """The numpy reference of a semantics; for mmq on the GPU's own quantized activations (same bytes)."""
     if semantics == "cpu":
         return Q.gemm_cpu_semantics(weight_type, data, rows, k, x)
+    if semantics == "f16":
+        return Q.gemm_f16_semantics(weight_type, data, rows, k, x)
     xq = native.quantize_activations(x, "mmq", weight_type, "cuda")
     return Q.gemm_mmq_semantics_quantized(weight_type, data, rows, k, xq, x.shape[0])
 
 
-def test_every_variant_on_model_tensors(model, rng):
+def test_gpu_f16_layout_byte_identical(rng):
+    for x in _inputs(rng) + ((rng.standard_normal((3, 512)) * 1e5).astype(np.float32),):
+        assert np.array_equal(native.quantize_activations(x, "f16", Q.Q4_K, "cuda"), Q.f16_layout(x))
+
+
+def test_every_variant_on_model_tensors(model, variants, rng):
     for t in model.weights():
         for tokens in (1, 17, 131):
             x = rng.standard_normal((tokens, t.k)).astype(np.float32)
-            refs = {s: reference(t.ggml_type, t.raw(), t.rows, t.k, x, s) for s in ("cpu", "mmq")}
-            for variant in GPU_VARIANTS:
+            refs = {s: reference(t.ggml_type, t.raw(), t.rows, t.k, x, s) for s in ("cpu", "mmq", "f16")}
+            for variant in variants:
                 out = run_checked(t, x, variant)
                 assert Q.nmse(out, refs[native.default_semantics(variant, "cuda")]) <= 1e-10, (t.name, tokens, variant)
 
 
 @pytest.mark.parametrize("rows", [1000, 4097, 14336])
 @pytest.mark.parametrize("weight_type", [Q.Q4_K, Q.Q6_K])
-def test_tail_shapes(rows, weight_type, rng):
+def test_tail_shapes(rows, weight_type, variants, rng):
     k = 1024
     w = (rng.standard_normal((rows, k)) * 0.02).astype(np.float32)
     data = Q.quantize_q4_K(w) if weight_type == Q.Q4_K else Q.quantize_q6_K(w)
     for tokens in TAIL_TOKENS:
         x = rng.standard_normal((tokens, k)).astype(np.float32)
-        refs = {s: reference(weight_type, data, rows, k, x, s) for s in ("cpu", "mmq")}
-        for variant in GPU_VARIANTS:
+        refs = {s: reference(weight_type, data, rows, k, x, s) for s in ("cpu", "mmq", "f16")}
+        for variant in variants:
             out = run_checked(data, x, variant, ggml_type=weight_type, rows=rows, k=k)
             assert Q.nmse(out, refs[native.default_semantics(variant, "cuda")]) <= 1e-10, (rows, tokens, variant)
 
@@ -106,6 +130,25 @@ def test_staged_variants_with_partial_block_tiles(variant, rng):
         assert Q.nmse(out, ref) <= 1e-10, (rows, tokens)
 
 
+@pytest.mark.parametrize("weight_type", [Q.Q4_K, Q.Q6_K])
+def test_wgmma_tiles_splits_and_tails(weight_type, wgmma, rng):
+    """Every tile width (64/128/256 tokens) and split-K factor the planner picks, odd row and token counts, a Q6_K
+    row length that is not a multiple of 16 bytes (K = 768: 630 B rows), large activations (f16 range)."""
+    quantize = Q.quantize_q4_K if weight_type == Q.Q4_K else Q.quantize_q6_K
+    for rows, k, tokens in ((128, 4096, 64), (1000, 768, 3), (4097, 2048, 131), (1024, 4096, 512),
+                            (300, 2304, 257), (2048, 1024, 2047), (129, 256, 1)):
+        data = quantize((rng.standard_normal((rows, k)) * 0.02).astype(np.float32))
+        x = (rng.standard_normal((tokens, k)) * rng.choice([1e-3, 1.0, 3e4], size=(tokens, 1))).astype(np.float32)
+        out = run_checked(data, x, "wgmma", ggml_type=weight_type, rows=rows, k=k)
+        assert Q.nmse(out, Q.gemm_f16_semantics(weight_type, data, rows, k, x)) <= 1e-10, (rows, k, tokens)
+
+
+def test_auto_picks_wgmma_on_hopper_for_prefill(wgmma):
+    assert native.resolve_variant("auto", "cuda", "any", Q.Q4_K, 4096, 4096, 512) == "wgmma"
+    assert native.resolve_variant("auto", "cuda", "any", Q.Q6_K, 4096, 4096, 4) == "mma"
+    assert native.resolve_variant("auto", "cuda", "f16", Q.Q6_K, 4096, 4096, 4) == "wgmma"
+
+
 def test_bf16_output(default_model, rng):
     t = default_model.weights()[2]
     x = rng.standard_normal((33, t.k)).astype(np.float32)
@@ -115,7 +158,7 @@ def test_bf16_output(default_model, rng):
 
 
 def test_auto_resolves_per_semantics():
-    assert native.resolve_variant("auto", "cuda", "mmq", Q.Q4_K, 4096, 4096, 512) in GPU_VARIANTS
+    assert native.resolve_variant("auto", "cuda", "mmq", Q.Q4_K, 4096, 4096, 512) == "mma"
     assert native.default_semantics(native.resolve_variant("auto", "cuda", "cpu", Q.Q6_K, 4096, 4096, 512),
                                     "cuda") == "cpu"
 
@@ -163,6 +206,26 @@ def test_mma_matches_llamacpp_mmq(llama_cuda, model, rng):
             ours = run_checked(t, x, "mma")
             theirs = llama_cuda.mul_mat(t.ggml_type, t.raw(), t.rows, t.k, x, device="CUDA0")
             assert Q.nmse(ours, theirs) <= 1e-10, (t.name, tokens)
+
+
+def test_wgmma_no_less_accurate_than_llamacpp_mmq(llama_cuda, model, wgmma, rng):
+    """The f16 path against the float64 truth is at least as close as llama.cpp's MMQ (q8_1 activations)."""
+    from ggml_ciq.diff import activations
+
+    from types import SimpleNamespace
+
+    synthetic = []
+    for weight_type, quantize in ((Q.Q4_K, Q.quantize_q4_K), (Q.Q6_K, Q.quantize_q6_K)):
+        data = quantize((rng.standard_normal((4097, 2048)) * 0.02).astype(np.float32))
+        synthetic.append((f"synthetic-{Q.type_name(weight_type)}", weight_type, data, 4097, 2048))
+    cases = [(t.name, t.ggml_type, t.raw(), t.rows, t.k) for t in model.weights()] + synthetic
+    for name, weight_type, data, rows, k in cases:
+        for tokens in (1, 17, 131):
+            x = activations(SimpleNamespace(name=name, k=k), tokens, int(rng.integers(1 << 30)))
+            truth = Q.gemm_f64(weight_type, data, rows, k, x)
+            ours = run_checked(data, x, "wgmma", ggml_type=weight_type, rows=rows, k=k)
+            theirs = llama_cuda.mul_mat(weight_type, data, rows, k, x, device="CUDA0")
+            assert Q.nmse(ours, truth) <= Q.nmse(theirs, truth), (name, tokens)
 
 
 @pytest.mark.parametrize("rows", [1000, 4097])

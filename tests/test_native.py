@@ -156,3 +156,18 @@ def test_fuzz_random_sizes_and_bytes(native_lib, rows, k, tokens, weight_type, s
     finite = np.isfinite(ref)
     if finite.all() and np.abs(ref).max() < 1e30:
         assert Q.nmse(out, ref) <= 1e-12
+
+
+def test_f16_layout_on_the_host_matches_numpy(native_lib, rng):
+    for x in (rng.standard_normal((7, 512)).astype(np.float32), np.zeros((2, 256), np.float32),
+              (rng.standard_normal((3, 256)) * 1e5).astype(np.float32),
+              (rng.standard_normal((3, 256)) * 1e-30).astype(np.float32)):
+        assert np.array_equal(native.quantize_activations(x, "f16", Q.Q4_K, "cpu"), Q.f16_layout(x))
+
+
+def test_f16_semantics_need_the_gpu_kernel(native_lib, rng):
+    data = Q.quantize_q6_K((rng.standard_normal((64, 512)) * 0.02).astype(np.float32))
+    x = rng.standard_normal((5, 512)).astype(np.float32)
+    with pytest.raises(InvalidArgumentError, match="not f16"):
+        native.gemm(data, x, device="cpu", semantics="f16", ggml_type=Q.Q6_K, rows=64, k=512)
+    assert native.resolve_variant("auto", "cpu", "any", Q.Q6_K, 64, 512, 5) == "cpu"

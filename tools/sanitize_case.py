@@ -20,6 +20,7 @@ def main(variants):
             x = rng.standard_normal((tokens, k)).astype(np.float32)
             native.quantize_activations(x, "cpu", weight_type, "cuda")
             native.quantize_activations(x, "mmq", weight_type, "cuda")
+            native.quantize_activations(x, "f16", weight_type, "cuda")
             for variant in variants:
                 sem = native.default_semantics(variant, "cuda")
                 out = native.gemm(data, x, variant=variant, device="cuda", semantics=sem, ggml_type=weight_type,

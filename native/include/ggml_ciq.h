@@ -8,6 +8,8 @@
  *   Q8_K       : [tokens][K/256] blocks of 292 B (float d, int8 qs[256], int16 bsums[16]), as ggml.
  *   q8_1-mmq   : [K/128][tokens] blocks of 144 B, as llama.cpp CUDA MMQ's block_q8_1_mmq:
  *                4 scale words then int8 qs[128]; DS4 (half2 d,s per 32) for Q4_K, D4 (float d per 32) for Q6_K.
+ *   f16        : f16 [tokens][K] of x * 2^-e_t, then (at a 256-byte boundary) float scale[tokens] = 2^e_t, with
+ *                e_t putting the token's largest |x| in [2^14, 2^15) (ciq_f16_size bytes in all).
  *   device     : CIQ_DEVICE_CPU (-1) is the host; 0..n-1 are GPUs. Pointers live on the device named.
  *
  * Every function returns a ciq_status; on failure ciq_last_error() (thread-local) says why.
@@ -42,7 +44,9 @@ typedef enum {             /* values are ggml's type ids */
 
 typedef enum {
     CIQ_SEMANTICS_CPU = 0, /* Q8_K activations, integer sub-block sums, float per super-block (llama.cpp CPU) */
-    CIQ_SEMANTICS_MMQ = 1  /* q8_1-mmq activations, fp16-rounded d*sc and dmin*m (llama.cpp CUDA MMQ) */
+    CIQ_SEMANTICS_MMQ = 1, /* q8_1-mmq activations, fp16-rounded d*sc and dmin*m (llama.cpp CUDA MMQ) */
+    CIQ_SEMANTICS_F16 = 2, /* f16 activations (per-token power-of-two scale), weights dequantized to f16, fp32 sums */
+    CIQ_SEMANTICS_ANY = 3  /* ciq_gemm and ciq_resolve_variant only: whatever the variant AUTO picks implements */
 } ciq_semantics;
 
 typedef enum {
@@ -53,7 +57,8 @@ typedef enum {
     CIQ_VARIANT_WMMA_SHARED = 4,  /* 8 warps, activation rows staged in shared memory */
     CIQ_VARIANT_WMMA_BIGTILE = 5, /* 8 warps, 2-D grid, 48 staged activation rows reused */
     CIQ_VARIANT_MMA = 6,          /* MMQ-class 128-row tile, mma.sync m16n8k32 (MMQ semantics) */
-    CIQ_VARIANT_COUNT = 7
+    CIQ_VARIANT_WGMMA = 7,        /* Hopper (sm_90a): TMA + warp-specialized wgmma on f16 (F16 semantics) */
+    CIQ_VARIANT_COUNT = 8
 } ciq_variant;
 
 typedef enum {
@@ -86,12 +91,15 @@ size_t     ciq_q8_1_mmq_size(int64_t tokens, int64_t k);
 ciq_status ciq_quantize_q8_K(int device, const float *x, void *out, int64_t tokens, int64_t k);
 ciq_status ciq_quantize_q8_1_mmq(int device, ciq_weight_type layout_for, const float *x, void *out,
                                  int64_t tokens, int64_t k);
+size_t     ciq_f16_size(int64_t tokens, int64_t k);
+ciq_status ciq_convert_f16(int device, const float *x, void *out, int64_t tokens, int64_t k);
 
-/* Which variant ciq_gemm would run for this problem: AUTO resolved, availability and semantics checked. */
+/* Which variant ciq_gemm would run for this problem: AUTO resolved, availability and semantics checked.
+ * With CIQ_SEMANTICS_ANY the resolved variant's own semantics apply (ciq_variant_semantics). */
 ciq_status ciq_resolve_variant(int device, ciq_variant variant, ciq_semantics semantics, ciq_weight_type type,
                                int64_t rows, int64_t k, int64_t tokens, ciq_variant *resolved);
 
-/* out = X @ W^T. Quantizes X itself (semantics picks Q8_K or q8_1-mmq) into an internal scratch buffer.
+/* out = X @ W^T. Quantizes X itself (semantics picks Q8_K, q8_1-mmq or f16) into an internal scratch buffer.
  * weight_nbytes must equal rows * (K/256) * block bytes. */
 ciq_status ciq_gemm(int device, ciq_variant variant, ciq_semantics semantics, ciq_weight_type type,
                     const void *weight, size_t weight_nbytes, int64_t rows, int64_t k,

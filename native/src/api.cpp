@@ -33,7 +33,8 @@ ciq_status ciq_fail(ciq_status status, const char *format, ...) {
     } while (0)
 
 static const char *const k_variant_names[CIQ_VARIANT_COUNT] = {"auto", "cpu", "wmma", "wmma-wide", "wmma-shared",
-                                                               "wmma-bigtile", "mma"};
+                                                               "wmma-bigtile", "mma", "wgmma"};
+static const char *const k_semantics_names[] = {"cpu", "mmq", "f16", "any"};
 
 int ciq_api_version(void) { return GGML_CIQ_API_VERSION; }
 const char *ciq_last_error(void) { return g_last_error; }
@@ -43,7 +44,7 @@ const char *ciq_variant_name(ciq_variant variant) {
 }
 
 ciq_semantics ciq_variant_semantics(ciq_variant variant) {
-    return variant == CIQ_VARIANT_MMA ? CIQ_SEMANTICS_MMQ : CIQ_SEMANTICS_CPU;
+    return variant == CIQ_VARIANT_MMA ? CIQ_SEMANTICS_MMQ : variant == CIQ_VARIANT_WGMMA ? CIQ_SEMANTICS_F16 : CIQ_SEMANTICS_CPU;
 }
 
 size_t ciq_weight_row_bytes(ciq_weight_type type, int64_t k) {
@@ -133,8 +134,13 @@ ciq_status ciq_variant_available(int device, ciq_variant variant, int *available
     // more than the 64 KB of LDS an RDNA workgroup gets.
     *available = (variant == CIQ_VARIANT_AUTO || variant == CIQ_VARIANT_WMMA || variant == CIQ_VARIANT_WMMA_SHARED) &&
                  (major == 11 || major == 12);
+    (void)minor;
 #else
-    *available = variant != CIQ_VARIANT_CPU && major >= 8;  // kernels are built for sm_80 and newer
+    if (variant == CIQ_VARIANT_WGMMA) {  // sm_90a machine code runs on compute capability 9.0 only
+        *available = major == 9 && minor == 0 && std::strstr(GGML_CIQ_CUDA_ARCHS, "90a") != nullptr;
+    } else {
+        *available = variant != CIQ_VARIANT_CPU && major >= 8;  // kernels are built for sm_80 and newer
+    }
 #endif
 #endif
     return CIQ_OK;
@@ -229,6 +235,10 @@ size_t ciq_q8_1_mmq_size(int64_t tokens, int64_t k) {
     return tokens > 0 && k > 0 ? (size_t)(tokens * (k / Q8_1_MMQ_VALUES)) * Q8_1_MMQ_BLOCK_BYTES : 0;
 }
 
+size_t ciq_f16_size(int64_t tokens, int64_t k) {
+    return tokens > 0 && k > 0 ? ciq_f16_scale_offset(tokens, k) + (size_t)tokens * sizeof(float) : 0;
+}
+
 static ciq_status check_shape(const char *what, int64_t tokens, int64_t k) {
     if (tokens < 1) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: tokens must be >= 1, got %lld", what, (long long)tokens);
     if (k < QK_K || k % QK_K != 0) {
@@ -273,8 +283,21 @@ ciq_status ciq_quantize_q8_1_mmq(int device, ciq_weight_type layout_for, const f
     return ciq_cpu_quantize_q8_1_mmq(ds4, x, out, tokens, k);
 }
 
+ciq_status ciq_convert_f16(int device, const float *x, void *out, int64_t tokens, int64_t k) {
+    if (x == nullptr || out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_convert_f16: NULL pointer");
+    CIQ_TRY(check_shape("ciq_convert_f16", tokens, k));
+    CIQ_TRY(check_device(device));
+#ifdef GGML_CIQ_WITH_CUDA
+    if (device != CIQ_DEVICE_CPU) {
+        CIQ_TRY(ciq_cuda_set_device(device));
+        return ciq_cuda_convert_f16(x, out, tokens, k);
+    }
+#endif
+    return ciq_cpu_convert_f16(x, out, tokens, k);
+}
+
 // AUTO on a GPU: GGML_CIQ_VARIANT if set, else the first entry of this table (measured on the H200, see
-// bench/results/) that matches the semantics and token count.
+// bench/results/) that matches the semantics and token count and is available on the device.
 struct AutoChoice {
     ciq_semantics semantics;
     int64_t max_tokens;  // the entry applies when tokens <= max_tokens
@@ -282,8 +305,13 @@ struct AutoChoice {
 };
 static const AutoChoice k_auto_table[] = {
 #ifdef GGML_CIQ_HIP
-    {CIQ_SEMANTICS_CPU, INT64_MAX, CIQ_VARIANT_WMMA_SHARED},  // AMD: no mma; wide and bigtile exceed 64 KB of LDS
+    {CIQ_SEMANTICS_ANY, INT64_MAX, CIQ_VARIANT_WMMA_SHARED},  // AMD: no mma; wide and bigtile exceed 64 KB of LDS
+    {CIQ_SEMANTICS_CPU, INT64_MAX, CIQ_VARIANT_WMMA_SHARED},
 #else
+    {CIQ_SEMANTICS_ANY, 8, CIQ_VARIANT_MMA},  // decode-size batches: mma's 8-token tiles waste less
+    {CIQ_SEMANTICS_ANY, INT64_MAX, CIQ_VARIANT_WGMMA},  // Hopper
+    {CIQ_SEMANTICS_ANY, INT64_MAX, CIQ_VARIANT_MMA},
+    {CIQ_SEMANTICS_F16, INT64_MAX, CIQ_VARIANT_WGMMA},
     {CIQ_SEMANTICS_MMQ, INT64_MAX, CIQ_VARIANT_MMA},
     {CIQ_SEMANTICS_CPU, 128, CIQ_VARIANT_WMMA_SHARED},  // seed6, 128 tokens: shared fastest on 4 of 6 shapes
     {CIQ_SEMANTICS_CPU, INT64_MAX, CIQ_VARIANT_WMMA_BIGTILE},  // llama3-8b, 512 tokens: bigtile on 9 of 10
@@ -309,7 +337,7 @@ ciq_status ciq_resolve_variant(int device, ciq_variant variant, ciq_semantics se
     if ((int)variant < 0 || variant >= CIQ_VARIANT_COUNT) {
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "unknown kernel variant %d", (int)variant);
     }
-    if (semantics != CIQ_SEMANTICS_CPU && semantics != CIQ_SEMANTICS_MMQ) {
+    if ((int)semantics < CIQ_SEMANTICS_CPU || semantics > CIQ_SEMANTICS_ANY) {
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "unknown semantics %d", (int)semantics);
     }
     CIQ_TRY(check_device(device));
@@ -322,14 +350,17 @@ ciq_status ciq_resolve_variant(int device, ciq_variant variant, ciq_semantics se
             CIQ_TRY(variant_from_name(env, resolved));
         } else {
             for (const AutoChoice &choice : k_auto_table) {
-                if (choice.semantics == semantics && tokens <= choice.max_tokens) {
+                int ok = 0;
+                if (choice.semantics != semantics || tokens > choice.max_tokens) continue;
+                CIQ_TRY(ciq_variant_available(device, choice.variant, &ok));
+                if (ok) {
                     *resolved = choice.variant;
                     break;
                 }
             }
             if (*resolved == CIQ_VARIANT_AUTO) {
-                return ciq_fail(CIQ_ERR_UNSUPPORTED, "no GPU kernel of this build implements %s semantics",
-                                semantics == CIQ_SEMANTICS_CPU ? "cpu" : "mmq");
+                return ciq_fail(CIQ_ERR_UNSUPPORTED, "no GPU kernel of this build implements %s semantics on this GPU",
+                                k_semantics_names[semantics]);
             }
         }
     }
@@ -339,10 +370,11 @@ ciq_status ciq_resolve_variant(int device, ciq_variant variant, ciq_semantics se
         return ciq_fail(CIQ_ERR_UNSUPPORTED, "kernel variant %s is not available on %s", ciq_variant_name(*resolved),
                         device == CIQ_DEVICE_CPU ? "the CPU" : "this GPU");
     }
-    if (*resolved != CIQ_VARIANT_CPU && ciq_variant_semantics(*resolved) != semantics) {
+    const bool cpu_ok = *resolved == CIQ_VARIANT_CPU && semantics != CIQ_SEMANTICS_F16;
+    if (semantics != CIQ_SEMANTICS_ANY && !cpu_ok && ciq_variant_semantics(*resolved) != semantics) {
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "kernel variant %s implements %s semantics, not %s",
-                        ciq_variant_name(*resolved), ciq_variant_semantics(*resolved) == CIQ_SEMANTICS_CPU ? "cpu" : "mmq",
-                        semantics == CIQ_SEMANTICS_CPU ? "cpu" : "mmq");
+                        ciq_variant_name(*resolved), *resolved == CIQ_VARIANT_CPU ? "cpu or mmq"
+                        : k_semantics_names[ciq_variant_semantics(*resolved)], k_semantics_names[semantics]);
     }
     return CIQ_OK;
 }
@@ -355,6 +387,9 @@ ciq_status ciq_gemm_quantized(int device, ciq_variant variant, ciq_semantics sem
     }
     CIQ_TRY(check_type("ciq_gemm", type));
     CIQ_TRY(check_shape("ciq_gemm", tokens, k));
+    if (semantics == CIQ_SEMANTICS_ANY) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_quantized: name the semantics of the activation layout");
+    }
     if (rows < 1) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm: rows must be >= 1, got %lld", (long long)rows);
     if (weight_nbytes != (size_t)rows * ciq_weight_row_bytes(type, k)) {
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm: %s [%lld x %lld] needs %zu weight bytes, got %zu",
@@ -375,6 +410,8 @@ ciq_status ciq_gemm_quantized(int device, ciq_variant variant, ciq_semantics sem
         if (status == CIQ_OK) {
             status = resolved == CIQ_VARIANT_MMA
                          ? ciq_cuda_gemm_mma(type, weight, rows, k, x_quantized, tokens, out, out_type)
+                     : resolved == CIQ_VARIANT_WGMMA
+                         ? ciq_cuda_gemm_wgmma(device, type, weight, rows, k, x_quantized, tokens, out, out_type)
                          : ciq_cuda_gemm_wmma(resolved, type, weight, rows, k, x_quantized, tokens, out, out_type);
         }
 #else
@@ -393,7 +430,12 @@ ciq_status ciq_gemm(int device, ciq_variant variant, ciq_semantics semantics, ci
     CIQ_TRY(check_shape("ciq_gemm", tokens, k));
     ciq_variant resolved;
     CIQ_TRY(ciq_resolve_variant(device, variant, semantics, type, rows, k, tokens, &resolved));
-    const size_t nbytes = semantics == CIQ_SEMANTICS_CPU ? ciq_q8_K_size(tokens, k) : ciq_q8_1_mmq_size(tokens, k);
+    if (semantics == CIQ_SEMANTICS_ANY) {
+        semantics = resolved == CIQ_VARIANT_CPU ? CIQ_SEMANTICS_CPU : ciq_variant_semantics(resolved);
+    }
+    const size_t nbytes = semantics == CIQ_SEMANTICS_CPU   ? ciq_q8_K_size(tokens, k)
+                          : semantics == CIQ_SEMANTICS_MMQ ? ciq_q8_1_mmq_size(tokens, k)
+                                                           : ciq_f16_size(tokens, k);
     void *scratch = nullptr;
     std::string host_scratch;
     if (device == CIQ_DEVICE_CPU) {
@@ -401,13 +443,15 @@ ciq_status ciq_gemm(int device, ciq_variant variant, ciq_semantics semantics, ci
         scratch = &host_scratch[0];
 #ifdef GGML_CIQ_WITH_CUDA
     } else {
-        CIQ_TRY(ciq_cuda_scratch(device, nbytes, &scratch));
+        CIQ_TRY(ciq_cuda_scratch(device, 0, nbytes, &scratch));
 #endif
     }
     if (semantics == CIQ_SEMANTICS_CPU) {
         CIQ_TRY(ciq_quantize_q8_K(device, x, scratch, tokens, k));
-    } else {
+    } else if (semantics == CIQ_SEMANTICS_MMQ) {
         CIQ_TRY(ciq_quantize_q8_1_mmq(device, type, x, scratch, tokens, k));
+    } else {
+        CIQ_TRY(ciq_convert_f16(device, x, scratch, tokens, k));
     }
     return ciq_gemm_quantized(device, resolved, semantics, type, weight, weight_nbytes, rows, k, scratch, tokens, out,
                               out_type);

@@ -39,6 +39,9 @@ static_assert(sizeof(block_q6_K) == Q6_K_BLOCK_BYTES, "block_q6_K");
 static_assert(sizeof(block_q8_K) == Q8_K_BLOCK_BYTES, "block_q8_K");
 static_assert(sizeof(block_q8_1_mmq) == Q8_1_MMQ_BLOCK_BYTES, "block_q8_1_mmq");
 
+// f16 activation layout (f16 semantics): f16 [tokens][K], then at this offset float scale[tokens].
+static inline size_t ciq_f16_scale_offset(int64_t tokens, int64_t k) { return ((size_t)tokens * k * 2 + 255) & ~(size_t)255; }
+
 // Records the thread-local error message and returns status.
 ciq_status ciq_fail(ciq_status status, const char *format, ...);
 
@@ -47,6 +50,7 @@ size_t ciq_weight_row_bytes(ciq_weight_type type, int64_t k);
 // CPU backend (native/src/cpu/).
 ciq_status ciq_cpu_quantize_q8_K(const float *x, void *out, int64_t tokens, int64_t k);
 ciq_status ciq_cpu_quantize_q8_1_mmq(bool ds4, const float *x, void *out, int64_t tokens, int64_t k);
+ciq_status ciq_cpu_convert_f16(const float *x, void *out, int64_t tokens, int64_t k);
 ciq_status ciq_cpu_gemm(ciq_semantics semantics, ciq_weight_type type, const void *weight, int64_t rows, int64_t k,
                         const void *x_quantized, int64_t tokens, void *out, ciq_out_type out_type);
 int ciq_cpu_threads(void);
@@ -65,7 +69,8 @@ ciq_status ciq_cuda_free(int device, void *ptr);
 ciq_status ciq_cuda_memcpy(int device, void *dst, const void *src, size_t nbytes, bool to_device);
 ciq_status ciq_cuda_memset(int device, void *dst, int value, size_t nbytes);
 ciq_status ciq_cuda_synchronize(int device);
-ciq_status ciq_cuda_scratch(int device, size_t nbytes, void **ptr);  // per-device buffer, grown on demand
+#define CIQ_SCRATCH_SLOTS 2  // 0: quantized activations (ciq_gemm), 1: split-K partial sums (wgmma)
+ciq_status ciq_cuda_scratch(int device, int slot, size_t nbytes, void **ptr);  // per-device buffers, grown on demand
 ciq_status ciq_cuda_event_record(int device, void **event);  // creates and records an event
 ciq_status ciq_cuda_event_elapsed(void *start, void *stop, float *milliseconds);  // syncs stop, frees both
 
@@ -76,6 +81,10 @@ ciq_status ciq_cuda_gemm_wmma(ciq_variant variant, ciq_weight_type type, const v
                               const void *x_q8_K, int64_t tokens, void *out, ciq_out_type out_type);
 ciq_status ciq_cuda_dense_gemm_bf16(int device, const void *weight, int64_t rows, int64_t k, const void *x,
                                     int64_t tokens, void *out, ciq_out_type out_type);
+// f16 semantics: x -> the f16 activation layout (ciq_f16_size); the wgmma GEMM reads it (sm_90a).
+ciq_status ciq_cuda_convert_f16(const float *x, void *out, int64_t tokens, int64_t k);
+ciq_status ciq_cuda_gemm_wgmma(int device, ciq_weight_type type, const void *weight, int64_t rows, int64_t k,
+                               const void *x_f16, int64_t tokens, void *out, ciq_out_type out_type);
 // x is q8_1-mmq (DS4 for Q4_K, D4 for Q6_K).
 ciq_status ciq_cuda_gemm_mma(ciq_weight_type type, const void *weight, int64_t rows, int64_t k,
                              const void *x_q8_1_mmq, int64_t tokens, void *out, ciq_out_type out_type);

@@ -72,3 +72,23 @@ ciq_status ciq_cpu_quantize_q8_1_mmq(bool ds4, const float *x, void *out, int64_
     }
     return CIQ_OK;
 }
+
+// f16 semantics: each token scaled by the power of two 2^-e that puts its largest |x| in [2^14, 2^15), rounded to
+// f16 (round to nearest even); scale_t = 2^e is stored after the f16 values (ciq_f16_scale_offset).
+ciq_status ciq_cpu_convert_f16(const float *x, void *out, int64_t tokens, int64_t k) {
+    uint16_t *xh = (uint16_t *)out;
+    float *scales = (float *)((uint8_t *)out + ciq_f16_scale_offset(tokens, k));
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < tokens; ++t) {
+        const float *xr = x + t * k;
+        float amax = 0.f;
+        for (int64_t c = 0; c < k; ++c) amax = std::fmax(amax, std::fabs(xr[c]));
+        int e = 0;
+        std::frexp(amax, &e);
+        e = e < -100 ? -100 : e;
+        const float up = std::ldexp(1.0f, 15 - e);
+        scales[t] = std::ldexp(1.0f, e - 15);
+        for (int64_t c = 0; c < k; ++c) xh[t * k + c] = ciq_fp32_to_fp16(xr[c] * up);
+    }
+    return CIQ_OK;
+}

@@ -1,4 +1,4 @@
-// CUDA device management for the C API: enumeration, memory, and one growable scratch buffer per device.
+// CUDA device management for the C API: enumeration, memory, and growable scratch buffers per device.
 #include "common.cuh"
 
 #include <cstdio>
@@ -86,12 +86,13 @@ ciq_status ciq_cuda_synchronize(int device) {
     return CIQ_OK;
 }
 
-ciq_status ciq_cuda_scratch(int device, size_t nbytes, void **ptr) {
+ciq_status ciq_cuda_scratch(int device, int slot, size_t nbytes, void **ptr) {
     static std::mutex mutex;
-    static std::vector<std::pair<void *, size_t>> buffers;
+    static std::vector<std::pair<void *, size_t>> buffers;  // [device * CIQ_SCRATCH_SLOTS + slot]
     std::lock_guard<std::mutex> lock(mutex);
-    if ((size_t)device >= buffers.size()) buffers.resize(device + 1, {nullptr, 0});
-    auto &buffer = buffers[device];
+    const size_t index = (size_t)device * CIQ_SCRATCH_SLOTS + slot;
+    if (index >= buffers.size()) buffers.resize(index + 1, {nullptr, 0});
+    auto &buffer = buffers[index];
     CIQ_CUDA_CHECK(cudaSetDevice(device), "cudaSetDevice");
     if (buffer.second < nbytes) {
         if (buffer.first) CIQ_CUDA_CHECK(cudaFree(buffer.first), "cudaFree");  // implicit sync: prior users done

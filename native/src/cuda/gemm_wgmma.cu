@@ -1,0 +1,573 @@
+// gemm_wgmma.cu - Hopper keep-quant GEMM on f16 tensor cores (wgmma, sm_90a), f16 semantics (docs/SEMANTICS.md).
+//
+// out[t][r] = scale_t * sum_k W16[r][k] * X16[t][k] with fp32 accumulation over the whole K, where
+//   X16 = f16(x * 2^-e_t), scale_t = 2^e_t: activations converted once per call (convert_f16_kernel), each
+//         token with the power of two that puts its largest |x| in (2^14, 2^15] (no f16 overflow, 11-bit mantissa);
+//   W16 = the GGUF blocks dequantized in the kernel, one f16 rounding per weight:
+//         Q4_K  fma(q, half(d*sc), -half(dmin*m))   (MMQ's fp16 sub-block scale and min)
+//         Q6_K  (q - 32) * half(d*sc)
+// so the super-block scales are applied while dequantizing and nothing is rescaled per sub-block.
+//
+// One CTA = 3 warpgroups computes a 128-row x BN-token tile over a range of super-blocks (split-K when there are
+// fewer tiles than SMs). A pipeline stage is 64 K values: A = 128 x 64 f16 (16 KB), B = BN x 64 f16, both in
+// wgmma's 128-byte-swizzled K-major layout (row r at r*128 B, 16-byte chunk j at (j ^ r%8)*16), STAGES deep.
+//   warpgroup 0 (producer): one thread issues the TMA copy of the B tile (cp.async.bulk.tensor, zero-filled past
+//     the last token); all 128 threads load the raw blocks of the next stage into registers, then dequantize the
+//     current one into A. Thread t owns 8-byte column group i = t%4 of rows t/4 + 32p (p = 0..3).
+//   warpgroups 1, 2 (consumers): rows 64(wg-1) .. +63, 4 x wgmma m64nBNk16 per stage, one group in flight.
+// Barriers: full[s] (129 arrivals: the producer's 128 threads after their A stores + the TMA thread's expect_tx,
+// plus the TMA bytes), empty[s] (one arrival per consumer warpgroup once its wgmma reading slot s retired).
+#include "common.cuh"
+
+#include <atomic>
+#include <mutex>
+
+#if !defined(GGML_CIQ_HIP)
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define CIQ_WGMMA_DEVICE 1
+#endif
+
+#define CIQ_WGMMA_ROWS 128
+#define CIQ_WGMMA_THREADS 384
+#define CIQ_WGMMA_KSTAGE 64  // K values per pipeline stage (one 128-byte swizzle atom of f16)
+
+static constexpr __host__ __device__ int wgmma_stage_bytes(int BN) { return CIQ_WGMMA_ROWS * 128 + BN * 128; }
+static constexpr __host__ __device__ int wgmma_smem_bytes(int BN, int stages) { return 1024 + stages * wgmma_stage_bytes(BN) + 2 * stages * 8; }
+
+// Tile shapes, as data: BN tokens per CTA and pipeline depth (each fills ~192 KB of shared memory). The host picks
+// the shape and the split-K factor per problem (pick_config).
+struct wgmma_tile_config {
+    int bn;
+    int stages;
+};
+static constexpr wgmma_tile_config k_wgmma_configs[] = {{64, 8}, {128, 6}, {256, 4}};
+static constexpr int k_wgmma_config_count = sizeof(k_wgmma_configs) / sizeof(k_wgmma_configs[0]);
+
+static __device__ __forceinline__ uint32_t h2u(__half2 h) { return *(const uint32_t *)&h; }
+
+#ifdef CIQ_WGMMA_DEVICE
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+static __device__ __forceinline__ void mbar_init(uint64_t *bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
+}
+static __device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+static __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
+    asm volatile(
+        "{\n.reg .pred done;\nwait_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra wait_%=;\n}\n" ::"r"(smem_u32(bar)), "r"(parity) : "memory");
+}
+
+// B tile: K values k0 .. k0+63 of tokens tok0 .. tok0+BN-1 into 128-byte-swizzled shared memory.
+static __device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, int k0, int tok0, uint64_t *bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+        ::"r"(smem_u32(dst)), "l"((uint64_t)map), "r"(k0), "r"(tok0), "r"(smem_u32(bar)) : "memory");
+}
+
+// wgmma shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 B apart.
+static __device__ __forceinline__ uint64_t smem_desc(const void *p) {
+    return (uint64_t)((smem_u32(p) & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
+}
+
+static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> static __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+static __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t a, uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(a), "l"(b));
+}
+
+static __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t a, uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(a), "l"(b));
+}
+
+static __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t a, uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(a), "l"(b));
+}
+
+template <int BN> static __device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], uint64_t a, uint64_t b) {
+    if constexpr (BN == 64) wgmma_m64n64k16(d, a, b);
+    else if constexpr (BN == 128) wgmma_m64n128k16(d, a, b);
+    else wgmma_m64n256k16(d, a, b);
+}
+
+// ---- producer: raw blocks -> f16 A tile -------------------------------------------------------------------------
+
+static __device__ __forceinline__ void sts128(uint8_t *p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(smem_u32(p)), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
+// Bytes 0..3 of v as f16 (1024 + v_n) pairs {v0, v1} and {v2, v3}, minus `bias`: exact small integers.
+static __device__ __forceinline__ void bytes_to_half2(uint32_t v, __half2 bias, __half2 &lo, __half2 &hi) {
+    const uint32_t a = __byte_perm(v, 0x64646464u, 0x4140), b = __byte_perm(v, 0x64646464u, 0x4342);
+    lo = __hsub2(*(const __half2 *)&a, bias);
+    hi = __hsub2(*(const __half2 *)&b, bias);
+}
+
+// 8 bytes at a 2-byte-aligned address (Q6_K blocks are 210 B): three aligned words, funnel-shifted.
+static __device__ __forceinline__ uint2 ldg8_a2(const uint8_t *p) {
+    const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
+    const uint32_t sh = 8 * ((uintptr_t)p & 3);
+    const uint32_t w0 = __ldg(a), w1 = __ldg(a + 1), w2 = __ldg(a + 2);
+    return make_uint2(__funnelshift_r(w0, w1, sh), __funnelshift_r(w1, w2, sh));
+}
+
+template <ciq_weight_type T> struct raw_stage;
+
+// Q4_K: per row p the 8 qs bytes 32c + 8i .. +7 (low nibbles: chunk i, sub-block 2c; high: chunk i+4, 2c+1) and
+// the 16-byte header {d, dmin, scales[12]}.
+template <> struct raw_stage<CIQ_TYPE_Q4_K> {
+    uint2 qs[4];
+    uint4 hdr[4];
+    __device__ __forceinline__ void load(const uint8_t *const (&blk)[4], int c, int i) {
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+            qs[p] = __ldg((const uint2 *)(blk[p] + 16 + 32 * c + 8 * i));
+            hdr[p] = __ldg((const uint4 *)blk[p]);
+        }
+    }
+    static __device__ __forceinline__ uint32_t scale_byte(const uint4 &h, int n) {  // scales[n]
+        const uint32_t w = n < 4 ? h.y : n < 8 ? h.z : h.w;
+        return (w >> 8 * (n % 4)) & 0xFF;
+    }
+    static __device__ __forceinline__ void scale_min(const uint4 &h, int j, __half2 &s, __half2 &nm) {
+        uint32_t sc, m;  // ggml's get_scale_min_k4
+        if (j < 4) {
+            sc = scale_byte(h, j) & 63;
+            m = scale_byte(h, j + 4) & 63;
+        } else {
+            sc = (scale_byte(h, j + 4) & 0xF) | (scale_byte(h, j - 4) >> 6) << 4;
+            m = (scale_byte(h, j + 4) >> 4) | (scale_byte(h, j) >> 6) << 4;
+        }
+        const __half2 dm = *(const __half2 *)&h.x;
+        s = __half2half2(__float2half_rn(__low2float(dm) * (float)sc));
+        nm = __half2half2(__hneg(__float2half_rn(__high2float(dm) * (float)m)));
+    }
+    __device__ __forceinline__ void dequant(uint8_t *a_tile, int c, int i, int r0) const {
+        const __half2 bias = __half2half2(__ushort_as_half(0x6400));  // 1024
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+            const int r = r0 + 32 * p;
+            __half2 s0, nm0, s1, nm1;
+            scale_min(hdr[p], 2 * c, s0, nm0);
+            scale_min(hdr[p], 2 * c + 1, s1, nm1);
+            uint32_t o[2][4];
+#pragma unroll
+            for (int w = 0; w < 2; ++w) {
+                const uint32_t q = w ? qs[p].y : qs[p].x;
+                __half2 l0, l1, h0, h1;
+                bytes_to_half2(q & 0x0F0F0F0F, bias, l0, l1);
+                bytes_to_half2((q >> 4) & 0x0F0F0F0F, bias, h0, h1);
+                o[0][2 * w] = h2u(__hfma2(l0, s0, nm0));
+                o[0][2 * w + 1] = h2u(__hfma2(l1, s0, nm0));
+                o[1][2 * w] = h2u(__hfma2(h0, s1, nm1));
+                o[1][2 * w + 1] = h2u(__hfma2(h1, s1, nm1));
+            }
+            sts128(a_tile + r * 128 + ((i ^ (r & 7)) << 4), o[0][0], o[0][1], o[0][2], o[0][3]);
+            sts128(a_tile + r * 128 + (((i + 4) ^ (r & 7)) << 4), o[1][0], o[1][1], o[1][2], o[1][3]);
+        }
+    }
+};
+
+// Q6_K, stage c = half h (c/2), nibble (c%2): per row p the ql bytes 64h + 8i .. +7 (chunk i) and 64h + 32 + 8i
+// (chunk i+4), the qh bytes 32h + 8i .. +7 (both chunks: bit pairs 2(2(c%2)) and 2(2(c%2)+1)), the two scales
+// 8h + 4(c%2) + i/2 (+2) and d.
+template <> struct raw_stage<CIQ_TYPE_Q6_K> {
+    uint2 ql[4][2], qh[4];
+    int sc[4][2];
+    uint16_t d[4];
+    __device__ __forceinline__ void load(const uint8_t *const (&blk)[4], int c, int i) {
+        const int h = c / 2, odd = c % 2;
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+            ql[p][0] = ldg8_a2(blk[p] + 64 * h + 8 * i);
+            ql[p][1] = ldg8_a2(blk[p] + 64 * h + 32 + 8 * i);
+            qh[p] = ldg8_a2(blk[p] + 128 + 32 * h + 8 * i);
+            sc[p][0] = (int8_t)__ldg(blk[p] + 192 + 8 * h + 4 * odd + i / 2);
+            sc[p][1] = (int8_t)__ldg(blk[p] + 192 + 8 * h + 4 * odd + 2 + i / 2);
+            d[p] = __ldg((const uint16_t *)(blk[p] + 208));
+        }
+    }
+    __device__ __forceinline__ void dequant(uint8_t *a_tile, int c, int i, int r0) const {
+        const int odd = c % 2;
+        const __half2 bias = __half2half2(__ushort_as_half(0x6420));  // 1024 + 32
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+            const int r = r0 + 32 * p;
+            const float df = __half2float(__ushort_as_half(d[p]));
+#pragma unroll
+            for (int ch = 0; ch < 2; ++ch) {
+                const __half2 s = __half2half2(__float2half_rn(df * (float)sc[p][ch]));
+                const int shift = 2 * (2 * odd + ch);
+                uint32_t o[4];
+#pragma unroll
+                for (int w = 0; w < 2; ++w) {
+                    const uint32_t q = w ? ql[p][ch].y : ql[p][ch].x, hb = w ? qh[p].y : qh[p].x;
+                    const uint32_t v = ((odd ? q >> 4 : q) & 0x0F0F0F0F) | ((hb >> shift) & 0x03030303) << 4;
+                    __half2 v0, v1;
+                    bytes_to_half2(v, bias, v0, v1);
+                    o[2 * w] = h2u(__hmul2(v0, s));
+                    o[2 * w + 1] = h2u(__hmul2(v1, s));
+                }
+                sts128(a_tile + r * 128 + (((i + 4 * ch) ^ (r & 7)) << 4), o[0], o[1], o[2], o[3]);
+            }
+        }
+    }
+};
+#endif  // CIQ_WGMMA_DEVICE
+
+// ---- the kernel ----------------------------------------------------------------------------------------------------
+
+template <ciq_weight_type T, int BN, int STAGES>
+__global__ void __launch_bounds__(CIQ_WGMMA_THREADS, 1)
+    gemm_wgmma_kernel(const __grid_constant__ CUtensorMap xmap, const uint8_t *__restrict__ w, int64_t rows, int nb,
+                      const float *__restrict__ tscale, int tokens, int kb_per_split, void *__restrict__ out,
+                      ciq_out_type out_type, float *__restrict__ partial) {
+#ifdef CIQ_WGMMA_DEVICE
+    constexpr int A_BYTES = CIQ_WGMMA_ROWS * 128, STAGE = wgmma_stage_bytes(BN);
+    constexpr int block_bytes = T == CIQ_TYPE_Q4_K ? Q4_K_BLOCK_BYTES : Q6_K_BLOCK_BYTES;
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);  // swizzle atoms: 1024-aligned
+    uint64_t *full = (uint64_t *)(smem + STAGES * STAGE), *empty = full + STAGES;
+
+    const int kb0 = blockIdx.z * kb_per_split, iters = 4 * (min(nb, kb0 + kb_per_split) - kb0);
+    const int64_t row0 = (int64_t)blockIdx.x * CIQ_WGMMA_ROWS;
+    const int tok0 = blockIdx.y * BN;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(&full[s], 129);
+            mbar_init(&empty[s], 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (threadIdx.x < 128) {  // producer warpgroup
+        const int t = threadIdx.x, i = t % 4, r0 = t / 4;
+        const int64_t row_bytes = (int64_t)nb * block_bytes;
+        const uint8_t *rowp[4];
+#pragma unroll
+        for (int p = 0; p < 4; ++p) rowp[p] = w + min(row0 + r0 + 32 * p, rows - 1) * row_bytes;  // tail: last row
+        auto load = [&](raw_stage<T> &raw, int it) {
+            const uint8_t *blk[4];
+#pragma unroll
+            for (int p = 0; p < 4; ++p) blk[p] = rowp[p] + (int64_t)(kb0 + it / 4) * block_bytes;
+            raw.load(blk, it % 4, i);
+        };
+        raw_stage<T> cur, next;
+        load(cur, 0);
+        for (int it = 0; it < iters; ++it) {
+            const int slot = it % STAGES;
+            if (it + 1 < iters) load(next, it + 1);
+            if (it >= STAGES) mbar_wait(&empty[slot], ((it / STAGES) + 1) & 1);
+            uint8_t *a_tile = smem + slot * STAGE;
+            if (t == 0) {
+                mbar_arrive_expect_tx(&full[slot], BN * 128);
+                tma_load_2d(a_tile + A_BYTES, &xmap, (kb0 + it / 4) * QK_K + CIQ_WGMMA_KSTAGE * (it % 4), tok0, &full[slot]);
+            }
+            cur.dequant(a_tile, it % 4, i, r0);
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // A stores -> visible to wgmma
+            mbar_arrive(&full[slot]);
+            cur = next;
+        }
+    } else {  // consumer warpgroups: rows 64 * cw .. +63 of the tile
+        const int cw = threadIdx.x / 128 - 1, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+        float acc[BN / 2];
+#pragma unroll
+        for (int j = 0; j < BN / 2; ++j) acc[j] = 0.0f;
+        for (int it = 0; it < iters; ++it) {
+            const int slot = it % STAGES;
+            mbar_wait(&full[slot], (it / STAGES) & 1);
+            const uint8_t *a_tile = smem + slot * STAGE;
+            const uint64_t da = smem_desc(a_tile + cw * 64 * 128), db = smem_desc(a_tile + A_BYTES);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < CIQ_WGMMA_KSTAGE / 16; ++kk) wgmma_tile<BN>(acc, da + 2 * kk, db + 2 * kk);  // +32 B
+            wgmma_commit();
+            wgmma_wait<1>();  // the group of it-1 has retired: its slot is free
+            if (it > 0 && lane == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
+        }
+        wgmma_wait<0>();
+
+        // D fragment: acc[4j + e] = row 16*warp + lane/4 + 8(e/2), token 8j + 2(lane%4) + e%2.
+        const int64_t r_base = row0 + 64 * cw + 16 * warp + lane / 4;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int64_t r = r_base + 8 * (e / 2);
+                const int tok = tok0 + 8 * j + 2 * (lane % 4) + e % 2;
+                if (r < rows && tok < tokens) {
+                    const float v = acc[4 * j + e] * __ldg(tscale + tok);
+                    if (partial) {
+                        partial[((int64_t)blockIdx.z * tokens + tok) * rows + r] = v;
+                    } else {
+                        ciq_store_out(out, (int64_t)tok * rows + r, v, out_type);
+                    }
+                }
+            }
+        }
+    }
+#else
+    __trap();
+#endif
+}
+
+// Split-K: out = sum of the partial tiles in split order (deterministic).
+__global__ void wgmma_reduce_kernel(const float *__restrict__ partial, int splits, int64_t n, void *__restrict__ out,
+                                    ciq_out_type out_type) {
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (int64_t)gridDim.x * blockDim.x) {
+        float sum = partial[idx];
+        for (int s = 1; s < splits; ++s) sum += partial[s * n + idx];
+        ciq_store_out(out, idx, sum, out_type);
+    }
+}
+
+// Activations -> f16 layout: one CTA per token finds amax, picks 2^e with amax * 2^-e in [2^14, 2^15) and writes
+// f16(x * 2^-e) (K % 256 == 0: each thread converts 8 values at a time) and scale_t = 2^e.
+__global__ void __launch_bounds__(256) convert_f16_kernel(const float *__restrict__ x, int64_t k, __half *__restrict__ xh,
+                                                          float *__restrict__ scales, bool aligned16) {
+    const int64_t tok = blockIdx.x;
+    const float *xr = x + tok * k;
+    float amax = 0.0f;
+    for (int64_t c = 4 * threadIdx.x; c < k; c += 4 * blockDim.x) {
+        const float4 v = aligned16 ? *(const float4 *)(xr + c) : make_float4(xr[c], xr[c + 1], xr[c + 2], xr[c + 3]);
+        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    }
+    __shared__ float warp_max[8];
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFF, amax, o));
+    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
+    __syncthreads();
+    amax = warp_max[0];
+    for (int wi = 1; wi < 8; ++wi) amax = fmaxf(amax, warp_max[wi]);
+    int e = 0;
+    frexpf(amax, &e);  // amax in [2^(e-1), 2^e)
+    e = max(e, -100);
+    const float up = ldexpf(1.0f, 15 - e);
+    if (threadIdx.x == 0) scales[tok] = ldexpf(1.0f, e - 15);
+    for (int64_t c = 8 * threadIdx.x; c < k; c += 8 * blockDim.x) {
+        float v[8];
+#pragma unroll
+        for (int n = 0; n < 8; ++n) v[n] = xr[c + n];
+        uint32_t o[4];
+#pragma unroll
+        for (int n = 0; n < 4; ++n) o[n] = h2u(__floats2half2_rn(v[2 * n] * up, v[2 * n + 1] * up));
+        *(uint4 *)(xh + tok * k + c) = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+}
+
+// ---- host -----------------------------------------------------------------------------------------------------------
+
+using encode_tiled_fn = PFN_cuTensorMapEncodeTiled_v12000;
+
+static ciq_status tensor_map_encoder(encode_tiled_fn *fn) {
+    static encode_tiled_fn cached = nullptr;
+    static std::once_flag once;
+    std::call_once(once, [] {
+        void *p = nullptr;
+        cudaDriverEntryPointQueryResult result;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &result) ==
+                cudaSuccess && result == cudaDriverEntryPointSuccess)
+            cached = (encode_tiled_fn)p;
+        cudaGetLastError();
+    });
+    *fn = cached;
+    return cached ? CIQ_OK : ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: the driver has no cuTensorMapEncodeTiled");
+}
+
+// Time model for choosing BN and the split: waves of one CTA per SM, each CTA's super-blocks plus one for pipeline
+// fill and epilogue, at a per-BN efficiency (relative tensor-core throughput, measured on the H200), plus the
+// split-K partial traffic (written and read once, at ~3 TB/s).
+static constexpr float k_wgmma_efficiency[k_wgmma_config_count] = {0.55f, 0.85f, 1.0f};
+
+struct wgmma_plan {
+    int config, splits, kb_per_split;
+};
+
+static wgmma_plan pick_plan(int64_t rows, int64_t tokens, int nb, int sms) {
+    wgmma_plan best{0, 1, nb};
+    double best_s = 1e30;
+    const int64_t row_tiles = (rows + CIQ_WGMMA_ROWS - 1) / CIQ_WGMMA_ROWS;
+    for (int c = 0; c < k_wgmma_config_count; ++c) {
+        const int bn = k_wgmma_configs[c].bn;
+        const int64_t tiles = row_tiles * ((tokens + bn - 1) / bn);
+        const double sb_s = 2.0 * CIQ_WGMMA_ROWS * bn * QK_K / (7.0e12 * k_wgmma_efficiency[c]);
+        for (int splits = 1; splits <= 16 && splits <= nb; ++splits) {
+            const int per = (nb + splits - 1) / splits, used = (nb + per - 1) / per;
+            if (used != splits) continue;
+            const int64_t waves = (tiles * splits + sms - 1) / sms;
+            double s = waves * (per + 1) * sb_s;
+            if (splits > 1) s += 8.0 * splits * tokens * rows / 3.0e12;
+            if (s < best_s * 0.999) {
+                best_s = s;
+                best = {c, splits, per};
+            }
+        }
+    }
+    return best;
+}
+
+template <ciq_weight_type T, int C>
+static ciq_status launch_wgmma(const CUtensorMap &map, const void *weight, int64_t rows, int nb, const float *scales,
+                               int64_t tokens, const wgmma_plan &plan, void *out, ciq_out_type out_type, float *partial) {
+    constexpr wgmma_tile_config cfg = k_wgmma_configs[C];
+    constexpr int smem = wgmma_smem_bytes(cfg.bn, cfg.stages);
+    const auto kernel = gemm_wgmma_kernel<T, cfg.bn, cfg.stages>;
+    static std::atomic<uint64_t> raised{0};  // dynamic shared memory limit raised, per device
+    int device = 64;
+    cudaGetDevice(&device);
+    const uint64_t bit = device >= 0 && device < 64 ? uint64_t(1) << device : 0;
+    if (!bit || !(raised.load() & bit)) {
+        const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        if (err != cudaSuccess)
+            return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: cudaFuncSetAttribute: %s", cudaGetErrorString(err));
+        raised.fetch_or(bit);
+    }
+    const dim3 grid((unsigned)((rows + CIQ_WGMMA_ROWS - 1) / CIQ_WGMMA_ROWS), (unsigned)((tokens + cfg.bn - 1) / cfg.bn),
+                    (unsigned)plan.splits);
+    kernel<<<grid, CIQ_WGMMA_THREADS, smem>>>(map, (const uint8_t *)weight, rows, nb, scales, (int)tokens,
+                                             plan.kb_per_split, out, out_type, plan.splits > 1 ? partial : nullptr);
+    CIQ_CUDA_LAUNCH_CHECK("ciq_cuda_gemm_wgmma");
+    if (plan.splits > 1) {
+        const int64_t n = tokens * rows;
+        const unsigned blocks = (unsigned)std::min<int64_t>((n + 255) / 256, 4096);
+        wgmma_reduce_kernel<<<blocks, 256>>>(partial, plan.splits, n, out, out_type);
+        CIQ_CUDA_LAUNCH_CHECK("ciq_cuda_gemm_wgmma (split-K reduction)");
+    }
+    return CIQ_OK;
+}
+
+template <ciq_weight_type T, int C = 0>
+static ciq_status dispatch_wgmma(const CUtensorMap &map, const void *weight, int64_t rows, int nb, const float *scales,
+                                 int64_t tokens, const wgmma_plan &plan, void *out, ciq_out_type out_type,
+                                 float *partial) {
+    if constexpr (C < k_wgmma_config_count) {
+        if (plan.config == C) return launch_wgmma<T, C>(map, weight, rows, nb, scales, tokens, plan, out, out_type, partial);
+        return dispatch_wgmma<T, C + 1>(map, weight, rows, nb, scales, tokens, plan, out, out_type, partial);
+    } else {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma: bad tile config %d", plan.config);
+    }
+}
+
+ciq_status ciq_cuda_convert_f16(const float *x, void *out, int64_t tokens, int64_t k) {
+    convert_f16_kernel<<<(unsigned)tokens, 256>>>(x, k, (__half *)out,
+                                                  (float *)((uint8_t *)out + ciq_f16_scale_offset(tokens, k)),
+                                                  (uintptr_t)x % 16 == 0);
+    CIQ_CUDA_LAUNCH_CHECK("convert_f16");
+    return CIQ_OK;
+}
+
+ciq_status ciq_cuda_gemm_wgmma(int device, ciq_weight_type type, const void *weight, int64_t rows, int64_t k,
+                               const void *x_f16, int64_t tokens, void *out, ciq_out_type out_type) {
+    if (type != CIQ_TYPE_Q4_K && type != CIQ_TYPE_Q6_K)
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma: unknown weight type %d", (int)type);
+    if (tokens > INT32_MAX / 2 || k > INT32_MAX / 2 || (tokens + 63) / 64 > 65535)
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma: problem too large (k %lld, tokens %lld)",
+                        (long long)k, (long long)tokens);
+    if ((uintptr_t)x_f16 % 16 != 0 || (uintptr_t)weight % (type == CIQ_TYPE_Q4_K ? 16 : 2) != 0)
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT,
+                        "ciq_cuda_gemm_wgmma: activations (and Q4_K weights) must be 16-byte aligned, Q6_K 2-byte");
+    encode_tiled_fn encode;
+    if (tensor_map_encoder(&encode) != CIQ_OK) return CIQ_ERR_BACKEND;
+    int sms = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    const int nb = (int)(k / QK_K);
+    const wgmma_plan plan = pick_plan(rows, tokens, nb, sms > 0 ? sms : 132);
+
+    CUtensorMap map;
+    const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)tokens}, strides[1] = {(cuuint64_t)k * 2};
+    const cuuint32_t box[2] = {CIQ_WGMMA_KSTAGE, (cuuint32_t)k_wgmma_configs[plan.config].bn}, unit[2] = {1, 1};
+    const CUresult res = encode(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, const_cast<void *>(x_f16), dims, strides, box,
+                                unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (res != CUDA_SUCCESS) return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: cuTensorMapEncodeTiled error %d", (int)res);
+
+    float *partial = nullptr;
+    if (plan.splits > 1) {
+        void *p = nullptr;
+        if (ciq_cuda_scratch(device, 1, (size_t)plan.splits * tokens * rows * sizeof(float), &p) != CIQ_OK)
+            return CIQ_ERR_OUT_OF_MEMORY;
+        partial = (float *)p;
+    }
+    const float *scales = (const float *)((const uint8_t *)x_f16 + ciq_f16_scale_offset(tokens, k));
+    return type == CIQ_TYPE_Q4_K
+               ? dispatch_wgmma<CIQ_TYPE_Q4_K>(map, weight, rows, nb, scales, tokens, plan, out, out_type, partial)
+               : dispatch_wgmma<CIQ_TYPE_Q6_K>(map, weight, rows, nb, scales, tokens, plan, out, out_type, partial);
+}
+
+#else  // HIP: no wgmma
+
+ciq_status ciq_cuda_convert_f16(const float *, void *, int64_t, int64_t) {
+    return ciq_fail(CIQ_ERR_UNSUPPORTED, "f16 semantics (the wgmma kernel) are CUDA-only");
+}
+ciq_status ciq_cuda_gemm_wgmma(int, ciq_weight_type, const void *, int64_t, int64_t, const void *, int64_t, void *,
+                               ciq_out_type) {
+    return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma: the wgmma kernel is CUDA-only");
+}
+#endif
