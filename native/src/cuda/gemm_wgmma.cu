@@ -20,6 +20,7 @@
 #include "common.cuh"
 
 #include <atomic>
+#include <cstdlib>
 #include <mutex>
 
 #if !defined(GGML_CIQ_HIP)
@@ -31,7 +32,6 @@
 #endif
 
 #define CIQ_WGMMA_ROWS 128
-#define CIQ_WGMMA_THREADS 384
 #define CIQ_WGMMA_KSTAGE 64  // K values per pipeline stage (one 128-byte swizzle atom of f16)
 
 static constexpr __host__ __device__ int wgmma_stage_bytes(int BN) { return CIQ_WGMMA_ROWS * 128 + BN * 128; }
@@ -42,8 +42,9 @@ static constexpr __host__ __device__ int wgmma_smem_bytes(int BN, int stages) { 
 struct wgmma_tile_config {
     int bn;
     int stages;
+    int producers;  // producer warpgroups (the consumers are always 2)
 };
-static constexpr wgmma_tile_config k_wgmma_configs[] = {{64, 8}, {128, 6}, {256, 4}};
+static constexpr wgmma_tile_config k_wgmma_configs[] = {{64, 8, 2}, {128, 6, 2}, {128, 6, 1}, {256, 4, 1}};
 static constexpr int k_wgmma_config_count = sizeof(k_wgmma_configs) / sizeof(k_wgmma_configs[0]);
 
 static __device__ __forceinline__ uint32_t h2u(__half2 h) { return *(const uint32_t *)&h; }
@@ -178,16 +179,17 @@ static __device__ __forceinline__ uint2 ldg8_a2(const uint8_t *p) {
     return make_uint2(__funnelshift_r(w0, w1, sh), __funnelshift_r(w1, w2, sh));
 }
 
-template <ciq_weight_type T> struct raw_stage;
+template <ciq_weight_type T, int R> struct raw_stage;  // R rows per producer thread, RSTEP apart
 
 // Q4_K: per row p the 8 qs bytes 32c + 8i .. +7 (low nibbles: chunk i, sub-block 2c; high: chunk i+4, 2c+1) and
 // the 16-byte header {d, dmin, scales[12]}.
-template <> struct raw_stage<CIQ_TYPE_Q4_K> {
-    uint2 qs[4];
-    uint4 hdr[4];
-    __device__ __forceinline__ void load(const uint8_t *const (&blk)[4], int c, int i) {
+template <int R> struct raw_stage<CIQ_TYPE_Q4_K, R> {
+    static constexpr int RSTEP = CIQ_WGMMA_ROWS / R;
+    uint2 qs[R];
+    uint4 hdr[R];
+    __device__ __forceinline__ void load(const uint8_t *const (&blk)[R], int c, int i) {
 #pragma unroll
-        for (int p = 0; p < 4; ++p) {
+        for (int p = 0; p < R; ++p) {
             qs[p] = __ldg((const uint2 *)(blk[p] + 16 + 32 * c + 8 * i));
             hdr[p] = __ldg((const uint4 *)blk[p]);
         }
@@ -212,8 +214,8 @@ template <> struct raw_stage<CIQ_TYPE_Q4_K> {
     __device__ __forceinline__ void dequant(uint8_t *a_tile, int c, int i, int r0) const {
         const __half2 bias = __half2half2(__ushort_as_half(0x6400));  // 1024
 #pragma unroll
-        for (int p = 0; p < 4; ++p) {
-            const int r = r0 + 32 * p;
+        for (int p = 0; p < R; ++p) {
+            const int r = r0 + RSTEP * p;
             __half2 s0, nm0, s1, nm1;
             scale_min(hdr[p], 2 * c, s0, nm0);
             scale_min(hdr[p], 2 * c + 1, s1, nm1);
@@ -238,14 +240,15 @@ template <> struct raw_stage<CIQ_TYPE_Q4_K> {
 // Q6_K, stage c = half h (c/2), nibble (c%2): per row p the ql bytes 64h + 8i .. +7 (chunk i) and 64h + 32 + 8i
 // (chunk i+4), the qh bytes 32h + 8i .. +7 (both chunks: bit pairs 2(2(c%2)) and 2(2(c%2)+1)), the two scales
 // 8h + 4(c%2) + i/2 (+2) and d.
-template <> struct raw_stage<CIQ_TYPE_Q6_K> {
-    uint2 ql[4][2], qh[4];
-    int sc[4][2];
-    uint16_t d[4];
-    __device__ __forceinline__ void load(const uint8_t *const (&blk)[4], int c, int i) {
+template <int R> struct raw_stage<CIQ_TYPE_Q6_K, R> {
+    static constexpr int RSTEP = CIQ_WGMMA_ROWS / R;
+    uint2 ql[R][2], qh[R];
+    int sc[R][2];
+    uint16_t d[R];
+    __device__ __forceinline__ void load(const uint8_t *const (&blk)[R], int c, int i) {
         const int h = c / 2, odd = c % 2;
 #pragma unroll
-        for (int p = 0; p < 4; ++p) {
+        for (int p = 0; p < R; ++p) {
             ql[p][0] = ldg8_a2(blk[p] + 64 * h + 8 * i);
             ql[p][1] = ldg8_a2(blk[p] + 64 * h + 32 + 8 * i);
             qh[p] = ldg8_a2(blk[p] + 128 + 32 * h + 8 * i);
@@ -258,8 +261,8 @@ template <> struct raw_stage<CIQ_TYPE_Q6_K> {
         const int odd = c % 2;
         const __half2 bias = __half2half2(__ushort_as_half(0x6420));  // 1024 + 32
 #pragma unroll
-        for (int p = 0; p < 4; ++p) {
-            const int r = r0 + 32 * p;
+        for (int p = 0; p < R; ++p) {
+            const int r = r0 + RSTEP * p;
             const float df = __half2float(__ushort_as_half(d[p]));
 #pragma unroll
             for (int ch = 0; ch < 2; ++ch) {
@@ -284,8 +287,8 @@ template <> struct raw_stage<CIQ_TYPE_Q6_K> {
 
 // ---- the kernel ----------------------------------------------------------------------------------------------------
 
-template <ciq_weight_type T, int BN, int STAGES>
-__global__ void __launch_bounds__(CIQ_WGMMA_THREADS, 1)
+template <ciq_weight_type T, int BN, int STAGES, int PW>
+__global__ void __launch_bounds__(128 * (PW + 2), 1)
     gemm_wgmma_kernel(const __grid_constant__ CUtensorMap xmap, const uint8_t *__restrict__ w, int64_t rows, int nb,
                       const float *__restrict__ tscale, int tokens, int kb_per_split, void *__restrict__ out,
                       ciq_out_type out_type, float *__restrict__ partial) {
@@ -301,43 +304,48 @@ __global__ void __launch_bounds__(CIQ_WGMMA_THREADS, 1)
     const int tok0 = blockIdx.y * BN;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
-            mbar_init(&full[s], 129);
+            mbar_init(&full[s], 128 * PW + 1);
             mbar_init(&empty[s], 8);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
 
-    if (threadIdx.x < 128) {  // producer warpgroup
+    static_assert(PW == 1 || BN <= 128, "512 threads leave 128 registers per thread: too few for 256 accumulators");
+    if (threadIdx.x < 128 * PW) {  // producer warpgroups
+        constexpr int R = 4 / PW;  // rows per thread, 128 / R apart
         const int t = threadIdx.x, i = t % 4, r0 = t / 4;
         const int64_t row_bytes = (int64_t)nb * block_bytes;
-        const uint8_t *rowp[4];
+        const uint8_t *rowp[R];
 #pragma unroll
-        for (int p = 0; p < 4; ++p) rowp[p] = w + min(row0 + r0 + 32 * p, rows - 1) * row_bytes;  // tail: last row
-        auto load = [&](raw_stage<T> &raw, int it) {
-            const uint8_t *blk[4];
+        for (int p = 0; p < R; ++p) rowp[p] = w + min(row0 + r0 + 128 / R * p, rows - 1) * row_bytes;  // tail: last row
+        auto load = [&](raw_stage<T, R> &raw, int it) {
+            const uint8_t *blk[R];
 #pragma unroll
-            for (int p = 0; p < 4; ++p) blk[p] = rowp[p] + (int64_t)(kb0 + it / 4) * block_bytes;
+            for (int p = 0; p < R; ++p) blk[p] = rowp[p] + (int64_t)(kb0 + it / 4) * block_bytes;
             raw.load(blk, it % 4, i);
         };
-        raw_stage<T> cur, next;
+        raw_stage<T, R> cur, next;
         load(cur, 0);
-        for (int it = 0; it < iters; ++it) {
-            const int slot = it % STAGES;
-            if (it + 1 < iters) load(next, it + 1);
-            if (it >= STAGES) mbar_wait(&empty[slot], ((it / STAGES) + 1) & 1);
-            uint8_t *a_tile = smem + slot * STAGE;
-            if (t == 0) {
-                mbar_arrive_expect_tx(&full[slot], BN * 128);
-                tma_load_2d(a_tile + A_BYTES, &xmap, (kb0 + it / 4) * QK_K + CIQ_WGMMA_KSTAGE * (it % 4), tok0, &full[slot]);
+        for (int it0 = 0; it0 < iters; it0 += 4) {  // one super-block: the stage index c is a constant
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int it = it0 + c, slot = it % STAGES;
+                if (it + 1 < iters) load(next, it + 1);
+                if (it >= STAGES) mbar_wait(&empty[slot], ((it / STAGES) + 1) & 1);
+                uint8_t *a_tile = smem + slot * STAGE;
+                if (t == 0) {
+                    mbar_arrive_expect_tx(&full[slot], BN * 128);
+                    tma_load_2d(a_tile + A_BYTES, &xmap, (kb0 + it0 / 4) * QK_K + CIQ_WGMMA_KSTAGE * c, tok0, &full[slot]);
+                }
+                cur.dequant(a_tile, c, i, r0);
+                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // A stores -> visible to wgmma
+                mbar_arrive(&full[slot]);
+                cur = next;
             }
-            cur.dequant(a_tile, it % 4, i, r0);
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // A stores -> visible to wgmma
-            mbar_arrive(&full[slot]);
-            cur = next;
         }
     } else {  // consumer warpgroups: rows 64 * cw .. +63 of the tile
-        const int cw = threadIdx.x / 128 - 1, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+        const int cw = threadIdx.x / 128 - PW, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
         float acc[BN / 2];
 #pragma unroll
         for (int j = 0; j < BN / 2; ++j) acc[j] = 0.0f;
@@ -444,17 +452,21 @@ static ciq_status tensor_map_encoder(encode_tiled_fn *fn) {
 // Time model for choosing BN and the split: waves of one CTA per SM, each CTA's super-blocks plus one for pipeline
 // fill and epilogue, at a per-BN efficiency (relative tensor-core throughput, measured on the H200), plus the
 // split-K partial traffic (written and read once, at ~3 TB/s).
-static constexpr float k_wgmma_efficiency[k_wgmma_config_count] = {0.55f, 0.85f, 1.0f};
+static constexpr float k_wgmma_efficiency[k_wgmma_config_count] = {0.55f, 0.9f, 0.7f, 1.0f};
 
 struct wgmma_plan {
     int config, splits, kb_per_split;
 };
 
+// GGML_CIQ_WGMMA_CONFIG=c (an index of k_wgmma_configs) pins the tile shape, for A/B runs of the table.
 static wgmma_plan pick_plan(int64_t rows, int64_t tokens, int nb, int sms) {
     wgmma_plan best{0, 1, nb};
     double best_s = 1e30;
     const int64_t row_tiles = (rows + CIQ_WGMMA_ROWS - 1) / CIQ_WGMMA_ROWS;
+    const char *pin = std::getenv("GGML_CIQ_WGMMA_CONFIG");
+    const int pinned = pin && *pin ? std::atoi(pin) : -1;
     for (int c = 0; c < k_wgmma_config_count; ++c) {
+        if (pinned >= 0 && pinned < k_wgmma_config_count && c != pinned) continue;
         const int bn = k_wgmma_configs[c].bn;
         const int64_t tiles = row_tiles * ((tokens + bn - 1) / bn);
         const double sb_s = 2.0 * CIQ_WGMMA_ROWS * bn * QK_K / (7.0e12 * k_wgmma_efficiency[c]);
@@ -478,7 +490,7 @@ static ciq_status launch_wgmma(const CUtensorMap &map, const void *weight, int64
                                int64_t tokens, const wgmma_plan &plan, void *out, ciq_out_type out_type, float *partial) {
     constexpr wgmma_tile_config cfg = k_wgmma_configs[C];
     constexpr int smem = wgmma_smem_bytes(cfg.bn, cfg.stages);
-    const auto kernel = gemm_wgmma_kernel<T, cfg.bn, cfg.stages>;
+    const auto kernel = gemm_wgmma_kernel<T, cfg.bn, cfg.stages, cfg.producers>;
     static std::atomic<uint64_t> raised{0};  // dynamic shared memory limit raised, per device
     int device = 64;
     cudaGetDevice(&device);
@@ -491,7 +503,7 @@ static ciq_status launch_wgmma(const CUtensorMap &map, const void *weight, int64
     }
     const dim3 grid((unsigned)((rows + CIQ_WGMMA_ROWS - 1) / CIQ_WGMMA_ROWS), (unsigned)((tokens + cfg.bn - 1) / cfg.bn),
                     (unsigned)plan.splits);
-    kernel<<<grid, CIQ_WGMMA_THREADS, smem>>>(map, (const uint8_t *)weight, rows, nb, scales, (int)tokens,
+    kernel<<<grid, 128 * (cfg.producers + 2), smem>>>(map, (const uint8_t *)weight, rows, nb, scales, (int)tokens,
                                              plan.kb_per_split, out, out_type, plan.splits > 1 ? partial : nullptr);
     CIQ_CUDA_LAUNCH_CHECK("ciq_cuda_gemm_wgmma");
     if (plan.splits > 1) {
