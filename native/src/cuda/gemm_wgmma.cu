@@ -8,15 +8,16 @@
 //         Q6_K  (q - 32) * half(d*sc)
 // so the super-block scales are applied while dequantizing and nothing is rescaled per sub-block.
 //
-// One CTA = 3 warpgroups computes a 128-row x BN-token tile over a range of super-blocks (split-K when there are
-// fewer tiles than SMs). A pipeline stage is 64 K values: A = 128 x 64 f16 (16 KB), B = BN x 64 f16, both in
-// wgmma's 128-byte-swizzled K-major layout (row r at r*128 B, 16-byte chunk j at (j ^ r%8)*16), STAGES deep.
-//   warpgroup 0 (producer): one thread issues the TMA copy of the B tile (cp.async.bulk.tensor, zero-filled past
-//     the last token); all 128 threads load the raw blocks of the next stage into registers, then dequantize the
-//     current one into A. Thread t owns 8-byte column group i = t%4 of rows t/4 + 32p (p = 0..3).
-//   warpgroups 1, 2 (consumers): rows 64(wg-1) .. +63, 4 x wgmma m64nBNk16 per stage, one group in flight.
-// Barriers: full[s] (129 arrivals: the producer's 128 threads after their A stores + the TMA thread's expect_tx,
-// plus the TMA bytes), empty[s] (one arrival per consumer warpgroup once its wgmma reading slot s retired).
+// One CTA = PW producer + 2 consumer warpgroups computes a 128-row x BN-token tile over a range of super-blocks
+// (split-K when there are fewer tiles than SMs). A pipeline stage is 64 K values: A = 128 x 64 f16 (16 KB),
+// B = BN x 64 f16, both in wgmma's 128-byte-swizzled K-major layout (row r at r*128 B, 16-byte chunk j at
+// (j ^ r%8)*16), STAGES deep.
+//   producers (warpgroups 0 .. PW-1): thread 0 issues the TMA copy of the B tile (cp.async.bulk.tensor, zero-filled
+//     past the last token); all 128*PW threads load the raw blocks of the next stage into registers, then
+//     dequantize the current one into A. Thread t owns 8-byte column group i = t%4 of rows t/4 + (32*PW)p.
+//   consumers: rows 64c .. +63, 4 x wgmma m64nBNk16 per stage, one group in flight.
+// Barriers: full[s] (128*PW + 1 arrivals: the producers after their A stores + the TMA thread's expect_tx, plus the
+// TMA bytes), empty[s] (one arrival per consumer warp once its wgmma reading slot s retired).
 #include "common.cuh"
 
 #include <atomic>
@@ -449,10 +450,11 @@ static ciq_status tensor_map_encoder(encode_tiled_fn *fn) {
     return cached ? CIQ_OK : ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: the driver has no cuTensorMapEncodeTiled");
 }
 
-// Time model for choosing BN and the split: waves of one CTA per SM, each CTA's super-blocks plus one for pipeline
-// fill and epilogue, at a per-BN efficiency (relative tensor-core throughput, measured on the H200), plus the
-// split-K partial traffic (written and read once, at ~3 TB/s).
-static constexpr float k_wgmma_efficiency[k_wgmma_config_count] = {0.55f, 0.9f, 0.7f, 1.0f};
+// Time model for choosing the tile and the split: waves of one CTA per SM, each CTA's super-blocks plus one for
+// pipeline fill and epilogue, at the tile's throughput per SM (3.4 TFLOP/s for 256-token tiles, times the relative
+// efficiencies below: pinned A/B runs on the H200, bench/results/h200/wgmma-ab-*.json; 64-token tiles estimated),
+// plus the split-K partial traffic (written and read once, at ~3 TB/s).
+static constexpr float k_wgmma_efficiency[k_wgmma_config_count] = {0.4f, 0.69f, 0.63f, 1.0f};
 
 struct wgmma_plan {
     int config, splits, kb_per_split;
@@ -469,7 +471,7 @@ static wgmma_plan pick_plan(int64_t rows, int64_t tokens, int nb, int sms) {
         if (pinned >= 0 && pinned < k_wgmma_config_count && c != pinned) continue;
         const int bn = k_wgmma_configs[c].bn;
         const int64_t tiles = row_tiles * ((tokens + bn - 1) / bn);
-        const double sb_s = 2.0 * CIQ_WGMMA_ROWS * bn * QK_K / (7.0e12 * k_wgmma_efficiency[c]);
+        const double sb_s = 2.0 * CIQ_WGMMA_ROWS * bn * QK_K / (3.4e12 * k_wgmma_efficiency[c]);
         for (int splits = 1; splits <= 16 && splits <= nb; ++splits) {
             const int per = (nb + splits - 1) / splits, used = (nb + per - 1) / per;
             if (used != splits) continue;
