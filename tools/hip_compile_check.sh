@@ -38,7 +38,7 @@ wmma_per_function() {
 
 status=0
 for arch in gfx1100 gfx1201; do
-  for src in quantize gemm_wmma; do
+  for src in quantize gemm_wmma gemm_mma gemm_wgmma; do  # mma, wgmma: their HIP stubs compile
     clang++-19 -x hip --offload-arch="$arch" --cuda-device-only -nogpuinc -nogpulib -O3 -S -std=c++17 -Wall \
       -DGGML_CIQ_HIP -DGGML_CIQ_HIP_NOGPUINC -I native/include -I native/src \
       "native/src/cuda/$src.cu" -o "$out/$src-$arch.s"

@@ -3,11 +3,29 @@
 #include "../ciq_internal.h"
 #include "vendor.cuh"
 
+#include <atomic>
+
 #define CIQ_CUDA_LAUNCH_CHECK(what)                                                                   \
     do {                                                                                              \
         cudaError_t err_ = cudaGetLastError();                                                        \
         if (err_ != cudaSuccess) return ciq_fail(CIQ_ERR_BACKEND, "%s: %s", what, cudaGetErrorString(err_)); \
     } while (0)
+
+#if !defined(GGML_CIQ_HIP)
+// Raises KERNEL's dynamic shared memory limit to `bytes`, once per device (GPUs past the 64th: on every call).
+// CUDA-only, as its users (mma, wgmma) are.
+template <auto KERNEL> static ciq_status ciq_raise_smem_limit(int bytes, const char *what) {
+    static std::atomic<uint64_t> raised{0};
+    int device = 64;
+    cudaGetDevice(&device);
+    const uint64_t bit = device >= 0 && device < 64 ? uint64_t(1) << device : 0;
+    if (bit && (raised.load() & bit)) return CIQ_OK;
+    const cudaError_t err = cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (err != cudaSuccess) return ciq_fail(CIQ_ERR_BACKEND, "%s: cudaFuncSetAttribute: %s", what, cudaGetErrorString(err));
+    raised.fetch_or(bit);
+    return CIQ_OK;
+}
+#endif
 
 static __device__ __forceinline__ float ciq_half_to_float(uint16_t bits) {
     return __half2float(__ushort_as_half(bits));

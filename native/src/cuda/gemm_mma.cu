@@ -18,7 +18,6 @@
 // float(isum) = as_float(c) - 1.5*2^23 exactly (|isum| <= 16*32*127 < 2^22): one FADD instead of a slow I2F.
 #include "common.cuh"
 
-#include <atomic>
 
 #if !defined(GGML_CIQ_HIP)
 
@@ -272,18 +271,10 @@ static ciq_status launch_mma(const void *weight, int64_t rows, int64_t k, const 
                              ciq_out_type out_type) {
     constexpr mma_tile_config cfg = k_mma_configs[C];
     constexpr size_t smem = mma_smem_bytes(cfg.tokens);
-    const auto kernel = gemm_mma_kernel<T, cfg.tokens, cfg.warps_m, cfg.min_ctas, cfg.weight_batch>;
-    if (smem > 48 * 1024) {  // raise the dynamic shared memory limit once per device
-        static std::atomic<uint64_t> raised{0};
-        int device = 64;
-        cudaGetDevice(&device);
-        const uint64_t bit = device >= 0 && device < 64 ? uint64_t(1) << device : 0;  // else raise on every call
-        if (!bit || !(raised.load() & bit)) {
-            const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-            if (err != cudaSuccess)
-                return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_mma: cudaFuncSetAttribute: %s", cudaGetErrorString(err));
-            raised.fetch_or(bit);
-        }
+    constexpr auto kernel = gemm_mma_kernel<T, cfg.tokens, cfg.warps_m, cfg.min_ctas, cfg.weight_batch>;
+    if (smem > 48 * 1024) {
+        const ciq_status status = ciq_raise_smem_limit<kernel>((int)smem, "ciq_cuda_gemm_mma");
+        if (status != CIQ_OK) return status;
     }
     const dim3 grid((unsigned)((rows + CIQ_MMA_ROWS - 1) / CIQ_MMA_ROWS), (unsigned)((tokens + cfg.tokens - 1) / cfg.tokens));
     kernel<<<grid, CIQ_MMA_THREADS, smem>>>((const uint8_t *)weight, rows, (int)(k / QK_K), (const uint8_t *)x,

@@ -20,7 +20,6 @@
 // TMA bytes), empty[s] (one arrival per consumer warp once its wgmma reading slot s retired).
 #include "common.cuh"
 
-#include <atomic>
 #include <cstdlib>
 #include <mutex>
 
@@ -492,17 +491,9 @@ static ciq_status launch_wgmma(const CUtensorMap &map, const void *weight, int64
                                int64_t tokens, const wgmma_plan &plan, void *out, ciq_out_type out_type, float *partial) {
     constexpr wgmma_tile_config cfg = k_wgmma_configs[C];
     constexpr int smem = wgmma_smem_bytes(cfg.bn, cfg.stages);
-    const auto kernel = gemm_wgmma_kernel<T, cfg.bn, cfg.stages, cfg.producers>;
-    static std::atomic<uint64_t> raised{0};  // dynamic shared memory limit raised, per device
-    int device = 64;
-    cudaGetDevice(&device);
-    const uint64_t bit = device >= 0 && device < 64 ? uint64_t(1) << device : 0;
-    if (!bit || !(raised.load() & bit)) {
-        const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        if (err != cudaSuccess)
-            return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: cudaFuncSetAttribute: %s", cudaGetErrorString(err));
-        raised.fetch_or(bit);
-    }
+    constexpr auto kernel = gemm_wgmma_kernel<T, cfg.bn, cfg.stages, cfg.producers>;
+    const ciq_status status = ciq_raise_smem_limit<kernel>(smem, "ciq_cuda_gemm_wgmma");
+    if (status != CIQ_OK) return status;
     const dim3 grid((unsigned)((rows + CIQ_WGMMA_ROWS - 1) / CIQ_WGMMA_ROWS), (unsigned)((tokens + cfg.bn - 1) / cfg.bn),
                     (unsigned)plan.splits);
     kernel<<<grid, 128 * (cfg.producers + 2), smem>>>(map, (const uint8_t *)weight, rows, nb, scales, (int)tokens,
