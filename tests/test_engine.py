@@ -52,7 +52,10 @@ def test_prefill_matches_llamacpp(llama, native_lib, default_model, rng, tmp_pat
     print(f"logits NMSE {err:.2e}")
     assert err <= 1e-3  # measured 7e-14 .. 2e-4: float-order differences flip Q8_K roundings, which this
     # random-weight model (outlier channels, sharp attention) amplifies; a wrong RoPE pairing or eps gives ~0.2
-    assert np.mean(ours.argmax(-1) == theirs.argmax(-1)) >= 0.95
+    # Top-1 over random tokens on random weights: near-tied logits flip with those roundings. Over 20 token draws
+    # agreement was 0.933 .. 1.0 (mean 0.99; flips only where the top-2 gap was within the position's max |diff|),
+    # so >= 0.9 (at most 4 of 45 flips) fails on a real error, not on a draw.
+    assert np.mean(ours.argmax(-1) == theirs.argmax(-1)) >= 0.9
 
 
 def test_gemma3_prefill_matches_llamacpp(llama, native_lib, gemma_model, tmp_path):
