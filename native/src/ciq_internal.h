@@ -69,7 +69,7 @@ ciq_status ciq_cuda_free(int device, void *ptr);
 ciq_status ciq_cuda_memcpy(int device, void *dst, const void *src, size_t nbytes, bool to_device);
 ciq_status ciq_cuda_memset(int device, void *dst, int value, size_t nbytes);
 ciq_status ciq_cuda_synchronize(int device);
-#define CIQ_SCRATCH_SLOTS 2  // 0: quantized activations (ciq_gemm), 1: split-K partial sums (wgmma)
+#define CIQ_SCRATCH_SLOTS 1  // 0: quantized activations (ciq_gemm)
 ciq_status ciq_cuda_scratch(int device, int slot, size_t nbytes, void **ptr);  // per-device buffers, grown on demand
 ciq_status ciq_cuda_event_record(int device, void **event);  // creates and records an event
 ciq_status ciq_cuda_event_elapsed(void *start, void *stop, float *milliseconds);  // syncs stop, frees both

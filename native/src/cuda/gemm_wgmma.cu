@@ -9,17 +9,20 @@
 // so the super-block scales are applied while dequantizing and nothing is rescaled per sub-block.
 //
 // One CTA = PW producer + 2 consumer warpgroups computes a 128-row x BN-token tile over a range of super-blocks
-// (split-K when there are fewer tiles than SMs). A pipeline stage is 64 K values: A = 128 x 64 f16 (16 KB),
+// (split-K when there are fewer tiles than SMs: the CTAs of one tile form a cluster and reduce through distributed
+// shared memory). A pipeline stage is 64 K values: A = 128 x 64 f16 (16 KB),
 // B = BN x 64 f16, both in wgmma's 128-byte-swizzled K-major layout (row r at r*128 B, 16-byte chunk j at
 // (j ^ r%8)*16), STAGES deep.
 //   producers (warpgroups 0 .. PW-1): thread 0 issues the TMA copy of the B tile (cp.async.bulk.tensor, zero-filled
-//     past the last token); all 128*PW threads load the raw blocks of the next stage into registers, then
-//     dequantize the current one into A. Thread t owns 8-byte column group i = t%4 of rows t/4 + (32*PW)p.
+//     past the last token); all 128*PW threads load the raw blocks of later stages into registers (PREFETCH stages
+//     ahead), then dequantize the current one into A.
 //   consumers: rows 64c .. +63, 4 x wgmma m64nBNk16 per stage, one group in flight.
+// Epilogue: the accumulators go through shared memory (the ring, reused) so that rows are stored coalesced.
 // Barriers: full[s] (128*PW + 1 arrivals: the producers after their A stores + the TMA thread's expect_tx, plus the
 // TMA bytes), empty[s] (one arrival per consumer warp once its wgmma reading slot s retired).
 #include "common.cuh"
 
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 
@@ -34,6 +37,9 @@
 #define CIQ_WGMMA_ROWS 128
 #define CIQ_WGMMA_KSTAGE 64  // K values per pipeline stage (one 128-byte swizzle atom of f16)
 
+#define RED_STRIDE (CIQ_WGMMA_ROWS + 4)  // floats per token row of the epilogue's red[] (bank-conflict-free stores)
+#define CIQ_WGMMA_MAX_SPLITS 8          // split-K runs inside one cluster (portable cluster size)
+
 static constexpr __host__ __device__ int wgmma_stage_bytes(int BN) { return CIQ_WGMMA_ROWS * 128 + BN * 128; }
 static constexpr __host__ __device__ int wgmma_smem_bytes(int BN, int stages) { return 1024 + stages * wgmma_stage_bytes(BN) + 2 * stages * 8; }
 
@@ -44,8 +50,11 @@ struct wgmma_tile_config {
     int stages;
     int producers;  // producer warpgroups (the consumers are always 2)
 };
-static constexpr wgmma_tile_config k_wgmma_configs[] = {{64, 8, 2}, {128, 6, 2}, {128, 6, 1}, {256, 4, 1}};
+static constexpr wgmma_tile_config k_wgmma_configs[] = {{64, 8, 2}, {128, 6, 2}, {256, 4, 1}};
 static constexpr int k_wgmma_config_count = sizeof(k_wgmma_configs) / sizeof(k_wgmma_configs[0]);
+static_assert(256 * RED_STRIDE * 4 <= 4 * wgmma_stage_bytes(256) && 128 * RED_STRIDE * 4 <= 6 * wgmma_stage_bytes(128) &&
+                  64 * RED_STRIDE * 4 <= 8 * wgmma_stage_bytes(64),
+              "the epilogue's red[BN][RED_STRIDE] reuses the pipeline ring");
 
 static __device__ __forceinline__ uint32_t h2u(__half2 h) { return *(const uint32_t *)&h; }
 
@@ -79,6 +88,21 @@ static __device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap 
 static __device__ __forceinline__ uint64_t smem_desc(const void *p) {
     return (uint64_t)((smem_u32(p) & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
 }
+
+static __device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+static __device__ __forceinline__ uint32_t mapa(uint32_t addr, int rank) {  // this address in CTA `rank`'s shared memory
+    uint32_t r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+    return r;
+}
+static __device__ __forceinline__ float4 ld_dsmem4(uint32_t addr) {
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
+    return v;
+}
+static __device__ __forceinline__ void bar_sync_all() { asm volatile("bar.sync 1, %0;" ::"r"(blockDim.x) : "memory"); }
 
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
@@ -164,6 +188,13 @@ static __device__ __forceinline__ void sts128(uint8_t *p, uint32_t a, uint32_t b
     asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(smem_u32(p)), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
 }
 
+// Chunks i and i + 4 of row r (o[0], o[1]) into the swizzled tile.
+static __device__ __forceinline__ void store_pair(uint8_t *a_tile, int r, int i, const uint32_t (&o)[2][4]) {
+    uint8_t *row = a_tile + r * 128;
+    sts128(row + ((i ^ (r & 7)) << 4), o[0][0], o[0][1], o[0][2], o[0][3]);
+    sts128(row + (((i + 4) ^ (r & 7)) << 4), o[1][0], o[1][1], o[1][2], o[1][3]);
+}
+
 // Bytes 0..3 of v as f16 (1024 + v_n) pairs {v0, v1} and {v2, v3}, minus `bias`: exact small integers.
 static __device__ __forceinline__ void bytes_to_half2(uint32_t v, __half2 bias, __half2 &lo, __half2 &hi) {
     const uint32_t a = __byte_perm(v, 0x64646464u, 0x4140), b = __byte_perm(v, 0x64646464u, 0x4342);
@@ -171,7 +202,8 @@ static __device__ __forceinline__ void bytes_to_half2(uint32_t v, __half2 bias, 
     hi = __hsub2(*(const __half2 *)&b, bias);
 }
 
-// 8 bytes at a 2-byte-aligned address (Q6_K blocks are 210 B): three aligned words, funnel-shifted.
+// 8 bytes at a 2-byte-aligned address (Q6_K blocks are 210 B): three aligned words, funnel-shifted. (Deferring the
+// shifts to dequantization keeps the loads in flight longer but costs 1.5x the registers: measured slower.)
 static __device__ __forceinline__ uint2 ldg8_a2(const uint8_t *p) {
     const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
     const uint32_t sh = 8 * ((uintptr_t)p & 3);
@@ -231,8 +263,7 @@ template <int R> struct raw_stage<CIQ_TYPE_Q4_K, R> {
                 o[1][2 * w] = h2u(__hfma2(h0, s1, nm1));
                 o[1][2 * w + 1] = h2u(__hfma2(h1, s1, nm1));
             }
-            sts128(a_tile + r * 128 + ((i ^ (r & 7)) << 4), o[0][0], o[0][1], o[0][2], o[0][3]);
-            sts128(a_tile + r * 128 + (((i + 4) ^ (r & 7)) << 4), o[1][0], o[1][1], o[1][2], o[1][3]);
+            store_pair(a_tile, r, i, o);
         }
     }
 };
@@ -264,22 +295,24 @@ template <int R> struct raw_stage<CIQ_TYPE_Q6_K, R> {
         for (int p = 0; p < R; ++p) {
             const int r = r0 + RSTEP * p;
             const float df = __half2float(__ushort_as_half(d[p]));
+            const uint2 hb2 = qh[p];
+            uint32_t o[2][4];
 #pragma unroll
             for (int ch = 0; ch < 2; ++ch) {
                 const __half2 s = __half2half2(__float2half_rn(df * (float)sc[p][ch]));
                 const int shift = 2 * (2 * odd + ch);
-                uint32_t o[4];
+                const uint2 q2 = ql[p][ch];
 #pragma unroll
                 for (int w = 0; w < 2; ++w) {
-                    const uint32_t q = w ? ql[p][ch].y : ql[p][ch].x, hb = w ? qh[p].y : qh[p].x;
+                    const uint32_t q = w ? q2.y : q2.x, hb = w ? hb2.y : hb2.x;
                     const uint32_t v = ((odd ? q >> 4 : q) & 0x0F0F0F0F) | ((hb >> shift) & 0x03030303) << 4;
                     __half2 v0, v1;
                     bytes_to_half2(v, bias, v0, v1);
-                    o[2 * w] = h2u(__hmul2(v0, s));
-                    o[2 * w + 1] = h2u(__hmul2(v1, s));
+                    o[ch][2 * w] = h2u(__hmul2(v0, s));
+                    o[ch][2 * w + 1] = h2u(__hmul2(v1, s));
                 }
-                sts128(a_tile + r * 128 + (((i + 4 * ch) ^ (r & 7)) << 4), o[0], o[1], o[2], o[3]);
             }
+            store_pair(a_tile, r, i, o);
         }
     }
 };
@@ -291,7 +324,7 @@ template <ciq_weight_type T, int BN, int STAGES, int PW>
 __global__ void __launch_bounds__(128 * (PW + 2), 1)
     gemm_wgmma_kernel(const __grid_constant__ CUtensorMap xmap, const uint8_t *__restrict__ w, int64_t rows, int nb,
                       const float *__restrict__ tscale, int tokens, int kb_per_split, void *__restrict__ out,
-                      ciq_out_type out_type, float *__restrict__ partial) {
+                      ciq_out_type out_type) {
 #ifdef CIQ_WGMMA_DEVICE
     constexpr int A_BYTES = CIQ_WGMMA_ROWS * 128, STAGE = wgmma_stage_bytes(BN);
     constexpr int block_bytes = T == CIQ_TYPE_Q4_K ? Q4_K_BLOCK_BYTES : Q6_K_BLOCK_BYTES;
@@ -314,7 +347,12 @@ __global__ void __launch_bounds__(128 * (PW + 2), 1)
     static_assert(PW == 1 || BN <= 128, "512 threads leave 128 registers per thread: too few for 256 accumulators");
     if (threadIdx.x < 128 * PW) {  // producer warpgroups
         constexpr int R = 4 / PW;  // rows per thread, 128 / R apart
-        const int t = threadIdx.x, i = t % 4, r0 = t / 4;
+        // Stages the raw-block loads run ahead of the dequantization: 2, except Q6_K with one producer warpgroup
+        // (4 rows per thread), whose third set of raw registers spills (ptxas -v).
+        constexpr int PREFETCH = T == CIQ_TYPE_Q6_K && PW == 1 ? 1 : 2;
+        // Thread t: 8-byte column group i = t % 4 of rows r0 + (128 / R) p. The 8 threads of a 128-bit store phase
+        // take rows r and r + 4 (row swizzles differing in bit 2), so their chunks fall in 8 distinct bank groups.
+        const int t = threadIdx.x, i = t % 4, g = t / 4, r0 = (g & ~7) | (g & 1) << 2 | (g >> 1 & 3);
         const int64_t row_bytes = (int64_t)nb * block_bytes;
         const uint8_t *rowp[R];
 #pragma unroll
@@ -325,25 +363,28 @@ __global__ void __launch_bounds__(128 * (PW + 2), 1)
             for (int p = 0; p < R; ++p) blk[p] = rowp[p] + (int64_t)(kb0 + it / 4) * block_bytes;
             raw.load(blk, it % 4, i);
         };
-        raw_stage<T, R> cur, next;
-        load(cur, 0);
+        constexpr int RING = 4 % (PREFETCH + 1) == 0 ? PREFETCH + 1 : 4;  // divides 4: slots are compile-time
+        raw_stage<T, R> raw[RING];  // stage c of a super-block lives in raw[c % RING]
+#pragma unroll
+        for (int c = 0; c < PREFETCH; ++c)
+            if (c < iters) load(raw[c], c);
         for (int it0 = 0; it0 < iters; it0 += 4) {  // one super-block: the stage index c is a constant
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
                 const int it = it0 + c, slot = it % STAGES;
-                if (it + 1 < iters) load(next, it + 1);
+                if (it + PREFETCH < iters) load(raw[(c + PREFETCH) % RING], it + PREFETCH);
                 if (it >= STAGES) mbar_wait(&empty[slot], ((it / STAGES) + 1) & 1);
                 uint8_t *a_tile = smem + slot * STAGE;
                 if (t == 0) {
                     mbar_arrive_expect_tx(&full[slot], BN * 128);
                     tma_load_2d(a_tile + A_BYTES, &xmap, (kb0 + it0 / 4) * QK_K + CIQ_WGMMA_KSTAGE * c, tok0, &full[slot]);
                 }
-                cur.dequant(a_tile, c, i, r0);
+                raw[c % RING].dequant(a_tile, c, i, r0);
                 asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // A stores -> visible to wgmma
                 mbar_arrive(&full[slot]);
-                cur = next;
             }
         }
+        bar_sync_all();  // the ring is reused for the epilogue once every wgmma has retired
     } else {  // consumer warpgroups: rows 64 * cw .. +63 of the tile
         const int cw = threadIdx.x / 128 - PW, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
         float acc[BN / 2];
@@ -362,71 +403,103 @@ __global__ void __launch_bounds__(128 * (PW + 2), 1)
             if (it > 0 && lane == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
         }
         wgmma_wait<0>();
+        bar_sync_all();
+        // D fragment: acc[4j + e] = row 16*warp + lane/4 + 8(e/2), token 8j + 2(lane%4) + e%2 -> red[token][row]
+        float *red = (float *)smem;
+        const int rl = 64 * cw + 16 * warp + lane / 4;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) red[(8 * j + 2 * (lane % 4) + e % 2) * RED_STRIDE + rl + 8 * (e / 2)] = acc[4 * j + e];
+    }
 
-        // D fragment: acc[4j + e] = row 16*warp + lane/4 + 8(e/2), token 8j + 2(lane%4) + e%2.
-        const int64_t r_base = row0 + 64 * cw + 16 * warp + lane / 4;
+    // Split-K over the cluster's CTAs (blockIdx.z = cluster rank): each CTA sums its share of the tile's tokens over
+    // every CTA's red[] through distributed shared memory, in rank order (deterministic), then stores coalesced rows.
+    const int splits = gridDim.z, rank = blockIdx.z;
+    if (splits > 1) cluster_sync();
+    else __syncthreads();
+    const uint32_t red_addr = smem_u32(smem);
+    const int my_tokens = (BN - rank + splits - 1) / splits;
+    const bool vec = out_type == CIQ_OUT_F32 && rows % 4 == 0;
+    for (int idx = threadIdx.x; idx < my_tokens * 32; idx += blockDim.x) {
+        const int tl = rank + splits * (idx / 32), rl = 4 * (idx % 32), tok = tok0 + tl;
+        if (tok >= tokens) break;
+        const uint32_t own = red_addr + 4 * (tl * RED_STRIDE + rl);  // the same offset in every rank's red[]
+        float4 sum = ld_dsmem4(splits > 1 ? mapa(own, 0) : own);
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
+        for (int q = 1; q < CIQ_WGMMA_MAX_SPLITS; ++q) {
+            if (q >= splits) break;
+            const float4 v = ld_dsmem4(mapa(own, q));
+            sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+        }
+        const float ts = __ldg(tscale + tok);
+        const int64_t r = row0 + rl, base = (int64_t)tok * rows + r;
+        if (vec && r + 3 < rows) {
+            *(float4 *)((float *)out + base) = make_float4(sum.x * ts, sum.y * ts, sum.z * ts, sum.w * ts);
+        } else {
+            const float v4[4] = {sum.x, sum.y, sum.z, sum.w};
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int64_t r = r_base + 8 * (e / 2);
-                const int tok = tok0 + 8 * j + 2 * (lane % 4) + e % 2;
-                if (r < rows && tok < tokens) {
-                    const float v = acc[4 * j + e] * __ldg(tscale + tok);
-                    if (partial) {
-                        partial[((int64_t)blockIdx.z * tokens + tok) * rows + r] = v;
-                    } else {
-                        ciq_store_out(out, (int64_t)tok * rows + r, v, out_type);
-                    }
-                }
-            }
+            for (int n = 0; n < 4; ++n)
+                if (r + n < rows) ciq_store_out(out, base + n, v4[n] * ts, out_type);
         }
     }
+    if (splits > 1) cluster_sync();  // peers may still be reading this CTA's red[]
 #else
     __trap();
 #endif
 }
 
-// Split-K: out = sum of the partial tiles in split order (deterministic).
-__global__ void wgmma_reduce_kernel(const float *__restrict__ partial, int splits, int64_t n, void *__restrict__ out,
-                                    ciq_out_type out_type) {
-    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (int64_t)gridDim.x * blockDim.x) {
-        float sum = partial[idx];
-        for (int s = 1; s < splits; ++s) sum += partial[s * n + idx];
-        ciq_store_out(out, idx, sum, out_type);
-    }
+// Activations -> f16 layout: one CTA per token finds amax, picks 2^e with amax * 2^-e in [2^14, 2^15) and writes
+// f16(x * 2^-e) and scale_t = 2^e. NV > 0: the row is read once, NV float4 per thread held in registers (K <= 1024 NV,
+// x 16-byte aligned); NV == 0: any K % 256 == 0 and alignment, the row is read twice.
+static __device__ __forceinline__ float block_max_256(float v) {
+    __shared__ float warp_max[8];
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFF, v, o));
+    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = v;
+    __syncthreads();
+    v = warp_max[0];
+#pragma unroll
+    for (int wi = 1; wi < 8; ++wi) v = fmaxf(v, warp_max[wi]);
+    return v;
 }
 
-// Activations -> f16 layout: one CTA per token finds amax, picks 2^e with amax * 2^-e in [2^14, 2^15) and writes
-// f16(x * 2^-e) (K % 256 == 0: each thread converts 8 values at a time) and scale_t = 2^e.
-__global__ void __launch_bounds__(256) convert_f16_kernel(const float *__restrict__ x, int64_t k, __half *__restrict__ xh,
-                                                          float *__restrict__ scales, bool aligned16) {
-    const int64_t tok = blockIdx.x;
-    const float *xr = x + tok * k;
-    float amax = 0.0f;
-    for (int64_t c = 4 * threadIdx.x; c < k; c += 4 * blockDim.x) {
-        const float4 v = aligned16 ? *(const float4 *)(xr + c) : make_float4(xr[c], xr[c + 1], xr[c + 2], xr[c + 3]);
-        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
-    }
-    __shared__ float warp_max[8];
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFF, amax, o));
-    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
-    __syncthreads();
-    amax = warp_max[0];
-    for (int wi = 1; wi < 8; ++wi) amax = fmaxf(amax, warp_max[wi]);
+static __device__ __forceinline__ float f16_up_scale(float amax, float *scale) {
     int e = 0;
     frexpf(amax, &e);  // amax in [2^(e-1), 2^e)
     e = max(e, -100);
-    const float up = ldexpf(1.0f, 15 - e);
-    if (threadIdx.x == 0) scales[tok] = ldexpf(1.0f, e - 15);
-    for (int64_t c = 8 * threadIdx.x; c < k; c += 8 * blockDim.x) {
-        float v[8];
+    if (threadIdx.x == 0) *scale = ldexpf(1.0f, e - 15);
+    return ldexpf(1.0f, 15 - e);
+}
+
+template <int NV>
+__global__ void __launch_bounds__(256) convert_f16_kernel(const float *__restrict__ x, int64_t k, __half *__restrict__ xh,
+                                                          float *__restrict__ scales) {
+    const int64_t tok = blockIdx.x;
+    const float *xr = x + tok * k;
+    __half *hr = xh + tok * k;
+    if constexpr (NV > 0) {
+        float4 v[NV];
+        float amax = 0.0f;
 #pragma unroll
-        for (int n = 0; n < 8; ++n) v[n] = xr[c + n];
-        uint32_t o[4];
+        for (int n = 0; n < NV; ++n) {
+            const int64_t c = 4 * (threadIdx.x + 256 * n);
+            v[n] = c < k ? __ldg((const float4 *)(xr + c)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[n].x), fabsf(v[n].y)), fmaxf(fabsf(v[n].z), fabsf(v[n].w))));
+        }
+        const float up = f16_up_scale(block_max_256(amax), scales + tok);
 #pragma unroll
-        for (int n = 0; n < 4; ++n) o[n] = h2u(__floats2half2_rn(v[2 * n] * up, v[2 * n + 1] * up));
-        *(uint4 *)(xh + tok * k + c) = make_uint4(o[0], o[1], o[2], o[3]);
+        for (int n = 0; n < NV; ++n) {
+            const int64_t c = 4 * (threadIdx.x + 256 * n);
+            if (c < k)
+                *(uint2 *)(hr + c) = make_uint2(h2u(__floats2half2_rn(v[n].x * up, v[n].y * up)),
+                                                h2u(__floats2half2_rn(v[n].z * up, v[n].w * up)));
+        }
+    } else {
+        float amax = 0.0f;
+        for (int64_t c = threadIdx.x; c < k; c += 256) amax = fmaxf(amax, fabsf(xr[c]));
+        const float up = f16_up_scale(block_max_256(amax), scales + tok);
+        for (int64_t c = 2 * threadIdx.x; c < k; c += 512)
+            *(uint32_t *)(hr + c) = h2u(__floats2half2_rn(xr[c] * up, xr[c + 1] * up));
     }
 }
 
@@ -452,16 +525,56 @@ static ciq_status tensor_map_encoder(encode_tiled_fn *fn) {
 // Time model for choosing the tile and the split: waves of one CTA per SM, each CTA's super-blocks plus one for
 // pipeline fill and epilogue, at the tile's throughput per SM (3.4 TFLOP/s for 256-token tiles, times the relative
 // efficiencies below: pinned A/B runs on the H200, bench/results/h200/wgmma-ab-*.json; 64-token tiles estimated),
-// plus the split-K partial traffic (written and read once, at ~3 TB/s).
-static constexpr float k_wgmma_efficiency[k_wgmma_config_count] = {0.4f, 0.69f, 0.63f, 1.0f};
+// plus, for split-K, each CTA reading its share of the cluster's partial tiles (128 x BN floats) at ~100 GB/s.
+static constexpr float k_wgmma_efficiency[k_wgmma_config_count] = {0.4f, 0.69f, 1.0f};
 
 struct wgmma_plan {
     int config, splits, kb_per_split;
 };
 
+template <ciq_weight_type T, int C> static constexpr auto wgmma_kernel() {
+    constexpr wgmma_tile_config cfg = k_wgmma_configs[C];
+    return gemm_wgmma_kernel<T, cfg.bn, cfg.stages, cfg.producers>;
+}
+
+static void wgmma_launch_config(cudaLaunchConfig_t &config, cudaLaunchAttribute &cluster, dim3 grid, int C) {
+    config = {};
+    config.gridDim = grid;
+    config.blockDim = dim3(128 * (k_wgmma_configs[C].producers + 2));
+    config.dynamicSmemBytes = wgmma_smem_bytes(k_wgmma_configs[C].bn, k_wgmma_configs[C].stages);
+    cluster.id = cudaLaunchAttributeClusterDimension;  // the split-K CTAs of a tile form one cluster
+    cluster.val.clusterDim.x = 1, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = grid.z;
+    config.attrs = &cluster;
+    config.numAttrs = grid.z > 1 ? 1 : 0;
+}
+
+// CTAs of config C that run at once as clusters of `splits` (-1: none): a cluster's CTAs must share a GPC, so not every
+// SM is usable for every cluster size (cudaOccupancyMaxActiveClusters; cached: all GPUs are taken to be alike).
+template <ciq_weight_type T, int C> static int wave_ctas(int splits, int sms) {
+    if (splits == 1) return sms;
+    static std::atomic<int> cached[CIQ_WGMMA_MAX_SPLITS + 1] = {};
+    int n = cached[splits].load();
+    if (n == 0) {
+        constexpr auto kernel = wgmma_kernel<T, C>();
+        int clusters = 0;
+        cudaLaunchConfig_t config;
+        cudaLaunchAttribute cluster;
+        wgmma_launch_config(config, cluster, dim3(1, 1, splits), C);
+        if (ciq_raise_smem_limit<kernel>((int)config.dynamicSmemBytes, "ciq_cuda_gemm_wgmma") != CIQ_OK ||
+            cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess)
+            clusters = 0;
+        cudaGetLastError();
+        n = clusters > 0 ? clusters * splits : -1;
+        cached[splits].store(n);
+    }
+    return n;
+}
+
 // GGML_CIQ_WGMMA_CONFIG=c (an index of k_wgmma_configs) pins the tile shape, for A/B runs of the table.
-static wgmma_plan pick_plan(int64_t rows, int64_t tokens, int nb, int sms) {
-    wgmma_plan best{0, 1, nb};
+template <ciq_weight_type T> static wgmma_plan pick_plan(int64_t rows, int64_t tokens, int nb, int sms) {
+    static constexpr int (*k_wave_ctas[])(int, int) = {wave_ctas<T, 0>, wave_ctas<T, 1>, wave_ctas<T, 2>};
+    static_assert(sizeof(k_wave_ctas) / sizeof(k_wave_ctas[0]) == k_wgmma_config_count, "one entry per tile config");
+    wgmma_plan best{1, 1, nb};
     double best_s = 1e30;
     const int64_t row_tiles = (rows + CIQ_WGMMA_ROWS - 1) / CIQ_WGMMA_ROWS;
     const char *pin = std::getenv("GGML_CIQ_WGMMA_CONFIG");
@@ -471,12 +584,13 @@ static wgmma_plan pick_plan(int64_t rows, int64_t tokens, int nb, int sms) {
         const int bn = k_wgmma_configs[c].bn;
         const int64_t tiles = row_tiles * ((tokens + bn - 1) / bn);
         const double sb_s = 2.0 * CIQ_WGMMA_ROWS * bn * QK_K / (3.4e12 * k_wgmma_efficiency[c]);
-        for (int splits = 1; splits <= 16 && splits <= nb; ++splits) {
+        for (int splits = 1; splits <= CIQ_WGMMA_MAX_SPLITS && splits <= nb; ++splits) {
             const int per = (nb + splits - 1) / splits, used = (nb + per - 1) / per;
-            if (used != splits) continue;
-            const int64_t waves = (tiles * splits + sms - 1) / sms;
+            const int wave = used == splits ? k_wave_ctas[c](splits, sms) : -1;
+            if (wave <= 0) continue;
+            const int64_t waves = (tiles * splits + wave - 1) / wave;
             double s = waves * (per + 1) * sb_s;
-            if (splits > 1) s += 8.0 * splits * tokens * rows / 3.0e12;
+            if (splits > 1) s += waves * 4.0 * CIQ_WGMMA_ROWS * bn / 1.0e11;
             if (s < best_s * 0.999) {
                 best_s = s;
                 best = {c, splits, per};
@@ -488,42 +602,44 @@ static wgmma_plan pick_plan(int64_t rows, int64_t tokens, int nb, int sms) {
 
 template <ciq_weight_type T, int C>
 static ciq_status launch_wgmma(const CUtensorMap &map, const void *weight, int64_t rows, int nb, const float *scales,
-                               int64_t tokens, const wgmma_plan &plan, void *out, ciq_out_type out_type, float *partial) {
-    constexpr wgmma_tile_config cfg = k_wgmma_configs[C];
-    constexpr int smem = wgmma_smem_bytes(cfg.bn, cfg.stages);
-    constexpr auto kernel = gemm_wgmma_kernel<T, cfg.bn, cfg.stages, cfg.producers>;
-    const ciq_status status = ciq_raise_smem_limit<kernel>(smem, "ciq_cuda_gemm_wgmma");
+                               int64_t tokens, const wgmma_plan &plan, void *out, ciq_out_type out_type) {
+    constexpr auto kernel = wgmma_kernel<T, C>();
+    cudaLaunchConfig_t config;
+    cudaLaunchAttribute cluster;
+    wgmma_launch_config(config, cluster,
+                        dim3((unsigned)((rows + CIQ_WGMMA_ROWS - 1) / CIQ_WGMMA_ROWS),
+                             (unsigned)((tokens + k_wgmma_configs[C].bn - 1) / k_wgmma_configs[C].bn), (unsigned)plan.splits),
+                        C);
+    const ciq_status status = ciq_raise_smem_limit<kernel>((int)config.dynamicSmemBytes, "ciq_cuda_gemm_wgmma");
     if (status != CIQ_OK) return status;
-    const dim3 grid((unsigned)((rows + CIQ_WGMMA_ROWS - 1) / CIQ_WGMMA_ROWS), (unsigned)((tokens + cfg.bn - 1) / cfg.bn),
-                    (unsigned)plan.splits);
-    kernel<<<grid, 128 * (cfg.producers + 2), smem>>>(map, (const uint8_t *)weight, rows, nb, scales, (int)tokens,
-                                             plan.kb_per_split, out, out_type, plan.splits > 1 ? partial : nullptr);
-    CIQ_CUDA_LAUNCH_CHECK("ciq_cuda_gemm_wgmma");
-    if (plan.splits > 1) {
-        const int64_t n = tokens * rows;
-        const unsigned blocks = (unsigned)std::min<int64_t>((n + 255) / 256, 4096);
-        wgmma_reduce_kernel<<<blocks, 256>>>(partial, plan.splits, n, out, out_type);
-        CIQ_CUDA_LAUNCH_CHECK("ciq_cuda_gemm_wgmma (split-K reduction)");
-    }
+    const cudaError_t err = cudaLaunchKernelEx(&config, kernel, map, (const uint8_t *)weight, rows, nb, scales,
+                                               (int)tokens, plan.kb_per_split, out, out_type);
+    if (err != cudaSuccess) return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: %s", cudaGetErrorString(err));
     return CIQ_OK;
 }
 
 template <ciq_weight_type T, int C = 0>
 static ciq_status dispatch_wgmma(const CUtensorMap &map, const void *weight, int64_t rows, int nb, const float *scales,
-                                 int64_t tokens, const wgmma_plan &plan, void *out, ciq_out_type out_type,
-                                 float *partial) {
+                                 int64_t tokens, const wgmma_plan &plan, void *out, ciq_out_type out_type) {
     if constexpr (C < k_wgmma_config_count) {
-        if (plan.config == C) return launch_wgmma<T, C>(map, weight, rows, nb, scales, tokens, plan, out, out_type, partial);
-        return dispatch_wgmma<T, C + 1>(map, weight, rows, nb, scales, tokens, plan, out, out_type, partial);
+        if (plan.config == C) return launch_wgmma<T, C>(map, weight, rows, nb, scales, tokens, plan, out, out_type);
+        return dispatch_wgmma<T, C + 1>(map, weight, rows, nb, scales, tokens, plan, out, out_type);
     } else {
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma: bad tile config %d", plan.config);
     }
 }
 
 ciq_status ciq_cuda_convert_f16(const float *x, void *out, int64_t tokens, int64_t k) {
-    convert_f16_kernel<<<(unsigned)tokens, 256>>>(x, k, (__half *)out,
-                                                  (float *)((uint8_t *)out + ciq_f16_scale_offset(tokens, k)),
-                                                  (uintptr_t)x % 16 == 0);
+    __half *xh = (__half *)out;
+    float *scales = (float *)((uint8_t *)out + ciq_f16_scale_offset(tokens, k));
+    const int64_t per_thread = (k + 1023) / 1024;  // float4 per thread when the row stays in registers
+    const unsigned grid = (unsigned)tokens;
+    if ((uintptr_t)x % 16 != 0 || per_thread > 16) convert_f16_kernel<0><<<grid, 256>>>(x, k, xh, scales);
+    else if (per_thread <= 1) convert_f16_kernel<1><<<grid, 256>>>(x, k, xh, scales);
+    else if (per_thread <= 2) convert_f16_kernel<2><<<grid, 256>>>(x, k, xh, scales);
+    else if (per_thread <= 4) convert_f16_kernel<4><<<grid, 256>>>(x, k, xh, scales);
+    else if (per_thread <= 8) convert_f16_kernel<8><<<grid, 256>>>(x, k, xh, scales);
+    else convert_f16_kernel<16><<<grid, 256>>>(x, k, xh, scales);
     CIQ_CUDA_LAUNCH_CHECK("convert_f16");
     return CIQ_OK;
 }
@@ -543,7 +659,8 @@ ciq_status ciq_cuda_gemm_wgmma(int device, ciq_weight_type type, const void *wei
     int sms = 0;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     const int nb = (int)(k / QK_K);
-    const wgmma_plan plan = pick_plan(rows, tokens, nb, sms > 0 ? sms : 132);
+    const wgmma_plan plan = type == CIQ_TYPE_Q4_K ? pick_plan<CIQ_TYPE_Q4_K>(rows, tokens, nb, sms > 0 ? sms : 132)
+                                                  : pick_plan<CIQ_TYPE_Q6_K>(rows, tokens, nb, sms > 0 ? sms : 132);
 
     CUtensorMap map;
     const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)tokens}, strides[1] = {(cuuint64_t)k * 2};
@@ -553,17 +670,9 @@ ciq_status ciq_cuda_gemm_wgmma(int device, ciq_weight_type type, const void *wei
                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (res != CUDA_SUCCESS) return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: cuTensorMapEncodeTiled error %d", (int)res);
 
-    float *partial = nullptr;
-    if (plan.splits > 1) {
-        void *p = nullptr;
-        if (ciq_cuda_scratch(device, 1, (size_t)plan.splits * tokens * rows * sizeof(float), &p) != CIQ_OK)
-            return CIQ_ERR_OUT_OF_MEMORY;
-        partial = (float *)p;
-    }
     const float *scales = (const float *)((const uint8_t *)x_f16 + ciq_f16_scale_offset(tokens, k));
-    return type == CIQ_TYPE_Q4_K
-               ? dispatch_wgmma<CIQ_TYPE_Q4_K>(map, weight, rows, nb, scales, tokens, plan, out, out_type, partial)
-               : dispatch_wgmma<CIQ_TYPE_Q6_K>(map, weight, rows, nb, scales, tokens, plan, out, out_type, partial);
+    return type == CIQ_TYPE_Q4_K ? dispatch_wgmma<CIQ_TYPE_Q4_K>(map, weight, rows, nb, scales, tokens, plan, out, out_type)
+                                 : dispatch_wgmma<CIQ_TYPE_Q6_K>(map, weight, rows, nb, scales, tokens, plan, out, out_type);
 }
 
 #else  // HIP: no wgmma
