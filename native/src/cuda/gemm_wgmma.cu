@@ -40,20 +40,32 @@
 #define RED_STRIDE (CIQ_WGMMA_ROWS + 4)  // floats per token row of the epilogue's red[] (bank-conflict-free stores)
 #define CIQ_WGMMA_MAX_SPLITS 8          // split-K runs inside one cluster (portable cluster size)
 
+#define WSLOTS 2                          // super-blocks of weights staged in shared memory (TMA_W kernels)
+
 static constexpr __host__ __device__ int wgmma_stage_bytes(int BN) { return CIQ_WGMMA_ROWS * 128 + BN * 128; }
-static constexpr __host__ __device__ int wgmma_smem_bytes(int BN, int stages) { return 1024 + stages * wgmma_stage_bytes(BN) + 2 * stages * 8; }
+// A staged weight row: one GGUF block in a TMA box of 16-byte multiples. TMA boxes start at 16-byte multiples, so a
+// Q6_K block (210 B) lands at offset (210 kb) % 16 <= 14 of its 224-byte box row.
+static constexpr __host__ __device__ int wgmma_wbox(ciq_weight_type T) { return T == CIQ_TYPE_Q4_K ? 144 : 224; }
+static constexpr __host__ __device__ int wgmma_smem_bytes(ciq_weight_type T, int BN, int stages, bool tma_w) {
+    return 1024 + stages * wgmma_stage_bytes(BN) + (tma_w ? WSLOTS * CIQ_WGMMA_ROWS * wgmma_wbox(T) : 0) +
+           (2 * stages + WSLOTS) * 8;
+}
 
 // Tile shapes, as data: BN tokens per CTA and pipeline depth (each fills ~192 KB of shared memory). The host picks
 // the shape and the split-K factor per problem (pick_config).
 struct wgmma_tile_config {
     int bn;
-    int stages;
-    int producers;  // producer warpgroups (the consumers are always 2)
+    int stages;    // weights read from global memory into registers
+    int stages_w;  // weights staged in shared memory by TMA (WSLOTS super-blocks take the room of the rest)
+    int producers; // producer warpgroups (the consumers are always 2)
 };
-static constexpr wgmma_tile_config k_wgmma_configs[] = {{64, 8, 2}, {128, 6, 2}, {256, 4, 1}};
+static constexpr wgmma_tile_config k_wgmma_configs[] = {{64, 8, 7, 2}, {128, 6, 5, 2}, {256, 4, 3, 1}};
 static constexpr int k_wgmma_config_count = sizeof(k_wgmma_configs) / sizeof(k_wgmma_configs[0]);
-static_assert(256 * RED_STRIDE * 4 <= 4 * wgmma_stage_bytes(256) && 128 * RED_STRIDE * 4 <= 6 * wgmma_stage_bytes(128) &&
-                  64 * RED_STRIDE * 4 <= 8 * wgmma_stage_bytes(64),
+static_assert(wgmma_smem_bytes(CIQ_TYPE_Q6_K, 64, 7, true) <= 232448 && wgmma_smem_bytes(CIQ_TYPE_Q6_K, 128, 5, true) <= 232448 &&
+                  wgmma_smem_bytes(CIQ_TYPE_Q6_K, 256, 3, true) <= 232448 && wgmma_smem_bytes(CIQ_TYPE_Q6_K, 64, 8, false) <= 232448,
+              "227 KB of shared memory per CTA");
+static_assert(256 * RED_STRIDE * 4 <= 3 * wgmma_stage_bytes(256) && 128 * RED_STRIDE * 4 <= 5 * wgmma_stage_bytes(128) &&
+                  64 * RED_STRIDE * 4 <= 7 * wgmma_stage_bytes(64),
               "the epilogue's red[BN][RED_STRIDE] reuses the pipeline ring");
 
 static __device__ __forceinline__ uint32_t h2u(__half2 h) { return *(const uint32_t *)&h; }
@@ -211,19 +223,32 @@ static __device__ __forceinline__ uint2 ldg8_a2(const uint8_t *p) {
     return make_uint2(__funnelshift_r(w0, w1, sh), __funnelshift_r(w1, w2, sh));
 }
 
-template <ciq_weight_type T, int R> struct raw_stage;  // R rows per producer thread, RSTEP apart
+// R rows per producer thread, RSTEP apart. SMEM: the blocks were staged in shared memory by TMA (each row's block
+// at a 16-byte-aligned offset); otherwise they are read from global memory.
+template <ciq_weight_type T, int R, bool SMEM> struct raw_stage;
+
+static __device__ __forceinline__ uint2 lds8_a2(const uint8_t *p) {  // ldg8_a2 from shared memory
+    const uint32_t *a = (const uint32_t *)(p - ((uintptr_t)p & 3));
+    const uint32_t sh = 8 * ((uintptr_t)p & 3);
+    return make_uint2(__funnelshift_r(a[0], a[1], sh), __funnelshift_r(a[1], a[2], sh));
+}
+
+template <bool SMEM, typename V> static __device__ __forceinline__ V ld(const uint8_t *p) {
+    if constexpr (SMEM) return *(const V *)p;
+    else return __ldg((const V *)p);
+}
 
 // Q4_K: per row p the 8 qs bytes 32c + 8i .. +7 (low nibbles: chunk i, sub-block 2c; high: chunk i+4, 2c+1) and
 // the 16-byte header {d, dmin, scales[12]}.
-template <int R> struct raw_stage<CIQ_TYPE_Q4_K, R> {
+template <int R, bool SMEM> struct raw_stage<CIQ_TYPE_Q4_K, R, SMEM> {
     static constexpr int RSTEP = CIQ_WGMMA_ROWS / R;
     uint2 qs[R];
     uint4 hdr[R];
     __device__ __forceinline__ void load(const uint8_t *const (&blk)[R], int c, int i) {
 #pragma unroll
         for (int p = 0; p < R; ++p) {
-            qs[p] = __ldg((const uint2 *)(blk[p] + 16 + 32 * c + 8 * i));
-            hdr[p] = __ldg((const uint4 *)blk[p]);
+            qs[p] = ld<SMEM, uint2>(blk[p] + 16 + 32 * c + 8 * i);
+            hdr[p] = ld<SMEM, uint4>(blk[p]);
         }
     }
     static __device__ __forceinline__ uint32_t scale_byte(const uint4 &h, int n) {  // scales[n]
@@ -271,7 +296,7 @@ template <int R> struct raw_stage<CIQ_TYPE_Q4_K, R> {
 // Q6_K, stage c = half h (c/2), nibble (c%2): per row p the ql bytes 64h + 8i .. +7 (chunk i) and 64h + 32 + 8i
 // (chunk i+4), the qh bytes 32h + 8i .. +7 (both chunks: bit pairs 2(2(c%2)) and 2(2(c%2)+1)), the two scales
 // 8h + 4(c%2) + i/2 (+2) and d.
-template <int R> struct raw_stage<CIQ_TYPE_Q6_K, R> {
+template <int R, bool SMEM> struct raw_stage<CIQ_TYPE_Q6_K, R, SMEM> {
     static constexpr int RSTEP = CIQ_WGMMA_ROWS / R;
     uint2 ql[R][2], qh[R];
     int sc[R][2];
@@ -280,12 +305,18 @@ template <int R> struct raw_stage<CIQ_TYPE_Q6_K, R> {
         const int h = c / 2, odd = c % 2;
 #pragma unroll
         for (int p = 0; p < R; ++p) {
-            ql[p][0] = ldg8_a2(blk[p] + 64 * h + 8 * i);
-            ql[p][1] = ldg8_a2(blk[p] + 64 * h + 32 + 8 * i);
-            qh[p] = ldg8_a2(blk[p] + 128 + 32 * h + 8 * i);
-            sc[p][0] = (int8_t)__ldg(blk[p] + 192 + 8 * h + 4 * odd + i / 2);
-            sc[p][1] = (int8_t)__ldg(blk[p] + 192 + 8 * h + 4 * odd + 2 + i / 2);
-            d[p] = __ldg((const uint16_t *)(blk[p] + 208));
+            if constexpr (SMEM) {  // 2-byte aligned in shared memory too (TMA boxes start at 16-byte multiples)
+                ql[p][0] = lds8_a2(blk[p] + 64 * h + 8 * i);
+                ql[p][1] = lds8_a2(blk[p] + 64 * h + 32 + 8 * i);
+                qh[p] = lds8_a2(blk[p] + 128 + 32 * h + 8 * i);
+            } else {
+                ql[p][0] = ldg8_a2(blk[p] + 64 * h + 8 * i);
+                ql[p][1] = ldg8_a2(blk[p] + 64 * h + 32 + 8 * i);
+                qh[p] = ldg8_a2(blk[p] + 128 + 32 * h + 8 * i);
+            }
+            sc[p][0] = (int8_t)ld<SMEM, uint8_t>(blk[p] + 192 + 8 * h + 4 * odd + i / 2);
+            sc[p][1] = (int8_t)ld<SMEM, uint8_t>(blk[p] + 192 + 8 * h + 4 * odd + 2 + i / 2);
+            d[p] = ld<SMEM, uint16_t>(blk[p] + 208);
         }
     }
     __device__ __forceinline__ void dequant(uint8_t *a_tile, int c, int i, int r0) const {
@@ -320,17 +351,21 @@ template <int R> struct raw_stage<CIQ_TYPE_Q6_K, R> {
 
 // ---- the kernel ----------------------------------------------------------------------------------------------------
 
-template <ciq_weight_type T, int BN, int STAGES, int PW>
+template <ciq_weight_type T, int BN, int STAGES, int PW, bool TMA_W>
 __global__ void __launch_bounds__(128 * (PW + 2), 1)
-    gemm_wgmma_kernel(const __grid_constant__ CUtensorMap xmap, const uint8_t *__restrict__ w, int64_t rows, int nb,
+    gemm_wgmma_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap,
+                      const uint8_t *__restrict__ w, int64_t rows, int nb,
                       const float *__restrict__ tscale, int tokens, int kb_per_split, void *__restrict__ out,
                       ciq_out_type out_type) {
 #ifdef CIQ_WGMMA_DEVICE
     constexpr int A_BYTES = CIQ_WGMMA_ROWS * 128, STAGE = wgmma_stage_bytes(BN);
     constexpr int block_bytes = T == CIQ_TYPE_Q4_K ? Q4_K_BLOCK_BYTES : Q6_K_BLOCK_BYTES;
     extern __shared__ uint8_t smem_raw[];
-    uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);  // swizzle atoms: 1024-aligned
-    uint64_t *full = (uint64_t *)(smem + STAGES * STAGE), *empty = full + STAGES;
+    // Swizzle atoms need 1024-byte alignment; offsetting the array (not casting an integer) keeps loads ld.shared.
+    uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    uint8_t *wraw = smem + STAGES * STAGE;  // TMA_W: WSLOTS super-blocks of 128 staged rows, WBOX bytes each
+    uint64_t *full = (uint64_t *)(wraw + (TMA_W ? WSLOTS * CIQ_WGMMA_ROWS * wgmma_wbox(T) : 0)), *empty = full + STAGES,
+             *wfull = empty + STAGES;
 
     const int kb0 = blockIdx.z * kb_per_split, iters = 4 * (min(nb, kb0 + kb_per_split) - kb0);
     const int64_t row0 = (int64_t)blockIdx.x * CIQ_WGMMA_ROWS;
@@ -340,6 +375,7 @@ __global__ void __launch_bounds__(128 * (PW + 2), 1)
             mbar_init(&full[s], 128 * PW + 1);
             mbar_init(&empty[s], 8);
         }
+        for (int s = 0; s < WSLOTS; ++s) mbar_init(&wfull[s], 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -347,41 +383,75 @@ __global__ void __launch_bounds__(128 * (PW + 2), 1)
     static_assert(PW == 1 || BN <= 128, "512 threads leave 128 registers per thread: too few for 256 accumulators");
     if (threadIdx.x < 128 * PW) {  // producer warpgroups
         constexpr int R = 4 / PW;  // rows per thread, 128 / R apart
-        // Stages the raw-block loads run ahead of the dequantization: 2, except Q6_K with one producer warpgroup
-        // (4 rows per thread), whose third set of raw registers spills (ptxas -v).
-        constexpr int PREFETCH = T == CIQ_TYPE_Q6_K && PW == 1 ? 1 : 2;
         // Thread t: 8-byte column group i = t % 4 of rows r0 + (128 / R) p. The 8 threads of a 128-bit store phase
         // take rows r and r + 4 (row swizzles differing in bit 2), so their chunks fall in 8 distinct bank groups.
         const int t = threadIdx.x, i = t % 4, g = t / 4, r0 = (g & ~7) | (g & 1) << 2 | (g >> 1 & 3);
-        const int64_t row_bytes = (int64_t)nb * block_bytes;
-        const uint8_t *rowp[R];
-#pragma unroll
-        for (int p = 0; p < R; ++p) rowp[p] = w + min(row0 + r0 + 128 / R * p, rows - 1) * row_bytes;  // tail: last row
-        auto load = [&](raw_stage<T, R> &raw, int it) {
-            const uint8_t *blk[R];
-#pragma unroll
-            for (int p = 0; p < R; ++p) blk[p] = rowp[p] + (int64_t)(kb0 + it / 4) * block_bytes;
-            raw.load(blk, it % 4, i);
+        // One pipeline stage: the B tile by TMA (thread 0), the A tile dequantized from `raw`.
+        auto stage = [&](const raw_stage<T, R, TMA_W> &raw, int it, int c) {
+            const int slot = it % STAGES;
+            if (it >= STAGES) mbar_wait(&empty[slot], ((it / STAGES) + 1) & 1);
+            uint8_t *a_tile = smem + slot * STAGE;
+            if (t == 0) {
+                mbar_arrive_expect_tx(&full[slot], BN * 128);
+                tma_load_2d(a_tile + A_BYTES, &xmap, (kb0 + it / 4) * QK_K + CIQ_WGMMA_KSTAGE * c, tok0, &full[slot]);
+            }
+            raw.dequant(a_tile, c, i, r0);
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // A stores -> visible to wgmma
+            mbar_arrive(&full[slot]);
         };
-        constexpr int RING = 4 % (PREFETCH + 1) == 0 ? PREFETCH + 1 : 4;  // divides 4: slots are compile-time
-        raw_stage<T, R> raw[RING];  // stage c of a super-block lives in raw[c % RING]
+        if constexpr (TMA_W) {  // super-block sb's 128 rows staged by TMA in wraw slot sb % WSLOTS, WSLOTS - 1 ahead
+            constexpr int WB = wgmma_wbox(T);
+            const int nsb = iters / 4;
+            auto issue = [&](int sb) {
+                uint64_t *bar = &wfull[sb % WSLOTS];
+                mbar_arrive_expect_tx(bar, CIQ_WGMMA_ROWS * WB);
+                tma_load_2d(wraw + (sb % WSLOTS) * CIQ_WGMMA_ROWS * WB, &wmap, (kb0 + sb) * block_bytes & ~15, (int)row0,
+                            bar);
+            };
+            if (t == 0)
+                for (int sb = 0; sb < WSLOTS && sb < nsb; ++sb) issue(sb);
+            for (int sb = 0; sb < nsb; ++sb) {
+                const uint8_t *wslot = wraw + (sb % WSLOTS) * CIQ_WGMMA_ROWS * WB + ((kb0 + sb) * block_bytes & 15);
+                const uint8_t *blk[R];
 #pragma unroll
-        for (int c = 0; c < PREFETCH; ++c)
-            if (c < iters) load(raw[c], c);
-        for (int it0 = 0; it0 < iters; it0 += 4) {  // one super-block: the stage index c is a constant
+                for (int p = 0; p < R; ++p) blk[p] = wslot + (r0 + CIQ_WGMMA_ROWS / R * p) * WB;
+                mbar_wait(&wfull[sb % WSLOTS], (sb / WSLOTS) & 1);
 #pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const int it = it0 + c, slot = it % STAGES;
-                if (it + PREFETCH < iters) load(raw[(c + PREFETCH) % RING], it + PREFETCH);
-                if (it >= STAGES) mbar_wait(&empty[slot], ((it / STAGES) + 1) & 1);
-                uint8_t *a_tile = smem + slot * STAGE;
-                if (t == 0) {
-                    mbar_arrive_expect_tx(&full[slot], BN * 128);
-                    tma_load_2d(a_tile + A_BYTES, &xmap, (kb0 + it0 / 4) * QK_K + CIQ_WGMMA_KSTAGE * c, tok0, &full[slot]);
+                for (int c = 0; c < 4; ++c) {
+                    raw_stage<T, R, true> raw;
+                    raw.load(blk, c, i);
+                    stage(raw, 4 * sb + c, c);
                 }
-                raw[c % RING].dequant(a_tile, c, i, r0);
-                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // A stores -> visible to wgmma
-                mbar_arrive(&full[slot]);
+                asm volatile("bar.sync 2, %0;" ::"n"(128 * PW) : "memory");  // every producer is done with the slot
+                if (t == 0 && sb + WSLOTS < nsb) {
+                    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                    issue(sb + WSLOTS);
+                }
+            }
+        } else {  // raw blocks from global memory into registers, PREFETCH stages ahead
+            // 2, except Q6_K with one producer warpgroup (4 rows per thread), whose third raw set spills (ptxas -v).
+            constexpr int PREFETCH = T == CIQ_TYPE_Q6_K && PW == 1 ? 1 : 2;
+            const int64_t row_bytes = (int64_t)nb * block_bytes;
+            const uint8_t *rowp[R];
+#pragma unroll
+            for (int p = 0; p < R; ++p) rowp[p] = w + min(row0 + r0 + 128 / R * p, rows - 1) * row_bytes;  // tail: last row
+            auto load = [&](raw_stage<T, R, false> &raw, int it) {
+                const uint8_t *blk[R];
+#pragma unroll
+                for (int p = 0; p < R; ++p) blk[p] = rowp[p] + (int64_t)(kb0 + it / 4) * block_bytes;
+                raw.load(blk, it % 4, i);
+            };
+            constexpr int RING = 4 % (PREFETCH + 1) == 0 ? PREFETCH + 1 : 4;  // divides 4: slots are compile-time
+            raw_stage<T, R, false> raw[RING];  // stage c of a super-block lives in raw[c % RING]
+#pragma unroll
+            for (int c = 0; c < PREFETCH; ++c)
+                if (c < iters) load(raw[c], c);
+            for (int it0 = 0; it0 < iters; it0 += 4) {  // one super-block: the stage index c is a constant
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    if (it0 + c + PREFETCH < iters) load(raw[(c + PREFETCH) % RING], it0 + c + PREFETCH);
+                    stage(raw[c % RING], it0 + c, c);
+                }
             }
         }
         bar_sync_all();  // the ring is reused for the epilogue once every wgmma has retired
@@ -532,34 +602,36 @@ struct wgmma_plan {
     int config, splits, kb_per_split;
 };
 
-template <ciq_weight_type T, int C> static constexpr auto wgmma_kernel() {
+template <ciq_weight_type T, int C, bool TMA_W> static constexpr auto wgmma_kernel() {
     constexpr wgmma_tile_config cfg = k_wgmma_configs[C];
-    return gemm_wgmma_kernel<T, cfg.bn, cfg.stages, cfg.producers>;
+    return gemm_wgmma_kernel<T, cfg.bn, TMA_W ? cfg.stages_w : cfg.stages, cfg.producers, TMA_W>;
 }
 
-static void wgmma_launch_config(cudaLaunchConfig_t &config, cudaLaunchAttribute &cluster, dim3 grid, int C) {
+template <ciq_weight_type T, int C, bool TMA_W>
+static void wgmma_launch_config(cudaLaunchConfig_t &config, cudaLaunchAttribute &cluster, dim3 grid) {
+    constexpr wgmma_tile_config cfg = k_wgmma_configs[C];
     config = {};
     config.gridDim = grid;
-    config.blockDim = dim3(128 * (k_wgmma_configs[C].producers + 2));
-    config.dynamicSmemBytes = wgmma_smem_bytes(k_wgmma_configs[C].bn, k_wgmma_configs[C].stages);
+    config.blockDim = dim3(128 * (cfg.producers + 2));
+    config.dynamicSmemBytes = wgmma_smem_bytes(T, cfg.bn, TMA_W ? cfg.stages_w : cfg.stages, TMA_W);
     cluster.id = cudaLaunchAttributeClusterDimension;  // the split-K CTAs of a tile form one cluster
     cluster.val.clusterDim.x = 1, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = grid.z;
     config.attrs = &cluster;
     config.numAttrs = grid.z > 1 ? 1 : 0;
 }
 
-// CTAs of config C that run at once as clusters of `splits` (-1: none): a cluster's CTAs must share a GPC, so not every
-// SM is usable for every cluster size (cudaOccupancyMaxActiveClusters; cached: all GPUs are taken to be alike).
-template <ciq_weight_type T, int C> static int wave_ctas(int splits, int sms) {
+// CTAs of one kernel that run at once as clusters of `splits` (-1: none): a cluster's CTAs must share a GPC, so not
+// every SM is usable for every cluster size (cudaOccupancyMaxActiveClusters; cached: all GPUs are taken to be alike).
+template <ciq_weight_type T, int C, bool TMA_W> static int wave_ctas(int splits, int sms) {
     if (splits == 1) return sms;
     static std::atomic<int> cached[CIQ_WGMMA_MAX_SPLITS + 1] = {};
     int n = cached[splits].load();
     if (n == 0) {
-        constexpr auto kernel = wgmma_kernel<T, C>();
+        constexpr auto kernel = wgmma_kernel<T, C, TMA_W>();
         int clusters = 0;
         cudaLaunchConfig_t config;
         cudaLaunchAttribute cluster;
-        wgmma_launch_config(config, cluster, dim3(1, 1, splits), C);
+        wgmma_launch_config<T, C, TMA_W>(config, cluster, dim3(1, 1, splits));
         if (ciq_raise_smem_limit<kernel>((int)config.dynamicSmemBytes, "ciq_cuda_gemm_wgmma") != CIQ_OK ||
             cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess)
             clusters = 0;
@@ -571,8 +643,9 @@ template <ciq_weight_type T, int C> static int wave_ctas(int splits, int sms) {
 }
 
 // GGML_CIQ_WGMMA_CONFIG=c (an index of k_wgmma_configs) pins the tile shape, for A/B runs of the table.
-template <ciq_weight_type T> static wgmma_plan pick_plan(int64_t rows, int64_t tokens, int nb, int sms) {
-    static constexpr int (*k_wave_ctas[])(int, int) = {wave_ctas<T, 0>, wave_ctas<T, 1>, wave_ctas<T, 2>};
+template <ciq_weight_type T, bool TMA_W> static wgmma_plan pick_plan(int64_t rows, int64_t tokens, int nb, int sms) {
+    static constexpr int (*k_wave_ctas[])(int, int) = {wave_ctas<T, 0, TMA_W>, wave_ctas<T, 1, TMA_W>,
+                                                       wave_ctas<T, 2, TMA_W>};
     static_assert(sizeof(k_wave_ctas) / sizeof(k_wave_ctas[0]) == k_wgmma_config_count, "one entry per tile config");
     wgmma_plan best{1, 1, nb};
     double best_s = 1e30;
@@ -600,30 +673,33 @@ template <ciq_weight_type T> static wgmma_plan pick_plan(int64_t rows, int64_t t
     return best;
 }
 
-template <ciq_weight_type T, int C>
-static ciq_status launch_wgmma(const CUtensorMap &map, const void *weight, int64_t rows, int nb, const float *scales,
-                               int64_t tokens, const wgmma_plan &plan, void *out, ciq_out_type out_type) {
-    constexpr auto kernel = wgmma_kernel<T, C>();
+template <ciq_weight_type T, int C, bool TMA_W>
+static ciq_status launch_wgmma(const CUtensorMap &xmap, const CUtensorMap &wmap, const void *weight, int64_t rows,
+                               int nb, const float *scales, int64_t tokens, const wgmma_plan &plan, void *out,
+                               ciq_out_type out_type) {
+    constexpr auto kernel = wgmma_kernel<T, C, TMA_W>();
     cudaLaunchConfig_t config;
     cudaLaunchAttribute cluster;
-    wgmma_launch_config(config, cluster,
-                        dim3((unsigned)((rows + CIQ_WGMMA_ROWS - 1) / CIQ_WGMMA_ROWS),
-                             (unsigned)((tokens + k_wgmma_configs[C].bn - 1) / k_wgmma_configs[C].bn), (unsigned)plan.splits),
-                        C);
+    wgmma_launch_config<T, C, TMA_W>(
+        config, cluster,
+        dim3((unsigned)((rows + CIQ_WGMMA_ROWS - 1) / CIQ_WGMMA_ROWS),
+             (unsigned)((tokens + k_wgmma_configs[C].bn - 1) / k_wgmma_configs[C].bn), (unsigned)plan.splits));
     const ciq_status status = ciq_raise_smem_limit<kernel>((int)config.dynamicSmemBytes, "ciq_cuda_gemm_wgmma");
     if (status != CIQ_OK) return status;
-    const cudaError_t err = cudaLaunchKernelEx(&config, kernel, map, (const uint8_t *)weight, rows, nb, scales,
+    const cudaError_t err = cudaLaunchKernelEx(&config, kernel, xmap, wmap, (const uint8_t *)weight, rows, nb, scales,
                                                (int)tokens, plan.kb_per_split, out, out_type);
     if (err != cudaSuccess) return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: %s", cudaGetErrorString(err));
     return CIQ_OK;
 }
 
-template <ciq_weight_type T, int C = 0>
-static ciq_status dispatch_wgmma(const CUtensorMap &map, const void *weight, int64_t rows, int nb, const float *scales,
-                                 int64_t tokens, const wgmma_plan &plan, void *out, ciq_out_type out_type) {
+template <ciq_weight_type T, bool TMA_W, int C = 0>
+static ciq_status dispatch_wgmma(const CUtensorMap &xmap, const CUtensorMap &wmap, const void *weight, int64_t rows,
+                                 int nb, const float *scales, int64_t tokens, const wgmma_plan &plan, void *out,
+                                 ciq_out_type out_type) {
     if constexpr (C < k_wgmma_config_count) {
-        if (plan.config == C) return launch_wgmma<T, C>(map, weight, rows, nb, scales, tokens, plan, out, out_type);
-        return dispatch_wgmma<T, C + 1>(map, weight, rows, nb, scales, tokens, plan, out, out_type);
+        if (plan.config == C)
+            return launch_wgmma<T, C, TMA_W>(xmap, wmap, weight, rows, nb, scales, tokens, plan, out, out_type);
+        return dispatch_wgmma<T, TMA_W, C + 1>(xmap, wmap, weight, rows, nb, scales, tokens, plan, out, out_type);
     } else {
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma: bad tile config %d", plan.config);
     }
@@ -644,6 +720,39 @@ ciq_status ciq_cuda_convert_f16(const float *x, void *out, int64_t tokens, int64
     return CIQ_OK;
 }
 
+// Weights go through TMA into shared memory when the rows allow a tensor map (16-byte-aligned base and row pitch:
+// every Q4_K matrix, Q6_K with K a multiple of 2048); otherwise the producers read them into registers.
+template <ciq_weight_type T>
+static ciq_status run_wgmma(encode_tiled_fn encode, const void *x_f16, int64_t k, const void *weight, int64_t row_bytes,
+                            int64_t rows, int nb, const float *scales, int64_t tokens, int sms, void *out,
+                            ciq_out_type out_type) {
+    const bool tma_w = (uintptr_t)weight % 16 == 0 && row_bytes % 16 == 0 && row_bytes < INT32_MAX;
+    sms = sms > 0 ? sms : 132;
+    const wgmma_plan plan = tma_w ? pick_plan<T, true>(rows, tokens, nb, sms) : pick_plan<T, false>(rows, tokens, nb, sms);
+
+    CUtensorMap xmap, wmap;
+    {  // activations: 64 K values x BN tokens per box, 128-byte swizzle, zeros past the last token
+        const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)tokens}, strides[1] = {(cuuint64_t)k * 2};
+        const cuuint32_t box[2] = {CIQ_WGMMA_KSTAGE, (cuuint32_t)k_wgmma_configs[plan.config].bn}, unit[2] = {1, 1};
+        const CUresult res = encode(&xmap, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, const_cast<void *>(x_f16), dims, strides,
+                                    box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (res != CUDA_SUCCESS)
+            return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: cuTensorMapEncodeTiled (activations) error %d", (int)res);
+    }
+    if (tma_w) {  // weights as bytes: one block (WBOX bytes) x 128 rows per box, zeros past the last row
+        const cuuint64_t dims[2] = {(cuuint64_t)row_bytes, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)row_bytes};
+        const cuuint32_t box[2] = {(cuuint32_t)wgmma_wbox(T), CIQ_WGMMA_ROWS}, unit[2] = {1, 1};
+        const CUresult res = encode(&wmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(weight), dims, strides,
+                                    box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (res != CUDA_SUCCESS)
+            return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: cuTensorMapEncodeTiled (weights) error %d", (int)res);
+        return dispatch_wgmma<T, true>(xmap, wmap, weight, rows, nb, scales, tokens, plan, out, out_type);
+    }
+    return dispatch_wgmma<T, false>(xmap, xmap, weight, rows, nb, scales, tokens, plan, out, out_type);
+}
+
 ciq_status ciq_cuda_gemm_wgmma(int device, ciq_weight_type type, const void *weight, int64_t rows, int64_t k,
                                const void *x_f16, int64_t tokens, void *out, ciq_out_type out_type) {
     if (type != CIQ_TYPE_Q4_K && type != CIQ_TYPE_Q6_K)
@@ -659,20 +768,11 @@ ciq_status ciq_cuda_gemm_wgmma(int device, ciq_weight_type type, const void *wei
     int sms = 0;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     const int nb = (int)(k / QK_K);
-    const wgmma_plan plan = type == CIQ_TYPE_Q4_K ? pick_plan<CIQ_TYPE_Q4_K>(rows, tokens, nb, sms > 0 ? sms : 132)
-                                                  : pick_plan<CIQ_TYPE_Q6_K>(rows, tokens, nb, sms > 0 ? sms : 132);
-
-    CUtensorMap map;
-    const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)tokens}, strides[1] = {(cuuint64_t)k * 2};
-    const cuuint32_t box[2] = {CIQ_WGMMA_KSTAGE, (cuuint32_t)k_wgmma_configs[plan.config].bn}, unit[2] = {1, 1};
-    const CUresult res = encode(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, const_cast<void *>(x_f16), dims, strides, box,
-                                unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (res != CUDA_SUCCESS) return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: cuTensorMapEncodeTiled error %d", (int)res);
-
+    const int64_t row_bytes = (int64_t)nb * (type == CIQ_TYPE_Q4_K ? Q4_K_BLOCK_BYTES : Q6_K_BLOCK_BYTES);
     const float *scales = (const float *)((const uint8_t *)x_f16 + ciq_f16_scale_offset(tokens, k));
-    return type == CIQ_TYPE_Q4_K ? dispatch_wgmma<CIQ_TYPE_Q4_K>(map, weight, rows, nb, scales, tokens, plan, out, out_type)
-                                 : dispatch_wgmma<CIQ_TYPE_Q6_K>(map, weight, rows, nb, scales, tokens, plan, out, out_type);
+    return type == CIQ_TYPE_Q4_K
+               ? run_wgmma<CIQ_TYPE_Q4_K>(encode, x_f16, k, weight, row_bytes, rows, nb, scales, tokens, sms, out, out_type)
+               : run_wgmma<CIQ_TYPE_Q6_K>(encode, x_f16, k, weight, row_bytes, rows, nb, scales, tokens, sms, out, out_type);
 }
 
 #else  // HIP: no wgmma
