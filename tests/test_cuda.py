@@ -132,8 +132,9 @@ def test_staged_variants_with_partial_block_tiles(variant, rng):
 
 @pytest.mark.parametrize("weight_type", [Q.Q4_K, Q.Q6_K])
 def test_wgmma_tiles_splits_and_tails(weight_type, wgmma, rng):
-    """Every tile width (64/128/256 tokens) and split-K factor the planner picks, odd row and token counts, a Q6_K
-    row length that is not a multiple of 16 bytes (K = 768: 630 B rows), large activations (f16 range)."""
+    """Every tile width (64/128/256 tokens) and split-K factor (cluster size) the planner picks, odd row and token
+    counts, large activations (f16 range), both weight paths of Q6_K: staged by TMA (K = 4096, 2048: 16-byte row
+    pitch) and read into registers (K = 768, 2304, 1024, 256: 630 B ... rows)."""
     quantize = Q.quantize_q4_K if weight_type == Q.Q4_K else Q.quantize_q6_K
     for rows, k, tokens in ((128, 4096, 64), (1000, 768, 3), (4097, 2048, 131), (1024, 4096, 512),
                             (300, 2304, 257), (2048, 1024, 2047), (129, 256, 1)):

@@ -10,16 +10,18 @@
 //
 // One CTA = PW producer + 2 consumer warpgroups computes a 128-row x BN-token tile over a range of super-blocks
 // (split-K when there are fewer tiles than SMs: the CTAs of one tile form a cluster and reduce through distributed
-// shared memory). A pipeline stage is 64 K values: A = 128 x 64 f16 (16 KB),
-// B = BN x 64 f16, both in wgmma's 128-byte-swizzled K-major layout (row r at r*128 B, 16-byte chunk j at
-// (j ^ r%8)*16), STAGES deep.
+// shared memory). A pipeline stage is 64 K values: A = 128 x 64 f16 (16 KB), B = BN x 64 f16, both in wgmma's
+// 128-byte-swizzled K-major layout (row r at r*128 B, 16-byte chunk j at (j ^ r%8)*16), STAGES deep.
 //   producers (warpgroups 0 .. PW-1): thread 0 issues the TMA copy of the B tile (cp.async.bulk.tensor, zero-filled
-//     past the last token); all 128*PW threads load the raw blocks of later stages into registers (PREFETCH stages
-//     ahead), then dequantize the current one into A.
+//     past the last token); all 128*PW threads dequantize the A tile from the raw GGUF blocks, which either
+//     - TMA_W: thread 0 stages in shared memory, one super-block x 128 rows per box, WSLOTS super-blocks ahead
+//       (every Q4_K matrix; Q6_K when its 210 B rows have a 16-byte pitch, K % 2048 == 0), or
+//     - each thread loads from global memory into registers, PREFETCH stages ahead (other Q6_K matrices).
 //   consumers: rows 64c .. +63, 4 x wgmma m64nBNk16 per stage, one group in flight.
 // Epilogue: the accumulators go through shared memory (the ring, reused) so that rows are stored coalesced.
 // Barriers: full[s] (128*PW + 1 arrivals: the producers after their A stores + the TMA thread's expect_tx, plus the
-// TMA bytes), empty[s] (one arrival per consumer warp once its wgmma reading slot s retired).
+// TMA bytes), empty[s] (one arrival per consumer warp once its wgmma reading slot s retired), wfull[w] (staged
+// weights' TMA bytes); producer-only named barrier 2 before a weight slot is refilled.
 #include "common.cuh"
 
 #include <atomic>
@@ -240,15 +242,16 @@ template <bool SMEM, typename V> static __device__ __forceinline__ V ld(const ui
 
 // Q4_K: per row p the 8 qs bytes 32c + 8i .. +7 (low nibbles: chunk i, sub-block 2c; high: chunk i+4, 2c+1) and
 // the 16-byte header {d, dmin, scales[12]}.
-template <int R, bool SMEM> struct raw_stage<CIQ_TYPE_Q4_K, R, SMEM> {
+template <int R, bool SMEM> struct raw_stage<CIQ_TYPE_Q4_K, R, SMEM> {  // staged only: Q4_K rows always allow TMA
+    static_assert(SMEM, "Q4_K blocks are read from shared memory");
     static constexpr int RSTEP = CIQ_WGMMA_ROWS / R;
     uint2 qs[R];
     uint4 hdr[R];
     __device__ __forceinline__ void load(const uint8_t *const (&blk)[R], int c, int i) {
 #pragma unroll
         for (int p = 0; p < R; ++p) {
-            qs[p] = ld<SMEM, uint2>(blk[p] + 16 + 32 * c + 8 * i);
-            hdr[p] = ld<SMEM, uint4>(blk[p]);
+            qs[p] = ld<true, uint2>(blk[p] + 16 + 32 * c + 8 * i);
+            hdr[p] = ld<true, uint4>(blk[p]);
         }
     }
     static __device__ __forceinline__ uint32_t scale_byte(const uint4 &h, int n) {  // scales[n]
@@ -726,9 +729,12 @@ template <ciq_weight_type T>
 static ciq_status run_wgmma(encode_tiled_fn encode, const void *x_f16, int64_t k, const void *weight, int64_t row_bytes,
                             int64_t rows, int nb, const float *scales, int64_t tokens, int sms, void *out,
                             ciq_out_type out_type) {
-    const bool tma_w = (uintptr_t)weight % 16 == 0 && row_bytes % 16 == 0 && row_bytes < INT32_MAX;
+    // Q4_K rows (144 B blocks, 16-byte-aligned weights) always allow it; Q6_K rows (210 B) when K % 2048 == 0.
+    const bool tma_w = (uintptr_t)weight % 16 == 0 && row_bytes % 16 == 0;
     sms = sms > 0 ? sms : 132;
-    const wgmma_plan plan = tma_w ? pick_plan<T, true>(rows, tokens, nb, sms) : pick_plan<T, false>(rows, tokens, nb, sms);
+    wgmma_plan plan;
+    if constexpr (T == CIQ_TYPE_Q6_K) plan = tma_w ? pick_plan<T, true>(rows, tokens, nb, sms) : pick_plan<T, false>(rows, tokens, nb, sms);
+    else plan = pick_plan<T, true>(rows, tokens, nb, sms);
 
     CUtensorMap xmap, wmap;
     {  // activations: 64 K values x BN tokens per box, 128-byte swizzle, zeros past the last token
@@ -750,7 +756,11 @@ static ciq_status run_wgmma(encode_tiled_fn encode, const void *x_f16, int64_t k
             return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: cuTensorMapEncodeTiled (weights) error %d", (int)res);
         return dispatch_wgmma<T, true>(xmap, wmap, weight, rows, nb, scales, tokens, plan, out, out_type);
     }
-    return dispatch_wgmma<T, false>(xmap, xmap, weight, rows, nb, scales, tokens, plan, out, out_type);
+    if constexpr (T == CIQ_TYPE_Q6_K) {
+        return dispatch_wgmma<T, false>(xmap, xmap, weight, rows, nb, scales, tokens, plan, out, out_type);
+    } else {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma: Q4_K weights must be 16-byte aligned");
+    }
 }
 
 ciq_status ciq_cuda_gemm_wgmma(int device, ciq_weight_type type, const void *weight, int64_t rows, int64_t k,
