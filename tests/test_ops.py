@@ -19,7 +19,10 @@ from ggml_ciq.ops import DeviceArray, NativeOps
 def nmse(a, b) -> float:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     assert np.isfinite(a).all(), "unwritten (poisoned) or non-finite outputs"
-    return float(((a - b) ** 2).sum() / (b ** 2).sum())
+    err, energy = ((a - b) ** 2).sum(), (b ** 2).sum()
+    if not energy:  # an all-zero reference must be matched exactly
+        return 0.0 if err == 0 else np.inf
+    return float(err / energy)
 
 
 class PoisonedOps(NativeOps):
@@ -73,6 +76,11 @@ def gelu_fp16_table_ref(x):
     h = x.astype(np.float16).astype(np.float64)
     y = (0.5 * h * (1.0 + np.tanh(0.7978845608028654 * h * (1.0 + 0.044715 * h * h)))).astype(np.float16)
     return np.where(x <= -10.0, np.float32(0), np.where(x >= 10.0, x, y.astype(np.float32))).astype(np.float32)
+
+
+# The CPU builds ggml's table in float32 (tanhf), the reference in float64: an entry near an f16 rounding tie can
+# round the other way (one f16 ulp, ~5e-4 relative). Measured: none in most 4096-value draws, up to 1.6e-12.
+GELU_TABLE_BAR = 1e-10
 
 
 def gelu_float_ref(x):
@@ -149,10 +157,8 @@ def test_glu_gelu(ops, rng, n):
     up = rng.standard_normal(n).astype(np.float32)
     out = ops.glu(ops.asarray(gate), ops.asarray(up), "gelu").numpy()
     if ops.device < 0:
-        # ggml's fp16 table computed in float32 against this float64 reference of it: the two can differ in the
-        # f16 rounding of the table entry at a tie; measured: identical on every draw so far.
         ref = gelu_fp16_table_ref(gate) * up
-        assert nmse(out, ref) <= 1e-12
+        assert nmse(out, ref) <= GELU_TABLE_BAR
     else:
         ref = np.where(gate <= -10.0, 0.0, np.where(gate >= 10.0, gate, gelu_float_ref(gate))) * up
         # Float tanhf in CUDA (<= 2 ulp); the GPU does not use the fp16 table (llama.cpp CUDA does not either).
@@ -160,10 +166,10 @@ def test_glu_gelu(ops, rng, n):
 
 
 def test_gelu_table_is_the_fp16_one(native_lib, rng):
-    """The CPU GELU is the fp16-table GELU, not float GELU: the two references differ by ~1e-7, far above 1e-12."""
+    """The CPU GELU is the fp16-table GELU, not float GELU: the two references differ by ~1e-7, far above the bar."""
     gate = rng.uniform(-4, 4, 4096).astype(np.float32)
     out = NativeOps("cpu").glu(gate, np.ones_like(gate), "gelu").numpy()
-    assert nmse(out, gelu_fp16_table_ref(gate)) <= 1e-12
+    assert nmse(out, gelu_fp16_table_ref(gate)) <= GELU_TABLE_BAR
     assert nmse(out, gelu_float_ref(gate)) > 1e-9
 
 

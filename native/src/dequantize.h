@@ -5,11 +5,11 @@
 #include "ciq_internal.h"
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
-#define CIQ_HOST_DEVICE __host__ __device__ __forceinline__
+#define CIQ_HOST_DEVICE static __host__ __device__ __forceinline__
 #else
-#define CIQ_HOST_DEVICE inline
-#include "cpu/fp16.h"
+#define CIQ_HOST_DEVICE static inline
 #endif
+#include "cpu/fp16.h"
 
 enum {  // ggml type ids of the tables (ggml.h enum ggml_type)
     CIQ_GGML_F32 = 0,
@@ -24,7 +24,7 @@ enum {  // ggml type ids of the tables (ggml.h enum ggml_type)
 };
 
 // Values per block and bytes per block of a table type; 0 for a type get_rows does not read.
-static inline int ciq_block_values(int type) {
+CIQ_HOST_DEVICE int ciq_block_values(int type) {
     switch (type) {
         case CIQ_GGML_F32: case CIQ_GGML_F16: case CIQ_GGML_BF16: return 1;
         case CIQ_GGML_Q4_0: case CIQ_GGML_Q5_0: case CIQ_GGML_Q8_0: return 32;
@@ -32,7 +32,7 @@ static inline int ciq_block_values(int type) {
         default: return 0;
     }
 }
-static inline int ciq_block_bytes(int type) {
+CIQ_HOST_DEVICE int ciq_block_bytes(int type) {
     switch (type) {
         case CIQ_GGML_F32: return 4;
         case CIQ_GGML_F16: case CIQ_GGML_BF16: return 2;
@@ -52,6 +52,14 @@ CIQ_HOST_DEVICE float ciq_dq_half(const uint8_t *p) {
     return __half2float(__ushort_as_half(bits));
 #else
     return ciq_fp16_to_fp32(bits);
+#endif
+}
+
+CIQ_HOST_DEVICE float ciq_dq_bits_to_float(uint32_t bits) {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+    return __uint_as_float(bits);
+#else
+    return ciq_bits_to_float(bits);
 #endif
 }
 
@@ -85,19 +93,10 @@ CIQ_HOST_DEVICE void ciq_dq_scale_min_k4(int j, const uint8_t *q, int *sc, int *
 // Value i (0 <= i < block values) of one block of `type` at `b`.
 CIQ_HOST_DEVICE float ciq_dequantize_value(int type, const uint8_t *b, int i) {
     switch (type) {
-        case CIQ_GGML_F32: {
-            const uint32_t bits = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
-            float f;
-            memcpy(&f, &bits, 4);
-            return f;
-        }
+        case CIQ_GGML_F32:
+            return ciq_dq_bits_to_float((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24);
         case CIQ_GGML_F16: return ciq_dq_half(b);
-        case CIQ_GGML_BF16: {
-            const uint32_t bits = ((uint32_t)b[0] | (uint32_t)b[1] << 8) << 16;
-            float f;
-            memcpy(&f, &bits, 4);
-            return f;
-        }
+        case CIQ_GGML_BF16: return ciq_dq_bits_to_float(((uint32_t)b[0] | (uint32_t)b[1] << 8) << 16);
         case CIQ_GGML_Q8_0: return ciq_dq_mul((float)(int8_t)b[2 + i], ciq_dq_half(b));
         case CIQ_GGML_Q4_0: {  // value j: low nibble of qs[j] (j < 16), high nibble of qs[j - 16]
             const int q = i < 16 ? (b[2 + i] & 0xF) : (b[2 + i - 16] >> 4);
