@@ -43,9 +43,12 @@ class _Allocation:
 
     def __del__(self):
         if getattr(self, "ptr", None) is not None:
-            self.native.lib.ciq_free(self.device, self.ptr)
-            self.ptr = None
             self.ledger.allocated -= self.nbytes
+            ptr, self.ptr = self.ptr, None
+            try:
+                self.native.lib.ciq_free(self.device, ptr)
+            except Exception:  # interpreter shutdown: the library may be gone already
+                pass
 
 
 class DeviceArray:
@@ -288,10 +291,12 @@ class NativeOps:
         return out
 
     def add(self, a, b) -> DeviceArray:
+        """a + b; b of a's shape, or a row of a's last axis (a bias) added to every row."""
         a, b = self._f32(a, "add input"), self._f32(b, "add input")
-        self._same_size("add", a, b)
+        if a.size != b.size and (len(b.shape) != 1 or b.size != a.shape[-1]):
+            raise ShapeError(f"add: {b.shape} is neither {a.shape} nor one row of it")
         out = self.empty(a.shape)
-        self.native.check(self.native.lib.ciq_add(self.device, self._fp(a), self._fp(b), a.size, self._fp(out)))
+        self.native.check(self.native.lib.ciq_add(self.device, self._fp(a), a.size, self._fp(b), b.size, self._fp(out)))
         return out
 
     def scale(self, x, s: float) -> DeviceArray:

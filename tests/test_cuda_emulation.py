@@ -36,7 +36,7 @@ int emu_rope(int mode, const float *x, const int32_t *positions, int64_t tokens,
              float base, float *out);
 int emu_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values);
 int emu_glu(int kind, const float *gate, const float *up, int64_t n, float *out);
-int emu_add(const float *a, const float *b, int64_t n, float *out);
+int emu_add(const float *a, int64_t n, const float *b, int64_t b_n, float *out);
 int emu_scale(const float *x, float s, int64_t n, float *out);
 int emu_get_rows(int type, const void *table, int64_t table_rows, int64_t k, const int32_t *ids, int64_t n, float *out);
 int emu_dequantize_bf16(int type, const void *data, int64_t rows, int64_t k, void *out);
@@ -170,8 +170,10 @@ def test_elementwise_emulated(emu, rng):
     assert nmse(out, gate / (np.float32(1) + np.exp(-gate)) * up) <= 1e-12
     call(emu, "emu_glu", 1, gate, up, n, out)
     assert nmse(out, gelu_float_ref(gate) * up) <= 1e-12
-    call(emu, "emu_add", gate, up, n, out)
+    call(emu, "emu_add", gate, n, up, n, out)
     assert np.array_equal(out, gate + up)
+    call(emu, "emu_add", gate[:4096], 4096, up[:64], 64, out)
+    assert np.array_equal(out[:4096], (gate[:4096].reshape(64, 64) + up[:64]).reshape(-1))
     call(emu, "emu_scale", gate, np.float32(0.3), n, out)
     assert np.array_equal(out, gate * np.float32(0.3))
     bf16 = poisoned(n, np.uint16)

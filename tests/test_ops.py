@@ -177,6 +177,8 @@ def test_gelu_table_is_the_fp16_one(native_lib, rng):
 def test_add_scale(ops, rng, n):
     a, b = rng.standard_normal((2, n)).astype(np.float32)
     assert np.array_equal(ops.add(ops.asarray(a), ops.asarray(b)).numpy(), a + b)
+    x, bias = rng.standard_normal((n, 24)).astype(np.float32), rng.standard_normal(24).astype(np.float32)
+    assert np.array_equal(ops.add(ops.asarray(x), ops.asarray(bias)).numpy(), x + bias)  # a bias row
     assert np.array_equal(ops.scale(ops.asarray(a), 0.37).numpy(), a * np.float32(0.37))
 
 
@@ -320,6 +322,14 @@ def test_attention(attention_ops, rng, tokens, heads_kv, group, head_dim, n_past
         assert nmse(out, attention_ref(q, k, v, n_past, scale, window)) <= 1e-10
 
 
+def test_attention_auto_is_mma_on_gpu(native_lib):
+    _gpu_or_skip()
+    ops = NativeOps("cuda")
+    assert [ops.attention_kernel_name(d) for d in (64, 96, 128, 256)] == ["mma"] * 4
+    with pytest.raises(BackendError):
+        ops.attention_kernel_name(80)  # no kernel built for head_dim 80
+
+
 def test_attention_masks_are_checked(native_lib, rng):
     """The attention test can fail: dropping the window, or the causal mask, moves the output far past the bar."""
     q, k, v = _attention_inputs(rng, 17, 2, 2, 64, 20)
@@ -388,8 +398,7 @@ def test_device_array_views(native_lib, rng):
     assert z.dtype == np.int32 and not z.numpy().any()
 
 
-def test_memory_bytes_and_timer(native_lib):
-    ops = NativeOps("cpu")
+def test_memory_bytes_and_timer(ops):
     assert ops.memory_bytes() == 0
     a = ops.zeros((1000,))
     b = ops.zeros((10, 10), np.float16)

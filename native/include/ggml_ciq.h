@@ -161,7 +161,8 @@ ciq_status ciq_kv_store(int device, uint16_t *cache, int64_t start, const float 
                         int64_t row_values);
 /* out[i] = act(gate[i]) * up[i] for n values. */
 ciq_status ciq_glu(int device, ciq_glu_kind kind, const float *gate, const float *up, int64_t n, float *out);
-ciq_status ciq_add(int device, const float *a, const float *b, int64_t n, float *out);  /* out = a + b */
+/* out[i] = a[i] + b[i % b_n] for n values (b_n divides n: a bias row repeated over rows). */
+ciq_status ciq_add(int device, const float *a, int64_t n, const float *b, int64_t b_n, float *out);
 ciq_status ciq_scale(int device, const float *x, float s, int64_t n, float *out);       /* out = x * s */
 /* out[i][:] = row ids[i] of table [table_rows][k] dequantized to float32 as ggml does. ggml_type: F32 0, F16 1,
  * Q4_0 2, Q5_0 6, Q8_0 8, Q4_K 12, Q5_K 13, Q6_K 14, BF16 30. */

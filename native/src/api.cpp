@@ -663,11 +663,15 @@ ciq_status ciq_glu(int device, ciq_glu_kind kind, const float *gate, const float
     CIQ_ROUTE(device, ciq_cpu_glu(kind, gate, up, n, out), ciq_cuda_glu(kind, gate, up, n, out));
 }
 
-ciq_status ciq_add(int device, const float *a, const float *b, int64_t n, float *out) {
+ciq_status ciq_add(int device, const float *a, int64_t n, const float *b, int64_t b_n, float *out) {
     if (a == nullptr || b == nullptr || out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_add: NULL pointer");
     CIQ_TRY(check_count("ciq_add", "n", n));
+    CIQ_TRY(check_count("ciq_add", "b_n", b_n));
+    if (n % b_n) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_add: b_n %lld does not divide n %lld", (long long)b_n, (long long)n);
+    }
     CIQ_TRY(check_device(device));
-    CIQ_ROUTE(device, ciq_cpu_add(a, b, n, out), ciq_cuda_add(a, b, n, out));
+    CIQ_ROUTE(device, ciq_cpu_add(a, n, b, b_n, out), ciq_cuda_add(a, n, b, b_n, out));
 }
 
 ciq_status ciq_scale(int device, const float *x, float s, int64_t n, float *out) {

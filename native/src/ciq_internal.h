@@ -61,7 +61,7 @@ ciq_status ciq_cpu_attention(const float *q, const uint16_t *k_cache, const uint
                              int64_t window, float *out);
 ciq_status ciq_cpu_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values);
 ciq_status ciq_cpu_glu(ciq_glu_kind kind, const float *gate, const float *up, int64_t n, float *out);
-ciq_status ciq_cpu_add(const float *a, const float *b, int64_t n, float *out);
+ciq_status ciq_cpu_add(const float *a, int64_t n, const float *b, int64_t b_n, float *out);
 ciq_status ciq_cpu_scale(const float *x, float s, int64_t n, float *out);
 ciq_status ciq_cpu_get_rows(int type, const void *table, int64_t k, const int32_t *ids, int64_t n, float *out);
 ciq_status ciq_cpu_dequantize_bf16(int type, const void *data, int64_t rows, int64_t k, void *out);
@@ -109,7 +109,7 @@ ciq_status ciq_cuda_attention(ciq_attention_kernel kernel, const float *q, const
                               int64_t head_dim, int64_t n_past, float scale, int64_t window, float *out);
 ciq_status ciq_cuda_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values);
 ciq_status ciq_cuda_glu(ciq_glu_kind kind, const float *gate, const float *up, int64_t n, float *out);
-ciq_status ciq_cuda_add(const float *a, const float *b, int64_t n, float *out);
+ciq_status ciq_cuda_add(const float *a, int64_t n, const float *b, int64_t b_n, float *out);
 ciq_status ciq_cuda_scale(const float *x, float s, int64_t n, float *out);
 ciq_status ciq_cuda_get_rows(int type, const void *table, int64_t table_rows, int64_t k, const int32_t *ids, int64_t n,
                              float *out);

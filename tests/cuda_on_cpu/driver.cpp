@@ -38,7 +38,7 @@ int emu_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens,
 int emu_glu(int kind, const float *gate, const float *up, int64_t n, float *out) {
     return ciq_cuda_glu((ciq_glu_kind)kind, gate, up, n, out);
 }
-int emu_add(const float *a, const float *b, int64_t n, float *out) { return ciq_cuda_add(a, b, n, out); }
+int emu_add(const float *a, int64_t n, const float *b, int64_t b_n, float *out) { return ciq_cuda_add(a, n, b, b_n, out); }
 int emu_scale(const float *x, float s, int64_t n, float *out) { return ciq_cuda_scale(x, s, n, out); }
 int emu_get_rows(int type, const void *table, int64_t table_rows, int64_t k, const int32_t *ids, int64_t n, float *out) {
     return ciq_cuda_get_rows(type, table, table_rows, k, ids, n, out);

@@ -134,9 +134,9 @@ ciq_status ciq_cpu_glu(ciq_glu_kind kind, const float *gate, const float *up, in
     return CIQ_OK;
 }
 
-ciq_status ciq_cpu_add(const float *a, const float *b, int64_t n, float *out) {
+ciq_status ciq_cpu_add(const float *a, int64_t n, const float *b, int64_t b_n, float *out) {
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+    for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i % b_n];
     return CIQ_OK;
 }
 

@@ -94,8 +94,8 @@ glu_kernel(bool gelu, const float *__restrict__ gate, const float *__restrict__ 
 }
 
 __global__ void __launch_bounds__(OPS_THREADS)
-add_kernel(const float *__restrict__ a, const float *__restrict__ b, int64_t n, float *__restrict__ out) {
-    for (int64_t i = first_index(); i < n; i += index_stride()) out[i] = __fadd_rn(a[i], b[i]);
+add_kernel(const float *__restrict__ a, int64_t n, const float *__restrict__ b, int64_t b_n, float *__restrict__ out) {
+    for (int64_t i = first_index(); i < n; i += index_stride()) out[i] = __fadd_rn(a[i], b[b_n == n ? i : i % b_n]);
 }
 
 __global__ void __launch_bounds__(OPS_THREADS) scale_kernel(const float *__restrict__ x, float s, int64_t n, float *__restrict__ out) {
@@ -163,8 +163,8 @@ ciq_status ciq_cuda_glu(ciq_glu_kind kind, const float *gate, const float *up, i
     return CIQ_OK;
 }
 
-ciq_status ciq_cuda_add(const float *a, const float *b, int64_t n, float *out) {
-    add_kernel<<<grid_for(n), OPS_THREADS>>>(a, b, n, out);
+ciq_status ciq_cuda_add(const float *a, int64_t n, const float *b, int64_t b_n, float *out) {
+    add_kernel<<<grid_for(n), OPS_THREADS>>>(a, n, b, b_n, out);
     CIQ_CUDA_LAUNCH_CHECK("add");
     return CIQ_OK;
 }
