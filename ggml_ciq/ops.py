@@ -24,31 +24,54 @@ ATTENTION_KERNELS = ("auto", "cpu", "simt", "mma")  # ciq_attention_kernel
 OP_CLASSES = ("keep-quant GEMM", "other GEMM", "attention", "rest")
 
 
-class _Ledger:
-    """Bytes currently allocated through one NativeOps."""
+class _Pool:
+    """The buffers of one NativeOps: ``allocated`` bytes in all, of which ``free`` (by exact size) wait for reuse.
+    A GPU buffer is never handed back to the driver while the ops run (cudaFree synchronizes the device); reuse is
+    safe because every op is queued in order on one stream."""
 
-    def __init__(self):
+    def __init__(self, device: int):
+        self.native, self.device = native.load(), device
         self.allocated = 0
+        self.free: dict[int, list] = {}
+
+    def take(self, nbytes: int):
+        cached = self.free.get(nbytes)
+        if cached:
+            return cached.pop()
+        ptr = self.native.ffi.new("void **")
+        self.native.check(self.native.lib.ciq_malloc(self.device, nbytes, ptr))
+        self.allocated += nbytes
+        return ptr[0]
+
+    def give(self, nbytes: int, ptr) -> None:
+        self.free.setdefault(nbytes, []).append(ptr)
+
+    def trim(self) -> None:
+        """Free every cached buffer."""
+        for nbytes, ptrs in self.free.items():
+            for ptr in ptrs:
+                self.native.check(self.native.lib.ciq_free(self.device, ptr))
+                self.allocated -= nbytes
+        self.free.clear()
+
+    def __del__(self):
+        try:
+            self.trim()
+        except Exception:  # interpreter shutdown: the library may be gone already
+            pass
 
 
 class _Allocation:
-    """One ciq_malloc buffer, freed when the last DeviceArray on it is gone."""
+    """One pooled buffer, returned to its pool when the last DeviceArray on it is gone."""
 
-    def __init__(self, device: int, nbytes: int, ledger: _Ledger):
-        self.native, self.device, self.nbytes, self.ledger = native.load(), device, nbytes, ledger
-        ptr = self.native.ffi.new("void **")
-        self.native.check(self.native.lib.ciq_malloc(device, nbytes, ptr))
-        self.ptr = ptr[0]
-        ledger.allocated += nbytes
+    def __init__(self, pool: _Pool, nbytes: int):
+        self.pool, self.nbytes, self.device, self.native = pool, nbytes, pool.device, pool.native
+        self.ptr = pool.take(nbytes)
 
     def __del__(self):
         if getattr(self, "ptr", None) is not None:
-            self.ledger.allocated -= self.nbytes
-            ptr, self.ptr = self.ptr, None
-            try:
-                self.native.lib.ciq_free(self.device, ptr)
-            except Exception:  # interpreter shutdown: the library may be gone already
-                pass
+            self.pool.give(self.nbytes, self.ptr)
+            self.ptr = None
 
 
 class DeviceArray:
@@ -126,7 +149,7 @@ class NativeOps:
                                        f"{', '.join(ATTENTION_KERNELS)})")
         self.attention_kernel = attention_kernel
         self.timings: dict[str, float] = defaultdict(float)
-        self._ledger = _Ledger()
+        self._pool = _Pool(self.device)
         self._tables: dict[str, DeviceArray] = {}  # get_rows tables by tensor name
         self._bf16_scratch: DeviceArray | None = None
 
@@ -135,7 +158,7 @@ class NativeOps:
         shape = tuple(int(s) for s in np.atleast_1d(shape))
         dtype = np.dtype(dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        return DeviceArray(_Allocation(self.device, nbytes, self._ledger), shape, dtype)
+        return DeviceArray(_Allocation(self._pool, nbytes), shape, dtype)
 
     def zeros(self, shape, dtype=np.float32) -> DeviceArray:
         out = self.empty(shape, dtype)
@@ -166,7 +189,12 @@ class NativeOps:
         return x.numpy() if isinstance(x, DeviceArray) else np.asarray(x)
 
     def memory_bytes(self) -> int:
-        return self._ledger.allocated
+        """Bytes allocated on the device by these ops: live arrays and buffers cached for reuse."""
+        return self._pool.allocated
+
+    def trim(self) -> None:
+        """Free the buffers cached for reuse (no array uses them)."""
+        self._pool.trim()
 
     # -- timing -------------------------------------------------------------------------------------------------
     @contextlib.contextmanager

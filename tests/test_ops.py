@@ -405,8 +405,13 @@ def test_memory_bytes_and_timer(ops):
     view = a.rows(0, 10)
     assert ops.memory_bytes() == 4000 + 200
     del a, b
+    ops.trim()
     assert ops.memory_bytes() == 4000  # the view keeps its buffer alive
     del view
+    again = ops.empty((1000,))  # reuses the cached buffer
+    assert ops.memory_bytes() == 4000
+    del again
+    ops.trim()
     assert ops.memory_bytes() == 0
     with ops.timer("rest"):
         ops.add(np.ones(1 << 20, np.float32), np.ones(1 << 20, np.float32))
