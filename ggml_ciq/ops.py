@@ -8,6 +8,7 @@ device. Methods take DeviceArrays (numpy inputs are copied to the device first) 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -81,7 +82,7 @@ class DeviceArray:
     def __init__(self, allocation: _Allocation, shape, dtype, offset: int = 0):
         self._allocation, self.shape, self.dtype, self._offset = allocation, tuple(int(s) for s in shape), np.dtype(dtype), offset
         self.device = allocation.device
-        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        self.nbytes = math.prod(self.shape) * self.dtype.itemsize
         self.ptr = allocation.native.ffi.cast("char *", allocation.ptr) + offset
 
     @property
@@ -155,9 +156,9 @@ class NativeOps:
 
     # -- arrays -----------------------------------------------------------------------------------------------
     def empty(self, shape, dtype=np.float32) -> DeviceArray:
-        shape = tuple(int(s) for s in np.atleast_1d(shape))
+        shape = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         return DeviceArray(_Allocation(self._pool, nbytes), shape, dtype)
 
     def zeros(self, shape, dtype=np.float32) -> DeviceArray:

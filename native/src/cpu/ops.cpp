@@ -1,4 +1,4 @@
-// Transformer ops on the host in ggml CPU's float order (OpenMP over rows; -ffp-contract=off, so no FMAs):
+// Transformer ops on the host in ggml CPU's float order (OpenMP over rows for large ops; -ffp-contract=off, no FMAs):
 //   rms_norm : squares (float) summed in double left to right, mean = (float)(sum / d), scale = 1/sqrtf(mean + eps),
 //              out = (x * scale) * weight.
 //   rope     : theta_0 = pos, theta_i = theta_{i-1} * powf(base, -2/head_dim) (ggml's rope cache), cosf/sinf;
@@ -14,8 +14,11 @@
 #include <cmath>
 #include <vector>
 
+// Below this many values an op runs on the calling thread: waking the OpenMP team costs more than the work.
+constexpr int64_t PARALLEL_MIN = 1 << 16;
+
 ciq_status ciq_cpu_rms_norm(const float *x, const float *weight, float eps, int64_t n, int64_t d, float *out) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * d >= PARALLEL_MIN)
     for (int64_t r = 0; r < n; ++r) {
         const float *xr = x + r * d;
         double sum = 0.0;
@@ -32,7 +35,7 @@ ciq_status ciq_cpu_rope(ciq_rope_mode mode, const float *x, const int32_t *posit
                         int64_t head_dim, float base, float *out) {
     const float theta_scale = std::pow(base, -2.0f / (float)head_dim);
     const int64_t half = head_dim / 2;
-#pragma omp parallel
+#pragma omp parallel if (tokens * heads * head_dim >= PARALLEL_MIN)
     {
         std::vector<float> cosines(half), sines(half);
 #pragma omp for schedule(static)
@@ -98,7 +101,7 @@ ciq_status ciq_cpu_attention(const float *q, const uint16_t *k_cache, const uint
 
 ciq_status ciq_cpu_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values) {
     uint16_t *dst = cache + start * row_values;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (tokens * row_values >= PARALLEL_MIN)
     for (int64_t i = 0; i < tokens * row_values; ++i) dst[i] = ciq_fp32_to_fp16(x[i]);
     return CIQ_OK;
 }
@@ -120,12 +123,12 @@ static const std::vector<uint16_t> &gelu_table() {
 
 ciq_status ciq_cpu_glu(ciq_glu_kind kind, const float *gate, const float *up, int64_t n, float *out) {
     if (kind == CIQ_GLU_SILU) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= PARALLEL_MIN)
         for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
         return CIQ_OK;
     }
     const uint16_t *table = gelu_table().data();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= PARALLEL_MIN)
     for (int64_t i = 0; i < n; ++i) {
         const float g = gate[i];
         const float act = g <= -10.0f ? 0.0f : g >= 10.0f ? g : ciq_fp16_to_fp32(table[ciq_fp32_to_fp16(g)]);
@@ -135,13 +138,15 @@ ciq_status ciq_cpu_glu(ciq_glu_kind kind, const float *gate, const float *up, in
 }
 
 ciq_status ciq_cpu_add(const float *a, int64_t n, const float *b, int64_t b_n, float *out) {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i % b_n];
+#pragma omp parallel for schedule(static) if (n >= PARALLEL_MIN)
+    for (int64_t r = 0; r < n / b_n; ++r) {
+        for (int64_t i = r * b_n; i < (r + 1) * b_n; ++i) out[i] = a[i] + b[i - r * b_n];
+    }
     return CIQ_OK;
 }
 
 ciq_status ciq_cpu_scale(const float *x, float s, int64_t n, float *out) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= PARALLEL_MIN)
     for (int64_t i = 0; i < n; ++i) out[i] = x[i] * s;
     return CIQ_OK;
 }
@@ -149,7 +154,7 @@ ciq_status ciq_cpu_scale(const float *x, float s, int64_t n, float *out) {
 ciq_status ciq_cpu_get_rows(int type, const void *table, int64_t k, const int32_t *ids, int64_t n, float *out) {
     const int values = ciq_block_values(type), bytes = ciq_block_bytes(type);
     const size_t row_bytes = (size_t)(k / values) * bytes;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * k >= PARALLEL_MIN)
     for (int64_t r = 0; r < n; ++r) {
         const uint8_t *src = (const uint8_t *)table + (size_t)ids[r] * row_bytes;
         for (int64_t i = 0; i < k; ++i) out[r * k + i] = ciq_dequantize_value(type, src + (i / values) * bytes, (int)(i % values));
@@ -161,7 +166,7 @@ ciq_status ciq_cpu_dequantize_bf16(int type, const void *data, int64_t rows, int
     const int values = ciq_block_values(type), bytes = ciq_block_bytes(type);
     const size_t row_bytes = (size_t)(k / values) * bytes;
     uint16_t *o = (uint16_t *)out;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * k >= PARALLEL_MIN)
     for (int64_t r = 0; r < rows; ++r) {
         const uint8_t *src = (const uint8_t *)data + (size_t)r * row_bytes;
         for (int64_t i = 0; i < k; ++i) {
@@ -173,7 +178,7 @@ ciq_status ciq_cpu_dequantize_bf16(int type, const void *data, int64_t rows, int
 
 ciq_status ciq_cpu_convert_bf16(const float *x, int64_t n, void *out) {
     uint16_t *o = (uint16_t *)out;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= PARALLEL_MIN)
     for (int64_t i = 0; i < n; ++i) o[i] = ciq_fp32_to_bf16(x[i]);
     return CIQ_OK;
 }
