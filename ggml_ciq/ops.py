@@ -352,6 +352,7 @@ class NativeOps:
         self.native.check(self.native.lib.ciq_dequantize_bf16(self.device, tensor.ggml_type, raw.ptr, tensor.rows,
                                                               tensor.k, dense.ptr))
         del raw
+        self.trim()  # the raw blocks are not needed again: no cached copy of them
         return Weight(tensor.name, tensor.ggml_type, tensor.rows, tensor.k, "bf16", dense)
 
     def linear(self, weight: Weight, x) -> DeviceArray:
