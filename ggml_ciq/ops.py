@@ -80,7 +80,8 @@ class DeviceArray:
     copies it to the host; ``view(shape)`` and ``rows(start, stop)`` share its memory."""
 
     def __init__(self, allocation: _Allocation, shape, dtype, offset: int = 0):
-        self._allocation, self.shape, self.dtype, self._offset = allocation, tuple(int(s) for s in shape), np.dtype(dtype), offset
+        self._allocation, self._offset = allocation, offset
+        self.shape, self.dtype = tuple(int(s) for s in shape), np.dtype(dtype)
         self.device = allocation.device
         self.nbytes = math.prod(self.shape) * self.dtype.itemsize
         self.ptr = allocation.native.ffi.cast("char *", allocation.ptr) + offset
@@ -105,9 +106,9 @@ class DeviceArray:
     def view(self, shape) -> "DeviceArray":
         shape = tuple(int(s) for s in shape)
         if -1 in shape:
-            known = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
+            known = math.prod(s for s in shape if s != -1)
             shape = tuple(self.size // max(known, 1) if s == -1 else s for s in shape)
-        if int(np.prod(shape, dtype=np.int64)) != self.size:
+        if math.prod(shape) != self.size:
             raise ShapeError(f"cannot view {self.shape} as {shape}")
         return DeviceArray(self._allocation, shape, self.dtype, self._offset)
 
@@ -115,7 +116,8 @@ class DeviceArray:
         if not 0 <= start <= stop <= self.shape[0]:
             raise ShapeError(f"rows {start}:{stop} outside the {self.shape[0]} rows of {self.shape}")
         row_bytes = self.nbytes // self.shape[0] if self.shape[0] else 0
-        return DeviceArray(self._allocation, (stop - start,) + self.shape[1:], self.dtype, self._offset + start * row_bytes)
+        return DeviceArray(self._allocation, (stop - start,) + self.shape[1:], self.dtype,
+                           self._offset + start * row_bytes)
 
 
 @dataclass
