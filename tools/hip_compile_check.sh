@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# HIP device-code compile check, no ROCm needed: Debian's clang-19 compiles quantize.cu and gemm_wmma.cu for
-# gfx1100 (RDNA3) and gfx1201 (RDNA4), wave32, with the declarations of native/src/cuda/hip_nogpuinc.h, and emits
-# assembly. Fails on a compile error, or unless every WMMA variant's kernel (both weight types) contains
+# HIP device-code compile check, no ROCm needed: Debian's clang-19 compiles the kernels (quantize.cu, gemm_wmma.cu,
+# ops.cu, attention.cu; the mma/wgmma stubs) for gfx1100 (RDNA3) and gfx1201 (RDNA4), wave32, with the declarations
+# of native/src/cuda/hip_nogpuinc.h, and emits assembly. Fails on a compile error, or unless every WMMA variant's kernel (both weight types) contains
 # v_wmma_i32_16x16x16_iu8 in its own function body. Installs clang-19 and lld-19 with apt when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,7 +38,7 @@ wmma_per_function() {
 
 status=0
 for arch in gfx1100 gfx1201; do
-  for src in quantize gemm_wmma gemm_mma gemm_wgmma; do  # mma, wgmma: their HIP stubs compile
+  for src in quantize gemm_wmma gemm_mma gemm_wgmma ops attention; do  # mma, wgmma: their HIP stubs compile
     clang++-19 -x hip --offload-arch="$arch" --cuda-device-only -nogpuinc -nogpulib -O3 -S -std=c++17 -Wall \
       -DGGML_CIQ_HIP -DGGML_CIQ_HIP_NOGPUINC -I native/include -I native/src \
       "native/src/cuda/$src.cu" -o "$out/$src-$arch.s"
@@ -46,6 +46,13 @@ for arch in gfx1100 gfx1201; do
   kernels=$(grep -c '^[[:space:]]*\.amdhsa_kernel ' "$out/quantize-$arch.s" || true)
   echo "$arch: quantize.cu compiled, $kernels kernels"
   [ "$kernels" -eq 2 ] || { echo "  FAIL: expected 2 quantize kernels"; status=1; }
+  # ops.cu: rms_norm, rope, kv_store, glu, add, scale, get_rows, dequantize_bf16, convert_bf16; attention.cu: the
+  # simt kernel for head_dim 64, 96, 128, 256 (mma is CUDA-only).
+  for expect in "ops 9" "attention 4"; do
+    kernels=$(grep -c '^[[:space:]]*\.amdhsa_kernel ' "$out/${expect% *}-$arch.s" || true)
+    echo "$arch: ${expect% *}.cu compiled, $kernels kernels"
+    [ "$kernels" -eq "${expect#* }" ] || { echo "  FAIL: expected ${expect#* } ${expect% *} kernels"; status=1; }
+  done
   wmma_per_function "$out/gemm_wmma-$arch.s" > "$out/counts-$arch"
   for variant in "${variants[@]}"; do
     for type in "${types[@]}"; do

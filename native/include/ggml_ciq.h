@@ -122,6 +122,56 @@ ciq_status ciq_timer_stop(void *timer, float *milliseconds);
 /* Dispatch counters: kernel launches per resolved variant and weight type since the last reset. */
 ciq_status ciq_dispatch_count(ciq_variant variant, ciq_weight_type type, uint64_t *count);
 void       ciq_dispatch_reset(void);
+/* Transformer ops for the prefill engine. Tensors are contiguous and row-major (rows first, features last), all
+ * float math is float32, f16 is IEEE half (the K/V cache), bf16 the upper half of a float32. out may equal an
+ * input (same shape) except for ciq_attention. Float order per device: native/src/cpu/ops.cpp, cuda/ops.cu. */
+typedef enum {             /* ggml's rope modes */
+    CIQ_ROPE_NORM = 0,     /* rotates dimension pairs (2i, 2i+1) */
+    CIQ_ROPE_NEOX = 2      /* rotates dimension pairs (i, i + head_dim/2) */
+} ciq_rope_mode;
+
+typedef enum {
+    CIQ_GLU_SILU = 0,      /* silu(gate) * up */
+    CIQ_GLU_GELU = 1       /* tanh-GELU(gate) * up: CPU through ggml's fp16 table, GPU in float */
+} ciq_glu_kind;
+
+typedef enum {
+    CIQ_ATTENTION_AUTO = 0, /* CPU: cpu; GPU: mma where available, else simt */
+    CIQ_ATTENTION_CPU = 1,  /* host kernel */
+    CIQ_ATTENTION_SIMT = 2, /* GPU, CUDA cores: float32 q.k and p.v */
+    CIQ_ATTENTION_MMA = 3   /* GPU sm_80+ (CUDA), mma.sync m16n8k16: q and p rounded to f16, float32 accumulation */
+} ciq_attention_kernel;
+
+/* out[n][d] = x * 1/sqrt(mean(x^2) + eps), then * weight[d] unless weight is NULL (ggml rms_norm, mul). */
+ciq_status ciq_rms_norm(int device, const float *x, const float *weight, float eps, int64_t n, int64_t d, float *out);
+/* RoPE on x[tokens][heads][head_dim] over all head_dim dims: angle positions[t] * base^(-2i/head_dim). */
+ciq_status ciq_rope(int device, ciq_rope_mode mode, const float *x, const int32_t *positions, int64_t tokens,
+                    int64_t heads, int64_t head_dim, float base, float *out);
+/* Causal GQA: out[t][h*head_dim + e] from q[t][h][:], caches [cache_rows][heads_kv][head_dim] f16 holding
+ * positions 0..n_past+tokens-1. Query t (position n_past + t) sees key p when p <= n_past + t and (window == 0 or
+ * n_past + t - p < window); head h reads kv head h / (heads / heads_kv). Softmax of scale * q.k in float32. */
+ciq_status ciq_attention(int device, ciq_attention_kernel kernel, const float *q, const uint16_t *k_cache,
+                         const uint16_t *v_cache, int64_t tokens, int64_t heads, int64_t heads_kv, int64_t head_dim,
+                         int64_t cache_rows, int64_t n_past, float scale, int64_t window, float *out);
+/* Which kernel ciq_attention runs for this request on this device (AUTO resolved, availability checked). */
+ciq_status ciq_attention_resolve(int device, ciq_attention_kernel kernel, int64_t head_dim,
+                                 ciq_attention_kernel *resolved);
+/* cache[start + t][:] = x[t][:] rounded to f16 (nearest even); row_values = heads_kv * head_dim. */
+ciq_status ciq_kv_store(int device, uint16_t *cache, int64_t start, const float *x, int64_t tokens,
+                        int64_t row_values);
+/* out[i] = act(gate[i]) * up[i] for n values. */
+ciq_status ciq_glu(int device, ciq_glu_kind kind, const float *gate, const float *up, int64_t n, float *out);
+/* out[i] = a[i] + b[i % b_n] for n values (b_n divides n: a bias row repeated over rows). */
+ciq_status ciq_add(int device, const float *a, int64_t n, const float *b, int64_t b_n, float *out);
+ciq_status ciq_scale(int device, const float *x, float s, int64_t n, float *out);       /* out = x * s */
+/* out[i][:] = row ids[i] of table [table_rows][k] dequantized to float32 as ggml does. ggml_type: F32 0, F16 1,
+ * Q4_0 2, Q5_0 6, Q8_0 8, Q4_K 12, Q5_K 13, Q6_K 14, BF16 30. */
+ciq_status ciq_get_rows(int device, int ggml_type, const void *table, int64_t table_rows, int64_t k,
+                        const int32_t *ids, int64_t n, float *out);
+/* A whole [rows][k] tensor of ggml_type dequantized to bf16 (float32 value rounded to nearest even). */
+ciq_status ciq_dequantize_bf16(int device, int ggml_type, const void *data, int64_t rows, int64_t k, void *out);
+/* out[i] = x[i] rounded to bf16 (nearest even), n values. */
+ciq_status ciq_convert_bf16(int device, const float *x, int64_t n, void *out);
 /* CDEF-END */
 
 #ifdef __cplusplus

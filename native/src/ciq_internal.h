@@ -53,6 +53,19 @@ ciq_status ciq_cpu_quantize_q8_1_mmq(bool ds4, const float *x, void *out, int64_
 ciq_status ciq_cpu_convert_f16(const float *x, void *out, int64_t tokens, int64_t k);
 ciq_status ciq_cpu_gemm(ciq_semantics semantics, ciq_weight_type type, const void *weight, int64_t rows, int64_t k,
                         const void *x_quantized, int64_t tokens, void *out, ciq_out_type out_type);
+ciq_status ciq_cpu_rms_norm(const float *x, const float *weight, float eps, int64_t n, int64_t d, float *out);
+ciq_status ciq_cpu_rope(ciq_rope_mode mode, const float *x, const int32_t *positions, int64_t tokens, int64_t heads,
+                        int64_t head_dim, float base, float *out);
+ciq_status ciq_cpu_attention(const float *q, const uint16_t *k_cache, const uint16_t *v_cache, int64_t tokens,
+                             int64_t heads, int64_t heads_kv, int64_t head_dim, int64_t n_past, float scale,
+                             int64_t window, float *out);
+ciq_status ciq_cpu_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values);
+ciq_status ciq_cpu_glu(ciq_glu_kind kind, const float *gate, const float *up, int64_t n, float *out);
+ciq_status ciq_cpu_add(const float *a, int64_t n, const float *b, int64_t b_n, float *out);
+ciq_status ciq_cpu_scale(const float *x, float s, int64_t n, float *out);
+ciq_status ciq_cpu_get_rows(int type, const void *table, int64_t k, const int32_t *ids, int64_t n, float *out);
+ciq_status ciq_cpu_dequantize_bf16(int type, const void *data, int64_t rows, int64_t k, void *out);
+ciq_status ciq_cpu_convert_bf16(const float *x, int64_t n, void *out);
 int ciq_cpu_threads(void);
 void ciq_cpu_set_threads(int threads);
 const char *ciq_cpu_features(void);
@@ -85,6 +98,23 @@ ciq_status ciq_cuda_dense_gemm_bf16(int device, const void *weight, int64_t rows
 ciq_status ciq_cuda_convert_f16(const float *x, void *out, int64_t tokens, int64_t k);
 ciq_status ciq_cuda_gemm_wgmma(int device, ciq_weight_type type, const void *weight, int64_t rows, int64_t k,
                                const void *x_f16, int64_t tokens, void *out, ciq_out_type out_type);
+// Transformer ops (cuda/ops.cu, cuda/attention.cu); arguments checked by the C API. get_rows writes NaN rows for ids
+// outside [0, table_rows).
+ciq_status ciq_cuda_rms_norm(const float *x, const float *weight, float eps, int64_t n, int64_t d, float *out);
+ciq_status ciq_cuda_rope(ciq_rope_mode mode, const float *x, const int32_t *positions, int64_t tokens, int64_t heads,
+                         int64_t head_dim, float base, float *out);
+bool ciq_cuda_attention_supports(ciq_attention_kernel kernel, int64_t head_dim);  // SIMT or MMA
+ciq_status ciq_cuda_attention(ciq_attention_kernel kernel, const float *q, const uint16_t *k_cache,
+                              const uint16_t *v_cache, int64_t tokens, int64_t heads, int64_t heads_kv,
+                              int64_t head_dim, int64_t n_past, float scale, int64_t window, float *out);
+ciq_status ciq_cuda_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values);
+ciq_status ciq_cuda_glu(ciq_glu_kind kind, const float *gate, const float *up, int64_t n, float *out);
+ciq_status ciq_cuda_add(const float *a, int64_t n, const float *b, int64_t b_n, float *out);
+ciq_status ciq_cuda_scale(const float *x, float s, int64_t n, float *out);
+ciq_status ciq_cuda_get_rows(int type, const void *table, int64_t table_rows, int64_t k, const int32_t *ids, int64_t n,
+                             float *out);
+ciq_status ciq_cuda_dequantize_bf16(int type, const void *data, int64_t rows, int64_t k, void *out);
+ciq_status ciq_cuda_convert_bf16(const float *x, int64_t n, void *out);
 // x is q8_1-mmq (DS4 for Q4_K, D4 for Q6_K).
 ciq_status ciq_cuda_gemm_mma(ciq_weight_type type, const void *weight, int64_t rows, int64_t k,
                              const void *x_q8_1_mmq, int64_t tokens, void *out, ciq_out_type out_type);

@@ -1,5 +1,5 @@
-// hip_nogpuinc.h - the few HIP declarations quantize.cu and gemm_wmma.cu need, for tools/hip_compile_check.sh: a
-// device-code-only compile with clang -nogpuinc, no ROCm installed. vendor.cuh includes it instead of the ROCm
+// hip_nogpuinc.h - the few HIP declarations the kernels (quantize, gemm_wmma, ops, attention) need, for
+// tools/hip_compile_check.sh: a device-code-only compile with clang -nogpuinc, no ROCm installed. vendor.cuh includes it instead of the ROCm
 // headers when GGML_CIQ_HIP_NOGPUINC is defined; no build uses it. The device functions follow HIP's own
 // definitions (so the emitted code is representative), the host API is declared only (the device pass parses it).
 #pragma once
@@ -42,8 +42,17 @@ static __device__ __forceinline__ ciq_hip_index ciq_hip_thread_idx() {
 static __device__ __forceinline__ ciq_hip_index ciq_hip_block_idx() {
     return {__builtin_amdgcn_workgroup_id_x(), __builtin_amdgcn_workgroup_id_y(), __builtin_amdgcn_workgroup_id_z()};
 }
+static __device__ __forceinline__ ciq_hip_index ciq_hip_block_dim() {
+    return {__builtin_amdgcn_workgroup_size_x(), __builtin_amdgcn_workgroup_size_y(), __builtin_amdgcn_workgroup_size_z()};
+}
+static __device__ __forceinline__ ciq_hip_index ciq_hip_grid_dim() {
+    const ciq_hip_index b = ciq_hip_block_dim();
+    return {__builtin_amdgcn_grid_size_x() / b.x, __builtin_amdgcn_grid_size_y() / b.y, __builtin_amdgcn_grid_size_z() / b.z};
+}
 #define threadIdx (ciq_hip_thread_idx())
 #define blockIdx (ciq_hip_block_idx())
+#define blockDim (ciq_hip_block_dim())
+#define gridDim (ciq_hip_grid_dim())
 
 static __device__ __forceinline__ void __syncthreads() {
     __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
@@ -79,6 +88,9 @@ static __host__ __device__ __forceinline__ uint4 make_uint4(unsigned int x, unsi
 static __host__ __device__ __forceinline__ float4 make_float4(float x, float y, float z, float w) {
     return {x, y, z, w};
 }
+struct __align__(8) float2 {
+    float x, y;
+};
 
 // ---- half, bfloat16 ----
 typedef _Float16 __half;
@@ -92,6 +104,10 @@ static __device__ __forceinline__ unsigned short __half_as_ushort(__half h) {
     return __builtin_bit_cast(unsigned short, h);
 }
 static __device__ __forceinline__ float __half2float(__half h) { return (float)h; }
+struct __align__(4) __half2 {
+    __half x, y;
+};
+static __device__ __forceinline__ float2 __half22float2(__half2 h) { return {(float)h.x, (float)h.y}; }
 static __device__ __forceinline__ __half __float2half_rn(float f) { return (__half)f; }
 static __device__ __forceinline__ __hip_bfloat16 __float2bfloat16(float f) {  // round to nearest even, NaN stays NaN
     uint32_t u = __builtin_bit_cast(uint32_t, f);
@@ -107,5 +123,19 @@ static __device__ __forceinline__ float roundf(float x) { return __builtin_round
 static __device__ __forceinline__ int min(int a, int b) { return a < b ? a : b; }
 static __device__ __forceinline__ float __fdiv_rn(float a, float b) { return a / b; }
 static __device__ __forceinline__ float __fmul_rn(float a, float b) { return a * b; }
+static __device__ __forceinline__ float __fadd_rn(float a, float b) { return a + b; }
+static __device__ __forceinline__ float __fsub_rn(float a, float b) { return a - b; }
+static __device__ __forceinline__ float __fsqrt_rn(float x) { return __builtin_sqrtf(x); }
+static __device__ __forceinline__ int max(int a, int b) { return a > b ? a : b; }
+static __device__ __forceinline__ float __uint_as_float(unsigned int x) { return __builtin_bit_cast(float, x); }
+// libm functions: ROCm's device library (ocml) implements them; declared only (no device library is linked).
+extern "C" __device__ float __ocml_exp_f32(float);
+extern "C" __device__ float __ocml_tanh_f32(float);
+extern "C" __device__ float __ocml_cos_f32(float);
+extern "C" __device__ float __ocml_sin_f32(float);
+static __device__ __forceinline__ float expf(float x) { return __ocml_exp_f32(x); }
+static __device__ __forceinline__ float tanhf(float x) { return __ocml_tanh_f32(x); }
+static __device__ __forceinline__ float cosf(float x) { return __ocml_cos_f32(x); }
+static __device__ __forceinline__ float sinf(float x) { return __ocml_sin_f32(x); }
 static __device__ __forceinline__ int __float2int_rn(float x) { return (int)__builtin_rintf(x); }
 static __device__ __forceinline__ unsigned int __float_as_uint(float x) { return __builtin_bit_cast(unsigned int, x); }

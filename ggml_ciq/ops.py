@@ -1,0 +1,406 @@
+"""NativeOps: the prefill engine's ops on libggml_ciq buffers, on the CPU (device -1) or a GPU.
+
+Arrays are ``DeviceArray``: contiguous row-major float32, float16 or int32 in a ``ciq_malloc`` buffer on the ops'
+device. Methods take DeviceArrays (numpy inputs are copied to the device first) and return new DeviceArrays, except
+``kv_store`` (in place). Float order per device is documented in native/src/cpu/ops.cpp and native/src/cuda/ops.cu.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import native, quants
+from .errors import InvalidArgumentError, ShapeError, UnsupportedTypeError
+from .model import Tensor
+
+DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int32))
+GET_ROWS_TYPES = (quants.F32, quants.F16, quants.BF16, quants.Q4_0, quants.Q5_0, quants.Q8_0, quants.Q4_K,
+                  quants.Q5_K, quants.Q6_K)
+ATTENTION_KERNELS = ("auto", "cpu", "simt", "mma")  # ciq_attention_kernel
+OP_CLASSES = ("keep-quant GEMM", "other GEMM", "attention", "rest")
+
+
+class _Pool:
+    """The buffers of one NativeOps: ``allocated`` bytes in all, of which ``free`` (by exact size) wait for reuse.
+    A GPU buffer is never handed back to the driver while the ops run (cudaFree synchronizes the device); reuse is
+    safe because every op is queued in order on one stream."""
+
+    def __init__(self, device: int):
+        self.native, self.device = native.load(), device
+        self.allocated = 0
+        self.free: dict[int, list] = {}
+
+    def take(self, nbytes: int):
+        cached = self.free.get(nbytes)
+        if cached:
+            return cached.pop()
+        ptr = self.native.ffi.new("void **")
+        self.native.check(self.native.lib.ciq_malloc(self.device, nbytes, ptr))
+        self.allocated += nbytes
+        return ptr[0]
+
+    def give(self, nbytes: int, ptr) -> None:
+        self.free.setdefault(nbytes, []).append(ptr)
+
+    def trim(self) -> None:
+        """Free every cached buffer."""
+        for nbytes, ptrs in self.free.items():
+            for ptr in ptrs:
+                self.native.check(self.native.lib.ciq_free(self.device, ptr))
+                self.allocated -= nbytes
+        self.free.clear()
+
+    def __del__(self):
+        try:
+            self.trim()
+        except Exception:  # interpreter shutdown: the library may be gone already
+            pass
+
+
+class _Allocation:
+    """One pooled buffer, returned to its pool when the last DeviceArray on it is gone."""
+
+    def __init__(self, pool: _Pool, nbytes: int):
+        self.pool, self.nbytes, self.device, self.native = pool, nbytes, pool.device, pool.native
+        self.ptr = pool.take(nbytes)
+
+    def __del__(self):
+        if getattr(self, "ptr", None) is not None:
+            self.pool.give(self.nbytes, self.ptr)
+            self.ptr = None
+
+
+class DeviceArray:
+    """A contiguous array in device memory: ``shape``, ``dtype``, ``ptr``, ``device``, ``nbytes``; ``numpy()``
+    copies it to the host; ``view(shape)`` and ``rows(start, stop)`` share its memory."""
+
+    def __init__(self, allocation: _Allocation, shape, dtype, offset: int = 0):
+        self._allocation, self._offset = allocation, offset
+        self.shape, self.dtype = tuple(int(s) for s in shape), np.dtype(dtype)
+        self.device = allocation.device
+        self.nbytes = math.prod(self.shape) * self.dtype.itemsize
+        self.ptr = allocation.native.ffi.cast("char *", allocation.ptr) + offset
+
+    @property
+    def size(self) -> int:
+        return self.nbytes // self.dtype.itemsize
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return f"DeviceArray(shape={self.shape}, dtype={self.dtype}, device={self.device})"
+
+    def numpy(self) -> np.ndarray:
+        out = np.empty(self.shape, self.dtype)
+        n = self._allocation.native
+        if self.nbytes:
+            n.check(n.lib.ciq_memcpy_to_host(self.device, n.ffi.from_buffer(out), self.ptr, self.nbytes))
+        return out
+
+    def view(self, shape) -> "DeviceArray":
+        shape = tuple(int(s) for s in shape)
+        if -1 in shape:
+            known = math.prod(s for s in shape if s != -1)
+            shape = tuple(self.size // max(known, 1) if s == -1 else s for s in shape)
+        if math.prod(shape) != self.size:
+            raise ShapeError(f"cannot view {self.shape} as {shape}")
+        return DeviceArray(self._allocation, shape, self.dtype, self._offset)
+
+    def rows(self, start: int, stop: int) -> "DeviceArray":
+        if not 0 <= start <= stop <= self.shape[0]:
+            raise ShapeError(f"rows {start}:{stop} outside the {self.shape[0]} rows of {self.shape}")
+        row_bytes = self.nbytes // self.shape[0] if self.shape[0] else 0
+        return DeviceArray(self._allocation, (stop - start,) + self.shape[1:], self.dtype,
+                           self._offset + start * row_bytes)
+
+
+@dataclass
+class Weight:
+    """A weight matrix [rows, k] ready for ``linear``: raw Q4_K/Q6_K blocks ("keep-quant"), or dequantized once
+    to bf16 (GPU, "bf16") or float32 (CPU, "f32")."""
+
+    name: str
+    ggml_type: int
+    rows: int
+    k: int
+    kind: str
+    data: DeviceArray
+
+
+class NativeOps:
+    """The engine's ops over libggml_ciq on one device ("cpu", "cuda", "cuda:N" or an index; -1 is the CPU).
+
+    ``semantics`` of the keep-quant GEMMs defaults to llama.cpp CPU's on the CPU and to whatever the fastest GPU
+    kernel implements on a GPU ("any"); ``attention_kernel`` is one of ATTENTION_KERNELS."""
+
+    def __init__(self, device="cpu", semantics: str | None = None, attention_kernel: str = "auto"):
+        self.device = native.parse_device(device)
+        self.native = native.load()
+        if self.device >= 0 and self.device >= native.device_count():
+            raise InvalidArgumentError(f"GPU {self.device} requested but {native.device_count()} found")
+        self.semantics = semantics or ("cpu" if self.device < 0 else "any")
+        if self.semantics not in native.SEMANTICS:
+            raise InvalidArgumentError(f"unknown semantics {self.semantics!r}")
+        if attention_kernel not in ATTENTION_KERNELS:
+            raise InvalidArgumentError(f"unknown attention kernel {attention_kernel!r} (choose from "
+                                       f"{', '.join(ATTENTION_KERNELS)})")
+        self.attention_kernel = attention_kernel
+        self.timings: dict[str, float] = defaultdict(float)
+        self._pool = _Pool(self.device)
+        self._tables: dict[str, DeviceArray] = {}  # get_rows tables by tensor name
+        self._bf16_scratch: DeviceArray | None = None
+
+    # -- arrays -----------------------------------------------------------------------------------------------
+    def empty(self, shape, dtype=np.float32) -> DeviceArray:
+        shape = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
+        dtype = np.dtype(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        return DeviceArray(_Allocation(self._pool, nbytes), shape, dtype)
+
+    def zeros(self, shape, dtype=np.float32) -> DeviceArray:
+        out = self.empty(shape, dtype)
+        if out.nbytes:
+            self.native.check(self.native.lib.ciq_memset(self.device, out.ptr, 0, out.nbytes))
+        return out
+
+    def asarray(self, a, dtype=None) -> DeviceArray:
+        """A device copy of a host array (float types -> float32 unless float16, ints -> int32); a DeviceArray on
+        this device is returned as it is."""
+        if isinstance(a, DeviceArray):
+            if a.device != self.device:
+                raise InvalidArgumentError(f"array on device {a.device} used by ops on device {self.device}")
+            if dtype is not None and a.dtype != np.dtype(dtype):
+                raise InvalidArgumentError(f"expected a {np.dtype(dtype)} array, got {a.dtype}")
+            return a
+        a = np.asarray(a)
+        if dtype is None:
+            dtype = a.dtype if a.dtype in DTYPES else np.int32 if a.dtype.kind in "iu" else np.float32
+        a = np.ascontiguousarray(a, dtype=dtype)
+        out = self.empty(a.shape, a.dtype)
+        if a.nbytes:
+            n = self.native
+            n.check(n.lib.ciq_memcpy_to_device(self.device, out.ptr, n.ffi.from_buffer(a), a.nbytes))
+        return out
+
+    def numpy(self, x) -> np.ndarray:
+        return x.numpy() if isinstance(x, DeviceArray) else np.asarray(x)
+
+    def memory_bytes(self) -> int:
+        """Bytes allocated on the device by these ops: live arrays and buffers cached for reuse."""
+        return self._pool.allocated
+
+    def trim(self) -> None:
+        """Free the buffers cached for reuse (no array uses them)."""
+        self._pool.trim()
+
+    # -- timing -------------------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def timer(self, op_class: str):
+        """Seconds of the enclosed ops added to timings[op_class]; device time (CUDA events) on a GPU."""
+        n = self.native
+        handle = n.ffi.new("void **")
+        n.check(n.lib.ciq_timer_start(self.device, handle))
+        try:
+            yield
+        finally:
+            ms = n.ffi.new("float *")
+            n.check(n.lib.ciq_timer_stop(handle[0], ms))
+            self.timings[op_class] += ms[0] / 1000.0
+
+    # -- ops ----------------------------------------------------------------------------------------------------
+    def _f32(self, x, what: str) -> DeviceArray:
+        x = self.asarray(x, None if isinstance(x, DeviceArray) else np.float32)
+        if x.dtype != np.float32:
+            raise InvalidArgumentError(f"{what} must be float32, got {x.dtype}")
+        return x
+
+    def get_rows(self, tensor: Tensor, ids) -> DeviceArray:
+        """Rows ``ids`` of a [rows, k] table dequantized to float32 as llama.cpp's get_rows."""
+        if tensor.ggml_type not in GET_ROWS_TYPES:
+            raise UnsupportedTypeError(f"{tensor.name}: get_rows of type {tensor.type_name} is not supported")
+        ids = np.asarray(ids).reshape(-1)
+        if ids.size == 0:
+            raise ShapeError("get_rows: no ids")
+        if ids.min() < 0 or ids.max() >= tensor.rows:
+            raise ShapeError(f"{tensor.name}: row ids must be in [0, {tensor.rows}), got {ids.min()}..{ids.max()}")
+        table = self._tables.get(tensor.name)
+        if table is None:
+            table = self._tables[tensor.name] = self._upload_raw(tensor)
+        ids_dev = self.asarray(ids, np.int32)
+        out = self.empty((ids.size, tensor.k))
+        self.native.check(self.native.lib.ciq_get_rows(self.device, tensor.ggml_type, table.ptr, tensor.rows, tensor.k,
+                                                       self._i32(ids_dev), ids.size, self._fp(out)))
+        return out
+
+    def _upload_raw(self, tensor: Tensor) -> DeviceArray:
+        raw = np.ascontiguousarray(tensor.raw())
+        out = self.empty((raw.size,), np.uint8)
+        n = self.native
+        n.check(n.lib.ciq_memcpy_to_device(self.device, out.ptr, n.ffi.from_buffer(raw), raw.nbytes))
+        return out
+
+    def rms_norm(self, x, weight, eps: float) -> DeviceArray:
+        """ggml's rms_norm over the last axis, then * weight (None: no weight)."""
+        x = self._f32(x, "rms_norm input")
+        d = x.shape[-1]
+        w = None
+        if weight is not None:
+            w = self._f32(weight, "rms_norm weight")
+            if w.size != d:
+                raise ShapeError(f"rms_norm: weight of {w.size} values for rows of {d}")
+        out = self.empty(x.shape)
+        n = self.native
+        n.check(n.lib.ciq_rms_norm(self.device, self._fp(x), self._fp(w) if w is not None else n.ffi.NULL, float(eps),
+                                   x.size // d, d, self._fp(out)))
+        return out
+
+    def rope(self, x, positions, base: float, neox: bool = False) -> DeviceArray:
+        """ggml RoPE (NORM or NEOX) of x[T, H, D] over all D dims at positions[T]."""
+        x = self._f32(x, "rope input")
+        if len(x.shape) != 3:
+            raise ShapeError(f"rope: x must be [tokens, heads, head_dim], got {x.shape}")
+        positions = self.asarray(positions, None if isinstance(positions, DeviceArray) else np.int32)
+        if positions.dtype != np.int32 or positions.size != x.shape[0]:
+            raise ShapeError(f"rope: positions must be int32[{x.shape[0]}], got {positions.dtype}{positions.shape}")
+        out = self.empty(x.shape)
+        n = self.native
+        n.check(n.lib.ciq_rope(self.device, 2 if neox else 0, self._fp(x), self._i32(positions), x.shape[0],
+                               x.shape[1], x.shape[2], float(base), self._fp(out)))
+        return out
+
+    def attention(self, q, k_cache, v_cache, n_past: int, scale: float, window: int = 0) -> DeviceArray:
+        """Causal GQA of q[T, H, D] over f16 caches [C, Hkv, D] holding positions 0..n_past+T-1 -> [T, H*D]."""
+        q = self._f32(q, "attention q")
+        k_cache, v_cache = self.asarray(k_cache, np.float16), self.asarray(v_cache, np.float16)
+        if len(q.shape) != 3 or len(k_cache.shape) != 3 or k_cache.shape != v_cache.shape:
+            raise ShapeError(f"attention: q [T, H, D] and equal caches [C, Hkv, D], got {q.shape}, {k_cache.shape}, "
+                             f"{v_cache.shape}")
+        t, h, d = q.shape
+        c, hkv, dk = k_cache.shape
+        if dk != d or h % hkv or n_past < 0 or n_past + t > c:
+            raise ShapeError(f"attention: q {q.shape} with caches {k_cache.shape} at n_past {n_past}")
+        out = self.empty((t, h * d))
+        n = self.native
+        n.check(n.lib.ciq_attention(self.device, ATTENTION_KERNELS.index(self.attention_kernel), self._fp(q),
+                                    self._u16(k_cache), self._u16(v_cache), t, h, hkv, d, c, int(n_past), float(scale),
+                                    int(window), self._fp(out)))
+        return out
+
+    def attention_kernel_name(self, head_dim: int) -> str:
+        """The kernel ``attention`` runs for this head_dim on this device."""
+        n = self.native
+        out = n.ffi.new("ciq_attention_kernel *")
+        n.check(n.lib.ciq_attention_resolve(self.device, ATTENTION_KERNELS.index(self.attention_kernel), head_dim, out))
+        return ATTENTION_KERNELS[out[0]]
+
+    def kv_store(self, cache, start: int, x) -> None:
+        """cache[start:start+T] = x[T, Hkv, D] rounded to f16."""
+        if not isinstance(cache, DeviceArray) or cache.dtype != np.float16 or cache.device != self.device:
+            raise InvalidArgumentError("kv_store: the cache must be a float16 DeviceArray on this device")
+        x = self._f32(x, "kv_store input")
+        if x.shape[1:] != cache.shape[1:] or start < 0 or start + x.shape[0] > cache.shape[0]:
+            raise ShapeError(f"kv_store: {x.shape} at row {start} into a {cache.shape} cache")
+        n = self.native
+        n.check(n.lib.ciq_kv_store(self.device, self._u16(cache), int(start), self._fp(x), x.shape[0],
+                                   x.size // x.shape[0]))
+
+    def glu(self, gate, up, kind: str) -> DeviceArray:
+        """act(gate) * up; kind "silu" or "gelu" (tanh GELU: ggml's fp16 table on the CPU, float on a GPU)."""
+        if kind not in ("silu", "gelu"):
+            raise InvalidArgumentError(f"glu: unknown kind {kind!r} (silu or gelu)")
+        gate, up = self._f32(gate, "glu gate"), self._f32(up, "glu up")
+        self._same_size("glu", gate, up)
+        out = self.empty(gate.shape)
+        self.native.check(self.native.lib.ciq_glu(self.device, 0 if kind == "silu" else 1, self._fp(gate),
+                                                  self._fp(up), gate.size, self._fp(out)))
+        return out
+
+    def add(self, a, b) -> DeviceArray:
+        """a + b; b of a's shape, or a row of a's last axis (a bias) added to every row."""
+        a, b = self._f32(a, "add input"), self._f32(b, "add input")
+        if a.size != b.size and (len(b.shape) != 1 or b.size != a.shape[-1]):
+            raise ShapeError(f"add: {b.shape} is neither {a.shape} nor one row of it")
+        out = self.empty(a.shape)
+        self.native.check(self.native.lib.ciq_add(self.device, self._fp(a), a.size, self._fp(b), b.size, self._fp(out)))
+        return out
+
+    def scale(self, x, s: float) -> DeviceArray:
+        x = self._f32(x, "scale input")
+        out = self.empty(x.shape)
+        self.native.check(self.native.lib.ciq_scale(self.device, self._fp(x), float(s), x.size, self._fp(out)))
+        return out
+
+    # -- GEMMs --------------------------------------------------------------------------------------------------
+    def load_weight(self, tensor: Tensor) -> Weight:
+        """Q4_K/Q6_K: raw blocks for the keep-quant GEMM; other types dequantized once (bf16 on a GPU, float32
+        on the CPU)."""
+        if len(tensor.shape) != 2:
+            raise ShapeError(f"{tensor.name}: a weight must be 2-D, got shape {tensor.shape}")
+        if tensor.is_keep_quant:
+            return Weight(tensor.name, tensor.ggml_type, tensor.rows, tensor.k, "keep-quant", self._upload_raw(tensor))
+        if tensor.ggml_type not in GET_ROWS_TYPES:
+            raise UnsupportedTypeError(f"{tensor.name}: weight type {tensor.type_name} is not supported")
+        if self.device < 0:
+            return Weight(tensor.name, tensor.ggml_type, tensor.rows, tensor.k, "f32",
+                          self.asarray(tensor.dequantize(), np.float32))
+        raw = self._upload_raw(tensor)
+        dense = self.empty((tensor.rows, tensor.k), np.float16)  # bf16 bits; float16 only sizes the buffer
+        self.native.check(self.native.lib.ciq_dequantize_bf16(self.device, tensor.ggml_type, raw.ptr, tensor.rows,
+                                                              tensor.k, dense.ptr))
+        del raw
+        self.trim()  # the raw blocks are not needed again: no cached copy of them
+        return Weight(tensor.name, tensor.ggml_type, tensor.rows, tensor.k, "bf16", dense)
+
+    def linear(self, weight: Weight, x) -> DeviceArray:
+        """x[n, k] @ W^T -> [n, rows] float32."""
+        x = self._f32(x, "linear input")
+        if x.shape[-1] != weight.k:
+            raise ShapeError(f"{weight.name}: input rows of {x.shape[-1]} values, the weight takes {weight.k}")
+        tokens = x.size // weight.k
+        out = self.empty((tokens, weight.rows))
+        n = self.native
+        if weight.kind == "keep-quant":
+            n.check(n.lib.ciq_gemm(self.device, 0, native.SEMANTICS.index(self.semantics), weight.ggml_type,
+                                   weight.data.ptr, weight.data.nbytes, weight.rows, weight.k, self._fp(x), tokens,
+                                   out.ptr, 0))
+        elif weight.kind == "bf16":
+            scratch = self._bf16(tokens * weight.k)
+            n.check(n.lib.ciq_convert_bf16(self.device, self._fp(x), tokens * weight.k, scratch.ptr))
+            n.check(n.lib.ciq_dense_gemm_bf16(self.device, weight.data.ptr, weight.rows, weight.k, scratch.ptr, tokens,
+                                              out.ptr, 0))
+        else:  # CPU float32: the buffers are host memory
+            dense = self._host_view(weight.data)
+            np.matmul(self._host_view(x).reshape(tokens, weight.k), dense.T, out=self._host_view(out))
+        return out
+
+    # -- helpers ------------------------------------------------------------------------------------------------
+    def _bf16(self, values: int) -> DeviceArray:
+        if self._bf16_scratch is None or self._bf16_scratch.size < values:
+            self._bf16_scratch = None
+            self._bf16_scratch = self.empty((values,), np.float16)
+        return self._bf16_scratch
+
+    def _host_view(self, a: DeviceArray) -> np.ndarray:
+        """Zero-copy numpy view of a CPU (device -1) array."""
+        buf = self.native.ffi.buffer(a.ptr, a.nbytes)
+        return np.frombuffer(buf, a.dtype).reshape(a.shape)
+
+    @staticmethod
+    def _same_size(what: str, a: DeviceArray, b: DeviceArray) -> None:
+        if a.size != b.size:
+            raise ShapeError(f"{what}: {a.shape} and {b.shape} differ in size")
+
+    def _fp(self, a: DeviceArray):
+        return self.native.ffi.cast("float *", a.ptr)
+
+    def _i32(self, a: DeviceArray):
+        return self.native.ffi.cast("int32_t *", a.ptr)
+
+    def _u16(self, a: DeviceArray):
+        return self.native.ffi.cast("uint16_t *", a.ptr)

@@ -1,0 +1,348 @@
+// attention.cu - causal GQA FlashAttention-class kernels over the f16 K/V cache (the C API's ciq_attention).
+//
+// Layouts, said once:
+//   q        : float32 [tokens][heads][D]; query t sits at position n_past + t.
+//   k, v     : f16 [cache rows][heads_kv][D]; head h reads kv head h / (heads / heads_kv).
+//   out      : float32 [tokens][heads * D].
+// One CTA per (64-query tile, head). Key tiles of 64 rows cover positions [first, last]: first = the window start
+// of the tile's first query (0 without a window), last = the position of its last query. Each tile is staged in
+// shared memory as f16; scores never leave the CTA. Online softmax in float32: per query row the running max m and
+// sum l; a new tile with max m' rescales l and the output accumulators by expf(m - m'). Keys masked (causal,
+// window, past the cache's filled rows) score -inf, i.e. weight 0; a fully masked tile changes nothing.
+//
+//   simt: 256 threads, 4 per query row; thread j of a row scores keys j, j+4, ... (float32 FMAs over D) and owns
+//         output dims 2j + 8i, 2j + 8i + 1. Q is float32 in shared memory, the weights p go through shared memory
+//         within the row's 4 lanes.
+//   mma : 128 threads, 16 query rows per warp; S = Q K^T and O += P V with mma.sync m16n8k16 (f16 inputs, f32
+//         accumulators). Q is rounded to f16 when staged and P to f16 when fed back as the A operand (register
+//         reuse of the S accumulator layout, as FlashAttention-2); V's B operand comes from ldmatrix.trans.
+#include "common.cuh"
+
+#include <algorithm>
+#include <cmath>
+
+namespace {
+
+constexpr int ATTN_QUERIES = 64;  // queries per CTA
+constexpr int ATTN_KEYS = 64;     // keys per shared-memory tile
+
+struct AttentionArgs {
+    const float *q;
+    const uint16_t *k, *v;
+    float *out;
+    int tokens, heads, heads_kv, n_past, window;
+    float scale;
+};
+
+// The key range [first, end) the CTA's queries can see.
+__device__ __forceinline__ void key_range(const AttentionArgs &a, int q0, int *first, int *end) {
+    const int last_query = min(q0 + ATTN_QUERIES, a.tokens) - 1;
+    *end = a.n_past + last_query + 1;
+    *first = a.window > 0 ? max(0, a.n_past + q0 - a.window + 1) : 0;
+}
+
+__device__ __forceinline__ bool visible(const AttentionArgs &a, int query_pos, int key, int end) {
+    return key < end && key <= query_pos && (a.window == 0 || query_pos - key < a.window);
+}
+
+// ---- simt ---------------------------------------------------------------------------------------------------
+template <int D> struct SimtSmem {
+    static constexpr int Q_STRIDE = D + 1;        // floats; odd: rows on distinct banks
+    static constexpr int KV_STRIDE = D / 2 + 1;   // 32-bit words (half pairs)
+    static constexpr int P_STRIDE = ATTN_KEYS + 1;
+    static constexpr size_t BYTES = sizeof(float) * (ATTN_QUERIES * Q_STRIDE + ATTN_QUERIES * P_STRIDE) +
+                                    sizeof(uint32_t) * ATTN_KEYS * KV_STRIDE;
+};
+
+template <int D>
+__global__ void __launch_bounds__(256) attention_simt_kernel(AttentionArgs a) {
+    using S = SimtSmem<D>;
+    extern __shared__ float smem[];
+    float *qs = smem;                                              // [64][Q_STRIDE]
+    float *ps = qs + ATTN_QUERIES * S::Q_STRIDE;                   // [64][P_STRIDE]
+    uint32_t *kv = (uint32_t *)(ps + ATTN_QUERIES * S::P_STRIDE);  // [64][KV_STRIDE], K then V
+
+    const int q0 = blockIdx.x * ATTN_QUERIES, h = blockIdx.y, hkv = h / (a.heads / a.heads_kv);
+    const int tid = threadIdx.x, row = tid / 4, sub = tid % 4;
+    for (int i = tid; i < ATTN_QUERIES * D; i += 256) {
+        const int r = i / D, e = i % D;
+        qs[r * S::Q_STRIDE + e] = q0 + r < a.tokens ? a.q[((int64_t)(q0 + r) * a.heads + h) * D + e] : 0.0f;
+    }
+    int first, end;
+    key_range(a, q0, &first, &end);
+    const int query_pos = a.n_past + q0 + row;
+
+    float m = -INFINITY, l = 0.0f, o[D / 4];
+#pragma unroll
+    for (int i = 0; i < D / 4; ++i) o[i] = 0.0f;
+
+    for (int kt = first; kt < end; kt += ATTN_KEYS) {
+        const uint16_t *sources[2] = {a.k, a.v};
+        float s[ATTN_KEYS / 4];
+        float correction = 1.0f;
+#pragma unroll
+        for (int pass = 0; pass < 2; ++pass) {  // 0: K and the scores; 1: V and the outputs
+            __syncthreads();  // the previous pass is done with kv
+            for (int i = tid; i < ATTN_KEYS * (D / 2); i += 256) {
+                const int j = i / (D / 2), c = i % (D / 2), key = kt + j;
+                kv[j * S::KV_STRIDE + c] =
+                    key < end ? ((const uint32_t *)sources[pass])[((int64_t)key * a.heads_kv + hkv) * (D / 2) + c] : 0u;
+            }
+            __syncthreads();
+            if (pass == 0) {
+#pragma unroll
+                for (int jj = 0; jj < ATTN_KEYS / 4; ++jj) s[jj] = 0.0f;
+                for (int e = 0; e < D; e += 2) {
+                    const float qa = qs[row * S::Q_STRIDE + e], qb = qs[row * S::Q_STRIDE + e + 1];
+#pragma unroll
+                    for (int jj = 0; jj < ATTN_KEYS / 4; ++jj) {
+                        const float2 k2 = __half22float2(*(const __half2 *)&kv[(sub + 4 * jj) * S::KV_STRIDE + e / 2]);
+                        s[jj] += qa * k2.x + qb * k2.y;
+                    }
+                }
+                float tile_max = -INFINITY;
+#pragma unroll
+                for (int jj = 0; jj < ATTN_KEYS / 4; ++jj) {
+                    s[jj] = visible(a, query_pos, kt + sub + 4 * jj, end) ? s[jj] * a.scale : -INFINITY;
+                    tile_max = fmaxf(tile_max, s[jj]);
+                }
+                tile_max = fmaxf(tile_max, __shfl_xor_sync(0xFFFFFFFF, tile_max, 1));
+                tile_max = fmaxf(tile_max, __shfl_xor_sync(0xFFFFFFFF, tile_max, 2));
+                const float m_new = fmaxf(m, tile_max);
+                const float base = m_new == -INFINITY ? 0.0f : m_new;  // nothing visible yet: all weights 0
+                correction = expf(m - base);
+                l *= correction;
+#pragma unroll
+                for (int jj = 0; jj < ATTN_KEYS / 4; ++jj) {
+                    const float p = expf(s[jj] - base);
+                    l += p;
+                    ps[row * S::P_STRIDE + sub + 4 * jj] = p;
+                }
+                m = m_new;
+            } else {
+#pragma unroll
+                for (int i = 0; i < D / 4; ++i) o[i] *= correction;
+                const int keys = min(ATTN_KEYS, end - kt);
+                for (int j = 0; j < keys; ++j) {
+                    const float p = ps[row * S::P_STRIDE + j];
+#pragma unroll
+                    for (int i = 0; i < D / 8; ++i) {
+                        const float2 v2 = __half22float2(*(const __half2 *)&kv[j * S::KV_STRIDE + sub + 4 * i]);
+                        o[2 * i] += p * v2.x;
+                        o[2 * i + 1] += p * v2.y;
+                    }
+                }
+            }
+        }
+    }
+    l += __shfl_xor_sync(0xFFFFFFFF, l, 1);
+    l += __shfl_xor_sync(0xFFFFFFFF, l, 2);
+    if (q0 + row < a.tokens) {
+        float *out = a.out + (int64_t)(q0 + row) * a.heads * D + h * D;
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+            out[2 * sub + 8 * i] = o[2 * i] / l;
+            out[2 * sub + 8 * i + 1] = o[2 * i + 1] / l;
+        }
+    }
+}
+
+// ---- mma (CUDA sm_80+) --------------------------------------------------------------------------------------
+#if !defined(GGML_CIQ_HIP)
+
+template <int D> struct MmaSmem {
+    static constexpr int STRIDE = D + 8;  // halves: 16-byte rows for ldmatrix, rows 4 banks apart
+    static constexpr size_t BYTES = sizeof(__half) * 3 * ATTN_QUERIES * STRIDE;  // Q, K, V tiles
+};
+
+__device__ __forceinline__ void mma_16816(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                          uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *(const uint32_t *)&h;
+}
+
+template <int D>
+__global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
+    using S = MmaSmem<D>;
+    extern __shared__ __align__(16) __half smem_h[];
+    __half *qs = smem_h, *ks = qs + ATTN_QUERIES * S::STRIDE, *vs = ks + ATTN_KEYS * S::STRIDE;
+
+    const int q0 = blockIdx.x * ATTN_QUERIES, h = blockIdx.y, hkv = h / (a.heads / a.heads_kv);
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tig = lane % 4;
+    for (int i = tid; i < ATTN_QUERIES * D; i += 128) {
+        const int r = i / D, e = i % D;
+        qs[r * S::STRIDE + e] = __float2half_rn(q0 + r < a.tokens ? a.q[((int64_t)(q0 + r) * a.heads + h) * D + e] : 0.0f);
+    }
+    int first, end;
+    key_range(a, q0, &first, &end);
+    const int row0 = 16 * warp;  // the warp's rows: row0 + g and row0 + g + 8
+    const int pos[2] = {a.n_past + q0 + row0 + g, a.n_past + q0 + row0 + g + 8};
+
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    float o[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+
+    for (int kt = first; kt < end; kt += ATTN_KEYS) {
+        __syncthreads();  // every warp is done with the previous K and V tiles
+        for (int i = tid; i < 2 * ATTN_KEYS * (D / 8); i += 128) {  // 16-byte chunks of K then V rows
+            const int which = i / (ATTN_KEYS * (D / 8)), j = (i / (D / 8)) % ATTN_KEYS, c = i % (D / 8), key = kt + j;
+            const uint16_t *src = which ? a.v : a.k;
+            uint4 chunk = make_uint4(0, 0, 0, 0);
+            if (key < end) chunk = ((const uint4 *)(src + ((int64_t)key * a.heads_kv + hkv) * D))[c];
+            *(uint4 *)((which ? vs : ks) + j * S::STRIDE + 8 * c) = chunk;
+        }
+        __syncthreads();
+
+        // S = Q K^T for the warp's 16 rows and the tile's 64 keys (8 n-tiles of 8 keys).
+        float s[ATTN_KEYS / 8][4];
+#pragma unroll
+        for (int n = 0; n < ATTN_KEYS / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const __half *qa = qs + (row0 + g) * S::STRIDE + 16 * kk + 2 * tig;
+            const uint32_t a0 = *(const uint32_t *)qa, a1 = *(const uint32_t *)(qa + 8 * S::STRIDE);
+            const uint32_t a2 = *(const uint32_t *)(qa + 8), a3 = *(const uint32_t *)(qa + 8 * S::STRIDE + 8);
+#pragma unroll
+            for (int n = 0; n < ATTN_KEYS / 8; ++n) {
+                const __half *kb = ks + (8 * n + g) * S::STRIDE + 16 * kk + 2 * tig;
+                mma_16816(s[n], a0, a1, a2, a3, *(const uint32_t *)kb, *(const uint32_t *)(kb + 8));
+            }
+        }
+
+        // Mask, scale, online softmax. s[n][0..1]: row g, keys 8n + 2tig, +1; s[n][2..3]: row g + 8.
+        float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int n = 0; n < ATTN_KEYS / 8; ++n) {
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int key = kt + 8 * n + 2 * tig + (c & 1);
+                s[n][c] = visible(a, pos[c / 2], key, end) ? s[n][c] * a.scale : -INFINITY;
+                tile_max[c / 2] = fmaxf(tile_max[c / 2], s[n][c]);
+            }
+        }
+        float correction[2], base[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xFFFFFFFF, tile_max[r], 1));
+            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xFFFFFFFF, tile_max[r], 2));
+            const float m_new = fmaxf(m[r], tile_max[r]);
+            base[r] = m_new == -INFINITY ? 0.0f : m_new;
+            correction[r] = expf(m[r] - base[r]);
+            l[r] *= correction[r];
+            m[r] = m_new;
+        }
+#pragma unroll
+        for (int n = 0; n < ATTN_KEYS / 8; ++n) {
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                s[n][c] = expf(s[n][c] - base[c / 2]);
+                l[c / 2] += s[n][c];
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            o[n][0] *= correction[0];
+            o[n][1] *= correction[0];
+            o[n][2] *= correction[1];
+            o[n][3] *= correction[1];
+        }
+
+        // O += P V: P's A fragments are the S accumulators of n-tiles 2kk and 2kk + 1, rounded to f16.
+#pragma unroll
+        for (int kk = 0; kk < ATTN_KEYS / 16; ++kk) {
+            const uint32_t a0 = pack_half2(s[2 * kk][0], s[2 * kk][1]), a1 = pack_half2(s[2 * kk][2], s[2 * kk][3]);
+            const uint32_t a2 = pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            const uint32_t a3 = pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            // ldmatrix.x4.trans: lanes 0-7 / 8-15 address keys 16kk + 0..7 / 8..15 at dims 16np, lanes 16-31 the
+            // same keys at dims 16np + 8; registers r0, r1 (r2, r3) are b0, b1 of n-tile 2np (2np + 1).
+            const __half *vrow = vs + (16 * kk + (lane % 16)) * S::STRIDE + 8 * (lane / 16);
+#pragma unroll
+            for (int np = 0; np < D / 16; ++np) {
+                uint32_t b0, b1, b2, b3;
+                const uint32_t address = (uint32_t)__cvta_generic_to_shared(vrow + 16 * np);
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                             : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                             : "r"(address));
+                mma_16816(o[2 * np], a0, a1, a2, a3, b0, b1);
+                mma_16816(o[2 * np + 1], a0, a1, a2, a3, b2, b3);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l[r] += __shfl_xor_sync(0xFFFFFFFF, l[r], 1);
+        l[r] += __shfl_xor_sync(0xFFFFFFFF, l[r], 2);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int t = q0 + row0 + g + 8 * r;
+        if (t >= a.tokens) continue;
+        float *out = a.out + (int64_t)t * a.heads * D + h * D + 2 * tig;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            out[8 * n] = o[n][2 * r] / l[r];
+            out[8 * n + 1] = o[n][2 * r + 1] / l[r];
+        }
+    }
+}
+
+#endif  // !GGML_CIQ_HIP
+
+template <int D> ciq_status launch(ciq_attention_kernel kernel, const AttentionArgs &args) {
+    const dim3 grid((args.tokens + ATTN_QUERIES - 1) / ATTN_QUERIES, args.heads);
+#if !defined(GGML_CIQ_HIP)
+    if (kernel == CIQ_ATTENTION_MMA) {
+        ciq_status status = ciq_raise_smem_limit<attention_mma_kernel<D>>((int)MmaSmem<D>::BYTES, "attention (mma)");
+        if (status != CIQ_OK) return status;
+        attention_mma_kernel<D><<<grid, 128, MmaSmem<D>::BYTES>>>(args);
+        CIQ_CUDA_LAUNCH_CHECK("attention (mma)");
+        return CIQ_OK;
+    }
+    ciq_status status = ciq_raise_smem_limit<attention_simt_kernel<D>>((int)SimtSmem<D>::BYTES, "attention (simt)");
+    if (status != CIQ_OK) return status;
+#else
+    (void)kernel;
+#endif
+    attention_simt_kernel<D><<<grid, 256, SimtSmem<D>::BYTES>>>(args);
+    CIQ_CUDA_LAUNCH_CHECK("attention (simt)");
+    return CIQ_OK;
+}
+
+}  // namespace
+
+bool ciq_cuda_attention_supports(ciq_attention_kernel kernel, int64_t head_dim) {
+    const bool built = head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 256;
+#if defined(GGML_CIQ_HIP)
+    // 64 KB of LDS per workgroup on RDNA; no mma.
+    static_assert(SimtSmem<96>::BYTES <= 65536, "simt tiles for head_dim <= 96 fit 64 KB");
+    return built && kernel == CIQ_ATTENTION_SIMT && head_dim <= 96;
+#else
+    return built && (kernel == CIQ_ATTENTION_SIMT || kernel == CIQ_ATTENTION_MMA);
+#endif
+}
+
+ciq_status ciq_cuda_attention(ciq_attention_kernel kernel, const float *q, const uint16_t *k_cache,
+                              const uint16_t *v_cache, int64_t tokens, int64_t heads, int64_t heads_kv,
+                              int64_t head_dim, int64_t n_past, float scale, int64_t window, float *out) {
+    if (tokens + n_past > INT32_MAX / 2 || heads > 65535) {
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention: %lld positions, %lld heads exceed the kernel's limits",
+                        (long long)(tokens + n_past), (long long)heads);
+    }
+    const AttentionArgs args{q, k_cache, v_cache, out, (int)tokens, (int)heads, (int)heads_kv, (int)n_past,
+                             (int)std::min<int64_t>(window, INT32_MAX), scale};
+    switch (head_dim) {
+        case 64: return launch<64>(kernel, args);
+        case 96: return launch<96>(kernel, args);
+        case 128: return launch<128>(kernel, args);
+        case 256: return launch<256>(kernel, args);
+        default: return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention: head_dim %lld is not built", (long long)head_dim);
+    }
+}

@@ -1,0 +1,195 @@
+// ops.cu - the prefill engine's elementwise, norm, RoPE and row ops on the GPU (attention: attention.cu).
+//
+// Float order, where it differs from the host (cpu/ops.cpp):
+//   rms_norm : squares summed in float32 (per-thread strided sums, then a warp/block tree), mean = sum / d in float;
+//              then 1/sqrtf(mean + eps), (x * scale) * weight as on the host (IEEE division and square root).
+//   rope     : the host's order exactly (theta stepped by the same float products, separate roundings), but CUDA's
+//              cosf/sinf (<= 2 ulp) instead of the host libm's.
+//   glu gelu : tanh GELU computed in float, as llama.cpp CUDA does (no fp16 table, no cut-offs).
+//   silu, add, scale, kv_store, get_rows, bf16: the host's values bit for bit.
+// Every kernel is a grid-stride loop over int64 indices, 256 threads per block.
+#include "common.cuh"
+
+#include "../dequantize.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace {
+
+constexpr int OPS_THREADS = 256;
+
+unsigned grid_for(int64_t n) { return (unsigned)std::min<int64_t>((n + OPS_THREADS - 1) / OPS_THREADS, 65535 * 8); }
+
+__device__ __forceinline__ int64_t first_index() { return (int64_t)blockIdx.x * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ int64_t index_stride() { return (int64_t)gridDim.x * blockDim.x; }
+
+__device__ __forceinline__ uint16_t float_to_bf16_bits(float f) {  // round to nearest even, NaN stays NaN
+    const uint32_t u = __float_as_uint(f);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 64);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+// One block per row.
+__global__ void __launch_bounds__(OPS_THREADS)
+rms_norm_kernel(const float *__restrict__ x, const float *__restrict__ weight, float eps, int64_t d,
+                float *__restrict__ out) {
+    __shared__ float warp_sums[OPS_THREADS / CIQ_WARP_SIZE];
+    const float *xr = x + (int64_t)blockIdx.x * d;
+    float sum = 0.0f;
+    for (int64_t i = threadIdx.x; i < d; i += OPS_THREADS) sum = __fadd_rn(sum, __fmul_rn(xr[i], xr[i]));
+#pragma unroll
+    for (int offset = CIQ_WARP_SIZE / 2; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xFFFFFFFF, sum, offset);
+    if (threadIdx.x % CIQ_WARP_SIZE == 0) warp_sums[threadIdx.x / CIQ_WARP_SIZE] = sum;
+    __syncthreads();
+    sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < OPS_THREADS / CIQ_WARP_SIZE; ++w) sum += warp_sums[w];
+    const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum, (float)d), eps)));
+    float *o = out + (int64_t)blockIdx.x * d;
+    for (int64_t i = threadIdx.x; i < d; i += OPS_THREADS) {
+        const float v = __fmul_rn(xr[i], scale);
+        o[i] = weight ? __fmul_rn(v, weight[i]) : v;
+    }
+}
+
+// One thread per (token, dimension pair i): theta_i = pos * theta_scale^i by the host's chain of float products.
+__global__ void __launch_bounds__(OPS_THREADS)
+rope_kernel(const float *__restrict__ x, const int32_t *__restrict__ positions, int64_t tokens, int64_t heads,
+            int64_t head_dim, float theta_scale, bool neox, float *__restrict__ out) {
+    const int64_t half = head_dim / 2;
+    for (int64_t idx = first_index(); idx < tokens * half; idx += index_stride()) {
+        const int64_t t = idx / half, i = idx % half;
+        float theta = (float)positions[t];
+        for (int64_t j = 0; j < i; ++j) theta = __fmul_rn(theta, theta_scale);
+        const float c = cosf(theta), s = sinf(theta);
+        const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        for (int64_t h = 0; h < heads; ++h) {
+            const int64_t base = (t * heads + h) * head_dim;
+            const float x0 = x[base + a], x1 = x[base + b];
+            out[base + a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+            out[base + b] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+        }
+    }
+}
+
+__global__ void __launch_bounds__(OPS_THREADS)
+kv_store_kernel(uint16_t *__restrict__ dst, const float *__restrict__ x, int64_t n) {
+    for (int64_t i = first_index(); i < n; i += index_stride()) dst[i] = __half_as_ushort(__float2half_rn(x[i]));
+}
+
+__device__ __forceinline__ float gelu_float(float x) {  // llama.cpp CUDA's ggml_cuda_op_gelu_single
+    const float inner = __fmul_rn(__fmul_rn(0.79788456080286535587989211986876f, x),
+                                  __fadd_rn(1.0f, __fmul_rn(__fmul_rn(0.044715f, x), x)));
+    return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(inner)));
+}
+
+__global__ void __launch_bounds__(OPS_THREADS)
+glu_kernel(bool gelu, const float *__restrict__ gate, const float *__restrict__ up, int64_t n, float *__restrict__ out) {
+    for (int64_t i = first_index(); i < n; i += index_stride()) {
+        const float g = gate[i];
+        const float act = gelu ? gelu_float(g) : __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
+        out[i] = __fmul_rn(act, up[i]);
+    }
+}
+
+__global__ void __launch_bounds__(OPS_THREADS)
+add_kernel(const float *__restrict__ a, int64_t n, const float *__restrict__ b, int64_t b_n, float *__restrict__ out) {
+    for (int64_t i = first_index(); i < n; i += index_stride()) out[i] = __fadd_rn(a[i], b[b_n == n ? i : i % b_n]);
+}
+
+__global__ void __launch_bounds__(OPS_THREADS) scale_kernel(const float *__restrict__ x, float s, int64_t n, float *__restrict__ out) {
+    for (int64_t i = first_index(); i < n; i += index_stride()) out[i] = __fmul_rn(x[i], s);
+}
+
+// One thread per output value; rows of ids outside [0, table_rows) are NaN.
+__global__ void __launch_bounds__(OPS_THREADS)
+get_rows_kernel(int type, const uint8_t *__restrict__ table, int64_t table_rows, int64_t k,
+                const int32_t *__restrict__ ids, int64_t n, float *__restrict__ out) {
+    const int values = ciq_block_values(type), bytes = ciq_block_bytes(type);
+    const int64_t row_bytes = k / values * bytes;
+    for (int64_t idx = first_index(); idx < n * k; idx += index_stride()) {
+        const int64_t r = idx / k, i = idx % k;
+        const int32_t id = ids[r];
+        out[idx] = id < 0 || id >= table_rows
+                       ? __uint_as_float(0x7FC00000u)
+                       : ciq_dequantize_value(type, table + id * row_bytes + i / values * bytes, (int)(i % values));
+    }
+}
+
+__global__ void __launch_bounds__(OPS_THREADS)
+dequantize_bf16_kernel(int type, const uint8_t *__restrict__ data, int64_t rows, int64_t k, uint16_t *__restrict__ out) {
+    const int values = ciq_block_values(type), bytes = ciq_block_bytes(type);
+    const int64_t row_bytes = k / values * bytes;
+    for (int64_t idx = first_index(); idx < rows * k; idx += index_stride()) {
+        const int64_t r = idx / k, i = idx % k;
+        out[idx] = float_to_bf16_bits(ciq_dequantize_value(type, data + r * row_bytes + i / values * bytes, (int)(i % values)));
+    }
+}
+
+__global__ void __launch_bounds__(OPS_THREADS) convert_bf16_kernel(const float *__restrict__ x, int64_t n, uint16_t *__restrict__ out) {
+    for (int64_t i = first_index(); i < n; i += index_stride()) out[i] = float_to_bf16_bits(x[i]);
+}
+
+}  // namespace
+
+ciq_status ciq_cuda_rms_norm(const float *x, const float *weight, float eps, int64_t n, int64_t d, float *out) {
+    for (int64_t row = 0; row < n; row += 65535) {  // grid.x limit per launch
+        const int64_t rows = std::min<int64_t>(n - row, 65535);
+        rms_norm_kernel<<<(unsigned)rows, OPS_THREADS>>>(x + row * d, weight, eps, d, out + row * d);
+        CIQ_CUDA_LAUNCH_CHECK("rms_norm");
+    }
+    return CIQ_OK;
+}
+
+ciq_status ciq_cuda_rope(ciq_rope_mode mode, const float *x, const int32_t *positions, int64_t tokens, int64_t heads,
+                         int64_t head_dim, float base, float *out) {
+    const float theta_scale = std::pow(base, -2.0f / (float)head_dim);  // on the host, as the CPU path computes it
+    rope_kernel<<<grid_for(tokens * head_dim / 2), OPS_THREADS>>>(x, positions, tokens, heads, head_dim, theta_scale,
+                                                                  mode == CIQ_ROPE_NEOX, out);
+    CIQ_CUDA_LAUNCH_CHECK("rope");
+    return CIQ_OK;
+}
+
+ciq_status ciq_cuda_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values) {
+    kv_store_kernel<<<grid_for(tokens * row_values), OPS_THREADS>>>(cache + start * row_values, x, tokens * row_values);
+    CIQ_CUDA_LAUNCH_CHECK("kv_store");
+    return CIQ_OK;
+}
+
+ciq_status ciq_cuda_glu(ciq_glu_kind kind, const float *gate, const float *up, int64_t n, float *out) {
+    glu_kernel<<<grid_for(n), OPS_THREADS>>>(kind == CIQ_GLU_GELU, gate, up, n, out);
+    CIQ_CUDA_LAUNCH_CHECK("glu");
+    return CIQ_OK;
+}
+
+ciq_status ciq_cuda_add(const float *a, int64_t n, const float *b, int64_t b_n, float *out) {
+    add_kernel<<<grid_for(n), OPS_THREADS>>>(a, n, b, b_n, out);
+    CIQ_CUDA_LAUNCH_CHECK("add");
+    return CIQ_OK;
+}
+
+ciq_status ciq_cuda_scale(const float *x, float s, int64_t n, float *out) {
+    scale_kernel<<<grid_for(n), OPS_THREADS>>>(x, s, n, out);
+    CIQ_CUDA_LAUNCH_CHECK("scale");
+    return CIQ_OK;
+}
+
+ciq_status ciq_cuda_get_rows(int type, const void *table, int64_t table_rows, int64_t k, const int32_t *ids, int64_t n,
+                             float *out) {
+    get_rows_kernel<<<grid_for(n * k), OPS_THREADS>>>(type, (const uint8_t *)table, table_rows, k, ids, n, out);
+    CIQ_CUDA_LAUNCH_CHECK("get_rows");
+    return CIQ_OK;
+}
+
+ciq_status ciq_cuda_dequantize_bf16(int type, const void *data, int64_t rows, int64_t k, void *out) {
+    dequantize_bf16_kernel<<<grid_for(rows * k), OPS_THREADS>>>(type, (const uint8_t *)data, rows, k, (uint16_t *)out);
+    CIQ_CUDA_LAUNCH_CHECK("dequantize_bf16");
+    return CIQ_OK;
+}
+
+ciq_status ciq_cuda_convert_bf16(const float *x, int64_t n, void *out) {
+    convert_bf16_kernel<<<grid_for(n), OPS_THREADS>>>(x, n, (uint16_t *)out);
+    CIQ_CUDA_LAUNCH_CHECK("convert_bf16");
+    return CIQ_OK;
+}

@@ -1,0 +1,50 @@
+// The C entry points tests/test_cuda_emulation.py calls: the CUDA backend's host functions of ops.cu and
+// attention.cu (compiled for the CPU emulation), and the error recorder api.cpp provides in the library.
+#include "ciq_internal.h"
+
+#include <cstdarg>
+#include <cstdio>
+
+static char g_error[1024];
+
+ciq_status ciq_fail(ciq_status status, const char *format, ...) {
+    va_list args;
+    va_start(args, format);
+    std::vsnprintf(g_error, sizeof(g_error), format, args);
+    va_end(args);
+    return status;
+}
+
+extern "C" {
+const char *emu_last_error(void) { return g_error; }
+int emu_attention_supports(int kernel, int64_t head_dim) {
+    return ciq_cuda_attention_supports((ciq_attention_kernel)kernel, head_dim);
+}
+int emu_attention(int kernel, const float *q, const uint16_t *k, const uint16_t *v, int64_t tokens, int64_t heads,
+                  int64_t heads_kv, int64_t head_dim, int64_t n_past, float scale, int64_t window, float *out) {
+    return ciq_cuda_attention((ciq_attention_kernel)kernel, q, k, v, tokens, heads, heads_kv, head_dim, n_past, scale,
+                              window, out);
+}
+int emu_rms_norm(const float *x, const float *weight, float eps, int64_t n, int64_t d, float *out) {
+    return ciq_cuda_rms_norm(x, weight, eps, n, d, out);
+}
+int emu_rope(int mode, const float *x, const int32_t *positions, int64_t tokens, int64_t heads, int64_t head_dim,
+             float base, float *out) {
+    return ciq_cuda_rope((ciq_rope_mode)mode, x, positions, tokens, heads, head_dim, base, out);
+}
+int emu_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values) {
+    return ciq_cuda_kv_store(cache, start, x, tokens, row_values);
+}
+int emu_glu(int kind, const float *gate, const float *up, int64_t n, float *out) {
+    return ciq_cuda_glu((ciq_glu_kind)kind, gate, up, n, out);
+}
+int emu_add(const float *a, int64_t n, const float *b, int64_t b_n, float *out) { return ciq_cuda_add(a, n, b, b_n, out); }
+int emu_scale(const float *x, float s, int64_t n, float *out) { return ciq_cuda_scale(x, s, n, out); }
+int emu_get_rows(int type, const void *table, int64_t table_rows, int64_t k, const int32_t *ids, int64_t n, float *out) {
+    return ciq_cuda_get_rows(type, table, table_rows, k, ids, n, out);
+}
+int emu_dequantize_bf16(int type, const void *data, int64_t rows, int64_t k, void *out) {
+    return ciq_cuda_dequantize_bf16(type, data, rows, k, out);
+}
+int emu_convert_bf16(const float *x, int64_t n, void *out) { return ciq_cuda_convert_bf16(x, n, out); }
+}

@@ -1,0 +1,430 @@
+"""NativeOps (ggml_ciq/ops.py over the C API's transformer ops) against numpy references, on the CPU (device -1)
+and, when present, a CUDA GPU (skipped without one).
+
+Every output buffer is NaN-poisoned (PoisonedOps), inputs are fresh random (seed printed), sizes have tails.
+NMSE = sum((a - b)^2) / sum(b^2). Bars: exact where the arithmetic is the same (dequantization, rounding,
+add/scale), NMSE <= 1e-12 where only the summation or libm differs, otherwise a stated, measured bound.
+"""
+
+import numpy as np
+import pytest
+
+from ggml_ciq import native
+from ggml_ciq import quants as Q
+from ggml_ciq.errors import BackendError, InvalidArgumentError, ShapeError, UnsupportedTypeError
+from ggml_ciq.model import Tensor
+from ggml_ciq.ops import DeviceArray, NativeOps
+
+
+def nmse(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert np.isfinite(a).all(), "unwritten (poisoned) or non-finite outputs"
+    err, energy = ((a - b) ** 2).sum(), (b ** 2).sum()
+    if not energy:  # an all-zero reference must be matched exactly
+        return 0.0 if err == 0 else np.inf
+    return float(err / energy)
+
+
+class PoisonedOps(NativeOps):
+    """NativeOps whose fresh buffers are NaN bytes (0xFF: NaN in f32, f16 and bf16)."""
+
+    def empty(self, shape, dtype=np.float32):
+        out = super().empty(shape, dtype)
+        if out.nbytes:
+            self.native.check(self.native.lib.ciq_memset(self.device, out.ptr, 0xFF, out.nbytes))
+        return out
+
+
+def _gpu_or_skip():
+    if native.device_count() == 0:
+        pytest.skip("no CUDA device (or libggml_ciq built without CUDA)")
+
+
+@pytest.fixture(params=["cpu", "cuda"])
+def ops(request, native_lib):
+    if request.param == "cuda":
+        _gpu_or_skip()
+    return PoisonedOps(request.param)
+
+
+# ---- references (the float order of ggml CPU, as ggml_ciq/engine.py's numpy code) ---------------------------------
+
+def rms_norm_ref(x, weight, eps):
+    mean = ((x * x).astype(np.float64).sum(-1, keepdims=True) / x.shape[-1]).astype(np.float32)
+    out = x * (np.float32(1.0) / np.sqrt(mean + np.float32(eps)))
+    return out * weight if weight is not None else out
+
+
+def rope_ref(x, positions, base, neox):
+    d = x.shape[-1]
+    theta_scale = np.float32(np.power(np.float64(np.float32(base)), np.float64(np.float32(-2.0) / np.float32(d))))
+    theta = np.empty((len(positions), d // 2), np.float32)
+    theta[:, 0] = positions
+    for i in range(1, d // 2):
+        theta[:, i] = theta[:, i - 1] * theta_scale
+    cos = np.cos(theta.astype(np.float64)).astype(np.float32)[:, None, :]
+    sin = np.sin(theta.astype(np.float64)).astype(np.float32)[:, None, :]
+    first, second = (slice(0, d // 2), slice(d // 2, d)) if neox else (slice(0, d, 2), slice(1, d, 2))
+    out = np.empty_like(x)
+    out[..., first] = x[..., first] * cos - x[..., second] * sin
+    out[..., second] = x[..., first] * sin + x[..., second] * cos
+    return out
+
+
+def gelu_fp16_table_ref(x):
+    """ggml CPU's GELU: input rounded to fp16, the tanh GELU of it rounded to fp16 (the table)."""
+    h = x.astype(np.float16).astype(np.float64)
+    y = (0.5 * h * (1.0 + np.tanh(0.7978845608028654 * h * (1.0 + 0.044715 * h * h)))).astype(np.float16)
+    return np.where(x <= -10.0, np.float32(0), np.where(x >= 10.0, x, y.astype(np.float32))).astype(np.float32)
+
+
+# The CPU builds ggml's table in float32 (tanhf), the reference in float64: an entry near an f16 rounding tie can
+# round the other way (one f16 ulp, ~5e-4 relative). Measured: none in most 4096-value draws, up to 1.6e-12.
+GELU_TABLE_BAR = 1e-10
+
+
+def gelu_float_ref(x):
+    """The tanh GELU in float64 (llama.cpp CUDA computes it in float)."""
+    h = x.astype(np.float64)
+    return 0.5 * h * (1.0 + np.tanh(0.7978845608028654 * h * (1.0 + 0.044715 * h * h)))
+
+
+def attention_ref(q, k_cache, v_cache, n_past, scale, window, round_q=False):
+    """Float64 causal GQA over the f16 caches' first n_past + T rows; round_q: q rounded to f16 first (mma)."""
+    t, h, d = q.shape
+    group = h // k_cache.shape[1]
+    n_kv = n_past + t
+    q64 = (q.astype(np.float16) if round_q else q).astype(np.float64)
+    k = np.repeat(k_cache[:n_kv].astype(np.float64), group, axis=1)
+    v = np.repeat(v_cache[:n_kv].astype(np.float64), group, axis=1)
+    s = np.einsum("thd,phd->htp", q64, k) * scale
+    pos = n_past + np.arange(t)[:, None]
+    p = np.arange(n_kv)[None, :]
+    visible = (p <= pos) & ((pos - p < window) if window else True)
+    s = np.where(visible[None], s, -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    return np.einsum("htp,phd->thd", w, v).reshape(t, h * d)
+
+
+# ---- elementwise, norm, rope -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n, d", [(1, 64), (17, 640), (131, 2048), (5, 100)])
+@pytest.mark.parametrize("with_weight", [True, False])
+def test_rms_norm(ops, rng, n, d, with_weight):
+    x = (rng.standard_normal((n, d)) * rng.uniform(0.01, 100)).astype(np.float32)
+    w = rng.standard_normal(d).astype(np.float32) if with_weight else None
+    out = ops.rms_norm(ops.asarray(x), ops.asarray(w) if w is not None else None, 1e-6).numpy()
+    # CPU: the same order except numpy's pairwise float64 sum (rounded to float32 anyway). GPU: float32 tree sum.
+    assert nmse(out, rms_norm_ref(x, w, 1e-6)) <= 1e-12
+
+
+@pytest.mark.parametrize("tokens, heads, head_dim", [(1, 1, 64), (17, 4, 128), (131, 8, 256), (3, 2, 6)])
+@pytest.mark.parametrize("neox", [False, True])
+def test_rope(ops, rng, tokens, heads, head_dim, neox):
+    x = rng.standard_normal((tokens, heads, head_dim)).astype(np.float32)
+    positions = rng.integers(0, 8192, tokens).astype(np.int32)
+    positions[0] = 0
+    base = float(rng.choice([10000.0, 500000.0, 1000000.0]))
+    out = ops.rope(ops.asarray(x), positions, base, neox).numpy()
+    # Same order; libm cosf/sinf (CPU) or CUDA's cosf/sinf (<= 2 ulp) against correctly rounded numpy.
+    assert nmse(out, rope_ref(x, positions, base, neox)) <= 1e-12
+    assert np.array_equal(out[0], x[0])  # position 0: cos 1, sin 0
+
+
+def test_rope_pairing_is_checked(native_lib, rng):
+    """The RoPE test can fail: NORM and NEOX outputs differ by far more than the bar."""
+    x = rng.standard_normal((17, 4, 64)).astype(np.float32)
+    positions = np.arange(17, dtype=np.int32) + 3
+    ops = NativeOps("cpu")
+    assert nmse(ops.rope(x, positions, 10000.0, neox=True).numpy(), rope_ref(x, positions, 10000.0, False)) > 1e-3
+
+
+@pytest.mark.parametrize("n", [1, 17, 4099])
+def test_glu_silu(ops, rng, n):
+    gate = (rng.standard_normal(n) * 6).astype(np.float32)
+    up = rng.standard_normal(n).astype(np.float32)
+    out = ops.glu(ops.asarray(gate), ops.asarray(up), "silu").numpy()
+    ref = (gate / (np.float32(1) + np.exp(-gate)) * up).astype(np.float32)
+    assert nmse(out, ref) <= 1e-12  # same order; expf vs numpy's float32 exp (<= 1 ulp apart)
+
+
+@pytest.mark.parametrize("n", [1, 17, 4099])
+def test_glu_gelu(ops, rng, n):
+    gate = (rng.standard_normal(n) * 5).astype(np.float32)
+    if n >= 3:
+        gate[:3] = [-10.0, 10.0, 12.5]  # the table's cut-offs
+    up = rng.standard_normal(n).astype(np.float32)
+    out = ops.glu(ops.asarray(gate), ops.asarray(up), "gelu").numpy()
+    if ops.device < 0:
+        ref = gelu_fp16_table_ref(gate) * up
+        assert nmse(out, ref) <= GELU_TABLE_BAR
+    else:
+        ref = np.where(gate <= -10.0, 0.0, np.where(gate >= 10.0, gate, gelu_float_ref(gate))) * up
+        # Float tanhf in CUDA (<= 2 ulp); the GPU does not use the fp16 table (llama.cpp CUDA does not either).
+        assert nmse(out, ref) <= 1e-12
+
+
+def test_gelu_table_is_the_fp16_one(native_lib, rng):
+    """The CPU GELU is the fp16-table GELU, not float GELU: the two references differ by ~1e-7, far above the bar."""
+    gate = rng.uniform(-4, 4, 4096).astype(np.float32)
+    out = NativeOps("cpu").glu(gate, np.ones_like(gate), "gelu").numpy()
+    assert nmse(out, gelu_fp16_table_ref(gate)) <= GELU_TABLE_BAR
+    assert nmse(out, gelu_float_ref(gate)) > 1e-9
+
+
+@pytest.mark.parametrize("n", [1, 17, 4099])
+def test_add_scale(ops, rng, n):
+    a, b = rng.standard_normal((2, n)).astype(np.float32)
+    assert np.array_equal(ops.add(ops.asarray(a), ops.asarray(b)).numpy(), a + b)
+    x, bias = rng.standard_normal((n, 24)).astype(np.float32), rng.standard_normal(24).astype(np.float32)
+    assert np.array_equal(ops.add(ops.asarray(x), ops.asarray(bias)).numpy(), x + bias)  # a bias row
+    assert np.array_equal(ops.scale(ops.asarray(a), 0.37).numpy(), a * np.float32(0.37))
+
+
+def test_kv_store(ops, rng):
+    cache = ops.asarray(np.full((40, 4, 64), np.nan, np.float16))
+    x = (rng.standard_normal((17, 4, 64)) * 100).astype(np.float32)
+    x[0, 0, :4] = [65520.0, -1e-8, 3e-5, 1.0 + 2 ** -11]  # overflow to inf, subnormal, tie to even
+    ops.kv_store(cache, 5, ops.asarray(x))
+    host = cache.numpy()
+    with np.errstate(over="ignore"):
+        assert np.array_equal(host[5:22], x.astype(np.float16))
+    assert np.isnan(host[:5]).all() and np.isnan(host[22:]).all()
+    with pytest.raises(ShapeError):
+        ops.kv_store(cache, 30, ops.asarray(x))
+
+
+def test_convert_bf16(ops, rng):
+    x = (rng.standard_normal(1031) * 1e3).astype(np.float32)
+    x[:4] = [np.inf, -0.0, 1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8]  # ties to even down and up
+    xd = ops.asarray(x)
+    out = ops.empty((x.size,), np.float16)
+    ops.native.check(ops.native.lib.ciq_convert_bf16(ops.device, ops._fp(xd), x.size, out.ptr))
+    assert np.array_equal(out.numpy().view(np.uint16), bf16_bits(x))
+
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    bits = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+# ---- get_rows and dequantization ---------------------------------------------------------------------------------
+
+def random_table(rng, ggml_type: int, rows: int, k: int) -> np.ndarray:
+    """Raw bytes of a [rows, k] table: random quants, finite fp16 scales of either sign."""
+    values, nbytes = Q.BLOCK_LAYOUT[ggml_type]
+    if ggml_type == Q.F32:
+        return rng.standard_normal((rows, k)).astype(np.float32).view(np.uint8).reshape(-1)
+    if ggml_type == Q.F16:
+        return rng.standard_normal((rows, k)).astype(np.float16).view(np.uint8).reshape(-1)
+    if ggml_type == Q.BF16:
+        return (rng.standard_normal((rows, k)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(-1)
+    blocks = rng.integers(0, 256, (rows * k // values, nbytes), dtype=np.uint8)
+    scale = lambda n: rng.uniform(-0.1, 0.1, n).astype(np.float16).view(np.uint8).reshape(n, 2)  # noqa: E731
+    if ggml_type in (Q.Q4_0, Q.Q5_0, Q.Q8_0):
+        blocks[:, 0:2] = scale(len(blocks))
+    elif ggml_type in (Q.Q4_K, Q.Q5_K):
+        blocks[:, 0:2], blocks[:, 2:4] = scale(len(blocks)), scale(len(blocks))
+    else:  # Q6_K: d last
+        blocks[:, 208:210] = scale(len(blocks))
+    return blocks.reshape(-1)
+
+
+TABLE_TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+
+
+@pytest.mark.parametrize("ggml_type", TABLE_TYPES, ids=[Q.type_name(t) for t in TABLE_TYPES])
+def test_get_rows(ops, rng, ggml_type):
+    rows, k = 37, 512
+    raw = random_table(rng, ggml_type, rows, k)
+    tensor = Tensor("token_embd.weight", ggml_type, (rows, k), raw)
+    ids = rng.integers(0, rows, 19).astype(np.int32)
+    ids[:2] = [0, rows - 1]
+    out = ops.get_rows(tensor, ids).numpy()
+    ref = Q.dequantize(ggml_type, raw, rows, k)[ids]
+    assert np.array_equal(out, ref), f"{Q.type_name(ggml_type)}: max |diff| {np.abs(out - ref).max()}"
+
+
+@pytest.mark.parametrize("ggml_type", TABLE_TYPES, ids=[Q.type_name(t) for t in TABLE_TYPES])
+def test_dequantize_bf16(ops, rng, ggml_type):
+    rows, k = 5, 768
+    raw = random_table(rng, ggml_type, rows, k)
+    data = ops.empty((raw.size,), np.uint8)
+    ops.native.check(ops.native.lib.ciq_memcpy_to_device(ops.device, data.ptr, ops.native.ffi.from_buffer(raw), raw.size))
+    out = ops.empty((rows, k), np.float16)
+    ops.native.check(ops.native.lib.ciq_dequantize_bf16(ops.device, ggml_type, data.ptr, rows, k, out.ptr))
+    assert np.array_equal(out.numpy().view(np.uint16), bf16_bits(Q.dequantize(ggml_type, raw, rows, k)))
+
+
+def test_get_rows_real_embedding(native_lib, gemma_model, rng):
+    tensor = gemma_model.tensor("token_embd.weight")
+    ids = rng.integers(0, tensor.rows, 33).astype(np.int32)
+    out = PoisonedOps("cpu").get_rows(tensor, ids).numpy()
+    raw = tensor.raw().reshape(tensor.rows, -1)[ids]
+    assert np.array_equal(out, Q.dequantize(tensor.ggml_type, np.ascontiguousarray(raw).reshape(-1), len(ids), tensor.k))
+
+
+def test_get_rows_bad_input(native_lib, rng):
+    ops = NativeOps("cpu")
+    raw = random_table(rng, Q.Q8_0, 4, 64)
+    with pytest.raises(ShapeError):
+        ops.get_rows(Tensor("t", Q.Q8_0, (4, 64), raw), np.array([0, 4], np.int32))
+    with pytest.raises(UnsupportedTypeError):
+        ops.get_rows(Tensor("t", 3, (4, 64), raw), np.array([0], np.int32))  # Q4_1
+
+
+# ---- attention ---------------------------------------------------------------------------------------------------
+
+# (tokens, heads_kv, group, head_dim, n_past, window): tails of 1, 17, 131 tokens against 64-token tiles.
+ATTENTION_CASES = [
+    (1, 1, 1, 64, 0, 0), (1, 8, 2, 128, 300, 0), (1, 4, 1, 256, 70, 7),
+    (17, 4, 2, 64, 5, 7), (17, 1, 8, 256, 0, 7), (17, 8, 4, 128, 600, 512),
+    (131, 8, 1, 128, 0, 0), (131, 4, 4, 256, 40, 512), (131, 1, 4, 64, 100, 7), (131, 1, 1, 256, 0, 0),
+    (131, 4, 2, 128, 1, 0), (64, 2, 3, 96, 64, 0),
+]
+
+
+def _attention_inputs(rng, tokens, heads_kv, group, head_dim, n_past):
+    heads = heads_kv * group
+    cache_rows = n_past + tokens + 9  # rows past n_past + tokens are NaN: a kernel reading them fails
+    q = (rng.standard_normal((tokens, heads, head_dim)) * 2).astype(np.float32)
+    k = np.full((cache_rows, heads_kv, head_dim), np.nan, np.float16)
+    v = np.full_like(k, np.nan)
+    k[:n_past + tokens] = rng.standard_normal((n_past + tokens, heads_kv, head_dim))
+    v[:n_past + tokens] = rng.standard_normal((n_past + tokens, heads_kv, head_dim))
+    return q, k, v
+
+
+@pytest.fixture(params=["cpu", "simt", "mma"])
+def attention_ops(request, native_lib):
+    if request.param != "cpu":
+        _gpu_or_skip()
+    return PoisonedOps("cpu" if request.param == "cpu" else "cuda", attention_kernel=request.param)
+
+
+@pytest.mark.parametrize("tokens, heads_kv, group, head_dim, n_past, window", ATTENTION_CASES)
+def test_attention(attention_ops, rng, tokens, heads_kv, group, head_dim, n_past, window):
+    ops = attention_ops
+    kernel = ops.attention_kernel
+    assert ops.attention_kernel_name(head_dim) == kernel  # the kernel asked for is the one that runs
+    q, k, v = _attention_inputs(rng, tokens, heads_kv, group, head_dim, n_past)
+    scale = 1.0 / np.sqrt(head_dim)
+    out = ops.attention(ops.asarray(q), ops.asarray(k), ops.asarray(v), n_past, scale, window).numpy()
+    if kernel == "mma":
+        # q and the softmax weights rounded to f16 for the tensor cores (as llama.cpp's CUDA FlashAttention); the
+        # reference rounds q too, the weights' rounding (relative 2^-12) remains. Measured in the CPU emulation
+        # (tests/test_cuda_emulation.py): 1.2e-9 to 1.6e-8; not yet on a GPU.
+        assert nmse(out, attention_ref(q, k, v, n_past, scale, window, round_q=True)) <= 1e-6
+    else:
+        # Float32 running sums (keys and dims ascending on the CPU, tiled on the GPU) against float64, so not the
+        # same order: measured on the CPU 1e-14 (a few keys) to 1.1e-12 (512 visible keys); bar 1e-10.
+        assert nmse(out, attention_ref(q, k, v, n_past, scale, window)) <= 1e-10
+
+
+def test_attention_auto_is_mma_on_gpu(native_lib):
+    _gpu_or_skip()
+    ops = NativeOps("cuda")
+    assert [ops.attention_kernel_name(d) for d in (64, 96, 128, 256)] == ["mma"] * 4
+    with pytest.raises(BackendError):
+        ops.attention_kernel_name(80)  # no kernel built for head_dim 80
+
+
+def test_attention_masks_are_checked(native_lib, rng):
+    """The attention test can fail: dropping the window, or the causal mask, moves the output far past the bar."""
+    q, k, v = _attention_inputs(rng, 17, 2, 2, 64, 20)
+    out = NativeOps("cpu").attention(q, k, v, 20, 0.125, 7).numpy()
+    assert nmse(out, attention_ref(q, k, v, 20, 0.125, 0)) > 1e-3
+    assert nmse(out, attention_ref(q, k, v, 19, 0.125, 7)) > 1e-3
+
+
+def test_attention_bad_input(native_lib, rng):
+    ops = NativeOps("cpu")
+    q, k, v = _attention_inputs(rng, 17, 2, 2, 64, 0)
+    with pytest.raises(ShapeError):
+        ops.attention(q, k, v, 10, 0.125, 0)  # n_past + tokens > cache rows
+    with pytest.raises(ShapeError):
+        ops.attention(q[:, :3], k, v, 0, 0.125, 0)  # 3 heads over 2 kv heads
+    with pytest.raises(BackendError):
+        NativeOps("cpu", attention_kernel="mma").attention(q, k, v, 0, 0.125, 0)
+    n = native.load()
+    out = n.ffi.new("float[]", 17 * 4 * 64)
+    status = n.lib.ciq_attention(-1, 0, n.ffi.from_buffer("float[]", q), n.ffi.from_buffer("uint16_t[]", k.view(np.uint16)),
+                                 n.ffi.from_buffer("uint16_t[]", v.view(np.uint16)), 17, 4, 2, 64, 16, 0, 0.125, 0, out)
+    assert status == n.lib.CIQ_ERR_INVALID_ARGUMENT and b"cache rows" in n.ffi.string(n.lib.ciq_last_error())
+
+
+# ---- GEMMs, arrays, memory, timing -------------------------------------------------------------------------------
+
+def test_linear_keep_quant(ops, rng):
+    rows, k = 48, 512
+    w = Q.quantize_q4_K(rng.standard_normal((rows, k)).astype(np.float32))
+    tensor = Tensor("blk.0.attn_q.weight", Q.Q4_K, (rows, k), w)
+    x = rng.standard_normal((17, k)).astype(np.float32)
+    out = ops.linear(ops.load_weight(tensor), ops.asarray(x)).numpy()
+    ref = native.gemm(tensor, x, variant="auto", device=ops.device, semantics=ops.semantics)
+    assert np.array_equal(out, ref)
+
+
+@pytest.mark.parametrize("ggml_type", [Q.F16, Q.Q8_0, Q.Q5_0, Q.BF16], ids=["F16", "Q8_0", "Q5_0", "BF16"])
+def test_linear_dense(ops, rng, ggml_type):
+    rows, k = 40, 768
+    raw = random_table(rng, ggml_type, rows, k)
+    tensor = Tensor("blk.0.attn_v.weight", ggml_type, (rows, k), raw)
+    x = rng.standard_normal((131, k)).astype(np.float32)
+    out = ops.linear(ops.load_weight(tensor), ops.asarray(x)).numpy()
+    w = Q.dequantize(ggml_type, raw, rows, k)
+    if ops.device < 0:
+        assert np.array_equal(out, x @ w.T)  # float32 numpy matmul on the dequantized weight
+    else:
+        as_bf16 = lambda a: (bf16_bits(a).astype(np.uint32) << 16).view(np.float32).astype(np.float64)  # noqa: E731
+        # bf16 x and W (exact products), float32 accumulation in cuBLAS.
+        assert nmse(out, as_bf16(x) @ as_bf16(w).T) <= 1e-10
+
+
+def test_device_array_views(native_lib, rng):
+    ops = NativeOps("cpu")
+    x = rng.standard_normal((10, 3, 4)).astype(np.float32)
+    a = ops.asarray(x)
+    assert isinstance(a, DeviceArray) and a.shape == (10, 3, 4) and a.dtype == np.float32 and a.nbytes == x.nbytes
+    assert np.array_equal(a.rows(2, 7).numpy(), x[2:7])
+    assert np.array_equal(a.view((10, 12)).rows(9, 10).numpy(), x[9:].reshape(1, 12))
+    assert np.array_equal(a.view((-1, 4)).numpy(), x.reshape(-1, 4))
+    with pytest.raises(ShapeError):
+        a.rows(5, 11)
+    with pytest.raises(ShapeError):
+        a.view((7, 7))
+    z = ops.zeros((3, 5), np.int32)
+    assert z.dtype == np.int32 and not z.numpy().any()
+
+
+def test_memory_bytes_and_timer(ops):
+    assert ops.memory_bytes() == 0
+    a = ops.zeros((1000,))
+    b = ops.zeros((10, 10), np.float16)
+    view = a.rows(0, 10)
+    assert ops.memory_bytes() == 4000 + 200
+    del a, b
+    ops.trim()
+    assert ops.memory_bytes() == 4000  # the view keeps its buffer alive
+    del view
+    again = ops.empty((1000,))  # reuses the cached buffer
+    assert ops.memory_bytes() == 4000
+    del again
+    ops.trim()
+    assert ops.memory_bytes() == 0
+    with ops.timer("rest"):
+        ops.add(np.ones(1 << 20, np.float32), np.ones(1 << 20, np.float32))
+    with ops.timer("rest"):
+        pass
+    assert ops.timings["rest"] > 0 and set(ops.timings) == {"rest"}
+
+
+def test_bad_arguments(native_lib):
+    ops = NativeOps("cpu")
+    with pytest.raises(InvalidArgumentError):
+        ops.glu(np.ones(4, np.float32), np.ones(4, np.float32), "relu")
+    with pytest.raises(ShapeError):
+        ops.add(np.ones(4, np.float32), np.ones(5, np.float32))
+    with pytest.raises(InvalidArgumentError):
+        NativeOps("cpu", attention_kernel="flash")
