@@ -3,8 +3,8 @@
 Arrays are numpy float32 (caches float16), rows first. What each op mirrors, found op by op against tensors
 captured from llama.cpp's own forward pass of Gemma 3 270M:
 - 32-block weights (Q4_0, Q5_0, Q8_0): activations quantized as ggml's AVX2 `quantize_row_q8_0`
-  (`id = 127/amax`, round half to even, `d = fp16(amax/127)`), then per 32-block exact integer dot products
-  times `d_w*d_x` summed in float32 (`ggml_vec_dot_q5_0_q8_0` / llamafile's `tinyBLAS_Q0_AVX`).
+  (`id = 127/amax`, round half to even, `d = fp16(amax/127)`), then Σ_blocks `d_w*d_x*isum` with `isum` a
+  block's integer dot product (`ggml_vec_dot_q5_0_q8_0` / llamafile's `tinyBLAS_Q0_AVX`), here evaluated exactly.
 - Q4_K/Q6_K: libggml_ciq's keep-quant GEMM in cpu semantics (docs/SEMANTICS.md).
 - Attention without flash attention over the f16 K/V cache: q rounded to f16, scores in float32, softmax in
   float32 with its sum in double, probabilities rounded to f16 before the product with V.
@@ -38,19 +38,17 @@ def quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q, d
 
 
-def gemm_q32(q_w: np.ndarray, d_w: np.ndarray, x: np.ndarray, row_chunk: int = 8192) -> np.ndarray:
+def gemm_q32(q_w: np.ndarray, d_w: np.ndarray, x: np.ndarray, chunk: int = 8192) -> np.ndarray:
     """out[n, rows] for 32-block weights (q_w [rows, K/32, 32] int8, d_w [rows, K/32]) on q8_0 activations:
-    Σ_blocks (d_w*d_x) * isum, isum the exact integer dot product of one 32-block (float32 holds it exactly)."""
+    Σ_blocks d_w*d_x*isum with isum the integer dot product of a block. Computed exactly (float64 holds every
+    product q_w*d_w*q_x*d_x and the sums of a row) and rounded once; ggml's float32 accumulation differs from
+    it by rounding only."""
     q_x, d_x = quantize_q8_0(x)
-    rows, blocks = d_w.shape
-    out = np.empty((x.shape[0], rows), np.float32)
-    for r0 in range(0, rows, row_chunk):
-        qw, dw = q_w[r0:r0 + row_chunk], d_w[r0:r0 + row_chunk]
-        acc = np.zeros((x.shape[0], len(dw)), np.float32)
-        for b in range(blocks):
-            isum = q_x[:, b, :] @ qw[:, b, :].T.astype(np.float32)
-            acc += (d_x[:, b, None] * dw[None, :, b]) * isum
-        out[:, r0:r0 + row_chunk] = acc
+    x64 = (q_x.astype(np.float64) * d_x[..., None]).reshape(x.shape)
+    out = np.empty((x.shape[0], len(d_w)), np.float32)
+    for r0 in range(0, len(d_w), chunk):
+        w64 = (q_w[r0:r0 + chunk].astype(np.float64) * d_w[r0:r0 + chunk, :, None]).reshape(-1, x.shape[1])
+        out[:, r0:r0 + chunk] = x64 @ w64.T
     return out
 
 
