@@ -118,8 +118,8 @@ def cmd_prefill(args) -> int:
     from .model import ModelFile
 
     console = _console()
-    if (args.prompt is None) == (args.tokens is None):
-        raise CiqError("give exactly one of --prompt TEXT and --tokens N")
+    if sum(a is not None for a in (args.prompt, args.tokens, args.ids)) != 1:
+        raise CiqError("give exactly one of --prompt TEXT, --tokens N and --ids LIST")
     if args.tokens is not None and args.tokens < 1:
         raise CiqError("--tokens must be >= 1")
     if args.ctx_size is not None and args.ctx_size < 1:
@@ -131,6 +131,11 @@ def cmd_prefill(args) -> int:
     engine = Transformer(model, n_ctx=args.ctx_size, n_ubatch=args.ubatch)
     if args.prompt is not None:
         tokens = _tokenize(path, args.prompt)
+    elif args.ids is not None:
+        try:
+            tokens = [int(t) for t in args.ids.split(",")]
+        except ValueError:
+            raise CiqError(f"--ids takes comma-separated integers, got {args.ids!r}") from None
     else:
         tokens = np.random.default_rng(args.seed).integers(0, engine.hp.n_vocab, args.tokens).tolist()
     engine.check_tokens(tokens)
@@ -375,6 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", nargs="?", help="GGUF path or catalog name (default: the embedded default model)")
     p.add_argument("--prompt", help="text, tokenized by llama.cpp's tokenizer")
     p.add_argument("--tokens", type=int, help="N random token ids instead of a prompt")
+    p.add_argument("--ids", help="comma-separated token ids instead of a prompt")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--top", type=int, default=5)
     p.add_argument("--device", default="cpu")

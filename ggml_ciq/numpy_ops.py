@@ -92,24 +92,26 @@ def rope(x: np.ndarray, positions: np.ndarray, base: float, neox: bool) -> np.nd
 def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_past: int, scale: float,
               window: int) -> np.ndarray:
     """Causal GQA over f16 caches as llama.cpp's CPU graph without flash attention computes it: query t at
-    position n_past + t sees keys p <= n_past + t (and n_past + t - p < window when window > 0)."""
+    position n_past + t sees keys p <= n_past + t (and n_past + t - p < window when window > 0). The two f16
+    products run in float64 (exact products, one rounding to float32), so a row's result does not depend on
+    how many rows the micro-batch has."""
     t, h, d = q.shape
     n_kv, h_kv = n_past + t, k_cache.shape[1]
     group = h // h_kv
     pos = n_past + np.arange(t)
     distance = pos[:, None] - np.arange(n_kv)[None, :]
     visible = (distance >= 0) & ((distance < window) if window else True)
-    q16 = q.astype(np.float16).astype(np.float32)
+    q16 = q.astype(np.float16).astype(np.float64)
     out = np.empty((t, h_kv, group, d), np.float32)
     for g in range(h_kv):  # one KV head at a time: scores stay [group * t, n_kv]
-        k = k_cache[:n_kv, g].astype(np.float32)
-        v = v_cache[:n_kv, g].astype(np.float32)
+        k = k_cache[:n_kv, g].astype(np.float64)
+        v = v_cache[:n_kv, g].astype(np.float64)
         qg = q16[:, g * group:(g + 1) * group].transpose(1, 0, 2)             # [group, t, d]
-        scores = (qg @ k.T) * np.float32(scale)
+        scores = (qg @ k.T).astype(np.float32) * np.float32(scale)
         scores = np.where(visible[None], scores, np.float32(-np.inf))
         p = np.exp(scores - scores.max(-1, keepdims=True))
         p *= (1.0 / p.astype(np.float64).sum(-1, keepdims=True)).astype(np.float32)
-        out[:, g] = (p.astype(np.float16).astype(np.float32) @ v).transpose(1, 0, 2)
+        out[:, g] = (p.astype(np.float16).astype(np.float64) @ v).transpose(1, 0, 2)
     return out.reshape(t, h * d)
 
 
@@ -129,7 +131,7 @@ class NumpyWeight:
             self.nbytes = self.q.nbytes + self.d.nbytes
         else:
             self.kind = "dense"
-            self.dense = tensor.dequantize()
+            self.dense = tensor.dequantize().astype(np.float64)
             self.nbytes = self.dense.nbytes
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
@@ -145,7 +147,7 @@ class NumpyWeight:
             x = quants.round_bf16(x)
         elif self.ggml_type in quants.KEEP_QUANT_TYPES + (quants.Q5_K,):
             x = quants.q8_K_round_trip(x)
-        return x @ self.dense.T
+        return (x.astype(np.float64) @ self.dense.T).astype(np.float32)  # exact products, as gemm_q32
 
 
 class NumpyOps:
