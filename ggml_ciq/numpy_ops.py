@@ -97,15 +97,16 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_past: i
     how many rows the micro-batch has."""
     t, h, d = q.shape
     n_kv, h_kv = n_past + t, k_cache.shape[1]
+    first = max(0, n_past - window + 1) if window else 0  # keys before it are outside every query's window
     group = h // h_kv
     pos = n_past + np.arange(t)
-    distance = pos[:, None] - np.arange(n_kv)[None, :]
+    distance = pos[:, None] - np.arange(first, n_kv)[None, :]
     visible = (distance >= 0) & ((distance < window) if window else True)
     q16 = q.astype(np.float16).astype(np.float64)
     out = np.empty((t, h_kv, group, d), np.float32)
-    for g in range(h_kv):  # one KV head at a time: scores stay [group * t, n_kv]
-        k = k_cache[:n_kv, g].astype(np.float64)
-        v = v_cache[:n_kv, g].astype(np.float64)
+    for g in range(h_kv):  # one KV head at a time: scores stay [group * t, n_kv - first]
+        k = k_cache[first:n_kv, g].astype(np.float64)
+        v = v_cache[first:n_kv, g].astype(np.float64)
         qg = q16[:, g * group:(g + 1) * group].transpose(1, 0, 2)             # [group, t, d]
         scores = (qg @ k.T).astype(np.float32) * np.float32(scale)
         scores = np.where(visible[None], scores, np.float32(-np.inf))

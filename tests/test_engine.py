@@ -164,13 +164,14 @@ def test_q32_gemm_matches_llamacpp(llama, ggml_type, tokens, rng):
 
 
 def test_attention_mask_window_and_cache_poison(rng):
-    t, n_past, h, h_kv, d, window = 13, 5, 6, 2, 64, 7
+    t, n_past, h, h_kv, d, window = 13, 20, 6, 2, 64, 7
+    first = n_past - window + 1  # no query sees keys before it
     q = rng.standard_normal((t, h, d)).astype(np.float32)
-    k_cache = np.full((32, h_kv, d), np.nan, np.float16)  # rows past n_past + t must never be read
-    v_cache = np.full((32, h_kv, d), np.nan, np.float16)
+    k_cache = np.full((48, h_kv, d), np.nan, np.float16)  # rows outside [first, n_past + t) must never be read
+    v_cache = np.full((48, h_kv, d), np.nan, np.float16)
     ops = numpy_ops.NumpyOps()
-    ops.kv_store(k_cache, 0, rng.standard_normal((n_past + t, h_kv, d)).astype(np.float32))
-    ops.kv_store(v_cache, 0, rng.standard_normal((n_past + t, h_kv, d)).astype(np.float32))
+    ops.kv_store(k_cache, first, rng.standard_normal((n_past + t - first, h_kv, d)).astype(np.float32))
+    ops.kv_store(v_cache, first, rng.standard_normal((n_past + t - first, h_kv, d)).astype(np.float32))
     out = ops.attention(q, k_cache, v_cache, n_past, 0.125, window)
     assert out.shape == (t, h * d) and np.isfinite(out).all()
     ref = np.empty((t, h, d))
@@ -185,8 +186,8 @@ def test_attention_mask_window_and_cache_poison(rng):
     err = Q.nmse(out, ref.reshape(t, -1))
     print(f"attention NMSE vs float64 {err:.2e}")
     assert err <= 1e-6  # the f16 rounding of the probabilities, nothing more
-    no_window = ops.attention(q, k_cache, v_cache, n_past, 0.125, 0)
-    assert Q.nmse(no_window, ref.reshape(t, -1)) > 1e-3
+    k_cache[:first] = v_cache[:first] = 0.5  # now readable: a full-context attention sees them
+    assert Q.nmse(ops.attention(q, k_cache, v_cache, n_past, 0.125, 0), ref.reshape(t, -1)) > 1e-3
 
 
 def test_bad_models_and_tokens(native_lib, default_model, tmp_path):
