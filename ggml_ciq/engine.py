@@ -103,7 +103,8 @@ def _view(x, shape):
 class Transformer:
     """A llama, qwen2, qwen3 or gemma3 GGUF model, ready to prefill prompts on `ops` (default: NumpyOps on the
     CPU). n_ctx (default: the GGUF's context_length) bounds the prompt; the K/V cache (`self.kv_cache`, per layer
-    a (k, v) pair of float16 [positions, n_head_kv, head_dim]) grows to the longest prompt seen."""
+    a (k, v) pair of float16 [positions, n_head_kv, head_dim]) grows to the longest prompt seen; after forward its
+    first `n_past` positions hold the prompt's keys and values."""
 
     def __init__(self, model: ModelFile, device="cpu", ops=None, n_ctx: int | None = None, n_ubatch: int = 512):
         self.model, self.hp = model, Hyperparameters.of(model)
