@@ -114,6 +114,91 @@ def write_default_model(path: Path) -> Path:
     return path
 
 
+SMALL_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+
+
+def write_small_model(path: Path, architecture: str, seed: int = 0, drop: tuple[str, ...] = ()) -> Path:
+    """A two-layer random model of one architecture with the default model's shapes and vocabulary, Q4_K/Q6_K
+    weights (qwen2: q/k/v biases; qwen3, gemma3: q/k norms; gemma3: post norms, tied output), for engine tests.
+    Tensors named in `drop` are left out (a broken file for error tests)."""
+    import gguf
+
+    if architecture not in SMALL_ARCHITECTURES:
+        raise GGUFFileError(f"no small-model recipe for {architecture} (have {', '.join(SMALL_ARCHITECTURES)})")
+    s = DEFAULT_SHAPE
+    rng = np.random.default_rng(seed)
+    head_dim = s["n_embd"] // s["n_head"]
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_name(f"ggml-ciq small {architecture} (random, Q4_K/Q6_K)")
+    writer.add_context_length(s["n_ctx"])
+    writer.add_embedding_length(s["n_embd"])
+    writer.add_block_count(s["n_layer"])
+    writer.add_feed_forward_length(s["n_ff"])
+    writer.add_head_count(s["n_head"])
+    writer.add_head_count_kv(s["n_head_kv"])
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-6)
+    if architecture == "gemma3":
+        writer.add_sliding_window(16)  # short, so that a test prompt crosses it
+    tokens, scores, types = _default_vocab(s["n_vocab"])
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+
+    def add(name, ggml_type, rows, k):
+        if name in drop:
+            return
+        w = _weight(rng, rows, k)
+        data = quants.quantize_q4_K(w) if ggml_type == quants.Q4_K else quants.quantize_q6_K(w)
+        writer.add_tensor(name, data.reshape(rows, -1), raw_dtype=gguf.GGMLQuantizationType(ggml_type))
+
+    def add_f32(name, values):
+        if name not in drop:
+            writer.add_tensor(name, values.astype(np.float32))
+
+    def add_norm(name, n):
+        add_f32(name, 1.0 + 0.1 * rng.standard_normal(n))
+
+    e, f, kv = s["n_embd"], s["n_ff"], s["n_head_kv"] * head_dim
+    add("token_embd.weight", quants.Q6_K, s["n_vocab"], e)
+    for i in range(s["n_layer"]):
+        p = f"blk.{i}"
+        add_norm(f"{p}.attn_norm.weight", e)
+        add(f"{p}.attn_q.weight", quants.Q4_K, e, e)
+        add(f"{p}.attn_k.weight", quants.Q4_K, kv, e)
+        add(f"{p}.attn_v.weight", quants.Q6_K, kv, e)
+        if architecture == "qwen2":
+            add_f32(f"{p}.attn_q.bias", 0.5 * rng.standard_normal(e))
+            add_f32(f"{p}.attn_k.bias", 0.5 * rng.standard_normal(kv))
+            add_f32(f"{p}.attn_v.bias", 0.5 * rng.standard_normal(kv))
+        if architecture in ("qwen3", "gemma3"):
+            add_norm(f"{p}.attn_q_norm.weight", head_dim)
+            add_norm(f"{p}.attn_k_norm.weight", head_dim)
+        add(f"{p}.attn_output.weight", quants.Q4_K, e, e)
+        if architecture == "gemma3":
+            add_norm(f"{p}.post_attention_norm.weight", e)
+            add_norm(f"{p}.post_ffw_norm.weight", e)
+        add_norm(f"{p}.ffn_norm.weight", e)
+        add(f"{p}.ffn_gate.weight", quants.Q4_K, f, e)
+        add(f"{p}.ffn_up.weight", quants.Q4_K, f, e)
+        add(f"{p}.ffn_down.weight", quants.Q6_K, e, f)
+    add_norm("output_norm.weight", e)
+    if architecture != "gemma3":
+        add("output.weight", quants.Q6_K, s["n_vocab"], e)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 def default_model_path() -> Path:
     """The default model, generated into the cache on first use."""
     path = cache_dir() / f"ggml-ciq-default-v{DEFAULT_MODEL_VERSION}-q4_k_m.gguf"

@@ -118,45 +118,58 @@ def cmd_prefill(args) -> int:
     from .model import ModelFile
 
     console = _console()
-    path = catalog.resolve_model(args.model)
-    model = ModelFile(path)
-    if (args.prompt is None) == (args.tokens is None):
-        raise CiqError("give exactly one of --prompt TEXT and --tokens N")
+    if sum(a is not None for a in (args.prompt, args.tokens, args.ids)) != 1:
+        raise CiqError("give exactly one of --prompt TEXT, --tokens N and --ids LIST")
+    if args.tokens is not None and args.tokens < 1:
+        raise CiqError("--tokens must be >= 1")
+    if args.ctx_size is not None and args.ctx_size < 1:
+        raise CiqError("--ctx-size must be >= 1")
     if args.device != "cpu":
         raise CiqError(f"prefill --device {args.device}: the engine runs on the CPU in this version")
-    engine = Transformer(model)
+    path = catalog.resolve_model(args.model)
+    model = ModelFile(path)
+    engine = Transformer(model, n_ctx=args.ctx_size, n_ubatch=args.ubatch)
     if args.prompt is not None:
         tokens = _tokenize(path, args.prompt)
+    elif args.ids is not None:
+        try:
+            tokens = [int(t) for t in args.ids.split(",")]
+        except ValueError:
+            raise CiqError(f"--ids takes comma-separated integers, got {args.ids!r}") from None
     else:
-        if args.tokens < 1:
-            raise CiqError("--tokens must be >= 1")
-        tokens = np.random.default_rng(args.seed).integers(0, model.config.vocab_size, args.tokens).tolist()
+        tokens = np.random.default_rng(args.seed).integers(0, engine.hp.n_vocab, args.tokens).tolist()
+    engine.check_tokens(tokens)
     logits = engine.forward(tokens)
-    t = engine.timings
-    console.print(f"{model.config.name}: {len(tokens)} tokens in {t['total'] * 1e3:.1f} ms = "
-                  f"{len(tokens) / t['total']:.1f} tokens/s (CPU, {native.build_info()['threads']} threads)")
+    t = dict(engine.ops.timings)
+    total = t.pop("total")
+    console.print(f"{model.config.name}: {len(tokens)} tokens in {total * 1e3:.1f} ms = "
+                  f"{len(tokens) / total:.1f} tokens/s (CPU, numpy ops + native keep-quant GEMMs on "
+                  f"{native.build_info()['threads']} threads; n_ctx {engine.n_ctx}, n_ubatch {engine.n_ubatch})")
     vocab = model.token_strings()
     last = logits[-1].astype(np.float64)
     probs = np.exp(last - last.max())
     probs /= probs.sum()
+    top = np.argsort(-last)[:args.top]
     table = Table(title="next token")
     for col in ("id", "token", "p"):
         table.add_column(col)
-    for i in np.argsort(-last)[:args.top]:
+    for i in top:
         table.add_row(str(i), repr(vocab[i]) if i < len(vocab) else "-", f"{probs[i]:.3f}")
     console.print(table)
     breakdown = Table(title="time by op class")
     breakdown.add_column("op class")
     breakdown.add_column("ms", justify="right")
     breakdown.add_column("share", justify="right")
-    rest = t["total"] - sum(v for k, v in t.items() if k != "total")
-    for name, seconds in [*((k, v) for k, v in t.items() if k != "total"), ("the rest", rest)]:
-        breakdown.add_row(name, f"{seconds * 1e3:.1f}", f"{seconds / t['total']:.0%}")
+    for name in ("keep-quant GEMM", "other GEMM", "attention", "rest"):
+        breakdown.add_row(name, f"{t.get(name, 0.0) * 1e3:.1f}", f"{t.get(name, 0.0) / total:.0%}")
     console.print(breakdown)
+    memory, kv = engine.ops.memory_bytes(), engine.kv_cache_bytes()
+    console.print(f"memory: {memory / 2**20:.1f} MiB held by the ops (weights, activations and the K/V cache), of "
+                  f"which K/V cache {kv / 2**20:.1f} MiB ({engine.kv_cache[0][0].shape[0]} positions, f16)")
     if args.json:
-        _write_json(args.json, {"model": str(path), "tokens": len(tokens), "seconds": dict(t),
-                                "tokens_per_second": len(tokens) / t["total"],
-                                "top": [int(i) for i in np.argsort(-last)[:args.top]]})
+        _write_json(args.json, {"model": str(path), "tokens": len(tokens), "seconds": {**t, "total": total},
+                                "tokens_per_second": len(tokens) / total, "memory_bytes": memory,
+                                "kv_cache_bytes": kv, "top": [int(i) for i in top]})
     return 0
 
 
@@ -367,9 +380,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", nargs="?", help="GGUF path or catalog name (default: the embedded default model)")
     p.add_argument("--prompt", help="text, tokenized by llama.cpp's tokenizer")
     p.add_argument("--tokens", type=int, help="N random token ids instead of a prompt")
+    p.add_argument("--ids", help="comma-separated token ids instead of a prompt")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--top", type=int, default=5)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--ctx-size", type=int, default=None, help="context length (default: the GGUF's context_length)")
+    p.add_argument("--ubatch", type=int, default=512, help="tokens per micro-batch (default 512, as llama.cpp)")
     p.add_argument("--json")
     p.set_defaults(func=cmd_prefill)
 

@@ -1,24 +1,43 @@
-"""Prefill through a GGUF model: the transformer is plain code, the matrix products are calls.
+"""Prefill through a GGUF model: the transformer is plain code, every op is a call on an ops object.
 
-Q4_K/Q6_K weights go through libggml_ciq's keep-quant GEMM (on the CPU here: llama.cpp CPU semantics); other
-weight types are dequantized once and multiplied in float32. Architectures: llama (Llama 2/3, Mistral) and gemma3
-(embedding scale, q/k norms, post-attention/post-FFN norms, GELU gate, sliding-window layers, tied output).
-Activations are [tokens, features] float32, as everywhere in ggml_ciq.
+Architectures: llama (Llama 2/3, Mistral), qwen2 (q/k/v biases), qwen3 (per-head q/k RMSNorm), gemma3 (embedding
+scale, q/k norms, post-attention/post-FFN norms, GELU gate, sliding-window layers, tied output); op order as in
+llama.cpp's src/models/*.cpp. Activations are [tokens, features], weights [out features, in features].
+
+The ops contract (NumpyOps here, ggml_ciq.ops.NativeOps in the native library; arrays rows-first, float32, K/V
+caches float16):
+  asarray(a), numpy(x), zeros(shape, dtype), get_rows(tensor, ids), rms_norm(x, weight | None, eps),
+  rope(x[T, H, D], positions, base, neox), attention(q[T, H, D], k_cache[C, Hkv, D], v_cache, n_past, scale,
+  window) -> [T, H*D], kv_store(cache, start, x), glu(gate, up, "silu" | "gelu"), add(a, b), scale(x, s),
+  load_weight(tensor), linear(weight, x[n, k]) -> [n, rows], timer(op_class), timings, memory_bytes().
+Prefill runs in micro-batches of n_ubatch tokens through a K/V cache, as llama.cpp does.
 """
 
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import native, quants
-from .errors import ShapeError, UnsupportedTypeError
+from .errors import BackendError, GGUFFileError, ShapeError, UnsupportedTypeError
 from .model import ModelFile, Tensor
+from .numpy_ops import NumpyOps
 
-ARCHITECTURES = ("llama", "gemma3")
+
+@dataclass(frozen=True)
+class Architecture:
+    rope_neox: bool          # RoPE pairs (i, i + d/2) instead of (2i, 2i+1)
+    qk_norm: bool = False    # RMSNorm over each head of q and k before RoPE
+    gemma: bool = False      # embedding scale, post-attention/post-FFN norms, GELU gate, sliding-window layers
+
+
+ARCHITECTURES = {
+    "llama": Architecture(rope_neox=False),
+    "qwen2": Architecture(rope_neox=True),
+    "qwen3": Architecture(rope_neox=True, qk_norm=True),
+    "gemma3": Architecture(rope_neox=True, qk_norm=True, gemma=True),
+}
 
 
 @dataclass(frozen=True)
@@ -32,214 +51,231 @@ class Hyperparameters:
     rms_eps: float
     rope_base: float
     n_vocab: int
-    sliding_window: int = 0         # gemma3: layers with il % 6 != 5 attend to the last sliding_window tokens
+    n_ctx_train: int
+    sliding_window: int = 0            # gemma3: layers with il % 6 != 5 see the last sliding_window positions
     rope_base_sliding: float = 10000.0
 
     @classmethod
     def of(cls, model: ModelFile) -> "Hyperparameters":
         c = model.config
-        arch = c.architecture
+        arch, meta = c.architecture, c.metadata
         if arch not in ARCHITECTURES:
             raise UnsupportedTypeError(f"{model.path}: architecture {arch} is not supported by the engine "
                                        f"(supported: {', '.join(ARCHITECTURES)})")
-        head_dim = int(c.metadata.get(f"{arch}.attention.key_length", c.embedding_length // c.head_count))
-        rot = c.metadata.get(f"{arch}.rope.dimension_count")
+        if not (c.block_count and c.embedding_length and c.head_count):
+            raise GGUFFileError(f"{model.path}: {arch}.block_count, embedding_length and attention.head_count "
+                                f"must be set")
+        head_dim = int(meta.get(f"{arch}.attention.key_length", c.embedding_length // c.head_count))
+        rot = meta.get(f"{arch}.rope.dimension_count")
         if rot is not None and int(rot) != head_dim:
             raise UnsupportedTypeError(f"{model.path}: partial RoPE ({rot} of {head_dim} dims) is not supported")
+        scaling = float(meta.get(f"{arch}.rope.scaling.factor", 1.0) or 1.0)
+        if scaling != 1.0 or "rope_freqs.weight" in model.tensors:
+            raise UnsupportedTypeError(f"{model.path}: RoPE frequency scaling is not supported")
+        if float(meta.get(f"{arch}.final_logit_softcapping", 0.0) or 0.0):
+            raise UnsupportedTypeError(f"{model.path}: final logit soft-capping is not supported")
         return cls(arch, c.block_count, c.embedding_length, c.head_count, c.head_count_kv, head_dim, c.rms_norm_eps,
-                   c.rope_freq_base, c.vocab_size, int(c.metadata.get(f"{arch}.attention.sliding_window", 0)),
-                   float(c.metadata.get(f"{arch}.rope.freq_base_swa", 10000.0)))
+                   c.rope_freq_base, c.vocab_size, c.context_length,
+                   int(meta.get(f"{arch}.attention.sliding_window", 0)) if arch == "gemma3" else 0,
+                   float(meta.get(f"{arch}.rope.freq_base_swa", 10000.0)))
 
     def is_sliding(self, layer: int) -> bool:
-        return self.architecture == "gemma3" and self.sliding_window > 0 and layer % 6 != 5
-
-
-def q8_0_round_trip(x: np.ndarray) -> np.ndarray:
-    """Activations as llama.cpp's CPU sees them for 32-block weight types: quantize_row_q8_0 then dequantized."""
-    xb = x.reshape(x.shape[0], -1, 32)
-    d = np.abs(xb).max(-1, keepdims=True) / np.float32(127)
-    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0)
-    q = np.trunc(xb * inv + np.copysign(np.float32(0.5), xb * inv))  # roundf
-    return (q * d.astype(np.float16).astype(np.float32)).reshape(x.shape)
-
-
-class Timings(defaultdict):
-    """Seconds per op class: keep-quant GEMM, other GEMM, attention; `time(cls)` is a context manager."""
-
-    def __init__(self):
-        super().__init__(float)
-
-    def time(self, op_class: str):
-        timings = self
-
-        class _Timer:
-            def __enter__(self):
-                self.start = time.perf_counter()
-
-            def __exit__(self, *exc):
-                timings[op_class] += time.perf_counter() - self.start
-
-        return _Timer()
+        return self.sliding_window > 0 and layer % 6 != 5
 
 
 class Linear:
-    """One weight matrix: keep-quant GEMM for Q4_K/Q6_K; other types dequantized once and multiplied in float32
-    (on q8_0-rounded activations for Q4_0/Q5_0/Q8_0, as llama.cpp's CPU path)."""
+    """One weight matrix (+ optional bias): the ops' own weight, and the op class its time counts under."""
 
-    def __init__(self, tensor: Tensor, timings: Timings, device="cpu"):
-        self.tensor, self.device, self.timings = tensor, device, timings
-        self.keep_quant = tensor.is_keep_quant
-        self.q8_0_activations = tensor.ggml_type in (quants.Q4_0, quants.Q5_0, quants.Q8_0)
-        self.dense = None if self.keep_quant else tensor.dequantize()
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        if self.keep_quant:
-            with self.timings.time("keep-quant GEMM"):
-                return native.gemm(self.tensor, x, variant="auto", device=self.device, semantics="cpu")
-        with self.timings.time("other GEMM"):
-            return (q8_0_round_trip(x) if self.q8_0_activations else x) @ self.dense.T
+    def __init__(self, ops, tensor: Tensor, bias: Tensor | None = None):
+        self.tensor, self.weight = tensor, ops.load_weight(tensor)
+        self.op_class = "keep-quant GEMM" if tensor.is_keep_quant else "other GEMM"
+        self.bias = None if bias is None else bias.dequantize().reshape(-1)
 
 
-def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    """ggml's rms_norm then mul: squares summed in double, scale = 1/sqrtf(mean + eps) in float32."""
-    mean = ((x * x).astype(np.float64).sum(-1, keepdims=True) / x.shape[-1]).astype(np.float32)
-    scale = np.float32(1.0) / np.sqrt(mean + np.float32(eps))
-    return (x * scale) * weight
+def _rows(x, start: int, stop: int):
+    return x.rows(start, stop) if hasattr(x, "rows") else x[start:stop]
 
 
-def rope(x: np.ndarray, positions: np.ndarray, base: float, neox: bool = False) -> np.ndarray:
-    """llama.cpp's RoPE on [tokens, heads, head_dim]: dimension pairs (2i, 2i+1) (NORM) or (i, i + d/2) (NEOX)
-    rotate by pos * base^(-2i/d), theta stepped in float32 as ggml's rope cache does (theta *= powf(base, -2/d))."""
-    d = x.shape[-1]
-    theta_scale = np.float32(np.power(np.float64(np.float32(base)), np.float64(np.float32(-2.0) / np.float32(d))))
-    theta = np.empty((len(positions), d // 2), np.float32)
-    theta[:, 0] = positions
-    for i in range(1, d // 2):
-        theta[:, i] = theta[:, i - 1] * theta_scale
-    cos = np.cos(theta.astype(np.float64)).astype(np.float32)[:, None, :]
-    sin = np.sin(theta.astype(np.float64)).astype(np.float32)[:, None, :]
-    first, second = (slice(0, d // 2), slice(d // 2, d)) if neox else (slice(0, d, 2), slice(1, d, 2))
-    x0, x1 = x[..., first], x[..., second]
-    out = np.empty_like(x)
-    out[..., first] = x0 * cos - x1 * sin
-    out[..., second] = x0 * sin + x1 * cos
-    return out
-
-
-def gelu(x: np.ndarray) -> np.ndarray:
-    """ggml's CPU GELU (tanh form) as its fp16 table computes it: input and result rounded to fp16."""
-    h = x.astype(np.float16).astype(np.float64)
-    y = (0.5 * h * (1.0 + np.tanh(0.7978845608028654 * h * (1.0 + 0.044715 * h * h)))).astype(np.float16)
-    return np.where(x <= -10.0, np.float32(0), np.where(x >= 10.0, x, y.astype(np.float32))).astype(np.float32)
-
-
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window: int = 0) -> np.ndarray:
-    """Causal grouped-query attention: q [T, H, D], k/v [T, Hkv, D] -> [T, H*D]; window > 0 masks keys that are
-    window or more positions back (sliding-window layers)."""
-    t, h, d = q.shape
-    group = h // k.shape[1]
-    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
-    scores = np.einsum("thd,shd->hts", q, k) * np.float32(scale)
-    distance = np.arange(t)[:, None] - np.arange(t)[None, :]
-    visible = (distance >= 0) & ((distance < window) if window else True)
-    scores = np.where(visible[None], scores, -np.inf)
-    scores = np.exp(scores - scores.max(-1, keepdims=True))
-    scores /= scores.sum(-1, keepdims=True)
-    return np.einsum("hts,shd->thd", scores, v).reshape(t, h * d).astype(np.float32)
-
-
-def heads_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    """RMSNorm over each head's vector of [tokens, heads, head_dim]."""
-    t, h, d = x.shape
-    return rms_norm(x.reshape(t * h, d), weight, eps).reshape(t, h, d)
+def _view(x, shape):
+    return x.view(shape) if hasattr(x, "rows") else x.reshape(shape)
 
 
 class Transformer:
-    """A llama or gemma3 model loaded from a GGUF file."""
+    """A llama, qwen2, qwen3 or gemma3 GGUF model, ready to prefill prompts on `ops` (default: NumpyOps on the
+    CPU). n_ctx (default: the GGUF's context_length) bounds the prompt; the K/V cache (`self.kv_cache`, per layer
+    a (k, v) pair of float16 [positions, n_head_kv, head_dim]) grows to the longest prompt seen; after forward its
+    first `n_past` positions hold the prompt's keys and values."""
 
-    def __init__(self, model: ModelFile, device="cpu"):
+    def __init__(self, model: ModelFile, device="cpu", ops=None, n_ctx: int | None = None, n_ubatch: int = 512):
         self.model, self.hp = model, Hyperparameters.of(model)
-        self.timings = Timings()
-        gemma = self.hp.architecture == "gemma3"
+        self.arch = ARCHITECTURES[self.hp.architecture]
+        if ops is None:
+            if str(device) != "cpu":
+                try:
+                    from .ops import NativeOps
+                except ImportError:
+                    raise BackendError(f"device {device}: this build has no native ops (ggml_ciq.ops)") from None
+                ops = NativeOps(device)
+            else:
+                ops = NumpyOps()
+        self.ops = ops
+        self.n_ctx = int(n_ctx or self.hp.n_ctx_train or 4096)
+        if n_ubatch < 1 or self.n_ctx < 1:
+            raise ShapeError(f"n_ctx ({self.n_ctx}) and n_ubatch ({n_ubatch}) must be >= 1")
+        self.n_ubatch = n_ubatch
+        self.kv_cache: list[tuple] = []
+        self.n_past = 0
+        self.timings = ops.timings
 
-        def w(name):
-            return Linear(model.tensor(name), self.timings, device)
+        def tensor(name):
+            if name not in model.tensors:
+                raise GGUFFileError(f"{model.path}: tensor {name}, needed by the {self.hp.architecture} "
+                                    f"architecture, is missing")
+            return model.tensors[name]
+
+        def optional(name):
+            return model.tensors.get(name)
+
+        def linear(name):
+            return Linear(ops, tensor(f"{name}.weight"), optional(f"{name}.bias"))
 
         def norm(name):
-            return model.tensor(name).dequantize().reshape(-1)
+            return ops.asarray(tensor(name).dequantize().reshape(-1))
 
-        self.token_embd = model.tensor("token_embd.weight")
+        self.token_embd = tensor("token_embd.weight")
         self.layers = []
         for i in range(self.hp.n_layer):
-            layer = dict(attn_norm=norm(f"blk.{i}.attn_norm.weight"), q=w(f"blk.{i}.attn_q.weight"),
-                         k=w(f"blk.{i}.attn_k.weight"), v=w(f"blk.{i}.attn_v.weight"),
-                         o=w(f"blk.{i}.attn_output.weight"), ffn_norm=norm(f"blk.{i}.ffn_norm.weight"),
-                         gate=w(f"blk.{i}.ffn_gate.weight"), up=w(f"blk.{i}.ffn_up.weight"),
-                         down=w(f"blk.{i}.ffn_down.weight"))
-            if gemma:
-                for name in ("attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm"):
-                    layer[name] = norm(f"blk.{i}.{name}.weight")
+            p = f"blk.{i}"
+            layer = dict(attn_norm=norm(f"{p}.attn_norm.weight"), q=linear(f"{p}.attn_q"), k=linear(f"{p}.attn_k"),
+                         v=linear(f"{p}.attn_v"), o=linear(f"{p}.attn_output"), ffn_norm=norm(f"{p}.ffn_norm.weight"),
+                         gate=linear(f"{p}.ffn_gate"), up=linear(f"{p}.ffn_up"), down=linear(f"{p}.ffn_down"))
+            if self.arch.qk_norm:
+                layer.update(q_norm=norm(f"{p}.attn_q_norm.weight"), k_norm=norm(f"{p}.attn_k_norm.weight"))
+            if self.arch.gemma:
+                layer.update(post_attention_norm=norm(f"{p}.post_attention_norm.weight"),
+                             post_ffw_norm=norm(f"{p}.post_ffw_norm.weight"))
             self.layers.append(layer)
         self.output_norm = norm("output_norm.weight")
-        output = "output.weight" if "output.weight" in model.tensors else "token_embd.weight"  # tied embeddings
-        self.output = w(output)
+        tied = "output.weight" not in model.tensors
+        self.output = Linear(ops, self.token_embd if tied else tensor("output.weight"), optional("output.bias"))
 
-    def embed(self, tokens: np.ndarray) -> np.ndarray:
-        """Rows of the token embedding, dequantized like llama.cpp's get_rows."""
-        t = self.token_embd
-        if tokens.min() < 0 or tokens.max() >= t.rows:
-            raise ShapeError(f"token ids must be in [0, {t.rows}), got {tokens.min()}..{tokens.max()}")
-        row_bytes = quants.row_bytes(t.ggml_type, t.k)
-        raw = t.raw().reshape(t.rows, row_bytes)[tokens]
-        return quants.dequantize(t.ggml_type, np.ascontiguousarray(raw).reshape(-1), len(tokens), t.k)
+    # -- building blocks ----------------------------------------------------------------------------------------
+    def _linear(self, lin: Linear, x):
+        with self.ops.timer(lin.op_class):
+            y = self.ops.linear(lin.weight, x)
+        if lin.bias is not None:  # ggml_add broadcasts the bias over rows
+            y = self.ops.add(y, self.ops.asarray(np.ascontiguousarray(
+                np.broadcast_to(lin.bias, (y.shape[0], len(lin.bias))))))
+        return y
 
-    def _llama_block(self, layer: dict, x: np.ndarray, positions: np.ndarray, il: int) -> np.ndarray:
-        hp, t = self.hp, len(positions)
-        h = rms_norm(x, layer["attn_norm"], hp.rms_eps)
-        q = rope(layer["q"](h).reshape(t, hp.n_head, hp.head_dim), positions, hp.rope_base)
-        k = rope(layer["k"](h).reshape(t, hp.n_head_kv, hp.head_dim), positions, hp.rope_base)
-        v = layer["v"](h).reshape(t, hp.n_head_kv, hp.head_dim)
-        with self.timings.time("attention"):
-            attn = attention(q, k, v, 1.0 / np.sqrt(hp.head_dim))
-        x = x + layer["o"](attn)
-        h = rms_norm(x, layer["ffn_norm"], hp.rms_eps)
-        gate = layer["gate"](h)
-        return x + layer["down"]((gate / (1.0 + np.exp(-gate)) * layer["up"](h)).astype(np.float32))
+    def _heads(self, x, n_heads: int):
+        return _view(x, (x.shape[0], n_heads, self.hp.head_dim))
 
-    def _gemma3_block(self, layer: dict, x: np.ndarray, positions: np.ndarray, il: int) -> np.ndarray:
-        hp, t = self.hp, len(positions)
+    def _heads_norm(self, x, weight):
+        t, h, d = x.shape
+        return _view(self.ops.rms_norm(_view(x, (t * h, d)), weight, self.hp.rms_eps), (t, h, d))
+
+    def _attention(self, layer: dict, il: int, h, positions, n_past: int):
+        """Self-attention of one micro-batch: q/k/v, their norms and RoPE, the K/V cache, the output projection."""
+        ops, hp, t = self.ops, self.hp, h.shape[0]
         sliding = hp.is_sliding(il)
         base = hp.rope_base_sliding if sliding else hp.rope_base
-        h = rms_norm(x, layer["attn_norm"], hp.rms_eps)
-        q = heads_norm(layer["q"](h).reshape(t, hp.n_head, hp.head_dim), layer["attn_q_norm"], hp.rms_eps)
-        k = heads_norm(layer["k"](h).reshape(t, hp.n_head_kv, hp.head_dim), layer["attn_k_norm"], hp.rms_eps)
-        q = rope(q, positions, base, neox=True) * np.float32(1.0 / np.sqrt(np.float32(hp.head_dim)))
-        k = rope(k, positions, base, neox=True)
-        v = layer["v"](h).reshape(t, hp.n_head_kv, hp.head_dim)
-        with self.timings.time("attention"):
-            attn = attention(q, k, v, 1.0, hp.sliding_window if sliding else 0)
-        x = rms_norm(layer["o"](attn), layer["post_attention_norm"], hp.rms_eps) + x
-        h = rms_norm(x, layer["ffn_norm"], hp.rms_eps)
-        ffn = layer["down"](gelu(layer["gate"](h)) * layer["up"](h))
-        return rms_norm(ffn, layer["post_ffw_norm"], hp.rms_eps) + x
+        q = self._heads(self._linear(layer["q"], h), hp.n_head)
+        k = self._heads(self._linear(layer["k"], h), hp.n_head_kv)
+        v = self._heads(self._linear(layer["v"], h), hp.n_head_kv)
+        if self.arch.qk_norm:
+            q, k = self._heads_norm(q, layer["q_norm"]), self._heads_norm(k, layer["k_norm"])
+        q = ops.rope(q, positions, base, self.arch.rope_neox)
+        k = ops.rope(k, positions, base, self.arch.rope_neox)
+        if self.arch.gemma:  # gemma scales q itself (f_attention_scale) and attends with scale 1
+            q, scale = ops.scale(q, self._gemma_query_scale()), 1.0
+        else:
+            scale = 1.0 / float(np.sqrt(np.float32(hp.head_dim)))
+        k_cache, v_cache = self.kv_cache[il]
+        ops.kv_store(k_cache, n_past, k)
+        ops.kv_store(v_cache, n_past, v)
+        with ops.timer("attention"):
+            attn = ops.attention(q, k_cache, v_cache, n_past, scale, hp.sliding_window if sliding else 0)
+        return self._linear(layer["o"], attn)
 
-    def forward(self, tokens, hidden_states: list | None = None) -> np.ndarray:
-        """Logits [tokens, vocab] for a prompt; appends each layer's output to hidden_states if given.
-        self.timings holds the seconds per op class of this call ("total" included)."""
-        self.timings.clear()
-        start = time.perf_counter()
-        tokens = np.asarray(tokens, dtype=np.int64)
+    def _gemma_query_scale(self) -> float:
         hp = self.hp
-        x = self.embed(tokens)
-        block = self._llama_block
-        if hp.architecture == "gemma3":
-            x = x * np.float32(np.sqrt(np.float32(hp.n_embd)))
-            block = self._gemma3_block
-        positions = np.arange(len(tokens), dtype=np.float32)
-        for il, layer in enumerate(self.layers):
-            x = block(layer, x, positions, il)
-            if hidden_states is not None:
-                hidden_states.append(x.copy())
-        logits = self.output(rms_norm(x, self.output_norm, hp.rms_eps))
-        self.timings["total"] = time.perf_counter() - start
-        return logits
+        dim = hp.n_embd // hp.n_head if hp.n_layer == 62 else hp.head_dim  # Gemma 3 27B: n_embd / n_head
+        return float(np.float32(1.0) / np.sqrt(np.float32(dim)))
+
+    def _ffn(self, layer: dict, h):
+        kind = "gelu" if self.arch.gemma else "silu"
+        return self._linear(layer["down"], self.ops.glu(self._linear(layer["gate"], h),
+                                                        self._linear(layer["up"], h), kind))
+
+    def _block(self, layer: dict, il: int, x, positions, n_past: int):
+        ops, eps = self.ops, self.hp.rms_eps
+        attn = self._attention(layer, il, ops.rms_norm(x, layer["attn_norm"], eps), positions, n_past)
+        if self.arch.gemma:
+            x = ops.add(ops.rms_norm(attn, layer["post_attention_norm"], eps), x)
+            ffn = self._ffn(layer, ops.rms_norm(x, layer["ffn_norm"], eps))
+            return ops.add(ops.rms_norm(ffn, layer["post_ffw_norm"], eps), x)
+        x = ops.add(attn, x)
+        return ops.add(self._ffn(layer, ops.rms_norm(x, layer["ffn_norm"], eps)), x)
+
+    # -- prefill --------------------------------------------------------------------------------------------------
+    def _ensure_cache(self, n_tokens: int) -> None:
+        """One (k, v) float16 pair per layer, grown (in steps of 256 positions, up to n_ctx) to hold n_tokens."""
+        have = self.kv_cache[0][0].shape[0] if self.kv_cache else 0
+        if have >= n_tokens:
+            return
+        size = min(self.n_ctx, -(-n_tokens // 256) * 256)
+        shape = (size, self.hp.n_head_kv, self.hp.head_dim)
+        self.kv_cache = []  # free the old cache first
+        self.kv_cache = [(self.ops.zeros(shape, np.float16), self.ops.zeros(shape, np.float16))
+                         for _ in range(self.hp.n_layer)]
+
+    def kv_cache_bytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in self.kv_cache)
+
+    def check_tokens(self, tokens) -> np.ndarray:
+        """Token ids as int32; ShapeError for an empty prompt, ids outside the vocabulary, or more than n_ctx."""
+        tokens = np.asarray(tokens)
+        if tokens.ndim != 1 or len(tokens) == 0 or not np.issubdtype(tokens.dtype, np.integer):
+            raise ShapeError(f"tokens must be a non-empty 1-D list of integer ids, got shape {tokens.shape}")
+        n_vocab = self.token_embd.rows
+        if tokens.min() < 0 or tokens.max() >= n_vocab:
+            raise ShapeError(f"token ids must be in [0, {n_vocab}), got {tokens.min()}..{tokens.max()}")
+        if len(tokens) > self.n_ctx:
+            raise ShapeError(f"prompt of {len(tokens)} tokens is longer than the context ({self.n_ctx} tokens)")
+        return tokens.astype(np.int32)
+
+    def forward(self, tokens, hidden_states: list | None = None, all_logits: bool = False) -> np.ndarray:
+        """Prefill a prompt from position 0: logits float32 [1, vocab] for the last token ([tokens, vocab] with
+        all_logits). hidden_states (a list) gets each layer's output for all tokens, float32 [tokens, n_embd].
+        ops.timings holds the seconds per op class of this call: "keep-quant GEMM", "other GEMM", "attention",
+        "rest" (everything else) and "total"."""
+        ops, hp = self.ops, self.hp
+        tokens = self.check_tokens(tokens)
+        n = len(tokens)
+        ops.timings.clear()
+        start_time = time.perf_counter()
+        self._ensure_cache(n)
+        layer_outputs = [[] for _ in self.layers] if hidden_states is not None else None
+        logits = []
+        for start in range(0, n, self.n_ubatch):
+            ids = tokens[start:start + self.n_ubatch]
+            x = ops.get_rows(self.token_embd, ids)
+            if self.arch.gemma:
+                x = ops.scale(x, float(np.sqrt(np.float32(hp.n_embd))))
+            positions = ops.asarray(np.arange(start, start + len(ids), dtype=np.int32))
+            for il, layer in enumerate(self.layers):
+                x = self._block(layer, il, x, positions, start)
+                if layer_outputs is not None:
+                    layer_outputs[il].append(ops.numpy(x).astype(np.float32))
+            if all_logits or start + len(ids) == n:
+                rows = x if all_logits else _rows(x, len(ids) - 1, len(ids))
+                logits.append(ops.numpy(self._linear(self.output, ops.rms_norm(rows, self.output_norm, hp.rms_eps))))
+        self.n_past = n
+        if layer_outputs is not None:
+            hidden_states.extend(np.concatenate(parts) for parts in layer_outputs)
+        out = np.concatenate(logits).astype(np.float32, copy=False)
+        total = time.perf_counter() - start_time
+        ops.timings["rest"] = max(0.0, total - sum(v for k, v in ops.timings.items() if k != "rest"))
+        ops.timings["total"] = total
+        return out

@@ -180,24 +180,32 @@ def dequantize(ggml_type: int, data, rows: int, k: int) -> np.ndarray:
         return raw.view("<f2").astype(np.float32)
     if ggml_type == BF16:
         return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
-    nb = k // 32
-    b = raw.reshape(rows, nb, -1)
-    d = _half(b[..., 0:2])[..., None]
-    if ggml_type == Q8_0:
-        return (d * b[..., 2:34].view(np.int8).astype(np.float32)).reshape(rows, k)
-    if ggml_type == Q4_0:
-        qs = b[..., 2:18].astype(np.int32)
-        q = np.concatenate([qs & 0xF, qs >> 4], axis=-1) - 8
-        return (q.astype(np.float32) * d).reshape(rows, k)
-    if ggml_type == Q5_0:
-        qh = np.ascontiguousarray(b[..., 2:6]).view("<u4").astype(np.int64)
-        bits = (qh >> np.arange(32)) & 1
-        qs = b[..., 6:22].astype(np.int64)
-        q = np.concatenate([(qs & 0xF) | (bits[..., :16] << 4), (qs >> 4) | (bits[..., 16:] << 4)], axis=-1) - 16
-        return (q.astype(np.float32) * d).reshape(rows, k)
+    if ggml_type in (Q4_0, Q5_0, Q8_0):
+        q, d = q32_fields(ggml_type, raw, rows, k)
+        return (q.astype(np.float32) * d[..., None]).reshape(rows, k)
     if ggml_type == Q5_K:
         return _dequantize_q5_K(raw, rows, k)
     raise UnsupportedTypeError(f"unsupported tensor type {type_name(ggml_type)}")
+
+
+def q32_fields(ggml_type: int, data, rows: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_0 / Q5_0 / Q8_0 blocks -> (signed values int8 [rows, K/32, 32], scales float32 [rows, K/32])."""
+    nbytes = row_bytes(ggml_type, k)
+    raw = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data.view(np.uint8)
+    if ggml_type not in (Q4_0, Q5_0, Q8_0) or raw.size != rows * nbytes:
+        raise ShapeError(f"{type_name(ggml_type)} [{rows} x {k}]: not 32-block data of {rows * nbytes} bytes")
+    b = np.ascontiguousarray(raw).reshape(rows, k // 32, -1)
+    d = _half(b[..., 0:2])
+    if ggml_type == Q8_0:
+        return b[..., 2:34].view(np.int8).copy(), d
+    if ggml_type == Q4_0:
+        qs = b[..., 2:18]
+        return (np.concatenate([qs & 0xF, qs >> 4], axis=-1).astype(np.int8) - 8), d
+    qh = np.ascontiguousarray(b[..., 2:6]).view("<u4").astype(np.int64)
+    bits = ((qh >> np.arange(32)) & 1).astype(np.uint8)
+    qs = b[..., 6:22]
+    q = np.concatenate([(qs & 0xF) | (bits[..., :16] << 4), (qs >> 4) | (bits[..., 16:] << 4)], axis=-1)
+    return q.astype(np.int8) - 16, d
 
 
 def _dequantize_q5_K(raw: np.ndarray, rows: int, k: int) -> np.ndarray:
@@ -246,6 +254,19 @@ def quantize_q8_K(x: np.ndarray) -> np.ndarray:
     out["bsums"] = qs.reshape(tokens, -1, 16, 16).sum(-1, dtype=np.int16)
     out["d"] = np.where(nonzero, d, 0)
     return out
+
+
+def q8_K_round_trip(x: np.ndarray) -> np.ndarray:
+    """x as a K-quant weight's CPU vec_dot sees it: quantize_row_q8_K, dequantized (float32)."""
+    blocks = quantize_q8_K(x)
+    return (blocks["qs"].astype(np.float32) * blocks["d"][..., None]).reshape(x.shape)
+
+
+def round_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 (round to nearest even, as ggml's fp32_to_bf16) -> float32."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+    return bits.astype(np.uint32).view(np.float32)
 
 
 def _round_half_away(v: np.ndarray) -> np.ndarray:

@@ -149,13 +149,39 @@ def test_prefill(llama, native_lib, gemma_model, tmp_path):
                             tmp_path / "p.json")
     assert rc == 0, err
     assert "tokens/s" in out and "keep-quant GEMM" in out and "attention" in out and "Paris" in out
-    import json
-
+    assert "K/V cache" in out and "MiB" in out
     report = json.loads((tmp_path / "p.json").read_text())
     assert report["tokens"] >= 5 and report["seconds"]["keep-quant GEMM"] > 0
-    rc, out, err = ggml_ciq("prefill", "--tokens", 7)
+    assert report["memory_bytes"] > report["kv_cache_bytes"] > 0
+    rc, out, err = ggml_ciq("prefill", "--tokens", 7, "--ubatch", 3)
     assert rc == 0 and "7 tokens" in out, err
+    rc, out, err = ggml_ciq("prefill", "--ids", "1,2,3")
+    assert rc == 0 and "3 tokens" in out, err
+
+
+def test_prefill_bad_inputs_one_line_exit_2(native_lib, tmp_path):
+    import gguf
+
+    from ggml_ciq import catalog
+
     rc, _, err = ggml_ciq("prefill", "--tokens", 7, "--prompt", "x")
     assert_one_line_error(rc, err, "exactly one of")
     rc, _, err = ggml_ciq("prefill", "--tokens", 7, "--device", "cuda")
     assert_one_line_error(rc, err, "runs on the CPU")
+    path = tmp_path / "bert.gguf"
+    writer = gguf.GGUFWriter(str(path), "bert")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    rc, _, err = ggml_ciq("prefill", path, "--tokens", 4)
+    assert_one_line_error(rc, err, "architecture bert is not supported")
+    rc, _, err = ggml_ciq("prefill", "--tokens", 40, "--ctx-size", 32)
+    assert_one_line_error(rc, err, "prompt of 40 tokens is longer than the context (32 tokens)")
+    rc, _, err = ggml_ciq("prefill", "--ids", "1,2,512")
+    assert_one_line_error(rc, err, "token ids must be in [0, 512)")
+    rc, _, err = ggml_ciq("prefill", "--ids", "1,x")
+    assert_one_line_error(rc, err, "comma-separated integers")
+    broken = catalog.write_small_model(tmp_path / "broken.gguf", "qwen3", drop=("blk.1.attn_k_norm.weight",))
+    rc, _, err = ggml_ciq("prefill", broken, "--tokens", 4)
+    assert_one_line_error(rc, err, "blk.1.attn_k_norm.weight", "needed by the qwen3 architecture")
