@@ -169,9 +169,11 @@ class _Library:
         self.log.append(ffi.string(text).decode(errors="replace"))
 
     def last_message(self, start: int) -> str:
-        """The last non-empty log line since log index `start` (llama.cpp's reason for a failure)."""
+        """llama.cpp's reason for a failure: the last log line since index `start` that mentions an error, else the
+        last line."""
         lines = [line.strip() for line in "".join(self.log[start:]).splitlines() if line.strip()]
-        return lines[-1] if lines else "no message"
+        errors = [line for line in lines if "error" in line.lower()]
+        return (errors or lines or ["no message"])[-1]
 
 
 class _CudaMemory:
