@@ -115,7 +115,8 @@ def _diff_activations(args) -> int:
         table.add_row("-" if t.layer is None else str(t.layer), t.name, t.type, f"{t.rows} x {t.k}", t.kernel,
                       _fmt(t.nmse), _fmt(t.max_abs), verdict)
     console.print(table)
-    layers = Table(title=f"our engine's hidden state after each layer vs llama.cpp's l_out (bar {report.layer_bar:.0e})")
+    layers = Table(title=f"our engine's hidden state after each layer vs llama.cpp's l_out "
+                         f"(bar {report.layer_bar:.0e})")
     for col in ("layer", "NMSE", "max|d|", ""):
         layers.add_column(col, justify="right")
     for d in report.layers:
@@ -219,7 +220,8 @@ def cmd_compare(args) -> int:
         raise CiqError("compare --device cuda: no CUDA device (or libggml_ciq built without CUDA)")
     with _progress(console) as progress:
         tasks = {side: progress.add_task(f"{side} prefill", total=args.repeat + 1) for side in ("llama.cpp", "ours")}
-        result = run_compare(path, 512 if args.tokens is None and args.prompt is None else args.tokens, args.prompt, repeat=args.repeat, device=args.device,
+        n_tokens = 512 if args.tokens is None and args.prompt is None else args.tokens
+        result = run_compare(path, n_tokens, args.prompt, repeat=args.repeat, device=args.device,
                              threads=args.threads, flash_attn=args.flash_attn == "on",
                              progress=lambda side: progress.advance(tasks[side]))
     threads = args.threads or native.build_info()["threads"]

@@ -117,19 +117,33 @@ def _nbytes(obj) -> int | None:
     return sum(_nbytes(v) or 0 for v in values)
 
 
+def _timed(prefill, repeat: int, progress, side: str) -> list[float]:
+    """perf_counter seconds of `repeat` prefills (after the caller's warm-up, which progress counts too)."""
+    if progress:
+        progress(side)
+    seconds = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        prefill()
+        seconds.append(time.perf_counter() - start)
+        if progress:
+            progress(side)
+    return seconds
+
+
 def run_compare(path, n_tokens: int | None = 512, prompt: str | None = None, repeat: int = 3, device: str = "cpu",
                 threads: int | None = None, flash_attn: bool = True, progress=None) -> CompareResult:
     """llama.cpp first (warm-up prefill with all logits, then `repeat` timed prefills with the last token's logits,
     as llama-bench), freed before our engine runs the same tokens the same way. progress(side) after each prefill."""
     from . import native
     from .engine import ARCHITECTURES, Transformer
-    from .llama_model import LlamaModel, _CudaMemory
+    from .llama_model import LlamaModel, CudaMemory
     from .model import ModelFile
 
     if repeat < 1:
         raise InvalidArgumentError(f"--repeat must be >= 1, got {repeat}")
-    if threads:
-        native.set_num_threads(threads)
+    threads = threads or native.build_info()["threads"]  # the same threads for both sides
+    native.set_num_threads(threads)
     model = ModelFile(path)
     if model.config.architecture not in ARCHITECTURES:  # before llama.cpp spends its time
         raise UnsupportedTypeError(f"{path}: architecture {model.config.architecture} is not supported by the engine "
@@ -138,30 +152,14 @@ def run_compare(path, n_tokens: int | None = 512, prompt: str | None = None, rep
         tokens = prompt_tokens(llama, n_tokens, prompt)
         with llama.context_for(len(tokens), n_batch=512, flash_attn=flash_attn) as ctx:
             theirs = ctx.prefill(tokens, all_logits=True)
-            if progress:
-                progress("llama.cpp")
-            seconds = []
-            for _ in range(repeat):
-                start = time.perf_counter()
-                ctx.prefill(tokens, all_logits=False)
-                seconds.append(time.perf_counter() - start)
-                if progress:
-                    progress("llama.cpp")
+            seconds = _timed(lambda: ctx.prefill(tokens, all_logits=False), repeat, progress, "llama.cpp")
             llama_side = Side("llama.cpp", seconds, _median_tps(len(tokens), seconds), ctx.memory())
 
-    cuda = _CudaMemory() if device == "cuda" else None
+    cuda = CudaMemory() if device == "cuda" else None
     used_before = cuda.used() if cuda else None
     engine = Transformer(model, device=device)
     ours = engine.forward(tokens, all_logits=True)
-    if progress:
-        progress("ours")
-    seconds = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        engine.forward(tokens, all_logits=False)
-        seconds.append(time.perf_counter() - start)
-        if progress:
-            progress("ours")
+    seconds = _timed(lambda: engine.forward(tokens, all_logits=False), repeat, progress, "ours")
     used_after = cuda.used() if cuda else None
     growth = None if used_before is None or used_after is None else used_after - used_before
     our_side = Side("ggml-ciq", seconds, _median_tps(len(tokens), seconds), engine_memory(engine, growth))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from pathlib import Path
 
 import cffi
@@ -176,7 +175,7 @@ class _Library:
         return (errors or lines or ["no message"])[-1]
 
 
-class _CudaMemory:
+class CudaMemory:
     """cudaMemGetInfo through libcudart (already in the process when llama.cpp's CUDA backend is)."""
 
     def __init__(self):
@@ -257,7 +256,7 @@ class LlamaModel:
                                f"GGML_CIQ_LLAMACPP_LIB at a CUDA build)")
         self.path, self.device = path, device
         self.threads = threads or os.cpu_count() or 1
-        self.cuda = _CudaMemory() if device == "cuda" else None
+        self.cuda = CudaMemory() if device == "cuda" else None
         used_before = self.cuda.used() if self.cuda else None
         log_start = len(self.library.log)
         mparams = lib.llama_model_default_params()
@@ -413,18 +412,6 @@ class LlamaContext:
         finally:
             lib.llama_batch_free(batch)
         return np.concatenate(out)
-
-    def time_prefill(self, tokens, repeat: int = 3, progress=None) -> list[float]:
-        """Seconds per prefill of `tokens` (last-token logits only, as llama-bench), after one untimed warm-up."""
-        self.prefill(tokens, all_logits=False)
-        times = []
-        for _ in range(repeat):
-            start = time.perf_counter()
-            self.prefill(tokens, all_logits=False)
-            times.append(time.perf_counter() - start)
-            if progress:
-                progress()
-        return times
 
     # -- capture --------------------------------------------------------------------------------------------------
 

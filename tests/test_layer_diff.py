@@ -43,7 +43,8 @@ def test_every_keep_quant_tensor_on_captured_inputs(native_lib, model, captured)
     tokens, _, capture = captured
     n = len(tokens)
     assert n >= 64
-    expected = {t.name for t in model.weights() if t.name != "token_embd.weight" or "output.weight" not in model.tensors}
+    tied = "output.weight" not in model.tensors  # token_embd is then also the output head's weight
+    expected = {t.name for t in model.weights() if t.name != "token_embd.weight" or tied}
     diffs = captured_tensor_diffs(model, capture, "llamacpp-cpu", 1e-10)
     judged = [d for d in diffs if d.judged]
     assert {d.name for d in judged} == expected  # every Q4_K/Q6_K weight llama.cpp multiplies by, nothing else
@@ -111,3 +112,21 @@ def test_diff_prompt_cli(llama, native_lib, default_model, tmp_path, capsys):
     first = next((d["layer"] for d in report["layers"] if d["nmse"] > 1e-4), None)
     assert report["first_diverging_layer"] == report["summary"]["first_diverging_layer"] == first
     assert report["logits_nmse"] < 1e-2 and "device" in report["environment"]
+
+
+@pytest.mark.gpu
+def test_every_keep_quant_tensor_on_llamacpp_cuda_inputs(llama, native_lib, gemma_model):
+    """On a GPU: llama.cpp CUDA's own prefill (all layers on the GPU, flash attention) captured; `mma` (mmq
+    semantics) on exactly those inputs against llama.cpp's MMQ outputs, every Q4_K/Q6_K tensor of every layer."""
+    from ggml_ciq import native
+
+    if native.device_count() == 0 or "CUDA0" not in llama.devices():
+        pytest.skip("needs a CUDA device, libggml_ciq with CUDA and a CUDA build of llama.cpp (GGML_CIQ_LLAMACPP_LIB)")
+    with LlamaModel(gemma_model.path, device="cuda") as lm:
+        tokens = lm.tokenize(PROMPT)
+        with lm.context_for(len(tokens), eval_callback=True) as ctx:
+            _, capture = ctx.capture(tokens)
+    diffs = [d for d in captured_tensor_diffs(gemma_model, capture, "llamacpp-cuda", 1e-10) if d.judged]
+    assert {d.name for d in diffs} == {t.name for t in gemma_model.weights()}
+    print(f"worst mma vs llama.cpp CUDA NMSE {max(d.nmse for d in diffs):.2e} over {len(diffs)} tensors")
+    assert all(d.kernel == "mma" and d.passed for d in diffs), [(d.name, d.nmse) for d in diffs if not d.passed]
