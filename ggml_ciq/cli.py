@@ -101,7 +101,7 @@ def _diff_activations(args) -> int:
     with _progress(console) as progress:
         task = progress.add_task("llama.cpp prefill (capturing)", total=None)
         report = activation_diff(path, args.prompt, reference=args.reference, bar=args.bar, layer_bar=args.layer_bar,
-                                 threads=args.threads, flash_attn=args.flash_attn == "on",
+                                 threads=args.threads, flash_attn=_on_off(args.flash_attn),
                                  progress=lambda what: progress.update(task, description=what, advance=1))
     cuda = report.reference == "llamacpp-cuda"
     report.environment = (bench.gpu_environment() if cuda else
@@ -222,12 +222,12 @@ def cmd_compare(args) -> int:
         tasks = {side: progress.add_task(f"{side} prefill", total=args.repeat + 1) for side in ("llama.cpp", "ours")}
         n_tokens = 512 if args.tokens is None and args.prompt is None else args.tokens
         result = run_compare(path, n_tokens, args.prompt, repeat=args.repeat, device=args.device,
-                             threads=args.threads, flash_attn=args.flash_attn == "on",
+                             threads=args.threads, flash_attn=_on_off(args.flash_attn),
                              progress=lambda side: progress.advance(tasks[side]))
     threads = args.threads or native.build_info()["threads"]
     result.environment = bench.gpu_environment() if args.device == "cuda" else bench.cpu_environment(threads)
-    table = Table(title=f"{path.name}: {result.tokens} tokens, {result.environment['device']}, flash attention "
-                        f"{args.flash_attn}, median of {result.repeat}")
+    table = Table(title=f"{path.name}: {result.tokens} tokens, {result.environment['device']}, llama.cpp flash "
+                        f"attention {'on' if result.flash_attn else 'off'}, median of {result.repeat}")
     for col in ("", "prefill tokens/s", "runs (ms)", "memory"):
         table.add_column(col, justify="left" if not col else "right")
     llama_mem = result.llamacpp.memory
@@ -253,6 +253,10 @@ def cmd_compare(args) -> int:
     if args.plot:
         plot_compare(result, args.plot)
     return 0
+
+
+def _on_off(value: str) -> bool | None:
+    return None if value == "auto" else value == "on"
 
 
 def _mib(nbytes) -> str:
@@ -447,8 +451,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "on its mul_mat inputs, our engine's hidden states vs its l_out-N)")
     p.add_argument("--layer-bar", type=float, default=1e-4, help="with --prompt: hidden-state NMSE naming the first "
                                                                  "diverging layer (default 1e-4)")
-    p.add_argument("--flash-attn", choices=("on", "off"), default="on", help="with --prompt: llama.cpp's flash "
-                                                                             "attention (default on)")
+    p.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
+                   help="with --prompt: llama.cpp's flash attention (auto: on for CUDA, off on the CPU)")
     p.set_defaults(func=cmd_diff)
 
     p = sub.add_parser("bench", help="benchmarks: gemm, or plot a saved --json file")
@@ -487,7 +491,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=3, help="timed prefills per side, after a warm-up (median)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--flash-attn", choices=("on", "off"), default="on", help="llama.cpp's flash attention")
+    p.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
+                   help="llama.cpp's flash attention (auto: on for CUDA as llama-bench, off on the CPU, where it "
+                        "depends on the micro-batch size)")
     p.add_argument("--json")
     p.add_argument("--plot", help="write tokens/s and per-position KL divergence (PNG; needs matplotlib)")
     p.set_defaults(func=cmd_compare)

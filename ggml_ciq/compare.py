@@ -132,9 +132,10 @@ def _timed(prefill, repeat: int, progress, side: str) -> list[float]:
 
 
 def run_compare(path, n_tokens: int | None = 512, prompt: str | None = None, repeat: int = 3, device: str = "cpu",
-                threads: int | None = None, flash_attn: bool = True, progress=None) -> CompareResult:
+                threads: int | None = None, flash_attn: bool | None = None, progress=None) -> CompareResult:
     """llama.cpp first (warm-up prefill with all logits, then `repeat` timed prefills with the last token's logits,
-    as llama-bench), freed before our engine runs the same tokens the same way. progress(side) after each prefill."""
+    as llama-bench), freed before our engine runs the same tokens the same way. flash_attn: llama.cpp's (None:
+    on for CUDA, off on the CPU; see LlamaContext). progress(side) after each prefill."""
     from . import native
     from .engine import ARCHITECTURES, Transformer
     from .llama_model import LlamaModel, CudaMemory
@@ -151,6 +152,7 @@ def run_compare(path, n_tokens: int | None = 512, prompt: str | None = None, rep
     with LlamaModel(path, device=device, threads=threads) as llama:
         tokens = prompt_tokens(llama, n_tokens, prompt)
         with llama.context_for(len(tokens), n_batch=512, flash_attn=flash_attn) as ctx:
+            flash_attn = ctx.flash_attn
             theirs = ctx.prefill(tokens, all_logits=True)
             seconds = _timed(lambda: ctx.prefill(tokens, all_logits=False), repeat, progress, "llama.cpp")
             llama_side = Side("llama.cpp", seconds, _median_tps(len(tokens), seconds), ctx.memory())

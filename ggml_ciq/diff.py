@@ -306,12 +306,13 @@ def resolve_reference(reference: str) -> str:
 
 
 def activation_diff(path, prompt: str, reference: str = "auto", bar: float = 1e-10, layer_bar: float = LAYER_BAR,
-                    threads: int | None = None, flash_attn: bool = True, progress=None) -> ActivationDiffReport:
+                    threads: int | None = None, flash_attn: bool | None = None,
+                    progress=None) -> ActivationDiffReport:
     """llama.cpp prefills `prompt` (its tokenizer, BOS as by default) with the eval callback on; every weight
     mul_mat's captured input goes through our kernel and is compared with llama.cpp's output; then our engine
     prefills the same tokens on the same device and its hidden state after each layer is compared with
-    llama.cpp's "l_out-N". flash_attn: llama.cpp's flash attention (its default resolves to on; on the CPU it
-    rounds Q to f16 for the K dot products). `progress(text)` is called per step."""
+    llama.cpp's "l_out-N". flash_attn: llama.cpp's flash attention (None: on for CUDA, off on the CPU; see
+    LlamaContext). `progress(text)` is called per step."""
     from .engine import Transformer
     from .llama_model import LlamaModel
 

@@ -130,3 +130,22 @@ def test_every_keep_quant_tensor_on_llamacpp_cuda_inputs(llama, native_lib, gemm
     assert {d.name for d in diffs} == {t.name for t in gemma_model.weights()}
     print(f"worst mma vs llama.cpp CUDA NMSE {max(d.nmse for d in diffs):.2e} over {len(diffs)} tensors")
     assert all(d.kernel == "mma" and d.passed for d in diffs), [(d.name, d.nmse) for d in diffs if not d.passed]
+
+
+def test_capture_concatenates_micro_batches(llama, model, captured):
+    """A prompt decoded in micro-batches of 32 is captured piece by piece and concatenated in token order: with
+    flash attention off (the CPU default) llama.cpp's results do not depend on the micro-batch size, so the pieces
+    must equal the single-batch capture exactly. With flash attention on they do depend on it (LlamaContext)."""
+    tokens, logits, one_batch = captured
+    with LlamaModel(model.path) as lm, lm.context_for(len(tokens), n_batch=32, eval_callback=True) as ctx:
+        assert not ctx.flash_attn
+        batched_logits, batched = ctx.capture(tokens)
+    pieces = -(-len(tokens) // 32)
+    assert set(batched.mul_mat) == set(one_batch.mul_mat) and set(batched.hidden) == set(one_batch.hidden)
+    for name, (inputs, outputs) in batched.mul_mat.items():
+        assert len(inputs) == len(outputs) == pieces
+        np.testing.assert_array_equal(batched.inputs(name), one_batch.inputs(name))
+        np.testing.assert_array_equal(batched.outputs(name), one_batch.outputs(name))
+    for layer in one_batch.hidden:
+        np.testing.assert_array_equal(batched.hidden_state(layer), one_batch.hidden_state(layer))
+    np.testing.assert_array_equal(batched_logits, logits)
