@@ -92,7 +92,7 @@ class CompareResult:
     environment: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return {"schema": "compare", **asdict(self)}
+        return {"schema": "docs/COMPARE_JSON.md", **asdict(self)}
 
 
 def _median_tps(n_tokens: int, seconds: list[float]) -> float:
