@@ -243,7 +243,8 @@ def cmd_compare(args) -> int:
                   + (f"; CUDA +{_mib(ours_mem['cuda_used_growth'])}" if ours_mem["cuda_used_growth"] else ""))
     console.print(table)
     a = result.agreement
-    console.print(f"speed: ggml-ciq / llama.cpp = {result.speedup:.2f}x")
+    console.print(f"speed: ggml-ciq / llama.cpp = {result.speedup:.2f}x; memory: ggml-ciq ops / llama.cpp buffers on "
+                  f"the device ({_mib(llama_mem['device_buffers_total'])}) = {_fmt(result.memory_ratio, '.2f')}")
     console.print(f"logits over {a['positions']} positions: top-1 agreement {a['top1']:.2%}, KL divergence mean "
                   f"{a['kld_mean']:.2e} max {a['kld_max']:.2e}, NMSE {a['nmse']:.2e} -> "
                   f"{'meets' if result.bars['met'] else 'misses'} the bars (top-1 >= {result.bars['top1_bar']:.0%}, "

@@ -87,6 +87,7 @@ class CompareResult:
     llamacpp: Side
     ours: Side
     speedup: float                      # ours / llama.cpp tokens/s
+    memory_ratio: float | None          # ours ops.memory_bytes() / llama.cpp's buffers on the device
     agreement: dict
     bars: dict
     environment: dict = field(default_factory=dict)
@@ -169,8 +170,10 @@ def run_compare(path, n_tokens: int | None = 512, prompt: str | None = None, rep
     agreement = logits_agreement(np.asarray(ours).reshape(theirs.shape), theirs)
     bars = {"top1_bar": TOP1_BAR, "kld_bar": KLD_BAR,
             "met": agreement["top1"] >= TOP1_BAR and agreement["kld_mean"] <= KLD_BAR}
+    ours_bytes = our_side.memory["ops_memory_bytes"]
+    memory_ratio = None if ours_bytes is None else ours_bytes / llama_side.memory["device_buffers_total"]
     return CompareResult(str(path), device, len(tokens), repeat, flash_attn, llama_side, our_side,
-                         our_side.tokens_per_second / llama_side.tokens_per_second, agreement, bars)
+                         our_side.tokens_per_second / llama_side.tokens_per_second, memory_ratio, agreement, bars)
 
 
 def plot_compare(result: CompareResult, path: str) -> None:

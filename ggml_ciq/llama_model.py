@@ -331,8 +331,9 @@ class LlamaContext:
     flash_attn None (auto): on for CUDA (llama-bench's setting for the speed comparison), off on the CPU, where
     llama.cpp's flash attention rounds Q to f16 and depends on the micro-batch size: on Gemma 3 270M, 128 tokens,
     FA on vs off gives top-1 93.0%, mean KLD 9.6e-3, and FA on with n_ubatch 32 vs 512 top-1 95.3%, mean KLD
-    1.2e-2, while FA off is bit-identical across n_ubatch (bench/results/cpu/llamacpp-self-consistency-*.txt). eval_callback=True installs the callback `capture` needs
-    (the scheduler then asks Python about every node, so timed runs go without it)."""
+    1.2e-2, while FA off is bit-identical across n_ubatch (bench/results/cpu/llamacpp-self-consistency-*.txt).
+    eval_callback=True installs the callback `capture` needs (the scheduler then asks Python about every node, so
+    timed runs go without it)."""
 
     def __init__(self, model: LlamaModel, n_ctx: int, n_batch: int, flash_attn: bool | None, eval_callback: bool):
         self._ctx = None
@@ -463,7 +464,8 @@ class LlamaContext:
 
     def memory(self) -> dict:
         """llama.cpp's footprint in bytes: buffers by kind ("model", "KV", "compute", "output") and backend
-        buffer, their total, llama_model_size, llama_state_get_size, and on CUDA the device memory growth from
+        buffer, their total, the total of those on the compute device (CUDA: "CUDAn" buffers, not host-pinned or
+        mapped ones; CPU: all), llama_model_size, llama_state_get_size, and on CUDA the device memory growth from
         loading the model and creating this context."""
         self._alive()
         buffers: dict[str, dict[str, int]] = {}
@@ -472,7 +474,10 @@ class LlamaContext:
             kind_buffers[buffer] = kind_buffers.get(buffer, 0) + round(float(mib) * 2**20)
         growth = None if self.model.cuda_used is None or self.cuda_used is None else self.model.cuda_used + \
             self.cuda_used
+        on_device = (lambda name: re.fullmatch(r"CUDA\d+", name) is not None) if self.model.device == "cuda" else \
+            (lambda name: True)
         return {"buffers": buffers, "buffers_total": sum(sum(b.values()) for b in buffers.values()),
+                "device_buffers_total": sum(n for b in buffers.values() for name, n in b.items() if on_device(name)),
                 "model_size": self.model.size, "state_size": int(self.library.lib.llama_state_get_size(self._ctx)),
                 "cuda_used_growth": growth}
 
