@@ -96,6 +96,12 @@ def _diff_activations(args) -> int:
     from . import bench, catalog, native
     from .diff import activation_diff
 
+    conflicting = [flag for flag, used in (("--backend", args.backend != "auto"), ("--variant", args.variant != "auto"),
+                                           ("--tensor", bool(args.tensor)), ("--all-quantized", args.all_quantized))
+                   if used]
+    if conflicting:
+        raise CiqError(f"diff --prompt picks our kernel from --reference; {', '.join(conflicting)} belong to the "
+                       f"random-activation diff")
     console = _console()
     path = catalog.resolve_model(args.model)
     with _progress(console) as progress:

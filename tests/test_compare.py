@@ -165,6 +165,8 @@ def test_compare_bad_input(llama, native_lib, default_model, tmp_path, capsys):
         (["compare", str(_gguf(tmp_path / "drop.gguf", "llama", "blk.1.ffn_up.weight", default_model.path)),
           "--tokens", "8"], "blk.1.ffn_up.weight"),
         (["diff", str(tmp_path / "drop.gguf"), "--prompt", "Hello"], "blk.1.ffn_up.weight"),
+        (["diff", str(default_model.path), "--prompt", "Hello", "--variant", "wgmma"], "--variant belong"),
+        (["diff", str(default_model.path), "--prompt", "Hello", "--reference", "llamacpp-gpu"], "unknown reference"),
     ]
     for argv, needle in cases:
         rc = cli.main(argv)
