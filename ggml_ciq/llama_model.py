@@ -103,13 +103,11 @@ struct llama_model * llama_model_load_from_file(const char * path_model, struct 
 void llama_model_free(struct llama_model * model);
 struct llama_context * llama_init_from_model(struct llama_model * model, struct llama_context_params params);
 void llama_free(struct llama_context * ctx);
-bool llama_supports_gpu_offload(void);
 uint32_t llama_n_ctx(const struct llama_context * ctx);
 int32_t llama_model_n_ctx_train(const struct llama_model * model);
 int32_t llama_model_n_layer(const struct llama_model * model);
 int32_t llama_model_n_embd(const struct llama_model * model);
 uint64_t llama_model_size(const struct llama_model * model);
-uint64_t llama_model_n_params(const struct llama_model * model);
 const struct llama_vocab * llama_model_get_vocab(const struct llama_model * model);
 int32_t llama_vocab_n_tokens(const struct llama_vocab * vocab);
 int32_t llama_tokenize(const struct llama_vocab * vocab, const char * text, int32_t text_len, llama_token * tokens,
@@ -124,8 +122,6 @@ void llama_synchronize(struct llama_context * ctx);
 float * llama_get_logits(struct llama_context * ctx);
 
 const char * ggml_op_name(int op);
-size_t ggml_type_size(int type);
-int64_t ggml_blck_size(int type);
 void ggml_backend_tensor_get(const struct ggml_tensor * tensor, void * data, size_t offset, size_t size);
 """
 
