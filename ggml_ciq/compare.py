@@ -104,9 +104,8 @@ def engine_memory(engine, cuda_used_growth: int | None) -> dict:
     """Our engine's footprint: ops.memory_bytes() (weights, caches, activations by the ops contract) and its KV
     cache's bytes where the engine exposes them; on CUDA the device memory growth over load + one prefill."""
     ops = getattr(engine, "ops", None)
-    memory = {"ops_memory_bytes": int(ops.memory_bytes()) if ops is not None else None,
-              "kv_cache_bytes": _nbytes(getattr(engine, "kv_cache", None)), "cuda_used_growth": cuda_used_growth}
-    return memory
+    return {"ops_memory_bytes": int(ops.memory_bytes()) if ops is not None else None,
+            "kv_cache_bytes": _nbytes(getattr(engine, "kv_cache", None)), "cuda_used_growth": cuda_used_growth}
 
 
 def _nbytes(obj) -> int | None:
@@ -139,7 +138,7 @@ def run_compare(path, n_tokens: int | None = 512, prompt: str | None = None, rep
     on for CUDA, off on the CPU; see LlamaContext). progress(side) after each prefill."""
     from . import native
     from .engine import ARCHITECTURES, Transformer
-    from .llama_model import LlamaModel, CudaMemory
+    from .llama_model import CudaMemory, LlamaModel, memory_growth
     from .model import ModelFile
 
     if repeat < 1:
@@ -153,18 +152,17 @@ def run_compare(path, n_tokens: int | None = 512, prompt: str | None = None, rep
     with LlamaModel(path, device=device, threads=threads) as llama:
         tokens = prompt_tokens(llama, n_tokens, prompt)
         with llama.context_for(len(tokens), n_batch=512, flash_attn=flash_attn) as ctx:
-            flash_attn = ctx.flash_attn
+            flash_attn, n_ctx = ctx.flash_attn, ctx.n_ctx
             theirs = ctx.prefill(tokens, all_logits=True)
             seconds = _timed(lambda: ctx.prefill(tokens, all_logits=False), repeat, progress, "llama.cpp")
             llama_side = Side("llama.cpp", seconds, _median_tps(len(tokens), seconds), ctx.memory())
 
     cuda = CudaMemory() if device == "cuda" else None
     used_before = cuda.used() if cuda else None
-    engine = Transformer(model, device=device)
+    engine = Transformer(model, device=device, n_ctx=n_ctx, n_ubatch=512)  # llama.cpp's context and micro-batch
     ours = engine.forward(tokens, all_logits=True)
     seconds = _timed(lambda: engine.forward(tokens, all_logits=False), repeat, progress, "ours")
-    used_after = cuda.used() if cuda else None
-    growth = None if used_before is None or used_after is None else used_after - used_before
+    growth = memory_growth(used_before, cuda.used() if cuda else None)
     our_side = Side("ggml-ciq", seconds, _median_tps(len(tokens), seconds), engine_memory(engine, growth))
 
     agreement = logits_agreement(np.asarray(ours).reshape(theirs.shape), theirs)

@@ -194,7 +194,8 @@ class CudaMemory:
         return int(total[0] - free[0])
 
 
-def _growth(before: int | None, after: int | None) -> int | None:
+def memory_growth(before: int | None, after: int | None) -> int | None:
+    """after - before, or None where either reading is missing."""
     return None if before is None or after is None else after - before
 
 
@@ -264,7 +265,7 @@ class LlamaModel:
             self._model = None
             raise GGUFFileError(f"llama.cpp could not load {path}: {self.library.last_message(log_start)}")
         self.load_log = "".join(self.library.log[log_start:])
-        self.cuda_used = _growth(used_before, self.cuda.used() if self.cuda else None)
+        self.cuda_used = memory_growth(used_before, self.cuda.used() if self.cuda else None)
         self.n_ctx_train = lib.llama_model_n_ctx_train(self._model)
         self.n_layer = lib.llama_model_n_layer(self._model)
         self.n_embd = lib.llama_model_n_embd(self._model)
@@ -364,7 +365,7 @@ class LlamaContext:
                                f"{self.library.last_message(log_start)}")
         self.n_ctx = lib.llama_n_ctx(self._ctx)
         self.load_log = "".join(self.library.log[log_start:])
-        self.cuda_used = _growth(used_before, model.cuda.used() if model.cuda else None)
+        self.cuda_used = memory_growth(used_before, model.cuda.used() if model.cuda else None)
 
     def _alive(self):
         if self._ctx is None:
