@@ -326,13 +326,15 @@ def activation_diff(path, prompt: str, reference: str = "auto", bar: float = 1e-
         tokens = llama.tokenize(prompt)
         with llama.context_for(len(tokens), flash_attn=flash_attn, eval_callback=True) as ctx:
             theirs, capture = ctx.capture(tokens)
+            n_ctx, n_ubatch = ctx.n_ctx, ctx.n_batch
     finally:
         llama.close()
     report = ActivationDiffReport(str(path), prompt, len(tokens), reference, REFERENCE_SEMANTICS[reference], bar,
                                   layer_bar)
     report.tensors = captured_tensor_diffs(model, capture, reference, bar, progress)
     hidden: list[np.ndarray] = []
-    ours = Transformer(model, device=device).forward(tokens, hidden_states=hidden, all_logits=True)
+    ours = Transformer(model, device=device, n_ctx=n_ctx, n_ubatch=n_ubatch).forward(tokens, hidden_states=hidden,
+                                                                                  all_logits=True)
     if progress:
         progress("engine")
     report.layers = hidden_state_diffs(hidden, capture)

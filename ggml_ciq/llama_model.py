@@ -104,6 +104,7 @@ void llama_model_free(struct llama_model * model);
 struct llama_context * llama_init_from_model(struct llama_model * model, struct llama_context_params params);
 void llama_free(struct llama_context * ctx);
 uint32_t llama_n_ctx(const struct llama_context * ctx);
+uint32_t llama_n_ubatch(const struct llama_context * ctx);
 int32_t llama_model_n_ctx_train(const struct llama_model * model);
 int32_t llama_model_n_layer(const struct llama_model * model);
 int32_t llama_model_n_embd(const struct llama_model * model);
@@ -364,6 +365,7 @@ class LlamaContext:
             raise BackendError(f"llama.cpp could not create a {n_ctx}-token context for {model.path}: "
                                f"{self.library.last_message(log_start)}")
         self.n_ctx = lib.llama_n_ctx(self._ctx)
+        self.n_batch = lib.llama_n_ubatch(self._ctx)  # llama.cpp caps the micro-batch at n_ctx
         self.load_log = "".join(self.library.log[log_start:])
         self.cuda_used = memory_growth(used_before, model.cuda.used() if model.cuda else None)
 
