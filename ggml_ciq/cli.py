@@ -1,4 +1,4 @@
-"""ggml-ciq command line: diff, bench, info. Errors print one line and exit 2."""
+"""ggml-ciq command line: diff, bench, prefill, compare, fetch, info. Errors print one line and exit 2."""
 
 from __future__ import annotations
 
@@ -43,6 +43,8 @@ def cmd_diff(args) -> int:
     from .diff import DiffReport, Differ, activations, select_tensors
     from .model import ModelFile
 
+    if args.prompt is not None:
+        return _diff_activations(args)
     console = _console()
     path = catalog.resolve_model(args.model)
     model = ModelFile(path)
@@ -82,6 +84,58 @@ def cmd_diff(args) -> int:
     console.print(f"{verdict}: {s['compared']} tensors compared, {s['failed']} {rule}; "
                   f"worst ours-vs-llama.cpp NMSE {_fmt(s['worst_ours_vs_llamacpp'])}, "
                   f"worst llama.cpp-vs-f64 NMSE {_fmt(s['worst_llamacpp_vs_f64'])}")
+    if args.json:
+        _write_json(args.json, report.to_json())
+    return 1 if s["failed"] else 0
+
+
+def _diff_activations(args) -> int:
+    """diff --prompt: llama.cpp's own prefill captured; our kernels on its inputs; our engine's hidden states."""
+    from rich.table import Table
+
+    from . import bench, catalog, native
+    from .diff import activation_diff
+
+    conflicting = [flag for flag, used in (("--backend", args.backend != "auto"), ("--variant", args.variant != "auto"),
+                                           ("--tensor", bool(args.tensor)), ("--all-quantized", args.all_quantized))
+                   if used]
+    if conflicting:
+        raise CiqError(f"diff --prompt picks our kernel from --reference; {', '.join(conflicting)} belong to the "
+                       f"random-activation diff")
+    console = _console()
+    path = catalog.resolve_model(args.model)
+    with _progress(console) as progress:
+        task = progress.add_task("llama.cpp prefill (capturing)", total=None)
+        report = activation_diff(path, args.prompt, reference=args.reference, bar=args.bar, layer_bar=args.layer_bar,
+                                 threads=args.threads, flash_attn=_on_off(args.flash_attn),
+                                 progress=lambda what: progress.update(task, description=what, advance=1))
+    cuda = report.reference == "llamacpp-cuda"
+    report.environment = (bench.gpu_environment() if cuda else
+                          bench.cpu_environment(args.threads or native.build_info()["threads"]))
+    table = Table(title=f"{path.name}: our kernels ({report.semantics} semantics) on llama.cpp's captured inputs, "
+                        f"{report.tokens} prompt tokens, {report.reference}")
+    for col in ("layer", "tensor", "type", "rows x K", "kernel", "NMSE vs llama.cpp", "max|d|", ""):
+        table.add_column(col, justify="left" if col in ("tensor", "type", "kernel") else "right")
+    for t in report.tensors:
+        verdict = ("[green]ok[/]" if t.passed else "[red]FAIL[/]") if t.judged else "listed"
+        table.add_row("-" if t.layer is None else str(t.layer), t.name, t.type, f"{t.rows} x {t.k}", t.kernel,
+                      _fmt(t.nmse), _fmt(t.max_abs), verdict)
+    console.print(table)
+    layers = Table(title=f"our engine's hidden state after each layer vs llama.cpp's l_out "
+                         f"(bar {report.layer_bar:.0e})")
+    for col in ("layer", "NMSE", "max|d|", ""):
+        layers.add_column(col, justify="right")
+    for d in report.layers:
+        layers.add_row(str(d.layer), _fmt(d.nmse), _fmt(d.max_abs),
+                       "[red]first above the bar[/]" if d.layer == report.first_diverging_layer else "")
+    console.print(layers)
+    s = report.summary()
+    console.print(f"{'PASS' if not s['failed'] else 'FAIL'}: {s['judged']} Q4_K/Q6_K tensors judged at NMSE <= "
+                  f"{report.bar:.0e}, {s['failed']} above, worst {_fmt(s['worst_judged_nmse'])}; "
+                  f"{s['tensors'] - s['judged']} other tensors listed")
+    diverging = report.first_diverging_layer
+    console.print(f"hidden states: {'no layer' if diverging is None else f'layer {diverging} is the first'} above "
+                  f"NMSE {report.layer_bar:.0e}; logits NMSE {_fmt(report.logits_nmse)}")
     if args.json:
         _write_json(args.json, report.to_json())
     return 1 if s["failed"] else 0
@@ -171,6 +225,62 @@ def cmd_prefill(args) -> int:
                                 "tokens_per_second": len(tokens) / total, "memory_bytes": memory,
                                 "kv_cache_bytes": kv, "top": [int(i) for i in top]})
     return 0
+
+
+def cmd_compare(args) -> int:
+    from rich.table import Table
+
+    from . import bench, catalog, native
+    from .compare import plot_compare, run_compare
+
+    console = _console()
+    path = catalog.resolve_model(args.model)
+    if args.device == "cuda" and native.device_count() == 0:
+        raise CiqError("compare --device cuda: no CUDA device (or libggml_ciq built without CUDA)")
+    with _progress(console) as progress:
+        tasks = {side: progress.add_task(f"{side} prefill", total=args.repeat + 1) for side in ("llama.cpp", "ours")}
+        n_tokens = 512 if args.tokens is None and args.prompt is None else args.tokens
+        result = run_compare(path, n_tokens, args.prompt, repeat=args.repeat, device=args.device,
+                             threads=args.threads, flash_attn=_on_off(args.flash_attn),
+                             progress=lambda side: progress.advance(tasks[side]))
+    threads = args.threads or native.build_info()["threads"]
+    result.environment = bench.gpu_environment() if args.device == "cuda" else bench.cpu_environment(threads)
+    table = Table(title=f"{path.name}: {result.tokens} tokens, {result.environment['device']}, llama.cpp flash "
+                        f"attention {'on' if result.flash_attn else 'off'}, median of {result.repeat}")
+    for col in ("", "prefill tokens/s", "runs (ms)", "memory"):
+        table.add_column(col, justify="left" if not col else "right")
+    llama_mem = result.llamacpp.memory
+    ours_mem = result.ours.memory
+    table.add_row("llama.cpp", f"{result.llamacpp.tokens_per_second:.1f}",
+                  " ".join(f"{t * 1e3:.0f}" for t in result.llamacpp.seconds),
+                  f"{_mib(llama_mem['buffers_total'])} buffers ("
+                  + ", ".join(f"{k} {_mib(sum(v.values()))}" for k, v in llama_mem["buffers"].items()) + ")"
+                  + (f"; CUDA +{_mib(llama_mem['cuda_used_growth'])}" if llama_mem["cuda_used_growth"] else ""))
+    table.add_row("ggml-ciq", f"{result.ours.tokens_per_second:.1f}",
+                  " ".join(f"{t * 1e3:.0f}" for t in result.ours.seconds),
+                  f"ops {_mib(ours_mem['ops_memory_bytes'])}, KV {_mib(ours_mem['kv_cache_bytes'])}"
+                  + (f"; CUDA +{_mib(ours_mem['cuda_used_growth'])}" if ours_mem["cuda_used_growth"] else ""))
+    console.print(table)
+    a = result.agreement
+    console.print(f"speed: ggml-ciq / llama.cpp = {result.speedup:.2f}x; memory: ggml-ciq ops / llama.cpp buffers on "
+                  f"the device ({_mib(llama_mem['device_buffers_total'])}) = {_fmt(result.memory_ratio, '.2f')}")
+    console.print(f"logits over {a['positions']} positions: top-1 agreement {a['top1']:.2%}, KL divergence mean "
+                  f"{a['kld_mean']:.2e} max {a['kld_max']:.2e}, NMSE {a['nmse']:.2e} -> "
+                  f"{'meets' if result.bars['met'] else 'misses'} the bars (top-1 >= {result.bars['top1_bar']:.0%}, "
+                  f"mean KLD <= {result.bars['kld_bar']:.0e})")
+    if args.json:
+        _write_json(args.json, result.to_json())
+    if args.plot:
+        plot_compare(result, args.plot)
+    return 0
+
+
+def _on_off(value: str) -> bool | None:
+    return None if value == "auto" else value == "on"
+
+
+def _mib(nbytes) -> str:
+    return "-" if nbytes is None else f"{nbytes / 2**20:.1f} MiB"
 
 
 def cmd_fetch(args) -> int:
@@ -357,6 +467,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bar", type=float, default=1e-10, help="max NMSE of ours vs llama.cpp (default 1e-10)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", help="write the full report here")
+    p.add_argument("--prompt", help="diff on real activations: capture llama.cpp's prefill of this text (our kernels "
+                                    "on its mul_mat inputs, our engine's hidden states vs its l_out-N)")
+    p.add_argument("--layer-bar", type=float, default=1e-4, help="with --prompt: hidden-state NMSE naming the first "
+                                                                 "diverging layer (default 1e-4)")
+    p.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
+                   help="with --prompt: llama.cpp's flash attention (auto: on for CUDA, off on the CPU)")
     p.set_defaults(func=cmd_diff)
 
     p = sub.add_parser("bench", help="benchmarks: gemm, or plot a saved --json file")
@@ -388,6 +504,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ubatch", type=int, default=512, help="tokens per micro-batch (default 512, as llama.cpp)")
     p.add_argument("--json")
     p.set_defaults(func=cmd_prefill)
+
+    p = sub.add_parser("compare", help="llama.cpp and our engine on the same tokens: prefill tokens/s, logits "
+                                       "agreement, memory")
+    p.add_argument("model", nargs="?", help="GGUF path or catalog name (default: the embedded default model)")
+    p.add_argument("--tokens", type=int, default=None, help="prompt length: the text repeated to N tokens (default "
+                                                            "512 without --prompt)")
+    p.add_argument("--prompt", help="text (default: a fixed English passage)")
+    p.add_argument("--repeat", type=int, default=3, help="timed prefills per side, after a warm-up (median)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
+                   help="llama.cpp's flash attention (auto: on for CUDA as llama-bench, off on the CPU, where it "
+                        "depends on the micro-batch size)")
+    p.add_argument("--json")
+    p.add_argument("--plot", help="write tokens/s and per-position KL divergence (PNG; needs matplotlib)")
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("fetch", help="a catalog model (generated or assembled) or a GGUF from the Hugging Face hub")
     p.add_argument("model", help="catalog name, or a hub REPO_ID (with FILENAME)")

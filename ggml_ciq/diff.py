@@ -167,3 +167,177 @@ def select_tensors(model: ModelFile, all_quantized: bool, names: list[str] | Non
             raise UnsupportedTypeError(f"{model.path}: tensor {t.name} has type {t.type_name}, which ggml-ciq "
                                        f"does not decode")
     return tensors
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Per-layer diff on real activations: the inputs llama.cpp's own prefill fed to every weight mul_mat.
+
+LAYER_BAR = 1e-4  # hidden-state NMSE above which a layer is named as the first to diverge
+
+
+@dataclass
+class CapturedTensorDiff:
+    """One weight's mul_mat on llama.cpp's captured input: our kernel (Q4_K/Q6_K; judged against the bar when its
+    semantics are llama.cpp's) or, for other types, the float64 product of the dequantized weight (listed only)."""
+    name: str
+    type: str
+    layer: int | None
+    rows: int
+    k: int
+    tokens: int
+    kernel: str                         # our variant, or "f64" for types without a keep-quant kernel
+    nmse: float                         # ours (or f64) vs llama.cpp's captured output
+    max_abs: float
+    judged: bool
+    passed: bool
+
+
+@dataclass
+class LayerStateDiff:
+    layer: int
+    nmse: float
+    max_abs: float
+
+
+@dataclass
+class ActivationDiffReport:
+    model: str
+    prompt: str
+    tokens: int
+    reference: str                      # llamacpp-cpu | llamacpp-cuda
+    semantics: str
+    bar: float
+    layer_bar: float
+    tensors: list[CapturedTensorDiff] = field(default_factory=list)
+    layers: list[LayerStateDiff] = field(default_factory=list)
+    first_diverging_layer: int | None = None
+    logits_nmse: float | None = None    # our engine's logits vs llama.cpp's, all positions
+    environment: dict = field(default_factory=dict)
+
+    @property
+    def failures(self) -> list[CapturedTensorDiff]:
+        return [t for t in self.tensors if not t.passed]
+
+    def summary(self) -> dict:
+        judged = [t.nmse for t in self.tensors if t.judged]
+        return {"tensors": len(self.tensors), "judged": len(judged), "failed": len(self.failures),
+                "worst_judged_nmse": max(judged) if judged else None,
+                "first_diverging_layer": self.first_diverging_layer}
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["summary"] = self.summary()
+        return out
+
+
+def _layer_of(name: str) -> int | None:
+    parts = name.split(".")
+    return int(parts[1]) if parts[0] == "blk" and parts[1].isdigit() else None
+
+
+def _f64_product(tensor: Tensor, x: np.ndarray, chunk_rows: int = 8192) -> np.ndarray:
+    """gemm_f64 in row chunks, so a 262144-row output head never needs a full float64 copy."""
+    row_bytes = quants.row_bytes(tensor.ggml_type, tensor.k)
+    raw = tensor.raw().reshape(tensor.rows, row_bytes)
+    out = np.empty((x.shape[0], tensor.rows), np.float64)
+    for start in range(0, tensor.rows, chunk_rows):
+        stop = min(start + chunk_rows, tensor.rows)
+        out[:, start:stop] = quants.gemm_f64(tensor.ggml_type, raw[start:stop].reshape(-1), stop - start,
+                                             tensor.k, x)
+    return out
+
+
+def captured_tensor_diffs(model: ModelFile, capture, reference: str, bar: float, progress=None) \
+        -> list[CapturedTensorDiff]:
+    """Every captured weight mul_mat, in llama.cpp's graph order, through our kernel of llama.cpp's semantics
+    (CPU: variant cpu on the CPU; CUDA: mma on cuda) on exactly llama.cpp's input, against llama.cpp's output."""
+    semantics = REFERENCE_SEMANTICS[reference]
+    device, variant = ("cpu", "cpu") if reference == "llamacpp-cpu" else ("cuda", "mma")
+    diffs = []
+    for name in capture.mul_mat:
+        tensor = model.tensor(name)
+        x, theirs = capture.inputs(name), capture.outputs(name)
+        if tensor.is_keep_quant:
+            native.dispatch_reset()
+            ours = native.gemm(tensor, x, variant=variant, device=device, semantics=semantics)
+            if native.dispatch_counts()[(variant, tensor.type_name)] != 1:
+                raise InvalidArgumentError(f"{name}: dispatch counters do not show one {variant} launch")
+            kernel = variant
+        elif tensor.ggml_type in quants.BLOCK_LAYOUT:
+            ours, kernel = _f64_product(tensor, x), "f64"
+        else:
+            raise UnsupportedTypeError(f"{model.path}: tensor {name} has type {tensor.type_name}, which ggml-ciq "
+                                       f"does not decode")
+        err = quants.nmse(ours, theirs)
+        judged = tensor.is_keep_quant
+        diffs.append(CapturedTensorDiff(name, tensor.type_name, _layer_of(name), tensor.rows, tensor.k, x.shape[0],
+                                        kernel, err, max_abs(ours, theirs), judged, err <= bar if judged else True))
+        if progress:
+            progress(name)
+    return diffs
+
+
+def hidden_state_diffs(ours: list[np.ndarray], capture) -> list[LayerStateDiff]:
+    """Our engine's hidden state after each layer against llama.cpp's "l_out-N"."""
+    if len(ours) != len(capture.hidden):
+        raise InvalidArgumentError(f"engine gave {len(ours)} hidden states, llama.cpp {len(capture.hidden)} layers")
+    out = []
+    for layer, state in enumerate(ours):
+        theirs = capture.hidden_state(layer)
+        state = np.asarray(state, np.float32).reshape(theirs.shape)
+        out.append(LayerStateDiff(layer, quants.nmse(state, theirs), max_abs(state, theirs)))
+    return out
+
+
+def first_diverging_layer(layers: list[LayerStateDiff], bar: float = LAYER_BAR) -> int | None:
+    return next((d.layer for d in layers if not d.nmse <= bar), None)
+
+
+def resolve_reference(reference: str) -> str:
+    """auto: llama.cpp CUDA when both its build and ours have a GPU, else llama.cpp CPU."""
+    from .llamacpp import LlamaCpp
+
+    if reference not in REFERENCES:
+        raise InvalidArgumentError(f"unknown reference {reference!r} (choose from {', '.join(REFERENCES)})")
+    if reference == "auto":
+        cuda = native.device_count() > 0 and "CUDA0" in LlamaCpp.load().devices()
+        reference = "llamacpp-cuda" if cuda else "llamacpp-cpu"
+    return reference
+
+
+def activation_diff(path, prompt: str, reference: str = "auto", bar: float = 1e-10, layer_bar: float = LAYER_BAR,
+                    threads: int | None = None, flash_attn: bool | None = None,
+                    progress=None) -> ActivationDiffReport:
+    """llama.cpp prefills `prompt` (its tokenizer, BOS as by default) with the eval callback on; every weight
+    mul_mat's captured input goes through our kernel and is compared with llama.cpp's output; then our engine
+    prefills the same tokens on the same device and its hidden state after each layer is compared with
+    llama.cpp's "l_out-N". flash_attn: llama.cpp's flash attention (None: on for CUDA, off on the CPU; see
+    LlamaContext). `progress(text)` is called per step."""
+    from .engine import Transformer
+    from .llama_model import LlamaModel
+
+    model = ModelFile(path)
+    reference = resolve_reference(reference)
+    device = "cuda" if reference == "llamacpp-cuda" else "cpu"
+    if threads:
+        native.set_num_threads(threads)
+    llama = LlamaModel(path, device=device, threads=threads)
+    try:
+        tokens = llama.tokenize(prompt)
+        with llama.context_for(len(tokens), flash_attn=flash_attn, eval_callback=True) as ctx:
+            theirs, capture = ctx.capture(tokens)
+            n_ctx, n_ubatch = ctx.n_ctx, ctx.n_batch
+    finally:
+        llama.close()
+    report = ActivationDiffReport(str(path), prompt, len(tokens), reference, REFERENCE_SEMANTICS[reference], bar,
+                                  layer_bar)
+    report.tensors = captured_tensor_diffs(model, capture, reference, bar, progress)
+    hidden: list[np.ndarray] = []
+    ours = Transformer(model, device=device, n_ctx=n_ctx, n_ubatch=n_ubatch).forward(tokens, hidden_states=hidden,
+                                                                                  all_logits=True)
+    if progress:
+        progress("engine")
+    report.layers = hidden_state_diffs(hidden, capture)
+    report.first_diverging_layer = first_diverging_layer(report.layers, layer_bar)
+    report.logits_nmse = quants.nmse(np.asarray(ours, np.float32).reshape(theirs.shape), theirs)
+    return report

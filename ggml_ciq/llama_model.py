@@ -1,0 +1,498 @@
+"""llama.cpp's whole model (libllama, cffi ABI mode): load a GGUF, tokenize with its vocab, prefill, logits,
+memory footprint, and an eval callback that captures tensors during llama.cpp's own forward pass.
+
+libllama sits next to the ggml libraries `llamacpp.find_library_dir` finds (llama-cpp-python's `llama_cpp/lib`, or
+$GGML_CIQ_LLAMACPP_LIB). The cdef below is written from the vendored llama.h / ggml.h of llama-cpp-python 0.3.36
+(llama.cpp 0c1e570); struct layouts were checked against that header with a C compiler: sizeof(llama_model_params)
+80, sizeof(llama_context_params) 160 (cb_eval at 88, flash_attn_type at 52), sizeof(ggml_tensor) 336 (op at 80,
+src at 152, data at 248, name at 256). Enums are C ints.
+
+Memory (`LlamaModel.memory`): the buffers llama.cpp allocates and logs while loading ("model", "KV", "compute",
+"output" buffer sizes per backend buffer, parsed from its log at MiB/100 resolution), llama_model_size (weight
+bytes) and llama_state_get_size (KV cache contents + logits of a saved state); on CUDA also the device's used-memory
+growth from cudaMemGetInfo around load + context creation (counts CUDA's own context and workspace too).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import cffi
+import numpy as np
+
+from .errors import BackendError, GGUFFileError, InvalidArgumentError, LibraryNotFoundError, ShapeError
+from .llamacpp import LlamaCpp, _lib_file
+
+_CDEF = """
+struct llama_model; struct llama_context; struct llama_vocab; struct llama_memory_i;
+struct ggml_backend_buffer;
+typedef int32_t llama_token;
+
+struct llama_model_params {
+    void ** devices;
+    const void * tensor_buft_overrides;
+    int32_t n_gpu_layers;
+    int split_mode;                 /* enum llama_split_mode */
+    int load_mode;                  /* enum llama_load_mode */
+    int lazy_mode;                  /* enum llama_lazy_mode */
+    int32_t main_gpu;
+    const float * tensor_split;
+    void * progress_callback;
+    void * progress_callback_user_data;
+    const void * kv_overrides;
+    bool vocab_only, check_tensors, use_extra_bufts, no_host, no_alloc, load_mtp;
+};
+
+struct ggml_tensor;
+typedef bool (*ggml_backend_sched_eval_callback)(struct ggml_tensor * t, bool ask, void * user_data);
+
+struct llama_context_params {
+    uint32_t n_ctx, n_batch, n_ubatch, n_seq_max, n_rs_seq, n_outputs_max, n_outputs_max_per_seq;
+    int32_t n_threads, n_threads_batch;
+    int ctx_type, rope_scaling_type, pooling_type, attention_type, flash_attn_type;
+    float rope_freq_base, rope_freq_scale, yarn_ext_factor, yarn_attn_factor, yarn_beta_fast, yarn_beta_slow;
+    uint32_t yarn_orig_ctx;
+    float defrag_thold;
+    ggml_backend_sched_eval_callback cb_eval;
+    void * cb_eval_user_data;
+    int type_k, type_v;
+    void * abort_callback;
+    void * abort_callback_data;
+    bool embeddings, offload_kqv, no_perf, op_offload, swa_full, kv_unified;
+    void * samplers;
+    size_t n_samplers;
+    struct llama_context * ctx_other;
+};
+
+typedef struct llama_batch {
+    int32_t n_tokens;
+    llama_token * token;
+    float * embd;
+    int32_t * pos;
+    int32_t * n_seq_id;
+    int32_t ** seq_id;
+    int8_t * logits;
+} llama_batch;
+
+struct ggml_tensor {
+    int type;
+    struct ggml_backend_buffer * buffer;
+    int64_t ne[4];
+    size_t nb[4];
+    int op;
+    int32_t op_params[16];
+    int32_t flags;
+    struct ggml_tensor * src[10];
+    struct ggml_tensor * view_src;
+    size_t view_offs;
+    void * data;
+    char name[64];
+    void * extra;
+    char padding[8];
+};
+
+typedef void (*ggml_log_callback)(int level, const char * text, void * user_data);
+
+void llama_backend_init(void);
+void llama_log_set(ggml_log_callback log_callback, void * user_data);
+struct llama_model_params llama_model_default_params(void);
+struct llama_context_params llama_context_default_params(void);
+struct llama_model * llama_model_load_from_file(const char * path_model, struct llama_model_params params);
+void llama_model_free(struct llama_model * model);
+struct llama_context * llama_init_from_model(struct llama_model * model, struct llama_context_params params);
+void llama_free(struct llama_context * ctx);
+uint32_t llama_n_ctx(const struct llama_context * ctx);
+uint32_t llama_n_ubatch(const struct llama_context * ctx);
+int32_t llama_model_n_ctx_train(const struct llama_model * model);
+int32_t llama_model_n_layer(const struct llama_model * model);
+int32_t llama_model_n_embd(const struct llama_model * model);
+uint64_t llama_model_size(const struct llama_model * model);
+const struct llama_vocab * llama_model_get_vocab(const struct llama_model * model);
+int32_t llama_vocab_n_tokens(const struct llama_vocab * vocab);
+int32_t llama_tokenize(const struct llama_vocab * vocab, const char * text, int32_t text_len, llama_token * tokens,
+                       int32_t n_tokens_max, bool add_special, bool parse_special);
+struct llama_memory_i * llama_get_memory(const struct llama_context * ctx);
+void llama_memory_clear(struct llama_memory_i * mem, bool data);
+size_t llama_state_get_size(struct llama_context * ctx);
+struct llama_batch llama_batch_init(int32_t n_tokens, int32_t embd, int32_t n_seq_max);
+void llama_batch_free(struct llama_batch batch);
+int32_t llama_decode(struct llama_context * ctx, struct llama_batch batch);
+void llama_synchronize(struct llama_context * ctx);
+float * llama_get_logits(struct llama_context * ctx);
+
+const char * ggml_op_name(int op);
+void ggml_backend_tensor_get(const struct ggml_tensor * tensor, void * data, size_t offset, size_t size);
+"""
+
+ffi = cffi.FFI()
+ffi.cdef(_CDEF)
+
+LLAMA_FLASH_ATTN_TYPE_DISABLED, LLAMA_FLASH_ATTN_TYPE_ENABLED = 0, 1
+LLAMA_SPLIT_MODE_NONE = 0
+_GGML_F32 = 0
+_BUFFER_LINE = re.compile(r"(\S+)\s+(model|KV|compute|output) buffer size =\s*([0-9.]+) MiB")
+
+
+class _Library:
+    """libllama loaded once per process, after llama.cpp's ggml (same directory, RTLD_GLOBAL)."""
+
+    _loaded = None
+
+    @classmethod
+    def load(cls) -> "_Library":
+        if cls._loaded is None:
+            cls._loaded = cls(LlamaCpp.load())
+        return cls._loaded
+
+    def __init__(self, ggml: LlamaCpp):
+        path = _lib_file(ggml.lib_dir, "llama")
+        if path is None:
+            raise LibraryNotFoundError(f"libllama not found in {ggml.lib_dir} (llama-cpp-python's lib/ or "
+                                       f"GGML_CIQ_LLAMACPP_LIB)")
+        try:
+            self.lib = ffi.dlopen(str(path), ffi.RTLD_NOW | ffi.RTLD_GLOBAL)
+        except OSError as exc:
+            raise LibraryNotFoundError(f"cannot load {path}: {exc}") from None
+        self.ggml, self.path, self.log = ggml, path, []
+        self._log_callback = ffi.callback("ggml_log_callback", self._on_log)  # llama.cpp's log, kept for memory
+        self.lib.llama_log_set(self._log_callback, ffi.NULL)
+        self.lib.llama_backend_init()
+        self.mul_mat_op = next(op for op in range(256) if ffi.string(self.lib.ggml_op_name(op)) == b"MUL_MAT")
+
+    def _on_log(self, level, text, user_data):
+        self.log.append(ffi.string(text).decode(errors="replace"))
+
+    def last_message(self, start: int) -> str:
+        """llama.cpp's reason for a failure: the last log line since index `start` that mentions an error, else the
+        last line."""
+        lines = [line.strip() for line in "".join(self.log[start:]).splitlines() if line.strip()]
+        errors = [line for line in lines if "error" in line.lower()]
+        return (errors or lines or ["no message"])[-1]
+
+
+class CudaMemory:
+    """cudaMemGetInfo through libcudart (already in the process when llama.cpp's CUDA backend is)."""
+
+    def __init__(self):
+        self.ffi = cffi.FFI()
+        self.ffi.cdef("int cudaMemGetInfo(size_t * free, size_t * total); int cudaSetDevice(int device);")
+        self.lib = None
+        for name in ("libcudart.so", "libcudart.so.13", "libcudart.so.12"):
+            try:
+                self.lib = self.ffi.dlopen(name)
+                break
+            except OSError:
+                continue
+
+    def used(self, device: int = 0) -> int | None:
+        if self.lib is None:
+            return None
+        free, total = self.ffi.new("size_t *"), self.ffi.new("size_t *")
+        if self.lib.cudaSetDevice(device) != 0 or self.lib.cudaMemGetInfo(free, total) != 0:
+            return None
+        return int(total[0] - free[0])
+
+
+def memory_growth(before: int | None, after: int | None) -> int | None:
+    """after - before, or None where either reading is missing."""
+    return None if before is None or after is None else after - before
+
+
+class Capture:
+    """What an eval callback saw during one prefill: the float32 input and output of every MUL_MAT whose src0 is a
+    model weight (keyed by the weight's GGUF name), and llama.cpp's per-layer hidden states ("l_out-N"). Rows are
+    tokens; several micro-batches are concatenated in order."""
+
+    def __init__(self):
+        self.mul_mat: dict[str, tuple[list, list]] = {}
+        self.hidden: dict[int, list] = {}
+        self.error: Exception | None = None  # raised after decode: exceptions must not cross the C callback
+
+    @staticmethod
+    def is_weight(name: str) -> bool:
+        return name.endswith(".weight") and (name.startswith("blk.") or name in ("output.weight", "token_embd.weight"))
+
+    def inputs(self, name: str) -> np.ndarray:
+        return np.concatenate(self.mul_mat[name][0])
+
+    def outputs(self, name: str) -> np.ndarray:
+        return np.concatenate(self.mul_mat[name][1])
+
+    def hidden_state(self, layer: int) -> np.ndarray:
+        return np.concatenate(self.hidden[layer])
+
+
+def _tensor_f32(lib, t) -> np.ndarray:
+    """A float32 ggml tensor (any strides, any buffer) as a [rows, ne0] numpy array, rows = ne1*ne2*ne3."""
+    if t.type != _GGML_F32:
+        raise BackendError(f"captured tensor {ffi.string(t.name).decode()} has ggml type {t.type}, not F32")
+    ne, nb = [int(t.ne[i]) for i in range(4)], [int(t.nb[i]) for i in range(4)]
+    span = sum((n - 1) * s for n, s in zip(ne, nb)) + 4
+    raw = np.empty(span, np.uint8)
+    lib.ggml_backend_tensor_get(t, ffi.from_buffer(raw), 0, span)
+    view = np.lib.stride_tricks.as_strided(raw.view(np.float32), shape=ne[::-1], strides=nb[::-1])
+    return np.ascontiguousarray(view).reshape(-1, ne[0])
+
+
+class LlamaModel:
+    """One GGUF loaded by libllama: every layer on the GPU when device="cuda" (llama.cpp's CUDA0), else CPU only.
+    Tokenizes with the GGUF's vocab; `context(...)` creates the context that runs prefills."""
+
+    def __init__(self, path, device: str = "cpu", threads: int | None = None):
+        self._model = None
+        path = Path(path)
+        if not path.is_file():
+            raise GGUFFileError(f"{path}: no such file")
+        if device not in ("cpu", "cuda"):
+            raise InvalidArgumentError(f"unknown device {device!r} (cpu or cuda)")
+        self.library = _Library.load()
+        lib = self.library.lib
+        if device == "cuda" and "CUDA0" not in self.library.ggml.devices():
+            raise BackendError(f"llama.cpp at {self.library.ggml.lib_dir} has no CUDA0 device (point "
+                               f"GGML_CIQ_LLAMACPP_LIB at a CUDA build)")
+        self.path, self.device = path, device
+        self.threads = threads or os.cpu_count() or 1
+        self.cuda = CudaMemory() if device == "cuda" else None
+        used_before = self.cuda.used() if self.cuda else None
+        log_start = len(self.library.log)
+        mparams = lib.llama_model_default_params()
+        mparams.n_gpu_layers = 999 if device == "cuda" else 0
+        mparams.split_mode = LLAMA_SPLIT_MODE_NONE
+        mparams.main_gpu = 0
+        self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
+        if self._model == ffi.NULL:
+            self._model = None
+            raise GGUFFileError(f"llama.cpp could not load {path}: {self.library.last_message(log_start)}")
+        self.load_log = "".join(self.library.log[log_start:])
+        self.cuda_used = memory_growth(used_before, self.cuda.used() if self.cuda else None)
+        self.n_ctx_train = lib.llama_model_n_ctx_train(self._model)
+        self.n_layer = lib.llama_model_n_layer(self._model)
+        self.n_embd = lib.llama_model_n_embd(self._model)
+        self._vocab = lib.llama_model_get_vocab(self._model)
+        self.n_vocab = lib.llama_vocab_n_tokens(self._vocab)
+        self.size = int(lib.llama_model_size(self._model))
+
+    def context(self, n_ctx: int, n_batch: int = 512, flash_attn: bool | None = None,
+                eval_callback: bool = False) -> "LlamaContext":
+        if self._model is None:
+            raise BackendError("LlamaModel is closed")
+        return LlamaContext(self, n_ctx, n_batch, flash_attn, eval_callback)
+
+    def context_for(self, n_tokens: int, **kwargs) -> "LlamaContext":
+        """A context for a prompt of n_tokens: n_ctx rounded up to 256 (llama.cpp pads to that), capped at the
+        training context, which a longer prompt exceeds (ShapeError naming both)."""
+        if n_tokens > self.n_ctx_train:
+            raise ShapeError(f"the prompt has {n_tokens} tokens, longer than {self.path.name}'s context of "
+                             f"{self.n_ctx_train}")
+        return self.context(min(-(-n_tokens // 256) * 256, self.n_ctx_train), **kwargs)
+
+    # -- tokens ---------------------------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        """llama.cpp's tokenizer with the GGUF's vocab; BOS added when the vocab asks for it (llama.cpp's
+        default); special-token text is not parsed (llama-cpp-python's default)."""
+        data = text.encode()
+        lib = self.library.lib
+        capacity = len(data) + 8
+        out = ffi.new("llama_token[]", capacity)
+        n = lib.llama_tokenize(self._vocab, data, len(data), out, capacity, add_special, False)
+        if n < 0:
+            capacity = -n
+            out = ffi.new("llama_token[]", capacity)
+            n = lib.llama_tokenize(self._vocab, data, len(data), out, capacity, add_special, False)
+        if n < 0:
+            raise BackendError(f"llama_tokenize failed ({n})")
+        return list(out[0:n])
+
+    def close(self):
+        if self._model is not None:
+            self.library.lib.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class LlamaContext:
+    """A llama.cpp context on a LlamaModel: n_ctx tokens, n_batch = n_ubatch micro-batches, f16 K/V cache.
+    flash_attn None (auto): on for CUDA (llama-bench's setting for the speed comparison), off on the CPU, where
+    llama.cpp's flash attention rounds Q to f16 and depends on the micro-batch size: on Gemma 3 270M, 128 tokens,
+    FA on vs off gives top-1 93.0%, mean KLD 9.6e-3, and FA on with n_ubatch 32 vs 512 top-1 95.3%, mean KLD
+    1.2e-2, while FA off is bit-identical across n_ubatch (bench/results/cpu/llamacpp-self-consistency-*.txt).
+    eval_callback=True installs the callback `capture` needs (the scheduler then asks Python about every node, so
+    timed runs go without it)."""
+
+    def __init__(self, model: LlamaModel, n_ctx: int, n_batch: int, flash_attn: bool | None, eval_callback: bool):
+        self._ctx = None
+        self._capture = None
+        if n_ctx < 1 or n_batch < 1:
+            raise InvalidArgumentError(f"n_ctx and n_batch must be >= 1 (got {n_ctx}, {n_batch})")
+        if n_ctx > model.n_ctx_train:
+            raise ShapeError(f"a context of {n_ctx} tokens is longer than {model.path.name}'s training context "
+                             f"({model.n_ctx_train})")
+        self.model, self.library = model, model.library
+        self.flash_attn = model.device == "cuda" if flash_attn is None else flash_attn
+        self.n_batch, self.eval_callback = n_batch, eval_callback
+        self.n_vocab = model.n_vocab
+        lib = self.library.lib
+        used_before = model.cuda.used() if model.cuda else None
+        log_start = len(self.library.log)
+        self._eval_callback = ffi.callback("ggml_backend_sched_eval_callback", self._on_eval)
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = cparams.n_ubatch = n_batch
+        cparams.n_seq_max = 1
+        cparams.n_threads = cparams.n_threads_batch = model.threads
+        cparams.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attn else LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cparams.offload_kqv = cparams.op_offload = model.device == "cuda"
+        cparams.no_perf = True
+        if eval_callback:
+            cparams.cb_eval = self._eval_callback
+        self._ctx = lib.llama_init_from_model(model._model, cparams)
+        if self._ctx == ffi.NULL:
+            self._ctx = None
+            raise BackendError(f"llama.cpp could not create a {n_ctx}-token context for {model.path}: "
+                               f"{self.library.last_message(log_start)}")
+        self.n_ctx = lib.llama_n_ctx(self._ctx)
+        self.n_batch = lib.llama_n_ubatch(self._ctx)  # llama.cpp caps the micro-batch at n_ctx
+        self.load_log = "".join(self.library.log[log_start:])
+        self.cuda_used = memory_growth(used_before, model.cuda.used() if model.cuda else None)
+
+    def _alive(self):
+        if self._ctx is None:
+            raise BackendError("LlamaContext is closed")
+
+    def _check_tokens(self, tokens) -> np.ndarray:
+        tokens = np.asarray(tokens, dtype=np.int32).reshape(-1)
+        if tokens.size == 0:
+            raise ShapeError("no tokens to decode")
+        if tokens.size > self.n_ctx:
+            raise ShapeError(f"{tokens.size} tokens do not fit llama.cpp's context of {self.n_ctx}")
+        if tokens.min() < 0 or tokens.max() >= self.n_vocab:
+            raise ShapeError(f"token ids must be in [0, {self.n_vocab}), got {tokens.min()}..{tokens.max()}")
+        return tokens
+
+    # -- prefill --------------------------------------------------------------------------------------------------
+
+    def prefill(self, tokens, all_logits: bool = True) -> np.ndarray:
+        """Decode `tokens` from an empty KV cache in batches of n_batch; logits [tokens, vocab] (all positions) or,
+        with all_logits=False, only the last position's logits are computed and [1, vocab] returned."""
+        self._alive()
+        tokens = self._check_tokens(tokens)
+        lib = self.library.lib
+        lib.llama_memory_clear(lib.llama_get_memory(self._ctx), True)
+        batch = lib.llama_batch_init(self.n_batch, 0, 1)
+        out = []
+        try:
+            for start in range(0, tokens.size, self.n_batch):
+                chunk = tokens[start:start + self.n_batch]
+                batch.n_tokens = chunk.size
+                for i, token in enumerate(chunk.tolist()):
+                    batch.token[i] = token
+                    batch.pos[i] = start + i
+                    batch.n_seq_id[i] = 1
+                    batch.seq_id[i][0] = 0
+                    batch.logits[i] = all_logits or start + i == tokens.size - 1
+                status = lib.llama_decode(self._ctx, batch)
+                if status != 0:
+                    raise BackendError(f"llama_decode failed with status {status} at token {start}")
+                n_out = chunk.size if all_logits else int(start + chunk.size == tokens.size)
+                if n_out:
+                    logits = lib.llama_get_logits(self._ctx)
+                    out.append(np.frombuffer(ffi.buffer(logits, 4 * n_out * self.n_vocab), np.float32)
+                               .reshape(n_out, self.n_vocab).copy())
+            lib.llama_synchronize(self._ctx)
+        finally:
+            lib.llama_batch_free(batch)
+        return np.concatenate(out)
+
+    # -- capture --------------------------------------------------------------------------------------------------
+
+    def _on_eval(self, t, ask, user_data):
+        capture = self._capture
+        if capture is None:
+            return not ask  # asked: no node wanted; observing: continue
+        name = ffi.string(t.name).decode(errors="replace")
+        is_mul_mat = t.op == self.library.mul_mat_op and t.src[0] != ffi.NULL and \
+            Capture.is_weight(ffi.string(t.src[0].name).decode(errors="replace"))
+        if ask:
+            return is_mul_mat or name.startswith("l_out-")
+        lib = self.library.lib
+        try:
+            if is_mul_mat:
+                weight = ffi.string(t.src[0].name).decode()
+                x, y = capture.mul_mat.setdefault(weight, ([], []))
+                x.append(_tensor_f32(lib, t.src[1]))
+                y.append(_tensor_f32(lib, t))
+            elif name.startswith("l_out-"):
+                capture.hidden.setdefault(int(name.split("-", 1)[1]), []).append(_tensor_f32(lib, t))
+        except Exception as exc:
+            capture.error = exc
+            return False
+        return True
+
+    def capture(self, tokens) -> tuple[np.ndarray, Capture]:
+        """Prefill with the eval callback on: (all-position logits, Capture)."""
+        if not self.eval_callback:
+            raise InvalidArgumentError("LlamaModel(eval_callback=True) is needed to capture tensors")
+        self._capture = capture = Capture()
+        try:
+            logits = self.prefill(tokens, all_logits=True)
+        except BackendError:
+            if capture.error is not None:
+                raise BackendError(f"capturing llama.cpp's tensors failed: {capture.error}") from None
+            raise
+        finally:
+            self._capture = None
+        if capture.error is not None:
+            raise BackendError(f"capturing llama.cpp's tensors failed: {capture.error}")
+        return logits, capture
+
+    # -- memory ---------------------------------------------------------------------------------------------------
+
+    def memory(self) -> dict:
+        """llama.cpp's footprint in bytes: buffers by kind ("model", "KV", "compute", "output") and backend
+        buffer, their total, the total of those on the compute device (CUDA: "CUDAn" buffers, not host-pinned or
+        mapped ones; CPU: all), llama_model_size, llama_state_get_size, and on CUDA the device memory growth from
+        loading the model and creating this context."""
+        self._alive()
+        buffers: dict[str, dict[str, int]] = {}
+        for buffer, kind, mib in _BUFFER_LINE.findall(self.model.load_log + self.load_log):
+            kind_buffers = buffers.setdefault(kind, {})
+            kind_buffers[buffer] = kind_buffers.get(buffer, 0) + round(float(mib) * 2**20)
+        growth = None if self.model.cuda_used is None or self.cuda_used is None else self.model.cuda_used + \
+            self.cuda_used
+        on_device = (lambda name: re.fullmatch(r"CUDA\d+", name) is not None) if self.model.device == "cuda" else \
+            (lambda name: True)
+        return {"buffers": buffers, "buffers_total": sum(sum(b.values()) for b in buffers.values()),
+                "device_buffers_total": sum(n for b in buffers.values() for name, n in b.items() if on_device(name)),
+                "model_size": self.model.size, "state_size": int(self.library.lib.llama_state_get_size(self._ctx)),
+                "cuda_used_growth": growth}
+
+    def close(self):
+        if self._ctx is not None:
+            self.library.lib.llama_free(self._ctx)
+            self._ctx = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
