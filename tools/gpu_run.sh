@@ -7,6 +7,9 @@
 #   tools/gpu_run.sh wait       wait for the llama.cpp CUDA build
 #   tools/gpu_run.sh py ARGS    python3 ARGS with this environment (e.g. py -m ggml_ciq.cli bench gemm ...)
 #   tools/gpu_run.sh all        setup, test, sanitize, wait, llama.cpp-CUDA tests and diffs; logs under $OUT
+#   tools/gpu_run.sh stage      keep the carried .device-parts/* in /tmp/parts; once all are there, join them into
+#                               /tmp/gemma3-270m.gguf (checked against SHA256SUMS): the whole Gemma file for `compare`
+#   tools/gpu_run.sh compare    engine vs llama.cpp CUDA on Gemma 3 270M (512 tokens) -> $OUT (needs stage, wait)
 #   tools/gpu_run.sh bench      bench/results/h200 set (llama3-8b n=512/2048, seed6) as JSON under $OUT (plot them
 #                               here with `ggml-ciq bench plot`: the machine's matplotlib fails to import)
 # /tmp survives between calls while the machine stays warm, so setup runs once per lease.
@@ -17,6 +20,7 @@ mkdir -p "$OUT"
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 export GGML_CIQ_LIB=/tmp/ciq-build/libggml_ciq.so GGML_CIQ_LLAMACPP_LIB=/tmp/llama/llama_cpp/lib
 export GGML_CIQ_GEMMA3_270M=$PWD/.device/gemma3-270m-kquants.gguf GGML_CIQ_CACHE=/tmp/ciq-cache
+[ -f /tmp/gemma3-270m.gguf ] && export GGML_CIQ_GEMMA3_270M=/tmp/gemma3-270m.gguf  # the whole file, once staged
 ARCHS=${GGML_CIQ_CUDA_ARCHITECTURES:-90a}
 
 setup() {
@@ -37,6 +41,17 @@ setup() {
 case "${1:-}" in
   setup) setup ;;
   test) shift; python3 -m pytest -q -rs -p no:cacheprovider "$@" ;;
+  stage)
+    mkdir -p /tmp/parts && cp .device-parts/* /tmp/parts/ 2>/dev/null
+    if (cd /tmp/parts && grep part SHA256SUMS | sha256sum --quiet -c - 2>/dev/null); then
+      cat /tmp/parts/gemma3-270m.gguf.part* > /tmp/gemma3-270m.gguf.tmp
+      (cd /tmp && grep -v part /tmp/parts/SHA256SUMS | sed 's|gemma3-270m.gguf|gemma3-270m.gguf.tmp|' | sha256sum -c -) \
+        && mv /tmp/gemma3-270m.gguf.tmp /tmp/gemma3-270m.gguf
+    fi
+    ls -la /tmp/parts /tmp/gemma3-270m.gguf 2>&1 | tail -n 8 ;;
+  compare)
+    python3 -m ggml_ciq.cli compare gemma3-270m --tokens 512 --device cuda --repeat 5 --json "$OUT/compare-gemma3-270m-512.json" \
+      2>&1 | tail -n 20 ;;
   sanitize)
     shift
     for tool in memcheck racecheck; do
@@ -47,10 +62,11 @@ case "${1:-}" in
   py) shift; python3 "$@" ;;
   all)
     "$0" setup 2>&1 | tail -n 8
-    "$0" test tests/test_cuda.py tests/test_native.py 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -n 15
+    "$0" test tests/test_cuda.py tests/test_native.py tests/test_ops.py 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -n 15
     "$0" sanitize
     "$0" wait 2>&1 | tail -n 3
-    "$0" test tests/test_cuda.py -k llamacpp 2>&1 | tee "$OUT/pytest-llamacpp-cuda.txt" | tail -n 8
+    "$0" test tests/test_cuda.py tests/test_compare.py tests/test_layer_diff.py -k "llamacpp or cuda or gpu" 2>&1 \
+      | tee "$OUT/pytest-llamacpp-cuda.txt" | tail -n 8
     for model in default gemma3-270m; do
       python3 -m ggml_ciq.cli diff $model --backend ciq-cuda --reference llamacpp-cuda --variant mma --tokens 131 \
         --json "$OUT/diff-$model-mma-vs-llamacpp-cuda.json" 2>&1 | tail -n 2
@@ -62,5 +78,5 @@ case "${1:-}" in
       python3 -m ggml_ciq.cli bench gemm --backend ciq-cuda --shapes $1 --tokens $2 --repeat ${REPEAT:-5} \
         --json "$OUT/$3.json" 2>&1 | tail -n 16
     done ;;
-  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|all|bench" >&2; exit 2 ;;
+  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|all|bench|stage|compare" >&2; exit 2 ;;
 esac

@@ -20,4 +20,10 @@ find "$src/vendor/llama.cpp/models" -name '*.gguf' -delete
 tar czf "$out/llama_cpp_python.tar.gz" -C "$tmp" llama_cpp_python-0.3.36
 rm -rf "$tmp"
 PYTHONPATH=$PWD python3 tools/gemma_kquants.py "$out/gemma3-270m-kquants.gguf"
+# The whole Gemma file (253 MB, for the engine and `compare` there) in 60 MiB parts, each carried by its own call
+# (`run` carry: [".device-parts/NAME", ".device-parts/SHA256SUMS"]), joined there by `tools/gpu_run.sh stage`.
+rm -rf .device-parts && mkdir -p .device-parts
+gemma=$(PYTHONPATH=$PWD python3 -c 'from ggml_ciq import catalog; print(catalog.gemma3_270m_path())')
+split -b 60M -d "$gemma" .device-parts/gemma3-270m.gguf.part
+(cd .device-parts && sha256sum "$gemma" | sed "s|  .*|  gemma3-270m.gguf|" > SHA256SUMS && sha256sum gemma3-270m.gguf.part* >> SHA256SUMS)
 du -sh "$out"
