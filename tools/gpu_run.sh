@@ -9,7 +9,8 @@
 #   tools/gpu_run.sh all        setup, test, sanitize, wait, llama.cpp-CUDA tests and diffs; logs under $OUT
 #   tools/gpu_run.sh stage      keep the carried .device-parts/* in /tmp/parts; once all are there, join them into
 #                               /tmp/gemma3-270m.gguf (checked against SHA256SUMS): the whole Gemma file for `compare`
-#   tools/gpu_run.sh compare    engine vs llama.cpp CUDA on Gemma 3 270M (512 tokens) -> $OUT (needs stage, wait)
+#   tools/gpu_run.sh compare    engine vs llama.cpp CUDA: Gemma 3 270M at 512 tokens, synthetic Llama-3-8B at 512 and
+#                               2048 -> $OUT (needs stage, wait)
 #   tools/gpu_run.sh bench      bench/results/h200 set (llama3-8b n=512/2048, seed6) as JSON under $OUT (plot them
 #                               here with `ggml-ciq bench plot`: the machine's matplotlib fails to import)
 # /tmp survives between calls while the machine stays warm, so setup runs once per lease.
@@ -49,9 +50,15 @@ case "${1:-}" in
         && mv /tmp/gemma3-270m.gguf.tmp /tmp/gemma3-270m.gguf
     fi
     ls -la /tmp/parts /tmp/gemma3-270m.gguf 2>&1 | tail -n 8 ;;
-  compare)
+  compare)  # issue 7's H200 runs: Gemma agreement at 512 tokens; the synthetic Llama-3-8B (written on first use from
+            # the carried vocab GGUF) at 512 and 2048 tokens
+    export GGML_CIQ_LLAMA3_VOCAB=$PWD/.device/ggml-vocab-llama-bpe.gguf
     python3 -m ggml_ciq.cli compare gemma3-270m --tokens 512 --device cuda --repeat 5 --json "$OUT/compare-gemma3-270m-512.json" \
-      2>&1 | tail -n 20 ;;
+      2>&1 | tail -n 20
+    for n in 512 2048; do
+      python3 -m ggml_ciq.cli compare llama3-8b-synthetic --tokens $n --device cuda --repeat 5 \
+        --json "$OUT/prefill-llama3-8b-synthetic-n$n.json" 2>&1 | tail -n 20
+    done ;;
   sanitize)
     shift
     for tool in memcheck racecheck; do
