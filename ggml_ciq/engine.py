@@ -8,8 +8,9 @@ The ops contract (NumpyOps here, ggml_ciq.ops.NativeOps in the native library; a
 caches float16):
   asarray(a), numpy(x), zeros(shape, dtype), get_rows(tensor, ids), rms_norm(x, weight | None, eps),
   rope(x[T, H, D], positions, base, neox), attention(q[T, H, D], k_cache[C, Hkv, D], v_cache, n_past, scale,
-  window) -> [T, H*D], kv_store(cache, start, x), glu(gate, up, "silu" | "gelu"), add(a, b), scale(x, s),
-  load_weight(tensor), linear(weight, x[n, k]) -> [n, rows], timer(op_class), timings, memory_bytes().
+  window) -> [T, H*D], kv_store(cache, start, x), glu(gate, up, "silu" | "gelu"), add(a, b of a's shape or one
+  row), scale(x, s), load_weight(tensor), linear(weight, x[n, k]) -> [n, rows], timer(op_class), timings (complete
+  after settle_timings()), memory_bytes().
 Prefill runs in micro-batches of n_ubatch tokens through a K/V cache, as llama.cpp does.
 """
 
@@ -89,7 +90,7 @@ class Linear:
     def __init__(self, ops, tensor: Tensor, bias: Tensor | None = None):
         self.tensor, self.weight = tensor, ops.load_weight(tensor)
         self.op_class = "keep-quant GEMM" if tensor.is_keep_quant else "other GEMM"
-        self.bias = None if bias is None else bias.dequantize().reshape(-1)
+        self.bias = None if bias is None else ops.asarray(bias.dequantize().reshape(-1))  # uploaded once
 
 
 def _rows(x, start: int, stop: int):
@@ -164,8 +165,7 @@ class Transformer:
         with self.ops.timer(lin.op_class):
             y = self.ops.linear(lin.weight, x)
         if lin.bias is not None:  # ggml_add broadcasts the bias over rows
-            y = self.ops.add(y, self.ops.asarray(np.ascontiguousarray(
-                np.broadcast_to(lin.bias, (y.shape[0], len(lin.bias))))))
+            y = self.ops.add(y, lin.bias)
         return y
 
     def _heads(self, x, n_heads: int):
@@ -177,7 +177,7 @@ class Transformer:
 
     def _attention(self, layer: dict, il: int, h, positions, n_past: int):
         """Self-attention of one micro-batch: q/k/v, their norms and RoPE, the K/V cache, the output projection."""
-        ops, hp, t = self.ops, self.hp, h.shape[0]
+        ops, hp = self.ops, self.hp
         sliding = hp.is_sliding(il)
         base = hp.rope_base_sliding if sliding else hp.rope_base
         q = self._heads(self._linear(layer["q"], h), hp.n_head)
@@ -276,6 +276,7 @@ class Transformer:
             hidden_states.extend(np.concatenate(parts) for parts in layer_outputs)
         out = np.concatenate(logits).astype(np.float32, copy=False)
         total = time.perf_counter() - start_time
+        ops.settle_timings()
         ops.timings["rest"] = max(0.0, total - sum(v for k, v in ops.timings.items() if k != "rest"))
         ops.timings["total"] = total
         return out

@@ -234,7 +234,7 @@ def quantize_activations(x: np.ndarray, semantics: str, weight_type: int, device
     if semantics not in SEMANTICS[:3]:
         raise InvalidArgumentError(f"unknown semantics {semantics!r} (choose cpu, mmq or f16)")
     tokens, k = x.shape
-    n = load()
+    load()  # a missing library is a LibraryNotFoundError before any buffer is made
     dev = parse_device(device)
     size = activation_bytes(semantics, tokens, k)
     with Buffer.from_array(dev, x) as xb, Buffer(dev, max(size, 1)) as qb:

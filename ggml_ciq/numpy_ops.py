@@ -193,6 +193,9 @@ class NumpyOps:
         finally:
             self.timings[op_class] += time.perf_counter() - start
 
+    def settle_timings(self) -> None:
+        """Nothing pending: host ops are timed as they run."""
+
     # -- ops ----------------------------------------------------------------------------------------------------
     def get_rows(self, tensor: Tensor, ids: np.ndarray) -> np.ndarray:
         """Rows `ids` of tensor dequantized to float32, as ggml's get_rows."""

@@ -152,6 +152,7 @@ class NativeOps:
                                        f"{', '.join(ATTENTION_KERNELS)})")
         self.attention_kernel = attention_kernel
         self.timings: dict[str, float] = defaultdict(float)
+        self._pending: list = []  # (op class, marked timer) not yet in timings
         self._pool = _Pool(self.device)
         self._tables: dict[str, DeviceArray] = {}  # get_rows tables by tensor name
         self._bf16_scratch: DeviceArray | None = None
@@ -202,15 +203,23 @@ class NativeOps:
     # -- timing -------------------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def timer(self, op_class: str):
-        """Seconds of the enclosed ops added to timings[op_class]; device time (CUDA events) on a GPU."""
+        """Seconds of the enclosed ops, added to timings[op_class] by settle_timings(); device time (CUDA events)
+        on a GPU, read later so that timing never waits for the device between ops."""
         n = self.native
         handle = n.ffi.new("void **")
         n.check(n.lib.ciq_timer_start(self.device, handle))
         try:
             yield
         finally:
-            ms = n.ffi.new("float *")
-            n.check(n.lib.ciq_timer_stop(handle[0], ms))
+            self._pending.append((op_class, handle[0]))
+            n.check(n.lib.ciq_timer_mark(handle[0]))
+
+    def settle_timings(self) -> None:
+        """Add the pending timers to timings (waits for the device)."""
+        n, pending, self._pending = self.native, self._pending, []
+        ms = n.ffi.new("float *")
+        for op_class, handle in pending:
+            n.check(n.lib.ciq_timer_stop(handle, ms))
             self.timings[op_class] += ms[0] / 1000.0
 
     # -- ops ----------------------------------------------------------------------------------------------------

@@ -1,6 +1,5 @@
 """libllama through cffi (llama_model.py) and `ggml-ciq compare`: llama.cpp and our engine on the same tokens."""
 
-import inspect
 import json
 import subprocess
 import sys
@@ -10,25 +9,10 @@ import gguf
 import numpy as np
 import pytest
 
-from ggml_ciq import cli, engine
+from ggml_ciq import cli
 from ggml_ciq.compare import TEXT, logits_agreement, prompt_tokens
 from ggml_ciq.errors import ShapeError
 from ggml_ciq.llama_model import LlamaModel
-
-
-@pytest.fixture(autouse=True)
-def engine_all_logits(monkeypatch):
-    """Until the engine takes forward(..., all_logits=...) and Transformer(..., n_ctx=, n_ubatch=) (the engine
-    helper's interface), accept them (it returns every position and sizes nothing ahead)."""
-    if "all_logits" not in inspect.signature(engine.Transformer.forward).parameters:
-        forward = engine.Transformer.forward
-        monkeypatch.setattr(engine.Transformer, "forward",
-                            lambda self, tokens, hidden_states=None, all_logits=False: forward(self, tokens,
-                                                                                                  hidden_states))
-    if "n_ctx" not in inspect.signature(engine.Transformer.__init__).parameters:
-        init = engine.Transformer.__init__
-        monkeypatch.setattr(engine.Transformer, "__init__",
-                            lambda self, model, device="cpu", n_ctx=None, n_ubatch=512: init(self, model, device))
 
 
 def test_logits_agreement_metrics(rng):

@@ -2,7 +2,6 @@
 callback; our kernels on exactly those mul_mat inputs; our engine's hidden states against llama.cpp's l_out-N."""
 
 import dataclasses
-import inspect
 import json
 
 import numpy as np
@@ -17,21 +16,6 @@ PROMPT = ("It is a truth universally acknowledged, that a single man in possessi
           "of a wife. However little known the feelings or views of such a man may be on his first entering a "
           "neighbourhood, this truth is so well fixed in the minds of the surrounding families, that he is considered "
           "the rightful property of some one or other of their daughters.")
-
-
-@pytest.fixture(autouse=True)
-def engine_all_logits(monkeypatch):
-    """Until the engine takes forward(..., all_logits=...) and Transformer(..., n_ctx=, n_ubatch=) (the engine
-    helper's interface), accept them (it returns every position and sizes nothing ahead)."""
-    if "all_logits" not in inspect.signature(engine.Transformer.forward).parameters:
-        forward = engine.Transformer.forward
-        monkeypatch.setattr(engine.Transformer, "forward",
-                            lambda self, tokens, hidden_states=None, all_logits=False: forward(self, tokens,
-                                                                                                  hidden_states))
-    if "n_ctx" not in inspect.signature(engine.Transformer.__init__).parameters:
-        init = engine.Transformer.__init__
-        monkeypatch.setattr(engine.Transformer, "__init__",
-                            lambda self, model, device="cpu", n_ctx=None, n_ubatch=512: init(self, model, device))
 
 
 @pytest.fixture(scope="module")

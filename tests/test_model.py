@@ -1,6 +1,5 @@
 """GGUF access: config, tensor views, and one-line errors for bad files."""
 
-import numpy as np
 import pytest
 
 from ggml_ciq import catalog

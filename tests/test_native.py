@@ -171,3 +171,22 @@ def test_f16_semantics_need_the_gpu_kernel(native_lib, rng):
     with pytest.raises(InvalidArgumentError, match="not f16"):
         native.gemm(data, x, device="cpu", semantics="f16", ggml_type=Q.Q6_K, rows=64, k=512)
     assert native.resolve_variant("auto", "cpu", "any", Q.Q6_K, 64, 512, 5) == "cpu"
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_timer_mark_ends_the_interval(native_lib, device):
+    """ciq_timer_stop reports start..mark, not start..stop; a second mark is an error; NULL timers are refused."""
+    import time
+
+    n = native_lib
+    if device == "cuda" and native.device_count() == 0:
+        pytest.skip("no CUDA device (or libggml_ciq built without CUDA)")
+    dev = native.parse_device(device)
+    handle, ms = n.ffi.new("void **"), n.ffi.new("float *")
+    n.check(n.lib.ciq_timer_start(dev, handle))
+    n.check(n.lib.ciq_timer_mark(handle[0]))
+    assert n.lib.ciq_timer_mark(handle[0]) == 1  # CIQ_ERR_INVALID_ARGUMENT
+    time.sleep(0.2)
+    n.check(n.lib.ciq_timer_stop(handle[0], ms))
+    assert 0 <= ms[0] < 100
+    assert n.lib.ciq_timer_mark(n.ffi.NULL) == 1

@@ -417,7 +417,11 @@ def test_memory_bytes_and_timer(ops):
         ops.add(np.ones(1 << 20, np.float32), np.ones(1 << 20, np.float32))
     with ops.timer("rest"):
         pass
+    assert not ops.timings  # marked, not read: timing does not wait for the device
+    ops.settle_timings()
     assert ops.timings["rest"] > 0 and set(ops.timings) == {"rest"}
+    ops.settle_timings()  # nothing pending: unchanged
+    assert set(ops.timings) == {"rest"}
 
 
 def test_bad_arguments(native_lib):

@@ -114,9 +114,11 @@ ciq_status ciq_gemm_quantized(int device, ciq_variant variant, ciq_semantics sem
 ciq_status ciq_dense_gemm_bf16(int device, const void *weight, int64_t rows, int64_t k, const void *x,
                                int64_t tokens, void *out, ciq_out_type out_type);
 
-/* Device timing on the stream the kernels use (host wall clock on the CPU): start, then stop returns the
- * milliseconds between the two and frees the timer. */
+/* Device timing on the stream the kernels use (host wall clock on the CPU): start; optionally mark the end without
+ * waiting for the device; stop returns the milliseconds from start to the mark (or to now, unmarked), waiting for
+ * the device if needed, and frees the timer. */
 ciq_status ciq_timer_start(int device, void **timer);
+ciq_status ciq_timer_mark(void *timer);
 ciq_status ciq_timer_stop(void *timer, float *milliseconds);
 
 /* Dispatch counters: kernel launches per resolved variant and weight type since the last reset. */

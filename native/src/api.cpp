@@ -480,14 +480,15 @@ ciq_status ciq_dense_gemm_bf16(int device, const void *weight, int64_t rows, int
 
 struct Timer {
     int device;
-    void *start;  // CUDA event, or nullptr on the host
-    std::chrono::steady_clock::time_point host_start;
+    void *start, *stop;  // CUDA events, or nullptr on the host
+    std::chrono::steady_clock::time_point host_start, host_stop;
+    bool marked;
 };
 
 ciq_status ciq_timer_start(int device, void **timer) {
     if (timer == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_timer_start: timer is NULL");
     CIQ_TRY(check_device(device));
-    Timer *t = new Timer{device, nullptr, std::chrono::steady_clock::now()};
+    Timer *t = new Timer{device, nullptr, nullptr, std::chrono::steady_clock::now(), {}, false};
 #ifdef GGML_CIQ_WITH_CUDA
     if (device != CIQ_DEVICE_CPU) {
         ciq_status status = ciq_cuda_event_record(device, &t->start);
@@ -501,19 +502,30 @@ ciq_status ciq_timer_start(int device, void **timer) {
     return CIQ_OK;
 }
 
+ciq_status ciq_timer_mark(void *timer) {
+    if (timer == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_timer_mark: timer is NULL");
+    Timer *t = (Timer *)timer;
+    if (t->marked) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_timer_mark: the timer is marked already");
+    t->host_stop = std::chrono::steady_clock::now();
+#ifdef GGML_CIQ_WITH_CUDA
+    if (t->start != nullptr) CIQ_TRY(ciq_cuda_event_record(t->device, &t->stop));
+#endif
+    t->marked = true;
+    return CIQ_OK;
+}
+
 ciq_status ciq_timer_stop(void *timer, float *milliseconds) {
     if (timer == nullptr || milliseconds == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_timer_stop: NULL");
     Timer *t = (Timer *)timer;
-    ciq_status status = CIQ_OK;
-    if (t->start == nullptr) {
-        *milliseconds = std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - t->host_start).count();
+    ciq_status status = t->marked ? CIQ_OK : ciq_timer_mark(t);
+    if (status == CIQ_OK && t->start == nullptr)
+        *milliseconds = std::chrono::duration<float, std::milli>(t->host_stop - t->host_start).count();
 #ifdef GGML_CIQ_WITH_CUDA
-    } else {
-        void *stop = nullptr;
-        status = ciq_cuda_event_record(t->device, &stop);
-        if (status == CIQ_OK) status = ciq_cuda_event_elapsed(t->start, stop, milliseconds);
-#endif
+    if (t->start != nullptr) {
+        if (status == CIQ_OK) status = ciq_cuda_event_elapsed(t->start, t->stop, milliseconds);  // frees both
+        else ciq_cuda_event_elapsed(t->start, nullptr, milliseconds);  // frees start
     }
+#endif
     delete t;
     return status;
 }
@@ -603,10 +615,10 @@ ciq_status ciq_attention_resolve(int device, ciq_attention_kernel kernel, int64_
 #ifdef GGML_CIQ_HIP
     const bool mma_ok = false;  // mma.sync is CUDA-only
 #else
-    const bool mma_ok = major >= 8 && ciq_cuda_attention_supports(CIQ_ATTENTION_MMA, head_dim);
+    const bool mma_ok = major >= 8 && ciq_cuda_attention_supports(device, CIQ_ATTENTION_MMA, head_dim);
 #endif
     *resolved = kernel == CIQ_ATTENTION_AUTO ? (mma_ok ? CIQ_ATTENTION_MMA : CIQ_ATTENTION_SIMT) : kernel;
-    const bool ok = *resolved == CIQ_ATTENTION_MMA ? mma_ok : ciq_cuda_attention_supports(CIQ_ATTENTION_SIMT, head_dim);
+    const bool ok = *resolved == CIQ_ATTENTION_MMA ? mma_ok : ciq_cuda_attention_supports(device, CIQ_ATTENTION_SIMT, head_dim);
     if (!ok) {
         return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention kernel %s does not run head_dim %lld on this GPU",
                         names[*resolved], (long long)head_dim);
@@ -638,6 +650,10 @@ ciq_status ciq_attention(int device, ciq_attention_kernel kernel, const float *q
     }
     ciq_attention_kernel resolved;
     CIQ_TRY(ciq_attention_resolve(device, kernel, head_dim, &resolved));
+    if (resolved == CIQ_ATTENTION_MMA && (((uintptr_t)k_cache | (uintptr_t)v_cache) & 15)) {  // uint4 K/V loads
+        if (kernel != CIQ_ATTENTION_AUTO || ciq_attention_resolve(device, CIQ_ATTENTION_SIMT, head_dim, &resolved) != CIQ_OK)
+            return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_attention: the mma kernel needs 16-byte-aligned K/V caches");
+    }
     CIQ_ROUTE(device, ciq_cpu_attention(q, k_cache, v_cache, tokens, heads, heads_kv, head_dim, n_past, scale, window, out),
               ciq_cuda_attention(resolved, q, k_cache, v_cache, tokens, heads, heads_kv, head_dim, n_past, scale,
                                  window, out));

@@ -85,7 +85,7 @@ ciq_status ciq_cuda_synchronize(int device);
 #define CIQ_SCRATCH_SLOTS 1  // 0: quantized activations (ciq_gemm)
 ciq_status ciq_cuda_scratch(int device, int slot, size_t nbytes, void **ptr);  // per-device buffers, grown on demand
 ciq_status ciq_cuda_event_record(int device, void **event);  // creates and records an event
-ciq_status ciq_cuda_event_elapsed(void *start, void *stop, float *milliseconds);  // syncs stop, frees both
+ciq_status ciq_cuda_event_elapsed(void *start, void *stop, float *milliseconds);  // syncs stop, frees both (stop NULL: frees start)
 
 ciq_status ciq_cuda_quantize_q8_K(const float *x, void *out, int64_t tokens, int64_t k);
 ciq_status ciq_cuda_quantize_q8_1_mmq(bool ds4, const float *x, void *out, int64_t tokens, int64_t k);
@@ -103,7 +103,7 @@ ciq_status ciq_cuda_gemm_wgmma(int device, ciq_weight_type type, const void *wei
 ciq_status ciq_cuda_rms_norm(const float *x, const float *weight, float eps, int64_t n, int64_t d, float *out);
 ciq_status ciq_cuda_rope(ciq_rope_mode mode, const float *x, const int32_t *positions, int64_t tokens, int64_t heads,
                          int64_t head_dim, float base, float *out);
-bool ciq_cuda_attention_supports(ciq_attention_kernel kernel, int64_t head_dim);  // SIMT or MMA
+bool ciq_cuda_attention_supports(int device, ciq_attention_kernel kernel, int64_t head_dim);  // built, fits
 ciq_status ciq_cuda_attention(ciq_attention_kernel kernel, const float *q, const uint16_t *k_cache,
                               const uint16_t *v_cache, int64_t tokens, int64_t heads, int64_t heads_kv,
                               int64_t head_dim, int64_t n_past, float scale, int64_t window, float *out);

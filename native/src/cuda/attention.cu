@@ -318,14 +318,24 @@ template <int D> ciq_status launch(ciq_attention_kernel kernel, const AttentionA
 
 }  // namespace
 
-bool ciq_cuda_attention_supports(ciq_attention_kernel kernel, int64_t head_dim) {
+bool ciq_cuda_attention_supports(int device, ciq_attention_kernel kernel, int64_t head_dim) {
     const bool built = head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 256;
 #if defined(GGML_CIQ_HIP)
     // 64 KB of LDS per workgroup on RDNA; no mma.
     static_assert(SimtSmem<96>::BYTES <= 65536, "simt tiles for head_dim <= 96 fit 64 KB");
+    (void)device;
     return built && kernel == CIQ_ATTENTION_SIMT && head_dim <= 96;
 #else
-    return built && (kernel == CIQ_ATTENTION_SIMT || kernel == CIQ_ATTENTION_MMA);
+    if (!built || (kernel != CIQ_ATTENTION_SIMT && kernel != CIQ_ATTENTION_MMA)) return false;
+    int optin = 0;  // the shared memory a block may opt into: 227 KB on sm_90, 163 KB sm_80, 99 KB sm_86/89
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    const size_t simt[] = {SimtSmem<64>::BYTES, SimtSmem<96>::BYTES, SimtSmem<128>::BYTES, SimtSmem<256>::BYTES};
+    const size_t mma[] = {MmaSmem<64>::BYTES, MmaSmem<96>::BYTES, MmaSmem<128>::BYTES, MmaSmem<256>::BYTES};
+    const int i = head_dim == 64 ? 0 : head_dim == 96 ? 1 : head_dim == 128 ? 2 : 3;
+    return (kernel == CIQ_ATTENTION_SIMT ? simt[i] : mma[i]) <= (size_t)optin;
 #endif
 }
 

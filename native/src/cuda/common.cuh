@@ -21,7 +21,10 @@ template <auto KERNEL> static ciq_status ciq_raise_smem_limit(int bytes, const c
     const uint64_t bit = device >= 0 && device < 64 ? uint64_t(1) << device : 0;
     if (bit && (raised.load() & bit)) return CIQ_OK;
     const cudaError_t err = cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (err != cudaSuccess) return ciq_fail(CIQ_ERR_BACKEND, "%s: cudaFuncSetAttribute: %s", what, cudaGetErrorString(err));
+    if (err != cudaSuccess) {
+        cudaGetLastError();  // consumed here, not reported again by the next launch check
+        return ciq_fail(CIQ_ERR_BACKEND, "%s: cudaFuncSetAttribute: %s", what, cudaGetErrorString(err));
+    }
     raised.fetch_or(bit);
     return CIQ_OK;
 }

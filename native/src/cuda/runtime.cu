@@ -115,6 +115,10 @@ ciq_status ciq_cuda_event_record(int device, void **event) {
 
 ciq_status ciq_cuda_event_elapsed(void *start, void *stop, float *milliseconds) {
     cudaEvent_t a = (cudaEvent_t)start, b = (cudaEvent_t)stop;
+    if (b == nullptr) {  // no stop event: only free the start
+        cudaEventDestroy(a);
+        return CIQ_OK;
+    }
     cudaError_t err = cudaEventSynchronize(b);
     if (err == cudaSuccess) err = cudaEventElapsedTime(milliseconds, a, b);
     cudaEventDestroy(a);
