@@ -102,6 +102,11 @@ inline cudaError_t cudaGetDevice(int *device) {
     return cudaSuccess;
 }
 template <class F> cudaError_t cudaFuncSetAttribute(F, int, int) { return cudaSuccess; }
+constexpr int cudaDevAttrMaxSharedMemoryPerBlockOptin = 97;
+inline cudaError_t cudaDeviceGetAttribute(int *value, int, int) {  // the emulated device is an sm_90
+    *value = 227 * 1024;
+    return cudaSuccess;
+}
 
 namespace ciq_emu {
 

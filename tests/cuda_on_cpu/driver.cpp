@@ -18,7 +18,7 @@ ciq_status ciq_fail(ciq_status status, const char *format, ...) {
 extern "C" {
 const char *emu_last_error(void) { return g_error; }
 int emu_attention_supports(int kernel, int64_t head_dim) {
-    return ciq_cuda_attention_supports((ciq_attention_kernel)kernel, head_dim);
+    return ciq_cuda_attention_supports(0, (ciq_attention_kernel)kernel, head_dim);
 }
 int emu_attention(int kernel, const float *q, const uint16_t *k, const uint16_t *v, int64_t tokens, int64_t heads,
                   int64_t heads_kv, int64_t head_dim, int64_t n_past, float scale, int64_t window, float *out) {
