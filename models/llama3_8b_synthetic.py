@@ -11,7 +11,10 @@ shrink it for tests; the vocabulary (128256 tokens) always stays.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -109,16 +112,34 @@ def write(out: Path, vocab: Path, layers: int | None = None, embedding: int | No
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    rng = np.random.default_rng(seed)
-    for name, shape in shapes:
+    def piece(index: int, name: str, shape, r0: int, r1: int) -> np.ndarray:
+        """Rows r0..r1 of a tensor, from their own random stream (the file does not depend on the thread count)."""
+        rng = np.random.default_rng([seed, index, r0])
         if len(shape) == 1:
-            writer.write_tensor_data((1.0 + 0.05 * rng.standard_normal(shape[0])).astype(np.float32))
-        else:
-            w = rng.standard_normal(shape, dtype=np.float32)
-            w *= np.float32(0.02)
-            writer.write_tensor_data(llama.quantize_chunk(types[name], w).reshape(shape[0], -1))
-        if progress:
-            progress(name)
+            return (1.0 + 0.05 * rng.standard_normal(shape[0])).astype(np.float32)
+        w = rng.standard_normal((r1 - r0, shape[1]), dtype=np.float32)
+        w *= np.float32(0.02)
+        return llama.quantize_chunk(types[name], w).reshape(r1 - r0, -1)
+
+    # Row blocks of ~16M values are generated and quantized on every core (numpy and ggml_quantize_chunk run
+    # without the GIL) and written in order, a bounded number in flight.
+    pieces = []
+    for index, (name, shape) in enumerate(shapes):
+        step = shape[0] if len(shape) == 1 else max(1, (1 << 24) // shape[1])
+        pieces += [(index, name, shape, r0, min(r0 + step, shape[0])) for r0 in range(0, shape[0], step)]
+    workers = os.cpu_count() or 1
+    with ThreadPoolExecutor(workers) as pool:
+        pending, parts = deque(), []
+        for i, args in enumerate(pieces):
+            pending.append((args, pool.submit(piece, *args)))
+            while pending and (len(pending) > 2 * workers or i == len(pieces) - 1):
+                (index, name, shape, r0, r1), future = pending.popleft()
+                parts.append(future.result())
+                if r1 == shape[0]:  # the tensor's last piece
+                    writer.write_tensor_data(parts[0] if len(parts) == 1 else np.concatenate(parts))
+                    parts = []
+                    if progress:
+                        progress(name)
     writer.close()
     return out
 
