@@ -178,11 +178,11 @@ def cmd_prefill(args) -> int:
         raise CiqError("--tokens must be >= 1")
     if args.ctx_size is not None and args.ctx_size < 1:
         raise CiqError("--ctx-size must be >= 1")
-    if args.device != "cpu":
-        raise CiqError(f"prefill --device {args.device}: the engine runs on the CPU in this version")
     path = catalog.resolve_model(args.model)
     model = ModelFile(path)
-    engine = Transformer(model, n_ctx=args.ctx_size, n_ubatch=args.ubatch)
+    engine = Transformer(model, device=args.device, n_ctx=args.ctx_size, n_ubatch=args.ubatch)
+    if args.tokens is not None:
+        engine.reserve(args.tokens)  # too long or too big: said before any token is drawn
     if args.prompt is not None:
         tokens = _tokenize(path, args.prompt)
     elif args.ids is not None:
@@ -196,9 +196,10 @@ def cmd_prefill(args) -> int:
     logits = engine.forward(tokens)
     t = dict(engine.ops.timings)
     total = t.pop("total")
+    where = (f"CPU, numpy ops + native keep-quant GEMMs on {native.build_info()['threads']} threads"
+             if args.device == "cpu" else f"{native.device_name(args.device)}, libggml_ciq ops and kernels")
     console.print(f"{model.config.name}: {len(tokens)} tokens in {total * 1e3:.1f} ms = "
-                  f"{len(tokens) / total:.1f} tokens/s (CPU, numpy ops + native keep-quant GEMMs on "
-                  f"{native.build_info()['threads']} threads; n_ctx {engine.n_ctx}, n_ubatch {engine.n_ubatch})")
+                  f"{len(tokens) / total:.1f} tokens/s ({where}; n_ctx {engine.n_ctx}, n_ubatch {engine.n_ubatch})")
     vocab = model.token_strings()
     last = logits[-1].astype(np.float64)
     probs = np.exp(last - last.max())
@@ -499,7 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ids", help="comma-separated token ids instead of a prompt")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--top", type=int, default=5)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu (numpy ops in llama.cpp's CPU arithmetic) or cuda[:N]")
     p.add_argument("--ctx-size", type=int, default=None, help="context length (default: the GGUF's context_length)")
     p.add_argument("--ubatch", type=int, default=512, help="tokens per micro-batch (default 512, as llama.cpp)")
     p.add_argument("--json")
@@ -539,6 +540,9 @@ def main(argv=None) -> int:
         return args.func(args)
     except CiqError as exc:
         print(f"ggml-ciq: error: {exc}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print("ggml-ciq: error: out of host memory", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("ggml-ciq: interrupted", file=sys.stderr)

@@ -16,12 +16,13 @@ Prefill runs in micro-batches of n_ubatch tokens through a K/V cache, as llama.c
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import BackendError, GGUFFileError, ShapeError, UnsupportedTypeError
+from .errors import BackendError, GGUFFileError, OutOfMemoryError, ShapeError, UnsupportedTypeError
 from .model import ModelFile, Tensor
 from .numpy_ops import NumpyOps
 
@@ -219,6 +220,13 @@ class Transformer:
         return ops.add(self._ffn(layer, ops.rms_norm(x, layer["ffn_norm"], eps)), x)
 
     # -- prefill --------------------------------------------------------------------------------------------------
+    def reserve(self, n_tokens: int) -> None:
+        """The K/V cache for a prompt of n_tokens: ShapeError past n_ctx, OutOfMemoryError (before allocating) when
+        a host cache would not fit the free memory."""
+        if n_tokens > self.n_ctx:
+            raise ShapeError(f"prompt of {n_tokens} tokens is longer than the context ({self.n_ctx} tokens)")
+        self._ensure_cache(n_tokens)
+
     def _ensure_cache(self, n_tokens: int) -> None:
         """One (k, v) float16 pair per layer, grown (in steps of 256 positions, up to n_ctx) to hold n_tokens."""
         have = self.kv_cache[0][0].shape[0] if self.kv_cache else 0
@@ -226,6 +234,12 @@ class Transformer:
             return
         size = min(self.n_ctx, -(-n_tokens // 256) * 256)
         shape = (size, self.hp.n_head_kv, self.hp.head_dim)
+        need = 2 * self.hp.n_layer * size * self.hp.n_head_kv * self.hp.head_dim * 2
+        if str(getattr(self.ops, "device", "cpu")) in ("cpu", "-1"):  # the host: Linux overcommits, so ask first
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            if need > free:
+                raise OutOfMemoryError(f"the K/V cache for {n_tokens} tokens needs {need / 2**30:.1f} GiB, "
+                                       f"{free / 2**30:.1f} GiB of host memory is free")
         self.kv_cache = []  # free the old cache first
         self.kv_cache = [(self.ops.zeros(shape, np.float16), self.ops.zeros(shape, np.float16))
                          for _ in range(self.hp.n_layer)]

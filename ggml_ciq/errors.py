@@ -25,5 +25,9 @@ class BackendError(CiqError):
     """A native library, llama.cpp or a device failed or is not available."""
 
 
+class OutOfMemoryError(BackendError):
+    """An allocation on the host or a device failed."""
+
+
 class LibraryNotFoundError(BackendError):
     """A shared library (ours or llama.cpp's) could not be located or loaded."""

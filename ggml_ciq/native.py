@@ -12,7 +12,7 @@ import cffi
 import numpy as np
 
 from . import quants
-from .errors import BackendError, InvalidArgumentError, LibraryNotFoundError, ShapeError
+from .errors import BackendError, InvalidArgumentError, LibraryNotFoundError, OutOfMemoryError, ShapeError
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _SOURCE_HEADER = _PACKAGE_DIR.parent / "native" / "include" / "ggml_ciq.h"
@@ -78,6 +78,8 @@ class Native:
         message = self.ffi.string(self.lib.ciq_last_error()).decode(errors="replace")
         if status == self.lib.CIQ_ERR_INVALID_ARGUMENT:
             raise InvalidArgumentError(message)
+        if status == self.lib.CIQ_ERR_OUT_OF_MEMORY:
+            raise OutOfMemoryError(f"out of memory: {message}")
         raise BackendError(message)
 
 

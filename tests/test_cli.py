@@ -166,8 +166,13 @@ def test_prefill_bad_inputs_one_line_exit_2(native_lib, tmp_path):
 
     rc, _, err = ggml_ciq("prefill", "--tokens", 7, "--prompt", "x")
     assert_one_line_error(rc, err, "exactly one of")
-    rc, _, err = ggml_ciq("prefill", "--tokens", 7, "--device", "cuda")
-    assert_one_line_error(rc, err, "runs on the CPU")
+    from ggml_ciq import native
+
+    if native.device_count() == 0:
+        rc, _, err = ggml_ciq("prefill", "--tokens", 7, "--device", "cuda")
+        assert_one_line_error(rc, err, "GPU")
+    rc, _, err = ggml_ciq("prefill", "--tokens", 2_000_000_000, "--ctx-size", 2_000_000_000)  # before any token is drawn
+    assert_one_line_error(rc, err, "the K/V cache for 2000000000 tokens needs", "GiB of host memory is free")
     path = tmp_path / "bert.gguf"
     writer = gguf.GGUFWriter(str(path), "bert")
     writer.write_header_to_file()

@@ -11,7 +11,7 @@ import pytest
 
 from ggml_ciq import native
 from ggml_ciq import quants as Q
-from ggml_ciq.errors import BackendError, InvalidArgumentError, ShapeError, UnsupportedTypeError
+from ggml_ciq.errors import BackendError, InvalidArgumentError, OutOfMemoryError, ShapeError, UnsupportedTypeError
 from ggml_ciq.model import Tensor
 from ggml_ciq.ops import DeviceArray, NativeOps
 
@@ -432,3 +432,7 @@ def test_bad_arguments(native_lib):
         ops.add(np.ones(4, np.float32), np.ones(5, np.float32))
     with pytest.raises(InvalidArgumentError):
         NativeOps("cpu", attention_kernel="flash")
+    before = ops.memory_bytes()
+    with pytest.raises(OutOfMemoryError, match="out of memory"):  # 256 TiB
+        ops.zeros((1 << 46,))
+    assert ops.memory_bytes() == before  # nothing left allocated
