@@ -56,6 +56,26 @@ def _weight(rng: np.random.Generator, rows: int, k: int) -> np.ndarray:
     return w
 
 
+def _add_default_vocab(writer, n_vocab: int) -> None:
+    """The default model's tokenizer (a llama SentencePiece vocabulary of n_vocab pieces)."""
+    tokens, scores, types = _default_vocab(n_vocab)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+
+
+def _add_keep_quant(writer, name: str, ggml_type: int, w: np.ndarray) -> None:
+    """Float weights [rows, K] quantized by our numpy Q4_K/Q6_K quantizer, as a GGUF tensor."""
+    import gguf
+
+    data = quants.quantize_q4_K(w) if ggml_type == quants.Q4_K else quants.quantize_q6_K(w)
+    writer.add_tensor(name, data.reshape(w.shape[0], -1), raw_dtype=gguf.GGMLQuantizationType(ggml_type))
+
+
 def write_default_model(path: Path) -> Path:
     """Write the default model to path (deterministic: the same bytes on every machine)."""
     import gguf
@@ -75,19 +95,10 @@ def write_default_model(path: Path) -> Path:
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
-    tokens, scores, types = _default_vocab(s["n_vocab"])
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_scores(scores)
-    writer.add_token_types(types)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_unk_token_id(0)
+    _add_default_vocab(writer, s["n_vocab"])
 
     def add(name: str, ggml_type: int, rows: int, k: int):
-        w = _weight(rng, rows, k)
-        data = quants.quantize_q4_K(w) if ggml_type == quants.Q4_K else quants.quantize_q6_K(w)
-        writer.add_tensor(name, data.reshape(rows, -1), raw_dtype=gguf.GGMLQuantizationType(ggml_type))
+        _add_keep_quant(writer, name, ggml_type, _weight(rng, rows, k))
 
     def add_norm(name: str, n: int):
         writer.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))
@@ -143,21 +154,11 @@ def write_small_model(path: Path, architecture: str, seed: int = 0, drop: tuple[
     writer.add_layer_norm_rms_eps(1e-6)
     if architecture == "gemma3":
         writer.add_sliding_window(16)  # short, so that a test prompt crosses it
-    tokens, scores, types = _default_vocab(s["n_vocab"])
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_scores(scores)
-    writer.add_token_types(types)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_unk_token_id(0)
+    _add_default_vocab(writer, s["n_vocab"])
 
     def add(name, ggml_type, rows, k):
-        if name in drop:
-            return
-        w = _weight(rng, rows, k)
-        data = quants.quantize_q4_K(w) if ggml_type == quants.Q4_K else quants.quantize_q6_K(w)
-        writer.add_tensor(name, data.reshape(rows, -1), raw_dtype=gguf.GGMLQuantizationType(ggml_type))
+        if name not in drop:
+            _add_keep_quant(writer, name, ggml_type, _weight(rng, rows, k))
 
     def add_f32(name, values):
         if name not in drop:

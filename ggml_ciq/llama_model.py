@@ -23,6 +23,7 @@ import cffi
 import numpy as np
 
 from .errors import BackendError, GGUFFileError, InvalidArgumentError, LibraryNotFoundError, ShapeError
+from .resources import Closeable
 from .llamacpp import LlamaCpp, _lib_file
 
 _CDEF = """
@@ -236,7 +237,7 @@ def _tensor_f32(lib, t) -> np.ndarray:
     return np.ascontiguousarray(view).reshape(-1, ne[0])
 
 
-class LlamaModel:
+class LlamaModel(Closeable):
     """One GGUF loaded by libllama: every layer on the GPU when device="cuda" (llama.cpp's CUDA0), else CPU only.
     Tokenizes with the GGUF's vocab; `context(...)` creates the context that runs prefills."""
 
@@ -311,20 +312,8 @@ class LlamaModel:
             self.library.lib.llama_model_free(self._model)
             self._model = None
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-
-class LlamaContext:
+class LlamaContext(Closeable):
     """A llama.cpp context on a LlamaModel: n_ctx tokens, n_batch = n_ubatch micro-batches, f16 K/V cache.
     flash_attn None (auto): on for CUDA (llama-bench's setting for the speed comparison), off on the CPU, where
     llama.cpp's flash attention rounds Q to f16 and depends on the micro-batch size: on Gemma 3 270M, 128 tokens,
@@ -484,15 +473,3 @@ class LlamaContext:
         if self._ctx is not None:
             self.library.lib.llama_free(self._ctx)
             self._ctx = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass

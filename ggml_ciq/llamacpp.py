@@ -14,6 +14,7 @@ import cffi
 import numpy as np
 
 from .errors import BackendError, LibraryNotFoundError, ShapeError, UnsupportedTypeError
+from .resources import Closeable
 
 ENV_VAR = "GGML_CIQ_LLAMACPP_LIB"
 _HINT = "(pip install 'ggml-ciq[llamacpp]' or set GGML_CIQ_LLAMACPP_LIB)"
@@ -288,7 +289,7 @@ class LlamaCpp:
         return out
 
 
-class MulMatGraph:
+class MulMatGraph(Closeable):
     """A ggml graph of `copies` mul_mats W_i[rows, k] x x[tokens, k] on one device: each with its
     own weight tensor, all sharing one activation tensor. Allocated once, computed many times."""
 
@@ -393,13 +394,3 @@ class MulMatGraph:
         if _live(self._ctx):
             self._lib.ggml_free(self._ctx)
         self._ctx = self._backend = self._buffer = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        if getattr(self, "_ctx", None) is not None:
-            self.close()

@@ -13,6 +13,7 @@ import numpy as np
 
 from . import quants
 from .errors import BackendError, InvalidArgumentError, LibraryNotFoundError, OutOfMemoryError, ShapeError
+from .resources import Closeable
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _SOURCE_HEADER = _PACKAGE_DIR.parent / "native" / "include" / "ggml_ciq.h"
@@ -173,7 +174,7 @@ def set_num_threads(threads: int) -> None:
     n.check(n.lib.ciq_set_num_threads(int(threads)))
 
 
-class Buffer:
+class Buffer(Closeable):
     """Memory on a device (or the host, device -1) owned by libggml_ciq; freed on close()."""
 
     def __init__(self, device, nbytes: int):
@@ -213,18 +214,6 @@ class Buffer:
         if self.ptr is not None:
             self.native.check(self.native.lib.ciq_free(self.device, self.ptr))
             self.ptr = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 def quantize_activations(x: np.ndarray, semantics: str, weight_type: int, device="cpu") -> np.ndarray:

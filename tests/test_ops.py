@@ -13,6 +13,8 @@ from ggml_ciq import native
 from ggml_ciq import quants as Q
 from ggml_ciq.errors import BackendError, InvalidArgumentError, OutOfMemoryError, ShapeError, UnsupportedTypeError
 from ggml_ciq.model import Tensor
+from ggml_ciq.numpy_ops import rms_norm as rms_norm_ref
+from ggml_ciq.numpy_ops import rope as rope_ref
 from ggml_ciq.ops import DeviceArray, NativeOps
 
 
@@ -47,29 +49,7 @@ def ops(request, native_lib):
     return PoisonedOps(request.param)
 
 
-# ---- references (the float order of ggml CPU, as ggml_ciq/engine.py's numpy code) ---------------------------------
-
-def rms_norm_ref(x, weight, eps):
-    mean = ((x * x).astype(np.float64).sum(-1, keepdims=True) / x.shape[-1]).astype(np.float32)
-    out = x * (np.float32(1.0) / np.sqrt(mean + np.float32(eps)))
-    return out * weight if weight is not None else out
-
-
-def rope_ref(x, positions, base, neox):
-    d = x.shape[-1]
-    theta_scale = np.float32(np.power(np.float64(np.float32(base)), np.float64(np.float32(-2.0) / np.float32(d))))
-    theta = np.empty((len(positions), d // 2), np.float32)
-    theta[:, 0] = positions
-    for i in range(1, d // 2):
-        theta[:, i] = theta[:, i - 1] * theta_scale
-    cos = np.cos(theta.astype(np.float64)).astype(np.float32)[:, None, :]
-    sin = np.sin(theta.astype(np.float64)).astype(np.float32)[:, None, :]
-    first, second = (slice(0, d // 2), slice(d // 2, d)) if neox else (slice(0, d, 2), slice(1, d, 2))
-    out = np.empty_like(x)
-    out[..., first] = x[..., first] * cos - x[..., second] * sin
-    out[..., second] = x[..., first] * sin + x[..., second] * cos
-    return out
-
+# ---- references (the float order of ggml CPU: ggml_ciq/numpy_ops.py's, and written here where it has none) ----------
 
 def gelu_fp16_table_ref(x):
     """ggml CPU's GELU: input rounded to fp16, the tanh GELU of it rounded to fp16 (the table)."""
