@@ -75,6 +75,33 @@ def test_small_model_matches_llamacpp(architecture, llama, native_lib, rng, tmp_
         assert engine.hp.sliding_window == 16 and engine.hp.is_sliding(0) and not engine.hp.is_sliding(5)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("architecture", catalog.SMALL_ARCHITECTURES)
+def test_cuda_engine_matches_cpu_engine(architecture, native_lib, rng, tmp_path):
+    """The engine on the GPU (NativeOps "cuda": AUTO's keep-quant kernels, mma attention) against the same engine
+    on the CPU: 41 random tokens in micro-batches of 16 (a tail of 9), every position's logits."""
+    from ggml_ciq.ops import NativeOps
+
+    if native.device_count() == 0:
+        pytest.skip("needs a CUDA device and libggml_ciq built with CUDA")
+    path = catalog.write_small_model(tmp_path / f"{architecture}.gguf", architecture)
+    tokens = rng.integers(3, 512, 41)
+    cpu = Transformer(ModelFile(path), n_ubatch=16).forward(tokens, all_logits=True)
+    native.dispatch_reset()
+    engine = Transformer(ModelFile(path), ops=NativeOps("cuda"), n_ubatch=16)
+    gpu = engine.forward(tokens, all_logits=True)
+    counts = native.dispatch_counts()
+    gpu_q4k = sum(n for (variant, t), n in counts.items() if t == "Q4_K" and variant in native.GPU_VARIANTS)
+    assert gpu_q4k == 3 * 2 * 5 and counts[("cpu", "Q4_K")] == 0  # every keep-quant GEMM ran on the GPU
+    assert engine.ops.attention_kernel_name(engine.hp.head_dim) == "mma"
+    assert set(engine.timings) >= {"keep-quant GEMM", "attention", "rest", "total"}
+    top1, kl, err = agreement(gpu, cpu)
+    print(f"{architecture} cuda vs cpu engine: NMSE {err:.2e}, top-1 {top1:.3f}, KL {kl:.2e}; {counts}")
+    # f16 activations (wgmma) or q8_1 (mma) against the CPU's q8_K, f16 attention weights: the same spread as
+    # between llama.cpp and our CPU engine (test_small_model_matches_llamacpp)
+    assert np.isfinite(gpu).all() and err <= 2e-3 and top1 >= 0.85
+
+
 def test_wrong_rope_pairing_is_caught(llama, native_lib, rng, tmp_path):
     path = catalog.write_small_model(tmp_path / "qwen3.gguf", "qwen3")
     tokens = rng.integers(3, 512, 24)

@@ -20,15 +20,18 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 export GGML_CIQ_LIB=/tmp/ciq-build/libggml_ciq.so GGML_CIQ_LLAMACPP_LIB=/tmp/llama/llama_cpp/lib
-export GGML_CIQ_GEMMA3_270M=$PWD/.device/gemma3-270m-kquants.gguf GGML_CIQ_CACHE=/tmp/ciq-cache
+DEV=/tmp/device  # setup's copy of the carried .device/: later calls need not carry it
+export GGML_CIQ_GEMMA3_270M=$DEV/gemma3-270m-kquants.gguf GGML_CIQ_CACHE=/tmp/ciq-cache
+export GGML_CIQ_LLAMA3_VOCAB=$DEV/ggml-vocab-llama-bpe.gguf
 [ -f /tmp/gemma3-270m.gguf ] && export GGML_CIQ_GEMMA3_270M=/tmp/gemma3-270m.gguf  # the whole file, once staged
 ARCHS=${GGML_CIQ_CUDA_ARCHITECTURES:-90a}
 
 setup() {
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .device/whl/*.whl
+  [ -d .device ] && rm -rf $DEV && cp -r .device $DEV
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $DEV/whl/*.whl
   if [ -z "${NO_LLAMA:-}" ] && [ ! -f /tmp/llama/llama_cpp/lib/libggml-cuda.so ] && [ ! -f /tmp/llama.building ]; then
     touch /tmp/llama.building
-    tar xzf .device/llama_cpp_python.tar.gz -C /tmp
+    tar xzf $DEV/llama_cpp_python.tar.gz -C /tmp
     setsid bash -c 'CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF" \
       CMAKE_BUILD_PARALLEL_LEVEL=12 python3 -m pip wheel --no-build-isolation --no-deps --no-index -w /tmp/w \
       /tmp/llama_cpp_python-0.3.36 > /tmp/llama-build.log 2>&1 && mkdir -p /tmp/llama && cd /tmp/llama && \
@@ -52,7 +55,6 @@ case "${1:-}" in
     ls -la /tmp/parts /tmp/gemma3-270m.gguf 2>&1 | tail -n 8 ;;
   compare)  # issue 7's H200 runs: Gemma agreement at 512 tokens; the synthetic Llama-3-8B (written on first use from
             # the carried vocab GGUF) at 512 and 2048 tokens
-    export GGML_CIQ_LLAMA3_VOCAB=$PWD/.device/ggml-vocab-llama-bpe.gguf
     python3 -m ggml_ciq.cli compare gemma3-270m --tokens 512 --device cuda --repeat 5 --json "$OUT/compare-gemma3-270m-512.json" \
       2>&1 | tail -n 20
     for n in 512 2048; do

@@ -1,9 +1,12 @@
-"""One small tail-shaped run of every GPU kernel (quantizers included), for compute-sanitizer.
+"""One small tail-shaped run of every GPU kernel (quantizers, the engine's ops and attention kernels included), for
+compute-sanitizer.
 
-Usage: compute-sanitizer --tool memcheck python3 tools/sanitize_case.py [variant ...]
+Usage: compute-sanitizer --tool memcheck python3 tools/sanitize_case.py [variant ... | engine]
 """
 
 import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 
@@ -11,7 +14,47 @@ from ggml_ciq import native
 from ggml_ciq import quants as Q
 
 
+def engine_case():
+    """Every NativeOps op on the GPU, both attention kernels (a window, a tail micro-batch), and a small gemma3 and
+    llama model's prefill through the engine (41 tokens in micro-batches of 16)."""
+    from ggml_ciq import catalog
+    from ggml_ciq.engine import Transformer
+    from ggml_ciq.model import ModelFile
+    from ggml_ciq.ops import GET_ROWS_TYPES, NativeOps
+
+    rng = np.random.default_rng(1)
+    for kernel in ("simt", "mma"):
+        ops = NativeOps("cuda", attention_kernel=kernel)
+        for d, n_past, window in ((64, 0, 0), (128, 37, 0), (256, 5, 19)):
+            t, hkv = 67, 2
+            q = rng.standard_normal((t, 4, d)).astype(np.float32)
+            k, v = ops.zeros((n_past + t + 3, hkv, d), np.float16), ops.zeros((n_past + t + 3, hkv, d), np.float16)
+            ops.kv_store(k, 0, rng.standard_normal((n_past + t, hkv, d)).astype(np.float32))
+            ops.kv_store(v, 0, rng.standard_normal((n_past + t, hkv, d)).astype(np.float32))
+            out = ops.attention(q, k, v, n_past, d ** -0.5, window).numpy()
+            print(f"attention {kernel} D={d} n_past={n_past} window={window}: finite={np.isfinite(out).all()}")
+    ops = NativeOps("cuda")
+    x = rng.standard_normal((37, 3, 64)).astype(np.float32)
+    ops.rms_norm(x.reshape(-1, 64), rng.standard_normal(64), 1e-6).numpy()
+    ops.rope(x, np.arange(37, dtype=np.int32), 10000.0, neox=True).numpy()
+    ops.rope(x, np.arange(37, dtype=np.int32), 10000.0, neox=False).numpy()
+    ops.glu(x, x, "gelu").numpy(), ops.glu(x, x, "silu").numpy(), ops.scale(x, 0.5).numpy()
+    ops.add(x.reshape(-1, 64), rng.standard_normal(64)).numpy()
+    with tempfile.TemporaryDirectory() as tmp:
+        for arch in ("gemma3", "llama"):
+            model = ModelFile(catalog.write_small_model(Path(tmp) / f"{arch}.gguf", arch))
+            logits = Transformer(model, ops=NativeOps("cuda"), n_ubatch=16).forward(rng.integers(3, 512, 41),
+                                                                                 all_logits=True)
+            print(f"engine {arch}: finite={np.isfinite(logits).all()}")
+            for t in model.tensors.values():
+                if t.ggml_type in GET_ROWS_TYPES and len(t.shape) == 2:
+                    ops.get_rows(t, [0, t.rows - 1]).numpy()
+                    ops.linear(ops.load_weight(t), rng.standard_normal((5, t.k)).astype(np.float32)).numpy()
+
+
 def main(variants):
+    if variants == ["engine"]:
+        return engine_case()
     rng = np.random.default_rng(0)
     rows, k = 1000 + 13, 512
     for weight_type, quantize in ((Q.Q4_K, Q.quantize_q4_K), (Q.Q6_K, Q.quantize_q6_K)):
@@ -31,3 +74,5 @@ def main(variants):
 
 if __name__ == "__main__":
     main(sys.argv[1:] or list(native.GPU_VARIANTS))
+    if len(sys.argv) == 1:
+        engine_case()
