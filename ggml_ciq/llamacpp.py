@@ -6,9 +6,11 @@ by-value `ggml_init_params`. Every size is checked in Python first, so bad input
 CiqError instead of reaching a GGML_ASSERT (which aborts the process).
 """
 
+import contextlib
 import importlib.util
 import os
 import pathlib
+import sys
 
 import cffi
 import numpy as np
@@ -166,6 +168,11 @@ class LlamaCpp:
             # RTLD_GLOBAL so that backend modules can resolve ggml-base's symbols. Symbols are looked
             # up through libggml's handle, which also searches its dependencies (base, cpu, ...).
             flags = ffi.RTLD_NOW | ffi.RTLD_GLOBAL
+            # The C++ runtime first in the global scope: a CUDA build's libggml-cuda exports its own copies of
+            # std::ostream code, and libllama, loaded after it, bound to them and crashed in llama_model::print_info.
+            if sys.platform.startswith("linux"):
+                with contextlib.suppress(OSError):
+                    ffi.dlopen("libstdc++.so.6", flags)
             self._base = ffi.dlopen(str(_lib_file(self.lib_dir, "ggml-base")), flags)
             self._lib = ffi.dlopen(str(_lib_file(self.lib_dir, "ggml")), flags)
         except (OSError, TypeError) as e:

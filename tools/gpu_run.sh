@@ -18,7 +18,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:$PWD:/tmp/llama PYTHONUNBUFFERED=1
 export GGML_CIQ_LIB=/tmp/ciq-build/libggml_ciq.so GGML_CIQ_LLAMACPP_LIB=/tmp/llama/llama_cpp/lib
 DEV=/tmp/device  # setup's copy of the carried .device/: later calls need not carry it
 export GGML_CIQ_GEMMA3_270M=$DEV/gemma3-270m-kquants.gguf GGML_CIQ_CACHE=/tmp/ciq-cache
@@ -29,6 +29,8 @@ ARCHS=${GGML_CIQ_CUDA_ARCHITECTURES:-90a}
 setup() {
   [ -d .device ] && rm -rf $DEV && cp -r .device $DEV
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $DEV/whl/*.whl
+  cmake -S native -B /tmp/ciq-build -G Ninja -DGGML_CIQ_CUDA=ON -DGGML_CIQ_CUDA_ARCHITECTURES="$ARCHS" > /tmp/ciq-cmake.log \
+    && ninja -C /tmp/ciq-build 2>&1 | tail -n 3 || { cat /tmp/ciq-cmake.log; return 1; }
   if [ -z "${NO_LLAMA:-}" ] && [ ! -f /tmp/llama/llama_cpp/lib/libggml-cuda.so ] && [ ! -f /tmp/llama.building ]; then
     touch /tmp/llama.building
     tar xzf $DEV/llama_cpp_python.tar.gz -C /tmp
@@ -37,8 +39,6 @@ setup() {
       /tmp/llama_cpp_python-0.3.36 > /tmp/llama-build.log 2>&1 && mkdir -p /tmp/llama && cd /tmp/llama && \
       python3 -m zipfile -e /tmp/w/llama_cpp_python-*.whl . ; rm -f /tmp/llama.building' < /dev/null &
   fi
-  cmake -S native -B /tmp/ciq-build -G Ninja -DGGML_CIQ_CUDA=ON -DGGML_CIQ_CUDA_ARCHITECTURES="$ARCHS" > /tmp/ciq-cmake.log \
-    && ninja -C /tmp/ciq-build 2>&1 | tail -n 3 || { cat /tmp/ciq-cmake.log; return 1; }
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw --format=csv
 }
 
@@ -67,6 +67,9 @@ case "${1:-}" in
       compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_case.py "$@" > "$OUT/sanitizer-$tool.txt" 2>&1
       echo "$tool exit=$? $(tail -n 1 "$OUT/sanitizer-$tool.txt")"
     done ;;
+  synth)  # write the synthetic Llama-3-8B in the background (setsid: it outlives this call)
+    setsid bash -c 'python3 -c "from ggml_ciq import catalog; print(catalog.resolve_model(\"llama3-8b-synthetic\"))" \
+      > /tmp/synth.log 2>&1' < /dev/null & ;;
   wait) while [ -f /tmp/llama.building ]; do sleep 5; done; tail -n 2 /tmp/llama-build.log; ls /tmp/llama/llama_cpp/lib ;;
   py) shift; python3 "$@" ;;
   all)
@@ -84,7 +87,7 @@ case "${1:-}" in
   bench)  # the committed result set: Llama-3-8B shapes at 512 and 2048 tokens, seed6 at 128
     for spec in "llama3-8b 512 llama3-8b-n512" "llama3-8b 2048 llama3-8b-n2048" "seed6 128 seed6"; do
       set -- $spec
-      python3 -m ggml_ciq.cli bench gemm --backend ciq-cuda --shapes $1 --tokens $2 --repeat ${REPEAT:-5} \
+      python3 -m ggml_ciq.cli bench gemm --backend ciq-cuda --shapes $1 --tokens $2 --repeat ${REPEAT:-5} --variants ${VARIANTS:-mma,wgmma} \
         --json "$OUT/$3.json" 2>&1 | tail -n 16
     done ;;
   *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|all|bench|stage|compare" >&2; exit 2 ;;
