@@ -35,7 +35,7 @@ setup() {
     touch /tmp/llama.building
     tar xzf $DEV/llama_cpp_python.tar.gz -C /tmp
     setsid bash -c 'CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF" \
-      CMAKE_BUILD_PARALLEL_LEVEL=12 python3 -m pip wheel --no-build-isolation --no-deps --no-index -w /tmp/w \
+      CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip wheel --no-build-isolation --no-deps --no-index -w /tmp/w \
       /tmp/llama_cpp_python-0.3.36 > /tmp/llama-build.log 2>&1 && mkdir -p /tmp/llama && cd /tmp/llama && \
       python3 -m zipfile -e /tmp/w/llama_cpp_python-*.whl . ; rm -f /tmp/llama.building' < /dev/null &
   fi
