@@ -338,7 +338,16 @@ def cmd_bench(args) -> int:
     if args.op == "plot":
         if not args.json or not args.plot:
             raise CiqError("bench plot needs --json SAVED_FILE and --plot OUT.png")
-        bench.plot_json(args.json, args.plot)
+        try:
+            saved = json.loads(Path(args.json).read_text())
+        except (OSError, ValueError) as exc:
+            raise CiqError(f"bench plot: cannot read {args.json}: {exc}") from None
+        if saved.get("schema") == "docs/COMPARE_JSON.md":
+            from .compare import load_compare_json, plot_compare
+
+            plot_compare(load_compare_json(args.json), args.plot)
+        else:
+            bench.plot_json(args.json, args.plot)
         return 0
     if args.op != "gemm":
         raise CiqError(f"unknown benchmark {args.op!r} (available: gemm, plot)")
@@ -543,6 +552,10 @@ def main(argv=None) -> int:
         return 2
     except MemoryError:
         print("ggml-ciq: error: out of host memory", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:  # an optional package (matplotlib for plots, say) is not installed
+        print(f"ggml-ciq: error: the Python package {exc.name} is not installed (pip install {exc.name})",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("ggml-ciq: interrupted", file=sys.stderr)

@@ -174,6 +174,17 @@ def run_compare(path, n_tokens: int | None = 512, prompt: str | None = None, rep
                          our_side.tokens_per_second / llama_side.tokens_per_second, memory_ratio, agreement, bars)
 
 
+def load_compare_json(path) -> CompareResult:
+    """A CompareResult back from `compare --json`'s file."""
+    import json
+    from pathlib import Path
+
+    data = json.loads(Path(path).read_text())
+    data.pop("schema", None)
+    data["llamacpp"], data["ours"] = Side(**data["llamacpp"]), Side(**data["ours"])
+    return CompareResult(**data)
+
+
 def plot_compare(result: CompareResult, path: str) -> None:
     """Two panels: prefill tokens/s of each (median, with every timed run), KL divergence per position (log
     scale) with top-1 mismatches marked."""
