@@ -130,7 +130,7 @@ def _diff_activations(args) -> int:
                        "[red]first above the bar[/]" if d.layer == report.first_diverging_layer else "")
     console.print(layers)
     s = report.summary()
-    console.print(f"{'PASS' if not s['failed'] else 'FAIL'}: {s['judged']} Q4_K/Q6_K tensors judged at NMSE <= "
+    console.print(f"{'PASS' if not s['failed'] else 'FAIL'}: {s['judged']} tensors judged at NMSE <= "
                   f"{report.bar:.0e}, {s['failed']} above, worst {_fmt(s['worst_judged_nmse'])}; "
                   f"{s['tensors'] - s['judged']} other tensors listed")
     diverging = report.first_diverging_layer

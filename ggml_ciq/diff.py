@@ -177,15 +177,16 @@ LAYER_BAR = 1e-4  # hidden-state NMSE above which a layer is named as the first 
 
 @dataclass
 class CapturedTensorDiff:
-    """One weight's mul_mat on llama.cpp's captured input: our kernel (Q4_K/Q6_K; judged against the bar when its
-    semantics are llama.cpp's) or, for other types, the float64 product of the dequantized weight (listed only)."""
+    """One weight's mul_mat on llama.cpp's captured input: our kernel of llama.cpp's semantics (Q4_K/Q6_K,
+    Q4_0/Q5_0/Q8_0; judged against the bar) or, for other types, the float64 product of the dequantized weight
+    (listed only)."""
     name: str
     type: str
     layer: int | None
     rows: int
     k: int
     tokens: int
-    kernel: str                         # our variant, or "f64" for types without a keep-quant kernel
+    kernel: str                         # our variant, "q8_0" / "q32" (32-value blocks), or "f64" (listed only)
     nmse: float                         # ours (or f64) vs llama.cpp's captured output
     max_abs: float
     judged: bool
@@ -247,29 +248,45 @@ def _f64_product(tensor: Tensor, x: np.ndarray, chunk_rows: int = 8192) -> np.nd
     return out
 
 
+Q32_TYPES = (quants.Q4_0, quants.Q5_0, quants.Q8_0)
+
+
 def captured_tensor_diffs(model: ModelFile, capture, reference: str, bar: float, progress=None) \
         -> list[CapturedTensorDiff]:
-    """Every captured weight mul_mat, in llama.cpp's graph order, through our kernel of llama.cpp's semantics
-    (CPU: variant cpu on the CPU; CUDA: mma on cuda) on exactly llama.cpp's input, against llama.cpp's output."""
+    """Every captured weight mul_mat, in llama.cpp's graph order, through our kernel of llama.cpp's semantics on
+    exactly llama.cpp's input, against llama.cpp's output. Q4_K/Q6_K: CPU variant cpu, CUDA mma; Q4_0/Q5_0/Q8_0:
+    CPU numpy_ops.gemm_q32 (q8_0 activations), CUDA ciq_gemm_q32 (K a multiple of 128). These are judged against
+    the bar; other types are listed with a float64 product."""
+    from . import numpy_ops
+
     semantics = REFERENCE_SEMANTICS[reference]
     device, variant = ("cpu", "cpu") if reference == "llamacpp-cpu" else ("cuda", "mma")
     diffs = []
     for name in capture.mul_mat:
         tensor = model.tensor(name)
         x, theirs = capture.inputs(name), capture.outputs(name)
+        judged = True
         if tensor.is_keep_quant:
             native.dispatch_reset()
             ours = native.gemm(tensor, x, variant=variant, device=device, semantics=semantics)
             if native.dispatch_counts()[(variant, tensor.type_name)] != 1:
                 raise InvalidArgumentError(f"{name}: dispatch counters do not show one {variant} launch")
             kernel = variant
+        elif tensor.ggml_type in Q32_TYPES and device == "cpu":
+            ours, kernel = numpy_ops.gemm_q32(*quants.q32_fields(tensor.ggml_type, tensor.raw(), tensor.rows,
+                                                                 tensor.k), x), "q8_0"
+        elif tensor.ggml_type in Q32_TYPES and tensor.k % 128 == 0:
+            native.dispatch_reset()
+            ours = native.gemm_q32(tensor.raw(), x, tensor.ggml_type, tensor.rows, tensor.k, device)
+            if native.q32_dispatch_counts()[(device, tensor.type_name)] != 1:
+                raise InvalidArgumentError(f"{name}: dispatch counters do not show one q32 launch")
+            kernel = "q32"
         elif tensor.ggml_type in quants.BLOCK_LAYOUT:
-            ours, kernel = _f64_product(tensor, x), "f64"
+            ours, kernel, judged = _f64_product(tensor, x), "f64", False
         else:
             raise UnsupportedTypeError(f"{model.path}: tensor {name} has type {tensor.type_name}, which ggml-ciq "
                                        f"does not decode")
         err = quants.nmse(ours, theirs)
-        judged = tensor.is_keep_quant
         diffs.append(CapturedTensorDiff(name, tensor.type_name, _layer_of(name), tensor.rows, tensor.k, x.shape[0],
                                         kernel, err, max_abs(ours, theirs), judged, err <= bar if judged else True))
         if progress:

@@ -12,7 +12,8 @@ import cffi
 import numpy as np
 
 from . import quants
-from .errors import BackendError, InvalidArgumentError, LibraryNotFoundError, OutOfMemoryError, ShapeError
+from .errors import (BackendError, InvalidArgumentError, LibraryNotFoundError, OutOfMemoryError, ShapeError,
+                     UnsupportedTypeError)
 from .resources import Closeable
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -161,6 +162,18 @@ def dispatch_counts() -> dict[tuple[str, str], int]:
     for v, name in enumerate(VARIANTS):
         for t in quants.KEEP_QUANT_TYPES:
             n.check(n.lib.ciq_dispatch_count(v, t, out))
+            counts[(name, quants.type_name(t))] = int(out[0])
+    return counts
+
+
+def q32_dispatch_counts() -> dict[tuple[str, str], int]:
+    """{("cpu" | "cuda", 'Q4_0'|'Q5_0'|'Q8_0'): ciq_gemm_q32 calls} since the last reset."""
+    n = load()
+    out = n.ffi.new("uint64_t *")
+    counts = {}
+    for device, name in ((-1, "cpu"), (0, "cuda")):
+        for t in (quants.Q4_0, quants.Q5_0, quants.Q8_0):
+            n.check(n.lib.ciq_q32_dispatch_count(device, t, out))
             counts[(name, quants.type_name(t))] = int(out[0])
     return counts
 
@@ -320,3 +333,22 @@ def gemm(weight, x: np.ndarray, variant: str = "auto", device="cpu", semantics: 
         return problem.run(x, variant=variant, semantics=semantics, out_type=out_type)
     finally:
         problem.close()
+
+
+def gemm_q32(data, x: np.ndarray, ggml_type: int, rows: int, k: int, device="cpu") -> np.ndarray:
+    """out[tokens, rows] = x @ W^T for Q4_0/Q5_0/Q8_0 bytes in llama.cpp CUDA MMQ's semantics (ciq_gemm_q32)."""
+    if ggml_type not in (quants.Q4_0, quants.Q5_0, quants.Q8_0):
+        raise UnsupportedTypeError(f"gemm_q32: {quants.type_name(ggml_type)} is not Q4_0, Q5_0 or Q8_0")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2 or x.shape[1] != k:
+        raise ShapeError(f"activations must be [tokens, {k}], got shape {x.shape}")
+    raw = np.ascontiguousarray(np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data.view(np.uint8))
+    if raw.size != rows * quants.row_bytes(ggml_type, k):
+        raise ShapeError(f"{quants.type_name(ggml_type)} [{rows} x {k}] needs {rows * quants.row_bytes(ggml_type, k)} "
+                         f"bytes, got {raw.size}")
+    n, dev = load(), parse_device(device)
+    with Buffer.from_array(dev, raw) as wb, Buffer.from_array(dev, x) as xb, Buffer(dev, rows * len(x) * 4) as ob:
+        n.check(n.lib.ciq_memset(dev, ob.ptr, 0xFF, rows * len(x) * 4))  # NaN where the kernel writes nothing
+        n.check(n.lib.ciq_gemm_q32(dev, ggml_type, wb.ptr, rows, k, n.ffi.cast("float *", xb.ptr), len(x),
+                                   n.ffi.cast("float *", ob.ptr)))
+        return ob.download(np.float32, (len(x), rows))

@@ -22,6 +22,7 @@ DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int32))
 GET_ROWS_TYPES = (quants.F32, quants.F16, quants.BF16, quants.Q4_0, quants.Q5_0, quants.Q8_0, quants.Q4_K,
                   quants.Q5_K, quants.Q6_K)
 ATTENTION_KERNELS = ("auto", "cpu", "simt", "mma")  # ciq_attention_kernel
+Q32_TYPES = (quants.Q4_0, quants.Q5_0, quants.Q8_0)  # ciq_gemm_q32 on a GPU
 OP_CLASSES = ("keep-quant GEMM", "other GEMM", "attention", "rest")
 
 
@@ -122,8 +123,8 @@ class DeviceArray:
 
 @dataclass
 class Weight:
-    """A weight matrix [rows, k] ready for ``linear``: raw Q4_K/Q6_K blocks ("keep-quant"), or dequantized once
-    to bf16 (GPU, "bf16") or float32 (CPU, "f32")."""
+    """A weight matrix [rows, k] ready for ``linear``: raw Q4_K/Q6_K blocks ("keep-quant"), raw Q4_0/Q5_0/Q8_0
+    blocks (GPU, "q32"), or dequantized once to bf16 (GPU, "bf16") or float32 (CPU, "f32")."""
 
     name: str
     ggml_type: int
@@ -238,14 +239,19 @@ class NativeOps:
             raise ShapeError("get_rows: no ids")
         if ids.min() < 0 or ids.max() >= tensor.rows:
             raise ShapeError(f"{tensor.name}: row ids must be in [0, {tensor.rows}), got {ids.min()}..{ids.max()}")
-        table = self._tables.get(tensor.name)
-        if table is None:
-            table = self._tables[tensor.name] = self._upload_raw(tensor)
+        table = self._raw(tensor)
         ids_dev = self.asarray(ids, np.int32)
         out = self.empty((ids.size, tensor.k))
         self.native.check(self.native.lib.ciq_get_rows(self.device, tensor.ggml_type, table.ptr, tensor.rows, tensor.k,
                                                        self._i32(ids_dev), ids.size, self._fp(out)))
         return out
+
+    def _raw(self, tensor: Tensor) -> DeviceArray:
+        """The tensor's raw blocks on the device, uploaded once (get_rows and a tied output weight share them)."""
+        table = self._tables.get(tensor.name)
+        if table is None:
+            table = self._tables[tensor.name] = self._upload_raw(tensor)
+        return table
 
     def _upload_raw(self, tensor: Tensor) -> DeviceArray:
         raw = np.ascontiguousarray(tensor.raw())
@@ -347,12 +353,15 @@ class NativeOps:
 
     # -- GEMMs --------------------------------------------------------------------------------------------------
     def load_weight(self, tensor: Tensor) -> Weight:
-        """Q4_K/Q6_K: raw blocks for the keep-quant GEMM; other types dequantized once (bf16 on a GPU, float32
-        on the CPU)."""
+        """Q4_K/Q6_K: raw blocks for the keep-quant GEMM; on a GPU Q4_0/Q5_0/Q8_0 (K a multiple of 128) raw blocks
+        for ciq_gemm_q32 (llama.cpp CUDA MMQ's semantics); other types dequantized once (bf16 on a GPU, float32 on
+        the CPU)."""
         if len(tensor.shape) != 2:
             raise ShapeError(f"{tensor.name}: a weight must be 2-D, got shape {tensor.shape}")
         if tensor.is_keep_quant:
             return Weight(tensor.name, tensor.ggml_type, tensor.rows, tensor.k, "keep-quant", self._upload_raw(tensor))
+        if self.device >= 0 and tensor.ggml_type in Q32_TYPES and tensor.k % 128 == 0:
+            return Weight(tensor.name, tensor.ggml_type, tensor.rows, tensor.k, "q32", self._raw(tensor))
         if tensor.ggml_type not in GET_ROWS_TYPES:
             raise UnsupportedTypeError(f"{tensor.name}: weight type {tensor.type_name} is not supported")
         if self.device < 0:
@@ -378,6 +387,9 @@ class NativeOps:
             n.check(n.lib.ciq_gemm(self.device, 0, native.SEMANTICS.index(self.semantics), weight.ggml_type,
                                    weight.data.ptr, weight.data.nbytes, weight.rows, weight.k, self._fp(x), tokens,
                                    out.ptr, 0))
+        elif weight.kind == "q32":
+            n.check(n.lib.ciq_gemm_q32(self.device, weight.ggml_type, weight.data.ptr, weight.rows, weight.k,
+                                       self._fp(x), tokens, self._fp(out)))
         elif weight.kind == "bf16":
             scratch = self._bf16(tokens * weight.k)
             n.check(n.lib.ciq_convert_bf16(self.device, self._fp(x), tokens * weight.k, scratch.ptr))

@@ -366,6 +366,15 @@ def gemm_mmq_semantics_quantized(weight_type: int, data, rows: int, k: int, xq: 
     raise UnsupportedTypeError(f"keep-quant GEMM supports Q4_K and Q6_K, not {type_name(weight_type)}")
 
 
+def gemm_q32_mmq_quantized(ggml_type: int, data, rows: int, k: int, xq: np.ndarray, tokens: int) -> np.ndarray:
+    """ciq_gemm_q32's semantics (llama.cpp CUDA MMQ for Q4_0/Q5_0/Q8_0) on q8_1-mmq bytes (DS4 for Q4_0, D4 for
+    Q5_0/Q8_0): sum over blocks of d_w * d8 * isum, exact in float64."""
+    q8, d8, _ = q8_1_mmq_fields(xq, Q4_K if ggml_type == Q4_0 else Q6_K, tokens, k)
+    qw, dw = q32_fields(ggml_type, data, rows, k)
+    xf = np.repeat(d8.astype(np.float64), 32, axis=1) * q8
+    return xf @ (dw.astype(np.float64)[..., None] * qw).reshape(rows, k).T
+
+
 def convert_f16(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """f16 semantics' activations: (f16 [tokens, K] of x * 2^-e, scale [tokens] = 2^e), e putting amax in [2^14, 2^15)."""
     x = _check_activations(x, QK_K)

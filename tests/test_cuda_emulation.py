@@ -41,6 +41,7 @@ int emu_scale(const float *x, float s, int64_t n, float *out);
 int emu_get_rows(int type, const void *table, int64_t table_rows, int64_t k, const int32_t *ids, int64_t n, float *out);
 int emu_dequantize_bf16(int type, const void *data, int64_t rows, int64_t k, void *out);
 int emu_convert_bf16(const float *x, int64_t n, void *out);
+int emu_gemm_q32(int type, const void *weight, int64_t rows, int64_t k, const void *xq, int64_t tokens, float *out);
 """
 SIMT, MMA = 2, 3  # ciq_attention_kernel
 
@@ -84,7 +85,8 @@ def emu(tmp_path_factory):
     build = tmp_path_factory.mktemp("cuda_on_cpu")
     shutil.copytree(ROOT / "native" / "src", build / "src")
     expected = {"ops.cu": {"launch": 9, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
-                "attention.cu": {"launch": 2, "mma": 1, "ldmatrix": 1, "extern_shared": 2}}
+                "attention.cu": {"launch": 2, "mma": 1, "ldmatrix": 1, "extern_shared": 2},
+                "gemm_q32.cu": {"launch": 3, "mma": 0, "ldmatrix": 0, "extern_shared": 0}}
     for name, want in expected.items():
         path = build / "src" / "cuda" / name
         text, counts = rewrite(path.read_text())
@@ -95,6 +97,7 @@ def emu(tmp_path_factory):
     command = [compiler, "-std=c++20", "-O2", "-pthread", "-shared", "-fPIC", "-ffp-contract=off",
                "-DGGML_CIQ_WITH_CUDA", f"-I{EMULATION}", f"-I{ROOT / 'native' / 'include'}", f"-I{build / 'src'}",
                str(build / "src" / "cuda" / "ops.cpp"), str(build / "src" / "cuda" / "attention.cpp"),
+               str(build / "src" / "cuda" / "gemm_q32.cpp"),
                str(EMULATION / "driver.cpp"), "-o", str(library)]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode and ("<barrier>" in result.stderr or "_Float16" in result.stderr):
@@ -197,3 +200,18 @@ def test_rows_emulated(emu, rng, ggml_type):
     bf16 = poisoned((rows, k), np.uint16)
     call(emu, "emu_dequantize_bf16", ggml_type, raw, rows, k, bf16)
     assert np.array_equal(bf16, bf16_bits(ref))
+
+
+@pytest.mark.parametrize("ggml_type", [Q.Q4_0, Q.Q5_0, Q.Q8_0], ids=["Q4_0", "Q5_0", "Q8_0"])
+def test_gemm_q32_emulated(emu, rng, ggml_type):
+    """gemm_q32.cu's kernel on the host's q8_1 activations: 70 rows (a tail of the 64-row tile), 37 tokens (of 32),
+    K = 384 (three 128-value steps), against the float64 reference of the same bytes."""
+    rows, k, tokens = 70, 384, 37
+    raw = random_table(rng, ggml_type, rows, k)
+    x = rng.standard_normal((tokens, k)).astype(np.float32)
+    xq = Q.quantize_q8_1_mmq(x, Q.Q4_K if ggml_type == Q.Q4_0 else Q.Q6_K)
+    out = poisoned((tokens, rows))
+    call(emu, "emu_gemm_q32", ggml_type, raw, rows, k, xq, tokens, out)
+    err = nmse(out, Q.gemm_q32_mmq_quantized(ggml_type, raw, rows, k, xq, tokens))
+    print(f"{Q.type_name(ggml_type)}: NMSE {err:.2e}")
+    assert err <= 1e-10

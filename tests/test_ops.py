@@ -338,6 +338,37 @@ def test_attention_bad_input(native_lib, rng):
 
 # ---- GEMMs, arrays, memory, timing -------------------------------------------------------------------------------
 
+Q32_TYPES = [Q.Q4_0, Q.Q5_0, Q.Q8_0]
+
+
+@pytest.mark.parametrize("ggml_type", Q32_TYPES, ids=[Q.type_name(t) for t in Q32_TYPES])
+@pytest.mark.parametrize("rows, k, tokens", [(1013, 640, 1), (77, 384, 17), (64, 128, 131)])
+def test_gemm_q32(ops, rng, ggml_type, rows, k, tokens):
+    """ciq_gemm_q32 (llama.cpp CUDA MMQ's semantics for 32-value blocks) against the float64 reference on the
+    device's own q8_1 activations. Tails: rows not a multiple of the 64-row tile, tokens not of 32, K not of 256;
+    the output is NaN-poisoned first (native.gemm_q32)."""
+    raw = random_table(rng, ggml_type, rows, k)
+    x = rng.standard_normal((tokens, k)).astype(np.float32)
+    x[:, 5] *= 50.0  # an outlier channel
+    xq = native.quantize_activations(x, "mmq", Q.Q4_K if ggml_type == Q.Q4_0 else Q.Q6_K, ops.device)  # DS4 / D4
+    native.dispatch_reset()
+    out = native.gemm_q32(raw, x, ggml_type, rows, k, ops.device)
+    counts = native.q32_dispatch_counts()
+    assert counts[("cpu" if ops.device < 0 else "cuda", Q.type_name(ggml_type))] == 1 and sum(counts.values()) == 1
+    err = nmse(out, Q.gemm_q32_mmq_quantized(ggml_type, raw, rows, k, xq, tokens))
+    float_err = nmse(out, x.astype(np.float64) @ Q.dequantize(ggml_type, raw, rows, k).T.astype(np.float64))
+    print(f"{Q.type_name(ggml_type)} {rows}x{k}x{tokens}: NMSE {err:.2e} (float activations: {float_err:.2e})")
+    assert err <= 1e-10 and float_err > 1e3 * max(err, 1e-18)  # the activations' quantization is what is tested
+
+
+def test_gemm_q32_bad_input(native_lib, rng):
+    raw = random_table(rng, Q.Q8_0, 4, 96)
+    with pytest.raises(InvalidArgumentError, match="multiple of 128"):
+        native.gemm_q32(raw, np.zeros((2, 96), np.float32), Q.Q8_0, 4, 96)
+    with pytest.raises(UnsupportedTypeError, match="is not Q4_0"):
+        native.gemm_q32(random_table(rng, Q.Q4_K, 4, 256), np.zeros((2, 256), np.float32), Q.Q4_K, 4, 256)
+
+
 def test_linear_keep_quant(ops, rng):
     rows, k = 48, 512
     w = Q.quantize_q4_K(rng.standard_normal((rows, k)).astype(np.float32))
@@ -358,6 +389,8 @@ def test_linear_dense(ops, rng, ggml_type):
     w = Q.dequantize(ggml_type, raw, rows, k)
     if ops.device < 0:
         assert np.array_equal(out, x @ w.T)  # float32 numpy matmul on the dequantized weight
+    elif ggml_type in Q32_TYPES:  # on a GPU: ciq_gemm_q32, llama.cpp CUDA MMQ's semantics
+        assert np.array_equal(out, native.gemm_q32(raw, x, ggml_type, rows, k, ops.device))
     else:
         as_bf16 = lambda a: (bf16_bits(a).astype(np.uint32) << 16).view(np.float32).astype(np.float64)  # noqa: E731
         # bf16 x and W (exact products), float32 accumulation in cuBLAS.

@@ -15,8 +15,8 @@ from ggml_ciq import quants as Q
 
 
 def engine_case():
-    """Every NativeOps op on the GPU, both attention kernels (a window, a tail micro-batch), and a small gemma3 and
-    llama model's prefill through the engine (41 tokens in micro-batches of 16)."""
+    """Every NativeOps op on the GPU, both attention kernels (a window, a tail micro-batch), ciq_gemm_q32, and a
+    small gemma3 and llama model's prefill through the engine (41 tokens in micro-batches of 16)."""
     from ggml_ciq import catalog
     from ggml_ciq.engine import Transformer
     from ggml_ciq.model import ModelFile
@@ -33,6 +33,14 @@ def engine_case():
             ops.kv_store(v, 0, rng.standard_normal((n_past + t, hkv, d)).astype(np.float32))
             out = ops.attention(q, k, v, n_past, d ** -0.5, window).numpy()
             print(f"attention {kernel} D={d} n_past={n_past} window={window}: finite={np.isfinite(out).all()}")
+    for weight_type, block_bytes in ((Q.Q4_0, 18), (Q.Q5_0, 22), (Q.Q8_0, 34)):  # ciq_gemm_q32, row/token tails
+        rows, k = 70, 384
+        raw = rng.integers(0, 256, rows * k // 32 * block_bytes, dtype=np.uint8).reshape(-1, block_bytes)
+        raw[:, 0:2] = rng.uniform(-0.1, 0.1, (len(raw), 1)).astype(np.float16).view(np.uint8)
+        for tokens in (1, 37):
+            out = native.gemm_q32(raw.reshape(-1), rng.standard_normal((tokens, k)).astype(np.float32), weight_type,
+                                  rows, k, "cuda")
+            print(f"gemm_q32 {Q.type_name(weight_type)} tokens={tokens}: finite={np.isfinite(out).all()}")
     ops = NativeOps("cuda")
     x = rng.standard_normal((37, 3, 64)).astype(np.float32)
     ops.rms_norm(x.reshape(-1, 64), rng.standard_normal(64), 1e-6).numpy()

@@ -89,6 +89,7 @@ ciq_status ciq_set_num_threads(int threads); /* CPU kernels; <= 0 means all core
 size_t     ciq_q8_K_size(int64_t tokens, int64_t k);
 size_t     ciq_q8_1_mmq_size(int64_t tokens, int64_t k);
 ciq_status ciq_quantize_q8_K(int device, const float *x, void *out, int64_t tokens, int64_t k);
+/* q8_1-mmq: DS4 layout for layout_for Q4_K, D4 for Q6_K; K a multiple of 128 (the other layouts: of 256). */
 ciq_status ciq_quantize_q8_1_mmq(int device, ciq_weight_type layout_for, const float *x, void *out,
                                  int64_t tokens, int64_t k);
 size_t     ciq_f16_size(int64_t tokens, int64_t k);
@@ -174,6 +175,14 @@ ciq_status ciq_get_rows(int device, int ggml_type, const void *table, int64_t ta
 ciq_status ciq_dequantize_bf16(int device, int ggml_type, const void *data, int64_t rows, int64_t k, void *out);
 /* out[i] = x[i] rounded to bf16 (nearest even), n values. */
 ciq_status ciq_convert_bf16(int device, const float *x, int64_t n, void *out);
+/* out[t][r] = X @ W^T for Q4_0, Q5_0 or Q8_0 weights (ggml_type 2, 6, 8; [rows][k], k a multiple of 128) in
+ * llama.cpp CUDA MMQ's semantics: X quantized to q8_1 per 32 values as ciq_quantize_q8_1_mmq does (D4 layout;
+ * DS4 for Q4_0, whose d8 is then the fp16 one), weights as int8 (Q4_0 q-8, Q5_0 q-16, Q8_0 q) with their fp16 d;
+ * per 32-value block in K order, acc = fma(float(isum) * d_w, d8, acc), isum the exact integer dot product. */
+ciq_status ciq_gemm_q32(int device, int ggml_type, const void *weight, int64_t rows, int64_t k, const float *x,
+                        int64_t tokens, float *out);
+/* ciq_gemm_q32 calls since ciq_dispatch_reset that ran on the host (device -1) or on a GPU (device >= 0). */
+ciq_status ciq_q32_dispatch_count(int device, int ggml_type, uint64_t *count);
 /* CDEF-END */
 
 #ifdef __cplusplus

@@ -18,6 +18,7 @@
 
 static thread_local char g_last_error[1024] = "";
 static std::atomic<uint64_t> g_dispatch[CIQ_VARIANT_COUNT][2];
+static std::atomic<uint64_t> g_dispatch_q32[2][3];  // [host, GPU][Q4_0, Q5_0, Q8_0]
 
 ciq_status ciq_fail(ciq_status status, const char *format, ...) {
     va_list args;
@@ -240,6 +241,8 @@ size_t ciq_f16_size(int64_t tokens, int64_t k) {
     return tokens > 0 && k > 0 ? ciq_f16_scale_offset(tokens, k) + (size_t)tokens * sizeof(float) : 0;
 }
 
+static ciq_status check_count(const char *what, const char *name, int64_t value);
+
 static ciq_status check_shape(const char *what, int64_t tokens, int64_t k) {
     if (tokens < 1) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: tokens must be >= 1, got %lld", what, (long long)tokens);
     if (k < QK_K || k % QK_K != 0) {
@@ -272,7 +275,11 @@ ciq_status ciq_quantize_q8_1_mmq(int device, ciq_weight_type layout_for, const f
                                  int64_t k) {
     if (x == nullptr || out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_quantize_q8_1_mmq: NULL pointer");
     CIQ_TRY(check_type("ciq_quantize_q8_1_mmq", layout_for));
-    CIQ_TRY(check_shape("ciq_quantize_q8_1_mmq", tokens, k));
+    CIQ_TRY(check_count("ciq_quantize_q8_1_mmq", "tokens", tokens));
+    if (k < Q8_1_MMQ_VALUES || k % Q8_1_MMQ_VALUES) {  // the layout's unit is 128 values (ciq_gemm_q32 uses it too)
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_quantize_q8_1_mmq: K must be a positive multiple of 128, got %lld",
+                        (long long)k);
+    }
     CIQ_TRY(check_device(device));
     const bool ds4 = layout_for == CIQ_TYPE_Q4_K;
 #ifdef GGML_CIQ_WITH_CUDA
@@ -544,6 +551,9 @@ void ciq_dispatch_reset(void) {
     for (auto &per_variant : g_dispatch) {
         for (auto &counter : per_variant) counter.store(0);
     }
+    for (auto &per_device : g_dispatch_q32) {
+        for (auto &counter : per_device) counter.store(0);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -742,4 +752,49 @@ ciq_status ciq_convert_bf16(int device, const float *x, int64_t n, void *out) {
     CIQ_TRY(check_count("ciq_convert_bf16", "n", n));
     CIQ_TRY(check_device(device));
     CIQ_ROUTE(device, ciq_cpu_convert_bf16(x, n, out), ciq_cuda_convert_bf16(x, n, out));
+}
+
+static int q32_index(int ggml_type) { return ggml_type == 2 ? 0 : ggml_type == 6 ? 1 : ggml_type == 8 ? 2 : -1; }
+
+ciq_status ciq_gemm_q32(int device, int ggml_type, const void *weight, int64_t rows, int64_t k, const float *x,
+                        int64_t tokens, float *out) {
+    if (weight == nullptr || x == nullptr || out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_q32: NULL pointer");
+    if (q32_index(ggml_type) < 0) {
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_gemm_q32: ggml type %d is not Q4_0 (2), Q5_0 (6) or Q8_0 (8)", ggml_type);
+    }
+    CIQ_TRY(check_count("ciq_gemm_q32", "rows", rows));
+    CIQ_TRY(check_count("ciq_gemm_q32", "tokens", tokens));
+    if (k < Q8_1_MMQ_VALUES || k % Q8_1_MMQ_VALUES) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_q32: K must be a positive multiple of 128, got %lld", (long long)k);
+    }
+    CIQ_TRY(check_device(device));
+    const bool ds4 = ggml_type == 2;  // MMQ's layout for Q4_0; D4 for Q5_0 and Q8_0
+    const size_t nbytes = ciq_q8_1_mmq_size(tokens, k);
+    ciq_status status;
+    if (device == CIQ_DEVICE_CPU) {
+        std::string scratch(nbytes, '\0');
+        CIQ_TRY(ciq_cpu_quantize_q8_1_mmq(ds4, x, &scratch[0], tokens, k));
+        status = ciq_cpu_gemm_q32(ggml_type, weight, rows, k, scratch.data(), tokens, out);
+    } else {
+#ifdef GGML_CIQ_WITH_CUDA
+        void *scratch = nullptr;
+        CIQ_TRY(ciq_cuda_set_device(device));
+        CIQ_TRY(ciq_cuda_scratch(device, 0, nbytes, &scratch));
+        CIQ_TRY(ciq_cuda_quantize_q8_1_mmq(ds4, x, scratch, tokens, k));
+        status = ciq_cuda_gemm_q32(ggml_type, weight, rows, k, scratch, tokens, out);
+#else
+        status = CIQ_ERR_UNSUPPORTED;
+#endif
+    }
+    if (status == CIQ_OK) g_dispatch_q32[device != CIQ_DEVICE_CPU][q32_index(ggml_type)].fetch_add(1, std::memory_order_relaxed);
+    return status;
+}
+
+ciq_status ciq_q32_dispatch_count(int device, int ggml_type, uint64_t *count) {
+    if (count == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_q32_dispatch_count: count is NULL");
+    if (q32_index(ggml_type) < 0) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_q32_dispatch_count: ggml type %d is not Q4_0, Q5_0 or Q8_0", ggml_type);
+    }
+    *count = g_dispatch_q32[device != CIQ_DEVICE_CPU][q32_index(ggml_type)].load();
+    return CIQ_OK;
 }

@@ -51,6 +51,8 @@ size_t ciq_weight_row_bytes(ciq_weight_type type, int64_t k);
 ciq_status ciq_cpu_quantize_q8_K(const float *x, void *out, int64_t tokens, int64_t k);
 ciq_status ciq_cpu_quantize_q8_1_mmq(bool ds4, const float *x, void *out, int64_t tokens, int64_t k);
 ciq_status ciq_cpu_convert_f16(const float *x, void *out, int64_t tokens, int64_t k);
+ciq_status ciq_cpu_gemm_q32(int type, const void *weight, int64_t rows, int64_t k, const void *x_q8_1_mmq,
+                            int64_t tokens, float *out);
 ciq_status ciq_cpu_gemm(ciq_semantics semantics, ciq_weight_type type, const void *weight, int64_t rows, int64_t k,
                         const void *x_quantized, int64_t tokens, void *out, ciq_out_type out_type);
 ciq_status ciq_cpu_rms_norm(const float *x, const float *weight, float eps, int64_t n, int64_t d, float *out);
@@ -116,6 +118,8 @@ ciq_status ciq_cuda_get_rows(int type, const void *table, int64_t table_rows, in
 ciq_status ciq_cuda_dequantize_bf16(int type, const void *data, int64_t rows, int64_t k, void *out);
 ciq_status ciq_cuda_convert_bf16(const float *x, int64_t n, void *out);
 // x is q8_1-mmq (DS4 for Q4_K, D4 for Q6_K).
+ciq_status ciq_cuda_gemm_q32(int type, const void *weight, int64_t rows, int64_t k, const void *x_q8_1_mmq,
+                             int64_t tokens, float *out);
 ciq_status ciq_cuda_gemm_mma(ciq_weight_type type, const void *weight, int64_t rows, int64_t k,
                              const void *x_q8_1_mmq, int64_t tokens, void *out, ciq_out_type out_type);
 #endif

@@ -81,7 +81,14 @@ inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fsqrt_rn(float x) { return std::sqrt(x); }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline int __dp4a(int a, int b, int c) {  // c + the dot product of the signed bytes of a and b
+    for (int i = 0; i < 32; i += 8) c += (int)(signed char)(a >> i) * (int)(signed char)(b >> i);
+    return c;
+}
 inline int min(int a, int b) { return a < b ? a : b; }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline long min(long a, long b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 
 // ---- runtime API (what the host code of ops.cu / attention.cu / common.cuh calls) ----

@@ -1,5 +1,5 @@
-// The C entry points tests/test_cuda_emulation.py calls: the CUDA backend's host functions of ops.cu and
-// attention.cu (compiled for the CPU emulation), and the error recorder api.cpp provides in the library.
+// The C entry points tests/test_cuda_emulation.py calls: the CUDA backend's host functions of ops.cu,
+// attention.cu and gemm_q32.cu (compiled for the CPU emulation), and the error recorder api.cpp provides in the library.
 #include "ciq_internal.h"
 
 #include <cstdarg>
@@ -47,4 +47,7 @@ int emu_dequantize_bf16(int type, const void *data, int64_t rows, int64_t k, voi
     return ciq_cuda_dequantize_bf16(type, data, rows, k, out);
 }
 int emu_convert_bf16(const float *x, int64_t n, void *out) { return ciq_cuda_convert_bf16(x, n, out); }
+int emu_gemm_q32(int type, const void *weight, int64_t rows, int64_t k, const void *xq, int64_t tokens, float *out) {
+    return ciq_cuda_gemm_q32(type, weight, rows, k, xq, tokens, out);
+}
 }

@@ -182,3 +182,49 @@ ciq_status ciq_cpu_convert_bf16(const float *x, int64_t n, void *out) {
     for (int64_t i = 0; i < n; ++i) o[i] = ciq_fp32_to_bf16(x[i]);
     return CIQ_OK;
 }
+
+// ciq_gemm_q32 on the host: the GPU kernel's formula (cuda/gemm_q32.cu) on the host's q8_1-mmq bytes.
+ciq_status ciq_cpu_gemm_q32(int type, const void *weight, int64_t rows, int64_t k, const void *x_q8_1_mmq,
+                            int64_t tokens, float *out) {
+    const int block_bytes = ciq_block_bytes(type);
+    const int64_t nb = k / 32;
+    const block_q8_1_mmq *xq = (const block_q8_1_mmq *)x_q8_1_mmq;
+#pragma omp parallel
+    {
+        std::vector<int8_t> q(k);
+        std::vector<float> d(nb);
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) {
+            const uint8_t *row = (const uint8_t *)weight + r * nb * block_bytes;
+            for (int64_t b = 0; b < nb; ++b) {  // int8 values as MMQ's load_tiles leave them, and the block's d
+                const uint8_t *blk = row + b * block_bytes;
+                uint16_t dh;
+                std::memcpy(&dh, blk, 2);
+                d[b] = ciq_fp16_to_fp32(dh);
+                for (int j = 0; j < 32; ++j) {
+                    if (type == 8) {
+                        q[b * 32 + j] = (int8_t)blk[2 + j];
+                    } else {
+                        const uint8_t *qs = blk + (type == 6 ? 6 : 2);
+                        const int nibble = j < 16 ? qs[j] & 0xF : qs[j - 16] >> 4;
+                        const int high = type == 6 ? (blk[2 + j / 8] >> (j % 8)) & 1 : 0;
+                        q[b * 32 + j] = (int8_t)((nibble | high << 4) - (type == 6 ? 16 : 8));
+                    }
+                }
+            }
+            for (int64_t t = 0; t < tokens; ++t) {
+                float acc = 0.0f;
+                for (int64_t b = 0; b < nb; ++b) {
+                    const block_q8_1_mmq &xb = xq[(b / 4) * tokens + t];
+                    int isum = 0;
+                    for (int j = 0; j < 32; ++j) isum += (int)q[b * 32 + j] * (int)xb.qs[(b % 4) * 32 + j];
+                    const uint32_t scale = xb.scales[b % 4];
+                    const float d8 = type == 2 ? ciq_fp16_to_fp32((uint16_t)(scale & 0xFFFF)) : ciq_bits_to_float(scale);
+                    acc = std::fma((float)isum * d[b], d8, acc);
+                }
+                out[t * rows + r] = acc;
+            }
+        }
+    }
+    return CIQ_OK;
+}

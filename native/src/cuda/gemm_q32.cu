@@ -1,0 +1,141 @@
+// gemm_q32.cu - Q4_0 / Q5_0 / Q8_0 weights (32-value blocks) in llama.cpp CUDA MMQ's semantics (ciq_gemm_q32).
+//
+// The values: weights as MMQ's load_tiles_q{4,5,8}_0 leave them (int8: Q4_0 q-8, Q5_0 q-16, Q8_0 q, scale d_w the
+// block's fp16 d), activations as block_q8_1_mmq (q8_1 per 32 values; D4: float d8, DS4 (Q4_0): the fp16 d8 of the
+// half2). out[t][r] accumulates, block by block in K order, fma(float(isum) * d_w, d8, acc): vec_dot_q8_0_q8_1_mma's
+// `sum += C*dA*dB` as nvcc contracts it. isum, the block's integer dot product, is exact.
+//
+// One CTA (256 threads) computes a 64-row x 32-token tile, walking K 128 values (4 blocks, one q8_1-mmq block per
+// token) at a time: thread (row, block) of the 64 x 4 decodes its weight block into wq, all threads copy the 32
+// tokens' activation blocks into xq/xd, barrier, dot products, barrier. Thread tid owns rows tid%16 + 16i (i < 4)
+// and tokens tid/16 + 16j (j < 2). Row strides of 33 words keep the 16 rows a warp reads on distinct banks.
+#include "common.cuh"
+
+namespace {
+
+constexpr int Q32_ROWS = 64, Q32_TOKENS = 32, Q32_THREADS = 256, Q32_STRIDE = 33;  // STRIDE: words per staged row
+
+__device__ __forceinline__ int dot4(int a, int b, int c) {  // c + the dot product of a's and b's signed bytes
+#if defined(GGML_CIQ_HIP)
+    for (int i = 0; i < 32; i += 8) c += (int)(int8_t)(a >> i) * (int)(int8_t)(b >> i);
+    return c;
+#else
+    return __dp4a(a, b, c);
+#endif
+}
+
+__device__ __forceinline__ uint32_t bytes4(uint32_t v0, uint32_t v1, uint32_t v2, uint32_t v3) {
+    return (v0 & 0xFF) | (v1 & 0xFF) << 8 | (v2 & 0xFF) << 16 | (v3 & 0xFF) << 24;
+}
+
+// Block kb of one row -> 8 words of int8 values (value 4w + b in byte b of word w) and its scale. Blocks are only
+// 2-byte aligned (18, 22 and 34 bytes), so they are read as 16-bit words.
+template <int TYPE>
+__device__ __forceinline__ void decode_block(const uint16_t *__restrict__ blk, uint32_t (&q)[8], float *d) {
+    *d = ciq_half_to_float(blk[0]);
+    if constexpr (TYPE == 8) {  // Q8_0: d, qs[32]
+#pragma unroll
+        for (int w = 0; w < 8; ++w) q[w] = blk[1 + 2 * w] | (uint32_t)blk[2 + 2 * w] << 16;
+    } else {
+        uint32_t qs[4];  // the 16 bytes of 4-bit values: value j low nibble of byte j, value j + 16 high nibble
+        const uint16_t *qs16 = blk + (TYPE == 6 ? 3 : 1);
+#pragma unroll
+        for (int w = 0; w < 4; ++w) qs[w] = qs16[2 * w] | (uint32_t)qs16[2 * w + 1] << 16;
+        const uint32_t qh = TYPE == 6 ? (blk[1] | (uint32_t)blk[2] << 16) : 0;  // Q5_0: bit j is value j's 5th bit
+        const int offset = TYPE == 6 ? 16 : 8;
+#pragma unroll
+        for (int w = 0; w < 8; ++w) {
+            int v[4];
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+                const int j = 4 * w + b;  // value index in the block
+                const int nibble = (qs[(j % 16) / 4] >> (8 * (j % 4) + (j < 16 ? 0 : 4))) & 0xF;
+                v[b] = (nibble | (int)((qh >> j) & 1) << 4) - offset;
+            }
+            q[w] = bytes4(v[0], v[1], v[2], v[3]);
+        }
+    }
+}
+
+template <int TYPE>
+__global__ void __launch_bounds__(Q32_THREADS)
+gemm_q32_kernel(const uint8_t *__restrict__ w, int64_t rows, int64_t k, const uint8_t *__restrict__ xq,
+                int64_t tokens, float *__restrict__ out) {
+    constexpr int block_bytes = TYPE == 2 ? 18 : TYPE == 6 ? 22 : 34;
+    __shared__ uint32_t wq[Q32_ROWS * Q32_STRIDE];
+    __shared__ uint32_t xs[Q32_TOKENS * Q32_STRIDE];
+    __shared__ float wd[Q32_ROWS][4], xd[Q32_TOKENS][4];
+
+    const int tid = threadIdx.x, rg = tid % 16, tg = tid / 16;
+    const int64_t row0 = (int64_t)blockIdx.x * Q32_ROWS, t0 = (int64_t)blockIdx.y * Q32_TOKENS;
+    const int64_t row_bytes = k / 32 * block_bytes;
+    const int stage_row = tid / 4, stage_block = tid % 4;
+    const uint8_t *w_row = w + min(row0 + stage_row, rows - 1) * row_bytes;  // rows past the end re-read the last
+
+    float acc[4][2] = {};
+    for (int64_t s = 0; s < k / 128; ++s) {
+        {
+            uint32_t q[8];
+            decode_block<TYPE>((const uint16_t *)(w_row + (4 * s + stage_block) * block_bytes), q,
+                               &wd[stage_row][stage_block]);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) wq[stage_row * Q32_STRIDE + 8 * stage_block + i] = q[i];
+        }
+        for (int i = tid; i < Q32_TOKENS * 36; i += Q32_THREADS) {  // 36 words per block_q8_1_mmq
+            const int tok = i / 36, word = i % 36;
+            const uint32_t v = t0 + tok < tokens
+                                   ? ((const uint32_t *)(xq + ((s * tokens) + t0 + tok) * Q8_1_MMQ_BLOCK_BYTES))[word]
+                                   : 0u;
+            if (word >= 4) {
+                xs[tok * Q32_STRIDE + word - 4] = v;
+            } else {  // D4: float d8; DS4 (Q4_0): half2 {d8, sum}, d8 used as MMQ's __low2float reads it
+                xd[tok][word] = TYPE == 2 ? ciq_half_to_float((uint16_t)(v & 0xFFFF)) : __uint_as_float(v);
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int r = rg + 16 * i;
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    const int t = tg + 16 * j;
+                    int isum = 0;
+#pragma unroll
+                    for (int c = 0; c < 8; ++c) {
+                        isum = dot4((int)wq[r * Q32_STRIDE + 8 * b + c], (int)xs[t * Q32_STRIDE + 8 * b + c], isum);
+                    }
+                    acc[i][j] = __fmaf_rn(__fmul_rn((float)isum, wd[r][b]), xd[t][b], acc[i][j]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const int64_t t = t0 + tg + 16 * j;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int64_t r = row0 + rg + 16 * i;
+            if (t < tokens && r < rows) out[t * rows + r] = acc[i][j];
+        }
+    }
+}
+
+}  // namespace
+
+ciq_status ciq_cuda_gemm_q32(int type, const void *weight, int64_t rows, int64_t k, const void *x_q8_1_mmq,
+                             int64_t tokens, float *out) {
+    const dim3 grid((unsigned)((rows + Q32_ROWS - 1) / Q32_ROWS), (unsigned)((tokens + Q32_TOKENS - 1) / Q32_TOKENS));
+    const uint8_t *w = (const uint8_t *)weight, *xq = (const uint8_t *)x_q8_1_mmq;
+    if (type == 2) {
+        gemm_q32_kernel<2><<<grid, Q32_THREADS>>>(w, rows, k, xq, tokens, out);
+    } else if (type == 6) {
+        gemm_q32_kernel<6><<<grid, Q32_THREADS>>>(w, rows, k, xq, tokens, out);
+    } else {
+        gemm_q32_kernel<8><<<grid, Q32_THREADS>>>(w, rows, k, xq, tokens, out);
+    }
+    CIQ_CUDA_LAUNCH_CHECK("gemm_q32");
+    return CIQ_OK;
+}
