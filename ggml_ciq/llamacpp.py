@@ -187,6 +187,8 @@ class LlamaCpp:
             raise LibraryNotFoundError(f"no ggml backend devices found in {self.lib_dir}")
         self.version = self._string("ggml_version")
         self.commit = self._string("ggml_commit")
+        if self.commit == "unknown":  # built from a source tree without git (an sdist): the builder may name it
+            self.commit = os.environ.get("GGML_CIQ_LLAMACPP_COMMIT", "unknown")
 
     def __repr__(self):
         return f"LlamaCpp({str(self.lib_dir)!r}, version={self.version!r}, devices={self.devices()})"

@@ -23,6 +23,7 @@ export GGML_CIQ_LIB=/tmp/ciq-build/libggml_ciq.so GGML_CIQ_LLAMACPP_LIB=/tmp/lla
 DEV=/tmp/device  # setup's copy of the carried .device/: later calls need not carry it
 export GGML_CIQ_GEMMA3_270M=$DEV/gemma3-270m-kquants.gguf GGML_CIQ_CACHE=/tmp/ciq-cache
 export GGML_CIQ_LLAMA3_VOCAB=$DEV/ggml-vocab-llama-bpe.gguf
+[ -f $DEV/LLAMACPP_COMMIT ] && export GGML_CIQ_LLAMACPP_COMMIT=$(cat $DEV/LLAMACPP_COMMIT)
 [ -f /tmp/gemma3-270m.gguf ] && export GGML_CIQ_GEMMA3_270M=/tmp/gemma3-270m.gguf  # the whole file, once staged
 ARCHS=${GGML_CIQ_CUDA_ARCHITECTURES:-90a}
 

@@ -18,6 +18,9 @@ rm -rf "$src/.git" "$src/docs" "$src/vendor/llama.cpp/docs" "$src/vendor/llama.c
 cp "$src/vendor/llama.cpp/models/ggml-vocab-llama-bpe.gguf" "$out/"  # models/llama3_8b_synthetic.py --vocab
 find "$src/vendor/llama.cpp/models" -name '*.gguf' -delete
 tar czf "$out/llama_cpp_python.tar.gz" -C "$tmp" llama_cpp_python-0.3.36
+# The sdist carries no git metadata, so its build reports ggml_commit() "unknown": llama-cpp-python 0.3.36 vendors
+# llama.cpp 0c1e570, recorded for tools/gpu_run.sh (GGML_CIQ_LLAMACPP_COMMIT).
+echo 0c1e570 > "$out/LLAMACPP_COMMIT"
 rm -rf "$tmp"
 PYTHONPATH=$PWD python3 tools/gemma_kquants.py "$out/gemma3-270m-kquants.gguf"
 # The whole Gemma file (253 MB, for the engine and `compare` there) in 60 MiB parts, each carried by its own call
