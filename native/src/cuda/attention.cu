@@ -15,7 +15,9 @@
 //         within the row's 4 lanes.
 //   mma : 128 threads, 16 query rows per warp; S = Q K^T and O += P V with mma.sync m16n8k16 (f16 inputs, f32
 //         accumulators). Q is rounded to f16 when staged and P to f16 when fed back as the A operand (register
-//         reuse of the S accumulator layout, as FlashAttention-2); V's B operand comes from ldmatrix.trans.
+//         reuse of the S accumulator layout, as FlashAttention-2); V's B operand comes from ldmatrix.trans. For
+//         D <= 128 the loads are pipelined through registers: V of tile t lands during S = Q K^T, K of tile t+1
+//         during O += P V (three barriers per tile); D = 256 loads K and V at the top of each tile.
 #include "common.cuh"
 
 #include <algorithm>
@@ -190,16 +192,49 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
-    for (int kt = first; kt < end; kt += ATTN_KEYS) {
-        __syncthreads();  // every warp is done with the previous K and V tiles
-        for (int i = tid; i < 2 * ATTN_KEYS * (D / 8); i += 128) {  // 16-byte chunks of K then V rows
-            const int which = i / (ATTN_KEYS * (D / 8)), j = (i / (D / 8)) % ATTN_KEYS, c = i % (D / 8), key = kt + j;
-            const uint16_t *src = which ? a.v : a.k;
-            uint4 chunk = make_uint4(0, 0, 0, 0);
-            if (key < end) chunk = ((const uint4 *)(src + ((int64_t)key * a.heads_kv + hkv) * D))[c];
-            *(uint4 *)((which ? vs : ks) + j * S::STRIDE + 8 * c) = chunk;
+    // K and V tiles move in 16-byte chunks, CHUNKS per thread and matrix: chunk i is row i / (D/8), bytes 16 (i % (D/8)).
+    // PIPELINED (D <= 128): the current tile's V and the next tile's K are loaded into registers while the tensor
+    // cores work on S = Q K^T and on O += P V respectively; D = 256 (whose accumulators leave no registers for that)
+    // loads both tiles in place at the top of each iteration.
+    constexpr int CHUNKS = ATTN_KEYS * (D / 8) / 128;
+    constexpr bool PIPELINED = D <= 128;
+    uint4 chunks[PIPELINED ? CHUNKS : 1];
+    auto fetch = [&](const uint16_t *src, int kt) {
+#pragma unroll
+        for (int c = 0; c < CHUNKS; ++c) {
+            const int i = tid + 128 * c, key = kt + i / (D / 8);
+            chunks[c] = key < end ? ((const uint4 *)(src + ((int64_t)key * a.heads_kv + hkv) * D))[i % (D / 8)]
+                                  : make_uint4(0, 0, 0, 0);
         }
-        __syncthreads();
+    };
+    auto put = [&](__half *tile) {
+#pragma unroll
+        for (int c = 0; c < CHUNKS; ++c) {
+            const int i = tid + 128 * c;
+            *(uint4 *)(tile + (i / (D / 8)) * S::STRIDE + 8 * (i % (D / 8))) = chunks[c];
+        }
+    };
+    if constexpr (PIPELINED) {
+        if (first < end) {
+            fetch(a.k, first);
+            put(ks);
+        }
+    }
+    for (int kt = first; kt < end; kt += ATTN_KEYS) {
+        if constexpr (PIPELINED) {
+            __syncthreads();     // ks holds tile kt; every warp is done with the previous V tile
+            fetch(a.v, kt);      // lands while S is computed
+        } else {
+            __syncthreads();  // every warp is done with the previous K and V tiles
+            for (int i = tid; i < 2 * ATTN_KEYS * (D / 8); i += 128) {  // 16-byte chunks of K then V rows
+                const int which = i / (ATTN_KEYS * (D / 8)), j = (i / (D / 8)) % ATTN_KEYS, c = i % (D / 8);
+                const int key = kt + j;
+                uint4 chunk = make_uint4(0, 0, 0, 0);
+                if (key < end) chunk = ((const uint4 *)((which ? a.v : a.k) + ((int64_t)key * a.heads_kv + hkv) * D))[c];
+                *(uint4 *)((which ? vs : ks) + j * S::STRIDE + 8 * c) = chunk;
+            }
+            __syncthreads();
+        }
 
         // S = Q K^T for the warp's 16 rows and the tile's 64 keys (8 n-tiles of 8 keys).
         float s[ATTN_KEYS / 8][4];
@@ -255,6 +290,12 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
             o[n][3] *= correction[1];
         }
 
+        if constexpr (PIPELINED) {
+            put(vs);
+            __syncthreads();  // vs holds tile kt; every warp is done with ks
+            if (kt + ATTN_KEYS < end) fetch(a.k, kt + ATTN_KEYS);  // lands while O += P V runs
+        }
+
         // O += P V: P's A fragments are the S accumulators of n-tiles 2kk and 2kk + 1, rounded to f16.
 #pragma unroll
         for (int kk = 0; kk < ATTN_KEYS / 16; ++kk) {
@@ -274,6 +315,9 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
                 mma_16816(o[2 * np], a0, a1, a2, a3, b0, b1);
                 mma_16816(o[2 * np + 1], a0, a1, a2, a3, b2, b3);
             }
+        }
+        if constexpr (PIPELINED) {
+            if (kt + ATTN_KEYS < end) put(ks);  // every warp passed the barrier above: none reads ks any more
         }
     }
 #pragma unroll
