@@ -169,6 +169,16 @@ class Transformer:
             y = self.ops.add(y, lin.bias)
         return y
 
+    def _linears(self, lins: list[Linear], x) -> list:
+        """Several weights on one input: with keep-quant weights only and ops that offer linear_group, the input is
+        quantized once for all of them."""
+        group = getattr(self.ops, "linear_group", None)
+        if group is None or any(lin.op_class != "keep-quant GEMM" for lin in lins):
+            return [self._linear(lin, x) for lin in lins]
+        with self.ops.timer("keep-quant GEMM"):
+            ys = group([lin.weight for lin in lins], x)
+        return [y if lin.bias is None else self.ops.add(y, lin.bias) for lin, y in zip(lins, ys)]
+
     def _heads(self, x, n_heads: int):
         return _view(x, (x.shape[0], n_heads, self.hp.head_dim))
 
@@ -181,9 +191,8 @@ class Transformer:
         ops, hp = self.ops, self.hp
         sliding = hp.is_sliding(il)
         base = hp.rope_base_sliding if sliding else hp.rope_base
-        q = self._heads(self._linear(layer["q"], h), hp.n_head)
-        k = self._heads(self._linear(layer["k"], h), hp.n_head_kv)
-        v = self._heads(self._linear(layer["v"], h), hp.n_head_kv)
+        q, k, v = self._linears([layer["q"], layer["k"], layer["v"]], h)
+        q, k, v = self._heads(q, hp.n_head), self._heads(k, hp.n_head_kv), self._heads(v, hp.n_head_kv)
         if self.arch.qk_norm:
             q, k = self._heads_norm(q, layer["q_norm"]), self._heads_norm(k, layer["k_norm"])
         q = ops.rope(q, positions, base, self.arch.rope_neox)
@@ -205,9 +214,8 @@ class Transformer:
         return float(np.float32(1.0) / np.sqrt(np.float32(dim)))
 
     def _ffn(self, layer: dict, h):
-        kind = "gelu" if self.arch.gemma else "silu"
-        return self._linear(layer["down"], self.ops.glu(self._linear(layer["gate"], h),
-                                                        self._linear(layer["up"], h), kind))
+        gate, up = self._linears([layer["gate"], layer["up"]], h)
+        return self._linear(layer["down"], self.ops.glu(gate, up, "gelu" if self.arch.gemma else "silu"))
 
     def _block(self, layer: dict, il: int, x, positions, n_past: int):
         ops, eps = self.ops, self.hp.rms_eps

@@ -400,6 +400,34 @@ class NativeOps:
             np.matmul(self._host_view(x).reshape(tokens, weight.k), dense.T, out=self._host_view(out))
         return out
 
+    def linear_group(self, weights: list[Weight], x) -> list[DeviceArray]:
+        """``linear`` of several keep-quant weights on one input x[n, k]: the kernel of each is resolved first and
+        x is quantized (or converted) once per activation layout, then each GEMM runs on those bytes
+        (ciq_gemm_quantized), the same kernels and bytes as separate ``linear`` calls."""
+        x = self._f32(x, "linear input")
+        if any(w.kind != "keep-quant" or w.k != weights[0].k for w in weights) or x.shape[-1] != weights[0].k:
+            raise ShapeError("linear_group: keep-quant weights of one K, and inputs of that K")
+        n, k = self.native, weights[0].k
+        tokens = x.size // k
+        plans = []
+        for w in weights:
+            variant = native.resolve_variant("auto", self.device, self.semantics, w.ggml_type, w.rows, k, tokens)
+            semantics = self.semantics if self.semantics != "any" else native.VARIANT_SEMANTICS.get(variant, "cpu")
+            plans.append((w, variant, semantics, (semantics, w.ggml_type if semantics == "mmq" else None)))
+        layouts = {}
+        for w, _, semantics, layout in plans:
+            if layout not in layouts:
+                buf = layouts[layout] = self.empty((native.activation_bytes(semantics, tokens, k),), np.uint8)
+                native.quantize_into(self.device, semantics, w.ggml_type, x.ptr, buf.ptr, tokens, k)
+        outs = []
+        for w, variant, semantics, layout in plans:
+            out = self.empty((tokens, w.rows))
+            n.check(n.lib.ciq_gemm_quantized(self.device, native.variant_id(variant), native.SEMANTICS.index(semantics),
+                                             w.ggml_type, w.data.ptr, w.data.nbytes, w.rows, k, layouts[layout].ptr,
+                                             tokens, out.ptr, 0))
+            outs.append(out)
+        return outs
+
     # -- helpers ------------------------------------------------------------------------------------------------
     def _bf16(self, values: int) -> DeviceArray:
         if self._bf16_scratch is None or self._bf16_scratch.size < values:

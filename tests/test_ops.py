@@ -379,6 +379,24 @@ def test_linear_keep_quant(ops, rng):
     assert np.array_equal(out, ref)
 
 
+def test_linear_group(ops, rng):
+    """One input, several keep-quant weights (q, k, v of mixed types and row counts): the activations are quantized
+    once per layout, the outputs equal separate linear calls bit for bit, one launch per weight."""
+    k, tokens = 512, 37
+    shapes = [(Q.Q4_K, 96), (Q.Q4_K, 40), (Q.Q6_K, 40)]
+    tensors = [Tensor(f"blk.0.w{i}.weight", t, (rows, k),
+                      (Q.quantize_q4_K if t == Q.Q4_K else Q.quantize_q6_K)(rng.standard_normal((rows, k)).astype(np.float32)))
+               for i, (t, rows) in enumerate(shapes)]
+    weights = [ops.load_weight(t) for t in tensors]
+    x = ops.asarray(rng.standard_normal((tokens, k)).astype(np.float32))
+    native.dispatch_reset()
+    grouped = [y.numpy() for y in ops.linear_group(weights, x)]
+    launches = sum(native.dispatch_counts().values())
+    separate = [ops.linear(w, x).numpy() for w in weights]
+    assert launches == 3 and all(np.array_equal(a, b) for a, b in zip(grouped, separate))
+    assert all(np.isfinite(a).all() and a.shape == (tokens, t.rows) for a, t in zip(grouped, tensors))
+
+
 @pytest.mark.parametrize("ggml_type", [Q.F16, Q.Q8_0, Q.Q5_0, Q.BF16], ids=["F16", "Q8_0", "Q5_0", "BF16"])
 def test_linear_dense(ops, rng, ggml_type):
     rows, k = 40, 768
