@@ -255,10 +255,8 @@ def captured_tensor_diffs(model: ModelFile, capture, reference: str, bar: float,
         -> list[CapturedTensorDiff]:
     """Every captured weight mul_mat, in llama.cpp's graph order, through our kernel of llama.cpp's semantics on
     exactly llama.cpp's input, against llama.cpp's output. Q4_K/Q6_K: CPU variant cpu, CUDA mma; Q4_0/Q5_0/Q8_0:
-    CPU numpy_ops.gemm_q32 (q8_0 activations), CUDA ciq_gemm_q32 (K a multiple of 128). These are judged against
+    ciq_gemm_q32, CPU semantics on the CPU (q8_0 activations), MMQ on CUDA (K a multiple of 128). These are judged against
     the bar; other types are listed with a float64 product."""
-    from . import numpy_ops
-
     semantics = REFERENCE_SEMANTICS[reference]
     device, variant = ("cpu", "cpu") if reference == "llamacpp-cpu" else ("cuda", "mma")
     diffs = []
@@ -272,15 +270,13 @@ def captured_tensor_diffs(model: ModelFile, capture, reference: str, bar: float,
             if native.dispatch_counts()[(variant, tensor.type_name)] != 1:
                 raise InvalidArgumentError(f"{name}: dispatch counters do not show one {variant} launch")
             kernel = variant
-        elif tensor.ggml_type in Q32_TYPES and device == "cpu":
-            ours, kernel = numpy_ops.gemm_q32(*quants.q32_fields(tensor.ggml_type, tensor.raw(), tensor.rows,
-                                                                 tensor.k), x), "q8_0"
-        elif tensor.ggml_type in Q32_TYPES and tensor.k % 128 == 0:
+        elif tensor.ggml_type in Q32_TYPES and (device == "cpu" or tensor.k % 128 == 0):
             native.dispatch_reset()
-            ours = native.gemm_q32(tensor.raw(), x, tensor.ggml_type, tensor.rows, tensor.k, device)
+            ours = native.gemm_q32(tensor.raw(), x, tensor.ggml_type, tensor.rows, tensor.k, device,
+                                   semantics="cpu" if device == "cpu" else "mmq")
             if native.q32_dispatch_counts()[(device, tensor.type_name)] != 1:
                 raise InvalidArgumentError(f"{name}: dispatch counters do not show one q32 launch")
-            kernel = "q32"
+            kernel = "q8_0" if device == "cpu" else "q32"
         elif tensor.ggml_type in quants.BLOCK_LAYOUT:
             ours, kernel, judged = _f64_product(tensor, x), "f64", False
         else:

@@ -335,8 +335,10 @@ def gemm(weight, x: np.ndarray, variant: str = "auto", device="cpu", semantics: 
         problem.close()
 
 
-def gemm_q32(data, x: np.ndarray, ggml_type: int, rows: int, k: int, device="cpu") -> np.ndarray:
-    """out[tokens, rows] = x @ W^T for Q4_0/Q5_0/Q8_0 bytes in llama.cpp CUDA MMQ's semantics (ciq_gemm_q32)."""
+def gemm_q32(data, x: np.ndarray, ggml_type: int, rows: int, k: int, device="cpu",
+             semantics: str = "mmq") -> np.ndarray:
+    """out[tokens, rows] = x @ W^T for Q4_0/Q5_0/Q8_0 bytes (ciq_gemm_q32): semantics "mmq" (llama.cpp CUDA MMQ's,
+    host or GPU) or "cpu" (llama.cpp x86 CPU's, host only)."""
     if ggml_type not in (quants.Q4_0, quants.Q5_0, quants.Q8_0):
         raise UnsupportedTypeError(f"gemm_q32: {quants.type_name(ggml_type)} is not Q4_0, Q5_0 or Q8_0")
     x = np.ascontiguousarray(x, dtype=np.float32)
@@ -349,6 +351,6 @@ def gemm_q32(data, x: np.ndarray, ggml_type: int, rows: int, k: int, device="cpu
     n, dev = load(), parse_device(device)
     with Buffer.from_array(dev, raw) as wb, Buffer.from_array(dev, x) as xb, Buffer(dev, rows * len(x) * 4) as ob:
         n.check(n.lib.ciq_memset(dev, ob.ptr, 0xFF, rows * len(x) * 4))  # NaN where the kernel writes nothing
-        n.check(n.lib.ciq_gemm_q32(dev, ggml_type, wb.ptr, rows, k, n.ffi.cast("float *", xb.ptr), len(x),
-                                   n.ffi.cast("float *", ob.ptr)))
+        n.check(n.lib.ciq_gemm_q32(dev, SEMANTICS.index(semantics), ggml_type, wb.ptr, rows, k,
+                                   n.ffi.cast("float *", xb.ptr), len(x), n.ffi.cast("float *", ob.ptr)))
         return ob.download(np.float32, (len(x), rows))

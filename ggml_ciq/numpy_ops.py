@@ -2,14 +2,16 @@
 
 Arrays are numpy float32 (caches float16), rows first. What each op mirrors, found op by op against tensors
 captured from llama.cpp's own forward pass of Gemma 3 270M:
-- 32-block weights (Q4_0, Q5_0, Q8_0): activations quantized as ggml's AVX2 `quantize_row_q8_0`
-  (`id = 127/amax`, round half to even, `d = fp16(amax/127)`), then Σ_blocks `d_w*d_x*isum` with `isum` a
-  block's integer dot product (`ggml_vec_dot_q5_0_q8_0` / llamafile's `tinyBLAS_Q0_AVX`), here evaluated exactly.
-- Q4_K/Q6_K: libggml_ciq's keep-quant GEMM in cpu semantics (docs/SEMANTICS.md).
-- Attention without flash attention over the f16 K/V cache: q rounded to f16, scores in float32, softmax in
-  float32 with its sum in double, probabilities rounded to f16 before the product with V.
+- 32-block weights (Q4_0, Q5_0, Q8_0): libggml_ciq's ciq_gemm_q32 in cpu semantics (q8_0 activations as ggml's
+  AVX2 `quantize_row_q8_0`, llamafile `tinyBLAS_Q0_AVX`'s float order).
+- Q4_K/Q6_K: libggml_ciq's keep-quant GEMM in cpu semantics, in the float order of the kernel llama.cpp runs for
+  the matrix (repacked Q4_K GEMM, tiled K-quant matmul, vec_dot; docs/SEMANTICS.md).
+- Attention without flash attention over the f16 K/V cache: libggml_ciq's host kernel "ggml" (q and the softmax
+  weights rounded to f16, llamafile's f16 GEMM lanes, ggml's SIMD expf and softmax sum).
 - GELU: ggml's fp16 table, built as ggml builds it (float32, `1 + a*x*x` fused, correctly rounded tanhf).
-Float additions may run in another order than ggml's SIMD lanes: results agree to rounding, not bit for bit.
+With llama.cpp's GEMM outputs substituted, every other op reproduces its hidden states bit for bit (NOTES.md); the
+GEMMs follow its float order, so prompts of >= 8 tokens per micro-batch reproduce its logits exactly on an x86 AVX2
+build (1-token micro-batches take other llama.cpp kernels: rounding-level apart).
 """
 
 from __future__ import annotations
@@ -26,30 +28,6 @@ from .errors import ShapeError, UnsupportedTypeError
 from .model import Tensor
 
 Q32_TYPES = (quants.Q4_0, quants.Q5_0, quants.Q8_0)  # 32-value blocks: q8_0 activations, integer dot products
-
-
-def quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """ggml's AVX2 quantize_row_q8_0 of x [n, k] -> (q [n, k/32, 32] float32 integers, d [n, k/32] float32)."""
-    xb = x.reshape(x.shape[0], -1, 32)
-    amax = np.abs(xb).max(-1)
-    inv = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax != 0)
-    q = np.rint(xb * inv[..., None])  # _mm256_round_ps(_MM_ROUND_NEAREST): half to even
-    d = (amax / np.float32(127)).astype(np.float16).astype(np.float32)
-    return q, d
-
-
-def gemm_q32(q_w: np.ndarray, d_w: np.ndarray, x: np.ndarray, chunk: int = 8192) -> np.ndarray:
-    """out[n, rows] for 32-block weights (q_w [rows, K/32, 32] int8, d_w [rows, K/32]) on q8_0 activations:
-    Σ_blocks d_w*d_x*isum with isum the integer dot product of a block. Computed exactly (float64 holds every
-    product q_w*d_w*q_x*d_x and the sums of a row) and rounded once; ggml's float32 accumulation differs from
-    it by rounding only."""
-    q_x, d_x = quantize_q8_0(x)
-    x64 = (q_x.astype(np.float64) * d_x[..., None]).reshape(x.shape)
-    out = np.empty((x.shape[0], len(d_w)), np.float32)
-    for r0 in range(0, len(d_w), chunk):
-        w64 = (q_w[r0:r0 + chunk].astype(np.float64) * d_w[r0:r0 + chunk, :, None]).reshape(-1, x.shape[1])
-        out[:, r0:r0 + chunk] = x64 @ w64.T
-    return out
 
 
 def _gelu_table() -> np.ndarray:
@@ -72,53 +50,39 @@ def rms_norm(x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray
 
 def rope(x: np.ndarray, positions: np.ndarray, base: float, neox: bool) -> np.ndarray:
     """ggml's RoPE on [tokens, heads, head_dim]: pairs (2i, 2i+1) (NORM) or (i, i + d/2) (NEOX) rotate by
-    pos * base^(-2i/d), theta stepped in float32 as ggml's rope cache does (theta *= powf(base, -2/d))."""
-    d = x.shape[-1]
-    theta_scale = np.float32(np.power(np.float64(np.float32(base)), np.float64(np.float32(-2.0) / np.float32(d))))
-    theta = np.empty((len(positions), d // 2), np.float32)
-    theta[:, 0] = positions
-    for i in range(1, d // 2):
-        theta[:, i] = theta[:, i - 1] * theta_scale
-    cos = np.cos(theta.astype(np.float64)).astype(np.float32)[:, None, :]
-    sin = np.sin(theta.astype(np.float64)).astype(np.float32)[:, None, :]
-    first, second = (slice(0, d // 2), slice(d // 2, d)) if neox else (slice(0, d, 2), slice(1, d, 2))
-    x0, x1 = x[..., first], x[..., second]
+    pos * base^(-2i/d) as ggml's x86 CPU build computes it (libggml_ciq's host ciq_rope: theta stepped by powf's
+    factor, libm cosf/sinf, the fused products of ggml's rotate_pairs)."""
+    n = native.load()
+    x = np.ascontiguousarray(x, np.float32)
+    positions = np.ascontiguousarray(positions, np.int32)
     out = np.empty_like(x)
-    out[..., first] = x0 * cos - x1 * sin
-    out[..., second] = x0 * sin + x1 * cos
+    n.check(n.lib.ciq_rope(-1, 2 if neox else 0, n.ffi.from_buffer("float[]", x),
+                           n.ffi.from_buffer("int32_t[]", positions), x.shape[0], x.shape[1], x.shape[2], float(base),
+                           n.ffi.from_buffer("float[]", out)))
     return out
 
 
 def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_past: int, scale: float,
               window: int) -> np.ndarray:
-    """Causal GQA over f16 caches as llama.cpp's CPU graph without flash attention computes it: query t at
-    position n_past + t sees keys p <= n_past + t (and n_past + t - p < window when window > 0). The two f16
-    products run in float64 (exact products, one rounding to float32), so a row's result does not depend on
-    how many rows the micro-batch has."""
+    """Causal GQA over f16 caches as llama.cpp's x86 CPU graph without flash attention computes it (libggml_ciq's
+    host kernel "ggml", float order in native/src/cpu/ops.cpp): query t at position n_past + t sees keys
+    p <= n_past + t (and n_past + t - p < window when window > 0); q and the softmax weights rounded to f16."""
     t, h, d = q.shape
-    n_kv, h_kv = n_past + t, k_cache.shape[1]
-    first = max(0, n_past - window + 1) if window else 0  # keys before it are outside every query's window
-    group = h // h_kv
-    pos = n_past + np.arange(t)
-    distance = pos[:, None] - np.arange(first, n_kv)[None, :]
-    visible = (distance >= 0) & ((distance < window) if window else True)
-    q16 = q.astype(np.float16).astype(np.float64)
-    out = np.empty((t, h_kv, group, d), np.float32)
-    for g in range(h_kv):  # one KV head at a time: scores stay [group * t, n_kv - first]
-        k = k_cache[first:n_kv, g].astype(np.float64)
-        v = v_cache[first:n_kv, g].astype(np.float64)
-        qg = q16[:, g * group:(g + 1) * group].transpose(1, 0, 2)             # [group, t, d]
-        scores = (qg @ k.T).astype(np.float32) * np.float32(scale)
-        scores = np.where(visible[None], scores, np.float32(-np.inf))
-        p = np.exp(scores - scores.max(-1, keepdims=True))
-        p *= (1.0 / p.astype(np.float64).sum(-1, keepdims=True)).astype(np.float32)
-        out[:, g] = (p.astype(np.float16).astype(np.float64) @ v).transpose(1, 0, 2)
-    return out.reshape(t, h * d)
+    n = native.load()
+    q = np.ascontiguousarray(q, np.float32)
+    k_cache, v_cache = np.ascontiguousarray(k_cache, np.float16), np.ascontiguousarray(v_cache, np.float16)
+    out = np.empty((t, h * d), np.float32)
+    n.check(n.lib.ciq_attention(-1, n.lib.CIQ_ATTENTION_GGML, n.ffi.from_buffer("float[]", q),
+                                n.ffi.from_buffer("uint16_t[]", k_cache.view(np.uint16)),
+                                n.ffi.from_buffer("uint16_t[]", v_cache.view(np.uint16)), t, h, k_cache.shape[1], d,
+                                k_cache.shape[0], int(n_past), float(scale), int(window),
+                                n.ffi.from_buffer("float[]", out)))
+    return out
 
 
 class NumpyWeight:
-    """A weight as NumpyOps multiplies it: `kind` is "keep-quant" (native GEMM), "q32" (int8 values and block
-    scales) or "dense" (float32, with activations rounded to the weight's vec_dot type first)."""
+    """A weight as NumpyOps multiplies it: `kind` is "keep-quant" or "q32" (native GEMMs in llama.cpp CPU's
+    semantics) or "dense" (float32, with activations rounded to the weight's vec_dot type first)."""
 
     def __init__(self, tensor: Tensor):
         self.name, self.ggml_type, self.rows, self.k = tensor.name, tensor.ggml_type, tensor.rows, tensor.k
@@ -128,8 +92,8 @@ class NumpyWeight:
             self.nbytes = tensor.raw().nbytes
         elif tensor.ggml_type in Q32_TYPES:
             self.kind = "q32"
-            self.q, self.d = quants.q32_fields(tensor.ggml_type, tensor.raw(), tensor.rows, tensor.k)
-            self.nbytes = self.q.nbytes + self.d.nbytes
+            self.raw = np.ascontiguousarray(tensor.raw())
+            self.nbytes = self.raw.nbytes
         else:
             self.kind = "dense"
             self.dense = tensor.dequantize().astype(np.float64)
@@ -141,14 +105,14 @@ class NumpyWeight:
         if self.kind == "keep-quant":
             return self.problem.run(x, variant="auto", semantics="cpu", poison=False)
         if self.kind == "q32":
-            return gemm_q32(self.q, self.d, x)
+            return native.gemm_q32(self.raw, x, self.ggml_type, self.rows, self.k, "cpu", semantics="cpu")
         if self.ggml_type == quants.F16:
             x = x.astype(np.float16).astype(np.float32)
         elif self.ggml_type == quants.BF16:
             x = quants.round_bf16(x)
         elif self.ggml_type in quants.KEEP_QUANT_TYPES + (quants.Q5_K,):
             x = quants.q8_K_round_trip(x)
-        return (x.astype(np.float64) @ self.dense.T).astype(np.float32)  # exact products, as gemm_q32
+        return (x.astype(np.float64) @ self.dense.T).astype(np.float32)  # exact products, rounded once
 
 
 class NumpyOps:

@@ -21,7 +21,7 @@ from .model import Tensor
 DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int32))
 GET_ROWS_TYPES = (quants.F32, quants.F16, quants.BF16, quants.Q4_0, quants.Q5_0, quants.Q8_0, quants.Q4_K,
                   quants.Q5_K, quants.Q6_K)
-ATTENTION_KERNELS = ("auto", "cpu", "simt", "mma")  # ciq_attention_kernel
+ATTENTION_KERNELS = ("auto", "cpu", "simt", "mma", "ggml")  # ciq_attention_kernel
 Q32_TYPES = (quants.Q4_0, quants.Q5_0, quants.Q8_0)  # ciq_gemm_q32 on a GPU
 OP_CLASSES = ("keep-quant GEMM", "other GEMM", "attention", "rest")
 
@@ -388,8 +388,8 @@ class NativeOps:
                                    weight.data.ptr, weight.data.nbytes, weight.rows, weight.k, self._fp(x), tokens,
                                    out.ptr, 0))
         elif weight.kind == "q32":
-            n.check(n.lib.ciq_gemm_q32(self.device, weight.ggml_type, weight.data.ptr, weight.rows, weight.k,
-                                       self._fp(x), tokens, self._fp(out)))
+            n.check(n.lib.ciq_gemm_q32(self.device, native.SEMANTICS.index("mmq"), weight.ggml_type, weight.data.ptr,
+                                       weight.rows, weight.k, self._fp(x), tokens, self._fp(out)))
         elif weight.kind == "bf16":
             scratch = self._bf16(tokens * weight.k)
             n.check(n.lib.ciq_convert_bf16(self.device, self._fp(x), tokens * weight.k, scratch.ptr))

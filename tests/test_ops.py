@@ -14,7 +14,6 @@ from ggml_ciq import quants as Q
 from ggml_ciq.errors import BackendError, InvalidArgumentError, OutOfMemoryError, ShapeError, UnsupportedTypeError
 from ggml_ciq.model import Tensor
 from ggml_ciq.numpy_ops import rms_norm as rms_norm_ref
-from ggml_ciq.numpy_ops import rope as rope_ref
 from ggml_ciq.ops import DeviceArray, NativeOps
 
 
@@ -63,6 +62,22 @@ def gelu_fp16_table_ref(x):
 GELU_TABLE_BAR = 1e-10
 
 
+def rope_ref(x, positions, base, neox):
+    """ggml's RoPE in float64 from float32 angles stepped as ggml's rope cache (theta *= base^(-2/d) in float32)."""
+    d = x.shape[-1]
+    theta_scale = np.float32(np.power(np.float64(np.float32(base)), np.float64(np.float32(-2.0) / np.float32(d))))
+    theta = np.empty((len(positions), d // 2), np.float32)
+    theta[:, 0] = positions
+    for i in range(1, d // 2):
+        theta[:, i] = theta[:, i - 1] * theta_scale
+    cos, sin = np.cos(theta.astype(np.float64))[:, None, :], np.sin(theta.astype(np.float64))[:, None, :]
+    first, second = (slice(0, d // 2), slice(d // 2, d)) if neox else (slice(0, d, 2), slice(1, d, 2))
+    x0, x1 = x[..., first].astype(np.float64), x[..., second].astype(np.float64)
+    out = np.empty(x.shape, np.float64)
+    out[..., first], out[..., second] = x0 * cos - x1 * sin, x0 * sin + x1 * cos
+    return out
+
+
 def gelu_float_ref(x):
     """The tanh GELU in float64 (llama.cpp CUDA computes it in float)."""
     h = x.astype(np.float64)
@@ -107,7 +122,7 @@ def test_rope(ops, rng, tokens, heads, head_dim, neox):
     positions[0] = 0
     base = float(rng.choice([10000.0, 500000.0, 1000000.0]))
     out = ops.rope(ops.asarray(x), positions, base, neox).numpy()
-    # Same order; libm cosf/sinf (CPU) or CUDA's cosf/sinf (<= 2 ulp) against correctly rounded numpy.
+    # The same float32 angles; libm cosf/sinf (CPU) or CUDA's (<= 2 ulp), float32 products, against float64.
     assert nmse(out, rope_ref(x, positions, base, neox)) <= 1e-12
     assert np.array_equal(out[0], x[0])  # position 0: cos 1, sin 0
 
@@ -278,11 +293,11 @@ def _attention_inputs(rng, tokens, heads_kv, group, head_dim, n_past):
     return q, k, v
 
 
-@pytest.fixture(params=["cpu", "simt", "mma"])
+@pytest.fixture(params=["cpu", "ggml", "simt", "mma"])
 def attention_ops(request, native_lib):
-    if request.param != "cpu":
+    if request.param not in ("cpu", "ggml"):
         _gpu_or_skip()
-    return PoisonedOps("cpu" if request.param == "cpu" else "cuda", attention_kernel=request.param)
+    return PoisonedOps("cpu" if request.param in ("cpu", "ggml") else "cuda", attention_kernel=request.param)
 
 
 @pytest.mark.parametrize("tokens, heads_kv, group, head_dim, n_past, window", ATTENTION_CASES)
@@ -293,10 +308,10 @@ def test_attention(attention_ops, rng, tokens, heads_kv, group, head_dim, n_past
     q, k, v = _attention_inputs(rng, tokens, heads_kv, group, head_dim, n_past)
     scale = 1.0 / np.sqrt(head_dim)
     out = ops.attention(ops.asarray(q), ops.asarray(k), ops.asarray(v), n_past, scale, window).numpy()
-    if kernel == "mma":
-        # q and the softmax weights rounded to f16 for the tensor cores (as llama.cpp's CUDA FlashAttention); the
-        # reference rounds q too, the weights' rounding (relative 2^-12) remains. Measured in the CPU emulation
-        # (tests/test_cuda_emulation.py): 1.2e-9 to 1.6e-8; not yet on a GPU.
+    if kernel in ("mma", "ggml"):
+        # q and the softmax weights rounded to f16 (mma: for the tensor cores, as llama.cpp's CUDA FlashAttention;
+        # ggml: as llama.cpp CPU's f16 K/V products); the reference rounds q too, the weights' rounding (2^-12)
+        # remains. mma measured 1.2e-9 to 1.6e-8 (emulation and H200).
         assert nmse(out, attention_ref(q, k, v, n_past, scale, window, round_q=True)) <= 1e-6
     else:
         # Float32 running sums (keys and dims ascending on the CPU, tiled on the GPU) against float64, so not the

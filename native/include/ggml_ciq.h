@@ -142,7 +142,8 @@ typedef enum {
     CIQ_ATTENTION_AUTO = 0, /* CPU: cpu; GPU: mma where available, else simt */
     CIQ_ATTENTION_CPU = 1,  /* host kernel */
     CIQ_ATTENTION_SIMT = 2, /* GPU, CUDA cores: float32 q.k and p.v */
-    CIQ_ATTENTION_MMA = 3   /* GPU sm_80+ (CUDA), mma.sync m16n8k16: q and p rounded to f16, float32 accumulation */
+    CIQ_ATTENTION_MMA = 3,  /* GPU sm_80+ (CUDA), mma.sync m16n8k16: q and p rounded to f16, float32 accumulation */
+    CIQ_ATTENTION_GGML = 4  /* host, llama.cpp x86 CPU's arithmetic without flash attention (cpu/ops.cpp) */
 } ciq_attention_kernel;
 
 /* out[n][d] = x * 1/sqrt(mean(x^2) + eps), then * weight[d] unless weight is NULL (ggml rms_norm, mul). */
@@ -175,12 +176,15 @@ ciq_status ciq_get_rows(int device, int ggml_type, const void *table, int64_t ta
 ciq_status ciq_dequantize_bf16(int device, int ggml_type, const void *data, int64_t rows, int64_t k, void *out);
 /* out[i] = x[i] rounded to bf16 (nearest even), n values. */
 ciq_status ciq_convert_bf16(int device, const float *x, int64_t n, void *out);
-/* out[t][r] = X @ W^T for Q4_0, Q5_0 or Q8_0 weights (ggml_type 2, 6, 8; [rows][k], k a multiple of 128) in
- * llama.cpp CUDA MMQ's semantics: X quantized to q8_1 per 32 values as ciq_quantize_q8_1_mmq does (D4 layout;
- * DS4 for Q4_0, whose d8 is then the fp16 one), weights as int8 (Q4_0 q-8, Q5_0 q-16, Q8_0 q) with their fp16 d;
- * per 32-value block in K order, acc = fma(float(isum) * d_w, d8, acc), isum the exact integer dot product. */
-ciq_status ciq_gemm_q32(int device, int ggml_type, const void *weight, int64_t rows, int64_t k, const float *x,
-                        int64_t tokens, float *out);
+/* out[t][r] = X @ W^T for Q4_0, Q5_0 or Q8_0 weights (ggml_type 2, 6, 8; [rows][k]).
+ * CIQ_SEMANTICS_MMQ (host and GPU; k a multiple of 128), llama.cpp CUDA MMQ's: X quantized to q8_1 per 32 values as
+ * ciq_quantize_q8_1_mmq does (D4 layout; DS4 for Q4_0, whose d8 is then the fp16 one), weights as int8 (Q4_0 q-8,
+ * Q5_0 q-16, Q8_0 q) with their fp16 d; per 32-value block in K order, acc = fma(float(isum) * d_w, d8, acc).
+ * CIQ_SEMANTICS_CPU (host only; k a multiple of 32), llama.cpp x86 CPU's (llamafile tinyBLAS_Q0_AVX): X quantized
+ * to q8_0 as ggml's AVX2 quantize_row_q8_0, eight lanes of 4-value integer dot products per block, lane l =
+ * fma(d_w * d_x, lane sum, lane l) over the blocks, out = ((l4+l0)+(l6+l2)) + ((l5+l1)+(l7+l3)). */
+ciq_status ciq_gemm_q32(int device, ciq_semantics semantics, int ggml_type, const void *weight, int64_t rows,
+                        int64_t k, const float *x, int64_t tokens, float *out);
 /* ciq_gemm_q32 calls since ciq_dispatch_reset that ran on the host (device -1) or on a GPU (device >= 0). */
 ciq_status ciq_q32_dispatch_count(int device, int ggml_type, uint64_t *count);
 /* CDEF-END */

@@ -605,20 +605,22 @@ ciq_status ciq_rope(int device, ciq_rope_mode mode, const float *x, const int32_
 ciq_status ciq_attention_resolve(int device, ciq_attention_kernel kernel, int64_t head_dim,
                                  ciq_attention_kernel *resolved) {
     if (resolved == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_attention_resolve: resolved is NULL");
-    if ((int)kernel < CIQ_ATTENTION_AUTO || kernel > CIQ_ATTENTION_MMA) {
+    if ((int)kernel < CIQ_ATTENTION_AUTO || kernel > CIQ_ATTENTION_GGML) {
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "unknown attention kernel %d", (int)kernel);
     }
     CIQ_TRY(check_count("ciq_attention", "head_dim", head_dim));
     CIQ_TRY(check_device(device));
-    static const char *const names[] = {"auto", "cpu", "simt", "mma"};
+    static const char *const names[] = {"auto", "cpu", "simt", "mma", "ggml"};
     if (device == CIQ_DEVICE_CPU) {
-        if (kernel != CIQ_ATTENTION_AUTO && kernel != CIQ_ATTENTION_CPU) {
+        if (kernel == CIQ_ATTENTION_SIMT || kernel == CIQ_ATTENTION_MMA) {
             return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention kernel %s runs on a GPU, not the CPU", names[kernel]);
         }
-        *resolved = CIQ_ATTENTION_CPU;
+        *resolved = kernel == CIQ_ATTENTION_GGML ? CIQ_ATTENTION_GGML : CIQ_ATTENTION_CPU;
         return CIQ_OK;
     }
-    if (kernel == CIQ_ATTENTION_CPU) return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention kernel cpu runs on the CPU only");
+    if (kernel == CIQ_ATTENTION_CPU || kernel == CIQ_ATTENTION_GGML) {
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention kernel %s runs on the CPU only", names[kernel]);
+    }
 #ifdef GGML_CIQ_WITH_CUDA
     int major = 0, minor = 0;
     CIQ_TRY(ciq_cuda_compute_capability(device, &major, &minor));
@@ -663,6 +665,9 @@ ciq_status ciq_attention(int device, ciq_attention_kernel kernel, const float *q
     if (resolved == CIQ_ATTENTION_MMA && (((uintptr_t)k_cache | (uintptr_t)v_cache) & 15)) {  // uint4 K/V loads
         if (kernel != CIQ_ATTENTION_AUTO || ciq_attention_resolve(device, CIQ_ATTENTION_SIMT, head_dim, &resolved) != CIQ_OK)
             return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_attention: the mma kernel needs 16-byte-aligned K/V caches");
+    }
+    if (resolved == CIQ_ATTENTION_GGML) {
+        return ciq_cpu_attention_ggml(q, k_cache, v_cache, tokens, heads, heads_kv, head_dim, n_past, scale, window, out);
     }
     CIQ_ROUTE(device, ciq_cpu_attention(q, k_cache, v_cache, tokens, heads, heads_kv, head_dim, n_past, scale, window, out),
               ciq_cuda_attention(resolved, q, k_cache, v_cache, tokens, heads, heads_kv, head_dim, n_past, scale,
@@ -756,18 +761,29 @@ ciq_status ciq_convert_bf16(int device, const float *x, int64_t n, void *out) {
 
 static int q32_index(int ggml_type) { return ggml_type == 2 ? 0 : ggml_type == 6 ? 1 : ggml_type == 8 ? 2 : -1; }
 
-ciq_status ciq_gemm_q32(int device, int ggml_type, const void *weight, int64_t rows, int64_t k, const float *x,
-                        int64_t tokens, float *out) {
+ciq_status ciq_gemm_q32(int device, ciq_semantics semantics, int ggml_type, const void *weight, int64_t rows,
+                        int64_t k, const float *x, int64_t tokens, float *out) {
     if (weight == nullptr || x == nullptr || out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_q32: NULL pointer");
     if (q32_index(ggml_type) < 0) {
         return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_gemm_q32: ggml type %d is not Q4_0 (2), Q5_0 (6) or Q8_0 (8)", ggml_type);
     }
+    if (semantics != CIQ_SEMANTICS_MMQ && semantics != CIQ_SEMANTICS_CPU) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_q32: semantics must be cpu or mmq, got %d", (int)semantics);
+    }
     CIQ_TRY(check_count("ciq_gemm_q32", "rows", rows));
     CIQ_TRY(check_count("ciq_gemm_q32", "tokens", tokens));
-    if (k < Q8_1_MMQ_VALUES || k % Q8_1_MMQ_VALUES) {
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_q32: K must be a positive multiple of 128, got %lld", (long long)k);
+    const int64_t unit = semantics == CIQ_SEMANTICS_CPU ? 32 : Q8_1_MMQ_VALUES;
+    if (k < unit || k % unit) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_q32: K must be a positive multiple of %lld, got %lld",
+                        (long long)unit, (long long)k);
     }
     CIQ_TRY(check_device(device));
+    if (semantics == CIQ_SEMANTICS_CPU) {
+        if (device != CIQ_DEVICE_CPU) return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_gemm_q32: cpu semantics run on the host only");
+        CIQ_TRY(ciq_cpu_gemm_q32_q8_0(ggml_type, weight, rows, k, x, tokens, out));
+        g_dispatch_q32[0][q32_index(ggml_type)].fetch_add(1, std::memory_order_relaxed);
+        return CIQ_OK;
+    }
     const bool ds4 = ggml_type == 2;  // MMQ's layout for Q4_0; D4 for Q5_0 and Q8_0
     const size_t nbytes = ciq_q8_1_mmq_size(tokens, k);
     ciq_status status;

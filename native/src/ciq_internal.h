@@ -53,11 +53,16 @@ ciq_status ciq_cpu_quantize_q8_1_mmq(bool ds4, const float *x, void *out, int64_
 ciq_status ciq_cpu_convert_f16(const float *x, void *out, int64_t tokens, int64_t k);
 ciq_status ciq_cpu_gemm_q32(int type, const void *weight, int64_t rows, int64_t k, const void *x_q8_1_mmq,
                             int64_t tokens, float *out);
+ciq_status ciq_cpu_gemm_q32_q8_0(int type, const void *weight, int64_t rows, int64_t k, const float *x,
+                                 int64_t tokens, float *out);
 ciq_status ciq_cpu_gemm(ciq_semantics semantics, ciq_weight_type type, const void *weight, int64_t rows, int64_t k,
                         const void *x_quantized, int64_t tokens, void *out, ciq_out_type out_type);
 ciq_status ciq_cpu_rms_norm(const float *x, const float *weight, float eps, int64_t n, int64_t d, float *out);
 ciq_status ciq_cpu_rope(ciq_rope_mode mode, const float *x, const int32_t *positions, int64_t tokens, int64_t heads,
                         int64_t head_dim, float base, float *out);
+ciq_status ciq_cpu_attention_ggml(const float *q, const uint16_t *k_cache, const uint16_t *v_cache, int64_t tokens,
+                                  int64_t heads, int64_t heads_kv, int64_t head_dim, int64_t n_past, float scale,
+                                  int64_t window, float *out);
 ciq_status ciq_cpu_attention(const float *q, const uint16_t *k_cache, const uint16_t *v_cache, int64_t tokens,
                              int64_t heads, int64_t heads_kv, int64_t head_dim, int64_t n_past, float scale,
                              int64_t window, float *out);

@@ -2,7 +2,7 @@
 //   rms_norm : squares (float) summed in double left to right, mean = (float)(sum / d), scale = 1/sqrtf(mean + eps),
 //              out = (x * scale) * weight.
 //   rope     : theta_0 = pos, theta_i = theta_{i-1} * powf(base, -2/head_dim) (ggml's rope cache), cosf/sinf;
-//              (x0 cos - x1 sin, x0 sin + x1 cos).
+//              (fma(x0, cos, -(x1 sin)), fma(x0, sin, x1 cos)): ggml's rotate_pairs as GCC contracts it on x86.
 //   glu      : silu = x / (1 + expf(-x)); gelu through ggml's fp16 table (x rounded to f16, the table entry computed
 //              in float and rounded to f16; x <= -10 gives 0, x >= 10 gives x), then * up.
 //   attention: per query and head, s_p = (sum_e q_e k_pe, e ascending) * scale; m = max s_p; w_p = expf(s_p - m);
@@ -52,8 +52,8 @@ ciq_status ciq_cpu_rope(ciq_rope_mode mode, const float *x, const int32_t *posit
                 for (int64_t i = 0; i < half; ++i) {
                     const int64_t a = mode == CIQ_ROPE_NEOX ? i : 2 * i, b = mode == CIQ_ROPE_NEOX ? i + half : 2 * i + 1;
                     const float x0 = xr[a], x1 = xr[b];
-                    o[a] = x0 * cosines[i] - x1 * sines[i];
-                    o[b] = x0 * sines[i] + x1 * cosines[i];
+                    o[a] = std::fma(x0, cosines[i], -(x1 * sines[i]));  // as GCC contracts ggml's rotate_pairs
+                    o[b] = std::fma(x0, sines[i], x1 * cosines[i]);
                 }
             }
         }
@@ -93,6 +93,86 @@ ciq_status ciq_cpu_attention(const float *q, const uint16_t *k_cache, const uint
                 }
                 float *o = out + t * heads * head_dim + h * head_dim;
                 for (int64_t e = 0; e < head_dim; ++e) o[e] = acc[e] / sum;
+            }
+        }
+    }
+    return CIQ_OK;
+}
+
+// ggml_v_expf (ggml-cpu/vec.h, AVX2) for one value: its polynomial, fused steps and over/underflow path.
+static float ggml_expf(float x) {
+    const float r = 0x1.8p23f, z = std::fma(x, 0x1.715476p+0f, r), n = z - r;
+    const float b = std::fma(-n, 0x1.7f7d1cp-20f, std::fma(-n, 0x1.62e4p-1f, x));
+    const uint32_t e = ciq_float_to_bits(z) << 23;
+    const float k = ciq_bits_to_float(e + ciq_float_to_bits(1.0f));
+    const float u = b * b;
+    const float j = std::fma(std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                             u, 0x1.ffffecp-1f * b);
+    if (!(std::fabs(n) > 126.0f)) return std::fma(k, j, k);
+    const uint32_t g = n <= 0.0f ? 0x82000000u : 0u;
+    const float s1 = ciq_bits_to_float(g + 0x7f000000u), s2 = ciq_bits_to_float(e - g);
+    return std::fabs(n) > 192.0f ? s1 * s1 : std::fma(s2, j, s2) * s1;
+}
+
+// The sum of eight lanes as ggml's AVX hsum: ((l4+l0)+(l6+l2)) + ((l5+l1)+(l7+l3)).
+static float hsum8(const float *l) { return ((l[4] + l[0]) + (l[6] + l[2])) + ((l[5] + l[1]) + (l[7] + l[3])); }
+
+// llama.cpp x86 CPU attention without flash attention, for micro-batches of >= 2 tokens: KQ = K q16 through
+// llamafile's f16 tinyBLAS (q rounded to f16; eight fma lanes over dims 8l+e, hsum8); softmax of KQ*scale with
+// masked keys at -inf, ggml_vec_soft_max_f32 (ggml_expf per key, hsum8 per 8 keys summed in double, then
+// * (float)(1/sum)); KQV = V^T p16 through the same tinyBLAS (p rounded to f16; lanes over keys 8l+e). Keys run
+// from 0 in chunks of 8; the keys llama.cpp pads its K/V view with add exact zeros.
+ciq_status ciq_cpu_attention_ggml(const float *q, const uint16_t *k_cache, const uint16_t *v_cache, int64_t tokens,
+                                  int64_t heads, int64_t heads_kv, int64_t head_dim, int64_t n_past, float scale,
+                                  int64_t window, float *out) {
+    if (head_dim % 8) return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention (ggml): head_dim %lld is not a multiple of 8", (long long)head_dim);
+    const int64_t group = heads / heads_kv, row = heads_kv * head_dim, n_kv = n_past + tokens, n_pad = (n_kv + 7) / 8 * 8;
+#pragma omp parallel
+    {
+        std::vector<float> qh(head_dim), w(n_pad);
+        std::vector<uint16_t> p16(n_pad);
+#pragma omp for schedule(dynamic, 1) collapse(2)
+        for (int64_t t = 0; t < tokens; ++t) {
+            for (int64_t h = 0; h < heads; ++h) {
+                const int64_t pos = n_past + t, kv_offset = (h / group) * head_dim;
+                const float *qr = q + (t * heads + h) * head_dim;
+                for (int64_t e = 0; e < head_dim; ++e) qh[e] = ciq_fp16_to_fp32(ciq_fp32_to_fp16(qr[e]));
+                float max = -INFINITY;
+                for (int64_t p = 0; p < n_pad; ++p) {
+                    const bool visible = p <= pos && (window == 0 || pos - p < window);
+                    if (!visible) {
+                        w[p] = -INFINITY;
+                        continue;
+                    }
+                    const uint16_t *kr = k_cache + p * row + kv_offset;
+                    float lane[8] = {};
+                    for (int64_t d = 0; d < head_dim; d += 8) {
+                        for (int e = 0; e < 8; ++e) lane[e] = std::fma(ciq_fp16_to_fp32(kr[d + e]), qh[d + e], lane[e]);
+                    }
+                    w[p] = hsum8(lane) * scale;
+                    max = std::fmax(max, w[p]);
+                }
+                double sum = 0.0;
+                for (int64_t p = 0; p < n_pad; p += 8) {
+                    for (int e = 0; e < 8; ++e) w[p + e] = ggml_expf(w[p + e] - max);
+                    sum += (double)hsum8(&w[p]);
+                }
+                const float inv = (float)(1.0 / sum);
+                for (int64_t p = 0; p < n_pad; ++p) p16[p] = ciq_fp32_to_fp16(w[p] * inv);
+                float *o = out + t * heads * head_dim + h * head_dim;
+                for (int64_t d = 0; d < head_dim; ++d) {
+                    float lane[8] = {};
+                    for (int64_t p = 0; p < n_pad; p += 8) {
+                        for (int e = 0; e < 8; ++e) {
+                            // a zero weight (masked keys, the padding) adds exactly +0 against a finite row: skipped,
+                            // so rows outside the visible range are never read
+                            if (p16[p + e] == 0) continue;
+                            lane[e] = std::fma(ciq_fp16_to_fp32(v_cache[(p + e) * row + kv_offset + d]),
+                                               ciq_fp16_to_fp32(p16[p + e]), lane[e]);
+                        }
+                    }
+                    o[d] = hsum8(lane);
+                }
             }
         }
     }
@@ -180,6 +260,64 @@ ciq_status ciq_cpu_convert_bf16(const float *x, int64_t n, void *out) {
     uint16_t *o = (uint16_t *)out;
 #pragma omp parallel for schedule(static) if (n >= PARALLEL_MIN)
     for (int64_t i = 0; i < n; ++i) o[i] = ciq_fp32_to_bf16(x[i]);
+    return CIQ_OK;
+}
+
+// ciq_gemm_q32 in cpu semantics (ggml_ciq.h): q8_0 activations as ggml's AVX2 quantize_row_q8_0 (d = fp16(amax/127),
+// q = round-half-even(x * (127/amax))), tinyBLAS_Q0_AVX's eight lanes per block and its final sum.
+ciq_status ciq_cpu_gemm_q32_q8_0(int type, const void *weight, int64_t rows, int64_t k, const float *x,
+                                 int64_t tokens, float *out) {
+    const int block_bytes = ciq_block_bytes(type);
+    const int64_t nb = k / 32;
+    std::vector<int8_t> xq(tokens * k);
+    std::vector<float> xd(tokens * nb);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < tokens * nb; ++i) {
+        const float *v = x + i * 32;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(v[j]));
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        for (int j = 0; j < 32; ++j) xq[i * 32 + j] = (int8_t)std::nearbyint(v[j] * id);
+        xd[i] = ciq_fp16_to_fp32(ciq_fp32_to_fp16(amax / 127.0f));
+    }
+#pragma omp parallel
+    {
+        std::vector<int8_t> q(k);
+        std::vector<float> d(nb);
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) {
+            const uint8_t *row = (const uint8_t *)weight + r * nb * block_bytes;
+            for (int64_t b = 0; b < nb; ++b) {
+                const uint8_t *blk = row + b * block_bytes;
+                uint16_t dh;
+                std::memcpy(&dh, blk, 2);
+                d[b] = ciq_fp16_to_fp32(dh);
+                for (int j = 0; j < 32; ++j) {
+                    if (type == 8) {
+                        q[b * 32 + j] = (int8_t)blk[2 + j];
+                    } else {
+                        const uint8_t *qs = blk + (type == 6 ? 6 : 2);
+                        const int nibble = j < 16 ? qs[j] & 0xF : qs[j - 16] >> 4;
+                        const int high = type == 6 ? (blk[2 + j / 8] >> (j % 8)) & 1 : 0;
+                        q[b * 32 + j] = (int8_t)((nibble | high << 4) - (type == 6 ? 16 : 8));
+                    }
+                }
+            }
+            for (int64_t t = 0; t < tokens; ++t) {
+                float lane[8] = {};
+                for (int64_t b = 0; b < nb; ++b) {
+                    const int8_t *a = q.data() + b * 32, *v = xq.data() + (t * nb + b) * 32;
+                    const float dd = d[b] * xd[t * nb + b];
+                    for (int l = 0; l < 8; ++l) {
+                        const int32_t s = a[4 * l] * v[4 * l] + a[4 * l + 1] * v[4 * l + 1] + a[4 * l + 2] * v[4 * l + 2] +
+                                          a[4 * l + 3] * v[4 * l + 3];
+                        lane[l] = std::fma(dd, (float)s, lane[l]);
+                    }
+                }
+                out[t * rows + r] = ((lane[4] + lane[0]) + (lane[6] + lane[2])) + ((lane[5] + lane[1]) + (lane[7] + lane[3]));
+            }
+        }
+    }
     return CIQ_OK;
 }
 
