@@ -263,6 +263,28 @@ ciq_status ciq_cpu_convert_bf16(const float *x, int64_t n, void *out) {
     return CIQ_OK;
 }
 
+// One row of Q4_0 / Q5_0 / Q8_0 blocks as MMQ's load_tiles and tinyBLAS see it: int8 values (Q4_0 q-8, Q5_0 q-16,
+// Q8_0 q) and the blocks' fp16 scales.
+static void decode_q32_row(int type, const uint8_t *row, int64_t nb, int8_t *q, float *d) {
+    const int block_bytes = ciq_block_bytes(type);
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t *blk = row + b * block_bytes;
+        uint16_t dh;
+        std::memcpy(&dh, blk, 2);
+        d[b] = ciq_fp16_to_fp32(dh);
+        for (int j = 0; j < 32; ++j) {
+            if (type == 8) {
+                q[b * 32 + j] = (int8_t)blk[2 + j];
+            } else {
+                const uint8_t *qs = blk + (type == 6 ? 6 : 2);
+                const int nibble = j < 16 ? qs[j] & 0xF : qs[j - 16] >> 4;
+                const int high = type == 6 ? (blk[2 + j / 8] >> (j % 8)) & 1 : 0;
+                q[b * 32 + j] = (int8_t)((nibble | high << 4) - (type == 6 ? 16 : 8));
+            }
+        }
+    }
+}
+
 // ciq_gemm_q32 in cpu semantics (ggml_ciq.h): q8_0 activations as ggml's AVX2 quantize_row_q8_0 (d = fp16(amax/127),
 // q = round-half-even(x * (127/amax))), tinyBLAS_Q0_AVX's eight lanes per block and its final sum.
 ciq_status ciq_cpu_gemm_q32_q8_0(int type, const void *weight, int64_t rows, int64_t k, const float *x,
@@ -286,23 +308,7 @@ ciq_status ciq_cpu_gemm_q32_q8_0(int type, const void *weight, int64_t rows, int
         std::vector<float> d(nb);
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; ++r) {
-            const uint8_t *row = (const uint8_t *)weight + r * nb * block_bytes;
-            for (int64_t b = 0; b < nb; ++b) {
-                const uint8_t *blk = row + b * block_bytes;
-                uint16_t dh;
-                std::memcpy(&dh, blk, 2);
-                d[b] = ciq_fp16_to_fp32(dh);
-                for (int j = 0; j < 32; ++j) {
-                    if (type == 8) {
-                        q[b * 32 + j] = (int8_t)blk[2 + j];
-                    } else {
-                        const uint8_t *qs = blk + (type == 6 ? 6 : 2);
-                        const int nibble = j < 16 ? qs[j] & 0xF : qs[j - 16] >> 4;
-                        const int high = type == 6 ? (blk[2 + j / 8] >> (j % 8)) & 1 : 0;
-                        q[b * 32 + j] = (int8_t)((nibble | high << 4) - (type == 6 ? 16 : 8));
-                    }
-                }
-            }
+            decode_q32_row(type, (const uint8_t *)weight + r * nb * block_bytes, nb, q.data(), d.data());
             for (int64_t t = 0; t < tokens; ++t) {
                 float lane[8] = {};
                 for (int64_t b = 0; b < nb; ++b) {
@@ -333,23 +339,7 @@ ciq_status ciq_cpu_gemm_q32(int type, const void *weight, int64_t rows, int64_t 
         std::vector<float> d(nb);
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; ++r) {
-            const uint8_t *row = (const uint8_t *)weight + r * nb * block_bytes;
-            for (int64_t b = 0; b < nb; ++b) {  // int8 values as MMQ's load_tiles leave them, and the block's d
-                const uint8_t *blk = row + b * block_bytes;
-                uint16_t dh;
-                std::memcpy(&dh, blk, 2);
-                d[b] = ciq_fp16_to_fp32(dh);
-                for (int j = 0; j < 32; ++j) {
-                    if (type == 8) {
-                        q[b * 32 + j] = (int8_t)blk[2 + j];
-                    } else {
-                        const uint8_t *qs = blk + (type == 6 ? 6 : 2);
-                        const int nibble = j < 16 ? qs[j] & 0xF : qs[j - 16] >> 4;
-                        const int high = type == 6 ? (blk[2 + j / 8] >> (j % 8)) & 1 : 0;
-                        q[b * 32 + j] = (int8_t)((nibble | high << 4) - (type == 6 ? 16 : 8));
-                    }
-                }
-            }
+            decode_q32_row(type, (const uint8_t *)weight + r * nb * block_bytes, nb, q.data(), d.data());
             for (int64_t t = 0; t < tokens; ++t) {
                 float acc = 0.0f;
                 for (int64_t b = 0; b < nb; ++b) {
