@@ -263,24 +263,35 @@ ciq_status ciq_cpu_convert_bf16(const float *x, int64_t n, void *out) {
     return CIQ_OK;
 }
 
-// One row of Q4_0 / Q5_0 / Q8_0 blocks as MMQ's load_tiles and tinyBLAS see it: int8 values (Q4_0 q-8, Q5_0 q-16,
-// Q8_0 q) and the blocks' fp16 scales.
-static void decode_q32_row(int type, const uint8_t *row, int64_t nb, int8_t *q, float *d) {
+// Every row of a Q4_0 / Q5_0 / Q8_0 matrix (in parallel) as MMQ's load_tiles and tinyBLAS see it: int8 values
+// (Q4_0 q-8, Q5_0 q-16, Q8_0 q) and the blocks' fp16 scales, handed to dot(row, q, d).
+template <class Dot> static void for_each_q32_row(int type, const void *weight, int64_t rows, int64_t k, Dot dot) {
     const int block_bytes = ciq_block_bytes(type);
-    for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t *blk = row + b * block_bytes;
-        uint16_t dh;
-        std::memcpy(&dh, blk, 2);
-        d[b] = ciq_fp16_to_fp32(dh);
-        for (int j = 0; j < 32; ++j) {
-            if (type == 8) {
-                q[b * 32 + j] = (int8_t)blk[2 + j];
-            } else {
-                const uint8_t *qs = blk + (type == 6 ? 6 : 2);
-                const int nibble = j < 16 ? qs[j] & 0xF : qs[j - 16] >> 4;
-                const int high = type == 6 ? (blk[2 + j / 8] >> (j % 8)) & 1 : 0;
-                q[b * 32 + j] = (int8_t)((nibble | high << 4) - (type == 6 ? 16 : 8));
+    const int64_t nb = k / 32;
+#pragma omp parallel
+    {
+        std::vector<int8_t> q(k);
+        std::vector<float> d(nb);
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) {
+            const uint8_t *row = (const uint8_t *)weight + r * nb * block_bytes;
+            for (int64_t b = 0; b < nb; ++b) {
+                const uint8_t *blk = row + b * block_bytes;
+                uint16_t dh;
+                std::memcpy(&dh, blk, 2);
+                d[b] = ciq_fp16_to_fp32(dh);
+                for (int j = 0; j < 32; ++j) {
+                    if (type == 8) {
+                        q[b * 32 + j] = (int8_t)blk[2 + j];
+                    } else {
+                        const uint8_t *qs = blk + (type == 6 ? 6 : 2);
+                        const int nibble = j < 16 ? qs[j] & 0xF : qs[j - 16] >> 4;
+                        const int high = type == 6 ? (blk[2 + j / 8] >> (j % 8)) & 1 : 0;
+                        q[b * 32 + j] = (int8_t)((nibble | high << 4) - (type == 6 ? 16 : 8));
+                    }
+                }
             }
+            dot(r, q.data(), d.data());
         }
     }
 }
@@ -289,7 +300,6 @@ static void decode_q32_row(int type, const uint8_t *row, int64_t nb, int8_t *q, 
 // q = round-half-even(x * (127/amax))), tinyBLAS_Q0_AVX's eight lanes per block and its final sum.
 ciq_status ciq_cpu_gemm_q32_q8_0(int type, const void *weight, int64_t rows, int64_t k, const float *x,
                                  int64_t tokens, float *out) {
-    const int block_bytes = ciq_block_bytes(type);
     const int64_t nb = k / 32;
     std::vector<int8_t> xq(tokens * k);
     std::vector<float> xd(tokens * nb);
@@ -302,57 +312,42 @@ ciq_status ciq_cpu_gemm_q32_q8_0(int type, const void *weight, int64_t rows, int
         for (int j = 0; j < 32; ++j) xq[i * 32 + j] = (int8_t)std::nearbyint(v[j] * id);
         xd[i] = ciq_fp16_to_fp32(ciq_fp32_to_fp16(amax / 127.0f));
     }
-#pragma omp parallel
-    {
-        std::vector<int8_t> q(k);
-        std::vector<float> d(nb);
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; ++r) {
-            decode_q32_row(type, (const uint8_t *)weight + r * nb * block_bytes, nb, q.data(), d.data());
-            for (int64_t t = 0; t < tokens; ++t) {
-                float lane[8] = {};
-                for (int64_t b = 0; b < nb; ++b) {
-                    const int8_t *a = q.data() + b * 32, *v = xq.data() + (t * nb + b) * 32;
-                    const float dd = d[b] * xd[t * nb + b];
-                    for (int l = 0; l < 8; ++l) {
-                        const int32_t s = a[4 * l] * v[4 * l] + a[4 * l + 1] * v[4 * l + 1] + a[4 * l + 2] * v[4 * l + 2] +
-                                          a[4 * l + 3] * v[4 * l + 3];
-                        lane[l] = std::fma(dd, (float)s, lane[l]);
-                    }
+    for_each_q32_row(type, weight, rows, k, [&](int64_t r, const int8_t *q, const float *d) {
+        for (int64_t t = 0; t < tokens; ++t) {
+            float lane[8] = {};
+            for (int64_t b = 0; b < nb; ++b) {
+                const int8_t *a = q + b * 32, *v = xq.data() + (t * nb + b) * 32;
+                const float dd = d[b] * xd[t * nb + b];
+                for (int l = 0; l < 8; ++l) {
+                    const int32_t s = a[4 * l] * v[4 * l] + a[4 * l + 1] * v[4 * l + 1] + a[4 * l + 2] * v[4 * l + 2] +
+                                      a[4 * l + 3] * v[4 * l + 3];
+                    lane[l] = std::fma(dd, (float)s, lane[l]);
                 }
-                out[t * rows + r] = ((lane[4] + lane[0]) + (lane[6] + lane[2])) + ((lane[5] + lane[1]) + (lane[7] + lane[3]));
             }
+            out[t * rows + r] = ((lane[4] + lane[0]) + (lane[6] + lane[2])) + ((lane[5] + lane[1]) + (lane[7] + lane[3]));
         }
-    }
+    });
     return CIQ_OK;
 }
 
 // ciq_gemm_q32 on the host: the GPU kernel's formula (cuda/gemm_q32.cu) on the host's q8_1-mmq bytes.
 ciq_status ciq_cpu_gemm_q32(int type, const void *weight, int64_t rows, int64_t k, const void *x_q8_1_mmq,
                             int64_t tokens, float *out) {
-    const int block_bytes = ciq_block_bytes(type);
     const int64_t nb = k / 32;
     const block_q8_1_mmq *xq = (const block_q8_1_mmq *)x_q8_1_mmq;
-#pragma omp parallel
-    {
-        std::vector<int8_t> q(k);
-        std::vector<float> d(nb);
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; ++r) {
-            decode_q32_row(type, (const uint8_t *)weight + r * nb * block_bytes, nb, q.data(), d.data());
-            for (int64_t t = 0; t < tokens; ++t) {
-                float acc = 0.0f;
-                for (int64_t b = 0; b < nb; ++b) {
-                    const block_q8_1_mmq &xb = xq[(b / 4) * tokens + t];
-                    int isum = 0;
-                    for (int j = 0; j < 32; ++j) isum += (int)q[b * 32 + j] * (int)xb.qs[(b % 4) * 32 + j];
-                    const uint32_t scale = xb.scales[b % 4];
-                    const float d8 = type == 2 ? ciq_fp16_to_fp32((uint16_t)(scale & 0xFFFF)) : ciq_bits_to_float(scale);
-                    acc = std::fma((float)isum * d[b], d8, acc);
-                }
-                out[t * rows + r] = acc;
+    for_each_q32_row(type, weight, rows, k, [&](int64_t r, const int8_t *q, const float *d) {
+        for (int64_t t = 0; t < tokens; ++t) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; ++b) {
+                const block_q8_1_mmq &xb = xq[(b / 4) * tokens + t];
+                int isum = 0;
+                for (int j = 0; j < 32; ++j) isum += (int)q[b * 32 + j] * (int)xb.qs[(b % 4) * 32 + j];
+                const uint32_t scale = xb.scales[b % 4];
+                const float d8 = type == 2 ? ciq_fp16_to_fp32((uint16_t)(scale & 0xFFFF)) : ciq_bits_to_float(scale);
+                acc = std::fma((float)isum * d[b], d8, acc);
             }
+            out[t * rows + r] = acc;
         }
-    }
+    });
     return CIQ_OK;
 }
