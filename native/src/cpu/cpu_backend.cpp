@@ -24,10 +24,10 @@ ciq_status ciq_cpu_gemm_avxvnni(ciq_semantics, ciq_weight_type, const void *, in
 const char *ciq_cpu_features(void) {
     const char *best = "scalar";
 #ifdef GGML_CIQ_X86
-    if (__builtin_cpu_supports("avx2")) best = "avx2";
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = "avx2";
 #endif
 #ifdef GGML_CIQ_AVXVNNI
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("avxvnni")) best = "avxvnni";
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("avxvnni")) best = "avxvnni";
 #endif
     const char *wanted = std::getenv("GGML_CIQ_CPU_ISA");
     if (wanted == nullptr) return best;

@@ -122,32 +122,45 @@ static float hsum8(const float *l) { return ((l[4] + l[0]) + (l[6] + l[2])) + ((
 // masked keys at -inf, ggml_vec_soft_max_f32 (ggml_expf per key, hsum8 per 8 keys summed in double, then
 // * (float)(1/sum)); KQV = V^T p16 through the same tinyBLAS (p rounded to f16; lanes over keys 8l+e). Keys run
 // from 0 in chunks of 8; the keys llama.cpp pads its K/V view with add exact zeros.
+__attribute__((target_clones("fma", "default")))  // fused multiply-adds in hardware where there are any
 ciq_status ciq_cpu_attention_ggml(const float *q, const uint16_t *k_cache, const uint16_t *v_cache, int64_t tokens,
                                   int64_t heads, int64_t heads_kv, int64_t head_dim, int64_t n_past, float scale,
                                   int64_t window, float *out) {
     if (head_dim % 8) return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention (ggml): head_dim %lld is not a multiple of 8", (long long)head_dim);
     const int64_t group = heads / heads_kv, row = heads_kv * head_dim, n_kv = n_past + tokens, n_pad = (n_kv + 7) / 8 * 8;
+    // K [kv head][key][dim] and V^T [kv head][dim][key] as float, keys padded to a multiple of 8 with zeros. Keys no
+    // query of this call can see (before the first query's window) are zeros too: they are never read from the
+    // cache, and their weight is 0 for every query, so they add exactly +0 as in llama.cpp.
+    const int64_t first = window > 0 && n_past - window + 1 > 0 ? n_past - window + 1 : 0;
+    std::vector<float> kf(heads_kv * n_pad * head_dim, 0.0f), vt(heads_kv * head_dim * n_pad, 0.0f);
+#pragma omp parallel for schedule(static)
+    for (int64_t p = first; p < n_kv; ++p) {
+        for (int64_t g = 0; g < heads_kv; ++g) {
+            for (int64_t d = 0; d < head_dim; ++d) {
+                kf[(g * n_pad + p) * head_dim + d] = ciq_fp16_to_fp32(k_cache[p * row + g * head_dim + d]);
+                vt[(g * head_dim + d) * n_pad + p] = ciq_fp16_to_fp32(v_cache[p * row + g * head_dim + d]);
+            }
+        }
+    }
 #pragma omp parallel
     {
-        std::vector<float> qh(head_dim), w(n_pad);
-        std::vector<uint16_t> p16(n_pad);
+        std::vector<float> qh(head_dim), w(n_pad), p16(n_pad);
 #pragma omp for schedule(dynamic, 1) collapse(2)
         for (int64_t t = 0; t < tokens; ++t) {
             for (int64_t h = 0; h < heads; ++h) {
-                const int64_t pos = n_past + t, kv_offset = (h / group) * head_dim;
-                const float *qr = q + (t * heads + h) * head_dim;
+                const int64_t pos = n_past + t, g = h / group;
+                const float *qr = q + (t * heads + h) * head_dim, *kg = kf.data() + g * n_pad * head_dim;
                 for (int64_t e = 0; e < head_dim; ++e) qh[e] = ciq_fp16_to_fp32(ciq_fp32_to_fp16(qr[e]));
                 float max = -INFINITY;
                 for (int64_t p = 0; p < n_pad; ++p) {
-                    const bool visible = p <= pos && (window == 0 || pos - p < window);
-                    if (!visible) {
+                    if (p > pos || (window > 0 && pos - p >= window)) {
                         w[p] = -INFINITY;
                         continue;
                     }
-                    const uint16_t *kr = k_cache + p * row + kv_offset;
+                    const float *kr = kg + p * head_dim;
                     float lane[8] = {};
                     for (int64_t d = 0; d < head_dim; d += 8) {
-                        for (int e = 0; e < 8; ++e) lane[e] = std::fma(ciq_fp16_to_fp32(kr[d + e]), qh[d + e], lane[e]);
+                        for (int e = 0; e < 8; ++e) lane[e] = std::fma(kr[d + e], qh[d + e], lane[e]);
                     }
                     w[p] = hsum8(lane) * scale;
                     max = std::fmax(max, w[p]);
@@ -158,18 +171,13 @@ ciq_status ciq_cpu_attention_ggml(const float *q, const uint16_t *k_cache, const
                     sum += (double)hsum8(&w[p]);
                 }
                 const float inv = (float)(1.0 / sum);
-                for (int64_t p = 0; p < n_pad; ++p) p16[p] = ciq_fp32_to_fp16(w[p] * inv);
+                for (int64_t p = 0; p < n_pad; ++p) p16[p] = ciq_fp16_to_fp32(ciq_fp32_to_fp16(w[p] * inv));
                 float *o = out + t * heads * head_dim + h * head_dim;
                 for (int64_t d = 0; d < head_dim; ++d) {
+                    const float *vr = vt.data() + (g * head_dim + d) * n_pad;
                     float lane[8] = {};
                     for (int64_t p = 0; p < n_pad; p += 8) {
-                        for (int e = 0; e < 8; ++e) {
-                            // a zero weight (masked keys, the padding) adds exactly +0 against a finite row: skipped,
-                            // so rows outside the visible range are never read
-                            if (p16[p + e] == 0) continue;
-                            lane[e] = std::fma(ciq_fp16_to_fp32(v_cache[(p + e) * row + kv_offset + d]),
-                                               ciq_fp16_to_fp32(p16[p + e]), lane[e]);
-                        }
+                        for (int e = 0; e < 8; ++e) lane[e] = std::fma(vr[p + e], p16[p + e], lane[e]);
                     }
                     o[d] = hsum8(lane);
                 }
@@ -298,6 +306,7 @@ template <class Dot> static void for_each_q32_row(int type, const void *weight, 
 
 // ciq_gemm_q32 in cpu semantics (ggml_ciq.h): q8_0 activations as ggml's AVX2 quantize_row_q8_0 (d = fp16(amax/127),
 // q = round-half-even(x * (127/amax))), tinyBLAS_Q0_AVX's eight lanes per block and its final sum.
+__attribute__((target_clones("fma", "default")))
 ciq_status ciq_cpu_gemm_q32_q8_0(int type, const void *weight, int64_t rows, int64_t k, const float *x,
                                  int64_t tokens, float *out) {
     const int64_t nb = k / 32;
