@@ -12,6 +12,9 @@
 #include "fp16.h"
 
 #include <cmath>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <vector>
 
 // Below this many values an op runs on the calling thread: waking the OpenMP team costs more than the work.
@@ -122,7 +125,7 @@ static float hsum8(const float *l) { return ((l[4] + l[0]) + (l[6] + l[2])) + ((
 // masked keys at -inf, ggml_vec_soft_max_f32 (ggml_expf per key, hsum8 per 8 keys summed in double, then
 // * (float)(1/sum)); KQV = V^T p16 through the same tinyBLAS (p rounded to f16; lanes over keys 8l+e). Keys run
 // from 0 in chunks of 8; the keys llama.cpp pads its K/V view with add exact zeros.
-__attribute__((target_clones("fma", "default")))  // fused multiply-adds in hardware where there are any
+__attribute__((target_clones("arch=haswell", "default")))  // AVX2 and hardware fma where the CPU has them
 ciq_status ciq_cpu_attention_ggml(const float *q, const uint16_t *k_cache, const uint16_t *v_cache, int64_t tokens,
                                   int64_t heads, int64_t heads_kv, int64_t head_dim, int64_t n_past, float scale,
                                   int64_t window, float *out) {
@@ -306,7 +309,27 @@ template <class Dot> static void for_each_q32_row(int type, const void *weight, 
 
 // ciq_gemm_q32 in cpu semantics (ggml_ciq.h): q8_0 activations as ggml's AVX2 quantize_row_q8_0 (d = fp16(amax/127),
 // q = round-half-even(x * (127/amax))), tinyBLAS_Q0_AVX's eight lanes per block and its final sum.
-__attribute__((target_clones("fma", "default")))
+#if defined(__x86_64__)
+// One weight row against every token, tinyBLAS_Q0_AVX's own instructions: lanes = madd(1, maddubs(|a|, sign(v, a))).
+__attribute__((target("avx2,fma"))) static void q32_row_avx2(const int8_t *q, const float *d, int64_t nb,
+                                                             const int8_t *xq, const float *xd, int64_t tokens,
+                                                             int64_t rows, int64_t r, float *out) {
+    for (int64_t t = 0; t < tokens; ++t) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; ++b) {
+            const __m256i a = _mm256_loadu_si256((const __m256i *)(q + b * 32));
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(xq + (t * nb + b) * 32));
+            const __m256i lanes = _mm256_madd_epi16(_mm256_set1_epi16(1),
+                                                    _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(v, a)));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d[b] * xd[t * nb + b]), _mm256_cvtepi32_ps(lanes), acc);
+        }
+        float lane[8];
+        _mm256_storeu_ps(lane, acc);
+        out[t * rows + r] = hsum8(lane);
+    }
+}
+#endif
+
 ciq_status ciq_cpu_gemm_q32_q8_0(int type, const void *weight, int64_t rows, int64_t k, const float *x,
                                  int64_t tokens, float *out) {
     const int64_t nb = k / 32;
@@ -321,7 +344,15 @@ ciq_status ciq_cpu_gemm_q32_q8_0(int type, const void *weight, int64_t rows, int
         for (int j = 0; j < 32; ++j) xq[i * 32 + j] = (int8_t)std::nearbyint(v[j] * id);
         xd[i] = ciq_fp16_to_fp32(ciq_fp32_to_fp16(amax / 127.0f));
     }
+#if defined(__x86_64__)
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    const bool avx2 = false;
+#endif
     for_each_q32_row(type, weight, rows, k, [&](int64_t r, const int8_t *q, const float *d) {
+#if defined(__x86_64__)
+        if (avx2) return q32_row_avx2(q, d, nb, xq.data(), xd.data(), tokens, rows, r, out);
+#endif
         for (int64_t t = 0; t < tokens; ++t) {
             float lane[8] = {};
             for (int64_t b = 0; b < nb; ++b) {
