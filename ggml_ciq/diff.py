@@ -248,15 +248,12 @@ def _f64_product(tensor: Tensor, x: np.ndarray, chunk_rows: int = 8192) -> np.nd
     return out
 
 
-Q32_TYPES = (quants.Q4_0, quants.Q5_0, quants.Q8_0)
-
-
 def captured_tensor_diffs(model: ModelFile, capture, reference: str, bar: float, progress=None) \
         -> list[CapturedTensorDiff]:
     """Every captured weight mul_mat, in llama.cpp's graph order, through our kernel of llama.cpp's semantics on
     exactly llama.cpp's input, against llama.cpp's output. Q4_K/Q6_K: CPU variant cpu, CUDA mma; Q4_0/Q5_0/Q8_0:
-    ciq_gemm_q32, CPU semantics on the CPU (q8_0 activations), MMQ on CUDA (K a multiple of 128). These are judged against
-    the bar; other types are listed with a float64 product."""
+    ciq_gemm_q32, cpu semantics on the CPU (q8_0 activations), mmq on CUDA (K a multiple of 128). These are judged
+    against the bar; other types are listed with a float64 product."""
     semantics = REFERENCE_SEMANTICS[reference]
     device, variant = ("cpu", "cpu") if reference == "llamacpp-cpu" else ("cuda", "mma")
     diffs = []
@@ -270,7 +267,7 @@ def captured_tensor_diffs(model: ModelFile, capture, reference: str, bar: float,
             if native.dispatch_counts()[(variant, tensor.type_name)] != 1:
                 raise InvalidArgumentError(f"{name}: dispatch counters do not show one {variant} launch")
             kernel = variant
-        elif tensor.ggml_type in Q32_TYPES and (device == "cpu" or tensor.k % 128 == 0):
+        elif tensor.ggml_type in quants.Q32_TYPES and (device == "cpu" or tensor.k % 128 == 0):
             native.dispatch_reset()
             ours = native.gemm_q32(tensor.raw(), x, tensor.ggml_type, tensor.rows, tensor.k, device,
                                    semantics="cpu" if device == "cpu" else "mmq")

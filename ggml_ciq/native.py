@@ -172,7 +172,7 @@ def q32_dispatch_counts() -> dict[tuple[str, str], int]:
     out = n.ffi.new("uint64_t *")
     counts = {}
     for device, name in ((-1, "cpu"), (0, "cuda")):
-        for t in (quants.Q4_0, quants.Q5_0, quants.Q8_0):
+        for t in quants.Q32_TYPES:
             n.check(n.lib.ciq_q32_dispatch_count(device, t, out))
             counts[(name, quants.type_name(t))] = int(out[0])
     return counts
@@ -339,12 +339,12 @@ def gemm_q32(data, x: np.ndarray, ggml_type: int, rows: int, k: int, device="cpu
              semantics: str = "mmq") -> np.ndarray:
     """out[tokens, rows] = x @ W^T for Q4_0/Q5_0/Q8_0 bytes (ciq_gemm_q32): semantics "mmq" (llama.cpp CUDA MMQ's,
     host or GPU) or "cpu" (llama.cpp x86 CPU's, host only)."""
-    if ggml_type not in (quants.Q4_0, quants.Q5_0, quants.Q8_0):
+    if ggml_type not in quants.Q32_TYPES:
         raise UnsupportedTypeError(f"gemm_q32: {quants.type_name(ggml_type)} is not Q4_0, Q5_0 or Q8_0")
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2 or x.shape[1] != k:
         raise ShapeError(f"activations must be [tokens, {k}], got shape {x.shape}")
-    raw = np.ascontiguousarray(np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data.view(np.uint8))
+    raw = np.ascontiguousarray(data.view(np.uint8) if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8))
     if raw.size != rows * quants.row_bytes(ggml_type, k):
         raise ShapeError(f"{quants.type_name(ggml_type)} [{rows} x {k}] needs {rows * quants.row_bytes(ggml_type, k)} "
                          f"bytes, got {raw.size}")

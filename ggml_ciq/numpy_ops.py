@@ -27,7 +27,6 @@ from . import native, quants
 from .errors import ShapeError, UnsupportedTypeError
 from .model import Tensor
 
-Q32_TYPES = (quants.Q4_0, quants.Q5_0, quants.Q8_0)  # 32-value blocks: q8_0 activations, integer dot products
 
 
 def _gelu_table() -> np.ndarray:
@@ -90,7 +89,7 @@ class NumpyWeight:
             self.kind = "keep-quant"
             self.problem = native.GemmProblem.upload(tensor.ggml_type, tensor.raw(), tensor.rows, tensor.k, "cpu")
             self.nbytes = tensor.raw().nbytes
-        elif tensor.ggml_type in Q32_TYPES:
+        elif tensor.ggml_type in quants.Q32_TYPES:
             self.kind = "q32"
             self.raw = np.ascontiguousarray(tensor.raw())
             self.nbytes = self.raw.nbytes

@@ -22,7 +22,6 @@ DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int32))
 GET_ROWS_TYPES = (quants.F32, quants.F16, quants.BF16, quants.Q4_0, quants.Q5_0, quants.Q8_0, quants.Q4_K,
                   quants.Q5_K, quants.Q6_K)
 ATTENTION_KERNELS = ("auto", "cpu", "simt", "mma", "ggml")  # ciq_attention_kernel
-Q32_TYPES = (quants.Q4_0, quants.Q5_0, quants.Q8_0)  # ciq_gemm_q32 on a GPU
 OP_CLASSES = ("keep-quant GEMM", "other GEMM", "attention", "rest")
 
 
@@ -360,7 +359,7 @@ class NativeOps:
             raise ShapeError(f"{tensor.name}: a weight must be 2-D, got shape {tensor.shape}")
         if tensor.is_keep_quant:
             return Weight(tensor.name, tensor.ggml_type, tensor.rows, tensor.k, "keep-quant", self._upload_raw(tensor))
-        if self.device >= 0 and tensor.ggml_type in Q32_TYPES and tensor.k % 128 == 0:
+        if self.device >= 0 and tensor.ggml_type in quants.Q32_TYPES and tensor.k % 128 == 0:
             return Weight(tensor.name, tensor.ggml_type, tensor.rows, tensor.k, "q32", self._raw(tensor))
         if tensor.ggml_type not in GET_ROWS_TYPES:
             raise UnsupportedTypeError(f"{tensor.name}: weight type {tensor.type_name} is not supported")

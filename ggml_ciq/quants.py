@@ -21,6 +21,7 @@ TYPE_NAMES = {F32: "F32", F16: "F16", Q4_0: "Q4_0", Q5_0: "Q5_0", Q8_0: "Q8_0", 
 BLOCK_LAYOUT = {F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q4_0: (32, 18), Q5_0: (32, 22), Q8_0: (32, 34),
                 Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210), Q8_K: (256, 292)}
 KEEP_QUANT_TYPES = (Q4_K, Q6_K)
+Q32_TYPES = (Q4_0, Q5_0, Q8_0)  # 32-value blocks: int8 values and one fp16 scale per block (ciq_gemm_q32)
 
 Q8_K_DTYPE = np.dtype([("d", "<f4"), ("qs", "i1", QK_K), ("bsums", "<i2", QK_K // 16)])
 Q8_1_MMQ_BYTES = 144

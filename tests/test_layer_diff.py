@@ -33,7 +33,7 @@ def test_every_keep_quant_tensor_on_captured_inputs(native_lib, model, captured)
     n = len(tokens)
     assert n >= 64
     tied = "output.weight" not in model.tensors  # token_embd is then also the output head's weight
-    q32 = {t.name for t in model.tensors.values() if t.ggml_type in (quants.Q4_0, quants.Q5_0, quants.Q8_0) and len(t.shape) == 2
+    q32 = {t.name for t in model.tensors.values() if t.ggml_type in quants.Q32_TYPES and len(t.shape) == 2
            and (t.name != "token_embd.weight" or tied)}
     expected = {t.name for t in model.weights() if t.name != "token_embd.weight" or tied} | q32
     diffs = captured_tensor_diffs(model, capture, "llamacpp-cpu", 1e-10)
@@ -118,7 +118,7 @@ def test_every_keep_quant_tensor_on_llamacpp_cuda_inputs(llama, native_lib, gemm
         with lm.context_for(len(tokens), eval_callback=True) as ctx:
             _, capture = ctx.capture(tokens)
     diffs = [d for d in captured_tensor_diffs(gemma_model, capture, "llamacpp-cuda", 1e-10) if d.judged]
-    q32 = {t.name for t in gemma_model.tensors.values() if t.ggml_type in (quants.Q4_0, quants.Q5_0, quants.Q8_0)
+    q32 = {t.name for t in gemma_model.tensors.values() if t.ggml_type in quants.Q32_TYPES
            and len(t.shape) == 2}  # token_embd is the tied output head
     assert {d.name for d in diffs} == {t.name for t in gemma_model.weights()} | q32
     print(f"worst vs llama.cpp CUDA NMSE {max(d.nmse for d in diffs):.2e} over {len(diffs)} tensors")

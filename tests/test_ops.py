@@ -217,7 +217,7 @@ def random_table(rng, ggml_type: int, rows: int, k: int) -> np.ndarray:
         return (rng.standard_normal((rows, k)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(-1)
     blocks = rng.integers(0, 256, (rows * k // values, nbytes), dtype=np.uint8)
     scale = lambda n: rng.uniform(-0.1, 0.1, n).astype(np.float16).view(np.uint8).reshape(n, 2)  # noqa: E731
-    if ggml_type in (Q.Q4_0, Q.Q5_0, Q.Q8_0):
+    if ggml_type in Q.Q32_TYPES:
         blocks[:, 0:2] = scale(len(blocks))
     elif ggml_type in (Q.Q4_K, Q.Q5_K):
         blocks[:, 0:2], blocks[:, 2:4] = scale(len(blocks)), scale(len(blocks))
@@ -353,10 +353,7 @@ def test_attention_bad_input(native_lib, rng):
 
 # ---- GEMMs, arrays, memory, timing -------------------------------------------------------------------------------
 
-Q32_TYPES = [Q.Q4_0, Q.Q5_0, Q.Q8_0]
-
-
-@pytest.mark.parametrize("ggml_type", Q32_TYPES, ids=[Q.type_name(t) for t in Q32_TYPES])
+@pytest.mark.parametrize("ggml_type", Q.Q32_TYPES, ids=[Q.type_name(t) for t in Q.Q32_TYPES])
 @pytest.mark.parametrize("rows, k, tokens", [(1013, 640, 1), (77, 384, 17), (64, 128, 131)])
 def test_gemm_q32(ops, rng, ggml_type, rows, k, tokens):
     """ciq_gemm_q32 (llama.cpp CUDA MMQ's semantics for 32-value blocks) against the float64 reference on the
@@ -422,7 +419,7 @@ def test_linear_dense(ops, rng, ggml_type):
     w = Q.dequantize(ggml_type, raw, rows, k)
     if ops.device < 0:
         assert np.array_equal(out, x @ w.T)  # float32 numpy matmul on the dequantized weight
-    elif ggml_type in Q32_TYPES:  # on a GPU: ciq_gemm_q32, llama.cpp CUDA MMQ's semantics
+    elif ggml_type in Q.Q32_TYPES:  # on a GPU: ciq_gemm_q32, llama.cpp CUDA MMQ's semantics
         assert np.array_equal(out, native.gemm_q32(raw, x, ggml_type, rows, k, ops.device))
     else:
         as_bf16 = lambda a: (bf16_bits(a).astype(np.uint32) << 16).view(np.float32).astype(np.float64)  # noqa: E731

@@ -68,9 +68,6 @@ case "${1:-}" in
       compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_case.py "$@" > "$OUT/sanitizer-$tool.txt" 2>&1
       echo "$tool exit=$? $(tail -n 1 "$OUT/sanitizer-$tool.txt")"
     done ;;
-  synth)  # write the synthetic Llama-3-8B in the background (setsid: it outlives this call)
-    setsid bash -c 'python3 -c "from ggml_ciq import catalog; print(catalog.resolve_model(\"llama3-8b-synthetic\"))" \
-      > /tmp/synth.log 2>&1' < /dev/null & ;;
   wait) while [ -f /tmp/llama.building ]; do sleep 5; done; tail -n 2 /tmp/llama-build.log; ls /tmp/llama/llama_cpp/lib ;;
   py) shift; python3 "$@" ;;
   all)

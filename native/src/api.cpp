@@ -778,16 +778,15 @@ ciq_status ciq_gemm_q32(int device, ciq_semantics semantics, int ggml_type, cons
                         (long long)unit, (long long)k);
     }
     CIQ_TRY(check_device(device));
-    if (semantics == CIQ_SEMANTICS_CPU) {
-        if (device != CIQ_DEVICE_CPU) return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_gemm_q32: cpu semantics run on the host only");
-        CIQ_TRY(ciq_cpu_gemm_q32_q8_0(ggml_type, weight, rows, k, x, tokens, out));
-        g_dispatch_q32[0][q32_index(ggml_type)].fetch_add(1, std::memory_order_relaxed);
-        return CIQ_OK;
+    if (semantics == CIQ_SEMANTICS_CPU && device != CIQ_DEVICE_CPU) {
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_gemm_q32: cpu semantics run on the host only");
     }
     const bool ds4 = ggml_type == 2;  // MMQ's layout for Q4_0; D4 for Q5_0 and Q8_0
     const size_t nbytes = ciq_q8_1_mmq_size(tokens, k);
     ciq_status status;
-    if (device == CIQ_DEVICE_CPU) {
+    if (semantics == CIQ_SEMANTICS_CPU) {
+        status = ciq_cpu_gemm_q32_q8_0(ggml_type, weight, rows, k, x, tokens, out);
+    } else if (device == CIQ_DEVICE_CPU) {
         std::string scratch(nbytes, '\0');
         CIQ_TRY(ciq_cpu_quantize_q8_1_mmq(ds4, x, &scratch[0], tokens, k));
         status = ciq_cpu_gemm_q32(ggml_type, weight, rows, k, scratch.data(), tokens, out);
