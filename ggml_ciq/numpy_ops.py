@@ -8,7 +8,7 @@ captured from llama.cpp's own forward pass of Gemma 3 270M:
   the matrix (repacked Q4_K GEMM, tiled K-quant matmul, vec_dot; docs/SEMANTICS.md).
 - Attention without flash attention over the f16 K/V cache: libggml_ciq's host kernel "ggml" (q and the softmax
   weights rounded to f16, llamafile's f16 GEMM lanes, ggml's SIMD expf and softmax sum).
-- GELU: ggml's fp16 table, built as ggml builds it (float32, `1 + a*x*x` fused, correctly rounded tanhf).
+- GELU: ggml's fp16 table, built as ggml builds it (float32, `1 + a*x*x` fused, tanh rounded to float32).
 With llama.cpp's GEMM outputs substituted, every other op reproduces its hidden states bit for bit (NOTES.md); the
 GEMMs follow its float order, so prompts of >= 8 tokens per micro-batch reproduce its logits exactly on an x86 AVX2
 build (1-token micro-batches take other llama.cpp kernels: rounding-level apart).
@@ -31,7 +31,8 @@ from .model import Tensor
 
 def _gelu_table() -> np.ndarray:
     """ggml_table_gelu_f16 as float32: gelu of every fp16 value, computed as ggml's x86 build does (float32,
-    1 + GELU_COEF_A*x*x contracted to an fma, glibc's correctly rounded tanhf), rounded to fp16."""
+    1 + GELU_COEF_A*x*x contracted to an fma, tanh rounded to float32: glibc 2.36's tanhf is an ulp off on
+    some arguments, none of which changes an fp16 entry), rounded to fp16."""
     x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
     with np.errstate(all="ignore"):
         inner = ((np.float32(0.044715) * x).astype(np.float64) * x + 1.0).astype(np.float32)
