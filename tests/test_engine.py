@@ -171,10 +171,14 @@ def test_gemma3_issue_bar(llama, native_lib, gemma_run):
 
 @pytest.mark.parametrize("ggml_type", [Q.Q4_0, Q.Q5_0, Q.Q8_0])
 @pytest.mark.parametrize("tokens", [1, 17])
-def test_q32_gemm_matches_llamacpp(llama, ggml_type, tokens, rng):
+@pytest.mark.parametrize("isa", ["best", "scalar"])
+def test_q32_gemm_matches_llamacpp(llama, ggml_type, tokens, isa, rng, monkeypatch):
     """32-block weights in cpu semantics (ciq_gemm_q32: q8_0 activations, tinyBLAS's float order) against llama.cpp
-    CPU's mul_mat (rows 1000: a tail), bit for bit: tinyBLAS from 2 tokens, vec_dot_*_q8_0 (the same lanes and sum)
-    for 1."""
+    CPU's mul_mat (rows 1000: a tail of the 32-row chunk), bit for bit: tinyBLAS from 2 tokens, vec_dot_*_q8_0 (the
+    same lanes and sum) for 1; on the host's AVX2 path (17 tokens: a 16-token tile, four at a time, and a tail) and
+    on its scalar one."""
+    if isa == "scalar":
+        monkeypatch.setenv("GGML_CIQ_CPU_ISA", "scalar")
     rows, k = 1000, 640
     w = rng.standard_normal((rows, k)).astype(np.float32) * 0.02
     raw = llama.quantize_chunk(ggml_type, w)

@@ -340,6 +340,21 @@ def test_attention(attention_ops, rng, tokens, heads_kv, group, head_dim, n_past
         assert nmse(out, attention_ref(q, k, v, n_past, scale, window)) <= 1e-10
 
 
+def test_attention_ggml_same_values_on_every_isa(native_lib, rng, monkeypatch):
+    """The ggml kernel's AVX2 dot products and its scalar ones are the same eight fma lanes: bit-identical outputs
+    (windows, n_past, head_dim 96 and 256 included)."""
+    if native.build_info()["cpu_isa"] == "scalar":
+        pytest.skip("no AVX2 path on this CPU")
+    for tokens, heads_kv, group, head_dim, n_past, window in ATTENTION_CASES:
+        q, k, v = _attention_inputs(rng, tokens, heads_kv, group, head_dim, n_past)
+        ops = PoisonedOps("cpu", attention_kernel="ggml")
+        fast = ops.attention(ops.asarray(q), ops.asarray(k), ops.asarray(v), n_past, 0.125, window).numpy()
+        monkeypatch.setenv("GGML_CIQ_CPU_ISA", "scalar")
+        slow = ops.attention(ops.asarray(q), ops.asarray(k), ops.asarray(v), n_past, 0.125, window).numpy()
+        monkeypatch.delenv("GGML_CIQ_CPU_ISA")
+        assert np.array_equal(fast, slow), (tokens, heads_kv, group, head_dim, n_past, window)
+
+
 def test_attention_auto_is_mma_on_gpu(native_lib):
     _gpu_or_skip()
     ops = NativeOps("cuda")

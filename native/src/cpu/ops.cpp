@@ -11,7 +11,9 @@
 #include "../dequantize.h"
 #include "fp16.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -103,7 +105,7 @@ ciq_status ciq_cpu_attention(const float *q, const uint16_t *k_cache, const uint
 }
 
 // ggml_v_expf (ggml-cpu/vec.h, AVX2) for one value: its polynomial, fused steps and over/underflow path.
-static float ggml_expf(float x) {
+__attribute__((always_inline)) static inline float ggml_expf(float x) {
     const float r = 0x1.8p23f, z = std::fma(x, 0x1.715476p+0f, r), n = z - r;
     const float b = std::fma(-n, 0x1.7f7d1cp-20f, std::fma(-n, 0x1.62e4p-1f, x));
     const uint32_t e = ciq_float_to_bits(z) << 23;
@@ -120,17 +122,43 @@ static float ggml_expf(float x) {
 // The sum of eight lanes as ggml's AVX hsum: ((l4+l0)+(l6+l2)) + ((l5+l1)+(l7+l3)).
 static float hsum8(const float *l) { return ((l[4] + l[0]) + (l[6] + l[2])) + ((l[5] + l[1]) + (l[7] + l[3])); }
 
+// Eight fma lanes over a[i] * b[i], lane i % 8, then hsum8: the float order of the attention's two dot products.
+static float dot8(const float *a, const float *b, int64_t n) {
+    float lane[8] = {};
+    for (int64_t i = 0; i < n; i += 8) {
+        for (int e = 0; e < 8; ++e) lane[e] = std::fma(a[i + e], b[i + e], lane[e]);
+    }
+    return hsum8(lane);
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) static float dot8_avx2(const float *a, const float *b, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    float lane[8];
+    _mm256_storeu_ps(lane, acc);
+    return hsum8(lane);
+}
+#endif
+
 // llama.cpp x86 CPU attention without flash attention, for micro-batches of >= 2 tokens: KQ = K q16 through
 // llamafile's f16 tinyBLAS (q rounded to f16; eight fma lanes over dims 8l+e, hsum8); softmax of KQ*scale with
 // masked keys at -inf, ggml_vec_soft_max_f32 (ggml_expf per key, hsum8 per 8 keys summed in double, then
 // * (float)(1/sum)); KQV = V^T p16 through the same tinyBLAS (p rounded to f16; lanes over keys 8l+e). Keys run
-// from 0 in chunks of 8; the keys llama.cpp pads its K/V view with add exact zeros.
-__attribute__((target_clones("arch=haswell", "default")))  // AVX2 and hardware fma where the CPU has them
+// from 0 in chunks of 8; the keys llama.cpp pads its K/V view with add exact zeros, and so do the chunks a query
+// cannot see at all, which are skipped (lanes never hold -0, so + 0 changes nothing).
+// Cloned for CPUs with FMA (resolved by the CPU's features; an arch= clone would be picked by CPU model only, so
+// never on AMD): there std::fma and the inlined ggml_expf compile to vfmadd, elsewhere to libm's fmaf.
+__attribute__((target_clones("fma", "default")))
 ciq_status ciq_cpu_attention_ggml(const float *q, const uint16_t *k_cache, const uint16_t *v_cache, int64_t tokens,
                                   int64_t heads, int64_t heads_kv, int64_t head_dim, int64_t n_past, float scale,
                                   int64_t window, float *out) {
     if (head_dim % 8) return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention (ggml): head_dim %lld is not a multiple of 8", (long long)head_dim);
     const int64_t group = heads / heads_kv, row = heads_kv * head_dim, n_kv = n_past + tokens, n_pad = (n_kv + 7) / 8 * 8;
+    float (*dot)(const float *, const float *, int64_t) = dot8;  // the same values on every ISA
+#if defined(__x86_64__)
+    if (std::strcmp(ciq_cpu_features(), "scalar") != 0) dot = dot8_avx2;
+#endif
     // K [kv head][key][dim] and V^T [kv head][dim][key] as float, keys padded to a multiple of 8 with zeros. Keys no
     // query of this call can see (before the first query's window) are zeros too: they are never read from the
     // cache, and their weight is 0 for every query, so they add exactly +0 as in llama.cpp.
@@ -152,38 +180,29 @@ ciq_status ciq_cpu_attention_ggml(const float *q, const uint16_t *k_cache, const
         for (int64_t t = 0; t < tokens; ++t) {
             for (int64_t h = 0; h < heads; ++h) {
                 const int64_t pos = n_past + t, g = h / group;
+                // the chunks of 8 keys holding a key this query sees: [lo, hi)
+                const int64_t lo = window > 0 && pos - window + 1 > 0 ? (pos - window + 1) / 8 * 8 : 0,
+                              hi = (pos + 8) / 8 * 8;
                 const float *qr = q + (t * heads + h) * head_dim, *kg = kf.data() + g * n_pad * head_dim;
                 for (int64_t e = 0; e < head_dim; ++e) qh[e] = ciq_fp16_to_fp32(ciq_fp32_to_fp16(qr[e]));
                 float max = -INFINITY;
-                for (int64_t p = 0; p < n_pad; ++p) {
+                for (int64_t p = lo; p < hi; ++p) {
                     if (p > pos || (window > 0 && pos - p >= window)) {
                         w[p] = -INFINITY;
                         continue;
                     }
-                    const float *kr = kg + p * head_dim;
-                    float lane[8] = {};
-                    for (int64_t d = 0; d < head_dim; d += 8) {
-                        for (int e = 0; e < 8; ++e) lane[e] = std::fma(kr[d + e], qh[d + e], lane[e]);
-                    }
-                    w[p] = hsum8(lane) * scale;
+                    w[p] = dot(kg + p * head_dim, qh.data(), head_dim) * scale;
                     max = std::fmax(max, w[p]);
                 }
                 double sum = 0.0;
-                for (int64_t p = 0; p < n_pad; p += 8) {
+                for (int64_t p = lo; p < hi; p += 8) {
                     for (int e = 0; e < 8; ++e) w[p + e] = ggml_expf(w[p + e] - max);
                     sum += (double)hsum8(&w[p]);
                 }
                 const float inv = (float)(1.0 / sum);
-                for (int64_t p = 0; p < n_pad; ++p) p16[p] = ciq_fp16_to_fp32(ciq_fp32_to_fp16(w[p] * inv));
+                for (int64_t p = lo; p < hi; ++p) p16[p] = ciq_fp16_to_fp32(ciq_fp32_to_fp16(w[p] * inv));
                 float *o = out + t * heads * head_dim + h * head_dim;
-                for (int64_t d = 0; d < head_dim; ++d) {
-                    const float *vr = vt.data() + (g * head_dim + d) * n_pad;
-                    float lane[8] = {};
-                    for (int64_t p = 0; p < n_pad; p += 8) {
-                        for (int e = 0; e < 8; ++e) lane[e] = std::fma(vr[p + e], p16[p + e], lane[e]);
-                    }
-                    o[d] = hsum8(lane);
-                }
+                for (int64_t d = 0; d < head_dim; ++d) o[d] = dot(vt.data() + (g * head_dim + d) * n_pad + lo, p16.data() + lo, hi - lo);
             }
         }
     }
@@ -275,20 +294,22 @@ ciq_status ciq_cpu_convert_bf16(const float *x, int64_t n, void *out) {
     return CIQ_OK;
 }
 
-// Every row of a Q4_0 / Q5_0 / Q8_0 matrix (in parallel) as MMQ's load_tiles and tinyBLAS see it: int8 values
-// (Q4_0 q-8, Q5_0 q-16, Q8_0 q) and the blocks' fp16 scales, handed to dot(row, q, d).
-template <class Dot> static void for_each_q32_row(int type, const void *weight, int64_t rows, int64_t k, Dot dot) {
+// A Q4_0 / Q5_0 / Q8_0 matrix as MMQ's load_tiles and tinyBLAS see it, in chunks of up to Q32_CHUNK rows (in
+// parallel): int8 values (Q4_0 q-8, Q5_0 q-16, Q8_0 q) and the blocks' fp16 scales, row-major within the chunk,
+// handed to dot(first row, rows, q, d).
+constexpr int64_t Q32_CHUNK = 32;
+template <class Dot> static void for_each_q32_chunk(int type, const void *weight, int64_t rows, int64_t k, Dot dot) {
     const int block_bytes = ciq_block_bytes(type);
     const int64_t nb = k / 32;
 #pragma omp parallel
     {
-        std::vector<int8_t> q(k);
-        std::vector<float> d(nb);
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; ++r) {
-            const uint8_t *row = (const uint8_t *)weight + r * nb * block_bytes;
-            for (int64_t b = 0; b < nb; ++b) {
-                const uint8_t *blk = row + b * block_bytes;
+        std::vector<int8_t> q(Q32_CHUNK * k);
+        std::vector<float> d(Q32_CHUNK * nb);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t r0 = 0; r0 < rows; r0 += Q32_CHUNK) {
+            const int64_t n = std::min(Q32_CHUNK, rows - r0);
+            for (int64_t b = 0; b < n * nb; ++b) {  // block b of the chunk: row b / nb, block b % nb
+                const uint8_t *blk = (const uint8_t *)weight + (r0 * nb + b) * block_bytes;
                 uint16_t dh;
                 std::memcpy(&dh, blk, 2);
                 d[b] = ciq_fp16_to_fp32(dh);
@@ -303,7 +324,7 @@ template <class Dot> static void for_each_q32_row(int type, const void *weight, 
                     }
                 }
             }
-            dot(r, q.data(), d.data());
+            dot(r0, n, q.data(), d.data());
         }
     }
 }
@@ -311,22 +332,70 @@ template <class Dot> static void for_each_q32_row(int type, const void *weight, 
 // ciq_gemm_q32 in cpu semantics (ggml_ciq.h): q8_0 activations as ggml's AVX2 quantize_row_q8_0 (d = fp16(amax/127),
 // q = round-half-even(x * (127/amax))), tinyBLAS_Q0_AVX's eight lanes per block and its final sum.
 #if defined(__x86_64__)
-// One weight row against every token, tinyBLAS_Q0_AVX's own instructions: lanes = madd(1, maddubs(|a|, sign(v, a))).
-__attribute__((target("avx2,fma"))) static void q32_row_avx2(const int8_t *q, const float *d, int64_t nb,
-                                                             const int8_t *xq, const float *xd, int64_t tokens,
-                                                             int64_t rows, int64_t r, float *out) {
-    for (int64_t t = 0; t < tokens; ++t) {
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nb; ++b) {
-            const __m256i a = _mm256_loadu_si256((const __m256i *)(q + b * 32));
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(xq + (t * nb + b) * 32));
-            const __m256i lanes = _mm256_madd_epi16(_mm256_set1_epi16(1),
-                                                    _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(v, a)));
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d[b] * xd[t * nb + b]), _mm256_cvtepi32_ps(lanes), acc);
+// A chunk of weight rows against every token, tinyBLAS_Q0_AVX's own instructions: lanes = madd(1, maddubs(|a|,
+// sign(v, a))). Tokens go in tiles of Q32_TOKENS (their q8_0 rows stay in L1 over the chunk's rows), four at a time
+// sharing a row's loads with four accumulation chains in flight; each token's lanes see the blocks in order.
+constexpr int64_t Q32_TOKENS = 16;
+// One block of 32 activations to q8_0 as ggml's AVX2 quantize_row_q8_0: the same values as the scalar loop
+// (max |x| in any order, x * (127 / amax) rounded half to even); returns d = fp16(amax / 127) as float.
+__attribute__((target("avx2,fma"))) static float quantize_q8_0_block_avx2(const float *v, int8_t *q) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 x[4], amax = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) {
+        x[j] = _mm256_loadu_ps(v + 8 * j);
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, x[j]));
+    }
+    float lane[8];
+    _mm256_storeu_ps(lane, amax);
+    float m = 0.0f;
+    for (float l : lane) m = std::max(m, l);
+    const __m256 id = _mm256_set1_ps(m != 0.0f ? 127.0f / m : 0.0f);
+    __m256i i32[4];
+    for (int j = 0; j < 4; ++j) i32[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(x[j], id), _MM_FROUND_TO_NEAREST_INT));
+    // pack to int8 in order: packs interleaves 128-bit halves, the permute puts them back
+    const __m256i i16a = _mm256_packs_epi32(i32[0], i32[1]), i16b = _mm256_packs_epi32(i32[2], i32[3]);
+    const __m256i i8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(i16a, i16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)q, i8);
+    return ciq_fp16_to_fp32(ciq_fp32_to_fp16(m / 127.0f));
+}
+
+__attribute__((target("avx2,fma"))) static __m256 q32_lanes_avx2(__m256i abs_a, __m256i a, const int8_t *v) {
+    const __m256i prod = _mm256_maddubs_epi16(abs_a, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)v), a));
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_set1_epi16(1), prod));
+}
+
+template <int N>
+__attribute__((target("avx2,fma"))) static void q32_tokens_avx2(const int8_t *q, const float *d, int64_t nb,
+                                                                const int8_t *xq, const float *xd, int64_t t,
+                                                                float *out, int64_t rows) {
+    __m256 acc[N];
+    for (int j = 0; j < N; ++j) acc[j] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        const __m256i a = _mm256_loadu_si256((const __m256i *)(q + b * 32)), abs_a = _mm256_sign_epi8(a, a);
+        for (int j = 0; j < N; ++j) {
+            const int64_t i = (t + j) * nb + b;
+            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d[b] * xd[i]), q32_lanes_avx2(abs_a, a, xq + i * 32), acc[j]);
         }
+    }
+    for (int j = 0; j < N; ++j) {
         float lane[8];
-        _mm256_storeu_ps(lane, acc);
-        out[t * rows + r] = hsum8(lane);
+        _mm256_storeu_ps(lane, acc[j]);
+        out[(t + j) * rows] = hsum8(lane);
+    }
+}
+
+__attribute__((target("avx2,fma"))) static void q32_chunk_avx2(const int8_t *q, const float *d, int64_t n, int64_t nb,
+                                                               const int8_t *xq, const float *xd, int64_t tokens,
+                                                               int64_t rows, int64_t r0, float *out) {
+    for (int64_t t0 = 0; t0 < tokens; t0 += Q32_TOKENS) {
+        const int64_t t1 = std::min(tokens, t0 + Q32_TOKENS);
+        for (int64_t r = 0; r < n; ++r) {
+            const int8_t *qr = q + r * nb * 32;
+            const float *dr = d + r * nb;
+            int64_t t = t0;
+            for (; t + 4 <= t1; t += 4) q32_tokens_avx2<4>(qr, dr, nb, xq, xd, t, out + r0 + r, rows);
+            for (; t < t1; ++t) q32_tokens_avx2<1>(qr, dr, nb, xq, xd, t, out + r0 + r, rows);
+        }
     }
 }
 #endif
@@ -336,36 +405,42 @@ ciq_status ciq_cpu_gemm_q32_q8_0(int type, const void *weight, int64_t rows, int
     const int64_t nb = k / 32;
     std::vector<int8_t> xq(tokens * k);
     std::vector<float> xd(tokens * nb);
+    const bool avx2 = std::strcmp(ciq_cpu_features(), "scalar") != 0;  // AVX2 and FMA (or GGML_CIQ_CPU_ISA=scalar)
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < tokens * nb; ++i) {
         const float *v = x + i * 32;
+#if defined(__x86_64__)
+        if (avx2) {
+            xd[i] = quantize_q8_0_block_avx2(v, xq.data() + i * 32);
+            continue;
+        }
+#endif
         float amax = 0.0f;
         for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(v[j]));
         const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
         for (int j = 0; j < 32; ++j) xq[i * 32 + j] = (int8_t)std::nearbyint(v[j] * id);
         xd[i] = ciq_fp16_to_fp32(ciq_fp32_to_fp16(amax / 127.0f));
     }
+    for_each_q32_chunk(type, weight, rows, k, [&](int64_t r0, int64_t n, const int8_t *qc, const float *dc) {
 #if defined(__x86_64__)
-    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-    const bool avx2 = false;
+        if (avx2) return q32_chunk_avx2(qc, dc, n, nb, xq.data(), xd.data(), tokens, rows, r0, out);
 #endif
-    for_each_q32_row(type, weight, rows, k, [&](int64_t r, const int8_t *q, const float *d) {
-#if defined(__x86_64__)
-        if (avx2) return q32_row_avx2(q, d, nb, xq.data(), xd.data(), tokens, rows, r, out);
-#endif
-        for (int64_t t = 0; t < tokens; ++t) {
-            float lane[8] = {};
-            for (int64_t b = 0; b < nb; ++b) {
-                const int8_t *a = q + b * 32, *v = xq.data() + (t * nb + b) * 32;
-                const float dd = d[b] * xd[t * nb + b];
-                for (int l = 0; l < 8; ++l) {
-                    const int32_t s = a[4 * l] * v[4 * l] + a[4 * l + 1] * v[4 * l + 1] + a[4 * l + 2] * v[4 * l + 2] +
-                                      a[4 * l + 3] * v[4 * l + 3];
-                    lane[l] = std::fma(dd, (float)s, lane[l]);
+        for (int64_t r = r0; r < r0 + n; ++r) {
+            const int8_t *q = qc + (r - r0) * k;
+            const float *d = dc + (r - r0) * nb;
+            for (int64_t t = 0; t < tokens; ++t) {
+                float lane[8] = {};
+                for (int64_t b = 0; b < nb; ++b) {
+                    const int8_t *a = q + b * 32, *v = xq.data() + (t * nb + b) * 32;
+                    const float dd = d[b] * xd[t * nb + b];
+                    for (int l = 0; l < 8; ++l) {
+                        const int32_t s = a[4 * l] * v[4 * l] + a[4 * l + 1] * v[4 * l + 1] + a[4 * l + 2] * v[4 * l + 2] +
+                                          a[4 * l + 3] * v[4 * l + 3];
+                        lane[l] = std::fma(dd, (float)s, lane[l]);
+                    }
                 }
+                out[t * rows + r] = hsum8(lane);
             }
-            out[t * rows + r] = ((lane[4] + lane[0]) + (lane[6] + lane[2])) + ((lane[5] + lane[1]) + (lane[7] + lane[3]));
         }
     });
     return CIQ_OK;
@@ -376,18 +451,22 @@ ciq_status ciq_cpu_gemm_q32(int type, const void *weight, int64_t rows, int64_t 
                             int64_t tokens, float *out) {
     const int64_t nb = k / 32;
     const block_q8_1_mmq *xq = (const block_q8_1_mmq *)x_q8_1_mmq;
-    for_each_q32_row(type, weight, rows, k, [&](int64_t r, const int8_t *q, const float *d) {
-        for (int64_t t = 0; t < tokens; ++t) {
-            float acc = 0.0f;
-            for (int64_t b = 0; b < nb; ++b) {
-                const block_q8_1_mmq &xb = xq[(b / 4) * tokens + t];
-                int isum = 0;
-                for (int j = 0; j < 32; ++j) isum += (int)q[b * 32 + j] * (int)xb.qs[(b % 4) * 32 + j];
-                const uint32_t scale = xb.scales[b % 4];
-                const float d8 = type == 2 ? ciq_fp16_to_fp32((uint16_t)(scale & 0xFFFF)) : ciq_bits_to_float(scale);
-                acc = std::fma((float)isum * d[b], d8, acc);
+    for_each_q32_chunk(type, weight, rows, k, [&](int64_t r0, int64_t n, const int8_t *qc, const float *dc) {
+        for (int64_t r = r0; r < r0 + n; ++r) {
+            const int8_t *q = qc + (r - r0) * k;
+            const float *d = dc + (r - r0) * nb;
+            for (int64_t t = 0; t < tokens; ++t) {
+                float acc = 0.0f;
+                for (int64_t b = 0; b < nb; ++b) {
+                    const block_q8_1_mmq &xb = xq[(b / 4) * tokens + t];
+                    int isum = 0;
+                    for (int j = 0; j < 32; ++j) isum += (int)q[b * 32 + j] * (int)xb.qs[(b % 4) * 32 + j];
+                    const uint32_t scale = xb.scales[b % 4];
+                    const float d8 = type == 2 ? ciq_fp16_to_fp32((uint16_t)(scale & 0xFFFF)) : ciq_bits_to_float(scale);
+                    acc = std::fma((float)isum * d[b], d8, acc);
+                }
+                out[t * rows + r] = acc;
             }
-            out[t * rows + r] = acc;
         }
     });
     return CIQ_OK;
