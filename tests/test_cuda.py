@@ -144,6 +144,20 @@ def test_wgmma_tiles_splits_and_tails(weight_type, wgmma, rng):
         assert Q.nmse(out, Q.gemm_f16_semantics(weight_type, data, rows, k, x)) <= 1e-10, (rows, k, tokens)
 
 
+@pytest.mark.parametrize("weight_type", [Q.Q4_K, Q.Q6_K])
+def test_wgmma_programmatic_launch_same_values(weight_type, wgmma, rng, monkeypatch):
+    """GGML_CIQ_WGMMA_PDL=1 (the GEMM launched while the activation conversion still runs, waiting on it): the same
+    bits as the ordinary launch, on a split-K shape, a multi-wave one and a tail."""
+    quantize = Q.quantize_q4_K if weight_type == Q.Q4_K else Q.quantize_q6_K
+    for rows, k, tokens in ((1024, 4096, 512), (4097, 2048, 131), (14336, 4096, 512)):
+        data = quantize((rng.standard_normal((rows, k)) * 0.02).astype(np.float32))
+        x = rng.standard_normal((tokens, k)).astype(np.float32)
+        monkeypatch.setenv("GGML_CIQ_WGMMA_PDL", "0")
+        plain = run_checked(data, x, "wgmma", ggml_type=weight_type, rows=rows, k=k)
+        monkeypatch.setenv("GGML_CIQ_WGMMA_PDL", "1")
+        assert np.array_equal(run_checked(data, x, "wgmma", ggml_type=weight_type, rows=rows, k=k), plain)
+
+
 def test_auto_picks_wgmma_on_hopper_for_prefill(wgmma):
     assert native.resolve_variant("auto", "cuda", "any", Q.Q4_K, 4096, 4096, 512) == "wgmma"
     assert native.resolve_variant("auto", "cuda", "any", Q.Q6_K, 4096, 4096, 4) == "mma"

@@ -75,6 +75,12 @@ static __device__ __forceinline__ uint32_t h2u(__half2 h) { return *(const uint3
 #ifdef CIQ_WGMMA_DEVICE
 static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
+// Programmatic dependent launch (launch_wgmma with GGML_CIQ_WGMMA_PDL=1): the kernel may start while the kernel
+// before it in the stream (the activation conversion) still runs; every thread waits for that grid's completion and
+// its memory before touching anything it wrote (x, the token scales) or writing output. Without the launch
+// attribute the wait returns at once.
+static __device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 static __device__ __forceinline__ void mbar_init(uint64_t *bar, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
 }
@@ -412,7 +418,8 @@ __global__ void __launch_bounds__(128 * (PW + 2), 1)
                             bar);
             };
             if (t == 0)
-                for (int sb = 0; sb < WSLOTS && sb < nsb; ++sb) issue(sb);
+                for (int sb = 0; sb < WSLOTS && sb < nsb; ++sb) issue(sb);  // weights: nothing before writes them
+            wait_for_previous_grid();
             for (int sb = 0; sb < nsb; ++sb) {
                 const uint8_t *wslot = wraw + (sb % WSLOTS) * CIQ_WGMMA_ROWS * WB + ((kb0 + sb) * block_bytes & 15);
                 const uint8_t *blk[R];
@@ -449,6 +456,7 @@ __global__ void __launch_bounds__(128 * (PW + 2), 1)
 #pragma unroll
             for (int c = 0; c < PREFETCH; ++c)
                 if (c < iters) load(raw[c], c);
+            wait_for_previous_grid();
             for (int it0 = 0; it0 < iters; it0 += 4) {  // one super-block: the stage index c is a constant
 #pragma unroll
                 for (int c = 0; c < 4; ++c) {
@@ -459,6 +467,7 @@ __global__ void __launch_bounds__(128 * (PW + 2), 1)
         }
         bar_sync_all();  // the ring is reused for the epilogue once every wgmma has retired
     } else {  // consumer warpgroups: rows 64 * cw .. +63 of the tile
+        wait_for_previous_grid();
         const int cw = threadIdx.x / 128 - PW, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
         float acc[BN / 2];
 #pragma unroll
@@ -547,6 +556,9 @@ static __device__ __forceinline__ float f16_up_scale(float amax, float *scale) {
 template <int NV>
 __global__ void __launch_bounds__(256) convert_f16_kernel(const float *__restrict__ x, int64_t k, __half *__restrict__ xh,
                                                           float *__restrict__ scales) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");  // the GEMM after it may start (it waits for this grid)
+#endif
     const int64_t tok = blockIdx.x;
     const float *xr = x + tok * k;
     __half *hr = xh + tok * k;
@@ -610,17 +622,31 @@ template <ciq_weight_type T, int C, bool TMA_W> static constexpr auto wgmma_kern
     return gemm_wgmma_kernel<T, cfg.bn, TMA_W ? cfg.stages_w : cfg.stages, cfg.producers, TMA_W>;
 }
 
+// GGML_CIQ_WGMMA_PDL=1: launched as a programmatic dependent of the kernel before it (wait_for_previous_grid); for
+// A/B runs until measured on the H200.
+static bool wgmma_pdl() {
+    const char *v = std::getenv("GGML_CIQ_WGMMA_PDL");
+    return v && std::atoi(v) == 1;
+}
+
 template <ciq_weight_type T, int C, bool TMA_W>
-static void wgmma_launch_config(cudaLaunchConfig_t &config, cudaLaunchAttribute &cluster, dim3 grid) {
+static void wgmma_launch_config(cudaLaunchConfig_t &config, cudaLaunchAttribute (&attrs)[2], dim3 grid) {
     constexpr wgmma_tile_config cfg = k_wgmma_configs[C];
     config = {};
     config.gridDim = grid;
     config.blockDim = dim3(128 * (cfg.producers + 2));
     config.dynamicSmemBytes = wgmma_smem_bytes(T, cfg.bn, TMA_W ? cfg.stages_w : cfg.stages, TMA_W);
-    cluster.id = cudaLaunchAttributeClusterDimension;  // the split-K CTAs of a tile form one cluster
-    cluster.val.clusterDim.x = 1, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = grid.z;
-    config.attrs = &cluster;
-    config.numAttrs = grid.z > 1 ? 1 : 0;
+    config.attrs = attrs;
+    if (grid.z > 1) {  // the split-K CTAs of a tile form one cluster
+        cudaLaunchAttribute &cluster = attrs[config.numAttrs++];
+        cluster.id = cudaLaunchAttributeClusterDimension;
+        cluster.val.clusterDim.x = 1, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = grid.z;
+    }
+    if (wgmma_pdl()) {
+        cudaLaunchAttribute &pdl = attrs[config.numAttrs++];
+        pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        pdl.val.programmaticStreamSerializationAllowed = 1;
+    }
 }
 
 // CTAs of one kernel that run at once as clusters of `splits` (-1: none): a cluster's CTAs must share a GPC, so not
@@ -633,8 +659,8 @@ template <ciq_weight_type T, int C, bool TMA_W> static int wave_ctas(int splits,
         constexpr auto kernel = wgmma_kernel<T, C, TMA_W>();
         int clusters = 0;
         cudaLaunchConfig_t config;
-        cudaLaunchAttribute cluster;
-        wgmma_launch_config<T, C, TMA_W>(config, cluster, dim3(1, 1, splits));
+        cudaLaunchAttribute attrs[2];
+        wgmma_launch_config<T, C, TMA_W>(config, attrs, dim3(1, 1, splits));
         if (ciq_raise_smem_limit<kernel>((int)config.dynamicSmemBytes, "ciq_cuda_gemm_wgmma") != CIQ_OK ||
             cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess)
             clusters = 0;
@@ -682,9 +708,9 @@ static ciq_status launch_wgmma(const CUtensorMap &xmap, const CUtensorMap &wmap,
                                ciq_out_type out_type) {
     constexpr auto kernel = wgmma_kernel<T, C, TMA_W>();
     cudaLaunchConfig_t config;
-    cudaLaunchAttribute cluster;
+    cudaLaunchAttribute attrs[2];
     wgmma_launch_config<T, C, TMA_W>(
-        config, cluster,
+        config, attrs,
         dim3((unsigned)((rows + CIQ_WGMMA_ROWS - 1) / CIQ_WGMMA_ROWS),
              (unsigned)((tokens + k_wgmma_configs[C].bn - 1) / k_wgmma_configs[C].bn), (unsigned)plan.splits));
     const ciq_status status = ciq_raise_smem_limit<kernel>((int)config.dynamicSmemBytes, "ciq_cuda_gemm_wgmma");
