@@ -279,7 +279,7 @@ class Transformer:
         start_time = time.perf_counter()
         self._ensure_cache(n)
         layer_outputs = [[] for _ in self.layers] if hidden_states is not None else None
-        logits = []
+        out = None  # float32 [tokens or 1, vocab], filled micro-batch by micro-batch
         for start in range(0, n, self.n_ubatch):
             ids = tokens[start:start + self.n_ubatch]
             x = ops.get_rows(self.token_embd, ids)
@@ -292,11 +292,14 @@ class Transformer:
                     layer_outputs[il].append(ops.numpy(x).astype(np.float32))
             if all_logits or start + len(ids) == n:
                 rows = x if all_logits else _rows(x, len(ids) - 1, len(ids))
-                logits.append(ops.numpy(self._linear(self.output, ops.rms_norm(rows, self.output_norm, hp.rms_eps))))
+                logits = ops.numpy(self._linear(self.output, ops.rms_norm(rows, self.output_norm, hp.rms_eps)))
+                if out is None:
+                    out = np.empty((n if all_logits else 1, logits.shape[-1]), np.float32)
+                first = start if all_logits else 0
+                out[first:first + len(logits)] = logits
         self.n_past = n
         if layer_outputs is not None:
             hidden_states.extend(np.concatenate(parts) for parts in layer_outputs)
-        out = np.concatenate(logits).astype(np.float32, copy=False)
         total = time.perf_counter() - start_time
         ops.settle_timings()
         ops.timings["rest"] = max(0.0, total - sum(v for k, v in ops.timings.items() if k != "rest"))

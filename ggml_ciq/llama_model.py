@@ -382,7 +382,7 @@ class LlamaContext(Closeable):
         lib = self.library.lib
         lib.llama_memory_clear(lib.llama_get_memory(self._ctx), True)
         batch = lib.llama_batch_init(self.n_batch, 0, 1)
-        out = []
+        out = np.empty((tokens.size if all_logits else 1, self.n_vocab), np.float32)
         try:
             for start in range(0, tokens.size, self.n_batch):
                 chunk = tokens[start:start + self.n_batch]
@@ -399,12 +399,13 @@ class LlamaContext(Closeable):
                 n_out = chunk.size if all_logits else int(start + chunk.size == tokens.size)
                 if n_out:
                     logits = lib.llama_get_logits(self._ctx)
-                    out.append(np.frombuffer(ffi.buffer(logits, 4 * n_out * self.n_vocab), np.float32)
-                               .reshape(n_out, self.n_vocab).copy())
+                    rows = slice(start, start + n_out) if all_logits else slice(0, 1)
+                    out[rows] = np.frombuffer(ffi.buffer(logits, 4 * n_out * self.n_vocab), np.float32).reshape(
+                        n_out, self.n_vocab)
             lib.llama_synchronize(self._ctx)
         finally:
             lib.llama_batch_free(batch)
-        return np.concatenate(out)
+        return out
 
     # -- capture --------------------------------------------------------------------------------------------------
 

@@ -164,6 +164,18 @@ def test_compare_bad_input(llama, native_lib, default_model, tmp_path, capsys):
         assert needle in err[0], (argv, err)
 
 
+def test_compare_logits_that_would_not_fit(llama, native_lib, default_model, monkeypatch, capsys):
+    """Both sides' logits of every position live in host memory: when they would not fit, one line before anything
+    runs (a 4096-token Gemma compare needs 8 GiB for them; without the check the kernel's OOM killer ended it)."""
+    import os
+
+    sysconf = os.sysconf
+    monkeypatch.setattr(os, "sysconf", lambda name: 1 if name == "SC_AVPHYS_PAGES" else sysconf(name))
+    rc = cli.main(["compare", str(default_model.path), "--tokens", "8"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "GiB of host memory" in err[0], err
+
+
 @pytest.mark.gpu
 def test_compare_on_cuda_meets_the_bars(llama, native_lib, gemma_model, tmp_path, capsys):
     """The issue's H200 bars: Gemma 3 270M, 512 tokens, against llama.cpp CUDA (all layers on the GPU, flash
