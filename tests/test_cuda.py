@@ -147,15 +147,19 @@ def test_wgmma_tiles_splits_and_tails(weight_type, wgmma, rng):
 @pytest.mark.parametrize("weight_type", [Q.Q4_K, Q.Q6_K])
 def test_wgmma_programmatic_launch_same_values(weight_type, wgmma, rng, monkeypatch):
     """GGML_CIQ_WGMMA_PDL=1 (the GEMM launched while the activation conversion still runs, waiting on it): the same
-    bits as the ordinary launch, on a split-K shape, a multi-wave one and a tail."""
+    bits as the ordinary launch, on a split-K shape, a multi-wave one, a tail and (Q6_K, K = 2304) weights read into
+    registers. The conversion's scratch holds another input's bytes before each PDL run, so a GEMM reading it
+    before the conversion is done gets other values."""
     quantize = Q.quantize_q4_K if weight_type == Q.Q4_K else Q.quantize_q6_K
-    for rows, k, tokens in ((1024, 4096, 512), (4097, 2048, 131), (14336, 4096, 512)):
+    for rows, k, tokens in ((1024, 4096, 512), (4097, 2048, 131), (14336, 4096, 512), (300, 2304, 257)):
         data = quantize((rng.standard_normal((rows, k)) * 0.02).astype(np.float32))
-        x = rng.standard_normal((tokens, k)).astype(np.float32)
+        x, other = (rng.standard_normal((2, tokens, k)) * [[[1.0]], [[3e3]]]).astype(np.float32)
         monkeypatch.setenv("GGML_CIQ_WGMMA_PDL", "0")
         plain = run_checked(data, x, "wgmma", ggml_type=weight_type, rows=rows, k=k)
+        stale = run_checked(data, other, "wgmma", ggml_type=weight_type, rows=rows, k=k)
+        assert not np.array_equal(stale, plain)
         monkeypatch.setenv("GGML_CIQ_WGMMA_PDL", "1")
-        assert np.array_equal(run_checked(data, x, "wgmma", ggml_type=weight_type, rows=rows, k=k), plain)
+        assert np.array_equal(run_checked(data, x, "wgmma", ggml_type=weight_type, rows=rows, k=k), plain), (rows, k)
 
 
 def test_auto_picks_wgmma_on_hopper_for_prefill(wgmma):

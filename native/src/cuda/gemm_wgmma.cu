@@ -77,8 +77,8 @@ static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uin
 
 // Programmatic dependent launch (launch_wgmma with GGML_CIQ_WGMMA_PDL=1): the kernel may start while the kernel
 // before it in the stream (the activation conversion) still runs; every thread waits for that grid's completion and
-// its memory before touching anything it wrote (x, the token scales) or writing output. Without the launch
-// attribute the wait returns at once.
+// its memory before touching anything it wrote (x, the token scales) or writing output. Weights are read before the
+// wait: no kernel writes them (they are uploaded). Without the launch attribute the wait returns at once.
 static __device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 static __device__ __forceinline__ void mbar_init(uint64_t *bar, int count) {
@@ -630,7 +630,7 @@ static bool wgmma_pdl() {
 }
 
 template <ciq_weight_type T, int C, bool TMA_W>
-static void wgmma_launch_config(cudaLaunchConfig_t &config, cudaLaunchAttribute (&attrs)[2], dim3 grid) {
+static void wgmma_launch_config(cudaLaunchConfig_t &config, cudaLaunchAttribute (&attrs)[2], dim3 grid, bool pdl) {
     constexpr wgmma_tile_config cfg = k_wgmma_configs[C];
     config = {};
     config.gridDim = grid;
@@ -642,10 +642,10 @@ static void wgmma_launch_config(cudaLaunchConfig_t &config, cudaLaunchAttribute 
         cluster.id = cudaLaunchAttributeClusterDimension;
         cluster.val.clusterDim.x = 1, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = grid.z;
     }
-    if (wgmma_pdl()) {
-        cudaLaunchAttribute &pdl = attrs[config.numAttrs++];
-        pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        pdl.val.programmaticStreamSerializationAllowed = 1;
+    if (pdl) {
+        cudaLaunchAttribute &dependent = attrs[config.numAttrs++];
+        dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        dependent.val.programmaticStreamSerializationAllowed = 1;
     }
 }
 
@@ -660,7 +660,7 @@ template <ciq_weight_type T, int C, bool TMA_W> static int wave_ctas(int splits,
         int clusters = 0;
         cudaLaunchConfig_t config;
         cudaLaunchAttribute attrs[2];
-        wgmma_launch_config<T, C, TMA_W>(config, attrs, dim3(1, 1, splits));
+        wgmma_launch_config<T, C, TMA_W>(config, attrs, dim3(1, 1, splits), false);  // cached: never with PDL
         if (ciq_raise_smem_limit<kernel>((int)config.dynamicSmemBytes, "ciq_cuda_gemm_wgmma") != CIQ_OK ||
             cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess)
             clusters = 0;
@@ -712,7 +712,8 @@ static ciq_status launch_wgmma(const CUtensorMap &xmap, const CUtensorMap &wmap,
     wgmma_launch_config<T, C, TMA_W>(
         config, attrs,
         dim3((unsigned)((rows + CIQ_WGMMA_ROWS - 1) / CIQ_WGMMA_ROWS),
-             (unsigned)((tokens + k_wgmma_configs[C].bn - 1) / k_wgmma_configs[C].bn), (unsigned)plan.splits));
+             (unsigned)((tokens + k_wgmma_configs[C].bn - 1) / k_wgmma_configs[C].bn), (unsigned)plan.splits),
+        wgmma_pdl());
     const ciq_status status = ciq_raise_smem_limit<kernel>((int)config.dynamicSmemBytes, "ciq_cuda_gemm_wgmma");
     if (status != CIQ_OK) return status;
     const cudaError_t err = cudaLaunchKernelEx(&config, kernel, xmap, wmap, (const uint8_t *)weight, rows, nb, scales,
