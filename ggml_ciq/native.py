@@ -297,18 +297,27 @@ class GemmProblem:
             raise InvalidArgumentError(f"unknown output type {out_type!r} (choose f32 or bf16)")
         tokens = x.shape[0]
         n = load()
-        itemsize = 4 if out_type == "f32" else 2
-        with Buffer.from_array(self.device, x) as xb, Buffer(self.device, tokens * self.rows * itemsize) as ob:
-            if poison:
-                ob.fill(0xFF)  # NaN in both f32 and bf16
+        dtype = np.float32 if out_type == "f32" else np.uint16
+
+        def call(x_ptr, out_ptr):
             n.check(n.lib.ciq_gemm(self.device, variant_id(variant), SEMANTICS.index(semantics), self.ggml_type,
-                                   self.weight.ptr, self.weight.nbytes, self.rows, self.k,
-                                   n.ffi.cast("float *", xb.ptr), tokens, ob.ptr, 0 if out_type == "f32" else 1))
-            n.check(n.lib.ciq_synchronize(self.device))
-            if out_type == "f32":
-                return ob.download(np.float32, (tokens, self.rows))
-            bits = ob.download(np.uint16, (tokens, self.rows))
-            return (bits.astype(np.uint32) << 16).view(np.float32)
+                                   self.weight.ptr, self.weight.nbytes, self.rows, self.k, n.ffi.cast("float *", x_ptr),
+                                   tokens, out_ptr, 0 if out_type == "f32" else 1))
+
+        if self.device < 0:  # the host reads and writes numpy's memory directly
+            out = np.empty((tokens, self.rows), dtype)
+            if poison:
+                out.view(np.uint8).fill(0xFF)  # NaN in both f32 and bf16
+            call(n.ffi.from_buffer(x), n.ffi.from_buffer(out))
+        else:
+            nbytes = tokens * self.rows * np.dtype(dtype).itemsize
+            with Buffer.from_array(self.device, x) as xb, Buffer(self.device, nbytes) as ob:
+                if poison:
+                    ob.fill(0xFF)
+                call(xb.ptr, ob.ptr)
+                n.check(n.lib.ciq_synchronize(self.device))
+                out = ob.download(dtype, (tokens, self.rows))
+        return out if out_type == "f32" else (out.astype(np.uint32) << 16).view(np.float32)
 
     def close(self) -> None:
         self.weight.close()
@@ -349,6 +358,11 @@ def gemm_q32(data, x: np.ndarray, ggml_type: int, rows: int, k: int, device="cpu
         raise ShapeError(f"{quants.type_name(ggml_type)} [{rows} x {k}] needs {rows * quants.row_bytes(ggml_type, k)} "
                          f"bytes, got {raw.size}")
     n, dev = load(), parse_device(device)
+    if dev < 0:  # the host reads and writes numpy's memory directly
+        out = np.full((len(x), rows), np.nan, np.float32)  # NaN where the kernel writes nothing
+        n.check(n.lib.ciq_gemm_q32(dev, SEMANTICS.index(semantics), ggml_type, n.ffi.from_buffer(raw), rows, k,
+                                   n.ffi.from_buffer("float[]", x), len(x), n.ffi.from_buffer("float[]", out)))
+        return out
     with Buffer.from_array(dev, raw) as wb, Buffer.from_array(dev, x) as xb, Buffer(dev, rows * len(x) * 4) as ob:
         n.check(n.lib.ciq_memset(dev, ob.ptr, 0xFF, rows * len(x) * 4))  # NaN where the kernel writes nothing
         n.check(n.lib.ciq_gemm_q32(dev, SEMANTICS.index(semantics), ggml_type, wb.ptr, rows, k,

@@ -8,7 +8,8 @@ captured from llama.cpp's own forward pass of Gemma 3 270M:
   the matrix (repacked Q4_K GEMM, tiled K-quant matmul, vec_dot; docs/SEMANTICS.md).
 - Attention without flash attention over the f16 K/V cache: libggml_ciq's host kernel "ggml" (q and the softmax
   weights rounded to f16, llamafile's f16 GEMM lanes, ggml's SIMD expf and softmax sum).
-- GELU: ggml's fp16 table, built as ggml builds it (float32, `1 + a*x*x` fused, tanh rounded to float32).
+- GELU: libggml_ciq's host ciq_glu: ggml's fp16 table, built as ggml's x86 FMA build builds it (float32,
+  `1 + a*x*x` fused, the C library's tanhf).
 With llama.cpp's GEMM outputs substituted, every other op reproduces its hidden states bit for bit (NOTES.md); the
 GEMMs follow its float order, so prompts of >= 8 tokens per micro-batch reproduce its logits exactly on an x86 AVX2
 build (1-token micro-batches take other llama.cpp kernels: rounding-level apart).
@@ -27,18 +28,6 @@ from . import native, quants
 from .errors import ShapeError, UnsupportedTypeError
 from .model import Tensor
 
-
-
-def _gelu_table() -> np.ndarray:
-    """ggml_table_gelu_f16 as float32: gelu of every fp16 value, computed as ggml's x86 build does (float32,
-    1 + GELU_COEF_A*x*x contracted to an fma, tanh rounded to float32: glibc 2.36's tanhf is an ulp off on
-    some arguments, none of which changes an fp16 entry), rounded to fp16."""
-    x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
-    with np.errstate(all="ignore"):
-        inner = ((np.float32(0.044715) * x).astype(np.float64) * x + 1.0).astype(np.float32)
-        arg = np.float32(0.79788456080286535587989211986876) * x * inner
-        tanh = np.tanh(arg.astype(np.float64)).astype(np.float32)
-        return (np.float32(0.5) * x * (np.float32(1) + tanh)).astype(np.float16).astype(np.float32)
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
@@ -123,7 +112,6 @@ class NumpyOps:
     def __init__(self):
         self.timings: defaultdict[str, float] = defaultdict(float)
         self._live = 0
-        self._gelu = None
 
     # -- arrays -------------------------------------------------------------------------------------------------
     def _track(self, a: np.ndarray) -> np.ndarray:
@@ -183,15 +171,17 @@ class NumpyOps:
         cache[start:start + len(x)] = x.astype(np.float16)
 
     def glu(self, gate, up, kind: str):
-        """act(gate) * up: SiLU in float32, or GELU through ggml's fp16 table (x <= -10: 0, x >= 10: x)."""
+        """act(gate) * up: SiLU in float32, or GELU through ggml's fp16 table (x <= -10: 0, x >= 10: x; the host
+        ciq_glu)."""
         if kind == "silu":
             return self._track((gate / (np.float32(1) + np.exp(-gate))) * up)
         if kind == "gelu":
-            if self._gelu is None:
-                self._gelu = _gelu_table()
-            g = self._gelu[gate.astype(np.float16).view(np.uint16)]
-            g = np.where(gate <= -10.0, np.float32(0), np.where(gate >= 10.0, gate, g))
-            return self._track(g * up)
+            n = native.load()
+            gate, up = np.ascontiguousarray(gate, np.float32), np.ascontiguousarray(up, np.float32)
+            out = np.empty_like(gate)
+            n.check(n.lib.ciq_glu(-1, n.lib.CIQ_GLU_GELU, n.ffi.from_buffer("float[]", gate),
+                                  n.ffi.from_buffer("float[]", up), gate.size, n.ffi.from_buffer("float[]", out)))
+            return self._track(out)
         raise UnsupportedTypeError(f"unknown GLU kind {kind!r} (silu or gelu)")
 
     def add(self, a, b):
