@@ -29,7 +29,6 @@ from .errors import ShapeError, UnsupportedTypeError
 from .model import Tensor
 
 
-
 def rms_norm(x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
     """ggml's rms_norm (squares summed in double, scale = 1/sqrtf(mean + eps) in float32), then mul by weight."""
     mean = ((x * x).astype(np.float64).sum(-1, keepdims=True) / x.shape[-1]).astype(np.float32)

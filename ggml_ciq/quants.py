@@ -420,14 +420,16 @@ def gemm_f64(weight_type: int, data, rows: int, k: int, x: np.ndarray) -> np.nda
     return np.asarray(x, dtype=np.float64) @ w.T
 
 
-def nmse(a: np.ndarray, b: np.ndarray) -> float:
-    """sum((a-b)^2) / sum(b^2), in float64; inf when a has non-finite values."""
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
-    if not np.all(np.isfinite(a)):
-        return float("inf")
-    den = float(np.sum(b * b))
-    num = float(np.sum((a - b) ** 2))
+def nmse(a: np.ndarray, b: np.ndarray, chunk: int = 1 << 22) -> float:
+    """sum((a-b)^2) / sum(b^2), in float64 (chunk values at a time: logits of thousands of positions are GiBs);
+    inf when a has non-finite values."""
+    a, b = np.asarray(a).reshape(-1), np.asarray(b).reshape(-1)
+    num = den = 0.0
+    for s in range(0, max(a.size, b.size), chunk):
+        x, y = a[s:s + chunk].astype(np.float64), b[s:s + chunk].astype(np.float64)
+        if not np.all(np.isfinite(x)):
+            return float("inf")
+        num, den = num + float(np.sum((x - y) ** 2)), den + float(np.sum(y * y))
     return num / den if den > 0 else (0.0 if num == 0 else float("inf"))
 
 

@@ -122,6 +122,9 @@ __attribute__((always_inline)) static inline float ggml_expf(float x) {
 // The sum of eight lanes as ggml's AVX hsum: ((l4+l0)+(l6+l2)) + ((l5+l1)+(l7+l3)).
 static float hsum8(const float *l) { return ((l[4] + l[0]) + (l[6] + l[2])) + ((l[5] + l[1]) + (l[7] + l[3])); }
 
+// The host kernels' AVX2 paths run where the GEMMs' do (AVX2 and FMA; GGML_CIQ_CPU_ISA=scalar turns them off).
+static bool host_avx2() { return std::strcmp(ciq_cpu_features(), "scalar") != 0; }
+
 // Eight fma lanes over a[i] * b[i], lane i % 8, then hsum8: the float order of the attention's two dot products.
 static float dot8(const float *a, const float *b, int64_t n) {
     float lane[8] = {};
@@ -157,7 +160,7 @@ ciq_status ciq_cpu_attention_ggml(const float *q, const uint16_t *k_cache, const
     const int64_t group = heads / heads_kv, row = heads_kv * head_dim, n_kv = n_past + tokens, n_pad = (n_kv + 7) / 8 * 8;
     float (*dot)(const float *, const float *, int64_t) = dot8;  // the same values on every ISA
 #if defined(__x86_64__)
-    if (std::strcmp(ciq_cpu_features(), "scalar") != 0) dot = dot8_avx2;
+    if (host_avx2()) dot = dot8_avx2;
 #endif
     // K [kv head][key][dim] and V^T [kv head][dim][key] as float, keys padded to a multiple of 8 with zeros. Keys no
     // query of this call can see (before the first query's window) are zeros too: they are never read from the
@@ -405,7 +408,7 @@ ciq_status ciq_cpu_gemm_q32_q8_0(int type, const void *weight, int64_t rows, int
     const int64_t nb = k / 32;
     std::vector<int8_t> xq(tokens * k);
     std::vector<float> xd(tokens * nb);
-    const bool avx2 = std::strcmp(ciq_cpu_features(), "scalar") != 0;  // AVX2 and FMA (or GGML_CIQ_CPU_ISA=scalar)
+    const bool avx2 = host_avx2();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < tokens * nb; ++i) {
         const float *v = x + i * 32;
