@@ -2,8 +2,9 @@
 
 The CPU engine (NumpyOps) reproduces llama.cpp CPU's logits bit for bit; each perturbation below swaps one op class
 for another legitimate implementation (the semantics llama.cpp CUDA or our GPU engine use) and reports the logits
-agreement against llama.cpp CPU, next to llama.cpp against itself with flash attention on and with 32-token
-micro-batches. It answers: which agreement can an implementation that is not bit-exact expect on this model?
+agreement against llama.cpp CPU (and the hidden state after each layer against the unperturbed engine's), next to
+llama.cpp against itself with flash attention on and with 32-token micro-batches. It answers: which agreement can
+an implementation that is not bit-exact expect on this model?
 
 Usage: python3 tools/sensitivity.py MODEL.gguf [tokens] [perturbation ...]     (defaults: 512, all)
 """
@@ -125,10 +126,18 @@ def main(path: str, n_tokens: int = 512, names=None) -> None:
     line("llama.cpp, flash attention on", runs[True, 512])
     line("llama.cpp, n_ubatch 32", runs[False, 32])
     model = ModelFile(path)
-    for name in names or PERTURBATIONS:
+    exact = None  # the unperturbed engine's hidden states (llama.cpp's, bit for bit), for the per-layer line
+    for name in ["none"] + [n for n in names or PERTURBATIONS if n != "none"]:
         start = time.perf_counter()
         engine = Transformer(model, ops=PerturbedOps(**PERTURBATIONS[name]), n_ctx=len(tokens), n_ubatch=512)
-        line(f"ggml-ciq CPU engine, {name}", engine.forward(tokens, all_logits=True), time.perf_counter() - start)
+        hidden = []
+        line(f"ggml-ciq CPU engine, {name}", engine.forward(tokens, hidden, all_logits=True),
+             time.perf_counter() - start)
+        if exact is None:
+            exact = hidden
+        else:
+            print("    hidden-state NMSE after each layer: " +
+                  " ".join(f"{quants.nmse(a, b):.1e}" for a, b in zip(hidden, exact)), flush=True)
 
 
 if __name__ == "__main__":
