@@ -350,6 +350,8 @@ def gemm_q32(data, x: np.ndarray, ggml_type: int, rows: int, k: int, device="cpu
     host or GPU) or "cpu" (llama.cpp x86 CPU's, host only)."""
     if ggml_type not in quants.Q32_TYPES:
         raise UnsupportedTypeError(f"gemm_q32: {quants.type_name(ggml_type)} is not Q4_0, Q5_0 or Q8_0")
+    if semantics not in ("cpu", "mmq"):
+        raise InvalidArgumentError(f"gemm_q32: unknown semantics {semantics!r} (choose cpu or mmq)")
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2 or x.shape[1] != k:
         raise ShapeError(f"activations must be [tokens, {k}], got shape {x.shape}")

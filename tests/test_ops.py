@@ -415,6 +415,8 @@ def test_gemm_q32_bad_input(native_lib, rng):
         native.gemm_q32(raw, np.zeros((2, 96), np.float32), Q.Q8_0, 4, 96)
     with pytest.raises(UnsupportedTypeError, match="is not Q4_0"):
         native.gemm_q32(random_table(rng, Q.Q4_K, 4, 256), np.zeros((2, 256), np.float32), Q.Q4_K, 4, 256)
+    with pytest.raises(InvalidArgumentError, match="unknown semantics"):
+        native.gemm_q32(raw, np.zeros((2, 96), np.float32), Q.Q8_0, 4, 96, semantics="f16")
 
 
 def test_linear_keep_quant(ops, rng):
