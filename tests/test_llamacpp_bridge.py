@@ -19,13 +19,6 @@ except LibraryNotFoundError as e:
     pytest.skip(f"llama.cpp not available: {e}", allow_module_level=True)
 
 
-@pytest.fixture
-def rng():
-    seed = np.random.SeedSequence().entropy
-    print(f"seed={seed}")  # shown by pytest when a test fails
-    return np.random.default_rng(seed)
-
-
 def nmse(got, ref):
     ref = np.asarray(ref, dtype=np.float64)
     return float(np.sum((np.asarray(got, dtype=np.float64) - ref) ** 2) / np.sum(ref ** 2))
