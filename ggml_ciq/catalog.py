@@ -261,18 +261,31 @@ def llama3_vocab_path() -> Path:
     return path
 
 
-def llama3_8b_synthetic_path() -> Path:
-    """The synthetic Llama-3-8B-shaped Q4_K_M model (models/llama3_8b_synthetic.py), generated on first use."""
+def recipe_path(name: str) -> Path:
+    """A catalog recipe (models/NAME.py): installed inside the package (ggml_ciq/recipes/), or in a checkout."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "recipes" / f"{name}.py", here.parent / "models" / f"{name}.py"):
+        if candidate.is_file():
+            return candidate
+    raise GGUFFileError(f"the recipe {name}.py is neither in {here / 'recipes'} nor in a checkout's models/ "
+                        f"(reinstall ggml-ciq)")
+
+
+def load_recipe(name: str):
+    """The recipe module (its write() makes the model)."""
     import importlib.util
 
+    spec = importlib.util.spec_from_file_location(name, recipe_path(name))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def llama3_8b_synthetic_path() -> Path:
+    """The synthetic Llama-3-8B-shaped Q4_K_M model (recipe llama3_8b_synthetic), generated on first use."""
     path = cache_dir() / "llama3-8b-synthetic-q4_k_m.gguf"
     if not path.exists():
-        recipe = Path(__file__).resolve().parent.parent / "models" / "llama3_8b_synthetic.py"
-        if not recipe.exists():
-            raise GGUFFileError(f"the recipe {recipe} is not in this install (run from a checkout)")
-        spec = importlib.util.spec_from_file_location("llama3_8b_synthetic", recipe)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = load_recipe("llama3_8b_synthetic")
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         module.write(tmp, llama3_vocab_path())
         tmp.replace(path)

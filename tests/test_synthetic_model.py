@@ -1,6 +1,5 @@
 """models/llama3_8b_synthetic.py: a shrunken Llama-3-8B-shaped Q4_K_M file that llama.cpp loads and tokenizes."""
 
-import importlib.util
 import subprocess
 import sys
 import textwrap
@@ -12,15 +11,24 @@ from ggml_ciq import catalog
 from ggml_ciq import quants as Q
 from ggml_ciq.model import ModelFile
 
-RECIPE = Path(__file__).resolve().parent.parent / "models" / "llama3_8b_synthetic.py"
+CHECKOUT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def recipe():
-    spec = importlib.util.spec_from_file_location("llama3_8b_synthetic", RECIPE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return catalog.load_recipe("llama3_8b_synthetic")
+
+
+def test_recipe_travels_with_the_package():
+    """The catalog finds its recipe wherever ggml_ciq is imported from: an installed (non-editable) package carries
+    it in ggml_ciq/recipes/, byte for byte the checkout's models/ copy (CI runs the tests on such an install)."""
+    import ggml_ciq
+
+    path = catalog.recipe_path("llama3_8b_synthetic")
+    package = Path(ggml_ciq.__file__).resolve().parent
+    if package.parent != CHECKOUT:  # an install: the recipe must come from the package, not from this checkout
+        assert path == package / "recipes" / "llama3_8b_synthetic.py"
+    assert path.read_bytes() == (CHECKOUT / "models" / "llama3_8b_synthetic.py").read_bytes()
 
 
 def test_q4_k_m_rule_for_32_layers(recipe):
