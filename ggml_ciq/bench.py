@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import platform
 import statistics
-import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -13,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from . import native, quants
+from .environment import ciq_commit, cpu_model, gpus
 from .errors import InvalidArgumentError
 from .model import ModelFile
 
@@ -121,28 +120,11 @@ def bench_cpu(shapes: list[Shape], tokens_list: list[int], threads: int, repeat:
     return rows_out
 
 
-def git_commit(path: Path | None = None) -> str | None:
-    """This checkout's commit ($GGML_CIQ_COMMIT where the tree travels without .git, as to the GPU machine)."""
-    if os.environ.get("GGML_CIQ_COMMIT"):
-        return os.environ["GGML_CIQ_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=path or Path(__file__).parent,
-                              capture_output=True, text=True, timeout=5).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def cpu_environment(threads: int) -> dict:
     from .llamacpp import LlamaCpp
 
     llama = LlamaCpp.load()
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            cpu = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return {"device": f"CPU: {cpu}", "threads": threads, "ggml_ciq_commit": git_commit(),
+    return {"device": f"CPU: {cpu_model()}", "threads": threads, "ggml_ciq_commit": ciq_commit(),
             "ggml_ciq": native.build_info(), "llamacpp_version": llama.version, "llamacpp_commit": llama.commit,
             "llamacpp_lib": str(llama.lib_dir)}
 
@@ -409,15 +391,9 @@ def plot_json(json_path: str, png_path: str) -> None:
 
 
 def gpu_environment(device: int = 0, llamacpp: bool = True) -> dict:
-    env = {"device": native.device_name(device), "ggml_ciq_commit": git_commit(), "ggml_ciq": native.build_info(),
+    env = {"device": native.device_name(device), "ggml_ciq_commit": ciq_commit(), "ggml_ciq": native.build_info(),
            "rotation_bytes": ROTATION_BYTES}
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,"
-                              "power.draw,temperature.gpu", "--format=csv,noheader"], capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        env["nvidia_smi"] = out
-    except (OSError, subprocess.SubprocessError):
-        env["nvidia_smi"] = None
+    env["nvidia_smi"] = gpus()
     if llamacpp:
         from .llamacpp import LlamaCpp
 

@@ -30,6 +30,10 @@ def _fmt(v, spec=".2e"):
 
 
 def _write_json(path: str, payload: dict) -> None:
+    """Every JSON the CLI writes records its environment (environment.describe(); a command's own entries win)."""
+    from . import environment
+
+    payload = {**payload, "environment": {**environment.describe(), **(payload.get("environment") or {})}}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(payload, indent=2) + "\n")
 

@@ -1,0 +1,73 @@
+"""The environment a result was measured in, for every JSON the CLI writes: our commit and build, llama.cpp's
+version and commit, the GPUs with their clocks at the time, the CPU, the time."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+from .errors import CiqError
+
+_GPU_QUERY = "name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu"
+
+
+def ciq_commit() -> str | None:
+    """Our commit: $GGML_CIQ_COMMIT (a tree that travels without .git), this checkout's git, else the commit the
+    library was built from (embedded at build time: an installed wheel)."""
+    if os.environ.get("GGML_CIQ_COMMIT"):
+        return os.environ["GGML_CIQ_COMMIT"]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent,
+                                capture_output=True, text=True, timeout=5).stdout.strip()
+        if commit:
+            return commit
+    except (OSError, subprocess.SubprocessError):
+        pass
+    built = _build_info().get("commit")
+    return built if built and built != "unknown" else None
+
+
+def _build_info() -> dict:
+    try:
+        from . import native
+
+        return native.build_info()
+    except CiqError:
+        return {}
+
+
+def gpus() -> list[str] | None:
+    """One nvidia-smi line per GPU (name, driver, SM clock now and max, memory clock, power, temperature)."""
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={_GPU_QUERY}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else None
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")),
+                        platform.machine())
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def describe() -> dict:
+    """Everything above in one record (llama.cpp's part only where its libraries load)."""
+    env = {"ggml_ciq_commit": ciq_commit(), "ggml_ciq": _build_info() or None, "gpus": gpus(), "cpu": cpu_model(),
+           "cores": os.cpu_count(), "python": platform.python_version(),
+           "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    try:
+        from .llamacpp import LlamaCpp
+
+        llama = LlamaCpp.load()
+        env.update(llamacpp_version=llama.version, llamacpp_commit=llama.commit, llamacpp_lib=str(llama.lib_dir))
+    except CiqError:
+        env.update(llamacpp_version=None, llamacpp_commit=None, llamacpp_lib=None)
+    return env
