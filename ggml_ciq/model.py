@@ -1,12 +1,20 @@
-"""GGUF model files: typed hyperparameters and zero-copy tensors on top of gguf-py's reader.
+"""GGUF model files: typed hyperparameters and zero-copy tensors, read by our own GGUF parser.
 
 Shape convention, used everywhere in ggml_ciq: a weight is ``[rows = output features, cols = input
 features]`` (GGUF's ne1, ne0); ``Tensor.k`` is cols. Tensor data is a read-only memmap view of the file.
+
+The parser reads the header, the key/value section and the tensor infos with ``struct`` from a memmap, checking
+every count, length, type, shape and offset against the file before it is used, so a bad file ends in one
+GGUFFileError naming the field, tensor and byte offset at fault. Arrays stay in the file until asked for: opening
+Gemma 3 270M (a 262,144-entry vocabulary) skips over the token strings instead of decoding them. gguf-py serves
+for the ggml type table (block sizes) and the value type numbers.
 """
 
 from __future__ import annotations
 
 import os
+import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +24,24 @@ from . import quants
 from .errors import GGUFFileError, UnsupportedTypeError
 
 GGUF_MAGIC = b"GGUF"
+GGUF_VERSIONS = (2, 3)
+GGML_MAX_DIMS = 4
+GGML_MAX_NAME = 64          # tensor names are shorter than this (ggml.h), as llama.cpp's gguf reader checks
+DEFAULT_ALIGNMENT = 32
+
+# GGUF value types (gguf-py's GGUFValueType): struct format, numpy dtype, the name errors use.
+STRING, ARRAY = 8, 9
+_SCALAR_TYPES = {0: ("<B", "<u1", "uint8"), 1: ("<b", "<i1", "int8"), 2: ("<H", "<u2", "uint16"),
+                 3: ("<h", "<i2", "int16"), 4: ("<I", "<u4", "uint32"), 5: ("<i", "<i4", "int32"),
+                 6: ("<f", "<f4", "float32"), 7: ("<?", "<u1", "bool"), 10: ("<Q", "<u8", "uint64"),
+                 11: ("<q", "<i8", "int64"), 12: ("<d", "<f8", "float64")}
+_TYPE_NAMES = {**{t: name for t, (_, _, name) in _SCALAR_TYPES.items()}, STRING: "string", ARRAY: "array"}
+_MIN_KV_BYTES = 8 + 4 + 1             # empty key, type, one-byte value
+_MIN_TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8  # empty name, n_dims, one dimension, type, offset
+_U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
+# ggml types gguf-py reads as typed elements; every other type is raw bytes [..., row bytes].
+_ELEMENT_DTYPES = {0: np.float32, 1: np.float16, 24: np.int8, 25: np.int16, 26: np.int32, 27: np.int64,
+                   28: np.float64}
 
 
 @dataclass(frozen=True)
@@ -52,6 +78,251 @@ class Tensor:
         return quants.dequantize(self.ggml_type, self.raw(), self.rows, self.k)
 
 
+class KeyValue:
+    """One metadata entry: key, GGUF value type (and item type for arrays), value decoded on first use.
+
+    Scalars and strings are read when the file is opened; an array is only located (``count`` items from byte
+    ``offset``) until ``value`` asks for it as a list.
+    """
+
+    __slots__ = ("key", "value_type", "item_type", "count", "offset", "_value", "_file")
+
+    def __init__(self, key: str, value_type: int, value=None, item_type: int | None = None, count: int = 1,
+                 offset: int = 0, file: "_Parser | None" = None):
+        self.key, self.value_type, self.item_type, self.count, self.offset = key, value_type, item_type, count, offset
+        self._value, self._file = value, file
+
+    @property
+    def type_name(self) -> str:
+        if self.value_type == ARRAY:
+            return f"array of {self.count} {_TYPE_NAMES[self.item_type]}"
+        return _TYPE_NAMES[self.value_type]
+
+    @property
+    def value(self):
+        if self._file is not None:  # an array not decoded yet
+            self._value, self._file = self._file.array_values(self), None
+        return self._value
+
+    def __repr__(self) -> str:
+        return f"KeyValue({self.key!r}, {self.type_name})"
+
+
+@dataclass(frozen=True)
+class _TensorInfo:
+    name: str
+    ggml_type: int
+    dims: tuple[int, ...]   # GGUF order: ne0 (values per row) first
+    start: int              # absolute byte offsets in the file
+    end: int
+
+
+class _Parser:
+    """Walks a GGUF buffer once, bounds-checking every read; fail() names the path, the field and the byte."""
+
+    def __init__(self, buf: np.ndarray, path: str):
+        self.buf, self.path, self.size = buf, path, int(buf.size)
+        self.view = memoryview(buf)
+
+    def fail(self, message: str):
+        raise GGUFFileError(f"{self.path}: {message}")
+
+    def need(self, offset: int, n: int, what: str) -> None:
+        if offset + n > self.size:
+            self.fail(f"truncated or corrupt GGUF: {what} (byte {offset}) needs {n} bytes, the file ends at byte "
+                      f"{self.size}")
+
+    def u32(self, offset: int, what: str) -> int:
+        self.need(offset, 4, what)
+        return _U32.unpack_from(self.view, offset)[0]
+
+    def u64(self, offset: int, what: str) -> int:
+        self.need(offset, 8, what)
+        return _U64.unpack_from(self.view, offset)[0]
+
+    def string(self, offset: int, what: str) -> tuple[str, int]:
+        n = self.u64(offset, f"{what}'s length")
+        if n > self.size - offset - 8:
+            self.fail(f"truncated or corrupt GGUF: {what} (byte {offset}) claims {n} bytes, past the end of the file "
+                      f"({self.size} bytes)")
+        start = offset + 8
+        return bytes(self.view[start:start + n]).decode("utf-8", "replace"), start + n
+
+    # -- key/value section ------------------------------------------------------------------------------------
+
+    def key_value(self, offset: int, index: int) -> tuple[KeyValue, int]:
+        key, offset = self.string(offset, f"key {index}'s name")
+        value_type = self.u32(offset, f"key {key}'s value type")
+        offset += 4
+        if value_type == ARRAY:
+            item_type = self.u32(offset, f"key {key}'s array item type")
+            count = self.u64(offset + 4, f"key {key}'s array length")
+            offset += 12
+            if item_type == ARRAY:
+                self.fail(f"key {key} (byte {offset - 12}) is an array of arrays, which GGUF readers do not support")
+            if item_type == STRING:
+                if count > (self.size - offset) // 8:
+                    self.fail(f"truncated or corrupt GGUF: key {key} (byte {offset}) claims {count} strings, more "
+                              f"than the {self.size - offset} bytes left in the file can hold")
+                end = self.skip_strings(offset, count, f"key {key}")
+            elif item_type in _SCALAR_TYPES:
+                item_size = struct.calcsize(_SCALAR_TYPES[item_type][0])
+                if count > (self.size - offset) // item_size:
+                    self.fail(f"truncated or corrupt GGUF: key {key} (byte {offset}) claims {count} "
+                              f"{_TYPE_NAMES[item_type]} values, past the end of the file ({self.size} bytes)")
+                end = offset + count * item_size
+            else:
+                self.fail(f"key {key} (byte {offset - 12}) has arrays of unknown value type {item_type}")
+            return KeyValue(key, ARRAY, item_type=item_type, count=count, offset=offset, file=self), end
+        if value_type == STRING:
+            value, end = self.string(offset, f"key {key}'s value")
+            return KeyValue(key, STRING, value), end
+        if value_type not in _SCALAR_TYPES:
+            self.fail(f"key {key} (byte {offset - 4}) has unknown value type {value_type}")
+        fmt = _SCALAR_TYPES[value_type][0]
+        self.need(offset, struct.calcsize(fmt), f"key {key}'s value")
+        value = struct.unpack_from(fmt, self.view, offset)[0]
+        return KeyValue(key, value_type, value), offset + struct.calcsize(fmt)
+
+    def skip_strings(self, offset: int, count: int, what: str) -> int:
+        """Byte after `count` length-prefixed strings from `offset`, without decoding them."""
+        end, view, unpack = offset, self.view, _U64.unpack_from
+        try:
+            for _ in range(count):
+                end += 8 + unpack(view, end)[0]
+        except (struct.error, OverflowError):  # a length past the end: walk again, checking, to name the string
+            end = self.size + 1
+        if end > self.size:
+            end = offset
+            for i in range(count):
+                self.string(end, f"{what}: string {i}")
+                end += 8 + unpack(view, end)[0]
+        return end
+
+    def array_values(self, kv: KeyValue) -> list:
+        if kv.item_type == STRING:
+            values, offset = [], kv.offset
+            view, unpack = self.view, _U64.unpack_from
+            for _ in range(kv.count):
+                n = unpack(view, offset)[0]
+                values.append(bytes(view[offset + 8:offset + 8 + n]).decode("utf-8", "replace"))
+                offset += 8 + n
+            return values
+        fmt, dtype, _ = _SCALAR_TYPES[kv.item_type]
+        array = np.frombuffer(self.buf, dtype=dtype, count=kv.count, offset=kv.offset)
+        return (array != 0).tolist() if kv.item_type == 7 else array.tolist()
+
+    # -- tensor infos -------------------------------------------------------------------------------------------
+
+    def tensor_info(self, offset: int, index: int) -> tuple[tuple, int]:
+        name, offset = self.string(offset, f"tensor {index}'s name")
+        if len(name.encode()) >= GGML_MAX_NAME:
+            self.fail(f"tensor {index}'s name (byte {offset}) is {len(name.encode())} bytes long; ggml allows "
+                      f"{GGML_MAX_NAME - 1}")
+        label = f"tensor {name}"
+        n_dims = self.u32(offset, f"{label}'s dimension count")
+        if not 1 <= n_dims <= GGML_MAX_DIMS:
+            self.fail(f"{label} (byte {offset}) has {n_dims} dimensions; ggml tensors have 1 to {GGML_MAX_DIMS}")
+        offset += 4
+        self.need(offset, 8 * n_dims + 12, f"{label}'s dimensions, type and offset")
+        dims = struct.unpack_from(f"<{n_dims}Q", self.view, offset)
+        ggml_type, data_offset = struct.unpack_from("<IQ", self.view, offset + 8 * n_dims)
+        return (name, n_dims, dims, ggml_type, data_offset, offset), offset + 8 * n_dims + 12
+
+
+def _parse(buf: np.ndarray, path: str) -> tuple[dict[str, KeyValue], list[_TensorInfo]]:
+    """The key/value entries and tensor infos of a GGUF file in `buf` (uint8), every field checked."""
+    import gguf
+
+    p = _Parser(buf, path)
+    if p.size < 4 or bytes(buf[:4]) != GGUF_MAGIC:
+        p.fail(f"not a GGUF file (magic {bytes(buf[:4])!r})")
+    version = p.u32(4, "the GGUF version")
+    if version not in GGUF_VERSIONS:
+        if version & 0xFFFF == 0 and int.from_bytes(version.to_bytes(4, "little"), "big") in GGUF_VERSIONS:
+            p.fail("a big-endian GGUF file; only little-endian files are supported")
+        p.fail(f"GGUF version {version} (byte 4) is not supported (versions {', '.join(map(str, GGUF_VERSIONS))})")
+    n_tensors = p.u64(8, "the tensor count")
+    n_kv = p.u64(16, "the key/value count")
+    offset = 24
+    if n_kv > (p.size - offset) // _MIN_KV_BYTES:
+        p.fail(f"truncated or corrupt GGUF: the header claims {n_kv} keys (byte 16), more than the file's {p.size} bytes can hold")
+    if n_tensors > (p.size - offset) // _MIN_TENSOR_INFO_BYTES:
+        p.fail(f"truncated or corrupt GGUF: the header claims {n_tensors} tensors (byte 8), more than the file's {p.size} bytes can "
+               f"hold")
+
+    fields: dict[str, KeyValue] = {}
+    for i in range(n_kv):
+        start = offset
+        kv, offset = p.key_value(offset, i)
+        if kv.key in fields:
+            p.fail(f"key {kv.key} appears twice (the second at byte {start})")
+        fields[kv.key] = kv
+    if n_tensors > (p.size - offset) // _MIN_TENSOR_INFO_BYTES:
+        p.fail(f"truncated or corrupt GGUF: the header claims {n_tensors} tensors (byte 8), more than the {p.size - offset} bytes "
+               f"after the key/value section can hold")
+
+    alignment = DEFAULT_ALIGNMENT
+    if "general.alignment" in fields:
+        kv = fields["general.alignment"]
+        if kv.value_type != 4 or not kv.value or kv.value & (kv.value - 1):
+            p.fail(f"general.alignment must be a power of two as uint32, got {kv.value!r} ({kv.type_name})")
+        alignment = kv.value
+
+    raw_infos = []
+    for i in range(n_tensors):
+        info, offset = p.tensor_info(offset, i)
+        raw_infos.append(info)
+    data_start = offset + (-offset % alignment)
+
+    infos, names = [], set()
+    for name, n_dims, dims, ggml_type, data_offset, at in raw_infos:
+        label = f"tensor {name}"
+        if name in names:
+            p.fail(f"two tensors are named {name}")
+        names.add(name)
+        if ggml_type not in gguf.GGML_QUANT_SIZES:
+            p.fail(f"{label} (byte {at + 8 * n_dims}) has unknown ggml type {ggml_type}")
+        type_name = quants.type_name(ggml_type)
+        shape = " x ".join(map(str, reversed(dims)))
+        if any(d == 0 or d >= 2**63 for d in dims):
+            p.fail(f"{label} ({type_name}) has an invalid shape {shape}: every dimension must be 1 to 2^63-1")
+        block, type_size = gguf.GGML_QUANT_SIZES[ggml_type]
+        if dims[0] % block:
+            p.fail(f"{label} ({type_name}) has an invalid shape {shape}: a row of {dims[0]} values is not a whole "
+                   f"number of {type_name} blocks ({block} values)")
+        if data_offset % alignment:
+            p.fail(f"{label}: its data offset {data_offset} (byte {at + 8 * n_dims + 4}) is not a multiple of the "
+                   f"alignment {alignment}")
+        n_bytes = int(np.prod(dims, dtype=object)) // block * type_size
+        start = data_start + data_offset
+        if start + n_bytes > p.size:
+            p.fail(f"truncated: {label} ({type_name}, {shape}) needs bytes {start}..{start + n_bytes} but the file has "
+                   f"{p.size}")
+        infos.append(_TensorInfo(name, ggml_type, tuple(dims), start, start + n_bytes))
+
+    by_start = sorted(infos, key=lambda t: t.start)
+    for before, after in zip(by_start, by_start[1:]):
+        if after.start < before.end:
+            p.fail(f"tensors {before.name} (bytes {before.start}..{before.end}) and {after.name} (bytes "
+                   f"{after.start}..{after.end}) overlap")
+    return fields, infos
+
+
+def _tensor(buf: np.ndarray, info: _TensorInfo) -> Tensor:
+    """A zero-copy view, typed as gguf-py's reader types it: float/int types by element, others as row bytes."""
+    import gguf
+
+    shape = tuple(reversed(info.dims))
+    data = buf[info.start:info.end]
+    if info.ggml_type in _ELEMENT_DTYPES:
+        data = data.view(_ELEMENT_DTYPES[info.ggml_type]).reshape(shape)
+    else:
+        block, type_size = gguf.GGML_QUANT_SIZES[info.ggml_type]
+        data = data.reshape(*shape[:-1], shape[-1] // block * type_size)
+    return Tensor(info.name, info.ggml_type, shape, data)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Hyperparameters every architecture we run shares; the rest stays in ``metadata``."""
@@ -67,47 +338,34 @@ class ModelConfig:
     rms_norm_eps: float
     rope_freq_base: float
     vocab_size: int
-    metadata: dict = field(repr=False, default_factory=dict)
+    metadata: Mapping = field(repr=False, default_factory=dict)
 
 
-class _CheckedReader:
-    """gguf.GGUFReader that names the tensor a truncated or corrupt file breaks on."""
+class _Metadata(Mapping):
+    """Every key's value by name, each decoded when first asked for (nothing is read up front)."""
 
-    @staticmethod
-    def open(path: Path):
-        import gguf
+    def __init__(self, fields: dict[str, KeyValue]):
+        self._fields = fields
 
-        class Reader(gguf.GGUFReader):
-            def _build_tensors(self, start_offs, fields):
-                size = len(self.data)
-                for f in fields:
-                    _, name_data, _, dims, raw_dtype, offset = f.parts
-                    name = bytes(name_data).decode("utf-8", "replace")
-                    try:
-                        ggml_type = gguf.GGMLQuantizationType(int(raw_dtype[0]))
-                    except ValueError:
-                        raise GGUFFileError(f"{path}: tensor {name} has unknown ggml type {int(raw_dtype[0])}") from None
-                    block, type_size = gguf.GGML_QUANT_SIZES[ggml_type]
-                    n_bytes = int(np.prod(dims)) * type_size // block
-                    start = int(start_offs + offset[0])
-                    if start + n_bytes > size:
-                        raise GGUFFileError(f"{path}: truncated: tensor {name} needs bytes {start}..{start + n_bytes} "
-                                            f"but the file has {size}")
-                super()._build_tensors(start_offs, fields)
+    def __getitem__(self, key: str):
+        return self._fields[key].value
 
-        return Reader(path)
+    def __iter__(self):
+        return iter(self._fields)
+
+    def __len__(self) -> int:
+        return len(self._fields)
 
 
-def _field_value(reader, key: str):
-    f = reader.get_field(key)
-    if f is None:
-        return None
-    value = f.contents()
-    return value
+_INTEGER_TYPES = (0, 1, 2, 3, 4, 5, 10, 11)
+_NUMBER_TYPES = _INTEGER_TYPES + (6, 12)
 
 
 class ModelFile:
-    """An open GGUF file. ``ModelFile(path)`` validates it; errors are GGUFFileError with one-line messages."""
+    """An open GGUF file. ``ModelFile(path)`` validates it; errors are GGUFFileError with one-line messages.
+
+    ``fields`` holds every metadata entry (KeyValue, arrays decoded on first use), ``tensors`` every tensor.
+    """
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -115,65 +373,82 @@ class ModelFile:
             raise GGUFFileError(f"model file not found: {self.path}")
         if not self.path.is_file():
             raise GGUFFileError(f"not a file: {self.path}")
-        with open(self.path, "rb") as fh:
-            magic = fh.read(4)
-        if magic != GGUF_MAGIC:
-            raise GGUFFileError(f"{self.path} is not a GGUF file (magic {magic!r})")
+        size = self.path.stat().st_size
+        if size < 4:
+            raise GGUFFileError(f"{self.path} is not a GGUF file ({size} bytes)")
         try:
-            reader = _CheckedReader.open(self.path)
-        except GGUFFileError:
-            raise
-        except Exception as exc:  # gguf-py raises assorted errors on corrupt headers
-            raise GGUFFileError(f"{self.path}: truncated or corrupt GGUF header ({type(exc).__name__}: {exc})") from None
-        self._reader = reader
-        self.tensors: dict[str, Tensor] = {}
-        for t in reader.tensors:
-            shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-            self.tensors[t.name] = Tensor(t.name, int(t.tensor_type), shape, t.data)
+            buf = np.memmap(self.path, dtype=np.uint8, mode="r")
+        except OSError as exc:
+            raise GGUFFileError(f"cannot read {self.path}: {exc.strerror or exc}") from None
+        self._open(buf)
+
+    @classmethod
+    def from_buffer(cls, data, name: str = "<buffer>") -> "ModelFile":
+        """A GGUF file already in memory (bytes or a uint8 array; not copied); `name` stands for its path."""
+        self = cls.__new__(cls)
+        self.path = Path(name)
+        self._open(np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data.view(np.uint8))
+        return self
+
+    def _open(self, buf: np.ndarray) -> None:
+        self.fields, infos = _parse(buf, str(self.path))
+        self.tensors: dict[str, Tensor] = {info.name: _tensor(buf, info) for info in infos}
         self.config = self._read_config()
 
+    def _value(self, key: str, types: tuple[int, ...], expected: str, default=None):
+        """The value of `key`, which must have one of the value `types` (a per-layer array: its first item)."""
+        kv = self.fields.get(key)
+        if kv is None:
+            return default
+        if kv.value_type == ARRAY and kv.item_type in types:
+            if kv.count == 0:
+                return default
+            return kv.value[0]
+        if kv.value_type not in types:
+            raise GGUFFileError(f"{self.path}: {key} is {kv.type_name}, expected {expected}")
+        return kv.value
+
     def _read_config(self) -> ModelConfig:
-        r = self._reader
-        arch = _field_value(r, "general.architecture") or "unknown"
+        arch = self._value("general.architecture", (STRING,), "a string", "unknown")
 
-        def get(key, default=0):
-            v = _field_value(r, f"{arch}.{key}")
-            if isinstance(v, list):  # per-layer arrays (e.g. head_count_kv): the first layer's value
-                v = v[0] if v else default
-            return default if v is None else v
+        def integer(key, default=0):
+            value = self._value(f"{arch}.{key}", _INTEGER_TYPES, "an integer", default)
+            if value < 0:
+                raise GGUFFileError(f"{self.path}: {arch}.{key} is {value}, expected a count >= 0")
+            return int(value)
 
-        tokens = r.get_field("tokenizer.ggml.tokens")
-        vocab = len(tokens.data) if tokens is not None else 0
+        def number(key, default):
+            return float(self._value(f"{arch}.{key}", _NUMBER_TYPES, "a number", default))
+
+        tokens = self.fields.get("tokenizer.ggml.tokens")
+        vocab = tokens.count if tokens is not None and tokens.value_type == ARRAY else 0
         if not vocab and "token_embd.weight" in self.tensors:
             vocab = self.tensors["token_embd.weight"].rows
-        metadata = {}
-        for key, f in r.fields.items():
-            if key.startswith("tokenizer.ggml.") and key not in ("tokenizer.ggml.model", "tokenizer.ggml.pre"):
-                continue
-            try:
-                metadata[key] = f.contents()
-            except Exception:  # pragma: no cover - exotic field types
-                continue
-        head_count = int(get("attention.head_count"))
+        metadata = _Metadata(self.fields)
+        head_count = integer("attention.head_count")
         return ModelConfig(
-            architecture=str(arch),
-            name=str(_field_value(r, "general.name") or self.path.stem),
-            block_count=int(get("block_count")),
-            embedding_length=int(get("embedding_length")),
-            feed_forward_length=int(get("feed_forward_length")),
+            architecture=arch,
+            name=self._value("general.name", (STRING,), "a string", self.path.stem),
+            block_count=integer("block_count"),
+            embedding_length=integer("embedding_length"),
+            feed_forward_length=integer("feed_forward_length"),
             head_count=head_count,
-            head_count_kv=int(get("attention.head_count_kv", head_count)),
-            context_length=int(get("context_length")),
-            rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
-            rope_freq_base=float(get("rope.freq_base", 10000.0)),
+            head_count_kv=integer("attention.head_count_kv", head_count),
+            context_length=integer("context_length"),
+            rms_norm_eps=number("attention.layer_norm_rms_epsilon", 1e-6),
+            rope_freq_base=number("rope.freq_base", 10000.0),
             vocab_size=vocab,
             metadata=metadata,
         )
 
     def token_strings(self) -> list[str]:
         """The vocabulary (tokenizer.ggml.tokens), or [] when the file has none."""
-        field = self._reader.get_field("tokenizer.ggml.tokens")
-        return list(field.contents()) if field is not None else []
+        kv = self.fields.get("tokenizer.ggml.tokens")
+        if kv is None:
+            return []
+        if kv.value_type != ARRAY or kv.item_type != STRING:
+            raise GGUFFileError(f"{self.path}: tokenizer.ggml.tokens is {kv.type_name}, expected an array of strings")
+        return kv.value
 
     def tensor(self, name: str) -> Tensor:
         try:

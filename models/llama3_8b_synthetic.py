@@ -80,13 +80,11 @@ def write(out: Path, vocab: Path, layers: int | None = None, embedding: int | No
             raise CiqError(f"--{name} {value} is not a multiple of 256 (K-quant rows)")
     llama = LlamaCpp.load()
     writer = gguf.GGUFWriter(str(out), "llama")
-    reader = base._reader
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type") or key.startswith("llama."):
+    for key, kv in base.fields.items():
+        if key in ("general.architecture", "general.file_type") or key.startswith("llama."):
             continue
-        value_type = field.types[0]
-        sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(key, field.contents(), value_type, sub_type=sub_type)
+        sub_type = None if kv.item_type is None else gguf.GGUFValueType(kv.item_type)
+        writer.add_key_value(key, kv.value, gguf.GGUFValueType(kv.value_type), sub_type=sub_type)
     writer.add_name(f"synthetic Llama-3-8B shape ({n_layer} layers, n_embd {n_embd}, random weights, Q4_K_M)")
     writer.add_block_count(n_layer)
     writer.add_context_length(c.context_length)
