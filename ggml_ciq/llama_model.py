@@ -124,6 +124,7 @@ void llama_synchronize(struct llama_context * ctx);
 float * llama_get_logits(struct llama_context * ctx);
 
 const char * ggml_op_name(int op);
+void * ggml_backend_dev_by_name(const char * name);
 void ggml_backend_tensor_get(const struct ggml_tensor * tensor, void * data, size_t offset, size_t size);
 """
 
@@ -241,7 +242,11 @@ class LlamaModel(Closeable):
     """One GGUF loaded by libllama: every layer on the GPU when device="cuda" (llama.cpp's CUDA0), else CPU only.
     Tokenizes with the GGUF's vocab; `context(...)` creates the context that runs prefills."""
 
-    def __init__(self, path, device: str = "cpu", threads: int | None = None):
+    def __init__(self, path, device: str = "cpu", threads: int | None = None, repack: bool = True,
+                 devices: list[str] | None = None):
+        """repack=False loads CPU weights as raw GGUF blocks (use_extra_bufts off: the ggml plugin's CPU device needs
+        them); devices names the ggml devices of a "cuda" model, the last one holding every layer (["CIQ0", "CUDA0"]:
+        the plugin's GPU device is offered each MUL_MAT first, docs/PLUGIN.md)."""
         self._model = None
         path = Path(path)
         if not path.is_file():
@@ -262,6 +267,15 @@ class LlamaModel(Closeable):
         mparams.n_gpu_layers = 999 if device == "cuda" else 0
         mparams.split_mode = LLAMA_SPLIT_MODE_NONE
         mparams.main_gpu = 0
+        mparams.use_extra_bufts = repack
+        if devices:
+            handles = [lib.ggml_backend_dev_by_name(name.encode()) for name in devices]
+            if ffi.NULL in handles:
+                raise BackendError(f"no ggml device {devices[handles.index(ffi.NULL)]!r} (have: "
+                                   f"{', '.join(self.library.ggml.devices())})")
+            self._devices = ffi.new("void *[]", handles + [ffi.NULL])
+            mparams.devices = self._devices
+            mparams.main_gpu = len(devices) - 1
         self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
         if self._model == ffi.NULL:
             self._model = None

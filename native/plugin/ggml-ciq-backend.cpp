@@ -1,0 +1,378 @@
+// ggml-ciq-backend.cpp - a ggml backend (loadable plugin) whose MUL_MATs run through libggml_ciq. docs/PLUGIN.md.
+//
+// Shaped like ggml-blas: one registry, a device that accelerates MUL_MAT and nothing else, a graph_compute that
+// walks the nodes. It is a thin adapter from ggml tensors onto the libggml_ciq C API: which kernel runs, and
+// whether it is worth taking the op at all, is asked of the library (ciq_gemm_adapter below), never decided here.
+//
+// Devices (at most one is exposed, chosen when ggml loads the plugin):
+//   CIQ0     GGML_BACKEND_DEVICE_TYPE_GPU, when the ggml it is loaded into has a CUDA0 device and libggml_ciq sees a
+//            GPU. It hands out CUDA0's own buffer type, so weights, KV cache and activations stay in CUDA0's memory
+//            and its MUL_MATs read tensor->data as device pointers (libggml_ciq device 0). Run as
+//            `-dev CIQ0/CUDA0 -ts 0/1`.
+//   CIQ_CPU  GGML_BACKEND_DEVICE_TYPE_ACCEL over a ggml without GPU devices: the CPU buffer type (as ggml-blas),
+//            our CPU kernels in llama.cpp CPU's semantics. Weights must be raw GGUF blocks: load the model without
+//            CPU repacking (llama_model_params.use_extra_bufts = false, `--no-repack`); repacked buffers are not host
+//            buffers in ggml's sense, so this device never claims their ops.
+//
+// It must run inside exactly the ggml it was compiled against (GGML_BACKEND_API_VERSION does not change when ggml's
+// op enum or tensor struct do): ggml_backend_init returns NULL with one log line otherwise.
+
+#include "ggml.h"
+#include "ggml-impl.h"
+#include "ggml-backend.h"
+#include "ggml-backend-impl.h"
+
+#include "ggml_ciq.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#if !defined(CIQ_PLUGIN_GGML_VERSION) || !defined(CIQ_PLUGIN_LLAMACPP_COMMIT) || !defined(CIQ_PLUGIN_LLAMA_CPP_PYTHON)
+#error "native/plugin/CMakeLists.txt defines the versions this plugin is built against"
+#endif
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------------------------
+// The adapter: the one place that speaks libggml_ciq's GEMM API. execute = false asks only whether to take the
+// op (*offload); execute = true runs it. Today: API v1 (ciq_resolve_variant, ciq_gemm, ciq_gemm_q32).
+
+struct gemm_request {
+    int device;            // libggml_ciq device: CIQ_DEVICE_CPU or a GPU index
+    ggml_type type;        // the weight's
+    int64_t rows, k, tokens;
+    const void *weight = nullptr;
+    size_t weight_nbytes = 0;
+    const float *x = nullptr;
+    float *out = nullptr;
+};
+
+ciq_status ciq_gemm_adapter(const gemm_request &r, bool execute, bool *offload) {
+    const bool host = r.device == CIQ_DEVICE_CPU;
+    const char *env = std::getenv("GGML_CIQ_OFFLOAD");
+    const bool all = env && std::strcmp(env, "all") == 0, none = env && std::strcmp(env, "none") == 0;
+    if (r.type == GGML_TYPE_Q4_K || r.type == GGML_TYPE_Q6_K) {
+        const ciq_variant variant = host ? CIQ_VARIANT_CPU : CIQ_VARIANT_AUTO;
+        const ciq_semantics semantics = host ? CIQ_SEMANTICS_CPU : CIQ_SEMANTICS_ANY;
+        const ciq_weight_type type = (ciq_weight_type)r.type;
+        if (execute) {
+            return ciq_gemm(r.device, variant, semantics, type, r.weight, r.weight_nbytes, r.rows, r.k, r.x,
+                            r.tokens, r.out, CIQ_OUT_F32);
+        }
+        ciq_variant resolved;
+        const ciq_status status = ciq_resolve_variant(r.device, variant, semantics, type, r.rows, r.k, r.tokens,
+                                                      &resolved);
+        // v1 has no measured offload table: wgmma is the variant measured faster than llama.cpp's MMQ.
+        *offload = status == CIQ_OK && (all || (!none && resolved == CIQ_VARIANT_WGMMA));
+        return status;
+    }
+    if (r.type == GGML_TYPE_Q4_0 || r.type == GGML_TYPE_Q5_0 || r.type == GGML_TYPE_Q8_0) {
+        const ciq_semantics semantics = host ? CIQ_SEMANTICS_CPU : CIQ_SEMANTICS_MMQ;
+        if (execute) return ciq_gemm_q32(r.device, semantics, r.type, r.weight, r.rows, r.k, r.x, r.tokens, r.out);
+        const bool shape_ok = r.k % (host ? 32 : 128) == 0;
+        *offload = shape_ok && all;
+        return shape_ok ? CIQ_OK : CIQ_ERR_UNSUPPORTED;
+    }
+    *offload = false;
+    return CIQ_ERR_UNSUPPORTED;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// MUL_MAT: what we take, and running it.
+
+// The request for a MUL_MAT node, or false when its layout is one we decline: weight and activations contiguous and
+// 2-D (no broadcast batch, nothing permuted), activations and output f32. ggml's shapes: src0 [k, rows],
+// src1 [k, tokens], dst [rows, tokens].
+bool mul_mat_request(int device, const ggml_tensor *node, gemm_request *r) {
+    const ggml_tensor *w = node->src[0], *x = node->src[1];
+    if (w == nullptr || x == nullptr || x->type != GGML_TYPE_F32 || node->type != GGML_TYPE_F32) return false;
+    if (!ggml_is_contiguous(w) || !ggml_is_contiguous(x) || !ggml_is_contiguous(node)) return false;
+    if (w->ne[2] != 1 || w->ne[3] != 1 || x->ne[2] != 1 || x->ne[3] != 1) return false;
+    if (x->ne[0] != w->ne[0] || node->ne[0] != w->ne[1] || node->ne[1] != x->ne[1]) return false;
+    *r = gemm_request{device, w->type, w->ne[1], w->ne[0], x->ne[1]};
+    r->weight = w->data;
+    r->weight_nbytes = ggml_nbytes(w);
+    r->x = (const float *)x->data;
+    r->out = (float *)node->data;
+    return true;
+}
+
+bool mul_mat_offloaded(int device, const ggml_tensor *node) {
+    gemm_request r{};
+    bool offload = false;
+    return mul_mat_request(device, node, &r) && ciq_gemm_adapter(r, false, &offload) == CIQ_OK && offload;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Devices.
+
+struct device_context {
+    int ciq_device;                    // CIQ_DEVICE_CPU or 0
+    ggml_backend_dev_t cuda = nullptr; // GPU: CUDA0, whose buffer type we hand out
+    std::string name, description;
+};
+
+device_context g_device;
+ggml_backend_device g_ggml_device;
+int g_device_count = 0;
+
+ggml_guid_t backend_guid() {
+    static ggml_guid guid = {0x63, 0x69, 0x71, 0x2d, 0x67, 0x67, 0x6d, 0x6c, 0x2d, 0x62, 0x61, 0x63, 0x6b, 0x65, 0x6e, 0x64};
+    return &guid;
+}
+
+// -- backend (stream) --
+
+const char *backend_get_name(ggml_backend_t backend) {
+    return ((device_context *)backend->device->context)->name.c_str();
+}
+
+void backend_free(ggml_backend_t backend) { delete backend; }
+
+void backend_synchronize(ggml_backend_t backend) {
+    const device_context *dev = (const device_context *)backend->device->context;
+    if (dev->ciq_device != CIQ_DEVICE_CPU && ciq_synchronize(dev->ciq_device) != CIQ_OK) {
+        GGML_LOG_ERROR("ggml-ciq: %s: %s\n", dev->name.c_str(), ciq_last_error());
+    }
+}
+
+// Runs the split's MUL_MATs in order, then waits for the GPU. Why the wait (docs/PLUGIN.md, "Ordering"): our
+// kernels run on libggml_ciq's stream, not CUDA0's, and the scheduler synchronizes the previous backend at a backend
+// switch only when the next split copies no inputs; finishing here orders us before whatever runs next.
+ggml_status backend_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
+    const device_context *dev = (const device_context *)backend->device->context;
+    for (int i = 0; i < graph->n_nodes; i++) {
+        ggml_tensor *node = graph->nodes[i];
+        if ((node->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) continue;
+        switch (node->op) {
+            case GGML_OP_NONE:
+            case GGML_OP_RESHAPE:
+            case GGML_OP_VIEW:
+            case GGML_OP_PERMUTE:
+            case GGML_OP_TRANSPOSE:
+                break;
+            case GGML_OP_MUL_MAT: {
+                gemm_request r{};
+                bool unused;
+                if (!mul_mat_request(dev->ciq_device, node, &r)) {
+                    GGML_LOG_ERROR("ggml-ciq: %s: MUL_MAT %s has a layout this device declines\n", dev->name.c_str(),
+                                   node->name);
+                    return GGML_STATUS_FAILED;
+                }
+                if (ciq_gemm_adapter(r, true, &unused) != CIQ_OK) {
+                    GGML_LOG_ERROR("ggml-ciq: %s: MUL_MAT %s: %s\n", dev->name.c_str(), node->name, ciq_last_error());
+                    return GGML_STATUS_FAILED;
+                }
+                break;
+            }
+            default:
+                GGML_LOG_ERROR("ggml-ciq: %s: unsupported op %s\n", dev->name.c_str(), ggml_op_desc(node));
+                return GGML_STATUS_FAILED;
+        }
+    }
+    if (dev->ciq_device != CIQ_DEVICE_CPU && ciq_synchronize(dev->ciq_device) != CIQ_OK) {
+        GGML_LOG_ERROR("ggml-ciq: %s: %s\n", dev->name.c_str(), ciq_last_error());
+        return GGML_STATUS_FAILED;
+    }
+    return GGML_STATUS_SUCCESS;
+}
+
+const ggml_backend_i backend_interface = {
+    /* .get_name            = */ backend_get_name,
+    /* .free                = */ backend_free,
+    /* .set_tensor_async    = */ nullptr,
+    /* .get_tensor_async    = */ nullptr,
+    /* .set_tensor_2d_async = */ nullptr,
+    /* .get_tensor_2d_async = */ nullptr,
+    /* .cpy_tensor_async    = */ nullptr,
+    /* .synchronize         = */ backend_synchronize,
+    /* .graph_plan_create   = */ nullptr,
+    /* .graph_plan_free     = */ nullptr,
+    /* .graph_plan_update   = */ nullptr,
+    /* .graph_plan_compute  = */ nullptr,
+    /* .graph_compute       = */ backend_graph_compute,
+    /* .event_record        = */ nullptr,
+    /* .event_wait          = */ nullptr,
+    /* .graph_optimize      = */ nullptr,
+};
+
+// -- device --
+
+const char *device_get_name(ggml_backend_dev_t dev) { return ((device_context *)dev->context)->name.c_str(); }
+
+const char *device_get_description(ggml_backend_dev_t dev) {
+    return ((device_context *)dev->context)->description.c_str();
+}
+
+void device_get_memory(ggml_backend_dev_t, size_t *free, size_t *total) {
+    *free = 0;  // no memory of its own: the GPU device's tensors live in CUDA0's buffers, the CPU one's in host memory
+    *total = 0;
+}
+
+enum ggml_backend_dev_type device_get_type(ggml_backend_dev_t dev) {
+    return ((device_context *)dev->context)->ciq_device == CIQ_DEVICE_CPU ? GGML_BACKEND_DEVICE_TYPE_ACCEL
+                                                                          : GGML_BACKEND_DEVICE_TYPE_GPU;
+}
+
+void device_get_props(ggml_backend_dev_t dev, ggml_backend_dev_props *props) {
+    const bool host = ((device_context *)dev->context)->ciq_device == CIQ_DEVICE_CPU;
+    props->name = device_get_name(dev);
+    props->description = device_get_description(dev);
+    props->type = device_get_type(dev);
+    props->device_id = nullptr;  // not CUDA0's PCI id: llama.cpp would drop one of two devices with the same id
+    device_get_memory(dev, &props->memory_free, &props->memory_total);
+    props->caps = {
+        /* .async                = */ false,
+        /* .host_buffer          = */ false,
+        /* .buffer_from_host_ptr = */ host,
+        /* .events               = */ false,  // also keeps llama.cpp's pipeline parallelism (events on all) off
+        /* .mmap_support         = */ host,
+    };
+}
+
+ggml_backend_t device_init_backend(ggml_backend_dev_t dev, const char *) {
+    return new ggml_backend{backend_guid(), backend_interface, dev, nullptr};
+}
+
+ggml_backend_buffer_type_t device_get_buffer_type(ggml_backend_dev_t dev) {
+    const device_context *ctx = (const device_context *)dev->context;
+    return ctx->cuda ? ggml_backend_dev_buffer_type(ctx->cuda) : ggml_backend_cpu_buffer_type();
+}
+
+ggml_backend_buffer_t device_buffer_from_host_ptr(ggml_backend_dev_t, void *ptr, size_t size, size_t) {
+    return ggml_backend_cpu_buffer_from_ptr(ptr, size);
+}
+
+bool device_supports_op(ggml_backend_dev_t dev, const ggml_tensor *op) {
+    switch (op->op) {
+        case GGML_OP_NONE:  // input and view nodes: without them test-backend-ops counts 0/0 (as ggml-blas)
+        case GGML_OP_RESHAPE:
+        case GGML_OP_VIEW:
+        case GGML_OP_PERMUTE:
+        case GGML_OP_TRANSPOSE:
+            return true;
+        case GGML_OP_MUL_MAT:
+            return mul_mat_offloaded(((device_context *)dev->context)->ciq_device, op);
+        default:
+            return false;
+    }
+}
+
+// GPU: exactly CUDA0's buffer type. CPU: host buffers in ggml's standard layout (plain and mmap'd CPU buffers; not
+// the CPU backend's repacked "extra" buffers, whose is_host is false).
+bool device_supports_buft(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buft) {
+    const device_context *ctx = (const device_context *)dev->context;
+    return ctx->cuda ? buft == ggml_backend_dev_buffer_type(ctx->cuda) : ggml_backend_buft_is_host(buft);
+}
+
+const ggml_backend_device_i device_interface = {
+    /* .get_name             = */ device_get_name,
+    /* .get_description      = */ device_get_description,
+    /* .get_memory           = */ device_get_memory,
+    /* .get_type             = */ device_get_type,
+    /* .get_props            = */ device_get_props,
+    /* .init_backend         = */ device_init_backend,
+    /* .get_buffer_type      = */ device_get_buffer_type,
+    /* .get_host_buffer_type = */ nullptr,
+    /* .buffer_from_host_ptr = */ device_buffer_from_host_ptr,
+    /* .supports_op          = */ device_supports_op,
+    /* .supports_buft        = */ device_supports_buft,
+    /* .offload_op           = */ nullptr,
+    /* .event_new            = */ nullptr,
+    /* .event_free           = */ nullptr,
+    /* .event_synchronize    = */ nullptr,
+};
+
+// -- registry --
+
+const char *reg_get_name(ggml_backend_reg_t) { return "CIQ"; }
+
+size_t reg_get_device_count(ggml_backend_reg_t) { return (size_t)g_device_count; }
+
+ggml_backend_dev_t reg_get_device(ggml_backend_reg_t, size_t index) {
+    GGML_ASSERT((int)index < g_device_count);
+    return &g_ggml_device;
+}
+
+void set_n_threads(ggml_backend_t backend, int n_threads) {
+    if (((device_context *)backend->device->context)->ciq_device == CIQ_DEVICE_CPU) ciq_set_num_threads(n_threads);
+}
+
+const char *build_info_json() {
+    return "{\"ggml_version\": \"" CIQ_PLUGIN_GGML_VERSION "\", \"llama_cpp_commit\": \"" CIQ_PLUGIN_LLAMACPP_COMMIT
+           "\", \"llama_cpp_python\": \"" CIQ_PLUGIN_LLAMA_CPP_PYTHON "\"}";
+}
+
+void *reg_get_proc_address(ggml_backend_reg_t, const char *name) {
+    if (std::strcmp(name, "ggml_backend_set_n_threads") == 0) return (void *)set_n_threads;
+    if (std::strcmp(name, "ggml_ciq_plugin_info") == 0) return (void *)build_info_json;
+    return nullptr;
+}
+
+const ggml_backend_reg_i reg_interface = {
+    /* .get_name         = */ reg_get_name,
+    /* .get_device_count = */ reg_get_device_count,
+    /* .get_device       = */ reg_get_device,
+    /* .get_proc_address = */ reg_get_proc_address,
+};
+
+// The ggml we were loaded into is the one we were compiled against: same version string, same ggml_tensor size
+// (ggml_tensor_overhead() = the 32-byte object header + sizeof(ggml_tensor)). One log line otherwise.
+bool ggml_matches() {
+    const char *running = ggml_version();
+    const bool same_version = std::strcmp(running, CIQ_PLUGIN_GGML_VERSION) == 0;
+    if (same_version && ggml_tensor_overhead() == 32 + sizeof(ggml_tensor)) return true;
+    GGML_LOG_ERROR("ggml-ciq: this plugin was built against ggml %s (llama.cpp %s, llama-cpp-python %s) and cannot "
+                   "run in ggml %s%s; rebuild it against this llama.cpp's headers (docs/PLUGIN.md)\n",
+                   CIQ_PLUGIN_GGML_VERSION, CIQ_PLUGIN_LLAMACPP_COMMIT, CIQ_PLUGIN_LLAMA_CPP_PYTHON, running,
+                   same_version ? " (same version string, different ggml_tensor layout)" : "");
+    return false;
+}
+
+// One device at most: CIQ0 when the ggml has CUDA0 and libggml_ciq sees a GPU; CIQ_CPU when the ggml has no GPU
+// device at all; none otherwise (a CUDA llama.cpp on a machine where our library has no GPU: nothing to offer).
+void discover_device() {
+    bool ggml_has_gpu = false;
+    for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
+        const enum ggml_backend_dev_type type = ggml_backend_dev_type(ggml_backend_dev_get(i));
+        ggml_has_gpu |= type == GGML_BACKEND_DEVICE_TYPE_GPU || type == GGML_BACKEND_DEVICE_TYPE_IGPU;
+    }
+    ggml_backend_dev_t cuda = ggml_backend_dev_by_name("CUDA0");
+    int gpus = 0;
+    if (ciq_device_count(&gpus) != CIQ_OK) gpus = 0;
+    char name[256] = "";
+    if (cuda != nullptr && gpus > 0 && ciq_device_name(0, name, sizeof name) == CIQ_OK) {
+        g_device = {0, cuda, "CIQ0", std::string("ggml-ciq keep-quant GEMM on ") + name + " (CUDA0's memory)"};
+    } else if (!ggml_has_gpu) {
+        g_device = {CIQ_DEVICE_CPU, nullptr, "CIQ_CPU", "ggml-ciq keep-quant GEMM on the CPU (llama.cpp CPU semantics)"};
+    } else {
+        GGML_LOG_INFO("ggml-ciq: %s, so the plugin offers no device\n",
+                      cuda == nullptr ? "this ggml has GPU devices but no CUDA0" : "libggml_ciq sees no CUDA GPU");
+        return;
+    }
+    g_ggml_device = {device_interface, nullptr, &g_device};
+    g_device_count = 1;
+}
+
+}  // namespace
+
+ggml_backend_reg_t ggml_backend_ciq_reg(void) {
+    static ggml_backend_reg reg = {GGML_BACKEND_API_VERSION, reg_interface, nullptr};
+    static bool usable = false;
+    static std::once_flag once;
+    std::call_once(once, [] {
+        usable = ggml_matches();
+        if (usable) {
+            discover_device();
+            g_ggml_device.reg = &reg;
+        }
+    });
+    return usable ? &reg : nullptr;
+}
+
+// Readable without loading the plugin into ggml (ggml_ciq/plugin.py build_info).
+extern "C" __attribute__((visibility("default"))) const char *ggml_ciq_plugin_info(void) { return build_info_json(); }
+
+GGML_BACKEND_DL_IMPL(ggml_backend_ciq_reg)

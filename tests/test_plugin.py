@@ -1,0 +1,163 @@
+"""The ggml backend plugin (native/plugin, docs/PLUGIN.md) over the CPU-only llama.cpp of llama-cpp-python: libllama
+runs Gemma 3 270M's MUL_MATs through our CPU kernels (device CIQ_CPU), with llama.cpp CPU's logits; the plugin refuses
+another ggml; supports_op declines the layouts we do not run.
+
+The plugin is the one `pip install .` built (or $GGML_CIQ_PLUGIN); failing that it is built here against the
+libggml_ciq in use (headers: $GGML_CIQ_LLAMACPP_SRC or the cached/fetched sdist). Skipped without llama.cpp unless
+GGML_CIQ_REQUIRE_LLAMACPP=1."""
+
+import os
+
+import cffi
+import numpy as np
+import pytest
+
+from ggml_ciq import catalog, native, plugin, quants
+from ggml_ciq.errors import BackendError, LibraryNotFoundError
+from ggml_ciq.llamacpp import F16, F32, Q4_K, Q5_K, Q6_K, Q8_0, MulMatGraph, _lib_file
+
+PROMPT = os.path.join(os.path.dirname(__file__), "data", "prompt_en.txt")
+
+
+@pytest.fixture(scope="module")
+def plugin_path(llama, native_lib, tmp_path_factory):
+    path = plugin.find_plugin()
+    if path is None:
+        try:
+            path = plugin.build(tmp_path_factory.mktemp("plugin"))
+        except (BackendError, plugin.SourceError) as exc:
+            if os.environ.get("GGML_CIQ_REQUIRE_LLAMACPP"):
+                pytest.fail(f"the ggml plugin cannot be built: {exc}")
+            pytest.skip(f"the ggml plugin cannot be built: {exc}")
+    return path
+
+
+@pytest.fixture
+def offload_all(monkeypatch):
+    """Our CPU kernels are not faster than llama.cpp's, so the registry never offloads to the CPU device unless
+    told to."""
+    monkeypatch.setenv("GGML_CIQ_OFFLOAD", "all")
+
+
+def test_gemma_prefill_through_the_plugin_equals_llamacpp_cpu(plugin_path, offload_all):
+    """All 158 tokens of a real English prompt, all positions' logits: llama.cpp CPU alone (its defaults: repacked
+    Q4_K) against libllama with the plugin loaded (weights unrepacked, every weight MUL_MAT offered to CIQ_CPU).
+    Same semantics, so the bar is NMSE <= 1e-10; the dispatch counters show every weight GEMM of the one
+    micro-batch ran in our library (Gemma 3 270M Q4_K_M: 27 Q4_K, 9 Q6_K, 81 Q5_0, 10 Q8_0 products)."""
+    from ggml_ciq.llama_model import LlamaModel
+
+    path = catalog.gemma3_270m_path()
+    text = open(PROMPT).read()
+    with LlamaModel(path, threads=2) as model:
+        tokens = model.tokenize(text)
+        with model.context_for(len(tokens)) as ctx:
+            reference = ctx.prefill(tokens)
+    assert len(tokens) == 158
+    with plugin.Plugin(plugin_path) as loaded:
+        assert loaded.devices == ["CIQ_CPU"]
+        native.dispatch_reset()
+        with LlamaModel(path, threads=2, repack=False) as model, model.context_for(len(tokens)) as ctx:
+            logits = ctx.prefill(tokens)
+        counts = {**native.dispatch_counts(), **native.q32_dispatch_counts()}
+    ran = {key: n for key, n in counts.items() if n}
+    assert ran == {("cpu", "Q4_K"): 27, ("cpu", "Q6_K"): 9, ("cpu", "Q5_0"): 81, ("cpu", "Q8_0"): 10}
+    assert logits.shape == reference.shape == (158, 262144) and np.isfinite(logits).all()
+    error = quants.nmse(logits, reference)
+    print(f"plugin vs llama.cpp CPU: NMSE {error:.2e}, identical {np.mean(logits == reference):.4f}")
+    assert error <= 1e-10
+
+
+@pytest.mark.parametrize("ggml_type,rows,k,tokens", [(Q4_K, 72, 512, 13), (Q6_K, 37, 256, 9), (Q8_0, 33, 96, 5)])
+def test_mul_mat_graph_on_the_plugin_device(plugin_path, offload_all, llama, ggml_type, rows, k, tokens):
+    """One MUL_MAT computed by the plugin's backend (tensors in its buffer type) against llama.cpp CPU's mul_mat on
+    the same blocks: odd rows, tokens that fill no tile. llama.cpp's plain-buffer Q4_K takes another float order than
+    the repacked one our kernel follows: rounding-level apart, under the same-semantics bar."""
+    rng = np.random.default_rng(15)
+    weight = llama.quantize_chunk(ggml_type, rng.standard_normal((rows, k)).astype(np.float32))
+    x = rng.standard_normal((tokens, k)).astype(np.float32)
+    expected = llama.mul_mat(ggml_type, weight, rows, k, x, device="CPU", threads=2)
+    with plugin.Plugin(plugin_path):
+        native.dispatch_reset()
+        got = llama.mul_mat(ggml_type, weight, rows, k, x, device="CIQ_CPU")
+        ran = sum({**native.dispatch_counts(), **native.q32_dispatch_counts()}.values())
+    assert ran == 1
+    assert quants.nmse(got, expected) <= 1e-10
+
+
+_GGML_CDEF = """
+struct ggml_context; struct ggml_tensor; struct ggml_backend_device;
+struct ggml_init_params { size_t mem_size; void * mem_buffer; bool no_alloc; };
+struct ggml_context * ggml_init(struct ggml_init_params params);
+void ggml_free(struct ggml_context * ctx);
+struct ggml_tensor * ggml_new_tensor_2d(struct ggml_context * ctx, int type, int64_t ne0, int64_t ne1);
+struct ggml_tensor * ggml_new_tensor_3d(struct ggml_context * ctx, int type, int64_t ne0, int64_t ne1, int64_t ne2);
+struct ggml_tensor * ggml_view_2d(struct ggml_context * ctx, struct ggml_tensor * a, int64_t ne0, int64_t ne1,
+                                  size_t nb1, size_t offset);
+struct ggml_tensor * ggml_permute(struct ggml_context * ctx, struct ggml_tensor * a, int axis0, int axis1, int axis2,
+                                  int axis3);
+struct ggml_tensor * ggml_mul_mat(struct ggml_context * ctx, struct ggml_tensor * a, struct ggml_tensor * b);
+struct ggml_backend_device * ggml_backend_dev_by_name(const char * name);
+bool ggml_backend_dev_supports_op(struct ggml_backend_device * device, const struct ggml_tensor * op);
+"""
+
+
+def test_supports_op_declines_layouts_we_do_not_run(plugin_path, offload_all, llama, monkeypatch):
+    """MUL_MAT is taken only with contiguous 2-D f32 activations and a covered weight type; input and view nodes are
+    accepted (test-backend-ops counts nothing otherwise); GGML_CIQ_OFFLOAD=none declines everything."""
+    ffi = cffi.FFI()
+    ffi.cdef(_GGML_CDEF)
+    lib = ffi.dlopen(str(_lib_file(llama.lib_dir, "ggml")))
+    ctx = lib.ggml_init(ffi.new("struct ggml_init_params *", [1 << 20, ffi.NULL, True])[0])
+    try:
+        with plugin.Plugin(plugin_path):
+            dev = lib.ggml_backend_dev_by_name(b"CIQ_CPU")
+            assert dev != ffi.NULL
+            k, rows, tokens = 512, 64, 16
+            w = lib.ggml_new_tensor_2d(ctx, Q4_K, k, rows)
+            x = lib.ggml_new_tensor_2d(ctx, F32, k, tokens)
+            wide = lib.ggml_new_tensor_2d(ctx, F32, 2 * k, tokens)
+            x3 = lib.ggml_new_tensor_3d(ctx, F32, tokens, k, 1)
+            cases = {
+                "plain": (lib.ggml_mul_mat(ctx, w, x), True),
+                "q6_K weight": (lib.ggml_mul_mat(ctx, lib.ggml_new_tensor_2d(ctx, Q6_K, k, rows), x), True),
+                "input node": (x, True),
+                "f16 activations": (lib.ggml_mul_mat(ctx, w, lib.ggml_new_tensor_2d(ctx, F16, k, tokens)), False),
+                "non-contiguous activations": (
+                    lib.ggml_mul_mat(ctx, w, lib.ggml_view_2d(ctx, wide, k, tokens, 2 * k * 4, 0)), False),
+                "permuted activations": (lib.ggml_mul_mat(ctx, w, lib.ggml_permute(ctx, x3, 1, 0, 2, 3)), False),
+                "broadcast batch": (lib.ggml_mul_mat(ctx, w, lib.ggml_new_tensor_3d(ctx, F32, k, tokens, 4)), False),
+                "q5_K weight (not covered)": (
+                    lib.ggml_mul_mat(ctx, lib.ggml_new_tensor_2d(ctx, Q5_K, k, rows), x), False),
+                "f32 weight (not covered)": (
+                    lib.ggml_mul_mat(ctx, lib.ggml_new_tensor_2d(ctx, F32, k, rows), x), False),
+            }
+            answers = {name: bool(lib.ggml_backend_dev_supports_op(dev, op)) for name, (op, _) in cases.items()}
+            assert answers == {name: want for name, (_, want) in cases.items()}
+            monkeypatch.setenv("GGML_CIQ_OFFLOAD", "none")
+            assert not lib.ggml_backend_dev_supports_op(dev, cases["plain"][0])
+    finally:
+        lib.ggml_free(ctx)
+
+
+def test_plugin_refuses_another_ggml(llama, native_lib, tmp_path):
+    """A plugin built for another ggml version (here: told at build time it is for ggml 0.15.0) is refused by its
+    own ggml_backend_init with one log line naming both versions, and loading raises a BackendError."""
+    from ggml_ciq.llama_model import _Library
+
+    library = _Library.load()  # its log callback also receives ggml's log
+    try:
+        path = plugin.build(tmp_path / "old", ggml_version="0.15.0")
+    except plugin.SourceError as exc:
+        pytest.skip(f"the ggml plugin cannot be built: {exc}")
+    start = len(library.log)
+    with pytest.raises(BackendError, match="0.15.0"):
+        plugin.Plugin(path)
+    refusal = [line for line in "".join(library.log[start:]).splitlines() if line.startswith("ggml-ciq:")]
+    assert len(refusal) == 1
+    assert f"built against ggml 0.15.0" in refusal[0] and f"cannot run in ggml {llama.version}" in refusal[0]
+
+
+def test_missing_plugin_is_one_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv(plugin.PLUGIN_ENV, str(tmp_path / "nothing.so"))
+    with pytest.raises(LibraryNotFoundError, match="not built"):
+        plugin.Plugin()
