@@ -303,7 +303,7 @@ def main(argv: list[str]) -> int:
     try:
         source = llamacpp_source()
     except (SourceError, OSError, tarfile.TarError) as exc:
-        print(f"ggml-ciq plugin: {exc}", file=sys.stderr)
+        print(exc, file=sys.stderr)
         return 1
     for key, value in source.items():
         print(f"{key.upper()}={value or ''}")
