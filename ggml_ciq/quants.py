@@ -434,3 +434,202 @@ def nmse(a: np.ndarray, b: np.ndarray, chunk: int = 1 << 22) -> float:
 
 
 REFERENCE_GEMMS = {"cpu": gemm_cpu_semantics, "mmq": gemm_mmq_semantics, "f16": gemm_f16_semantics, "f64": gemm_f64}
+
+
+# ----------------------------------------------------------------------------------------------
+# MMVQ: llama.cpp CUDA's mul_mat_vec_q, the kernel it runs for 1..8 activation columns (docs/SEMANTICS.md "mmvq").
+# Float32 throughout, in the kernel's own association (read from the SASS of ggml-cuda/mmvq.cu at 0c1e570 built
+# for sm_90a with -use_fast_math): every product-then-add is one fused multiply-add where nvcc fuses it.
+
+Q8_1_DTYPE = np.dtype([("d", "<f2"), ("s", "<f2"), ("qs", "i1", 32)])  # ggml block_q8_1: half2 ds {d, sum}, qs
+MMVQ_MAX_TOKENS = 8  # MMVQ_MAX_BATCH_SIZE
+MMVQ_TYPES = (Q4_0, Q5_0, Q8_0, Q4_K, Q6_K)
+Q8_1_INV_127 = np.float32(1.0 / 127.0)  # nvcc folds amax / 127.0f into amax * this under -use_fast_math
+
+
+def quantize_q8_1(x: np.ndarray) -> np.ndarray:
+    """llama.cpp's quantize_q8_1 (MMVQ's activations): [tokens, K/32] block_q8_1 records (36 B each).
+
+    Per 32 values: amax = max|x|, d = amax * f32(1/127), q = roundf(x * (1/d)) (0 when amax is 0), sum by the warp's
+    xor butterfly (offsets 16, 8, 4, 2, 1), ds = half2(d, sum) rounded to nearest even. The GPU's 1/d is
+    rcp.approx.ftz (llama.cpp's fast math): q can differ by one at a rounding tie; GPU kernels are checked on the
+    GPU's own bytes."""
+    x = _check_activations(x, 32)
+    tokens, k = x.shape
+    xb = x.reshape(tokens, k // 32, 32)
+    amax = np.abs(xb).max(-1)
+    d = amax * Q8_1_INV_127
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = _round_half_away(xb * (np.float32(1.0) / d)[..., None])
+    q = np.where(amax[..., None] > 0, q, 0).astype(np.int8)
+    s = xb
+    for offset in (16, 8, 4, 2, 1):
+        s = s[..., :offset] + s[..., offset:2 * offset]
+    out = np.empty((tokens, k // 32), Q8_1_DTYPE)
+    out["qs"] = q
+    with np.errstate(over="ignore"):  # sums beyond fp16 range become inf, as on the GPU
+        out["d"], out["s"] = d.astype(np.float16), s[..., 0].astype(np.float16)
+    return out
+
+
+def mmvq_warps(tokens: int) -> int:
+    """Warps per CTA of llama.cpp's mul_mat_vec_q for this many columns (calc_nwarps, the generic NVIDIA table that
+    Ampere, Ada, Hopper and Blackwell use): 4 up to 4 columns, 2 up to 8. They set which thread sums which blocks."""
+    if not 1 <= tokens <= MMVQ_MAX_TOKENS:
+        raise ShapeError(f"MMVQ runs 1..{MMVQ_MAX_TOKENS} tokens, got {tokens}")
+    return 4 if tokens <= 4 else 2
+
+
+def _fma32(a, b, c) -> np.ndarray:
+    """float32 fma(a, b, c), correctly rounded: a*b is exact in float64; the sum is rounded to odd (TwoSum's error
+    decides), which makes the final rounding to float32 exact."""
+    p = np.asarray(a, np.float64) * np.asarray(b, np.float64)
+    c = np.asarray(c, np.float64)
+    s = p + c
+    bb = s - p
+    err = (p - (s - bb)) + (c - bb)
+    fix = (err != 0) & ((s.view(np.int64) & 1) == 0)
+    s = np.where(fix, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+    return s.astype(np.float32)
+
+
+def _q8_1_fields(xq: np.ndarray, k: int):
+    xq = np.asarray(xq)
+    if xq.dtype != Q8_1_DTYPE:
+        xq = np.ascontiguousarray(xq).view(np.uint8).view(Q8_1_DTYPE)
+    xq = xq.reshape(-1, k // 32)
+    return xq["qs"].astype(np.int32), xq["d"].astype(np.float32), xq["s"].astype(np.float32)
+
+
+def _mmvq_partials(weight_type: int, data, rows: int, k: int, q8, d8, s8, r0: int, r1: int):
+    """Each thread's contribution per 256- or 32-value block for rows r0..r1: (tpb, op, a, b) with arrays
+    [rows, tokens, blocks, tpb]; op "fma": the thread adds fma(a, b, acc), "add": acc + a (b None)."""
+    tokens = q8.shape[0]
+    if weight_type in Q32_TYPES:
+        qw, dw = q32_fields(weight_type, data, rows, k)
+        qw, dw = qw[r0:r1].astype(np.int32), dw[r0:r1]
+        nb = k // 32
+        xv = q8.reshape(1, tokens, nb, 32)
+        if weight_type == Q8_0:  # 4 threads per block, 8 values each; acc = fma(d_w*d8, float(isum), acc)
+            isum = (qw.reshape(-1, 1, nb, 4, 8) * xv.reshape(1, tokens, nb, 4, 8)).sum(-1)
+            a = dw[:, None, :, None] * d8[None, :, :, None]
+            return 4, "fma", np.broadcast_to(a, isum.shape), isum.astype(np.float32)
+        # Q4_0 / Q5_0: 2 threads per block, values 8s..8s+7 and 16+8s..16+8s+7, raw quants (q+8, q+16);
+        # inner = fma(d8, float(isum), -c*s8) with c = 4 (Q4_0) or 8 (Q5_0) per thread, acc = fma(d_w, inner, acc)
+        raw = qw + (8 if weight_type == Q4_0 else 16)
+        isum = (raw.reshape(-1, 1, nb, 2, 2, 8) * xv.reshape(1, tokens, nb, 2, 2, 8)).sum((-1, -3))
+        c = np.float32(-4.0 if weight_type == Q4_0 else -8.0)
+        inner = _fma32(d8[None, :, :, None], isum.astype(np.float32), (s8 * c)[None, :, :, None])
+        return 2, "fma", np.broadcast_to(dw[:, None, :, None], inner.shape), inner
+    nb = k // QK_K
+    if weight_type == Q4_K:
+        # 16 threads per super-block: thread s = 4c + l takes sub-blocks 2c, 2c+1 at positions 4l..4l+3 and
+        # 16+4l..16+4l+3. sumf_d = fma(d8_1, sc_1*dot_1, d8_0*(sc_0*dot_0)), sumf_m likewise with m and the q8
+        # sums; r = fma(sumf_d, d, -(sumf_m*dmin)); acc = acc + r.
+        d, dmin, sc, m, q = q4_K_fields(data, rows, k)
+        d, dmin, sc, m, q = d[r0:r1], dmin[r0:r1], sc[r0:r1], m[r0:r1], q[r0:r1]
+        qs = q.reshape(-1, 1, nb, 4, 2, 2, 4, 4)                      # [r, ., kb, c, i, hh, l, b]
+        xs = q8.reshape(1, tokens, nb, 4, 2, 2, 4, 4)
+        dot1 = (qs * xs).sum((-1, -3))                               # [r, t, kb, c, i, l]
+        dot2 = xs.sum((-1, -3))                                      # [1, t, kb, c, i, l]
+        scr = sc.reshape(-1, 1, nb, 4, 2, 1)
+        mr = m.reshape(-1, 1, nb, 4, 2, 1)
+        d8r = d8.reshape(1, tokens, nb, 4, 2, 1)
+        xd = (dot1 * scr).astype(np.float32)
+        xm = (dot2 * mr).astype(np.float32)
+        sumf_d = _fma32(d8r[..., 1, :], xd[..., 1, :], d8r[..., 0, :] * xd[..., 0, :])   # [r, t, kb, c, l]
+        sumf_m = _fma32(d8r[..., 1, :], xm[..., 1, :], d8r[..., 0, :] * xm[..., 0, :])
+        dd = d.reshape(-1, 1, nb, 1, 1)
+        r = _fma32(sumf_d, dd, -(sumf_m * dmin.reshape(-1, 1, nb, 1, 1)))
+        return 16, "add", r.reshape(r.shape[0], tokens, nb, 16), None
+    if weight_type == Q6_K:
+        # 32 threads per super-block: thread s = 16n + 8h + w takes, for i = 0, 1, the 4 values 128n + 32g + 4w + b
+        # with g = h + 2i (q8 block 4n + g, 16-value scale 8n + 2g + w/4). sumf = fma(d8_1, sc_1*dot_1,
+        # d8_0*(sc_0*dot_0)); acc = fma(d, sumf, acc).
+        d, sc, q = q6_K_fields(data, rows, k)
+        d, sc, q = d[r0:r1], sc[r0:r1], q[r0:r1]
+        qs = q.reshape(-1, 1, nb, 2, 2, 2, 8, 4)                      # [r, ., kb, n, i, h, w, b]
+        xs = q8.reshape(1, tokens, nb, 2, 2, 2, 8, 4)
+        dot = (qs * xs).sum(-1)                                      # [r, t, kb, n, i, h, w]
+        scr = np.repeat(sc.reshape(-1, 1, nb, 2, 2, 2, 2), 4, axis=-1)  # 16-value sub-block 8n + 4i + 2h + w//4
+        x = (dot * scr).astype(np.float32)
+        d8r = d8.reshape(1, tokens, nb, 2, 2, 2, 1)                  # q8 block 4n + 2i + h
+        sumf = _fma32(d8r[..., 1, :, :], x[..., 1, :, :], d8r[..., 0, :, :] * x[..., 0, :, :])  # [r, t, kb, n, h, w]
+        sumf = sumf.reshape(sumf.shape[0], tokens, nb, 32)
+        return 32, "fma", np.broadcast_to(d.reshape(-1, 1, nb, 1), sumf.shape), sumf
+    raise UnsupportedTypeError(f"MMVQ is defined here for {', '.join(TYPE_NAMES[t] for t in MMVQ_TYPES)}, "
+                               f"not {type_name(weight_type)}")
+
+
+def gemm_mmvq_semantics_quantized(weight_type: int, data, rows: int, k: int, xq: np.ndarray) -> np.ndarray:
+    """mul_mat_vec_q on quantize_q8_1 records [tokens, K/32]: float32 [tokens, rows], bit for bit the kernel's
+    float order (subnormals kept; the GPU flushes them).
+
+    Thread tid of the CTA's nwarps*32 (mmvq_warps) is part s = tid % tpb of blocks tid // tpb + n * (nwarps*32/tpb),
+    summed in n order; lane x of warp 0 then adds warps 1.. in order, and the xor butterfly over offsets
+    16, 8, 4, 2, 1 sums the lanes."""
+    if weight_type not in MMVQ_TYPES:
+        raise UnsupportedTypeError(f"MMVQ is defined here for {', '.join(TYPE_NAMES[t] for t in MMVQ_TYPES)}, "
+                                   f"not {type_name(weight_type)}")
+    row_bytes(weight_type, k)
+    q8, d8, s8 = _q8_1_fields(xq, k)
+    tokens = q8.shape[0]
+    nwarps = mmvq_warps(tokens)
+    q8 = q8.reshape(tokens, k)
+    out = np.empty((tokens, rows), np.float32)
+    row_chunk = max(1, (1 << 22) // (tokens * k))
+    for r0 in range(0, rows, row_chunk):
+        r1 = min(rows, r0 + row_chunk)
+        tpb, op, a, b = _mmvq_partials(weight_type, data, rows, k, q8, d8, s8, r0, r1)
+        nb = a.shape[2]
+        per_iter = nwarps * 32 // tpb
+        steps = -(-nb // per_iter)
+        pad = [(0, 0), (0, 0), (0, steps * per_iter - nb), (0, 0)]
+        a = np.pad(a, pad).reshape(r1 - r0, tokens, steps, per_iter * tpb)  # thread tid = b0 * tpb + s
+        if b is not None:
+            b = np.pad(b, pad).reshape(a.shape)
+        acc = np.zeros((r1 - r0, tokens, per_iter * tpb), np.float32)
+        for n in range(steps):
+            acc = _fma32(a[:, :, n], b[:, :, n], acc) if op == "fma" else acc + a[:, :, n]
+        acc = acc.reshape(r1 - r0, tokens, nwarps, 32)
+        v = acc[:, :, 0]
+        for w in range(1, nwarps):
+            v = v + acc[:, :, w]
+        for offset in (16, 8, 4, 2, 1):
+            v = v[..., :offset] + v[..., offset:2 * offset]
+        out[:, r0:r1] = v[..., 0].T
+    return out
+
+
+def gemm_mmvq_semantics(weight_type: int, data, rows: int, k: int, x: np.ndarray) -> np.ndarray:
+    """llama.cpp CUDA MMVQ semantics (1..8 tokens): quantize_q8_1, then mul_mat_vec_q's arithmetic."""
+    return gemm_mmvq_semantics_quantized(weight_type, data, rows, k, quantize_q8_1(x))
+
+
+def gemm_mmvq_exact(weight_type: int, data, rows: int, k: int, xq: np.ndarray) -> np.ndarray:
+    """MMVQ's formula on the same q8_1 bytes with every float step exact (float64; only the order of additions
+    differs from the kernel): K-quants d*Σ_j sc_j*d8_j*Σq*q8 - dmin*Σ_j m_j*d8_j*Σq8 (Q6_K without the min term);
+    Q4_0/Q5_0 d_w*(d8*Σ raw*q8 - c*s8) with raw = q+8 (c = 8) or q+16 (c = 16); Q8_0 d_w*d8*Σq*q8."""
+    q8, d8, s8 = _q8_1_fields(xq, k)
+    tokens = q8.shape[0]
+    q8 = q8.reshape(tokens, k).astype(np.float64)
+    d8, s8 = d8.astype(np.float64), s8.astype(np.float64)
+    xf = np.repeat(d8, 32, axis=1) * q8
+    if weight_type in Q32_TYPES:
+        qw, dw = q32_fields(weight_type, data, rows, k)
+        if weight_type == Q8_0:
+            return xf @ (dw.astype(np.float64)[..., None] * qw).reshape(rows, k).T
+        off = 8 if weight_type == Q4_0 else 16
+        raw = (qw.astype(np.float64) + off) * dw.astype(np.float64)[..., None]
+        return xf @ raw.reshape(rows, k).T - off * (s8 @ dw.astype(np.float64).T)
+    if weight_type == Q4_K:
+        d, dmin, sc, m, q = q4_K_fields(data, rows, k)
+        wf = (d.astype(np.float64)[..., None, None] * sc[..., None] * q).reshape(rows, k)
+        qsum = (d8 * q8.reshape(tokens, -1, 32).sum(-1))                 # [tokens, K/32]
+        return xf @ wf.T - qsum @ (dmin.astype(np.float64)[..., None] * m).reshape(rows, -1).T
+    if weight_type == Q6_K:
+        d, sc, q = q6_K_fields(data, rows, k)
+        wf = (d.astype(np.float64)[..., None, None] * sc[..., None] * q.reshape(rows, -1, 16, 16)).reshape(rows, k)
+        return xf @ wf.T
+    raise UnsupportedTypeError(f"MMVQ is defined here for {', '.join(TYPE_NAMES[t] for t in MMVQ_TYPES)}, "
+                               f"not {type_name(weight_type)}")

@@ -55,6 +55,11 @@ ciq_status ciq_cpu_gemm_q32(int type, const void *weight, int64_t rows, int64_t 
                             int64_t tokens, float *out);
 ciq_status ciq_cpu_gemm_q32_q8_0(int type, const void *weight, int64_t rows, int64_t k, const float *x,
                                  int64_t tokens, float *out);
+// MMVQ semantics (llama.cpp CUDA mul_mat_vec_q, 1..8 tokens): x_q8_1 is [tokens][K/32] block_q8_1 (36 B: half d,
+// half sum, int8 qs[32]); types Q4_0, Q5_0, Q8_0, Q4_K, Q6_K; out float32 [tokens][rows]. cpu/gemm_mmvq.cpp.
+ciq_status ciq_cpu_quantize_q8_1(const float *x, void *out, int64_t tokens, int64_t k);
+ciq_status ciq_cpu_gemm_mmvq(int ggml_type, const void *weight, int64_t rows, int64_t k, const void *x_q8_1,
+                             int64_t tokens, float *out);
 ciq_status ciq_cpu_gemm(ciq_semantics semantics, ciq_weight_type type, const void *weight, int64_t rows, int64_t k,
                         const void *x_quantized, int64_t tokens, void *out, ciq_out_type out_type);
 ciq_status ciq_cpu_rms_norm(const float *x, const float *weight, float eps, int64_t n, int64_t d, float *out);
@@ -127,4 +132,8 @@ ciq_status ciq_cuda_gemm_q32(int type, const void *weight, int64_t rows, int64_t
                              int64_t tokens, float *out);
 ciq_status ciq_cuda_gemm_mma(ciq_weight_type type, const void *weight, int64_t rows, int64_t k,
                              const void *x_q8_1_mmq, int64_t tokens, void *out, ciq_out_type out_type);
+// MMVQ semantics on the GPU (cuda/gemm_mmvq.cu): layouts as ciq_cpu_gemm_mmvq; tokens 1..8.
+ciq_status ciq_cuda_quantize_q8_1(const float *x, void *out, int64_t tokens, int64_t k);
+ciq_status ciq_cuda_gemm_mmvq(int ggml_type, const void *weight, int64_t rows, int64_t k, const void *x_q8_1,
+                              int64_t tokens, float *out);
 #endif

@@ -1,0 +1,210 @@
+"""MMVQ semantics (llama.cpp CUDA's mul_mat_vec_q, 1..8 tokens; docs/SEMANTICS.md "mmvq"): the numpy reference in
+quants against its own exact float64 formula (the index mapping), the host C twin native/src/cpu/gemm_mmvq.cpp and the
+CUDA kernel native/src/cuda/gemm_mmvq.cu run on the CPU through tests/cuda_on_cpu, bit for bit.
+
+Both native files are compiled here on their own (g++, a small driver), so these tests need no library build."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import cffi
+import numpy as np
+import pytest
+
+from ggml_ciq import quants as Q
+from ggml_ciq.errors import ShapeError, UnsupportedTypeError
+from test_cuda_emulation import rewrite
+from test_ops import random_table
+
+ROOT = Path(__file__).resolve().parents[1]
+EMULATION = Path(__file__).resolve().parent / "cuda_on_cpu"
+TYPES = list(Q.MMVQ_TYPES)
+IDS = [Q.type_name(t) for t in TYPES]
+# K with a tail: the blocks per row are not a multiple of the blocks a CTA takes per step (2 threads per 32-block:
+# 64 or 32 blocks a step; Q8_0 32 or 16; Q4_K 8 or 4; Q6_K 4 or 2), and several steps.
+K_OF = {Q.Q4_0: 32 * 150, Q.Q5_0: 32 * 150, Q.Q8_0: 32 * 150, Q.Q4_K: 256 * 11, Q.Q6_K: 256 * 11}
+
+DRIVER = r"""
+#include "ciq_internal.h"
+#include <cstdarg>
+#include <cstdio>
+static char g_error[1024];
+ciq_status ciq_fail(ciq_status status, const char *format, ...) {
+    va_list args;
+    va_start(args, format);
+    std::vsnprintf(g_error, sizeof(g_error), format, args);
+    va_end(args);
+    return status;
+}
+extern "C" {
+const char *mmvq_last_error(void) { return g_error; }
+int mmvq_quantize(const float *x, void *out, int64_t tokens, int64_t k) { return QUANTIZE(x, out, tokens, k); }
+int mmvq_gemm(int type, const void *w, int64_t rows, int64_t k, const void *xq, int64_t tokens, float *out) {
+    return GEMM(type, w, rows, k, xq, tokens, out);
+}
+}
+"""
+CDEF = """
+const char *mmvq_last_error(void);
+int mmvq_quantize(const float *x, void *out, int64_t tokens, int64_t k);
+int mmvq_gemm(int type, const void *w, int64_t rows, int64_t k, const void *xq, int64_t tokens, float *out);
+"""
+
+
+def _build(tmp: Path, sources: list, flags: list, prefix: str):
+    compiler = shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no g++")
+    driver = tmp / "driver.cpp"
+    driver.write_text(DRIVER)
+    library = tmp / "libmmvq.so"
+    command = [compiler, "-O2", "-shared", "-fPIC", "-ffp-contract=off", f"-I{ROOT / 'native' / 'include'}",
+               f"-DQUANTIZE={prefix}_quantize_q8_1", f"-DGEMM={prefix}_gemm_mmvq", *flags, *map(str, sources),
+               str(driver), "-o", str(library)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode and ("<barrier>" in result.stderr or "_Float16" in result.stderr):
+        pytest.skip(f"{compiler} lacks C++20 <barrier> or _Float16")
+    assert result.returncode == 0, result.stderr[-4000:]
+    ffi = cffi.FFI()
+    ffi.cdef(CDEF)
+    return ffi, ffi.dlopen(str(library))
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    """native/src/cpu/gemm_mmvq.cpp as the library builds it (-ffp-contract=off, OpenMP)."""
+    tmp = tmp_path_factory.mktemp("mmvq_host")
+    return _build(tmp, [ROOT / "native" / "src" / "cpu" / "gemm_mmvq.cpp"],
+                  ["-std=c++17", "-fopenmp", f"-I{ROOT / 'native' / 'src'}"], "ciq_cpu")
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    """native/src/cuda/gemm_mmvq.cu for the CPU: a thread per CUDA thread (tests/cuda_on_cpu)."""
+    tmp = tmp_path_factory.mktemp("mmvq_emu")
+    shutil.copytree(ROOT / "native" / "src", tmp / "src")
+    text, counts = rewrite((tmp / "src" / "cuda" / "gemm_mmvq.cu").read_text())
+    assert counts == {"launch": 2, "mma": 0, "ldmatrix": 0, "extern_shared": 0}, counts
+    assert "<<<" not in text, "a launch was not rewritten"
+    source = tmp / "src" / "cuda" / "gemm_mmvq.cpp"
+    source.write_text(text)
+    return _build(tmp, [source], ["-std=c++20", "-pthread", "-DGGML_CIQ_WITH_CUDA", "-DCIQ_CUDA_ON_CPU",
+                                  f"-I{EMULATION}", f"-I{tmp / 'src'}"], "ciq_cuda")
+
+
+def call(lib, name, *args):
+    ffi, handle = lib
+    converted = [ffi.cast("void *", ffi.from_buffer(a)) if isinstance(a, np.ndarray) else a for a in args]
+    status = getattr(handle, name)(*converted)
+    assert status == 0, ffi.string(handle.mmvq_last_error()).decode()
+
+
+def poisoned(shape, dtype=np.float32):
+    out = np.empty(shape, dtype)
+    out.view(np.uint8)[...] = 0xFF
+    return out
+
+
+def activations(rng, tokens, k):
+    """Gaussian activations with outlier channels (x30) and one all-zero 32-block (d = 0, q = 0)."""
+    x = rng.standard_normal((tokens, k)).astype(np.float32)
+    x[:, rng.choice(k, 5, replace=False)] *= 30
+    x[0, 64:96] = 0
+    return x
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The reference
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
+@pytest.mark.parametrize("tokens", [1, 2, 5, 8])
+def test_reference_is_the_formula(rng, ggml_type, tokens):
+    """The float32 reference in the kernel's order against the same formula with exact float steps (float64): only the
+    order of additions differs, so a wrong index mapping (a value on the wrong scale or block) fails here."""
+    rows, k = 37, K_OF[ggml_type]
+    w = random_table(rng, ggml_type, rows, k)
+    xq = Q.quantize_q8_1(activations(rng, tokens, k))
+    out = Q.gemm_mmvq_semantics_quantized(ggml_type, w, rows, k, xq)
+    assert out.dtype == np.float32 and out.shape == (tokens, rows)
+    assert Q.nmse(out, Q.gemm_mmvq_exact(ggml_type, w, rows, k, xq)) <= 1e-12
+
+
+def test_quantize_q8_1_fields(rng):
+    """block_q8_1 as llama.cpp's quantize_q8_1 writes it: d = fp16(amax * float(1/127)), q = roundf(x/d), the sum of the
+    float values in fp16, an all-zero block all zero."""
+    x = activations(rng, 3, 256)
+    xq = Q.quantize_q8_1(x)
+    assert xq.dtype.itemsize == 36 and xq.shape == (3, 8)
+    xb = x.reshape(3, 8, 32)
+    d = np.abs(xb).max(-1) * np.float32(1 / 127)
+    assert np.array_equal(xq["d"], d.astype(np.float16))
+    assert np.abs(xq["qs"]).max() == 127
+    assert np.allclose(xq["s"].astype(np.float64), xb.astype(np.float64).sum(-1), rtol=2e-3, atol=1e-3)
+    assert np.abs(xq["qs"].astype(np.float32) * d[..., None] - xb).max() <= d.max() / 2 * (1 + 1e-6)
+    assert (xq["qs"][0, 2] == 0).all() and xq["d"][0, 2] == 0 and xq["s"][0, 2] == 0
+
+
+def test_reference_bad_input(rng):
+    w = random_table(rng, Q.Q4_K, 4, 256)
+    with pytest.raises(ShapeError, match="1..8 tokens"):
+        Q.gemm_mmvq_semantics(Q.Q4_K, w, 4, 256, np.zeros((9, 256), np.float32))
+    with pytest.raises(UnsupportedTypeError, match="Q5_K"):
+        Q.gemm_mmvq_semantics(Q.Q5_K, np.zeros(176 * 4, np.uint8), 4, 256, np.zeros((1, 256), np.float32))
+    with pytest.raises(ShapeError):
+        Q.quantize_q8_1(np.zeros((1, 100), np.float32))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The host C twin and the CUDA kernel (emulated), bit for bit
+
+
+def test_host_quantize_q8_1(host, rng):
+    x = activations(rng, 5, 2048)
+    out = poisoned((5, 64), Q.Q8_1_DTYPE)
+    call(host, "mmvq_quantize", x, out, 5, 2048)
+    assert out.tobytes() == Q.quantize_q8_1(x).tobytes()
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
+@pytest.mark.parametrize("tokens", [1, 2, 5, 8])
+def test_host_gemm_bit_exact(host, rng, ggml_type, tokens):
+    rows, k = 37, K_OF[ggml_type]
+    w = random_table(rng, ggml_type, rows, k)
+    xq = Q.quantize_q8_1(activations(rng, tokens, k))
+    out = poisoned((tokens, rows))
+    call(host, "mmvq_gemm", ggml_type, w, rows, k, xq, tokens, out)
+    ref = Q.gemm_mmvq_semantics_quantized(ggml_type, w, rows, k, xq)
+    assert np.array_equal(out, ref), f"{np.sum(out != ref)} of {out.size} differ"
+
+
+def test_emulated_quantize_q8_1(emulated, rng):
+    x = activations(rng, 3, 512)
+    out = poisoned((3, 16), Q.Q8_1_DTYPE)
+    call(emulated, "mmvq_quantize", x, out, 3, 512)
+    assert out.tobytes() == Q.quantize_q8_1(x).tobytes()
+
+
+# The emulation runs a thread per CUDA thread: few rows (5: a tail of the 2-row CTA), K with a tail of the CTA's step.
+@pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
+@pytest.mark.parametrize("tokens", [1, 2, 5, 8])
+def test_emulated_gemm_bit_exact(emulated, rng, ggml_type, tokens):
+    rows, k = 5, {Q.Q4_K: 256 * 9, Q.Q6_K: 256 * 5}.get(ggml_type, 32 * 70)
+    w = random_table(rng, ggml_type, rows, k)
+    xq = Q.quantize_q8_1(activations(rng, tokens, k))
+    out = poisoned((tokens, rows))
+    call(emulated, "mmvq_gemm", ggml_type, w, rows, k, xq, tokens, out)
+    ref = Q.gemm_mmvq_semantics_quantized(ggml_type, w, rows, k, xq)
+    assert np.array_equal(out, ref), f"{np.sum(out != ref)} of {out.size} differ"
+
+
+def test_emulated_gemm_rejects(emulated, rng):
+    ffi, handle = emulated
+    w = random_table(rng, Q.Q4_K, 2, 256)
+    xq = Q.quantize_q8_1(np.ones((9, 256), np.float32))
+    out = poisoned((9, 2))
+    ptr = lambda a: ffi.cast("void *", ffi.from_buffer(a))  # noqa: E731
+    assert handle.mmvq_gemm(Q.Q4_K, ptr(w), 2, 256, ptr(xq), 9, ffi.cast("float *", ptr(out))) != 0
+    assert "1..8 tokens" in ffi.string(handle.mmvq_last_error()).decode()
+    assert np.isnan(out).all()
