@@ -32,6 +32,22 @@ def plugin_path(llama, native_lib, tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def plugin_device(plugin_path):
+    """The device the plugin offers in this process: CIQ_CPU over a CPU-only llama.cpp, CIQ0 over a CUDA one."""
+    with plugin.Plugin(plugin_path) as loaded:
+        devices = loaded.devices
+    assert len(devices) == 1
+    return devices[0]
+
+
+@pytest.fixture
+def cpu_device(plugin_device):
+    if plugin_device != "CIQ_CPU":
+        pytest.skip(f"the plugin offers {plugin_device} here: the CPU-device tests need a CPU-only llama.cpp")
+    return plugin_device
+
+
 @pytest.fixture
 def offload_all(monkeypatch):
     """Our CPU kernels are not faster than llama.cpp's, so the registry never offloads to the CPU device unless
@@ -39,7 +55,7 @@ def offload_all(monkeypatch):
     monkeypatch.setenv("GGML_CIQ_OFFLOAD", "all")
 
 
-def test_gemma_prefill_through_the_plugin_equals_llamacpp_cpu(plugin_path, offload_all):
+def test_gemma_prefill_through_the_plugin_equals_llamacpp_cpu(plugin_path, cpu_device, offload_all):
     """All 158 tokens of a real English prompt, all positions' logits: llama.cpp CPU alone (its defaults: repacked
     Q4_K) against libllama with the plugin loaded (weights unrepacked, every weight MUL_MAT offered to CIQ_CPU).
     Same semantics, so the bar is NMSE <= 1e-10; the dispatch counters show every weight GEMM of the one
@@ -68,7 +84,8 @@ def test_gemma_prefill_through_the_plugin_equals_llamacpp_cpu(plugin_path, offlo
 
 
 @pytest.mark.parametrize("ggml_type,rows,k,tokens", [(Q4_K, 72, 512, 13), (Q6_K, 37, 256, 9), (Q8_0, 33, 96, 5)])
-def test_mul_mat_graph_on_the_plugin_device(plugin_path, offload_all, llama, ggml_type, rows, k, tokens):
+def test_mul_mat_graph_on_the_plugin_device(plugin_path, cpu_device, offload_all, llama, ggml_type, rows, k,
+                                            tokens):
     """One MUL_MAT computed by the plugin's backend (tensors in its buffer type) against llama.cpp CPU's mul_mat on
     the same blocks: odd rows, tokens that fill no tile. llama.cpp's plain-buffer Q4_K takes another float order than
     the repacked one our kernel follows: rounding-level apart, under the same-semantics bar."""
@@ -82,6 +99,39 @@ def test_mul_mat_graph_on_the_plugin_device(plugin_path, offload_all, llama, ggm
         ran = sum({**native.dispatch_counts(), **native.q32_dispatch_counts()}.values())
     assert ran == 1
     assert quants.nmse(got, expected) <= 1e-10
+
+
+@pytest.mark.gpu
+def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all):
+    """Over a CUDA llama.cpp (tools/gpu_run.sh plugin-check): Gemma 3 270M with devices CIQ0/CUDA0, every weight
+    MUL_MAT through the plugin (GGML_CIQ_OFFLOAD=all), against CUDA0 alone, flash attention off on both. The
+    semantics differ (wgmma's f16 products, not MMQ's), so this is a sanity bar - a race against CUDA0's stream or a
+    misread tensor gives unrelated logits - while llama-perplexity's KL divergence is the measured comparison."""
+    from ggml_ciq.compare import logits_agreement
+    from ggml_ciq.llama_model import LlamaModel
+
+    if plugin_device != "CIQ0":
+        pytest.skip(f"the plugin offers {plugin_device} here, not the GPU device CIQ0")
+    path = catalog.gemma3_270m_path()
+    text = open(PROMPT).read()
+    with LlamaModel(path, device="cuda") as model:
+        tokens = model.tokenize(text)
+        with model.context_for(len(tokens), flash_attn=False) as ctx:
+            reference = ctx.prefill(tokens)
+    with plugin.Plugin(plugin_path):
+        native.dispatch_reset()
+        with LlamaModel(path, device="cuda", devices=["CIQ0", "CUDA0"]) as model, \
+                model.context_for(len(tokens), flash_attn=False) as ctx:
+            logits = ctx.prefill(tokens)
+        counts = {**native.dispatch_counts(), **native.q32_dispatch_counts()}
+    keep_quant = {t: sum(n for (variant, wt), n in counts.items() if wt == t and variant != "cpu")
+                  for t in ("Q4_K", "Q6_K")}
+    assert keep_quant == {"Q4_K": 27, "Q6_K": 9}
+    assert counts[("cuda", "Q5_0")] == 81 and counts[("cuda", "Q8_0")] == 10
+    agreement = logits_agreement(logits, reference)
+    print(f"plugin vs CUDA0: top-1 {agreement['top1']:.4f}, mean KLD {agreement['kld_mean']:.2e}, "
+          f"NMSE {agreement['nmse']:.2e}")
+    assert np.isfinite(logits).all() and agreement["top1"] >= 0.9 and agreement["kld_mean"] <= 0.05
 
 
 _GGML_CDEF = """
@@ -101,7 +151,7 @@ bool ggml_backend_dev_supports_op(struct ggml_backend_device * device, const str
 """
 
 
-def test_supports_op_declines_layouts_we_do_not_run(plugin_path, offload_all, llama, monkeypatch):
+def test_supports_op_declines_layouts_we_do_not_run(plugin_path, plugin_device, offload_all, llama, monkeypatch):
     """MUL_MAT is taken only with contiguous 2-D f32 activations and a covered weight type; input and view nodes are
     accepted (test-backend-ops counts nothing otherwise); GGML_CIQ_OFFLOAD=none declines everything."""
     ffi = cffi.FFI()
@@ -110,7 +160,7 @@ def test_supports_op_declines_layouts_we_do_not_run(plugin_path, offload_all, ll
     ctx = lib.ggml_init(ffi.new("struct ggml_init_params *", [1 << 20, ffi.NULL, True])[0])
     try:
         with plugin.Plugin(plugin_path):
-            dev = lib.ggml_backend_dev_by_name(b"CIQ_CPU")
+            dev = lib.ggml_backend_dev_by_name(plugin_device.encode())
             assert dev != ffi.NULL
             k, rows, tokens = 512, 64, 16
             w = lib.ggml_new_tensor_2d(ctx, Q4_K, k, rows)

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # On the GPU machine (no network), from the repo root with .device/ carried (tools/prepare_device.sh):
-#   tools/gpu_run.sh setup      wheels -> /tmp/site, libggml_ciq (CUDA) -> /tmp/ciq-build, and llama.cpp CUDA
-#                               (llama-cpp-python sdist, sm_90) built in the background -> /tmp/llama
+#   tools/gpu_run.sh setup      wheels -> /tmp/site, libggml_ciq (CUDA) and the ggml plugin libggml-ciq -> /tmp/ciq-build,
+#                               and llama.cpp CUDA (CMake on the carried sdist, sm_90, shared libs; libllama,
+#                               test-backend-ops, llama-bench, llama-perplexity) built in the background -> /tmp/llama-cuda;
+#                               /tmp/llama/llama_cpp is the sdist's Python package with lib/ -> that build
+#                               (GGML_CIQ_LLAMACPP_LIB: the Python bridge uses the same libraries as the tools)
 #   tools/gpu_run.sh test       GPU test suite (pytest tests/test_cuda.py + the rest)
 #   tools/gpu_run.sh sanitize   compute-sanitizer memcheck + racecheck on every kernel -> $OUT
 #   tools/gpu_run.sh wait       wait for the llama.cpp CUDA build
@@ -13,6 +16,18 @@
 #                               2048 -> $OUT (needs stage, wait)
 #   tools/gpu_run.sh bench      bench/results/h200 set (llama3-8b n=512/2048, seed6) as JSON under $OUT (plot them
 #                               here with `ggml-ciq bench plot`: the machine's matplotlib fails to import)
+# The ggml plugin (issue 15, docs/PLUGIN.md; after setup + wait; the Gemma steps after stage):
+#   tools/gpu_run.sh plugin-check   `ggml-ciq info`, pytest tests/test_plugin.py (its GPU test), test-backend-ops
+#                                   -b CIQ0 -o MUL_MAT in mode test (GGML_CIQ_OFFLOAD=all: every shape our kernels run;
+#                                   and the default: what the plugin takes) -> $OUT/plugin/
+#   tools/gpu_run.sh plugin-perf    test-backend-ops perf -o MUL_MAT on CIQ0 and on CUDA0 (same binary) -> $OUT/plugin/
+#   tools/gpu_run.sh plugin-bench   llama-bench -o json, -dev CUDA0 vs -dev CIQ0/CUDA0 -ts 0/1 in one run, pp512,
+#                                   pp2048, tg128, fa 0 and 1: Gemma 3 270M and the synthetic Llama-3-8B -> $OUT/plugin/
+#   tools/gpu_run.sh plugin-kld     llama-perplexity --kl-divergence on Gemma over the carried text: plugin vs CUDA0
+#                                   (fa off, fa on) and CUDA0 fa on vs off (the yardstick) -> $OUT/plugin/
+#   tools/gpu_run.sh plugin-sanitize  compute-sanitizer memcheck on a whole llama.cpp prefill (llama-bench, 77 tokens,
+#                                   Gemma) through the plugin -> $OUT/plugin/
+# Every plugin step logs what it runs; a failing step does not stop the next one.
 # /tmp survives between calls while the machine stays warm, so setup runs once per lease.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +35,8 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONPATH=/tmp/site:$PWD:/tmp/llama PYTHONUNBUFFERED=1
 export GGML_CIQ_LIB=/tmp/ciq-build/libggml_ciq.so GGML_CIQ_LLAMACPP_LIB=/tmp/llama/llama_cpp/lib
+SDIST=/tmp/llama_cpp_python-0.3.36 LLAMA_BUILD=/tmp/llama-cuda PLUGIN=/tmp/ciq-build/libggml-ciq.so
+export GGML_CIQ_LLAMACPP_SRC=$SDIST GGML_CIQ_PLUGIN=$PLUGIN  # the plugin's headers; the plugin the tests load
 DEV=/tmp/device  # setup's copy of the carried .device/: later calls need not carry it
 export GGML_CIQ_GEMMA3_270M=$DEV/gemma3-270m-kquants.gguf GGML_CIQ_CACHE=/tmp/ciq-cache
 export GGML_CIQ_LLAMA3_VOCAB=$DEV/ggml-vocab-llama-bpe.gguf
@@ -30,18 +47,51 @@ ARCHS=${GGML_CIQ_CUDA_ARCHITECTURES:-90a}
 setup() {
   [ -d .device ] && rm -rf $DEV && cp -r .device $DEV
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $DEV/whl/*.whl
+  [ -d $SDIST ] || tar xzf $DEV/llama_cpp_python.tar.gz -C /tmp
   cmake -S native -B /tmp/ciq-build -G Ninja -DGGML_CIQ_CUDA=ON -DGGML_CIQ_CUDA_ARCHITECTURES="$ARCHS" > /tmp/ciq-cmake.log \
     && ninja -C /tmp/ciq-build 2>&1 | tail -n 3 || { cat /tmp/ciq-cmake.log; return 1; }
-  if [ -z "${NO_LLAMA:-}" ] && [ ! -f /tmp/llama/llama_cpp/lib/libggml-cuda.so ] && [ ! -f /tmp/llama.building ]; then
+  grep "ggml_ciq plugin" /tmp/ciq-cmake.log
+  if [ -z "${NO_LLAMA:-}" ] && [ ! -f $LLAMA_BUILD/bin/libggml-cuda.so ] && [ ! -f /tmp/llama.building ]; then
     touch /tmp/llama.building
-    tar xzf $DEV/llama_cpp_python.tar.gz -C /tmp
-    setsid bash -c 'CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF" \
-      CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip wheel --no-build-isolation --no-deps --no-index -w /tmp/w \
-      /tmp/llama_cpp_python-0.3.36 > /tmp/llama-build.log 2>&1 && mkdir -p /tmp/llama && cd /tmp/llama && \
-      python3 -m zipfile -e /tmp/w/llama_cpp_python-*.whl . ; rm -f /tmp/llama.building' < /dev/null &
+    # CMake directly on the sdist's llama.cpp: the tools and test-backend-ops too, and shared libraries that the
+    # Python bridge loads as well (no second, pip-wheel build of the same code).
+    setsid bash -c "cmake -S $SDIST/vendor/llama.cpp -B $LLAMA_BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TESTS=ON -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF -DLLAMA_OPENSSL=OFF \
+      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF > /tmp/llama-build.log 2>&1 && \
+      ninja -C $LLAMA_BUILD -j 16 llama test-backend-ops llama-bench llama-perplexity >> /tmp/llama-build.log 2>&1 && \
+      mkdir -p /tmp/llama && rm -rf /tmp/llama/llama_cpp && cp -r $SDIST/llama_cpp /tmp/llama/ && \
+      ln -s $LLAMA_BUILD/bin /tmp/llama/llama_cpp/lib; rm -f /tmp/llama.building" < /dev/null > /dev/null 2>&1 &
   fi
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw --format=csv
 }
+
+# step NAME TIMEOUT CMD...: runs CMD with a time limit, its output into $OUT/plugin/NAME.txt, and one status line.
+step() {
+  local name=$1 limit=$2; shift 2
+  mkdir -p "$OUT/plugin"
+  echo "== $name: $*" | tee "$OUT/plugin/$name.txt"
+  local t0=$SECONDS
+  timeout "$limit" "$@" >> "$OUT/plugin/$name.txt" 2>&1
+  local rc=$?
+  echo "== $name: exit $rc after $((SECONDS - t0)) s" | tee -a "$OUT/plugin/$name.txt"
+  tail -n 4 "$OUT/plugin/$name.txt" | head -n 3
+  return 0
+}
+
+# step_json NAME TIMEOUT CMD...: the same, with CMD's stdout (llama-bench -o json) alone in $OUT/plugin/NAME.json.
+step_json() {
+  local name=$1 limit=$2; shift 2
+  mkdir -p "$OUT/plugin"
+  echo "== $name: $*" | tee "$OUT/plugin/$name.txt"
+  local t0=$SECONDS
+  timeout "$limit" "$@" > "$OUT/plugin/$name.json" 2>> "$OUT/plugin/$name.txt"
+  local rc=$?
+  echo "== $name: exit $rc after $((SECONDS - t0)) s" | tee -a "$OUT/plugin/$name.txt"
+  grep -o '"test_time": "[^"]*"\|"n_prompt": [0-9]*\|"n_gen": [0-9]*\|"avg_ts": [0-9.]*' "$OUT/plugin/$name.json" | paste -sd' ' | head -c 1500; echo
+  return 0
+}
+
+gemma_path() { [ -f /tmp/gemma3-270m.gguf ] && echo /tmp/gemma3-270m.gguf || { echo "no /tmp/gemma3-270m.gguf: run stage first" >&2; return 1; }; }
 
 case "${1:-}" in
   setup) setup ;;
@@ -68,7 +118,7 @@ case "${1:-}" in
       compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_case.py "$@" > "$OUT/sanitizer-$tool.txt" 2>&1
       echo "$tool exit=$? $(tail -n 1 "$OUT/sanitizer-$tool.txt")"
     done ;;
-  wait) while [ -f /tmp/llama.building ]; do sleep 5; done; tail -n 2 /tmp/llama-build.log; ls /tmp/llama/llama_cpp/lib ;;
+  wait) while [ -f /tmp/llama.building ]; do sleep 5; done; tail -n 2 /tmp/llama-build.log; ls /tmp/llama/llama_cpp/lib/ | grep -E 'lib|test-backend|llama-' ;;
   py) shift; python3 "$@" ;;
   all)
     "$0" setup 2>&1 | tail -n 8
@@ -88,5 +138,36 @@ case "${1:-}" in
       python3 -m ggml_ciq.cli bench gemm --backend ciq-cuda --shapes $1 --tokens $2 --repeat ${REPEAT:-5} --variants ${VARIANTS:-mma,wgmma} \
         --json "$OUT/$3.json" 2>&1 | tail -n 16
     done ;;
-  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|all|bench|stage|compare" >&2; exit 2 ;;
+  plugin-check)
+    step info 120 python3 -m ggml_ciq.cli info
+    step pytest-plugin 300 python3 -m pytest -q -rs -p no:cacheprovider tests/test_plugin.py
+    step test-backend-ops-all 500 env GGML_BACKEND_PATH=$PLUGIN GGML_CIQ_OFFLOAD=all $LLAMA_BUILD/bin/test-backend-ops test -b CIQ0 -o MUL_MAT
+    step test-backend-ops-default 500 env GGML_BACKEND_PATH=$PLUGIN $LLAMA_BUILD/bin/test-backend-ops test -b CIQ0 -o MUL_MAT
+    grep -hE "tests passed|FAIL|^  Backend" "$OUT"/plugin/test-backend-ops-*.txt | sort | uniq -c | head -n 20 ;;
+  plugin-perf)  # the weight types we cover; CUDA0 alone from the same binary as the yardstick
+    types='type_a=(q4_K|q6_K|q4_0|q5_0|q8_0)'
+    step test-backend-ops-perf-ciq0 280 env GGML_BACKEND_PATH=$PLUGIN $LLAMA_BUILD/bin/test-backend-ops perf -b CIQ0 -o MUL_MAT -p "$types"
+    step test-backend-ops-perf-cuda0 280 env GGML_BACKEND_PATH=$PLUGIN $LLAMA_BUILD/bin/test-backend-ops perf -b CUDA0 -o MUL_MAT -p "$types" ;;
+  plugin-bench)  # one llama-bench run per model: both device settings, same binary, same process
+    gemma=$(gemma_path) && step_json llama-bench-gemma3-270m 240 env GGML_BACKEND_PATH=$PLUGIN $LLAMA_BUILD/bin/llama-bench \
+      -m "$gemma" -ngl 99 -dev CUDA0,CIQ0/CUDA0 -ts 0/1 -p 512,2048 -n 128 -fa 0,1 -r 5 -o json
+    synth=$(python3 -c 'from ggml_ciq import catalog; print(catalog.llama3_8b_synthetic_path())') && \
+      step_json llama-bench-llama3-8b-synthetic 400 env GGML_BACKEND_PATH=$PLUGIN $LLAMA_BUILD/bin/llama-bench \
+      -m "$synth" -ngl 99 -dev CUDA0,CIQ0/CUDA0 -ts 0/1 -p 512,2048 -n 128 -fa 0,1 -r 5 -o json ;;
+  plugin-kld)  # base logits of CUDA0 alone (fa off, fa on), then each run against them
+    gemma=$(gemma_path) || exit 1
+    ppl() { local name=$1; shift; step "$name" 280 env GGML_BACKEND_PATH=$PLUGIN $LLAMA_BUILD/bin/llama-perplexity \
+      -m "$gemma" -f $DEV/perplexity-text.txt -c 512 -b 512 -ngl 99 "$@"; }
+    ppl kld-base-cuda0-fa-off -dev CUDA0 -fa off --kl-divergence-base /tmp/kld-cuda0-fa-off.bin
+    ppl kld-base-cuda0-fa-on -dev CUDA0 -fa on --kl-divergence-base /tmp/kld-cuda0-fa-on.bin
+    ppl kld-cuda0-fa-on-vs-off -dev CUDA0 -fa on --kl-divergence-base /tmp/kld-cuda0-fa-off.bin --kl-divergence
+    ppl kld-plugin-vs-cuda0-fa-off -dev CIQ0/CUDA0 -ts 0/1 -fa off --kl-divergence-base /tmp/kld-cuda0-fa-off.bin --kl-divergence
+    ppl kld-plugin-vs-cuda0-fa-on -dev CIQ0/CUDA0 -ts 0/1 -fa on --kl-divergence-base /tmp/kld-cuda0-fa-on.bin --kl-divergence
+    rm -f /tmp/kld-cuda0-fa-*.bin
+    grep -H -E "Mean +KLD|Maximum KLD|Same top p|^Final estimate" "$OUT"/plugin/kld-*.txt ;;
+  plugin-sanitize)  # every weight type through the plugin (GGML_CIQ_OFFLOAD=all), 77 tokens: tails in every tile
+    gemma=$(gemma_path) || exit 1
+    step sanitizer-plugin-memcheck 500 env GGML_BACKEND_PATH=$PLUGIN GGML_CIQ_OFFLOAD=all compute-sanitizer --tool memcheck \
+      --error-exitcode 9 $LLAMA_BUILD/bin/llama-bench -m "$gemma" -ngl 99 -dev CIQ0/CUDA0 -ts 0/1 -p 77 -n 0 -r 1 -fa 1 ;;
+  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|all|bench|stage|compare|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize" >&2; exit 2 ;;
 esac

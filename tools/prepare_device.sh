@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Stage what the GPU machine cannot download into .device/ (git-ignored; carried with `run`, < 64 MiB):
-# wheels for cffi/pycparser/gguf (Python 3.12), a slim llama-cpp-python sdist (the CUDA reference is built from it
-# there), and the Q4_K/Q6_K tensors of Gemma 3 270M (the whole file is 253 MB).
+# wheels for cffi/pycparser/gguf (Python 3.12), a slim llama-cpp-python sdist (the CUDA reference, llama.cpp's tools and
+# the ggml plugin's headers come from it there), the Q4_K/Q6_K tensors of Gemma 3 270M (the whole file is 253 MB) and
+# the perplexity text.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=.device
@@ -23,6 +24,13 @@ tar czf "$out/llama_cpp_python.tar.gz" -C "$tmp" llama_cpp_python-0.3.36
 echo 0c1e570 > "$out/LLAMACPP_COMMIT"
 rm -rf "$tmp"
 PYTHONPATH=$PWD python3 tools/gemma_kquants.py "$out/gemma3-270m-kquants.gguf"
+# llama-perplexity --kl-divergence text for the plugin (gpu_run.sh plugin-kld): a real English text of >= 8k tokens
+# that a package here ships, never a repeated passage - chapters 2 and 3 of the Vim user manual (Debian vim-runtime),
+# 13.4k Gemma tokens.
+manual=/usr/share/vim/vim90/doc
+cat "$manual/usr_02.txt" "$manual/usr_03.txt" > "$out/perplexity-text.txt"
+echo "$manual/usr_02.txt + usr_03.txt ($(dpkg -S "$manual/usr_02.txt" 2>/dev/null | cut -d: -f1) $(dpkg-query -W -f='${Version}' vim-runtime 2>/dev/null))" \
+  > "$out/perplexity-text.source"
 # The whole Gemma file (253 MB, for the engine and `compare` there) in 60 MiB parts, each carried by its own call
 # (`run` carry: [".device-parts/NAME", ".device-parts/SHA256SUMS"]), joined there by `tools/gpu_run.sh stage`.
 rm -rf .device-parts && mkdir -p .device-parts
