@@ -327,12 +327,34 @@ def cmd_info(args) -> int:
         table.add_row("llama.cpp", f"{llama.lib_dir} (ggml {llama.version}, commit {llama.commit})")
         table.add_row("llama.cpp devices", ", ".join(llama.devices()))
     except CiqError as exc:
+        llama = None
         table.add_row("llama.cpp", f"[red]{exc}[/]")
+    table.add_row("ggml plugin", _plugin_info(llama))
     for name, (description, _) in catalog.CATALOG.items():
         table.add_row(f"model {name}", description)
     table.add_row("cache", str(catalog.cache_dir()))
     console.print(table)
     return 0
+
+
+def _plugin_info(llama) -> str:
+    """The ggml plugin's path, what it was built against and the device it offers in this llama.cpp (docs/PLUGIN.md)."""
+    from . import plugin
+
+    path = plugin.find_plugin()
+    if path is None:
+        return f"not built (pip install . builds it where llama-cpp-python {plugin.PINNED}'s headers can be had)"
+    try:
+        built = plugin.build_info(path)
+        text = (f"{path}, built against llama.cpp {built['llama_cpp_commit']} (llama-cpp-python "
+                f"{built['llama_cpp_python']}, ggml {built['ggml_version']})")
+        if llama is None:
+            return text
+        with plugin.Plugin(path, llama) as loaded:
+            devices = ", ".join(f"{d['name']} ({d['description']})" for d in loaded.describe()["devices"])
+        return f"{text}; device: {devices or 'none here'}"
+    except CiqError as exc:
+        return f"{path}: [red]{exc}[/]"
 
 
 def cmd_bench(args) -> int:

@@ -234,7 +234,9 @@ class Plugin:
     part of ggml's registry: libllama uses a CPU device (type ACCEL) in every context, a GPU device where the model's
     device list names it. `unload()` takes it out again (only with no llama.cpp context alive)."""
 
-    def __init__(self, path: Path | str | None = None):
+    def __init__(self, path: Path | str | None = None, llama=None):
+        """path: the plugin (default: find_plugin()); llama: the llamacpp.LlamaCpp to load it into (default: the
+        process's, LlamaCpp.load())."""
         import cffi
 
         from . import native
@@ -246,7 +248,7 @@ class Plugin:
             raise LibraryNotFoundError(f"the ggml plugin libggml-ciq is not built (pip install . builds it where "
                                        f"llama-cpp-python {PINNED}'s headers can be had; or set {PLUGIN_ENV})")
         native.load()  # first: the plugin binds to this libggml_ciq (same soname), so its dispatch counters are ours
-        self.ggml = LlamaCpp.load()
+        self.ggml = llama or LlamaCpp.load()
         self.path, self.info = path, build_info(path)
         self.ffi = cffi.FFI()
         self.ffi.cdef(_CDEF)
