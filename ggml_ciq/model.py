@@ -27,6 +27,7 @@ GGUF_MAGIC = b"GGUF"
 GGUF_VERSIONS = (2, 3)
 GGML_MAX_DIMS = 4
 GGML_MAX_NAME = 64          # tensor names are shorter than this (ggml.h), as llama.cpp's gguf reader checks
+GGUF_MAX_KEY = 65535        # the GGUF specification's longest key
 DEFAULT_ALIGNMENT = 32
 
 # GGUF value types (gguf-py's GGUFValueType): struct format, numpy dtype, the name errors use.
@@ -117,6 +118,16 @@ class _TensorInfo:
     end: int
 
 
+def _shown(name: str) -> str:
+    """A key or tensor name as an error message can show it: control characters escaped, at most 80 characters."""
+    if name.isprintable() and 0 < len(name) <= 80:
+        return name
+    if not name:
+        return "''"
+    shown = repr(name[:80])[1:-1]
+    return shown + ("..." if len(name) > 80 else "")
+
+
 class _Parser:
     """Walks a GGUF buffer once, bounds-checking every read; fail() names the path, the field and the byte."""
 
@@ -140,47 +151,55 @@ class _Parser:
         self.need(offset, 8, what)
         return _U64.unpack_from(self.view, offset)[0]
 
-    def string(self, offset: int, what: str) -> tuple[str, int]:
+    def string_end(self, offset: int, what: str, limit: int | None = None) -> int:
+        """The offset after the length-prefixed string at `offset`, which must fit the file and `limit` bytes."""
         n = self.u64(offset, f"{what}'s length")
         if n > self.size - offset - 8:
             self.fail(f"truncated or corrupt GGUF: {what} (byte {offset}) claims {n} bytes, past the end of the file "
                       f"({self.size} bytes)")
-        start = offset + 8
-        return bytes(self.view[start:start + n]).decode("utf-8", "replace"), start + n
+        if limit is not None and n > limit:
+            self.fail(f"{what} (byte {offset}) is {n} bytes long; GGUF allows at most {limit}")
+        return offset + 8 + n
+
+    def string(self, offset: int, what: str, limit: int | None = None) -> tuple[str, int]:
+        """The length-prefixed UTF-8 string at `offset` and the offset after it."""
+        end = self.string_end(offset, what, limit)
+        return str(self.view[offset + 8:end], "utf-8", "replace"), end
 
     # -- key/value section ------------------------------------------------------------------------------------
 
     def key_value(self, offset: int, index: int) -> tuple[KeyValue, int]:
-        key, offset = self.string(offset, f"key {index}'s name")
-        value_type = self.u32(offset, f"key {key}'s value type")
+        key, offset = self.string(offset, f"key {index}'s name", GGUF_MAX_KEY)
+        label = f"key {_shown(key)}"
+        value_type = self.u32(offset, f"{label}'s value type")
         offset += 4
         if value_type == ARRAY:
-            item_type = self.u32(offset, f"key {key}'s array item type")
-            count = self.u64(offset + 4, f"key {key}'s array length")
+            item_type = self.u32(offset, f"{label}'s array item type")
+            count = self.u64(offset + 4, f"{label}'s array length")
             offset += 12
             if item_type == ARRAY:
-                self.fail(f"key {key} (byte {offset - 12}) is an array of arrays, which GGUF readers do not support")
+                self.fail(f"{label} (byte {offset - 12}) is an array of arrays, which GGUF readers do not support")
             if item_type == STRING:
                 if count > (self.size - offset) // 8:
-                    self.fail(f"truncated or corrupt GGUF: key {key} (byte {offset}) claims {count} strings, more "
+                    self.fail(f"truncated or corrupt GGUF: {label} (byte {offset}) claims {count} strings, more "
                               f"than the {self.size - offset} bytes left in the file can hold")
-                end = self.skip_strings(offset, count, f"key {key}")
+                end = self.skip_strings(offset, count, label)
             elif item_type in _SCALAR_TYPES:
                 item_size = struct.calcsize(_SCALAR_TYPES[item_type][0])
                 if count > (self.size - offset) // item_size:
-                    self.fail(f"truncated or corrupt GGUF: key {key} (byte {offset}) claims {count} "
+                    self.fail(f"truncated or corrupt GGUF: {label} (byte {offset}) claims {count} "
                               f"{_TYPE_NAMES[item_type]} values, past the end of the file ({self.size} bytes)")
                 end = offset + count * item_size
             else:
-                self.fail(f"key {key} (byte {offset - 12}) has arrays of unknown value type {item_type}")
+                self.fail(f"{label} (byte {offset - 12}) has arrays of unknown value type {item_type}")
             return KeyValue(key, ARRAY, item_type=item_type, count=count, offset=offset, file=self), end
         if value_type == STRING:
-            value, end = self.string(offset, f"key {key}'s value")
+            value, end = self.string(offset, f"{label}'s value")
             return KeyValue(key, STRING, value), end
         if value_type not in _SCALAR_TYPES:
-            self.fail(f"key {key} (byte {offset - 4}) has unknown value type {value_type}")
+            self.fail(f"{label} (byte {offset - 4}) has unknown value type {value_type}")
         fmt = _SCALAR_TYPES[value_type][0]
-        self.need(offset, struct.calcsize(fmt), f"key {key}'s value")
+        self.need(offset, struct.calcsize(fmt), f"{label}'s value")
         value = struct.unpack_from(fmt, self.view, offset)[0]
         return KeyValue(key, value_type, value), offset + struct.calcsize(fmt)
 
@@ -195,8 +214,7 @@ class _Parser:
         if end > self.size:
             end = offset
             for i in range(count):
-                self.string(end, f"{what}: string {i}")
-                end += 8 + unpack(view, end)[0]
+                end = self.string_end(end, f"{what}: string {i}")
         return end
 
     def array_values(self, kv: KeyValue) -> list:
@@ -205,7 +223,7 @@ class _Parser:
             view, unpack = self.view, _U64.unpack_from
             for _ in range(kv.count):
                 n = unpack(view, offset)[0]
-                values.append(bytes(view[offset + 8:offset + 8 + n]).decode("utf-8", "replace"))
+                values.append(str(view[offset + 8:offset + 8 + n], "utf-8", "replace"))
                 offset += 8 + n
             return values
         fmt, dtype, _ = _SCALAR_TYPES[kv.item_type]
@@ -215,11 +233,8 @@ class _Parser:
     # -- tensor infos -------------------------------------------------------------------------------------------
 
     def tensor_info(self, offset: int, index: int) -> tuple[tuple, int]:
-        name, offset = self.string(offset, f"tensor {index}'s name")
-        if len(name.encode()) >= GGML_MAX_NAME:
-            self.fail(f"tensor {index}'s name (byte {offset}) is {len(name.encode())} bytes long; ggml allows "
-                      f"{GGML_MAX_NAME - 1}")
-        label = f"tensor {name}"
+        name, offset = self.string(offset, f"tensor {index}'s name", GGML_MAX_NAME - 1)
+        label = f"tensor {_shown(name)}"
         n_dims = self.u32(offset, f"{label}'s dimension count")
         if not 1 <= n_dims <= GGML_MAX_DIMS:
             self.fail(f"{label} (byte {offset}) has {n_dims} dimensions; ggml tensors have 1 to {GGML_MAX_DIMS}")
@@ -256,7 +271,7 @@ def _parse(buf: np.ndarray, path: str) -> tuple[dict[str, KeyValue], list[_Tenso
         start = offset
         kv, offset = p.key_value(offset, i)
         if kv.key in fields:
-            p.fail(f"key {kv.key} appears twice (the second at byte {start})")
+            p.fail(f"key {_shown(kv.key)} appears twice (the second at byte {start})")
         fields[kv.key] = kv
     if n_tensors > (p.size - offset) // _MIN_TENSOR_INFO_BYTES:
         p.fail(f"truncated or corrupt GGUF: the header claims {n_tensors} tensors (byte 8), more than the {p.size - offset} bytes "
@@ -277,9 +292,9 @@ def _parse(buf: np.ndarray, path: str) -> tuple[dict[str, KeyValue], list[_Tenso
 
     infos, names = [], set()
     for name, n_dims, dims, ggml_type, data_offset, at in raw_infos:
-        label = f"tensor {name}"
+        label = f"tensor {_shown(name)}"
         if name in names:
-            p.fail(f"two tensors are named {name}")
+            p.fail(f"two tensors are named {_shown(name)}")
         names.add(name)
         if ggml_type not in gguf.GGML_QUANT_SIZES:
             p.fail(f"{label} (byte {at + 8 * n_dims}) has unknown ggml type {ggml_type}")
@@ -296,6 +311,9 @@ def _parse(buf: np.ndarray, path: str) -> tuple[dict[str, KeyValue], list[_Tenso
                    f"alignment {alignment}")
         n_bytes = int(np.prod(dims, dtype=object)) // block * type_size
         start = data_start + data_offset
+        if start >= p.size:
+            p.fail(f"{label} ({type_name}, {shape}): its data offset {data_offset} (byte {at + 8 * n_dims + 4}) puts it "
+                   f"at byte {start}, past the end of the file ({p.size} bytes)")
         if start + n_bytes > p.size:
             p.fail(f"truncated: {label} ({type_name}, {shape}) needs bytes {start}..{start + n_bytes} but the file has "
                    f"{p.size}")
@@ -405,7 +423,7 @@ class ModelFile:
                 return default
             return kv.value[0]
         if kv.value_type not in types:
-            raise GGUFFileError(f"{self.path}: {key} is {kv.type_name}, expected {expected}")
+            raise GGUFFileError(f"{self.path}: key {_shown(key)} is {kv.type_name}, expected {expected}")
         return kv.value
 
     def _read_config(self) -> ModelConfig:
@@ -414,7 +432,7 @@ class ModelFile:
         def integer(key, default=0):
             value = self._value(f"{arch}.{key}", _INTEGER_TYPES, "an integer", default)
             if value < 0:
-                raise GGUFFileError(f"{self.path}: {arch}.{key} is {value}, expected a count >= 0")
+                raise GGUFFileError(f"{self.path}: key {_shown(arch)}.{key} is {value}, expected a count >= 0")
             return int(value)
 
         def number(key, default):
@@ -447,7 +465,8 @@ class ModelFile:
         if kv is None:
             return []
         if kv.value_type != ARRAY or kv.item_type != STRING:
-            raise GGUFFileError(f"{self.path}: tokenizer.ggml.tokens is {kv.type_name}, expected an array of strings")
+            raise GGUFFileError(f"{self.path}: key tokenizer.ggml.tokens is {kv.type_name}, expected an array of "
+                                f"strings")
         return kv.value
 
     def tensor(self, name: str) -> Tensor:
