@@ -154,15 +154,16 @@ case "${1:-}" in
     synth=$(python3 -c 'from ggml_ciq import catalog; print(catalog.llama3_8b_synthetic_path())') && \
       step_json llama-bench-llama3-8b-synthetic 400 env GGML_BACKEND_PATH=$PLUGIN $LLAMA_BUILD/bin/llama-bench \
       -m "$synth" -ngl 99 -dev CUDA0,CIQ0/CUDA0 -ts 0/1 -p 512,2048 -n 128 -fa 0,1 -r 5 -o json ;;
-  plugin-kld)  # base logits of CUDA0 alone (fa off, fa on), then each run against them
+  plugin-kld)  # base logits of CUDA0 alone (fa off, fa on), then each run against them. (llama-bench separates a
+                # configuration's devices with "/", the common tools with ",")
     gemma=$(gemma_path) || exit 1
     ppl() { local name=$1; shift; step "$name" 280 env GGML_BACKEND_PATH=$PLUGIN $LLAMA_BUILD/bin/llama-perplexity \
       -m "$gemma" -f $DEV/perplexity-text.txt -c 512 -b 512 -ngl 99 "$@"; }
     ppl kld-base-cuda0-fa-off -dev CUDA0 -fa off --kl-divergence-base /tmp/kld-cuda0-fa-off.bin
     ppl kld-base-cuda0-fa-on -dev CUDA0 -fa on --kl-divergence-base /tmp/kld-cuda0-fa-on.bin
     ppl kld-cuda0-fa-on-vs-off -dev CUDA0 -fa on --kl-divergence-base /tmp/kld-cuda0-fa-off.bin --kl-divergence
-    ppl kld-plugin-vs-cuda0-fa-off -dev CIQ0/CUDA0 -ts 0/1 -fa off --kl-divergence-base /tmp/kld-cuda0-fa-off.bin --kl-divergence
-    ppl kld-plugin-vs-cuda0-fa-on -dev CIQ0/CUDA0 -ts 0/1 -fa on --kl-divergence-base /tmp/kld-cuda0-fa-on.bin --kl-divergence
+    ppl kld-plugin-vs-cuda0-fa-off -dev CIQ0,CUDA0 -ts 0,1 -fa off --kl-divergence-base /tmp/kld-cuda0-fa-off.bin --kl-divergence
+    ppl kld-plugin-vs-cuda0-fa-on -dev CIQ0,CUDA0 -ts 0,1 -fa on --kl-divergence-base /tmp/kld-cuda0-fa-on.bin --kl-divergence
     rm -f /tmp/kld-cuda0-fa-*.bin
     grep -H -E "Mean +KLD|Maximum KLD|Same top p|^Final estimate" "$OUT"/plugin/kld-*.txt ;;
   plugin-sanitize)  # every weight type through the plugin (GGML_CIQ_OFFLOAD=all), 77 tokens: tails in every tile

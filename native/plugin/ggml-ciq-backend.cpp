@@ -131,18 +131,24 @@ const char *backend_get_name(ggml_backend_t backend) {
 
 void backend_free(ggml_backend_t backend) { delete backend; }
 
-void backend_synchronize(ggml_backend_t backend) {
-    const device_context *dev = (const device_context *)backend->device->context;
-    if (dev->ciq_device != CIQ_DEVICE_CPU && ciq_synchronize(dev->ciq_device) != CIQ_OK) {
-        GGML_LOG_ERROR("ggml-ciq: %s: %s\n", dev->name.c_str(), ciq_last_error());
-    }
+bool gpu_idle(const device_context *dev);
+
+void backend_synchronize(ggml_backend_t backend) { gpu_idle((const device_context *)backend->device->context); }
+
+// Waits for everything queued on the GPU (CUDA0's streams included): ciq_synchronize is cudaDeviceSynchronize.
+bool gpu_idle(const device_context *dev) {
+    if (dev->ciq_device == CIQ_DEVICE_CPU || ciq_synchronize(dev->ciq_device) == CIQ_OK) return true;
+    GGML_LOG_ERROR("ggml-ciq: %s: %s\n", dev->name.c_str(), ciq_last_error());
+    return false;
 }
 
-// Runs the split's MUL_MATs in order, then waits for the GPU. Why the wait (docs/PLUGIN.md, "Ordering"): our
-// kernels run on libggml_ciq's stream, not CUDA0's, and the scheduler synchronizes the previous backend at a backend
-// switch only when the next split copies no inputs; finishing here orders us before whatever runs next.
+// Runs the split's MUL_MATs in order between two waits for the whole GPU (docs/PLUGIN.md, "Ordering"). Our kernels
+// run on libggml_ciq's stream, which does not order itself against CUDA0's non-blocking streams, and the scheduler
+// synchronizes the previous backend at a backend switch only when the next split copies no inputs: the wait before
+// covers a split that does, the wait after orders us before whatever runs next.
 ggml_status backend_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
     const device_context *dev = (const device_context *)backend->device->context;
+    if (!gpu_idle(dev)) return GGML_STATUS_FAILED;
     for (int i = 0; i < graph->n_nodes; i++) {
         ggml_tensor *node = graph->nodes[i];
         if ((node->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) continue;
@@ -172,11 +178,7 @@ ggml_status backend_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
                 return GGML_STATUS_FAILED;
         }
     }
-    if (dev->ciq_device != CIQ_DEVICE_CPU && ciq_synchronize(dev->ciq_device) != CIQ_OK) {
-        GGML_LOG_ERROR("ggml-ciq: %s: %s\n", dev->name.c_str(), ciq_last_error());
-        return GGML_STATUS_FAILED;
-    }
-    return GGML_STATUS_SUCCESS;
+    return gpu_idle(dev) ? GGML_STATUS_SUCCESS : GGML_STATUS_FAILED;
 }
 
 const ggml_backend_i backend_interface = {
