@@ -91,6 +91,13 @@ step_json() {
   return 0
 }
 
+# The environment of the plugin's result files: device and clocks, both commits, the plugin's build info.
+plugin_environment() {
+  mkdir -p "$OUT/plugin"
+  python3 -c "import json; from ggml_ciq import environment, plugin; d = environment.describe(); \
+d['plugin'] = plugin.build_info('$PLUGIN'); print(json.dumps(d, indent=1))" > "$OUT/plugin/environment.json" 2>&1
+}
+
 gemma_path() { [ -f /tmp/gemma3-270m.gguf ] && echo /tmp/gemma3-270m.gguf || { echo "no /tmp/gemma3-270m.gguf: run stage first" >&2; return 1; }; }
 
 case "${1:-}" in
@@ -139,6 +146,7 @@ case "${1:-}" in
         --json "$OUT/$3.json" 2>&1 | tail -n 16
     done ;;
   plugin-check)
+    plugin_environment
     step info 120 python3 -m ggml_ciq.cli info
     step pytest-plugin 300 python3 -m pytest -q -rs -p no:cacheprovider tests/test_plugin.py
     step test-backend-ops-all 500 env GGML_BACKEND_PATH=$PLUGIN GGML_CIQ_OFFLOAD=all $LLAMA_BUILD/bin/test-backend-ops test -b CIQ0 -o MUL_MAT
@@ -149,6 +157,7 @@ case "${1:-}" in
     step test-backend-ops-perf-ciq0 280 env GGML_BACKEND_PATH=$PLUGIN $LLAMA_BUILD/bin/test-backend-ops perf -b CIQ0 -o MUL_MAT -p "$types"
     step test-backend-ops-perf-cuda0 280 env GGML_BACKEND_PATH=$PLUGIN $LLAMA_BUILD/bin/test-backend-ops perf -b CUDA0 -o MUL_MAT -p "$types" ;;
   plugin-bench)  # one llama-bench run per model: both device settings, same binary, same process
+    plugin_environment
     gemma=$(gemma_path) && step_json llama-bench-gemma3-270m 240 env GGML_BACKEND_PATH=$PLUGIN $LLAMA_BUILD/bin/llama-bench \
       -m "$gemma" -ngl 99 -dev CUDA0,CIQ0/CUDA0 -ts 0/1 -p 512,2048 -n 128 -fa 0,1 -r 5 -o json
     synth=$(python3 -c 'from ggml_ciq import catalog; print(catalog.llama3_8b_synthetic_path())') && \
