@@ -35,6 +35,8 @@ def parse_shape(text: str) -> Shape:
     if len(parts) != 3 or parts[0].upper() not in names or not parts[1].isdigit() or not parts[2].isdigit():
         raise InvalidArgumentError(f"bad --shape {text!r} (expected TYPE:ROWS:K, e.g. Q4_K:4096:4096)")
     shape = Shape(names[parts[0].upper()], int(parts[1]), int(parts[2]))
+    if shape.rows < 1 or shape.k < 1:
+        raise InvalidArgumentError(f"--shape {text}: ROWS and K must be >= 1")
     if shape.ggml_type not in quants.KEEP_QUANT_TYPES:
         raise InvalidArgumentError(f"--shape {text}: keep-quant kernels take Q4_K or Q6_K")
     quants.row_bytes(shape.ggml_type, shape.k)

@@ -39,6 +39,228 @@ def _write_json(path: str, payload: dict) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
+# Arguments: every value is checked when parsed (types below) and every combination before the command starts
+# (CHECKS); a bad one is one line, exit 2.
+
+MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line: 'ggml-ciq: error: diff: argument --tokens: must be >= 1, got -5'."""
+
+    def error(self, message):
+        command = self.prog.split(" ", 1)[1] + ": " if " " in self.prog else ""
+        print(f"ggml-ciq: error: {command}{message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def _whole(low: int, high: int | None = None):
+    """A whole number in [low, high]."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expects a whole number, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bounds = f">= {low}" if high is None else f"from {low} to {high}"
+            raise argparse.ArgumentTypeError(f"must be {bounds}, got {value}")
+        return value
+    return parse
+
+
+def _whole_list(low: int):
+    """Comma-separated whole numbers >= low."""
+    one = _whole(low)
+
+    def parse(text: str) -> list[int]:
+        items = text.split(",")
+        if not all(item.strip().lstrip("+-").isdigit() for item in items):
+            raise argparse.ArgumentTypeError(f"expects comma-separated whole numbers, got {text!r}")
+        return [one(item) for item in items]
+    return parse
+
+
+def _positive_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects a number, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def _text(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty")
+    return text
+
+
+def _output_file(*suffixes: str):
+    """A file the command may create or overwrite: not a directory, in a directory that exists or can be made and is
+    writable, with one of `suffixes` when given."""
+    def parse(text: str) -> str:
+        path = Path(text).expanduser()
+        if suffixes and path.suffix.lower() not in suffixes:
+            raise argparse.ArgumentTypeError(f"{text} must end in {' or '.join(suffixes)}")
+        if path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text} is a directory")
+        _check_writable_dir(path.parent, text)
+        return text
+    return parse
+
+
+def _check_writable_dir(directory: Path, text: str) -> None:
+    existing = directory.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"cannot write {text}: {existing} is not writable")
+
+
+def _output_dir(text: str) -> str:
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not a directory")
+    _check_writable_dir(path, text)
+    return text
+
+
+def _from_library(check):
+    """A type that defers to a ggml_ciq check (device, variant, shape); its CiqError becomes the argument's error."""
+    def parse(text: str):
+        try:
+            return check(text)
+        except CiqError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    parse.__name__ = check.__name__
+    return parse
+
+
+def _device(text: str) -> str:
+    from . import native
+
+    native.parse_device(text)
+    return text
+
+
+def _variant(text: str) -> str:
+    from . import native
+
+    native.variant_id(text)
+    return text
+
+
+def _variants(text: str) -> list[str]:
+    return [_variant(v.strip()) for v in text.split(",")]
+
+
+def _shape(text: str):
+    from . import bench
+
+    return bench.parse_shape(text)
+
+
+def _used(args, *flags: str) -> list[str]:
+    """The flags among `flags` the user gave (not at their defaults)."""
+    return [flag for flag in flags if getattr(args, flag.lstrip("-").replace("-", "_")) not in (None, False, "auto")]
+
+
+def _check_diff(args) -> None:
+    from . import diff
+
+    if args.prompt is None:
+        stray = _used(args, "--layer-bar", "--flash-attn")
+        if stray:
+            raise CiqError(f"{', '.join(stray)} belong to diff --prompt (the diff on llama.cpp's own activations)")
+    else:
+        stray = _used(args, "--tokens", "--seed", "--backend", "--variant", "--tensor", "--all-quantized")
+        if stray:
+            raise CiqError(f"diff --prompt runs llama.cpp's own activations through our kernel of --reference's "
+                           f"semantics; {', '.join(stray)} belong to the random-activation diff")
+    args.tokens = 32 if args.tokens is None else args.tokens
+    args.seed = 0 if args.seed is None else args.seed
+    args.layer_bar = 1e-4 if args.layer_bar is None else args.layer_bar
+    if args.backend not in diff.BACKENDS:
+        raise CiqError(f"unknown --backend {args.backend!r} (choose from {', '.join(diff.BACKENDS)})")
+    if args.reference not in diff.REFERENCES:
+        raise CiqError(f"unknown --reference {args.reference!r} (choose from {', '.join(diff.REFERENCES)})")
+    if args.variant not in ("auto", "cpu") and args.backend in ("ciq-cpu", "reference"):
+        raise CiqError(f"--variant {args.variant} is a GPU kernel; --backend {args.backend} does not run it")
+
+
+def _check_bench(args) -> None:
+    from . import bench
+
+    if args.op == "plot":
+        stray = _used(args, "--backend", "--model", "--shape", "--shapes", "--tokens", "--variants", "--ab",
+                      "--threads", "--repeat", "--no-llamacpp", "--no-ceiling")
+        if stray:
+            raise CiqError(f"bench plot redraws a saved file (--json, --plot); {', '.join(stray)} belong to bench gemm")
+        if not args.json or not args.plot:
+            raise CiqError("bench plot needs --json SAVED_FILE and --plot OUT.png")
+        if not Path(args.json).is_file():
+            raise CiqError(f"bench plot: no saved results at {args.json}")
+        args.plot = _as_check(_output_file(".png", ".svg", ".pdf"), "--plot", args.plot)
+        return
+    args.backend = args.backend or "ciq-cpu"
+    args.repeat = 5 if args.repeat is None else args.repeat
+    if args.json:
+        args.json = _as_check(_output_file(), "--json", args.json)
+    if args.shapes:
+        bench.shape_set(args.shapes)
+    if args.backend == "ciq-cpu":
+        stray = _used(args, "--variants", "--ab", "--no-llamacpp", "--no-ceiling", "--plot")
+        if stray:
+            raise CiqError(f"{', '.join(stray)} belong to --backend ciq-cuda")
+        return
+    if args.threads is not None:
+        raise CiqError("--threads sets our CPU kernels' threads; --backend ciq-cuda runs on the GPU")
+    if args.ab is not None:
+        stray = _used(args, "--variants", "--no-llamacpp", "--no-ceiling", "--plot")
+        if stray:
+            raise CiqError(f"--ab times two variants against each other; {', '.join(stray)} belong to the full "
+                           f"benchmark")
+        if len(args.ab) != 2:
+            raise CiqError(f"--ab takes two variants, e.g. --ab wmma,wmma-shared (got {len(args.ab)})")
+    if args.plot:
+        args.plot = _as_check(_output_file(".png", ".svg", ".pdf"), "--plot", args.plot)
+
+
+def _as_check(parse, flag: str, value):
+    """A type's check run after parsing (where the meaning of a flag depends on another): CiqError on failure."""
+    try:
+        return parse(value)
+    except argparse.ArgumentTypeError as exc:
+        raise CiqError(f"argument {flag}: {exc}") from None
+
+
+def _check_prefill(args) -> None:
+    if sum(a is not None for a in (args.prompt, args.tokens, args.ids)) != 1:
+        raise CiqError("give exactly one of --prompt TEXT, --tokens N and --ids LIST")
+    if args.ctx_size is not None and args.tokens is not None and args.tokens > args.ctx_size:
+        raise CiqError(f"a prompt of {args.tokens} tokens is longer than the context ({args.ctx_size} tokens)")
+
+
+def _check_fetch(args) -> None:
+    from . import catalog
+
+    if args.filename is None:
+        if args.model not in catalog.CATALOG:
+            raise CiqError(f"{args.model!r} is not a catalog model ({', '.join(catalog.CATALOG)}); "
+                           f"for the hub give REPO_ID FILENAME")
+        if args.dir is not None:
+            raise CiqError("--dir is where hub downloads go; a catalog model lives in the cache")
+    elif args.model.count("/") != 1 or not all(args.model.split("/")):
+        raise CiqError(f"a hub download takes REPO_ID FILENAME with REPO_ID as owner/name, got {args.model!r}")
+
+
+CHECKS = {"diff": _check_diff, "bench": _check_bench, "prefill": _check_prefill, "fetch": _check_fetch}
+
+
+# ----------------------------------------------------------------------------------------------
 
 def cmd_diff(args) -> int:
     from rich.table import Table
@@ -100,12 +322,6 @@ def _diff_activations(args) -> int:
     from . import bench, catalog, native
     from .diff import activation_diff
 
-    conflicting = [flag for flag, used in (("--backend", args.backend != "auto"), ("--variant", args.variant != "auto"),
-                                           ("--tensor", bool(args.tensor)), ("--all-quantized", args.all_quantized))
-                   if used]
-    if conflicting:
-        raise CiqError(f"diff --prompt picks our kernel from --reference; {', '.join(conflicting)} belong to the "
-                       f"random-activation diff")
     console = _console()
     path = catalog.resolve_model(args.model)
     with _progress(console) as progress:
@@ -176,12 +392,6 @@ def cmd_prefill(args) -> int:
     from .model import ModelFile
 
     console = _console()
-    if sum(a is not None for a in (args.prompt, args.tokens, args.ids)) != 1:
-        raise CiqError("give exactly one of --prompt TEXT, --tokens N and --ids LIST")
-    if args.tokens is not None and args.tokens < 1:
-        raise CiqError("--tokens must be >= 1")
-    if args.ctx_size is not None and args.ctx_size < 1:
-        raise CiqError("--ctx-size must be >= 1")
     path = catalog.resolve_model(args.model)
     model = ModelFile(path)
     engine = Transformer(model, device=args.device, n_ctx=args.ctx_size, n_ubatch=args.ubatch)
@@ -190,10 +400,7 @@ def cmd_prefill(args) -> int:
     if args.prompt is not None:
         tokens = _tokenize(path, args.prompt)
     elif args.ids is not None:
-        try:
-            tokens = [int(t) for t in args.ids.split(",")]
-        except ValueError:
-            raise CiqError(f"--ids takes comma-separated integers, got {args.ids!r}") from None
+        tokens = args.ids
     else:
         tokens = np.random.default_rng(args.seed).integers(0, engine.hp.n_vocab, args.tokens).tolist()
     engine.check_tokens(tokens)
@@ -292,9 +499,6 @@ def cmd_fetch(args) -> int:
     from . import catalog
 
     if args.filename is None:
-        if args.model not in catalog.CATALOG:
-            raise CiqError(f"{args.model!r} is not a catalog model ({', '.join(catalog.CATALOG)}); "
-                           f"for the hub give REPO_ID FILENAME")
         print(catalog.resolve_model(args.model))
     else:
         print(catalog.fetch(args.model, args.filename, args.dir))
@@ -362,8 +566,6 @@ def cmd_bench(args) -> int:
     from .model import ModelFile
 
     if args.op == "plot":
-        if not args.json or not args.plot:
-            raise CiqError("bench plot needs --json SAVED_FILE and --plot OUT.png")
         try:
             saved = json.loads(Path(args.json).read_text())
         except (OSError, ValueError) as exc:
@@ -375,12 +577,8 @@ def cmd_bench(args) -> int:
         else:
             bench.plot_json(args.json, args.plot)
         return 0
-    if args.op != "gemm":
-        raise CiqError(f"unknown benchmark {args.op!r} (available: gemm, plot)")
-    if args.backend not in ("ciq-cpu", "ciq-cuda"):
-        raise CiqError(f"unknown backend {args.backend!r} (choose ciq-cpu or ciq-cuda)")
-    shapes = [bench.parse_shape(s) for s in args.shape or []]
-    tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else None
+    shapes = list(args.shape or [])
+    tokens = args.tokens
     if args.shapes:
         set_shapes, set_tokens = bench.shape_set(args.shapes)
         shapes += set_shapes
@@ -427,10 +625,7 @@ def _bench_cuda(args, shapes, tokens) -> int:
         raise CiqError("bench gemm --backend ciq-cuda: no CUDA device (or libggml_ciq built without CUDA)")
     if args.ab:
         return _bench_ab(args, shapes, tokens, console)
-    variants = args.variants.split(",") if args.variants else [v for v in native.GPU_VARIANTS
-                                                               if native.variant_available("cuda", v)]
-    for v in variants:
-        native.variant_id(v)
+    variants = args.variants or [v for v in native.GPU_VARIANTS if native.variant_available("cuda", v)]
     with _progress(console) as progress:
         task = progress.add_task("bench", total=len(shapes) * len(tokens) * len(variants))
         rows = bench.bench_gpu(shapes, tokens, variants, repeat=args.repeat, llamacpp=not args.no_llamacpp,
@@ -461,12 +656,7 @@ def _bench_ab(args, shapes, tokens, console) -> int:
 
     from . import bench, native
 
-    pair = args.ab.split(",")
-    if len(pair) != 2:
-        raise CiqError(f"--ab takes two variants, e.g. --ab wmma,wmma-shared (got {args.ab!r})")
-    for v in pair:
-        native.variant_id(v)
-    a, b = pair
+    a, b = args.ab
     with _progress(console) as progress:
         task = progress.add_task("A/B", total=len(shapes) * len(tokens))
         rows = bench.bench_ab(shapes, tokens, a, b, repeat=args.repeat, progress=lambda: progress.advance(task))
@@ -488,79 +678,86 @@ def _bench_ab(args, shapes, tokens, console) -> int:
 # ----------------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ggml-ciq", description=__doc__)
+    parser = _Parser(prog="ggml-ciq", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("diff", help="per-tensor GEMM diff against llama.cpp and float64")
     p.add_argument("model", nargs="?", help="GGUF path or catalog name (default: the embedded default model)")
-    p.add_argument("--tokens", type=int, default=32, help="activation rows (default 32)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tokens", type=_whole(1), default=None, help="activation rows (default 32)")
+    p.add_argument("--seed", type=_whole(0), default=None, help="activations' seed (default 0)")
     p.add_argument("--backend", default="auto", help="auto (GPU if present), ciq-cpu, ciq-cuda or reference (numpy)")
     p.add_argument("--reference", default="auto", help="auto, llamacpp-cpu or llamacpp-cuda")
-    p.add_argument("--variant", default="auto", help="kernel variant for ciq-cuda (default auto)")
+    p.add_argument("--variant", type=_from_library(_variant), default="auto",
+                   help="kernel variant for ciq-cuda (default auto)")
     p.add_argument("--all-quantized", action="store_true", help="also report llama.cpp vs f64 for other quant types")
     p.add_argument("--tensor", action="append", help="only this tensor (repeatable)")
-    p.add_argument("--bar", type=float, default=1e-10, help="max NMSE of ours vs llama.cpp (default 1e-10)")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--json", help="write the full report here")
-    p.add_argument("--prompt", help="diff on real activations: capture llama.cpp's prefill of this text (our kernels "
+    p.add_argument("--bar", type=_positive_number, default=1e-10, help="max NMSE of ours vs llama.cpp (default 1e-10)")
+    p.add_argument("--threads", type=_whole(1, MAX_THREADS), default=None)
+    p.add_argument("--json", type=_output_file(), help="write the full report here")
+    p.add_argument("--prompt", type=_text, help="diff on real activations: capture llama.cpp's prefill of this text (our kernels "
                                     "on its mul_mat inputs, our engine's hidden states vs its l_out-N)")
-    p.add_argument("--layer-bar", type=float, default=1e-4, help="with --prompt: hidden-state NMSE naming the first "
+    p.add_argument("--layer-bar", type=_positive_number, default=None, help="with --prompt: hidden-state NMSE naming the first "
                                                                  "diverging layer (default 1e-4)")
     p.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
                    help="with --prompt: llama.cpp's flash attention (auto: on for CUDA, off on the CPU)")
     p.set_defaults(func=cmd_diff)
 
     p = sub.add_parser("bench", help="benchmarks: gemm, or plot a saved --json file")
-    p.add_argument("op", help="gemm | plot")
-    p.add_argument("--backend", default="ciq-cpu")
+    p.add_argument("op", choices=("gemm", "plot"), help="gemm | plot")
+    p.add_argument("--backend", choices=("ciq-cpu", "ciq-cuda"), default=None, help="ciq-cpu (default) or ciq-cuda")
     p.add_argument("--model", help="GGUF path or catalog name whose weight shapes to time")
-    p.add_argument("--shape", action="append", help="TYPE:ROWS:K (repeatable)")
+    p.add_argument("--shape", type=_from_library(_shape), action="append", help="TYPE:ROWS:K (repeatable)")
     p.add_argument("--shapes", help="shape set: seed6 or llama3-8b")
-    p.add_argument("--tokens", default=None, help="comma-separated token counts (default: the set's, else 32)")
-    p.add_argument("--variants", help="comma-separated GPU kernel variants (default: all available)")
+    p.add_argument("--tokens", type=_whole_list(1), default=None,
+                   help="comma-separated token counts (default: the set's, else 32)")
+    p.add_argument("--variants", type=_from_library(_variants),
+                   help="comma-separated GPU kernel variants (default: all available)")
     p.add_argument("--no-llamacpp", action="store_true", help="time our kernels only")
     p.add_argument("--no-ceiling", action="store_true", help="skip the dense bf16 cuBLAS ceiling")
-    p.add_argument("--ab", help="A,B: two variants timed alternately, per-shape ratio and geomean")
+    p.add_argument("--ab", type=_from_library(_variants),
+                   help="A,B: two variants timed alternately, per-shape ratio and geomean")
     p.add_argument("--plot", help="write grouped TFLOP/s bars (PNG; needs matplotlib)")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--repeat", type=int, default=5)
-    p.add_argument("--json")
+    p.add_argument("--threads", type=_whole(1, MAX_THREADS), default=None)
+    p.add_argument("--repeat", type=_whole(1), default=None, help="timed runs per case (default 5)")
+    p.add_argument("--json", help="gemm: write the results here; plot: the saved results to draw")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("prefill", help="run a prompt through a GGUF model: tokens/s, next tokens, time by op class")
     p.add_argument("model", nargs="?", help="GGUF path or catalog name (default: the embedded default model)")
-    p.add_argument("--prompt", help="text, tokenized by llama.cpp's tokenizer")
-    p.add_argument("--tokens", type=int, help="N random token ids instead of a prompt")
-    p.add_argument("--ids", help="comma-separated token ids instead of a prompt")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--top", type=int, default=5)
-    p.add_argument("--device", default="cpu", help="cpu (numpy ops in llama.cpp's CPU arithmetic) or cuda[:N]")
-    p.add_argument("--ctx-size", type=int, default=None, help="context length (default: the GGUF's context_length)")
-    p.add_argument("--ubatch", type=int, default=512, help="tokens per micro-batch (default 512, as llama.cpp)")
-    p.add_argument("--json")
+    p.add_argument("--prompt", type=_text, help="text, tokenized by llama.cpp's tokenizer")
+    p.add_argument("--tokens", type=_whole(1), help="N random token ids instead of a prompt")
+    p.add_argument("--ids", type=_whole_list(0), help="comma-separated token ids instead of a prompt")
+    p.add_argument("--seed", type=_whole(0), default=0)
+    p.add_argument("--top", type=_whole(1), default=5)
+    p.add_argument("--device", type=_from_library(_device), default="cpu",
+                   help="cpu (numpy ops in llama.cpp's CPU arithmetic) or cuda[:N]")
+    p.add_argument("--ctx-size", type=_whole(1), default=None,
+                   help="context length (default: the GGUF's context_length)")
+    p.add_argument("--ubatch", type=_whole(1), default=512, help="tokens per micro-batch (default 512, as llama.cpp)")
+    p.add_argument("--json", type=_output_file())
     p.set_defaults(func=cmd_prefill)
 
     p = sub.add_parser("compare", help="llama.cpp and our engine on the same tokens: prefill tokens/s, logits "
                                        "agreement, memory")
     p.add_argument("model", nargs="?", help="GGUF path or catalog name (default: the embedded default model)")
-    p.add_argument("--tokens", type=int, default=None, help="prompt length: the text repeated to N tokens (default "
+    p.add_argument("--tokens", type=_whole(1), default=None, help="prompt length: the text repeated to N tokens (default "
                                                             "512 without --prompt)")
-    p.add_argument("--prompt", help="text (default: a fixed English passage)")
-    p.add_argument("--repeat", type=int, default=3, help="timed prefills per side, after a warm-up (median)")
+    p.add_argument("--prompt", type=_text, help="text (default: a fixed English passage)")
+    p.add_argument("--repeat", type=_whole(1), default=3, help="timed prefills per side, after a warm-up (median)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=_whole(1, MAX_THREADS), default=None)
     p.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
                    help="llama.cpp's flash attention (auto: on for CUDA as llama-bench, off on the CPU, where it "
                         "depends on the micro-batch size)")
-    p.add_argument("--json")
-    p.add_argument("--plot", help="write tokens/s and per-position KL divergence (PNG; needs matplotlib)")
+    p.add_argument("--json", type=_output_file())
+    p.add_argument("--plot", type=_output_file(".png", ".svg", ".pdf"),
+                   help="write tokens/s and per-position KL divergence (PNG; needs matplotlib)")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("fetch", help="a catalog model (generated or assembled) or a GGUF from the Hugging Face hub")
     p.add_argument("model", help="catalog name, or a hub REPO_ID (with FILENAME)")
     p.add_argument("filename", nargs="?", help="GGUF file in the hub repository")
-    p.add_argument("--dir", help="download directory (default: the cache's downloads/)")
+    p.add_argument("--dir", type=_output_dir, help="download directory (default: the cache's downloads/)")
     p.set_defaults(func=cmd_fetch)
 
     p = sub.add_parser("info", help="build, devices, llama.cpp libraries, models")
@@ -572,12 +769,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command in CHECKS:
+            CHECKS[args.command](args)
         return args.func(args)
     except CiqError as exc:
         print(f"ggml-ciq: error: {exc}", file=sys.stderr)
         return 2
     except MemoryError:
         print("ggml-ciq: error: out of host memory", file=sys.stderr)
+        return 2
+    except OSError as exc:  # writing a result: a full disk, a directory removed meanwhile
+        print(f"ggml-ciq: error: {exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:  # an optional package (matplotlib for plots, say) is not installed
         print(f"ggml-ciq: error: the Python package {exc.name} is not installed (pip install {exc.name})",
