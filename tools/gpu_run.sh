@@ -167,7 +167,7 @@ case "${1:-}" in
                 # configuration's devices with "/", the common tools with ",")
     gemma=$(gemma_path) || exit 1
     ppl() { local name=$1; shift; step "$name" 280 env GGML_BACKEND_PATH=$PLUGIN $LLAMA_BUILD/bin/llama-perplexity \
-      -m "$gemma" -f $DEV/perplexity-text.txt -c 512 -b 512 -ngl 99 "$@"; }
+      -m "$gemma" -f $DEV/perplexity-text.txt -c 512 -b 512 -ngl 99 -fit off "$@"; }
     ppl kld-base-cuda0-fa-off -dev CUDA0 -fa off --kl-divergence-base /tmp/kld-cuda0-fa-off.bin
     ppl kld-base-cuda0-fa-on -dev CUDA0 -fa on --kl-divergence-base /tmp/kld-cuda0-fa-on.bin
     ppl kld-cuda0-fa-on-vs-off -dev CUDA0 -fa on --kl-divergence-base /tmp/kld-cuda0-fa-off.bin --kl-divergence
