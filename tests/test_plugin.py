@@ -153,7 +153,8 @@ bool ggml_backend_dev_supports_op(struct ggml_backend_device * device, const str
 
 def test_supports_op_declines_layouts_we_do_not_run(plugin_path, plugin_device, offload_all, llama, monkeypatch):
     """MUL_MAT is taken only with contiguous 2-D f32 activations and a covered weight type; input and view nodes are
-    accepted (test-backend-ops counts nothing otherwise); GGML_CIQ_OFFLOAD=none declines everything."""
+    accepted (test-backend-ops counts nothing otherwise); GGML_CIQ_OFFLOAD=none declines everything, and so does the
+    registry's plan on the CPU."""
     ffi = cffi.FFI()
     ffi.cdef(_GGML_CDEF)
     lib = ffi.dlopen(str(_lib_file(llama.lib_dir, "ggml")))
@@ -185,6 +186,9 @@ def test_supports_op_declines_layouts_we_do_not_run(plugin_path, plugin_device, 
             assert answers == {name: want for name, (_, want) in cases.items()}
             monkeypatch.setenv("GGML_CIQ_OFFLOAD", "none")
             assert not lib.ggml_backend_dev_supports_op(dev, cases["plain"][0])
+            if plugin_device == "CIQ_CPU":  # the registry's own answer: our CPU kernels are slower than llama.cpp's
+                monkeypatch.delenv("GGML_CIQ_OFFLOAD")
+                assert not lib.ggml_backend_dev_supports_op(dev, cases["plain"][0])
     finally:
         lib.ggml_free(ctx)
 
@@ -211,3 +215,4 @@ def test_missing_plugin_is_one_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv(plugin.PLUGIN_ENV, str(tmp_path / "nothing.so"))
     with pytest.raises(LibraryNotFoundError, match="not built"):
         plugin.Plugin()
+
