@@ -633,3 +633,15 @@ def gemm_mmvq_exact(weight_type: int, data, rows: int, k: int, xq: np.ndarray) -
         return xf @ wf.T
     raise UnsupportedTypeError(f"MMVQ is defined here for {', '.join(TYPE_NAMES[t] for t in MMVQ_TYPES)}, "
                                f"not {type_name(weight_type)}")
+
+
+def llamacpp_cuda_uses_mmvq(ggml_type: int, tokens: int, compute_capability: tuple[int, int] = (9, 0)) -> bool:
+    """Whether llama.cpp CUDA (0c1e570) multiplies this weight type by `tokens` columns with mul_mat_vec_q
+    (ggml_cuda_should_use_mmvq, NVIDIA): <= 8 columns, less for some K-quants on Ada, Orin and RTX 50-class Blackwell."""
+    cc = 100 * compute_capability[0] + 10 * compute_capability[1]
+    limits = {890: {10: 4, 11: 6},                                   # Ada: Q2_K, Q3_K
+              870: {10: 1, 11: 1, Q4_K: 1, Q5_K: 1, Q6_K: 1},         # Orin
+              1200: {10: 5, 11: 5, Q4_K: 5, Q5_K: 6, Q6_K: 7},        # Blackwell (RTX 5090)
+              1210: {10: 6},                                         # DGX Spark
+              700: {10: 4, 11: 6, Q4_K: 5, Q5_K: 6, Q6_K: 7}}         # Volta
+    return 1 <= tokens <= limits.get(cc, {}).get(ggml_type, MMVQ_MAX_TOKENS)

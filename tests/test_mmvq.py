@@ -131,6 +131,17 @@ def test_reference_is_the_formula(rng, ggml_type, tokens):
     assert Q.nmse(out, Q.gemm_mmvq_exact(ggml_type, w, rows, k, xq)) <= 1e-12
 
 
+def test_llamacpp_cuda_uses_mmvq():
+    """ggml_cuda_should_use_mmvq at 0c1e570: <= 8 columns for every type on Hopper and Ampere, fewer for K-quants on
+    RTX 50-class Blackwell and Orin."""
+    for t in TYPES:
+        assert [n for n in range(0, 12) if Q.llamacpp_cuda_uses_mmvq(t, n, (9, 0))] == list(range(1, 9))
+        assert Q.llamacpp_cuda_uses_mmvq(t, 8, (8, 6)) and not Q.llamacpp_cuda_uses_mmvq(t, 9, (8, 0))
+    assert [n for n in range(1, 9) if Q.llamacpp_cuda_uses_mmvq(Q.Q4_K, n, (12, 0))] == [1, 2, 3, 4, 5]
+    assert [n for n in range(1, 9) if Q.llamacpp_cuda_uses_mmvq(Q.Q6_K, n, (8, 7))] == [1]
+    assert Q.llamacpp_cuda_uses_mmvq(Q.Q8_0, 8, (12, 0))
+
+
 def test_quantize_q8_1_fields(rng):
     """block_q8_1 as llama.cpp's quantize_q8_1 writes it: d = fp16(amax * float(1/127)), q = roundf(x/d), the sum of the
     float values in fp16, an all-zero block all zero."""
