@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import BackendError, GGUFFileError, OutOfMemoryError, ShapeError, UnsupportedTypeError
+from .errors import (BackendError, GGUFFileError, InvalidArgumentError, OutOfMemoryError, ShapeError,
+                     UnsupportedTypeError)
 from .model import ModelFile, Tensor
 from .numpy_ops import NumpyOps
 
@@ -102,25 +103,52 @@ def _view(x, shape):
     return x.view(shape) if hasattr(x, "rows") else x.reshape(shape)
 
 
+SEMANTICS = ("llamacpp", "exact")
+
+
+def make_ops(device="cpu", semantics: str = "llamacpp"):
+    """The ops of one device in one semantics (docs/SEMANTICS.md, "Engine semantics").
+    - "reference": ReferenceOps, the model the GGUF defines in float64 (semantics does not apply).
+    - cpu, llamacpp: NumpyOps, llama.cpp x86 CPU's arithmetic bit for bit. cpu, exact: ExactCpuOps (float32 GEMMs on
+      exactly dequantized weights, no activation quantization, float GELU, float64 RoPE angles and attention).
+    - GPU, llamacpp: NativeOps with llama.cpp CUDA MMQ's semantics (keep-quant `mma`, Q4_0/Q5_0/Q8_0 through
+      ciq_gemm_q32), mma attention. GPU, exact: K-quants in f16 semantics (`wgmma`; `mma` where the GPU has no
+      wgmma), Q4_0/Q5_0/Q8_0 dequantized to bf16 (cuBLAS; 30-100x closer to float64 than q8_1 on Gemma 3 270M's
+      real activations), float32 SIMT attention (q and p not rounded to f16)."""
+    if semantics not in SEMANTICS:
+        raise InvalidArgumentError(f"unknown semantics {semantics!r} (choose {' or '.join(SEMANTICS)})")
+    if str(device) == "reference":
+        from .reference_ops import ReferenceOps
+
+        return ReferenceOps()
+    if str(device) == "cpu":
+        if semantics == "exact":
+            from .reference_ops import ExactCpuOps
+
+            return ExactCpuOps()
+        return NumpyOps()
+    try:
+        from . import native
+        from .ops import NativeOps
+    except ImportError:
+        raise BackendError(f"device {device}: this build has no native ops (ggml_ciq.ops)") from None
+    if semantics == "llamacpp":
+        return NativeOps(device, semantics="mmq")
+    keep_quant = "f16" if native.variant_available(device, "wgmma") else "mmq"
+    return NativeOps(device, semantics=keep_quant, attention_kernel="simt", q32_kernel=False)
+
+
 class Transformer:
-    """A llama, qwen2, qwen3 or gemma3 GGUF model, ready to prefill prompts on `ops` (default: NumpyOps on the
-    CPU). n_ctx (default: the GGUF's context_length) bounds the prompt; the K/V cache (`self.kv_cache`, per layer
+    """A llama, qwen2, qwen3 or gemma3 GGUF model, ready to prefill prompts on `ops` (default: make_ops(device,
+    semantics)). n_ctx (default: the GGUF's context_length) bounds the prompt; the K/V cache (`self.kv_cache`, per layer
     a (k, v) pair of float16 [positions, n_head_kv, head_dim]) grows to the longest prompt seen; after forward its
     first `n_past` positions hold the prompt's keys and values."""
 
-    def __init__(self, model: ModelFile, device="cpu", ops=None, n_ctx: int | None = None, n_ubatch: int = 512):
+    def __init__(self, model: ModelFile, device="cpu", ops=None, n_ctx: int | None = None, n_ubatch: int = 512,
+                 semantics: str = "llamacpp"):
         self.model, self.hp = model, Hyperparameters.of(model)
         self.arch = ARCHITECTURES[self.hp.architecture]
-        if ops is None:
-            if str(device) != "cpu":
-                try:
-                    from .ops import NativeOps
-                except ImportError:
-                    raise BackendError(f"device {device}: this build has no native ops (ggml_ciq.ops)") from None
-                ops = NativeOps(device)
-            else:
-                ops = NumpyOps()
-        self.ops = ops
+        self.ops = ops = make_ops(device, semantics) if ops is None else ops
         self.n_ctx = int(n_ctx or self.hp.n_ctx_train or 4096)
         if n_ubatch < 1 or self.n_ctx < 1:
             raise ShapeError(f"n_ctx ({self.n_ctx}) and n_ubatch ({n_ubatch}) must be >= 1")
@@ -236,20 +264,22 @@ class Transformer:
         self._ensure_cache(n_tokens)
 
     def _ensure_cache(self, n_tokens: int) -> None:
-        """One (k, v) float16 pair per layer, grown (in steps of 256 positions, up to n_ctx) to hold n_tokens."""
+        """One (k, v) pair per layer (float16; float64 in the reference), grown (in steps of 256 positions, up to
+        n_ctx) to hold n_tokens."""
         have = self.kv_cache[0][0].shape[0] if self.kv_cache else 0
         if have >= n_tokens:
             return
         size = min(self.n_ctx, -(-n_tokens // 256) * 256)
         shape = (size, self.hp.n_head_kv, self.hp.head_dim)
-        need = 2 * self.hp.n_layer * size * self.hp.n_head_kv * self.hp.head_dim * 2
-        if str(getattr(self.ops, "device", "cpu")) in ("cpu", "-1"):  # the host: Linux overcommits, so ask first
+        dtype = np.dtype(getattr(self.ops, "kv_cache_dtype", np.float16))  # f16 but in the float64 reference
+        need = 2 * self.hp.n_layer * size * self.hp.n_head_kv * self.hp.head_dim * dtype.itemsize
+        if str(getattr(self.ops, "device", "cpu")) in ("cpu", "-1", "reference"):  # the host: Linux overcommits
             free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
             if need > free:
                 raise OutOfMemoryError(f"the K/V cache for {n_tokens} tokens needs {need / 2**30:.1f} GiB, "
                                        f"{free / 2**30:.1f} GiB of host memory is free")
         self.kv_cache = []  # free the old cache first
-        self.kv_cache = [(self.ops.zeros(shape, np.float16), self.ops.zeros(shape, np.float16))
+        self.kv_cache = [(self.ops.zeros(shape, dtype), self.ops.zeros(shape, dtype))
                          for _ in range(self.hp.n_layer)]
 
     def kv_cache_bytes(self) -> int:

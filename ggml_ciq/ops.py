@@ -137,9 +137,11 @@ class NativeOps:
     """The engine's ops over libggml_ciq on one device ("cpu", "cuda", "cuda:N" or an index; -1 is the CPU).
 
     ``semantics`` of the keep-quant GEMMs defaults to llama.cpp CPU's on the CPU and to whatever the fastest GPU
-    kernel implements on a GPU ("any"); ``attention_kernel`` is one of ATTENTION_KERNELS."""
+    kernel implements on a GPU ("any"); ``attention_kernel`` is one of ATTENTION_KERNELS; ``q32_kernel`` False
+    dequantizes Q4_0/Q5_0/Q8_0 weights to bf16 on a GPU too (bf16 activations instead of ciq_gemm_q32's q8_1)."""
 
-    def __init__(self, device="cpu", semantics: str | None = None, attention_kernel: str = "auto"):
+    def __init__(self, device="cpu", semantics: str | None = None, attention_kernel: str = "auto",
+                 q32_kernel: bool = True):
         self.device = native.parse_device(device)
         self.native = native.load()
         if self.device >= 0 and self.device >= native.device_count():
@@ -150,7 +152,7 @@ class NativeOps:
         if attention_kernel not in ATTENTION_KERNELS:
             raise InvalidArgumentError(f"unknown attention kernel {attention_kernel!r} (choose from "
                                        f"{', '.join(ATTENTION_KERNELS)})")
-        self.attention_kernel = attention_kernel
+        self.attention_kernel, self.q32_kernel = attention_kernel, q32_kernel
         self.timings: dict[str, float] = defaultdict(float)
         self._pending: list = []  # (op class, marked timer) not yet in timings
         self._pool = _Pool(self.device)
@@ -359,7 +361,7 @@ class NativeOps:
             raise ShapeError(f"{tensor.name}: a weight must be 2-D, got shape {tensor.shape}")
         if tensor.is_keep_quant:
             return Weight(tensor.name, tensor.ggml_type, tensor.rows, tensor.k, "keep-quant", self._upload_raw(tensor))
-        if self.device >= 0 and tensor.ggml_type in quants.Q32_TYPES and tensor.k % 128 == 0:
+        if self.device >= 0 and self.q32_kernel and tensor.ggml_type in quants.Q32_TYPES and tensor.k % 128 == 0:
             return Weight(tensor.name, tensor.ggml_type, tensor.rows, tensor.k, "q32", self._raw(tensor))
         if tensor.ggml_type not in GET_ROWS_TYPES:
             raise UnsupportedTypeError(f"{tensor.name}: weight type {tensor.type_name} is not supported")
