@@ -29,6 +29,39 @@ def _fmt(v, spec=".2e"):
     return "-" if v is None else format(v, spec)
 
 
+def _print_table(console, title: str, columns, rows, stacks=(), stacked_note: str = "") -> None:
+    """A table readable at the console's width (80 columns and up): numbers and short texts are never cut, names
+    (kind "name") wrap rather than lose characters. `columns` are (header, kind) with kind "name", "text" or
+    "number" (right-aligned); `rows` lists of strings. Where the table is wider than the console, each of `stacks`
+    ((column indices, header)) becomes one column holding those values one above the other, and `stacked_note`
+    joins the title."""
+    from rich import box
+    from rich.measure import Measurement
+    from rich.table import Table
+
+    def build(title, columns, rows):
+        table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+        for header, kind in columns:
+            table.add_column(header, justify="right" if kind == "number" else "left", no_wrap=kind != "name",
+                             overflow="fold" if kind == "name" else "ellipsis")
+        for row in rows:
+            table.add_row(*row)
+        return table
+
+    table = build(title, columns, rows)
+    if stacks and Measurement.get(console, console.options.update_width(10**6), table).maximum > console.width:
+        stacked = {i for indices, _ in stacks for i in indices}
+        order = sorted([(indices[0], indices, header) for indices, header in stacks]
+                       + [(i, (i,), None) for i in range(len(columns)) if i not in stacked])
+        kinds = [("number" if all(columns[i][1] == "number" for i in indices) else
+                  "name" if any(columns[i][1] == "name" for i in indices) else "text") for _, indices, _ in order]
+        table = build(f"{title}; {stacked_note}" if stacked_note else title,
+                      [(header if header is not None else columns[indices[0]][0], kind)
+                       for (_, indices, header), kind in zip(order, kinds)],
+                      [["\n".join(row[i] for i in indices) for _, indices, _ in order] for row in rows])
+    console.print(table)
+
+
 def _write_json(path: str, payload: dict) -> None:
     """Every JSON the CLI writes records its environment (environment.describe(); a command's own entries win)."""
     from . import environment
@@ -263,8 +296,6 @@ CHECKS = {"diff": _check_diff, "bench": _check_bench, "prefill": _check_prefill,
 # ----------------------------------------------------------------------------------------------
 
 def cmd_diff(args) -> int:
-    from rich.table import Table
-
     from . import catalog
     from .diff import DiffReport, Differ, activations, select_tensors
     from .model import ModelFile
@@ -287,22 +318,24 @@ def cmd_diff(args) -> int:
             report.tensors.append(differ.run(tensor, activations(tensor, args.tokens, args.seed), args.bar))
             progress.advance(task)
 
-    table = Table(title=f"{model.config.name}: {differ.backend} ({differ.semantics} semantics) vs {differ.reference}, "
-                        f"{args.tokens} tokens")
-    columns = ["tensor", "type", "rows x K", "kernel", "ours vs llama NMSE", "max|d|", "llama vs f64 NMSE",
-               "max|d|", "ours vs f64 NMSE", "max|d|"]
+    columns = [("tensor", "name"), ("type", "text"), ("rows x K", "text"), ("kernel", "text"),
+               ("ours vs llama NMSE", "number"), ("max|d|", "number"), ("llama vs f64 NMSE", "number"),
+               ("max|d|", "number"), ("ours vs f64 NMSE", "number"), ("max|d|", "number")]
     if not differ.same_semantics:
-        columns.append(f"ours vs {differ.semantics} model")
-    for col in columns + [""]:
-        table.add_column(col, justify="left" if col in ("tensor", "type", "kernel") else "right")
+        columns.append((f"ours vs {differ.semantics} model", "number"))
+    columns.append(("", "text"))
+    rows = []
     for t in report.tensors:
         cells = [t.name, t.type, f"{t.rows} x {t.k}", t.variant or "-", _fmt(t.ours_vs_llamacpp),
                  _fmt(t.ours_vs_llamacpp_maxabs), _fmt(t.llamacpp_vs_f64), _fmt(t.llamacpp_vs_f64_maxabs),
                  _fmt(t.ours_vs_f64), _fmt(t.ours_vs_f64_maxabs)]
         if not differ.same_semantics:
             cells.append(_fmt(t.ours_vs_own_reference))
-        table.add_row(*cells, "[green]ok[/]" if t.passed else "[red]FAIL[/]")
-    console.print(table)
+        rows.append(cells + ["[green]ok[/]" if t.passed else "[red]FAIL[/]"])
+    _print_table(console, f"{model.config.name}: {differ.backend} ({differ.semantics} semantics) vs "
+                          f"{differ.reference}, {args.tokens} tokens", columns, rows,
+                 stacks=[((1, 2, 3), "type\nrows x K\nkernel"), ((4, 5), "ours vs\nllama"),
+                         ((6, 7), "llama\nvs f64"), ((8, 9), "ours\nvs f64")], stacked_note="NMSE above max|d|")
     s = report.summary()
     verdict = "PASS" if not s["failed"] else "FAIL"
     rule = (f"above the bar {args.bar:.0e}" if differ.same_semantics else
@@ -317,8 +350,6 @@ def cmd_diff(args) -> int:
 
 def _diff_activations(args) -> int:
     """diff --prompt: llama.cpp's own prefill captured; our kernels on its inputs; our engine's hidden states."""
-    from rich.table import Table
-
     from . import bench, catalog, native
     from .diff import activation_diff
 
@@ -332,23 +363,21 @@ def _diff_activations(args) -> int:
     cuda = report.reference == "llamacpp-cuda"
     report.environment = (bench.gpu_environment() if cuda else
                           bench.cpu_environment(args.threads or native.build_info()["threads"]))
-    table = Table(title=f"{path.name}: our kernels ({report.semantics} semantics) on llama.cpp's captured inputs, "
-                        f"{report.tokens} prompt tokens, {report.reference}")
-    for col in ("layer", "tensor", "type", "rows x K", "kernel", "NMSE vs llama.cpp", "max|d|", ""):
-        table.add_column(col, justify="left" if col in ("tensor", "type", "kernel") else "right")
-    for t in report.tensors:
-        verdict = ("[green]ok[/]" if t.passed else "[red]FAIL[/]") if t.judged else "listed"
-        table.add_row("-" if t.layer is None else str(t.layer), t.name, t.type, f"{t.rows} x {t.k}", t.kernel,
-                      _fmt(t.nmse), _fmt(t.max_abs), verdict)
-    console.print(table)
-    layers = Table(title=f"our engine's hidden state after each layer vs llama.cpp's l_out "
-                         f"(bar {report.layer_bar:.0e})")
-    for col in ("layer", "NMSE", "max|d|", ""):
-        layers.add_column(col, justify="right")
-    for d in report.layers:
-        layers.add_row(str(d.layer), _fmt(d.nmse), _fmt(d.max_abs),
-                       "[red]first above the bar[/]" if d.layer == report.first_diverging_layer else "")
-    console.print(layers)
+    columns = [("layer", "number"), ("tensor", "name"), ("type", "text"), ("rows x K", "text"), ("kernel", "text"),
+               ("NMSE vs llama.cpp", "number"), ("max|d|", "number"), ("", "text")]
+    rows = [["-" if t.layer is None else str(t.layer), t.name, t.type, f"{t.rows} x {t.k}", t.kernel, _fmt(t.nmse),
+             _fmt(t.max_abs), ("[green]ok[/]" if t.passed else "[red]FAIL[/]") if t.judged else "listed"]
+            for t in report.tensors]
+    _print_table(console, f"{path.name}: our kernels ({report.semantics} semantics) on llama.cpp's captured inputs, "
+                          f"{report.tokens} prompt tokens, {report.reference}", columns, rows,
+                 stacks=[((2, 3, 4), "type\nrows x K\nkernel"), ((5, 6), "NMSE vs\nllama.cpp")],
+                 stacked_note="NMSE above max|d|")
+    _print_table(console, f"our engine's hidden state after each layer vs llama.cpp's l_out (bar "
+                          f"{report.layer_bar:.0e})",
+                 [("layer", "number"), ("NMSE", "number"), ("max|d|", "number"), ("", "text")],
+                 [[str(d.layer), _fmt(d.nmse), _fmt(d.max_abs),
+                   "[red]first above the bar[/]" if d.layer == report.first_diverging_layer else ""]
+                  for d in report.layers])
     s = report.summary()
     console.print(f"{'PASS' if not s['failed'] else 'FAIL'}: {s['judged']} tensors judged at NMSE <= "
                   f"{report.bar:.0e}, {s['failed']} above, worst {_fmt(s['worst_judged_nmse'])}; "
@@ -385,7 +414,7 @@ def _tokenize(path, prompt: str) -> list[int]:
 
 def cmd_prefill(args) -> int:
     import numpy as np
-    from rich.table import Table
+    from rich.markup import escape
 
     from . import catalog, native
     from .engine import Transformer
@@ -416,19 +445,11 @@ def cmd_prefill(args) -> int:
     probs = np.exp(last - last.max())
     probs /= probs.sum()
     top = np.argsort(-last)[:args.top]
-    table = Table(title="next token")
-    for col in ("id", "token", "p"):
-        table.add_column(col)
-    for i in top:
-        table.add_row(str(i), repr(vocab[i]) if i < len(vocab) else "-", f"{probs[i]:.3f}")
-    console.print(table)
-    breakdown = Table(title="time by op class")
-    breakdown.add_column("op class")
-    breakdown.add_column("ms", justify="right")
-    breakdown.add_column("share", justify="right")
-    for name in ("keep-quant GEMM", "other GEMM", "attention", "rest"):
-        breakdown.add_row(name, f"{t.get(name, 0.0) * 1e3:.1f}", f"{t.get(name, 0.0) / total:.0%}")
-    console.print(breakdown)
+    _print_table(console, "next token", [("id", "number"), ("token", "name"), ("p", "number")],
+                 [[str(i), escape(repr(vocab[i])) if i < len(vocab) else "-", f"{probs[i]:.3f}"] for i in top])
+    _print_table(console, "time by op class", [("op class", "text"), ("ms", "number"), ("share", "number")],
+                 [[name, f"{t.get(name, 0.0) * 1e3:.1f}", f"{t.get(name, 0.0) / total:.0%}"]
+                  for name in ("keep-quant GEMM", "other GEMM", "attention", "rest")])
     memory, kv = engine.ops.memory_bytes(), engine.kv_cache_bytes()
     console.print(f"memory: {memory / 2**20:.1f} MiB held by the ops (weights, activations and the K/V cache), of "
                   f"which K/V cache {kv / 2**20:.1f} MiB ({engine.kv_cache[0][0].shape[0]} positions, f16)")
@@ -590,8 +611,6 @@ def cmd_bench(args) -> int:
 
 
 def _bench_cpu(args, shapes, tokens) -> int:
-    from rich.table import Table
-
     from . import bench
 
     console = _console()
@@ -600,13 +619,12 @@ def _bench_cpu(args, shapes, tokens) -> int:
         task = progress.add_task("bench", total=len(shapes) * len(tokens))
         rows = bench.bench_cpu(shapes, tokens, threads, repeat=args.repeat, progress=lambda: progress.advance(task))
     env = bench.cpu_environment(threads)
-    table = Table(title=f"ciq-cpu vs llama.cpp CPU mul_mat, {threads} threads ({env['device']})")
-    for col in ("type", "rows", "K", "tokens", "ciq us", "llama.cpp us", "ciq / llama.cpp"):
-        table.add_column(col, justify="right")
-    for r in rows:
-        table.add_row(r.type, str(r.rows), str(r.k), str(r.tokens), f"{r.ciq_us:.0f}", f"{r.llamacpp_us:.0f}",
-                      f"{r.ratio:.2f}")
-    console.print(table)
+    _print_table(console, f"ciq-cpu vs llama.cpp CPU mul_mat, {threads} threads ({env['device']})",
+                 [(col, "number") for col in ("type", "rows", "K", "tokens", "ciq us", "llama.cpp us",
+                                              "ciq / llama.cpp")],
+                 [[r.type, str(r.rows), str(r.k), str(r.tokens), f"{r.ciq_us:.0f}", f"{r.llamacpp_us:.0f}",
+                   f"{r.ratio:.2f}"] for r in rows],
+                 stacks=[((0, 1, 2), "type\nrows\nK"), ((4, 5), "ciq us\nllama.cpp us")])
     geo = bench.geomean(r.ratio for r in rows)
     console.print(f"geomean ciq/llama.cpp time ratio: {geo:.2f}")
     if args.json:
@@ -616,8 +634,6 @@ def _bench_cpu(args, shapes, tokens) -> int:
 
 
 def _bench_cuda(args, shapes, tokens) -> int:
-    from rich.table import Table
-
     from . import bench, native
 
     console = _console()
@@ -631,15 +647,15 @@ def _bench_cuda(args, shapes, tokens) -> int:
         rows = bench.bench_gpu(shapes, tokens, variants, repeat=args.repeat, llamacpp=not args.no_llamacpp,
                                ceiling=not args.no_ceiling, progress=lambda: progress.advance(task))
     env = bench.gpu_environment(llamacpp=not args.no_llamacpp)
-    table = Table(title=f"ciq-cuda vs llama.cpp CUDA mul_mat ({env['device']})")
-    for col in ("type", "rows", "K", "tokens", "variant", "us", "best us", "gemm-only us", "TFLOP/s", "llama.cpp us",
-                "speedup", "bf16 us", "of bf16"):
-        table.add_column(col, justify="right")
-    for r in rows:
-        table.add_row(r.type, str(r.rows), str(r.k), str(r.tokens), r.variant, f"{r.us:.1f}", f"{r.best_us:.1f}",
-                      f"{r.gemm_only_us:.1f}", f"{r.tflops:.1f}", _fmt(r.llamacpp_us, ".1f"), _fmt(r.speedup, ".2f"),
-                      _fmt(r.bf16_us, ".1f"), _fmt(r.bf16_fraction, ".0%"))
-    console.print(table)
+    _print_table(console, f"ciq-cuda vs llama.cpp CUDA mul_mat ({env['device']})",
+                 [(col, "text" if col == "variant" else "number")
+                  for col in ("type", "rows", "K", "tokens", "variant", "us", "best us", "gemm-only us", "TFLOP/s",
+                              "llama.cpp us", "speedup", "bf16 us", "of bf16")],
+                 [[r.type, str(r.rows), str(r.k), str(r.tokens), r.variant, f"{r.us:.1f}", f"{r.best_us:.1f}",
+                   f"{r.gemm_only_us:.1f}", f"{r.tflops:.1f}", _fmt(r.llamacpp_us, ".1f"), _fmt(r.speedup, ".2f"),
+                   _fmt(r.bf16_us, ".1f"), _fmt(r.bf16_fraction, ".0%")] for r in rows],
+                 stacks=[((0, 1, 2), "type\nrows\nK"), ((5, 6, 7), "us\nbest\nGEMM only"),
+                         ((9, 10), "llama.cpp us\nspeedup"), ((11, 12), "bf16 us\nof bf16")])
     geo = bench.geomeans(rows)
     for key, value in geo.items():
         console.print(f"geomean speedup over llama.cpp, {key}: {value:.2f}x")
@@ -652,20 +668,17 @@ def _bench_cuda(args, shapes, tokens) -> int:
 
 
 def _bench_ab(args, shapes, tokens, console) -> int:
-    from rich.table import Table
-
     from . import bench, native
 
     a, b = args.ab
     with _progress(console) as progress:
         task = progress.add_task("A/B", total=len(shapes) * len(tokens))
         rows = bench.bench_ab(shapes, tokens, a, b, repeat=args.repeat, progress=lambda: progress.advance(task))
-    table = Table(title=f"A/B, interleaved: A = {a}, B = {b} ({native.device_name('cuda')})")
-    for col in ("type", "rows", "K", "tokens", "A us", "B us", "A/B time"):
-        table.add_column(col, justify="right")
-    for r in rows:
-        table.add_row(r.type, str(r.rows), str(r.k), str(r.tokens), f"{r.a_us:.1f}", f"{r.b_us:.1f}", f"{r.ratio:.3f}")
-    console.print(table)
+    _print_table(console, f"A/B, interleaved: A = {a}, B = {b} ({native.device_name('cuda')})",
+                 [(col, "number") for col in ("type", "rows", "K", "tokens", "A us", "B us", "A/B time")],
+                 [[r.type, str(r.rows), str(r.k), str(r.tokens), f"{r.a_us:.1f}", f"{r.b_us:.1f}", f"{r.ratio:.3f}"]
+                  for r in rows],
+                 stacks=[((0, 1, 2), "type\nrows\nK"), ((4, 5), "A us\nB us")])
     ratios = [r.ratio for r in rows]
     summary = {"a": a, "b": b, "geomean": bench.geomean(ratios), "min": min(ratios), "max": max(ratios)}
     console.print(f"B is {summary['geomean']:.3f}x A's speed (geomean; min {summary['min']:.3f}, max {summary['max']:.3f})")
