@@ -179,6 +179,11 @@ def _device(text: str) -> str:
     return text
 
 
+def _engine_device(text: str) -> str:
+    """prefill's --device: a device, or "reference" (the float64 reference ops)."""
+    return text if text == "reference" else _device(text)
+
+
 def _variant(text: str) -> str:
     from . import native
 
@@ -423,7 +428,8 @@ def cmd_prefill(args) -> int:
     console = _console()
     path = catalog.resolve_model(args.model)
     model = ModelFile(path)
-    engine = Transformer(model, device=args.device, n_ctx=args.ctx_size, n_ubatch=args.ubatch)
+    engine = Transformer(model, device=args.device, n_ctx=args.ctx_size, n_ubatch=args.ubatch,
+                         semantics=args.semantics)
     if args.tokens is not None:
         engine.reserve(args.tokens)  # too long or too big: said before any token is drawn
     if args.prompt is not None:
@@ -436,8 +442,9 @@ def cmd_prefill(args) -> int:
     logits = engine.forward(tokens)
     t = dict(engine.ops.timings)
     total = t.pop("total")
-    where = (f"CPU, numpy ops + native keep-quant GEMMs on {native.build_info()['threads']} threads"
-             if args.device == "cpu" else f"{native.device_name(args.device)}, libggml_ciq ops and kernels")
+    where = ("CPU, float64 reference ops" if args.device == "reference" else
+             f"CPU, {args.semantics} semantics on {native.build_info()['threads']} threads" if args.device == "cpu"
+             else f"{native.device_name(args.device)}, libggml_ciq ops and kernels, {args.semantics} semantics")
     console.print(f"{model.config.name}: {len(tokens)} tokens in {total * 1e3:.1f} ms = "
                   f"{len(tokens) / total:.1f} tokens/s ({where}; n_ctx {engine.n_ctx}, n_ubatch {engine.n_ubatch})")
     vocab = model.token_strings()
@@ -452,7 +459,8 @@ def cmd_prefill(args) -> int:
                   for name in ("keep-quant GEMM", "other GEMM", "attention", "rest")])
     memory, kv = engine.ops.memory_bytes(), engine.kv_cache_bytes()
     console.print(f"memory: {memory / 2**20:.1f} MiB held by the ops (weights, activations and the K/V cache), of "
-                  f"which K/V cache {kv / 2**20:.1f} MiB ({engine.kv_cache[0][0].shape[0]} positions, f16)")
+                  f"which K/V cache {kv / 2**20:.1f} MiB ({engine.kv_cache[0][0].shape[0]} positions, "
+                  f"{'f64' if args.device == 'reference' else 'f16'})")
     if args.json:
         _write_json(args.json, {"model": str(path), "tokens": len(tokens), "seconds": {**t, "total": total},
                                 "tokens_per_second": len(tokens) / total, "memory_bytes": memory,
@@ -461,8 +469,6 @@ def cmd_prefill(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from rich.table import Table
-
     from . import bench, catalog, native
     from .compare import plot_compare, run_compare
 
@@ -470,42 +476,67 @@ def cmd_compare(args) -> int:
     path = catalog.resolve_model(args.model)
     if args.device == "cuda" and native.device_count() == 0:
         raise CiqError("compare --device cuda: no CUDA device (or libggml_ciq built without CUDA)")
+    semantics = ("llamacpp", "exact") if args.semantics == "both" else (args.semantics,)
     with _progress(console) as progress:
-        tasks = {side: progress.add_task(f"{side} prefill", total=args.repeat + 1) for side in ("llama.cpp", "ours")}
-        n_tokens = 512 if args.tokens is None and args.prompt is None else args.tokens
-        result = run_compare(path, n_tokens, args.prompt, repeat=args.repeat, device=args.device,
-                             threads=args.threads, flash_attn=_on_off(args.flash_attn),
-                             progress=lambda side: progress.advance(tasks[side]))
+        tasks = {}
+
+        def advance(arm):
+            if arm not in tasks:
+                timed = arm in ("llama.cpp", "llama.cpp + plugin") or arm.startswith("ours")
+                tasks[arm] = progress.add_task(f"{arm} prefill", total=args.repeat + 1 if timed else 1)
+            progress.advance(tasks[arm])
+
+        result = run_compare(path, args.tokens, args.prompt, repeat=args.repeat, device=args.device,
+                             threads=args.threads, flash_attn=_on_off(args.flash_attn), semantics=semantics,
+                             reference=args.reference == "on", plugin=args.plugin, progress=advance)
     threads = args.threads or native.build_info()["threads"]
     result.environment = bench.gpu_environment() if args.device == "cuda" else bench.cpu_environment(threads)
-    table = Table(title=f"{path.name}: {result.tokens} tokens, {result.environment['device']}, llama.cpp flash "
-                        f"attention {'on' if result.flash_attn else 'off'}, median of {result.repeat}")
-    for col in ("", "prefill tokens/s", "runs (ms)", "memory"):
-        table.add_column(col, justify="left" if not col else "right")
-    llama_mem = result.llamacpp.memory
-    ours_mem = result.ours.memory
-    table.add_row("llama.cpp", f"{result.llamacpp.tokens_per_second:.1f}",
-                  " ".join(f"{t * 1e3:.0f}" for t in result.llamacpp.seconds),
-                  f"{_mib(llama_mem['buffers_total'])} buffers ("
-                  + ", ".join(f"{k} {_mib(sum(v.values()))}" for k, v in llama_mem["buffers"].items()) + ")"
-                  + (f"; CUDA +{_mib(llama_mem['cuda_used_growth'])}" if llama_mem["cuda_used_growth"] else ""))
-    table.add_row("ggml-ciq", f"{result.ours.tokens_per_second:.1f}",
-                  " ".join(f"{t * 1e3:.0f}" for t in result.ours.seconds),
-                  f"ops {_mib(ours_mem['ops_memory_bytes'])}, KV {_mib(ours_mem['kv_cache_bytes'])}"
-                  + (f"; CUDA +{_mib(ours_mem['cuda_used_growth'])}" if ours_mem["cuda_used_growth"] else ""))
-    console.print(table)
-    a = result.agreement
-    console.print(f"speed: ggml-ciq / llama.cpp = {result.speedup:.2f}x; memory: ggml-ciq ops / llama.cpp buffers on "
-                  f"the device ({_mib(llama_mem['device_buffers_total'])}) = {_fmt(result.memory_ratio, '.2f')}")
-    console.print(f"logits over {a['positions']} positions: top-1 agreement {a['top1']:.2%}, KL divergence mean "
-                  f"{a['kld_mean']:.2e} max {a['kld_max']:.2e}, NMSE {a['nmse']:.2e} -> "
-                  f"{'meets' if result.bars['met'] else 'misses'} the bars (top-1 >= {result.bars['top1_bar']:.0%}, "
-                  f"mean KLD <= {result.bars['kld_bar']:.0e})")
+    _print_compare(console, path.name, result)
     if args.json:
         _write_json(args.json, result.to_json())
     if args.plot:
         plot_compare(result, args.plot)
     return 0
+
+
+def _print_compare(console, name: str, result) -> None:
+    """compare's output, readable at 80 columns: the text, prefill speed, the distances, the verdict."""
+    text = result.text
+    console.print(f"{name}: {result.tokens} tokens of {text['source']} ({text['text_tokens']} tokens once; "
+                  + ("[bold]repeated to length[/]" if text["repeated"] else "not repeated") + f"); "
+                  f"{result.environment.get('device', result.device)}")
+    llama = result.arm("llama.cpp")
+    rows = []
+    for arm in result.arms:
+        settings = ", ".join(f"{k.replace('_', ' ')} {('on' if v else 'off') if isinstance(v, bool) else v}"
+                             for k, v in arm.settings.items() if k in ("semantics", "flash_attn", "n_ubatch"))
+        if arm.kind == "reference":
+            settings += f", one run {arm.seconds[0]:.1f} s"
+        tps = arm.tokens_per_second
+        rows.append([arm.name, settings, _fmt(tps, ".1f"), _fmt(tps / llama.tokens_per_second if tps else None, ".2f")])
+    _print_table(console, f"prefill, median of {result.repeat}", [("arm", "name"), ("settings", "name"),
+                                                                   ("tokens/s", "number"), ("x llama.cpp", "number")],
+                 rows)
+    for arm in result.arms:
+        if arm.kind == "ours":
+            console.print(f"{arm.name} memory: {_mib(arm.memory['ops_memory_bytes'])} (llama.cpp's buffers on the "
+                          f"device {_mib(llama.memory['device_buffers_total'])})")
+    _print_table(console, f"logits, {result.tokens} positions; KL(p || q)",
+                 [("p", "name"), ("q", "name"), ("top-1", "number"), ("KLD mean", "number"), ("KLD max", "number"),
+                  ("NMSE", "number")],
+                 [[pair.p, pair.q, f"{pair.agreement['top1']:.2%}", _fmt(pair.agreement["kld_mean"]),
+                   _fmt(pair.agreement["kld_max"]), _fmt(pair.agreement["nmse"])] for pair in result.pairs])
+    console.print(f"spread: llama.cpp against llama.cpp with {result.spread}")
+    labels = {"llamacpp_kld_vs_llamacpp": ("ours llamacpp vs llama.cpp: mean KLD", "<= the spread's", ".2e"),
+              "llamacpp_top1_disagreement_vs_llamacpp": ("ours llamacpp vs llama.cpp: top-1 misses",
+                                                         "<= the spread's", ".2%"),
+              "exact_kld_vs_reference": ("ours exact vs reference: mean KLD", "<= half llama.cpp's", ".2e")}
+    v = result.verdict
+    for key, (what, bar, spec) in labels.items():
+        if key in v:
+            console.print(f"{'[green]meets[/]' if v[key]['met'] else '[red]misses[/]'}: {what} "
+                          f"{_fmt(v[key]['value'], spec)} {bar} {_fmt(v[key]['bar'], spec)}")
+    console.print(f"verdict: {'[green]PASS[/]' if v['met'] else '[red]FAIL[/]'}")
 
 
 def _on_off(value: str) -> bool | None:
@@ -742,29 +773,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ids", type=_whole_list(0), help="comma-separated token ids instead of a prompt")
     p.add_argument("--seed", type=_whole(0), default=0)
     p.add_argument("--top", type=_whole(1), default=5)
-    p.add_argument("--device", type=_from_library(_device), default="cpu",
-                   help="cpu (numpy ops in llama.cpp's CPU arithmetic) or cuda[:N]")
+    p.add_argument("--device", type=_from_library(_engine_device), default="cpu",
+                   help="cpu, cuda[:N] or reference (the float64 model the GGUF defines, on the CPU)")
+    p.add_argument("--semantics", choices=("llamacpp", "exact"), default="llamacpp",
+                   help="llamacpp: llama.cpp's arithmetic on the device (CPU: bit for bit); exact: the most exact "
+                        "fast path (docs/SEMANTICS.md)")
     p.add_argument("--ctx-size", type=_whole(1), default=None,
                    help="context length (default: the GGUF's context_length)")
     p.add_argument("--ubatch", type=_whole(1), default=512, help="tokens per micro-batch (default 512, as llama.cpp)")
     p.add_argument("--json", type=_output_file())
     p.set_defaults(func=cmd_prefill)
 
-    p = sub.add_parser("compare", help="llama.cpp and our engine on the same tokens: prefill tokens/s, logits "
-                                       "agreement, memory")
+    p = sub.add_parser("compare", help="llama.cpp, our engine and the float64 reference on the same tokens: "
+                                       "logits distances, llama.cpp's own spread, prefill tokens/s, memory")
     p.add_argument("model", nargs="?", help="GGUF path or catalog name (default: the embedded default model)")
-    p.add_argument("--tokens", type=_whole(1), default=None, help="prompt length: the text repeated to N tokens (default "
-                                                            "512 without --prompt)")
-    p.add_argument("--prompt", type=_text, help="text (default: a fixed English passage)")
-    p.add_argument("--repeat", type=_whole(1), default=3, help="timed prefills per side, after a warm-up (median)")
+    p.add_argument("--tokens", type=_whole(1), default=512, help="prompt length: the text cut (or, if shorter, "
+                                                                 "repeated) to N tokens (default 512)")
+    p.add_argument("--prompt", type=_text, help="text (default: the GCC runtime exception and GNU GPL v3 that "
+                                                "numpy's LICENSE.txt bundles, ~8.6k tokens of English)")
+    p.add_argument("--repeat", type=_whole(1), default=3, help="timed prefills per arm, after a warm-up (median)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--semantics", choices=("llamacpp", "exact", "both"), default="both",
+                   help="our engine's arms (default both; docs/SEMANTICS.md)")
+    p.add_argument("--reference", choices=("on", "off"), default="on",
+                   help="the float64 reference arm on the CPU (default on; ~0.1 s per token on 2 cores)")
     p.add_argument("--threads", type=_whole(1, MAX_THREADS), default=None)
     p.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
                    help="llama.cpp's flash attention (auto: on for CUDA as llama-bench, off on the CPU, where it "
                         "depends on the micro-batch size)")
     p.add_argument("--json", type=_output_file())
     p.add_argument("--plot", type=_output_file(".png", ".svg", ".pdf"),
-                   help="write tokens/s and per-position KL divergence (PNG; needs matplotlib)")
+                   help="write tokens/s and per-position KL divergence of every pair (PNG; needs matplotlib)")
+    p.add_argument("--plugin", action="store_true",
+                   help="a third arm: llama.cpp with the ggml-ciq backend plugin loaded (docs/PLUGIN.md; on the CPU "
+                        "it takes MUL_MATs only with GGML_CIQ_OFFLOAD=all)")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("fetch", help="a catalog model (generated or assembled) or a GGUF from the Hugging Face hub")

@@ -1,5 +1,8 @@
-"""End-to-end comparison with llama.cpp on one GGUF: the same tokens through libllama (llama_model.py) and through
-our engine; prefill tokens/s of each, logits agreement over all positions, memory of each."""
+"""End-to-end comparison on one GGUF: llama.cpp (libllama, llama_model.py), our engine in each semantics and the
+float64 reference (reference_ops) on the same tokens of a real text, with three kinds of distance over every
+position's logits: each arm against the reference (the model the GGUF defines), our arms against llama.cpp, and
+llama.cpp against a second llama.cpp run (its own spread: the yardstick of the verdict). Plus prefill tokens/s and
+memory of the timed arms."""
 
 from __future__ import annotations
 
@@ -11,8 +14,8 @@ import numpy as np
 from . import quants
 from .errors import InvalidArgumentError, OutOfMemoryError, UnsupportedTypeError
 
-# Real English for --tokens N without a prompt (Jane Austen, Pride and Prejudice, chapter 1; public domain),
-# repeated to length.
+# A short English passage (Jane Austen, Pride and Prejudice, chapter 1; public domain): prompt_tokens' text, for tests
+# and tools that want a fixed prompt; `compare` reads a long real text (evaluation_text).
 TEXT = ("It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in want "
         "of a wife. However little known the feelings or views of such a man may be on his first entering a "
         "neighbourhood, this truth is so well fixed in the minds of the surrounding families, that he is considered "
@@ -26,24 +29,72 @@ TEXT = ("It is a truth universally acknowledged, that a single man in possession
         "with Mr. Morris immediately; that he is to take possession before Michaelmas, and some of his servants are "
         "to be in the house by the end of next week.\"")
 
-TOP1_BAR, KLD_BAR = 0.99, 1e-3  # the issue's agreement bars (top-1 over all positions, mean KL divergence)
+
+# The default text: the GCC Runtime Library Exception 3.1 and the GNU GPL v3, as numpy's manylinux wheels ship them in
+# their LICENSE.txt (bundled for libgfortran): ~8.6k Gemma tokens of real, non-repeating English in a package every
+# install of ggml-ciq has. Cut from the first marker to the second (the LGPL notice of libquadmath that follows).
+TEXT_START, TEXT_END = "GCC RUNTIME LIBRARY EXCEPTION", "\nName: libquadmath"
 
 
-def prompt_tokens(llama, n_tokens: int | None, prompt: str | None) -> list[int]:
-    """llama.cpp's tokens (BOS as by default) of `prompt` or of TEXT; with n_tokens, the text is repeated until
-    there are n_tokens and cut there."""
-    text = TEXT if prompt is None else prompt
+@dataclass
+class TextInfo:
+    """Where the prompt came from and whether it had to repeat: `source` (package, version and file, or "--prompt"),
+    `text_tokens` (the text once, BOS included), `repeated` (True when --tokens needed more than that)."""
+    source: str
+    text_tokens: int
+    repeated: bool
+
+
+def evaluation_text() -> tuple[str, str]:
+    """(text, source): numpy's bundled licence texts (TEXT_START up to TEXT_END; the whole LICENSE.txt where a numpy
+    build lacks the GCC section)."""
+    from importlib import metadata
+
+    try:
+        files = metadata.files("numpy") or []
+        version = metadata.version("numpy")
+    except metadata.PackageNotFoundError:
+        raise InvalidArgumentError("the default text comes from numpy's LICENSE.txt, but numpy's metadata is missing; "
+                                   "give --prompt") from None
+    licences = [f for f in files if f.name == "LICENSE.txt" and f.parts[0].endswith(".dist-info")]
+    if not licences:
+        raise InvalidArgumentError(f"numpy {version} has no LICENSE.txt in its metadata; give --prompt")
+    text = licences[0].locate().read_text(encoding="utf-8")
+    first = text.find(TEXT_START)
+    if first < 0:
+        return text, f"numpy {version}: {licences[0]} (whole file)"
+    last = text.find(TEXT_END, first)
+    return text[first:last if last > 0 else len(text)], f"numpy {version}: {licences[0]} (from {TEXT_START!r})"
+
+
+def _repeat_to(llama, text: str, n_tokens: int | None) -> tuple[list[int], int, bool]:
+    """llama.cpp's tokens (BOS as by default) of text, repeated (" " + text, no BOS) to n_tokens and cut there:
+    (tokens, tokens of the text once, whether it repeated)."""
     tokens = llama.tokenize(text)
+    once = len(tokens)
     if n_tokens is None:
-        return tokens
+        return tokens, once, False
     if n_tokens < 1:
         raise InvalidArgumentError(f"--tokens must be >= 1, got {n_tokens}")
-    more = llama.tokenize(" " + text, add_special=False)
+    more = llama.tokenize(" " + text, add_special=False) if once < n_tokens else tokens
     if not more:
         raise InvalidArgumentError("the prompt has no tokens to repeat")
     while len(tokens) < n_tokens:
         tokens += more
-    return tokens[:n_tokens]
+    return tokens[:n_tokens], once, once < n_tokens
+
+
+def prompt_tokens(llama, n_tokens: int | None, prompt: str | None) -> list[int]:
+    """Tokens of `prompt` or of the short TEXT, repeated to n_tokens (tools/sensitivity.py, tests)."""
+    return _repeat_to(llama, TEXT if prompt is None else prompt, n_tokens)[0]
+
+
+def evaluation_tokens(llama, n_tokens: int | None, prompt: str | None) -> tuple[list[int], TextInfo]:
+    """`compare`'s tokens: of `prompt`, else of evaluation_text(); repeated to n_tokens only when the text is
+    shorter (TextInfo says so)."""
+    text, source = (prompt, "--prompt") if prompt is not None else evaluation_text()
+    tokens, once, repeated = _repeat_to(llama, text, n_tokens)
+    return tokens, TextInfo(source, once, repeated)
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -53,11 +104,11 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 def logits_agreement(ours: np.ndarray, theirs: np.ndarray, chunk: int = 64) -> dict:
-    """Over all positions, llama.cpp as the reference P: top-1 agreement, KL(P || ours) per position (mean, max,
-    all), NMSE of the logits."""
+    """Over all positions, `theirs` as P: top-1 agreement, KL(P || ours) per position (mean, max, all), NMSE of the
+    logits."""
     ours, theirs = np.asarray(ours, np.float32), np.asarray(theirs, np.float32)
     if ours.shape != theirs.shape:
-        raise InvalidArgumentError(f"logits shapes differ: ours {ours.shape}, llama.cpp {theirs.shape}")
+        raise InvalidArgumentError(f"logits shapes differ: {ours.shape} against {theirs.shape}")
     kld = np.empty(len(theirs))
     for s in range(0, len(theirs), chunk):
         logp, logq = _log_softmax(theirs[s:s + chunk]), _log_softmax(ours[s:s + chunk])
@@ -69,12 +120,26 @@ def logits_agreement(ours: np.ndarray, theirs: np.ndarray, chunk: int = 64) -> d
 
 
 @dataclass
-class Side:
-    """One implementation's run: seconds per timed prefill, tokens/s (median), memory in bytes."""
+class Arm:
+    """One run over the tokens. kind: "llamacpp", "ours" or "reference"; settings: what distinguishes it (device,
+    flash_attn, n_ubatch, threads, semantics); seconds of each timed prefill (empty for an untimed arm: one
+    all-logits prefill only), tokens/s of their median, memory in bytes."""
     name: str
-    seconds: list[float]
-    tokens_per_second: float
+    kind: str
+    settings: dict
+    seconds: list[float] = field(default_factory=list)
+    tokens_per_second: float | None = None
     memory: dict = field(default_factory=dict)
+
+
+@dataclass
+class Pair:
+    """Two arms' logits: KL(p || q) per position, top-1 agreement, NMSE (logits_agreement with p as P). role:
+    "vs reference", "vs llama.cpp" or "llama.cpp spread"."""
+    p: str
+    q: str
+    role: str
+    agreement: dict
 
 
 @dataclass
@@ -83,14 +148,18 @@ class CompareResult:
     device: str
     tokens: int
     repeat: int
-    flash_attn: bool
-    llamacpp: Side
-    ours: Side
-    speedup: float                      # ours / llama.cpp tokens/s
-    memory_ratio: float | None          # ours ops.memory_bytes() / llama.cpp's buffers on the device
-    agreement: dict
-    bars: dict
+    text: dict                          # TextInfo
+    arms: list[Arm]
+    pairs: list[Pair]
+    spread: str                         # what the second llama.cpp run changes
+    verdict: dict
     environment: dict = field(default_factory=dict)
+
+    def arm(self, name: str) -> Arm:
+        return next(a for a in self.arms if a.name == name)
+
+    def pair(self, p: str, q: str) -> Pair | None:
+        return next((x for x in self.pairs if x.p == p and x.q == q), None)
 
     def to_json(self) -> dict:
         return {"schema": "docs/COMPARE_JSON.md", **asdict(self)}
@@ -117,74 +186,172 @@ def _nbytes(obj) -> int | None:
     return sum(_nbytes(v) or 0 for v in values)
 
 
-def _timed(prefill, repeat: int, progress, side: str) -> list[float]:
+def _timed(prefill, repeat: int, progress, arm: str) -> list[float]:
     """perf_counter seconds of `repeat` prefills (after the caller's warm-up, which progress counts too)."""
-    if progress:
-        progress(side)
     seconds = []
     for _ in range(repeat):
         start = time.perf_counter()
         prefill()
         seconds.append(time.perf_counter() - start)
         if progress:
-            progress(side)
+            progress(arm)
     return seconds
 
 
-def _check_logits_memory(n_tokens: int, n_vocab: int) -> None:
-    """Both sides' logits of every position are held in host memory (float32): OutOfMemoryError, before either side
+def _check_logits_memory(n_arrays: int, n_tokens: int, n_vocab: int) -> None:
+    """Every arm's logits of every position are held in host memory (float32): OutOfMemoryError, before any arm
     runs, when they would not fit in the free memory with room for the models."""
     import os
 
-    need = 2 * n_tokens * n_vocab * 4
+    need = n_arrays * n_tokens * n_vocab * 4
     free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     if need > 0.8 * free:
-        raise OutOfMemoryError(f"the logits of {n_tokens} positions x {n_vocab} tokens, ours and llama.cpp's, need "
+        raise OutOfMemoryError(f"the logits of {n_tokens} positions x {n_vocab} tokens for {n_arrays} runs need "
                                f"{need / 2**30:.1f} GiB of host memory; {free / 2**30:.1f} GiB is free")
 
 
+# The second llama.cpp run per device, and what it changes. Measured on llama.cpp CPU 0c1e570 (Gemma 3 270M, 128
+# tokens, flash attention off): 1, 2 or 3 threads and n_ubatch 64 or 512 give the same logits bit for bit; below 8
+# tokens per micro-batch other kernels run (n_ubatch 7: top-1 97.7%, KLD 5.8e-3; n_ubatch 1: 94.5%, 6.9e-3), and
+# flash attention on: 93.0%, 9.6e-3. On the CPU the spread is therefore token-by-token decoding (n_ubatch 1), the
+# way llama.cpp generates; on CUDA flash attention on against off.
+SPREAD = {"cpu": "n_ubatch 1 (token by token)", "cuda": "flash attention toggled"}
+SEMANTICS_ARMS = {"llamacpp": "ours llamacpp", "exact": "ours exact"}
+LLAMACPP, SPREAD_ARM, PLUGIN, REFERENCE = "llama.cpp", "llama.cpp spread", "llama.cpp + plugin", "reference"
+
+
 def run_compare(path, n_tokens: int | None = 512, prompt: str | None = None, repeat: int = 3, device: str = "cpu",
-                threads: int | None = None, flash_attn: bool | None = None, progress=None) -> CompareResult:
-    """llama.cpp first (warm-up prefill with all logits, then `repeat` timed prefills with the last token's logits,
-    as llama-bench), freed before our engine runs the same tokens the same way. flash_attn: llama.cpp's (None:
-    on for CUDA, off on the CPU; see LlamaContext). progress(side) after each prefill."""
+                threads: int | None = None, flash_attn: bool | None = None, semantics=("llamacpp", "exact"),
+                reference: bool = True, plugin: bool = False, progress=None) -> CompareResult:
+    """llama.cpp first (a warm-up prefill with all logits, then `repeat` timed prefills with the last token's
+    logits, as llama-bench), then its spread run (SPREAD: one all-logits prefill), with plugin=True llama.cpp with
+    the ggml-ciq backend plugin loaded (timed as llama.cpp; docs/PLUGIN.md), then our engine in each of `semantics`
+    the same way, then (reference=True) the float64 reference once (its seconds recorded). flash_attn: llama.cpp's
+    (None: on for CUDA, off on the CPU; see LlamaContext). progress(arm) after each prefill."""
     from . import native
-    from .engine import ARCHITECTURES, Transformer
+    from .engine import ARCHITECTURES, SEMANTICS, Transformer
     from .llama_model import CudaMemory, LlamaModel, memory_growth
     from .model import ModelFile
 
     if repeat < 1:
         raise InvalidArgumentError(f"--repeat must be >= 1, got {repeat}")
-    threads = threads or native.build_info()["threads"]  # the same threads for both sides
+    for s in semantics:
+        if s not in SEMANTICS:
+            raise InvalidArgumentError(f"unknown semantics {s!r} (choose {' or '.join(SEMANTICS)})")
+    threads = threads or native.build_info()["threads"]  # the same threads for every arm
     native.set_num_threads(threads)
     model = ModelFile(path)
     if model.config.architecture not in ARCHITECTURES:  # before llama.cpp spends its time
         raise UnsupportedTypeError(f"{path}: architecture {model.config.architecture} is not supported by the engine "
                                    f"(supported: {', '.join(ARCHITECTURES)})")
+    logits, arms = {}, []
     with LlamaModel(path, device=device, threads=threads) as llama:
-        tokens = prompt_tokens(llama, n_tokens, prompt)
-        _check_logits_memory(len(tokens), llama.n_vocab)
+        tokens, text = evaluation_tokens(llama, n_tokens, prompt)
+        _check_logits_memory(2 + plugin + len(semantics) + reference, len(tokens), llama.n_vocab)
         with llama.context_for(len(tokens), n_batch=512, flash_attn=flash_attn) as ctx:
-            flash_attn, n_ctx = ctx.flash_attn, ctx.n_ctx
-            theirs = ctx.prefill(tokens, all_logits=True)
-            seconds = _timed(lambda: ctx.prefill(tokens, all_logits=False), repeat, progress, "llama.cpp")
-            llama_side = Side("llama.cpp", seconds, _median_tps(len(tokens), seconds), ctx.memory())
+            flash_attn, n_ctx, n_batch = ctx.flash_attn, ctx.n_ctx, ctx.n_batch
+            logits[LLAMACPP] = ctx.prefill(tokens, all_logits=True)
+            if progress:
+                progress(LLAMACPP)
+            seconds = _timed(lambda: ctx.prefill(tokens, all_logits=False), repeat, progress, LLAMACPP)
+            arms.append(Arm(LLAMACPP, "llamacpp", {"device": device, "flash_attn": flash_attn, "n_ubatch": n_batch,
+                                                   "threads": threads}, seconds, _median_tps(len(tokens), seconds),
+                            ctx.memory()))
+        spread = {"flash_attn": not flash_attn, "n_batch": n_batch} if device == "cuda" else \
+            {"flash_attn": flash_attn, "n_batch": 1}
+        with llama.context_for(len(tokens), **spread) as ctx:
+            logits[SPREAD_ARM] = ctx.prefill(tokens, all_logits=True)
+            arms.append(Arm(SPREAD_ARM, "llamacpp", {"device": device, "flash_attn": ctx.flash_attn,
+                                                     "n_ubatch": ctx.n_batch, "threads": threads}))
+        if progress:
+            progress(SPREAD_ARM)
+    if plugin:
+        arms.append(_plugin_arm(path, device, threads, tokens, flash_attn, repeat, logits, progress))
 
     cuda = CudaMemory() if device == "cuda" else None
-    used_before = cuda.used() if cuda else None
-    engine = Transformer(model, device=device, n_ctx=n_ctx, n_ubatch=512)  # llama.cpp's context and micro-batch
-    ours = engine.forward(tokens, all_logits=True)
-    seconds = _timed(lambda: engine.forward(tokens, all_logits=False), repeat, progress, "ours")
-    growth = memory_growth(used_before, cuda.used() if cuda else None)
-    our_side = Side("ggml-ciq", seconds, _median_tps(len(tokens), seconds), engine_memory(engine, growth))
+    for s in semantics:
+        name = SEMANTICS_ARMS[s]
+        used_before = cuda.used() if cuda else None
+        engine = Transformer(model, device=device, n_ctx=n_ctx, n_ubatch=512, semantics=s)  # llama.cpp's micro-batch
+        logits[name] = np.asarray(engine.forward(tokens, all_logits=True))
+        if progress:
+            progress(name)
+        seconds = _timed(lambda: engine.forward(tokens, all_logits=False), repeat, progress, name)
+        growth = memory_growth(used_before, cuda.used() if cuda else None)
+        arms.append(Arm(name, "ours", {"device": device, "semantics": s, "n_ubatch": 512, "threads": threads},
+                        seconds, _median_tps(len(tokens), seconds), engine_memory(engine, growth)))
+        del engine
+    if reference:
+        start = time.perf_counter()
+        engine = Transformer(model, device="reference", n_ctx=n_ctx, n_ubatch=512)
+        logits[REFERENCE] = engine.forward(tokens, all_logits=True)
+        arms.append(Arm(REFERENCE, "reference", {"device": "cpu (float64)", "n_ubatch": 512, "threads": threads},
+                        [time.perf_counter() - start], None, engine_memory(engine, None)))
+        del engine
+        if progress:
+            progress(REFERENCE)
 
-    agreement = logits_agreement(np.asarray(ours).reshape(theirs.shape), theirs)
-    bars = {"top1_bar": TOP1_BAR, "kld_bar": KLD_BAR,
-            "met": agreement["top1"] >= TOP1_BAR and agreement["kld_mean"] <= KLD_BAR}
-    ours_bytes = our_side.memory["ops_memory_bytes"]
-    memory_ratio = None if ours_bytes is None else ours_bytes / llama_side.memory["device_buffers_total"]
-    return CompareResult(str(path), device, len(tokens), repeat, flash_attn, llama_side, our_side,
-                         our_side.tokens_per_second / llama_side.tokens_per_second, memory_ratio, agreement, bars)
+    pairs = []
+    if reference:
+        pairs += [Pair(REFERENCE, a.name, "vs reference", logits_agreement(logits[a.name], logits[REFERENCE]))
+                  for a in arms if a.name != REFERENCE]
+    pairs += [Pair(LLAMACPP, SEMANTICS_ARMS[s], "vs llama.cpp",
+                   logits_agreement(logits[SEMANTICS_ARMS[s]], logits[LLAMACPP])) for s in semantics]
+    pairs.append(Pair(LLAMACPP, SPREAD_ARM, "llama.cpp spread", logits_agreement(logits[SPREAD_ARM],
+                                                                                 logits[LLAMACPP])))
+    if plugin:
+        pairs.append(Pair(LLAMACPP, PLUGIN, "vs llama.cpp", logits_agreement(logits[PLUGIN], logits[LLAMACPP])))
+    result = CompareResult(str(path), device, len(tokens), repeat, asdict(text), arms, pairs, SPREAD[device], {})
+    result.verdict = verdict(result)
+    return result
+
+
+def _plugin_arm(path, device: str, threads: int, tokens, flash_attn: bool, repeat: int, logits: dict,
+                progress) -> Arm:
+    """llama.cpp with the plugin loaded (CPU: weights unrepacked for its CIQ_CPU device; CUDA: devices CIQ0 and
+    CUDA0), timed as llama.cpp; its settings name the plugin's devices and count the GEMMs our library ran."""
+    from . import native
+    from .llama_model import LlamaModel
+    from .plugin import Plugin
+
+    with Plugin() as loaded:
+        devices = loaded.devices
+        options = {"repack": False} if device == "cpu" else {"devices": [d for d in devices if d != "CIQ_CPU"] +
+                                                                         ["CUDA0"]}
+        native.dispatch_reset()
+        with LlamaModel(path, device=device, threads=threads, **options) as model, \
+                model.context_for(len(tokens), n_batch=512, flash_attn=flash_attn) as ctx:
+            logits[PLUGIN] = ctx.prefill(tokens, all_logits=True)
+            gemms = sum(native.dispatch_counts().values()) + sum(native.q32_dispatch_counts().values())
+            if progress:
+                progress(PLUGIN)
+            seconds = _timed(lambda: ctx.prefill(tokens, all_logits=False), repeat, progress, PLUGIN)
+            memory = ctx.memory()
+    return Arm(PLUGIN, "plugin", {"device": device, "flash_attn": flash_attn, "n_ubatch": 512, "threads": threads,
+                                  "plugin_devices": devices, "warm_up_gemms": gemms}, seconds,
+               _median_tps(len(tokens), seconds), memory)
+
+
+def verdict(result: CompareResult) -> dict:
+    """The calibrated bars (issue 18). `llamacpp`: ours against llama.cpp no further than llama.cpp's own spread, in
+    mean KLD and in top-1 disagreement. `exact`: ours' mean KLD against the reference at most half of llama.cpp's.
+    Each {"value", "bar", "met"}; a bar whose arms did not run is absent; `met` over those judged."""
+    out = {}
+    spread = result.pair(LLAMACPP, SPREAD_ARM).agreement
+    ours = result.pair(LLAMACPP, SEMANTICS_ARMS["llamacpp"])
+    if ours is not None:
+        a = ours.agreement
+        out["llamacpp_kld_vs_llamacpp"] = {"value": a["kld_mean"], "bar": spread["kld_mean"],
+                                           "met": a["kld_mean"] <= spread["kld_mean"]}
+        out["llamacpp_top1_disagreement_vs_llamacpp"] = {"value": 1 - a["top1"], "bar": 1 - spread["top1"],
+                                                         "met": a["top1"] >= spread["top1"]}
+    exact, llama = result.pair(REFERENCE, SEMANTICS_ARMS["exact"]), result.pair(REFERENCE, LLAMACPP)
+    if exact is not None and llama is not None:
+        bar = 0.5 * llama.agreement["kld_mean"]
+        out["exact_kld_vs_reference"] = {"value": exact.agreement["kld_mean"], "bar": bar,
+                                         "met": exact.agreement["kld_mean"] <= bar}
+    out["met"] = all(v["met"] for v in out.values())
+    return out
 
 
 def load_compare_json(path) -> CompareResult:
@@ -194,37 +361,53 @@ def load_compare_json(path) -> CompareResult:
 
     data = json.loads(Path(path).read_text())
     data.pop("schema", None)
-    data["llamacpp"], data["ours"] = Side(**data["llamacpp"]), Side(**data["ours"])
+    if "arms" not in data:
+        raise InvalidArgumentError(f"{path}: a compare file of the old schema (no arms); re-run compare")
+    data["arms"] = [Arm(**a) for a in data["arms"]]
+    data["pairs"] = [Pair(**p) for p in data["pairs"]]
     return CompareResult(**data)
 
 
-def plot_compare(result: CompareResult, path: str) -> None:
-    """Two panels: prefill tokens/s of each (median, with every timed run), KL divergence per position (log
-    scale) with top-1 mismatches marked."""
+def plot_compare(result: CompareResult, path: str, smooth: int = 16) -> None:
+    """Prefill tokens/s of the timed arms (median, every timed run as a dot) and KL divergence per position of every
+    pair (log scale; thin: each position, thick: mean over `smooth` positions), the pairs against the reference in
+    one panel, those against llama.cpp (its spread dashed) in the other."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [1, 2]})
-    sides = [result.llamacpp, result.ours]
-    left.bar([s.name for s in sides], [s.tokens_per_second for s in sides], color=["gray", "tab:blue"])
-    for i, s in enumerate(sides):
-        left.scatter([i] * len(s.seconds), [result.tokens / t for t in s.seconds], color="black", s=10, zorder=3)
-    left.set_ylabel("prefill tokens/s")
-    left.set_title(f"{result.tokens} tokens, {result.device}: {result.speedup:.2f}x")
-    a = result.agreement
-    kld = np.maximum(np.asarray(a["kld_per_position"]), 1e-12)
-    right.semilogy(kld, lw=0.8, label="KL(llama.cpp || ours)")
-    if a["top1_mismatches"]:
-        right.scatter(a["top1_mismatches"], kld[a["top1_mismatches"]], color="red", s=12, zorder=3,
-                      label="top-1 differs")
-    right.axhline(KLD_BAR, color="gray", ls="--", lw=0.8, label=f"mean bar {KLD_BAR:g}")
-    right.set_xlabel("position")
-    right.set_title(f"top-1 {a['top1']:.1%}, KLD mean {a['kld_mean']:.2e} max {a['kld_max']:.2e}, "
-                    f"NMSE {a['nmse']:.2e}", fontsize=9)
-    right.legend(fontsize=8)
-    fig.suptitle(f"{result.model.rsplit('/', 1)[-1]}: ggml-ciq vs llama.cpp", fontsize=10)
+    fig = plt.figure(figsize=(13, 7))
+    grid = fig.add_gridspec(2, 2, width_ratios=[1, 2.4])
+    speed = fig.add_subplot(grid[:, 0])
+    timed = [a for a in result.arms if a.tokens_per_second]
+    speed.bar(range(len(timed)), [a.tokens_per_second for a in timed], color="lightgray", edgecolor="black")
+    for i, a in enumerate(timed):
+        speed.scatter([i] * len(a.seconds), [result.tokens / t for t in a.seconds], color="black", s=10, zorder=3)
+    speed.set_xticks(range(len(timed)), [a.name for a in timed], rotation=20, fontsize=8)
+    speed.set_ylabel("prefill tokens/s")
+    speed.set_title(f"{result.tokens} tokens, {result.device}", fontsize=10)
+    kernel = np.ones(smooth) / smooth
+    panels = {"vs reference": fig.add_subplot(grid[0, 1])}
+    panels["vs llama.cpp"] = panels["llama.cpp spread"] = fig.add_subplot(grid[1, 1], sharex=panels["vs reference"])
+    for i, pair in enumerate(result.pairs):
+        ax, a = panels[pair.role], pair.agreement
+        kld = np.maximum(np.asarray(a["kld_per_position"]), 1e-12)
+        style = "--" if pair.role == "llama.cpp spread" else "-"
+        label = f"{pair.q} vs {pair.p}: mean {a['kld_mean']:.2e}, top-1 {a['top1']:.2%}"
+        ax.semilogy(kld, lw=0.4, alpha=0.35, color=f"C{i}")
+        smoothed = np.convolve(kld, kernel, "valid") if len(kld) >= smooth else kld
+        ax.semilogy(np.arange(len(kld) - len(smoothed), len(kld)), smoothed, style, lw=1.6, color=f"C{i}",
+                    label=label)
+    repeated = " (the text repeated)" if result.text["repeated"] else ""
+    panels["vs reference"].set_title(f"KL(reference || arm) per position{repeated}", fontsize=10)
+    panels["vs llama.cpp"].set_title(f"KL(llama.cpp || arm); dashed: llama.cpp's spread ({result.spread})",
+                                     fontsize=10)
+    for ax in (panels["vs reference"], panels["vs llama.cpp"]):
+        ax.set_ylabel("KLD")
+        ax.legend(fontsize=7, loc="best")
+    panels["vs llama.cpp"].set_xlabel("position")
+    fig.suptitle(f"{result.model.rsplit('/', 1)[-1]}: llama.cpp, ggml-ciq and the float64 reference", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
