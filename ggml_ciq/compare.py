@@ -244,6 +244,10 @@ def run_compare(path, n_tokens: int | None = 512, prompt: str | None = None, rep
     if model.config.architecture not in ARCHITECTURES:  # before llama.cpp spends its time
         raise UnsupportedTypeError(f"{path}: architecture {model.config.architecture} is not supported by the engine "
                                    f"(supported: {', '.join(ARCHITECTURES)})")
+    if reference:
+        from .reference_ops import check_host_memory
+
+        check_host_memory(model)
     logits, arms = {}, []
     with LlamaModel(path, device=device, threads=threads) as llama:
         tokens, text = evaluation_tokens(llama, n_tokens, prompt)

@@ -149,6 +149,8 @@ class Transformer:
         self.model, self.hp = model, Hyperparameters.of(model)
         self.arch = ARCHITECTURES[self.hp.architecture]
         self.ops = ops = make_ops(device, semantics) if ops is None else ops
+        if hasattr(ops, "check_memory"):  # ops whose weights may not fit (the float64 reference): said up front
+            ops.check_memory(model)
         self.n_ctx = int(n_ctx or self.hp.n_ctx_train or 4096)
         if n_ubatch < 1 or self.n_ctx < 1:
             raise ShapeError(f"n_ctx ({self.n_ctx}) and n_ubatch ({n_ubatch}) must be >= 1")
@@ -157,37 +159,53 @@ class Transformer:
         self.n_past = 0
         self.timings = ops.timings
 
-        def tensor(name):
+        hp = self.hp
+        if hp.n_head_kv < 1 or hp.n_head % hp.n_head_kv:
+            raise GGUFFileError(f"{model.path}: {hp.n_head} attention heads cannot share {hp.n_head_kv} K/V heads")
+
+        def tensor(name, *shape):
+            """The tensor `name`, whose shape must be `shape` ([rows, cols] or [n]; None: any), as llama.cpp checks."""
             if name not in model.tensors:
-                raise GGUFFileError(f"{model.path}: tensor {name}, needed by the {self.hp.architecture} "
+                raise GGUFFileError(f"{model.path}: tensor {name}, needed by the {hp.architecture} "
                                     f"architecture, is missing")
-            return model.tensors[name]
+            t = model.tensors[name]
+            if len(t.shape) != len(shape) or any(want not in (None, got) for want, got in zip(shape, t.shape)):
+                raise GGUFFileError(f"{model.path}: tensor {name} is {' x '.join(map(str, t.shape))}; the "
+                                    f"{hp.architecture} hyperparameters need "
+                                    f"{' x '.join('?' if n is None else str(n) for n in shape)}")
+            return t
 
-        def optional(name):
-            return model.tensors.get(name)
+        def optional(name, *shape):
+            return tensor(name, *shape) if name in model.tensors else None
 
-        def linear(name):
-            return Linear(ops, tensor(f"{name}.weight"), optional(f"{name}.bias"))
+        def linear(name, rows, cols):
+            return Linear(ops, tensor(f"{name}.weight", rows, cols), optional(f"{name}.bias", rows))
 
-        def norm(name):
-            return ops.asarray(tensor(name).dequantize().reshape(-1))
+        def norm(name, n=hp.n_embd):
+            return ops.asarray(tensor(name, n).dequantize().reshape(-1))
 
-        self.token_embd = tensor("token_embd.weight")
+        e, q_rows, kv_rows = hp.n_embd, hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
+        self.token_embd = tensor("token_embd.weight", hp.n_vocab, e)
         self.layers = []
-        for i in range(self.hp.n_layer):
+        for i in range(hp.n_layer):
             p = f"blk.{i}"
-            layer = dict(attn_norm=norm(f"{p}.attn_norm.weight"), q=linear(f"{p}.attn_q"), k=linear(f"{p}.attn_k"),
-                         v=linear(f"{p}.attn_v"), o=linear(f"{p}.attn_output"), ffn_norm=norm(f"{p}.ffn_norm.weight"),
-                         gate=linear(f"{p}.ffn_gate"), up=linear(f"{p}.ffn_up"), down=linear(f"{p}.ffn_down"))
+            gate = linear(f"{p}.ffn_gate", None, e)
+            ff = gate.tensor.rows
+            layer = dict(attn_norm=norm(f"{p}.attn_norm.weight"), q=linear(f"{p}.attn_q", q_rows, e),
+                         k=linear(f"{p}.attn_k", kv_rows, e), v=linear(f"{p}.attn_v", kv_rows, e),
+                         o=linear(f"{p}.attn_output", e, q_rows), ffn_norm=norm(f"{p}.ffn_norm.weight"),
+                         gate=gate, up=linear(f"{p}.ffn_up", ff, e), down=linear(f"{p}.ffn_down", e, ff))
             if self.arch.qk_norm:
-                layer.update(q_norm=norm(f"{p}.attn_q_norm.weight"), k_norm=norm(f"{p}.attn_k_norm.weight"))
+                layer.update(q_norm=norm(f"{p}.attn_q_norm.weight", hp.head_dim),
+                             k_norm=norm(f"{p}.attn_k_norm.weight", hp.head_dim))
             if self.arch.gemma:
                 layer.update(post_attention_norm=norm(f"{p}.post_attention_norm.weight"),
                              post_ffw_norm=norm(f"{p}.post_ffw_norm.weight"))
             self.layers.append(layer)
         self.output_norm = norm("output_norm.weight")
         tied = "output.weight" not in model.tensors
-        self.output = Linear(ops, self.token_embd if tied else tensor("output.weight"), optional("output.bias"))
+        output = self.token_embd if tied else tensor("output.weight", hp.n_vocab, e)
+        self.output = Linear(ops, output, optional("output.bias", hp.n_vocab))
 
     # -- building blocks ----------------------------------------------------------------------------------------
     def _linear(self, lin: Linear, x):

@@ -18,6 +18,7 @@ llama.cpp's default.
 
 from __future__ import annotations
 
+import os
 import time
 import weakref
 from collections import defaultdict
@@ -26,8 +27,8 @@ from contextlib import contextmanager
 import numpy as np
 
 from . import quants
-from .errors import ShapeError, UnsupportedTypeError
-from .model import Tensor
+from .errors import OutOfMemoryError, ShapeError, UnsupportedTypeError
+from .model import ModelFile, Tensor
 from .numpy_ops import NumpyOps
 
 # Bytes of float64 weight rows converted at a time by ReferenceWeight, and of attention scores per query chunk.
@@ -72,6 +73,22 @@ def dequantize_exact(ggml_type: int, data, rows: int, k: int) -> np.ndarray:
     scale = d.astype(np.float64)[..., None] * sc
     offset = dmin.astype(np.float64)[..., None] * m
     return (scale[..., None] * q - offset[..., None]).reshape(rows, k)
+
+
+def exact_bytes(tensor: Tensor) -> int:
+    """Bytes of a tensor's exact values as ReferenceWeight keeps them (float32, float64 for Q4_K/Q5_K)."""
+    return tensor.rows * tensor.k * (8 if tensor.ggml_type in (quants.Q4_K, quants.Q5_K) else 4)
+
+
+def check_host_memory(model: ModelFile, extra_bytes: int = 0) -> None:
+    """OutOfMemoryError, before anything is dequantized, when the reference's weights (every 2-D tensor's exact
+    values) and `extra_bytes` would not fit 80% of the free host memory (Llama-3-8B's Q4_K weights alone take 64 GB
+    in float64)."""
+    need = sum(exact_bytes(t) for t in model.tensors.values() if len(t.shape) == 2) + extra_bytes
+    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if need > 0.8 * free:
+        raise OutOfMemoryError(f"the float64 reference of {model.path} needs {need / 2**30:.1f} GiB of host memory "
+                               f"for its weights; {free / 2**30:.1f} GiB is free")
 
 
 def _rows_of(tensor: Tensor, ids: np.ndarray) -> np.ndarray:
@@ -212,6 +229,10 @@ class ReferenceOps:
 
     def memory_bytes(self) -> int:
         return self._live
+
+    def check_memory(self, model: ModelFile) -> None:
+        """Called by the engine before it loads the weights (check_host_memory)."""
+        check_host_memory(model)
 
     @contextmanager
     def timer(self, op_class: str):

@@ -217,6 +217,20 @@ def test_reference_kv_cache_and_micro_batches(native_lib, default_model, rng):
     assert np.isfinite(a).all()
 
 
+def test_reference_that_would_not_fit_is_one_line(native_lib, default_model, monkeypatch, capsys):
+    """The reference's float64 weights are checked against free host memory before any is made (Llama-3-8B's Q4_K
+    weights alone would take 64 GB): prefill --device reference says so in one line, exit 2."""
+    import os
+
+    from ggml_ciq import cli
+
+    sysconf = os.sysconf
+    monkeypatch.setattr(os, "sysconf", lambda name: 1 if name == "SC_AVPHYS_PAGES" else sysconf(name))
+    rc = cli.main(["prefill", str(default_model.path), "--device", "reference", "--tokens", "8"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "float64 reference" in err[0] and "GiB" in err[0], err
+
+
 def test_make_ops_picks_the_semantics(native_lib):
     assert type(make_ops("cpu")) is NumpyOps and type(make_ops("cpu", "llamacpp")) is NumpyOps
     assert type(make_ops("cpu", "exact")) is ExactCpuOps

@@ -12,8 +12,8 @@
 #   tools/gpu_run.sh all        setup, test, sanitize, wait, llama.cpp-CUDA tests and diffs; logs under $OUT
 #   tools/gpu_run.sh stage      keep the carried .device-parts/* in /tmp/parts; once all are there, join them into
 #                               /tmp/gemma3-270m.gguf (checked against SHA256SUMS): the whole Gemma file for `compare`
-#   tools/gpu_run.sh compare    engine vs llama.cpp CUDA: Gemma 3 270M at 512 tokens, synthetic Llama-3-8B at 512 and
-#                               2048 -> $OUT (needs stage, wait)
+#   tools/gpu_run.sh compare    engine vs llama.cpp CUDA and the float64 reference: Gemma 3 270M at 512 and 4096
+#                               tokens; synthetic Llama-3-8B at 512 and 2048 (speed) -> $OUT (needs stage, wait)
 #   tools/gpu_run.sh bench      bench/results/h200 set (llama3-8b n=512/2048, seed6) as JSON under $OUT (plot them
 #                               here with `ggml-ciq bench plot`: the machine's matplotlib fails to import)
 # The ggml plugin (issue 15, docs/PLUGIN.md; after setup + wait; the Gemma steps after stage):
@@ -111,13 +111,16 @@ case "${1:-}" in
         && mv /tmp/gemma3-270m.gguf.tmp /tmp/gemma3-270m.gguf
     fi
     ls -la /tmp/parts /tmp/gemma3-270m.gguf 2>&1 | tail -n 8 ;;
-  compare)  # issue 7's H200 runs: Gemma agreement at 512 tokens; the synthetic Llama-3-8B (written on first use from
-            # the carried vocab GGUF) at 512 and 2048 tokens
-    python3 -m ggml_ciq.cli compare gemma3-270m --tokens 512 --device cuda --repeat 5 --json "$OUT/compare-gemma3-270m-512.json" \
-      2>&1 | tail -n 20
+  compare)  # issue 18's H200 runs: Gemma 3 270M at 512 and 4096 tokens, every arm (llama.cpp FA on and its FA-off
+            # spread, ours llamacpp and exact, the float64 reference on the host CPU); the synthetic Llama-3-8B (written
+            # on first use from the carried vocab GGUF) at 512 and 2048 tokens for speed (no reference: 64 GB float64)
+    for n in 512 4096; do
+      python3 -m ggml_ciq.cli compare gemma3-270m --tokens $n --device cuda --repeat 5 \
+        --json "$OUT/compare-gemma3-270m-$n.json" --plot "$OUT/compare-gemma3-270m-$n.png" 2>&1 | tail -n 30
+    done
     for n in 512 2048; do
-      python3 -m ggml_ciq.cli compare llama3-8b-synthetic --tokens $n --device cuda --repeat 5 \
-        --json "$OUT/prefill-llama3-8b-synthetic-n$n.json" 2>&1 | tail -n 20
+      python3 -m ggml_ciq.cli compare llama3-8b-synthetic --tokens $n --device cuda --repeat 5 --reference off \
+        --json "$OUT/prefill-llama3-8b-synthetic-n$n.json" 2>&1 | tail -n 30
     done ;;
   sanitize)
     shift
