@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from ggml_ciq import catalog, cli
-from ggml_ciq.errors import GGUFFileError
+from ggml_ciq.errors import CiqError, GGUFFileError
 from ggml_ciq.model import ModelFile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -406,6 +406,39 @@ def test_fuzzed_files_through_the_cli(bases, tmp_path, capsys):
             proc = subprocess.run([sys.executable, "-m", "ggml_ciq.cli", "diff", str(path), "--tokens", "1"],
                                   capture_output=True, text=True, timeout=120)
             assert proc.returncode == 2 and proc.stderr.strip() == err[0], proc.stderr
+
+
+def test_opened_files_through_the_engine(bases, native_lib):
+    """150 of the mutated default models that open as GGUF files (a changed dimension, head count or value) go on
+    into the engine: building it and a two-token prefill end in one-line CiqErrors (a tensor whose shape the
+    hyperparameters do not allow, heads that cannot share K/V heads), or run; never a numpy error."""
+    from ggml_ciq import native
+    from ggml_ciq.engine import Transformer
+
+    base = bases["default"]
+    buf = np.frombuffer(bytearray(base.data), np.uint8)
+    threads = native.build_info()["threads"]
+    native.set_num_threads(1)
+    opened = [case for case in mutations(base, CASES_PER_BASE["default"], 0) if not _run(base, case, buf, False)]
+    outcomes, problems = {"error": 0, "ran": 0}, []
+    try:
+        for case in random.Random(3).sample(opened, min(len(opened), 150)):
+            model = ModelFile.from_buffer(case.file_bytes(base.data), "fuzz.gguf")
+            try:
+                with np.errstate(all="ignore"):  # a mutated norm or scale may overflow: numbers, not errors
+                    Transformer(model, device="cpu").forward([1, 2])
+                outcomes["ran"] += 1
+            except CiqError as exc:
+                outcomes["error"] += 1
+                if "\n" in str(exc) or INTERNAL.search(str(exc)):
+                    problems.append(f"{case.description}: {exc}")
+            except Exception as exc:
+                problems.append(f"{case.description}: {type(exc).__name__}: {exc}")
+    finally:
+        native.set_num_threads(threads)
+    print(f"opened mutated files through the engine: {outcomes}")
+    assert not problems, f"{len(problems)} problems, the first: " + "\n".join(problems[:10])
+    assert outcomes["error"] >= 20 and outcomes["ran"] >= 20  # both kinds were exercised
 
 
 def test_messages_say_what_is_wrong(bases):
