@@ -314,6 +314,7 @@ def cmd_diff(args) -> int:
     tensors = select_tensors(model, args.all_quantized, args.tensor)
     if not tensors:
         raise CiqError(f"{path}: no Q4_K/Q6_K weights to diff")
+    _check_diff_memory(tensors, args.tokens)
     report = DiffReport(str(path), args.tokens, args.seed, differ.backend, differ.reference, differ.semantics, args.bar,
                         environment=differ.environment())
     with _progress(console) as progress:
@@ -351,6 +352,20 @@ def cmd_diff(args) -> int:
     if args.json:
         _write_json(args.json, report.to_json())
     return 1 if s["failed"] else 0
+
+
+def _check_diff_memory(tensors, tokens: int) -> None:
+    """OutOfMemoryError before any work when one tensor's diff would not fit in free host memory: activations in
+    float32 and float64, four outputs (ours, llama.cpp's, the float64 truth, a model of our semantics) and the
+    float64 differences of max|d|, and the float64 weight rows of the truth (8192 at a time)."""
+    from .errors import OutOfMemoryError
+
+    worst = max(tensors, key=lambda t: tokens * (12 * t.k + 48 * t.rows) + 8 * min(t.rows, 8192) * t.k)
+    need = tokens * (12 * worst.k + 48 * worst.rows) + 8 * min(worst.rows, 8192) * worst.k
+    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if need > free:
+        raise OutOfMemoryError(f"--tokens {tokens}: the diff of {worst.name} ({worst.rows} x {worst.k}) needs about "
+                               f"{need / 2**30:.1f} GiB of host memory, {free / 2**30:.1f} GiB is free")
 
 
 def _diff_activations(args) -> int:

@@ -164,8 +164,11 @@ def test_as_a_process(argv, words):
 
 
 def test_checks_that_need_the_model(native_lib, llama, capsys):
-    """Tensor names and token ids are checked against the model once it is open, before any GEMM or prefill."""
+    """Tensor names, token ids and the memory a diff needs are checked against the model once it is open, before
+    any GEMM or prefill."""
     for argv, words in [(["diff", "--tensor", "blk.0.attn_qq.weight"], "blk.0.attn_qq.weight"),
+                        (["diff", "--tokens", "100000000", "--backend", "ciq-cpu"],
+                         "--tokens 100000000: the diff of blk.0.ffn_gate.weight (1536 x 512) needs about 7438.7 GiB"),
                         (["prefill", "--ids", "1,2,512"], "token ids must be in [0, 512)")]:
         rc, err = _run(argv, capsys)
         lines = err.strip().splitlines()
