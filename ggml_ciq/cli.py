@@ -579,8 +579,8 @@ def cmd_info(args) -> int:
 
     console = _console()
     table = Table(title="ggml-ciq", show_header=False)
-    table.add_column("what")
-    table.add_column("value")
+    table.add_column("what", no_wrap=True)
+    table.add_column("value", overflow="fold")  # paths whole, wrapped at a narrow terminal's edge
     try:
         info = native.build_info()
         table.add_row("libggml_ciq", str(native.load().path))

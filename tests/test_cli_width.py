@@ -75,6 +75,12 @@ def test_prefill_at_80_columns(native_lib):
     assert any("next token" in line for line in lines) and any("keep-quant GEMM" in line for line in lines)
 
 
+def test_info_at_80_columns(native_lib):
+    rc, lines = run_in_terminal("info")
+    assert rc == 0, "\n".join(lines[-20:])
+    assert_fits(lines)  # long paths wrap instead of ending in "…"
+
+
 def test_the_widest_table_at_80_columns():
     """bench gemm --backend ciq-cuda's 13 columns (a GPU run; here through the same table function): every value
     whole at 80 columns, one above the other where needed; at 200 columns one line per row."""
