@@ -307,7 +307,10 @@ def resolve_model(name_or_path: str | os.PathLike | None) -> Path:
     key = str(name_or_path)
     if key in CATALOG:
         return CATALOG[key][1]()
-    return Path(name_or_path)
+    path = Path(name_or_path)
+    if not path.exists() and os.sep not in key and not key.endswith(".gguf"):
+        raise GGUFFileError(f"{key!r} is neither a file nor a catalog model ({', '.join(CATALOG)})")
+    return path
 
 
 def fetch(repo_id: str, filename: str, directory: str | os.PathLike | None = None) -> Path:
