@@ -358,14 +358,18 @@ def _check_diff_memory(tensors, tokens: int) -> None:
     """OutOfMemoryError before any work when one tensor's diff would not fit in free host memory: activations in
     float32 and float64, four outputs (ours, llama.cpp's, the float64 truth, a model of our semantics) and the
     float64 differences of max|d|, and the float64 weight rows of the truth (8192 at a time)."""
+    worst = max(tensors, key=lambda t: tokens * (12 * t.k + 48 * t.rows) + 8 * min(t.rows, 8192) * t.k)
+    _check_host_memory(tokens * (12 * worst.k + 48 * worst.rows) + 8 * min(worst.rows, 8192) * worst.k,
+                       f"--tokens {tokens}: the diff of {worst.name} ({worst.rows} x {worst.k})")
+
+
+def _check_host_memory(need: int, what: str) -> None:
     from .errors import OutOfMemoryError
 
-    worst = max(tensors, key=lambda t: tokens * (12 * t.k + 48 * t.rows) + 8 * min(t.rows, 8192) * t.k)
-    need = tokens * (12 * worst.k + 48 * worst.rows) + 8 * min(worst.rows, 8192) * worst.k
     free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     if need > free:
-        raise OutOfMemoryError(f"--tokens {tokens}: the diff of {worst.name} ({worst.rows} x {worst.k}) needs about "
-                               f"{need / 2**30:.1f} GiB of host memory, {free / 2**30:.1f} GiB is free")
+        raise OutOfMemoryError(f"{what} needs about {need / 2**30:.1f} GiB of host memory, {free / 2**30:.1f} GiB "
+                               f"is free")
 
 
 def _diff_activations(args) -> int:
@@ -653,6 +657,9 @@ def cmd_bench(args) -> int:
     if args.model or not shapes:
         shapes += bench.model_shapes(ModelFile(catalog.resolve_model(args.model)))
     tokens = tokens or [32]
+    # the largest case's activations (drawn in float64, then float32, quantized on both sides) and outputs
+    n, shape = max(((n, s) for n in tokens for s in shapes), key=lambda c: c[0] * (16 * c[1].k + 8 * c[1].rows))
+    _check_host_memory(n * (16 * shape.k + 8 * shape.rows), f"bench gemm at {n} tokens on {shape.rows} x {shape.k}")
     return (_bench_cpu if args.backend == "ciq-cpu" else _bench_cuda)(args, shapes, tokens)
 
 

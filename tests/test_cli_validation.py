@@ -164,13 +164,15 @@ def test_as_a_process(argv, words):
 
 
 def test_checks_that_need_the_model(native_lib, llama, capsys):
-    """The model argument, then tensor names, token ids and the memory a diff needs (against the model once it is
-    open), before any GEMM or prefill."""
+    """The model argument, then tensor names, token ids and the memory a diff or benchmark needs (against the model
+    once it is open), before any GEMM or prefill."""
     for argv, words in [(["diff", "gemma3-270"], "'gemma3-270' is neither a file nor a catalog model (default, "),
                         (["prefill", "missing.gguf", "--tokens", "3"], "model file not found: missing.gguf"),
                         (["diff", "--tensor", "blk.0.attn_qq.weight"], "blk.0.attn_qq.weight"),
                         (["diff", "--tokens", "100000000", "--backend", "ciq-cpu"],
                          "--tokens 100000000: the diff of blk.0.ffn_gate.weight (1536 x 512) needs about 7438.7 GiB"),
+                        (["bench", "gemm", "--shape", "Q4_K:4096:4096", "--tokens", "8,100000000"],
+                         "bench gemm at 100000000 tokens on 4096 x 4096 needs about 9155.3 GiB of host memory"),
                         (["prefill", "--ids", "1,2,512"], "token ids must be in [0, 512)")]:
         rc, err = _run(argv, capsys)
         lines = err.strip().splitlines()
