@@ -44,19 +44,34 @@ class Memory:
     """Used bytes of the device (cudaMemGetInfo) and of the host (RSS), read after a garbage collection."""
 
     def __init__(self, device: int):
-        self.device = device
-        self.cuda = None
+        self.device, self.cuda, self.source = device, None, "host RSS"
         if device >= 0:
             from ggml_ciq.llama_model import CudaMemory
 
-            self.cuda = CudaMemory()
+            self.cuda, self.source = CudaMemory(), "cudaMemGetInfo"
             if self.cuda.used(device) is None:
-                raise CiqError("cannot read device memory: no libcudart to call cudaMemGetInfo through")
+                self.cuda, self.source = None, "nvidia-smi memory.used (MiB)"
+                if self._smi() is None:
+                    raise CiqError("cannot read device memory: no libcudart for cudaMemGetInfo, no nvidia-smi")
+
+    def _smi(self) -> int | None:
+        import subprocess
+
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                                  "-i", str(self.device)], capture_output=True, text=True, timeout=60).stdout
+            return int(out.strip()) * 2**20
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            return None
 
     def read(self) -> dict:
         gc.collect()
         host = rss_bytes()
-        return {"device_used": self.cuda.used(self.device) if self.cuda else host, "host_rss": host}
+        if self.device < 0:
+            device = host
+        else:
+            device = self.cuda.used(self.device) if self.cuda else self._smi()
+        return {"device_used": device, "host_rss": host}
 
 
 def _growth(before: dict, after: dict) -> dict:
@@ -147,6 +162,7 @@ def main(argv=None) -> int:
         model = ModelFile(catalog.resolve_model(args.model))
         memory = Memory(device)
         result = {"device": native.device_name(device), "model": model.config.name, "flat_bar_bytes": FLAT_BYTES,
+                  "device_memory_from": memory.source,
                   "build": native.build_info(),
                   "gemm": repeat_gemms(model, device, args.gemms, args.gemms // 10, memory),
                   "prefill": repeat_prefills(model, device, args.prefills, args.prefills // 10, memory)}
