@@ -124,6 +124,7 @@ static __device__ __forceinline__ int min(int a, int b) { return a < b ? a : b; 
 static __device__ __forceinline__ float __fdiv_rn(float a, float b) { return a / b; }
 static __device__ __forceinline__ float __fmul_rn(float a, float b) { return a * b; }
 static __device__ __forceinline__ float __fadd_rn(float a, float b) { return a + b; }
+static __device__ __forceinline__ float __fmaf_rn(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 static __device__ __forceinline__ float __fsub_rn(float a, float b) { return a - b; }
 static __device__ __forceinline__ float __fsqrt_rn(float x) { return __builtin_sqrtf(x); }
 static __device__ __forceinline__ int max(int a, int b) { return a > b ? a : b; }
