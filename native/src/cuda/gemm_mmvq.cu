@@ -148,7 +148,7 @@ __device__ __forceinline__ float step_q6_K(const uint8_t *blk, const block_q8_1 
 }
 
 template <int TYPE, int NCOLS>
-__global__ void __launch_bounds__((NCOLS <= 4 ? 4 : 2) * MMVQ_WARP)
+__global__ void __launch_bounds__((NCOLS <= 4 ? 4 : 2) * MMVQ_WARP, 1)
 gemm_mmvq_kernel(const uint8_t *__restrict__ weight, int64_t rows, int64_t k, const block_q8_1 *__restrict__ x,
                  float *__restrict__ out) {
     constexpr int NWARPS = NCOLS <= 4 ? 4 : 2, ROWS = NCOLS == 1 ? 1 : 2;
