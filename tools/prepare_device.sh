@@ -26,7 +26,7 @@ rm -rf "$tmp"
 PYTHONPATH=$PWD python3 tools/gemma_kquants.py "$out/gemma3-270m-kquants.gguf"
 # llama-perplexity --kl-divergence text for the plugin (gpu_run.sh plugin-kld): a real English text of >= 8k tokens
 # that a package here ships, never a repeated passage - chapters 2 and 3 of the Vim user manual (Debian vim-runtime),
-# 13.4k Gemma tokens.
+# 13.2k Gemma tokens.
 manual=/usr/share/vim/vim90/doc
 cat "$manual/usr_02.txt" "$manual/usr_03.txt" > "$out/perplexity-text.txt"
 echo "$manual/usr_02.txt + usr_03.txt ($(dpkg -S "$manual/usr_02.txt" 2>/dev/null | cut -d: -f1) $(dpkg-query -W -f='${Version}' vim-runtime 2>/dev/null))" \
