@@ -330,8 +330,8 @@ def _plugin_arm(path, device: str, threads: int, tokens, flash_attn: bool, repea
             if progress:
                 progress(PLUGIN)
             seconds = _timed(lambda: ctx.prefill(tokens, all_logits=False), repeat, progress, PLUGIN)
-            memory = ctx.memory()
-    return Arm(PLUGIN, "plugin", {"device": device, "flash_attn": flash_attn, "n_ubatch": 512, "threads": threads,
+            memory, n_batch = ctx.memory(), ctx.n_batch
+    return Arm(PLUGIN, "plugin", {"device": device, "flash_attn": flash_attn, "n_ubatch": n_batch, "threads": threads,
                                   "plugin_devices": devices, "warm_up_gemms": gemms}, seconds,
                _median_tps(len(tokens), seconds), memory)
 
