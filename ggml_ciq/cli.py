@@ -505,7 +505,8 @@ def cmd_compare(args) -> int:
                 tasks[arm] = progress.add_task(f"{arm} prefill", total=args.repeat + 1 if timed else 1)
             progress.advance(tasks[arm])
 
-        result = run_compare(path, args.tokens, args.prompt, repeat=args.repeat, device=args.device,
+        n_tokens = 512 if args.tokens is None and args.prompt is None else args.tokens
+        result = run_compare(path, n_tokens, args.prompt, repeat=args.repeat, device=args.device,
                              threads=args.threads, flash_attn=_on_off(args.flash_attn), semantics=semantics,
                              reference=args.reference == "on", plugin=args.plugin, progress=advance)
     threads = args.threads or native.build_info()["threads"]
@@ -809,8 +810,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compare", help="llama.cpp, our engine and the float64 reference on the same tokens: "
                                        "logits distances, llama.cpp's own spread, prefill tokens/s, memory")
     p.add_argument("model", nargs="?", help="GGUF path or catalog name (default: the embedded default model)")
-    p.add_argument("--tokens", type=_whole(1), default=512, help="prompt length: the text cut (or, if shorter, "
-                                                                 "repeated) to N tokens (default 512)")
+    p.add_argument("--tokens", type=_whole(1), default=None, help="prompt length: the text cut (or, if shorter, "
+                                                                  "repeated) to N tokens (default 512; with "
+                                                                  "--prompt: the prompt as it is)")
     p.add_argument("--prompt", type=_text, help="text (default: the GCC runtime exception and GNU GPL v3 that "
                                                 "numpy's LICENSE.txt bundles, ~8.6k tokens of English)")
     p.add_argument("--repeat", type=_whole(1), default=3, help="timed prefills per arm, after a warm-up (median)")

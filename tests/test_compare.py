@@ -163,6 +163,20 @@ def test_compare_cli_json_and_plot(llama, native_lib, model, tmp_path, capsys):
     assert replot.stat().st_size > 10_000 and load_compare_json(tmp_path / "c.json").verdict == v
 
 
+def test_compare_prompt_as_it_is(llama, native_lib, default_model, tmp_path, capsys):
+    """--prompt without --tokens runs the prompt's own tokens (not repeated to 512); one semantics, no reference:
+    the verdict judges only the bars whose arms ran."""
+    rc = _main(["compare", str(default_model.path), "--prompt", "Hello world, hello.", "--repeat", "1",
+                "--semantics", "llamacpp", "--reference", "off", "--json", str(tmp_path / "p.json")])
+    assert rc == 0, capsys.readouterr().err
+    data = json.loads((tmp_path / "p.json").read_text())
+    with LlamaModel(default_model.path) as lm:
+        assert data["tokens"] == len(lm.tokenize("Hello world, hello."))
+    assert data["text"] == {"source": "--prompt", "text_tokens": data["tokens"], "repeated": False}
+    assert [a["name"] for a in data["arms"]] == ["llama.cpp", "llama.cpp spread", "ours llamacpp"]
+    assert set(data["verdict"]) == {"llamacpp_kld_vs_llamacpp", "llamacpp_top1_disagreement_vs_llamacpp", "met"}
+
+
 def _gguf(path, arch, drop=None, source=None):
     """A GGUF of architecture `arch`: empty, or `source`'s metadata and tensors without the tensor `drop`."""
     writer = gguf.GGUFWriter(str(path), arch)
