@@ -216,3 +216,19 @@ def test_missing_plugin_is_one_clear_error(monkeypatch, tmp_path):
     with pytest.raises(LibraryNotFoundError, match="not built"):
         plugin.Plugin()
 
+
+def test_compare_third_arm(plugin_path, cpu_device, offload_all, default_model, tmp_path):
+    """`compare --plugin`: llama.cpp alone, llama.cpp + the plugin and our engine in one process; the plugin arm's
+    logits equal llama.cpp's (same semantics), its GEMMs ran in our library, and the JSON reads back."""
+    from ggml_ciq import cli
+    from ggml_ciq.compare import LLAMACPP, PLUGIN, load_compare_json
+
+    out = tmp_path / "compare.json"
+    assert cli.main(["compare", str(default_model.path), "--tokens", "40", "--repeat", "1", "--plugin",
+                     "--json", str(out)]) == 0
+    result = load_compare_json(out)
+    arm = result.arm(PLUGIN)
+    assert arm.settings["plugin_devices"] == ["CIQ_CPU"] and arm.settings["warm_up_gemms"] > 0
+    assert arm.tokens_per_second > 0
+    agreement = result.pair(LLAMACPP, PLUGIN).agreement
+    assert agreement["positions"] == 40 and agreement["nmse"] <= 1e-10
