@@ -107,8 +107,9 @@ def bench_cpu(shapes: list[Shape], tokens_list: list[int], threads: int, repeat:
             xp, op = n.ffi.from_buffer("float[]", x), n.ffi.from_buffer(out)
 
             def ours():
-                n.check(n.lib.ciq_gemm(-1, native.variant_id("cpu"), 0, shape.ggml_type, problem.weight.ptr,
-                                       problem.weight.nbytes, shape.rows, shape.k, xp, tokens, op, 0))
+                n.check(n.lib.ciq_gemm(native.parse_device("cpu"), n.lib.CIQ_VARIANT_CPU, n.lib.CIQ_SEMANTICS_CPU,
+                                       shape.ggml_type, problem.weight.ptr, problem.weight.nbytes, shape.rows, shape.k,
+                                       xp, tokens, op, n.lib.CIQ_OUT_F32))
 
             with MulMatGraph(llama, "CPU", shape.ggml_type, shape.rows, shape.k, tokens, threads=threads) as graph:
                 graph.set_weights(data)
@@ -212,33 +213,36 @@ class GpuProblem:
         self.x = np.random.default_rng(tokens).standard_normal((tokens, shape.k)).astype(np.float32)
         self.xb = native.Buffer.from_array(device, self.x)
         self.out = native.Buffer(device, tokens * shape.rows * 4)
-        self.quantized: dict[str, native.Buffer] = {}
+        self.quantized: dict[int, native.Buffer] = {}  # by activation layout
 
     @property
     def flops(self) -> float:
         return 2.0 * self.shape.rows * self.shape.k * self.tokens
 
     def launcher(self, variant: str, gemm_only: bool = False):
+        """A launch of the variant in its own semantics: ciq_gemm (activation quantization included), or with
+        gemm_only ciq_gemm_quantized on activations quantized once per the plan's layout."""
         n, s = self.n, self.shape
-        semantics = native.default_semantics(variant, self.device)
-        sem, v = native.SEMANTICS.index(semantics), native.variant_id(variant)
+        plan = n.ffi.new("ciq_plan *")
+        n.check(n.lib.ciq_gemm_plan(self.device, native.variant_id(variant), n.lib.CIQ_SEMANTICS_ANY, s.ggml_type,
+                                    s.rows, s.k, self.tokens, plan))
         xp = n.ffi.cast("float *", self.xb.ptr)
         if not gemm_only:
             def launch(i):
                 w = self.weights[i % self.copies]
-                n.check(n.lib.ciq_gemm(self.device, v, sem, s.ggml_type, w.ptr, w.nbytes, s.rows, s.k, xp,
-                                       self.tokens, self.out.ptr, 0))
+                n.check(n.lib.ciq_gemm(self.device, plan.variant, plan.semantics, s.ggml_type, w.ptr, w.nbytes, s.rows,
+                                       s.k, xp, self.tokens, self.out.ptr, n.lib.CIQ_OUT_F32))
             return launch
-        if semantics not in self.quantized:
-            qb = native.Buffer(self.device, native.activation_bytes(semantics, self.tokens, s.k))
-            native.quantize_into(self.device, semantics, s.ggml_type, self.xb.ptr, qb.ptr, self.tokens, s.k)
-            self.quantized[semantics] = qb
-        qb = self.quantized[semantics]
+        if plan.activation_layout not in self.quantized:
+            qb = native.Buffer(self.device, plan.activation_bytes)
+            n.check(n.lib.ciq_activations_quantize(self.device, plan.activation_layout, xp, qb.ptr, self.tokens, s.k))
+            self.quantized[plan.activation_layout] = qb
+        qb = self.quantized[plan.activation_layout]
 
         def launch(i):
             w = self.weights[i % self.copies]
-            n.check(n.lib.ciq_gemm_quantized(self.device, v, sem, s.ggml_type, w.ptr, w.nbytes, s.rows, s.k, qb.ptr,
-                                             self.tokens, self.out.ptr, 0))
+            n.check(n.lib.ciq_gemm_quantized(self.device, plan, s.ggml_type, w.ptr, w.nbytes, s.rows, s.k, qb.ptr,
+                                             self.tokens, self.out.ptr, n.lib.CIQ_OUT_F32))
         return launch
 
     def time(self, launch, repeat: int) -> list[float]:
@@ -255,7 +259,7 @@ class GpuProblem:
         with native.Buffer.from_array(self.device, x.astype(np.uint16)) as xb:
             def launch(i):
                 n.check(n.lib.ciq_dense_gemm_bf16(self.device, weights[i % copies].ptr, s.rows, s.k, xb.ptr,
-                                                  self.tokens, self.out.ptr, 0))
+                                                  self.tokens, self.out.ptr, n.lib.CIQ_OUT_F32))
             times = _time_gpu_us(launch, 2 * copies, self.device, 2, repeat)
         for b in weights:
             b.close()

@@ -98,7 +98,7 @@ class Differ:
         # the numpy model of its own semantics within the bar.
         self.semantics = REFERENCE_SEMANTICS[reference]
         if backend == "ciq-cuda" and variant not in ("auto", "cpu"):
-            self.semantics = native.default_semantics(variant, "cuda")
+            self.semantics = native.variant_info(variant).semantics
         self.same_semantics = self.semantics == REFERENCE_SEMANTICS[reference]
         self.llamacpp_device = REFERENCE_DEVICE[reference]
         if self.llamacpp_device not in self.llamacpp.devices():
@@ -123,14 +123,12 @@ class Differ:
         if self.backend == "reference":
             return quants.REFERENCE_GEMMS[self.semantics](tensor.ggml_type, tensor.raw(), tensor.rows, tensor.k, x), \
                 "numpy"
-        variant = native.resolve_variant(self.variant, self.device, self.semantics, tensor.ggml_type, tensor.rows,
-                                         tensor.k, x.shape[0])
-        native.dispatch_reset()
-        out = native.gemm(tensor, x, variant=variant, device=self.device, semantics=self.semantics)
-        counts = native.dispatch_counts()
-        if counts[(variant, tensor.type_name)] != 1 or sum(counts.values()) != 1:
-            raise InvalidArgumentError(f"{tensor.name}: dispatch counters do not show exactly one {variant} launch")
-        return out, variant
+        native.dispatch_reset()  # ciq_gemm resolves the variant once; the counters say which one ran
+        out = native.gemm(tensor, x, variant=self.variant, device=self.device, semantics=self.semantics)
+        ran = [(variant, n) for (variant, type_name), n in native.dispatch_counts().items() if n]
+        if len(ran) != 1 or ran[0][1] != 1:
+            raise InvalidArgumentError(f"{tensor.name}: dispatch counters do not show exactly one launch ({ran})")
+        return out, ran[0][0]
 
     def run(self, tensor: Tensor, x: np.ndarray, bar: float) -> TensorDiff:
         d = TensorDiff(tensor.name, tensor.type_name, tensor.rows, tensor.k)
@@ -252,7 +250,7 @@ def captured_tensor_diffs(model: ModelFile, capture, reference: str, bar: float,
         -> list[CapturedTensorDiff]:
     """Every captured weight mul_mat, in llama.cpp's graph order, through our kernel of llama.cpp's semantics on
     exactly llama.cpp's input, against llama.cpp's output. Q4_K/Q6_K: CPU variant cpu, CUDA mma; Q4_0/Q5_0/Q8_0:
-    ciq_gemm_q32, cpu semantics on the CPU (q8_0 activations), mmq on CUDA (K a multiple of 128). These are judged
+    the q32 variant, cpu semantics on the CPU (q8_0 activations), mmq on CUDA (K a multiple of 128). These are judged
     against the bar; other types are listed with a float64 product."""
     semantics = REFERENCE_SEMANTICS[reference]
     device, variant = ("cpu", "cpu") if reference == "llamacpp-cpu" else ("cuda", "mma")
@@ -271,7 +269,7 @@ def captured_tensor_diffs(model: ModelFile, capture, reference: str, bar: float,
             native.dispatch_reset()
             ours = native.gemm_q32(tensor.raw(), x, tensor.ggml_type, tensor.rows, tensor.k, device,
                                    semantics="cpu" if device == "cpu" else "mmq")
-            if native.q32_dispatch_counts()[(device, tensor.type_name)] != 1:
+            if native.dispatch_counts()[("q32", tensor.type_name)] != 1:
                 raise InvalidArgumentError(f"{name}: dispatch counters do not show one q32 launch")
             kernel = "q8_0" if device == "cpu" else "q32"
         elif tensor.ggml_type in quants.BLOCK_LAYOUT:

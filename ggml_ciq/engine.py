@@ -112,7 +112,7 @@ def make_ops(device="cpu", semantics: str = "llamacpp"):
     - cpu, llamacpp: NumpyOps, llama.cpp x86 CPU's arithmetic bit for bit. cpu, exact: ExactCpuOps (float32 GEMMs on
       exactly dequantized weights, no activation quantization, float GELU, float64 RoPE angles and attention).
     - GPU, llamacpp: NativeOps with llama.cpp CUDA MMQ's semantics (keep-quant `mma`, Q4_0/Q5_0/Q8_0 through
-      ciq_gemm_q32), mma attention. GPU, exact: K-quants in f16 semantics (`wgmma`; `mma` where the GPU has no
+      the q32 variant), mma attention. GPU, exact: K-quants in f16 semantics (`wgmma`; `mma` where the GPU has no
       wgmma), Q4_0/Q5_0/Q8_0 dequantized to bf16 (cuBLAS; 30-100x closer to float64 than q8_1 on Gemma 3 270M's
       real activations), float32 SIMT attention (q and p not rounded to f16)."""
     if semantics not in SEMANTICS:

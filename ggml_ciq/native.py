@@ -19,12 +19,7 @@ from .resources import Closeable
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _SOURCE_HEADER = _PACKAGE_DIR.parent / "native" / "include" / "ggml_ciq.h"
 _LIBRARY_NAMES = ("libggml_ciq.so", "libggml_ciq.dylib", "ggml_ciq.dll")
-
-VARIANTS = ("auto", "cpu", "wmma", "wmma-wide", "wmma-shared", "wmma-bigtile", "mma", "wgmma")
-GPU_VARIANTS = VARIANTS[2:]
-SEMANTICS = ("cpu", "mmq", "f16", "any")  # "any": whatever AUTO picks (ciq_gemm only)
-VARIANT_SEMANTICS = {"mma": "mmq", "wgmma": "f16"}  # the rest (cpu: also mmq) implement cpu semantics
-
+API_VERSION = 2  # GGML_CIQ_API_VERSION of the header this package's code is written against
 
 def _header_path() -> Path:
     for candidate in (_PACKAGE_DIR / "include" / "ggml_ciq.h", _SOURCE_HEADER):
@@ -71,8 +66,9 @@ class Native:
             self.lib = self.ffi.dlopen(str(path))
         except OSError as exc:
             raise LibraryNotFoundError(f"cannot load {path}: {exc}") from None
-        if self.lib.ciq_api_version() != 1:
-            raise LibraryNotFoundError(f"{path} has API version {self.lib.ciq_api_version()}, this package expects 1")
+        version = self.ffi.new("int *")
+        if self.lib.ciq_api_version(version) != self.lib.CIQ_OK or version[0] != API_VERSION:
+            raise LibraryNotFoundError(f"{path} has API version {version[0]}, this package expects {API_VERSION}")
 
     def check(self, status: int) -> None:
         if status == self.lib.CIQ_OK:
@@ -92,7 +88,79 @@ def load() -> Native:
 
 def build_info() -> dict:
     n = load()
-    return json.loads(n.ffi.string(n.lib.ciq_build_info()).decode())
+    text = n.ffi.new("const char **")
+    n.check(n.lib.ciq_build_info(text))
+    return json.loads(n.ffi.string(text[0]).decode())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Names and facts from the header and the library's registry (native/src/registry.cpp); none is retyped here.
+
+@lru_cache(maxsize=None)
+def _header_ffi() -> cffi.FFI:
+    ffi = cffi.FFI()
+    ffi.cdef(_cdef_source(_header_path()))
+    return ffi
+
+
+@lru_cache(maxsize=None)
+def enum_names(ctype: str, prefix: str) -> tuple[str, ...]:
+    """The header's names of an enum, lower-cased without the prefix, indexed by value (COUNT left out):
+    enum_names("ciq_semantics", "CIQ_SEMANTICS_") == ("cpu", "mmq", "f16", "any")."""
+    elements = _header_ffi().typeof(ctype).elements  # value -> name
+    values = {v: name[len(prefix):].lower() for v, name in elements.items() if not name.endswith("_COUNT")}
+    if sorted(values) != list(range(len(values))):
+        raise LibraryNotFoundError(f"{ctype} values are not 0..n-1 in ggml_ciq.h")
+    return tuple(values[v] for v in range(len(values)))
+
+
+@dataclass(frozen=True)
+class VariantInfo:
+    """ciq_variant_describe's facts about one GEMM kernel variant."""
+
+    id: int
+    name: str
+    semantics: str                    # what "any" resolves to
+    host_semantics: tuple[str, ...]   # semantics it implements on the host (empty: not a host kernel)
+    gpu_semantics: tuple[str, ...]    # ... on a GPU
+    weight_types: tuple[int, ...]     # ggml type ids it multiplies
+    min_tokens: int
+    max_tokens: int
+    description: str
+
+
+@lru_cache(maxsize=None)
+def variants() -> tuple[VariantInfo, ...]:
+    """Every variant of the library's registry, AUTO first, indexed by ciq_variant."""
+    n = load()
+    info = n.ffi.new("ciq_variant_info *")
+    names = enum_names("ciq_semantics", "CIQ_SEMANTICS_")
+    out = []
+    for v in range(n.lib.CIQ_VARIANT_COUNT):
+        n.check(n.lib.ciq_variant_describe(v, info))
+        out.append(VariantInfo(
+            v, n.ffi.string(info.name).decode(), names[info.semantics],
+            tuple(s for i, s in enumerate(names) if info.host_semantics >> i & 1),
+            tuple(s for i, s in enumerate(names) if info.gpu_semantics >> i & 1),
+            tuple(int(info.weight_types[i]) for i in range(info.weight_type_count)),
+            int(info.min_tokens), int(info.max_tokens), n.ffi.string(info.description).decode()))
+    return tuple(out)
+
+
+def __getattr__(name: str):
+    """VARIANTS (names, AUTO first), GPU_VARIANTS (the GPU kernels of the K-quant types), SEMANTICS, LAYOUTS and
+    OUT_TYPES, read from the header and the registry on first use."""
+    if name == "VARIANTS":
+        return tuple(v.name for v in variants())
+    if name == "GPU_VARIANTS":
+        return tuple(v.name for v in variants()[1:] if v.gpu_semantics and quants.Q4_K in v.weight_types)
+    if name == "SEMANTICS":
+        return enum_names("ciq_semantics", "CIQ_SEMANTICS_")
+    if name == "LAYOUTS":
+        return enum_names("ciq_layout", "CIQ_LAYOUT_")
+    if name == "OUT_TYPES":
+        return enum_names("ciq_out_type", "CIQ_OUT_")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def device_count() -> int:
@@ -103,7 +171,7 @@ def device_count() -> int:
 
 
 def parse_device(device) -> int:
-    """'cpu' -> -1, 'cuda' / 'cuda:N' / N -> N."""
+    """'cpu' -> CIQ_DEVICE_CPU (-1), 'cuda' / 'cuda:N' / N -> N."""
     if isinstance(device, int):
         return device
     text = str(device).lower()
@@ -125,9 +193,21 @@ def device_name(device) -> str:
 
 
 def variant_id(variant: str) -> int:
-    if variant not in VARIANTS:
-        raise InvalidArgumentError(f"unknown kernel variant {variant!r} (choose from {', '.join(VARIANTS)})")
-    return VARIANTS.index(variant)
+    names = tuple(v.name for v in variants())
+    if variant not in names:
+        raise InvalidArgumentError(f"unknown kernel variant {variant!r} (choose from {', '.join(names)})")
+    return names.index(variant)
+
+
+def variant_info(variant: str) -> VariantInfo:
+    return variants()[variant_id(variant)]
+
+
+def semantics_id(semantics: str) -> int:
+    names = enum_names("ciq_semantics", "CIQ_SEMANTICS_")
+    if semantics not in names:
+        raise InvalidArgumentError(f"unknown semantics {semantics!r} (choose from {', '.join(names)})")
+    return names.index(semantics)
 
 
 def variant_available(device, variant: str) -> bool:
@@ -137,49 +217,61 @@ def variant_available(device, variant: str) -> bool:
     return bool(out[0])
 
 
-def default_semantics(variant: str, device) -> str:
-    """The semantics a variant implements; AUTO: the fastest kernel's ("any"; on the CPU, llama.cpp CPU's)."""
-    if variant in VARIANT_SEMANTICS:
-        return VARIANT_SEMANTICS[variant]
-    if variant in GPU_VARIANTS or variant == "cpu":
-        return "cpu"
-    return "cpu" if parse_device(device) < 0 else "any"
+@dataclass(frozen=True)
+class Plan:
+    """ciq_gemm_plan's answer: the resolved variant and semantics, the activation layout and its bytes, and whether
+    the registry's measurements say to offload this GEMM from llama.cpp. ``c`` is the C struct for
+    ciq_gemm_quantized."""
+
+    variant: str
+    semantics: str
+    layout: str
+    activation_bytes: int
+    offload: bool
+    c: object
+
+
+def plan(variant: str, device, semantics: str, ggml_type: int, rows: int, k: int, tokens: int) -> Plan:
+    n = load()
+    out = n.ffi.new("ciq_plan *")
+    n.check(n.lib.ciq_gemm_plan(parse_device(device), variant_id(variant), semantics_id(semantics), ggml_type, rows,
+                                k, tokens, out))
+    return Plan(variants()[out.variant].name, enum_names("ciq_semantics", "CIQ_SEMANTICS_")[out.semantics],
+                enum_names("ciq_layout", "CIQ_LAYOUT_")[out.activation_layout], int(out.activation_bytes),
+                bool(out.offload), out)
 
 
 def resolve_variant(variant: str, device, semantics: str, ggml_type: int, rows: int, k: int, tokens: int) -> str:
-    n = load()
-    out = n.ffi.new("ciq_variant *")
-    n.check(n.lib.ciq_resolve_variant(parse_device(device), variant_id(variant), SEMANTICS.index(semantics),
-                                      ggml_type, rows, k, tokens, out))
-    return VARIANTS[out[0]]
+    """The variant ciq_gemm would run (ciq_gemm_plan)."""
+    return plan(variant, device, semantics, ggml_type, rows, k, tokens).variant
 
 
 def dispatch_counts() -> dict[tuple[str, str], int]:
-    """{(variant, 'Q4_K'|'Q6_K'): launches} for every variant, since the last reset."""
+    """{(variant, weight type name): launches} for every variant and the types it multiplies, since the last reset."""
     n = load()
     out = n.ffi.new("uint64_t *")
     counts = {}
-    for v, name in enumerate(VARIANTS):
-        for t in quants.KEEP_QUANT_TYPES:
-            n.check(n.lib.ciq_dispatch_count(v, t, out))
-            counts[(name, quants.type_name(t))] = int(out[0])
+    for v in variants():
+        for t in v.weight_types:
+            n.check(n.lib.ciq_dispatch_count(v.id, t, out))
+            counts[(v.name, quants.type_name(t))] = int(out[0])
     return counts
 
 
-def q32_dispatch_counts() -> dict[tuple[str, str], int]:
-    """{("cpu" | "cuda", 'Q4_0'|'Q5_0'|'Q8_0'): ciq_gemm_q32 calls} since the last reset."""
+def attention_dispatch_counts() -> dict[str, int]:
+    """{attention kernel: ciq_attention launches} since the last reset (AUTO never counts: launches are resolved)."""
     n = load()
     out = n.ffi.new("uint64_t *")
     counts = {}
-    for device, name in ((-1, "cpu"), (0, "cuda")):
-        for t in quants.Q32_TYPES:
-            n.check(n.lib.ciq_q32_dispatch_count(device, t, out))
-            counts[(name, quants.type_name(t))] = int(out[0])
+    for kernel, name in enumerate(enum_names("ciq_attention_kernel", "CIQ_ATTENTION_")):
+        n.check(n.lib.ciq_attention_dispatch_count(kernel, out))
+        counts[name] = int(out[0])
     return counts
 
 
 def dispatch_reset() -> None:
-    load().lib.ciq_dispatch_reset()
+    n = load()
+    n.check(n.lib.ciq_dispatch_reset())
 
 
 def set_num_threads(threads: int) -> None:
@@ -229,38 +321,55 @@ class Buffer(Closeable):
             self.ptr = None
 
 
+def activations_layout(semantics: str, weight_type: int) -> str:
+    """The layout a semantics quantizes activations into for a weight type (ciq_activations_layout)."""
+    n = load()
+    out = n.ffi.new("ciq_layout *")
+    n.check(n.lib.ciq_activations_layout(semantics_id(semantics), weight_type, out))
+    return enum_names("ciq_layout", "CIQ_LAYOUT_")[out[0]]
+
+
+def _layout_id(layout: str) -> int:
+    names = enum_names("ciq_layout", "CIQ_LAYOUT_")
+    if layout not in names:
+        raise InvalidArgumentError(f"unknown activation layout {layout!r} (choose from {', '.join(names)})")
+    return names.index(layout)
+
+
+def activation_bytes(layout: str, tokens: int, k: int) -> int:
+    n = load()
+    out = n.ffi.new("size_t *")
+    n.check(n.lib.ciq_activations_size(_layout_id(layout), tokens, k, out))
+    return int(out[0])
+
+
+def quantize_into(device: int, layout: str, x_ptr, out_ptr, tokens: int, k: int) -> None:
+    """Device-to-device: float activations at x_ptr into a layout at out_ptr (ciq_activations_quantize)."""
+    n = load()
+    n.check(n.lib.ciq_activations_quantize(device, _layout_id(layout), n.ffi.cast("float *", x_ptr), out_ptr, tokens,
+                                           k))
+
+
 def quantize_activations(x: np.ndarray, semantics: str, weight_type: int, device="cpu") -> np.ndarray:
-    """Activations in a semantics' layout, made on a device by libggml_ciq and returned to the host as bytes:
-    Q8_K (cpu), q8_1-mmq (mmq) or the f16 layout (f16)."""
+    """Activations in the layout a semantics uses for a weight type (Q8_K, q8_1-mmq DS4/D4, f16, q8_0), made on a
+    device by libggml_ciq and returned to the host as bytes."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2:
         raise ShapeError(f"activations must be [tokens, K], got shape {x.shape}")
-    if semantics not in SEMANTICS[:3]:
-        raise InvalidArgumentError(f"unknown semantics {semantics!r} (choose cpu, mmq or f16)")
     tokens, k = x.shape
-    load()  # a missing library is a LibraryNotFoundError before any buffer is made
+    layout = activations_layout(semantics, weight_type)
     dev = parse_device(device)
-    size = activation_bytes(semantics, tokens, k)
+    size = activation_bytes(layout, tokens, k)
     with Buffer.from_array(dev, x) as xb, Buffer(dev, max(size, 1)) as qb:
-        quantize_into(dev, semantics, weight_type, xb.ptr, qb.ptr, tokens, k)
+        quantize_into(dev, layout, xb.ptr, qb.ptr, tokens, k)
         return qb.download(np.uint8, (size,))
 
 
-def activation_bytes(semantics: str, tokens: int, k: int) -> int:
-    lib = load().lib
-    return {"cpu": lib.ciq_q8_K_size, "mmq": lib.ciq_q8_1_mmq_size, "f16": lib.ciq_f16_size}[semantics](tokens, k)
-
-
-def quantize_into(device: int, semantics: str, weight_type: int, x_ptr, out_ptr, tokens: int, k: int) -> None:
-    """Device-to-device: float activations at x_ptr into the semantics' layout at out_ptr."""
-    n = load()
-    xp = n.ffi.cast("float *", x_ptr)
-    if semantics == "cpu":
-        n.check(n.lib.ciq_quantize_q8_K(device, xp, out_ptr, tokens, k))
-    elif semantics == "mmq":
-        n.check(n.lib.ciq_quantize_q8_1_mmq(device, weight_type, xp, out_ptr, tokens, k))
-    else:
-        n.check(n.lib.ciq_convert_f16(device, xp, out_ptr, tokens, k))
+def _out_type_id(out_type: str) -> int:
+    names = enum_names("ciq_out_type", "CIQ_OUT_")
+    if out_type not in names:
+        raise InvalidArgumentError(f"unknown output type {out_type!r} (choose from {', '.join(names)})")
+    return names.index(out_type)
 
 
 @dataclass
@@ -276,33 +385,34 @@ class GemmProblem:
     @classmethod
     def upload(cls, ggml_type: int, data, rows: int, k: int, device="cpu") -> "GemmProblem":
         raw = np.ascontiguousarray(np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data.view(np.uint8).reshape(-1))
-        if ggml_type not in quants.KEEP_QUANT_TYPES:
-            raise InvalidArgumentError(f"keep-quant GEMM takes Q4_K or Q6_K weights, not {quants.type_name(ggml_type)}")
+        types = variants()[0].weight_types  # AUTO covers every type some variant multiplies
+        if ggml_type not in types:
+            raise UnsupportedTypeError(f"the GEMM takes {', '.join(quants.type_name(t) for t in types)} weights, "
+                                       f"not {quants.type_name(ggml_type)}")
         expected = rows * quants.row_bytes(ggml_type, k)
         if raw.size != expected:
             raise ShapeError(f"{quants.type_name(ggml_type)} [{rows} x {k}] needs {expected} bytes, got {raw.size}")
         dev = parse_device(device)
         return cls(ggml_type, rows, k, dev, Buffer.from_array(dev, raw))
 
+    def plan(self, tokens: int, variant: str = "auto", semantics: str = "any") -> Plan:
+        return plan(variant, self.device, semantics, self.ggml_type, self.rows, self.k, tokens)
+
     def run(self, x: np.ndarray, variant: str = "auto", semantics: str | None = None, out_type: str = "f32",
             poison: bool = True) -> np.ndarray:
-        """out[tokens, rows] = x @ W^T. The output buffer is poisoned (NaN bytes) first unless poison=False."""
+        """out[tokens, rows] = x @ W^T (ciq_gemm). semantics None: the variant's own ("any"). The output buffer is
+        poisoned (NaN bytes) first unless poison=False."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         if x.ndim != 2 or x.shape[1] != self.k:
             raise ShapeError(f"activations must be [tokens, {self.k}], got shape {x.shape}")
-        semantics = semantics or default_semantics(variant, self.device)
-        if semantics not in SEMANTICS:
-            raise InvalidArgumentError(f"unknown semantics {semantics!r} (choose from {', '.join(SEMANTICS)})")
-        if out_type not in ("f32", "bf16"):
-            raise InvalidArgumentError(f"unknown output type {out_type!r} (choose f32 or bf16)")
+        sem, v, ot = semantics_id(semantics or "any"), variant_id(variant), _out_type_id(out_type)
         tokens = x.shape[0]
         n = load()
-        dtype = np.float32 if out_type == "f32" else np.uint16
+        dtype = np.float32 if ot == n.lib.CIQ_OUT_F32 else np.uint16
 
         def call(x_ptr, out_ptr):
-            n.check(n.lib.ciq_gemm(self.device, variant_id(variant), SEMANTICS.index(semantics), self.ggml_type,
-                                   self.weight.ptr, self.weight.nbytes, self.rows, self.k, n.ffi.cast("float *", x_ptr),
-                                   tokens, out_ptr, 0 if out_type == "f32" else 1))
+            n.check(n.lib.ciq_gemm(self.device, v, sem, self.ggml_type, self.weight.ptr, self.weight.nbytes, self.rows,
+                                   self.k, n.ffi.cast("float *", x_ptr), tokens, out_ptr, ot))
 
         if self.device < 0:  # the host reads and writes numpy's memory directly
             out = np.empty((tokens, self.rows), dtype)
@@ -317,7 +427,7 @@ class GemmProblem:
                 call(xb.ptr, ob.ptr)
                 n.check(n.lib.ciq_synchronize(self.device))
                 out = ob.download(dtype, (tokens, self.rows))
-        return out if out_type == "f32" else (out.astype(np.uint32) << 16).view(np.float32)
+        return out if dtype is np.float32 else (out.astype(np.uint32) << 16).view(np.float32)
 
     def close(self) -> None:
         self.weight.close()
@@ -325,11 +435,10 @@ class GemmProblem:
 
 def gemm(weight, x: np.ndarray, variant: str = "auto", device="cpu", semantics: str | None = None,
          out_type: str = "f32", ggml_type: int | None = None, rows: int | None = None, k: int | None = None) -> np.ndarray:
-    """out[tokens, rows] = x @ W^T through libggml_ciq.
+    """out[tokens, rows] = x @ W^T through libggml_ciq (ciq_gemm).
 
-    ``weight`` is a model.Tensor, or raw block bytes with ``ggml_type``, ``rows`` and ``k``.
-    ``semantics`` defaults to the variant's own ('mma' -> mmq, 'wgmma' -> f16, WMMA and cpu -> cpu; auto: GPU any,
-    CPU cpu).
+    ``weight`` is a model.Tensor, or raw block bytes with ``ggml_type``, ``rows`` and ``k``. ``semantics`` defaults
+    to the resolved variant's own (variant_info(...).semantics; AUTO: the first variant of the registry's AUTO order).
     """
     if hasattr(weight, "ggml_type"):
         ggml_type, rows, k, data = weight.ggml_type, weight.rows, weight.k, weight.raw()
@@ -346,27 +455,13 @@ def gemm(weight, x: np.ndarray, variant: str = "auto", device="cpu", semantics: 
 
 def gemm_q32(data, x: np.ndarray, ggml_type: int, rows: int, k: int, device="cpu",
              semantics: str = "mmq") -> np.ndarray:
-    """out[tokens, rows] = x @ W^T for Q4_0/Q5_0/Q8_0 bytes (ciq_gemm_q32): semantics "mmq" (llama.cpp CUDA MMQ's,
-    host or GPU) or "cpu" (llama.cpp x86 CPU's, host only)."""
-    if ggml_type not in quants.Q32_TYPES:
-        raise UnsupportedTypeError(f"gemm_q32: {quants.type_name(ggml_type)} is not Q4_0, Q5_0 or Q8_0")
-    if semantics not in ("cpu", "mmq"):
-        raise InvalidArgumentError(f"gemm_q32: unknown semantics {semantics!r} (choose cpu or mmq)")
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    if x.ndim != 2 or x.shape[1] != k:
-        raise ShapeError(f"activations must be [tokens, {k}], got shape {x.shape}")
-    raw = np.ascontiguousarray(data.view(np.uint8) if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8))
-    if raw.size != rows * quants.row_bytes(ggml_type, k):
-        raise ShapeError(f"{quants.type_name(ggml_type)} [{rows} x {k}] needs {rows * quants.row_bytes(ggml_type, k)} "
-                         f"bytes, got {raw.size}")
-    n, dev = load(), parse_device(device)
-    if dev < 0:  # the host reads and writes numpy's memory directly
-        out = np.full((len(x), rows), np.nan, np.float32)  # NaN where the kernel writes nothing
-        n.check(n.lib.ciq_gemm_q32(dev, SEMANTICS.index(semantics), ggml_type, n.ffi.from_buffer(raw), rows, k,
-                                   n.ffi.from_buffer("float[]", x), len(x), n.ffi.from_buffer("float[]", out)))
-        return out
-    with Buffer.from_array(dev, raw) as wb, Buffer.from_array(dev, x) as xb, Buffer(dev, rows * len(x) * 4) as ob:
-        n.check(n.lib.ciq_memset(dev, ob.ptr, 0xFF, rows * len(x) * 4))  # NaN where the kernel writes nothing
-        n.check(n.lib.ciq_gemm_q32(dev, SEMANTICS.index(semantics), ggml_type, wb.ptr, rows, k,
-                                   n.ffi.cast("float *", xb.ptr), len(x), n.ffi.cast("float *", ob.ptr)))
-        return ob.download(np.float32, (len(x), rows))
+    """out[tokens, rows] = x @ W^T for Q4_0/Q5_0/Q8_0 bytes: ciq_gemm with the q32 variant, semantics "mmq"
+    (llama.cpp CUDA MMQ's, host or GPU) or "cpu" (llama.cpp x86 CPU's, host only)."""
+    q32 = variant_info("q32")
+    if ggml_type not in q32.weight_types:
+        raise UnsupportedTypeError(f"gemm_q32: {quants.type_name(ggml_type)} is not "
+                                   f"{' or '.join(quants.type_name(t) for t in q32.weight_types)}")
+    implemented = sorted(set(q32.host_semantics) | set(q32.gpu_semantics))
+    if semantics not in implemented:
+        raise InvalidArgumentError(f"gemm_q32: unknown semantics {semantics!r} (choose {' or '.join(implemented)})")
+    return gemm(data, x, variant="q32", device=device, semantics=semantics, ggml_type=ggml_type, rows=rows, k=k)

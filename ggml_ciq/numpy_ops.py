@@ -2,7 +2,7 @@
 
 Arrays are numpy float32 (caches float16), rows first. What each op mirrors, found op by op against tensors
 captured from llama.cpp's own forward pass of Gemma 3 270M:
-- 32-block weights (Q4_0, Q5_0, Q8_0): libggml_ciq's ciq_gemm_q32 in cpu semantics (q8_0 activations as ggml's
+- 32-block weights (Q4_0, Q5_0, Q8_0): libggml_ciq's q32 variant in cpu semantics (q8_0 activations as ggml's
   AVX2 `quantize_row_q8_0`, llamafile `tinyBLAS_Q0_AVX`'s float order).
 - Q4_K/Q6_K: libggml_ciq's keep-quant GEMM in cpu semantics, in the float order of the kernel llama.cpp runs for
   the matrix (repacked Q4_K GEMM, tiled K-quant matmul, vec_dot; docs/SEMANTICS.md).
@@ -44,7 +44,7 @@ def rope(x: np.ndarray, positions: np.ndarray, base: float, neox: bool) -> np.nd
     x = np.ascontiguousarray(x, np.float32)
     positions = np.ascontiguousarray(positions, np.int32)
     out = np.empty_like(x)
-    n.check(n.lib.ciq_rope(-1, 2 if neox else 0, n.ffi.from_buffer("float[]", x),
+    n.check(n.lib.ciq_rope(-1, n.lib.CIQ_ROPE_NEOX if neox else n.lib.CIQ_ROPE_NORM, n.ffi.from_buffer("float[]", x),
                            n.ffi.from_buffer("int32_t[]", positions), x.shape[0], x.shape[1], x.shape[2], float(base),
                            n.ffi.from_buffer("float[]", out)))
     return out

@@ -21,8 +21,14 @@ from .model import Tensor
 DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int32))
 GET_ROWS_TYPES = (quants.F32, quants.F16, quants.BF16, quants.Q4_0, quants.Q5_0, quants.Q8_0, quants.Q4_K,
                   quants.Q5_K, quants.Q6_K)
-ATTENTION_KERNELS = ("auto", "cpu", "simt", "mma", "ggml")  # ciq_attention_kernel
 OP_CLASSES = ("keep-quant GEMM", "other GEMM", "attention", "rest")
+
+
+def __getattr__(name: str):
+    """ATTENTION_KERNELS: ciq_attention_kernel's names from the header, read on first use."""
+    if name == "ATTENTION_KERNELS":
+        return native.enum_names("ciq_attention_kernel", "CIQ_ATTENTION_")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class _Pool:
@@ -138,7 +144,7 @@ class NativeOps:
 
     ``semantics`` of the keep-quant GEMMs defaults to llama.cpp CPU's on the CPU and to whatever the fastest GPU
     kernel implements on a GPU ("any"); ``attention_kernel`` is one of ATTENTION_KERNELS; ``q32_kernel`` False
-    dequantizes Q4_0/Q5_0/Q8_0 weights to bf16 on a GPU too (bf16 activations instead of ciq_gemm_q32's q8_1)."""
+    dequantizes Q4_0/Q5_0/Q8_0 weights to bf16 on a GPU too (bf16 activations instead of the q32 variant's q8_1)."""
 
     def __init__(self, device="cpu", semantics: str | None = None, attention_kernel: str = "auto",
                  q32_kernel: bool = True):
@@ -147,12 +153,13 @@ class NativeOps:
         if self.device >= 0 and self.device >= native.device_count():
             raise InvalidArgumentError(f"GPU {self.device} requested but {native.device_count()} found")
         self.semantics = semantics or ("cpu" if self.device < 0 else "any")
-        if self.semantics not in native.SEMANTICS:
-            raise InvalidArgumentError(f"unknown semantics {self.semantics!r}")
-        if attention_kernel not in ATTENTION_KERNELS:
+        self._semantics_id = native.semantics_id(self.semantics)
+        kernels = native.enum_names("ciq_attention_kernel", "CIQ_ATTENTION_")
+        if attention_kernel not in kernels:
             raise InvalidArgumentError(f"unknown attention kernel {attention_kernel!r} (choose from "
-                                       f"{', '.join(ATTENTION_KERNELS)})")
+                                       f"{', '.join(kernels)})")
         self.attention_kernel, self.q32_kernel = attention_kernel, q32_kernel
+        self._attention_kernel_id = kernels.index(attention_kernel)
         self.timings: dict[str, float] = defaultdict(float)
         self._pending: list = []  # (op class, marked timer) not yet in timings
         self._pool = _Pool(self.device)
@@ -286,7 +293,7 @@ class NativeOps:
             raise ShapeError(f"rope: positions must be int32[{x.shape[0]}], got {positions.dtype}{positions.shape}")
         out = self.empty(x.shape)
         n = self.native
-        n.check(n.lib.ciq_rope(self.device, 2 if neox else 0, self._fp(x), self._i32(positions), x.shape[0],
+        n.check(n.lib.ciq_rope(self.device, n.lib.CIQ_ROPE_NEOX if neox else n.lib.CIQ_ROPE_NORM, self._fp(x), self._i32(positions), x.shape[0],
                                x.shape[1], x.shape[2], float(base), self._fp(out)))
         return out
 
@@ -303,7 +310,7 @@ class NativeOps:
             raise ShapeError(f"attention: q {q.shape} with caches {k_cache.shape} at n_past {n_past}")
         out = self.empty((t, h * d))
         n = self.native
-        n.check(n.lib.ciq_attention(self.device, ATTENTION_KERNELS.index(self.attention_kernel), self._fp(q),
+        n.check(n.lib.ciq_attention(self.device, self._attention_kernel_id, self._fp(q),
                                     self._u16(k_cache), self._u16(v_cache), t, h, hkv, d, c, int(n_past), float(scale),
                                     int(window), self._fp(out)))
         return out
@@ -312,8 +319,8 @@ class NativeOps:
         """The kernel ``attention`` runs for this head_dim on this device."""
         n = self.native
         out = n.ffi.new("ciq_attention_kernel *")
-        n.check(n.lib.ciq_attention_resolve(self.device, ATTENTION_KERNELS.index(self.attention_kernel), head_dim, out))
-        return ATTENTION_KERNELS[out[0]]
+        n.check(n.lib.ciq_attention_resolve(self.device, self._attention_kernel_id, head_dim, out))
+        return native.enum_names("ciq_attention_kernel", "CIQ_ATTENTION_")[out[0]]
 
     def kv_store(self, cache, start: int, x) -> None:
         """cache[start:start+T] = x[T, Hkv, D] rounded to f16."""
@@ -333,7 +340,8 @@ class NativeOps:
         gate, up = self._f32(gate, "glu gate"), self._f32(up, "glu up")
         self._same_size("glu", gate, up)
         out = self.empty(gate.shape)
-        self.native.check(self.native.lib.ciq_glu(self.device, 0 if kind == "silu" else 1, self._fp(gate),
+        lib = self.native.lib
+        self.native.check(lib.ciq_glu(self.device, lib.CIQ_GLU_SILU if kind == "silu" else lib.CIQ_GLU_GELU, self._fp(gate),
                                                   self._fp(up), gate.size, self._fp(out)))
         return out
 
@@ -355,7 +363,7 @@ class NativeOps:
     # -- GEMMs --------------------------------------------------------------------------------------------------
     def load_weight(self, tensor: Tensor) -> Weight:
         """Q4_K/Q6_K: raw blocks for the keep-quant GEMM; on a GPU Q4_0/Q5_0/Q8_0 (K a multiple of 128) raw blocks
-        for ciq_gemm_q32 (llama.cpp CUDA MMQ's semantics); other types dequantized once (bf16 on a GPU, float32 on
+        for the q32 variant (llama.cpp CUDA MMQ's semantics); other types dequantized once (bf16 on a GPU, float32 on
         the CPU)."""
         if len(tensor.shape) != 2:
             raise ShapeError(f"{tensor.name}: a weight must be 2-D, got shape {tensor.shape}")
@@ -385,26 +393,28 @@ class NativeOps:
         out = self.empty((tokens, weight.rows))
         n = self.native
         if weight.kind == "keep-quant":
-            n.check(n.lib.ciq_gemm(self.device, 0, native.SEMANTICS.index(self.semantics), weight.ggml_type,
+            n.check(n.lib.ciq_gemm(self.device, n.lib.CIQ_VARIANT_AUTO, self._semantics_id, weight.ggml_type,
                                    weight.data.ptr, weight.data.nbytes, weight.rows, weight.k, self._fp(x), tokens,
-                                   out.ptr, 0))
-        elif weight.kind == "q32":
-            n.check(n.lib.ciq_gemm_q32(self.device, native.SEMANTICS.index("mmq"), weight.ggml_type, weight.data.ptr,
-                                       weight.rows, weight.k, self._fp(x), tokens, self._fp(out)))
+                                   out.ptr, n.lib.CIQ_OUT_F32))
+        elif weight.kind == "q32":  # llama.cpp CUDA MMQ's semantics
+            n.check(n.lib.ciq_gemm(self.device, n.lib.CIQ_VARIANT_Q32, n.lib.CIQ_SEMANTICS_MMQ, weight.ggml_type,
+                                   weight.data.ptr, weight.data.nbytes, weight.rows, weight.k, self._fp(x), tokens,
+                                   out.ptr, n.lib.CIQ_OUT_F32))
         elif weight.kind == "bf16":
             scratch = self._bf16(tokens * weight.k)
             n.check(n.lib.ciq_convert_bf16(self.device, self._fp(x), tokens * weight.k, scratch.ptr))
             n.check(n.lib.ciq_dense_gemm_bf16(self.device, weight.data.ptr, weight.rows, weight.k, scratch.ptr, tokens,
-                                              out.ptr, 0))
+                                              out.ptr, n.lib.CIQ_OUT_F32))
         else:  # CPU float32: the buffers are host memory
             dense = self._host_view(weight.data)
             np.matmul(self._host_view(x).reshape(tokens, weight.k), dense.T, out=self._host_view(out))
         return out
 
     def linear_group(self, weights: list[Weight], x) -> list[DeviceArray]:
-        """``linear`` of several keep-quant weights on one input x[n, k]: the kernel of each is resolved first and
-        x is quantized (or converted) once per activation layout, then each GEMM runs on those bytes
-        (ciq_gemm_quantized), the same kernels and bytes as separate ``linear`` calls."""
+        """``linear`` of several keep-quant weights on one input x[n, k]: each GEMM is planned once
+        (ciq_gemm_plan), x is quantized (or converted) once per activation layout the plans name
+        (ciq_activations_quantize), then each GEMM runs its plan on those bytes (ciq_gemm_quantized): the same
+        kernels and bytes as separate ``linear`` calls."""
         x = self._f32(x, "linear input")
         if any(w.kind != "keep-quant" or w.k != weights[0].k for w in weights) or x.shape[-1] != weights[0].k:
             raise ShapeError("linear_group: keep-quant weights of one K, and inputs of that K")
@@ -412,20 +422,22 @@ class NativeOps:
         tokens = x.size // k
         plans = []
         for w in weights:
-            variant = native.resolve_variant("auto", self.device, self.semantics, w.ggml_type, w.rows, k, tokens)
-            semantics = self.semantics if self.semantics != "any" else native.VARIANT_SEMANTICS.get(variant, "cpu")
-            plans.append((w, variant, semantics, (semantics, w.ggml_type if semantics == "mmq" else None)))
+            plan = n.ffi.new("ciq_plan *")
+            n.check(n.lib.ciq_gemm_plan(self.device, n.lib.CIQ_VARIANT_AUTO, self._semantics_id, w.ggml_type, w.rows,
+                                        k, tokens, plan))
+            plans.append(plan)
         layouts = {}
-        for w, _, semantics, layout in plans:
-            if layout not in layouts:
-                buf = layouts[layout] = self.empty((native.activation_bytes(semantics, tokens, k),), np.uint8)
-                native.quantize_into(self.device, semantics, w.ggml_type, x.ptr, buf.ptr, tokens, k)
+        for plan in plans:
+            if plan.activation_layout not in layouts:
+                buf = layouts[plan.activation_layout] = self.empty((plan.activation_bytes,), np.uint8)
+                n.check(n.lib.ciq_activations_quantize(self.device, plan.activation_layout, self._fp(x), buf.ptr,
+                                                       tokens, k))
         outs = []
-        for w, variant, semantics, layout in plans:
+        for w, plan in zip(weights, plans):
             out = self.empty((tokens, w.rows))
-            n.check(n.lib.ciq_gemm_quantized(self.device, native.variant_id(variant), native.SEMANTICS.index(semantics),
-                                             w.ggml_type, w.data.ptr, w.data.nbytes, w.rows, k, layouts[layout].ptr,
-                                             tokens, out.ptr, 0))
+            n.check(n.lib.ciq_gemm_quantized(self.device, plan, w.ggml_type, w.data.ptr, w.data.nbytes, w.rows, k,
+                                             layouts[plan.activation_layout].ptr, tokens, out.ptr,
+                                             n.lib.CIQ_OUT_F32))
             outs.append(out)
         return outs
 

@@ -21,7 +21,7 @@ TYPE_NAMES = {F32: "F32", F16: "F16", Q4_0: "Q4_0", Q5_0: "Q5_0", Q8_0: "Q8_0", 
 BLOCK_LAYOUT = {F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q4_0: (32, 18), Q5_0: (32, 22), Q8_0: (32, 34),
                 Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210), Q8_K: (256, 292)}
 KEEP_QUANT_TYPES = (Q4_K, Q6_K)
-Q32_TYPES = (Q4_0, Q5_0, Q8_0)  # 32-value blocks: int8 values and one fp16 scale per block (ciq_gemm_q32)
+Q32_TYPES = (Q4_0, Q5_0, Q8_0)  # 32-value blocks: int8 values and one fp16 scale per block (the q32 variant)
 
 Q8_K_DTYPE = np.dtype([("d", "<f4"), ("qs", "i1", QK_K), ("bsums", "<i2", QK_K // 16)])
 Q8_1_MMQ_BYTES = 144
@@ -368,7 +368,7 @@ def gemm_mmq_semantics_quantized(weight_type: int, data, rows: int, k: int, xq: 
 
 
 def gemm_q32_mmq_quantized(ggml_type: int, data, rows: int, k: int, xq: np.ndarray, tokens: int) -> np.ndarray:
-    """ciq_gemm_q32's semantics (llama.cpp CUDA MMQ for Q4_0/Q5_0/Q8_0) on q8_1-mmq bytes (DS4 for Q4_0, D4 for
+    """The q32 variant's MMQ semantics (llama.cpp CUDA MMQ for Q4_0/Q5_0/Q8_0) on q8_1-mmq bytes (DS4 for Q4_0, D4 for
     Q5_0/Q8_0): sum over blocks of d_w * d8 * isum, exact in float64."""
     q8, d8, _ = q8_1_mmq_fields(xq, Q4_K if ggml_type == Q4_0 else Q6_K, tokens, k)
     qw, dw = q32_fields(ggml_type, data, rows, k)

@@ -39,7 +39,7 @@ def wgmma(gpu):
 
 def run_checked(weight, x, variant, **raw):
     native.dispatch_reset()
-    semantics = native.default_semantics(variant, "cuda")
+    semantics = native.variant_info(variant).semantics
     out = native.gemm(weight, x, variant=variant, device="cuda", semantics=semantics, **raw)
     counts = native.dispatch_counts()
     name = Q.type_name(raw.get("ggml_type", getattr(weight, "ggml_type", None)))
@@ -101,7 +101,7 @@ def test_every_variant_on_model_tensors(model, variants, rng):
             refs = {s: reference(t.ggml_type, t.raw(), t.rows, t.k, x, s) for s in ("cpu", "mmq", "f16")}
             for variant in variants:
                 out = run_checked(t, x, variant)
-                assert Q.nmse(out, refs[native.default_semantics(variant, "cuda")]) <= 1e-10, (t.name, tokens, variant)
+                assert Q.nmse(out, refs[native.variant_info(variant).semantics]) <= 1e-10, (t.name, tokens, variant)
 
 
 @pytest.mark.parametrize("rows", [1000, 4097, 14336])
@@ -115,7 +115,7 @@ def test_tail_shapes(rows, weight_type, variants, rng):
         refs = {s: reference(weight_type, data, rows, k, x, s) for s in ("cpu", "mmq", "f16")}
         for variant in variants:
             out = run_checked(data, x, variant, ggml_type=weight_type, rows=rows, k=k)
-            assert Q.nmse(out, refs[native.default_semantics(variant, "cuda")]) <= 1e-10, (rows, tokens, variant)
+            assert Q.nmse(out, refs[native.variant_info(variant).semantics]) <= 1e-10, (rows, tokens, variant)
 
 
 @pytest.mark.parametrize("variant", ["wmma-shared", "wmma-bigtile"])
@@ -178,8 +178,7 @@ def test_bf16_output(default_model, rng):
 
 def test_auto_resolves_per_semantics():
     assert native.resolve_variant("auto", "cuda", "mmq", Q.Q4_K, 4096, 4096, 512) == "mma"
-    assert native.default_semantics(native.resolve_variant("auto", "cuda", "cpu", Q.Q6_K, 4096, 4096, 512),
-                                    "cuda") == "cpu"
+    assert native.plan("auto", "cuda", "cpu", Q.Q6_K, 4096, 4096, 512).semantics == "cpu"
 
 
 def test_environment_default_variant(monkeypatch, default_model, rng):

@@ -97,7 +97,7 @@ def emu(tmp_path_factory):
     command = [compiler, "-std=c++20", "-O2", "-pthread", "-shared", "-fPIC", "-ffp-contract=off",
                "-DGGML_CIQ_WITH_CUDA", f"-I{EMULATION}", f"-I{ROOT / 'native' / 'include'}", f"-I{build / 'src'}",
                str(build / "src" / "cuda" / "ops.cpp"), str(build / "src" / "cuda" / "attention.cpp"),
-               str(build / "src" / "cuda" / "gemm_q32.cpp"),
+               str(build / "src" / "cuda" / "gemm_q32.cpp"), str(build / "src" / "status.cpp"),
                str(EMULATION / "driver.cpp"), "-o", str(library)]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode and ("<barrier>" in result.stderr or "_Float16" in result.stderr):

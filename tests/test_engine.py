@@ -173,7 +173,7 @@ def test_gemma3_issue_bar(llama, native_lib, gemma_run):
 @pytest.mark.parametrize("tokens", [1, 17])
 @pytest.mark.parametrize("isa", ["best", "scalar"])
 def test_q32_gemm_matches_llamacpp(llama, ggml_type, tokens, isa, rng, monkeypatch):
-    """32-block weights in cpu semantics (ciq_gemm_q32: q8_0 activations, tinyBLAS's float order) against llama.cpp
+    """32-block weights in cpu semantics (the q32 variant: q8_0 activations, tinyBLAS's float order) against llama.cpp
     CPU's mul_mat (rows 1000: a tail of the 32-row chunk), bit for bit: tinyBLAS from 2 tokens, vec_dot_*_q8_0 (the
     same lanes and sum) for 1; on the host's AVX2 path (17 tokens: a 16-token tile, four at a time, and a tail) and
     on its scalar one."""

@@ -26,19 +26,10 @@ IDS = [Q.type_name(t) for t in TYPES]
 K_OF = {Q.Q4_0: 32 * 150, Q.Q5_0: 32 * 150, Q.Q8_0: 32 * 150, Q.Q4_K: 256 * 11, Q.Q6_K: 256 * 11}
 
 DRIVER = r"""
-#include "ciq_internal.h"
-#include <cstdarg>
-#include <cstdio>
-static char g_error[1024];
-ciq_status ciq_fail(ciq_status status, const char *format, ...) {
-    va_list args;
-    va_start(args, format);
-    std::vsnprintf(g_error, sizeof(g_error), format, args);
-    va_end(args);
-    return status;
-}
+#include "cpu/cpu_backend.h"
+#include "cuda/cuda_backend.h"
 extern "C" {
-const char *mmvq_last_error(void) { return g_error; }
+const char *mmvq_last_error(void) { return ciq_last_error(); }
 int mmvq_quantize(const float *x, void *out, int64_t tokens, int64_t k) { return QUANTIZE(x, out, tokens, k); }
 int mmvq_gemm(int type, const void *w, int64_t rows, int64_t k, const void *xq, int64_t tokens, float *out) {
     return GEMM(type, w, rows, k, xq, tokens, out);
@@ -61,7 +52,7 @@ def _build(tmp: Path, sources: list, flags: list, prefix: str):
     library = tmp / "libmmvq.so"
     command = [compiler, "-O2", "-shared", "-fPIC", "-ffp-contract=off", f"-I{ROOT / 'native' / 'include'}",
                f"-DQUANTIZE={prefix}_quantize_q8_1", f"-DGEMM={prefix}_gemm_mmvq", *flags, *map(str, sources),
-               str(driver), "-o", str(library)]
+               str(ROOT / "native" / "src" / "status.cpp"), str(driver), "-o", str(library)]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode and ("<barrier>" in result.stderr or "_Float16" in result.stderr):
         pytest.skip(f"{compiler} lacks C++20 <barrier> or _Float16")
@@ -223,7 +214,7 @@ def test_emulated_gemm_rejects(emulated, rng):
 
 # ---------------------------------------------------------------------------------------------------------------
 # llama.cpp CPU at small batch: ggml-cpu has no separate small-batch kernel for these types. Our cpu semantics
-# (the `cpu` host kernel, ciq_gemm_q32 with cpu semantics) is llama.cpp CPU's arithmetic at 1..8 tokens too.
+# (the `cpu` host kernel, the `q32` variant with cpu semantics) is llama.cpp CPU's arithmetic at 1..8 tokens too.
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)

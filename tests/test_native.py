@@ -65,7 +65,7 @@ def test_quantizers_byte_identical(native_lib, weight_type, rng):
 
 def test_build_info(native_lib):
     info = native.build_info()
-    assert info["api_version"] == 1 and "cpu" in info["backends"]
+    assert info["api_version"] == native.API_VERSION and "cpu" in info["backends"]
     assert info["cpu_isa"] in ISAS
 
 
@@ -76,6 +76,120 @@ def test_cuda_sources_compiled_where_expected(native_lib):
         pytest.skip("GGML_CIQ_EXPECT_CUDA not set")
     info = native.build_info()
     assert "cuda" in info["backends"] and info["cuda_archs"] == expected, info
+
+
+# ----------------------------------------------------------------------------------------------
+# The contract: header version, the registry's facts in Python, planning = dispatch.
+
+# sha256 of ggml_ciq.h's CDEF region per GGML_CIQ_API_VERSION. A change to the region without a new version fails
+# here; a new version needs its hash recorded (print(cdef_sha256()) gives it).
+CDEF_SHA256 = {2: "bd40b13eba828e0d9e6a630103f9cf5cef5749dad74fa1564ac75b105d736521"}
+
+
+def cdef_sha256() -> str:
+    import hashlib
+
+    return hashlib.sha256(native._cdef_source(native._header_path()).encode()).hexdigest()
+
+
+def test_header_changes_raise_the_api_version(native_lib):
+    import re
+
+    text = native._header_path().read_text()
+    version = int(re.search(r"#define GGML_CIQ_API_VERSION (\d+)", text).group(1))
+    assert version == native.API_VERSION == native.build_info()["api_version"]
+    assert CDEF_SHA256.get(version) == cdef_sha256(), (
+        f"ggml_ciq.h's CDEF region changed (sha256 {cdef_sha256()}) while GGML_CIQ_API_VERSION is {version}: raise "
+        "the version (header, native.API_VERSION) and record the new hash in CDEF_SHA256")
+
+
+def test_python_variants_are_the_registry(native_lib):
+    """Python's variant list, names and semantics come from ciq_variant_describe, and its names are the header
+    enum's: no second copy."""
+    n = native_lib
+    info = n.ffi.new("ciq_variant_info *")
+    from_c = []
+    for v in range(n.lib.CIQ_VARIANT_COUNT):
+        n.check(n.lib.ciq_variant_describe(v, info))
+        from_c.append((n.ffi.string(info.name).decode(), native.SEMANTICS[info.semantics]))
+    assert [(v.name, v.semantics) for v in native.variants()] == from_c
+    assert native.VARIANTS == tuple(name for name, _ in from_c)
+    assert native.VARIANTS == tuple(e.replace("_", "-") for e in native.enum_names("ciq_variant", "CIQ_VARIANT_"))
+    assert native.variant_info("auto").semantics == "any" and native.variant_info("q32").gpu_semantics == ("mmq",)
+    for v in native.variants()[1:]:
+        assert v.semantics in v.host_semantics + v.gpu_semantics and v.weight_types and v.description
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_plan_resolves_auto_as_gemm_dispatches(native_lib, rng, device):
+    """ciq_gemm_plan's variant for AUTO is the one ciq_gemm launches (dispatch counters), for every weight type,
+    semantics and a spread of token counts; its layout and bytes are those ciq_activations_* give."""
+    if device == "cuda" and native.device_count() == 0:
+        pytest.skip("no CUDA device (or libggml_ciq built without CUDA)")
+    rows, k = 40, 512
+    for ggml_type in (Q.Q4_K, Q.Q6_K, Q.Q4_0, Q.Q5_0, Q.Q8_0):
+        raw = rng.integers(0, 256, rows * Q.row_bytes(ggml_type, k), dtype=np.uint8)
+        raw.reshape(rows * k // Q.BLOCK_LAYOUT[ggml_type][0], -1)[:, -2:] = 0  # Q4_K/Q6_K: finite d; 32-block: see below
+        if ggml_type in Q.Q32_TYPES:
+            raw.reshape(rows * k // 32, -1)[:, :2] = np.full((1,), 0.01, np.float16).view(np.uint8)
+        for semantics in ("any", "cpu", "mmq"):
+            for tokens in (1, 8, 9, 129):
+                x = rng.standard_normal((tokens, k)).astype(np.float32)
+                try:
+                    plan = native.plan("auto", device, semantics, ggml_type, rows, k, tokens)
+                except CiqError:
+                    with pytest.raises(CiqError):
+                        native.gemm(raw, x, device=device, semantics=semantics, ggml_type=ggml_type, rows=rows, k=k)
+                    continue
+                assert plan.variant != "auto" and plan.semantics != "any"
+                assert plan.layout == native.activations_layout(plan.semantics, ggml_type)
+                assert plan.activation_bytes == native.activation_bytes(plan.layout, tokens, k)
+                native.dispatch_reset()
+                native.gemm(raw, x, device=device, semantics=semantics, ggml_type=ggml_type, rows=rows, k=k)
+                ran = {key: c for key, c in native.dispatch_counts().items() if c}
+                assert ran == {(plan.variant, Q.type_name(ggml_type)): 1}, (semantics, tokens, plan, ran)
+
+
+def test_offload_decision(native_lib, monkeypatch):
+    """The host kernels are slower than llama.cpp CPU: never offloaded unless GGML_CIQ_OFFLOAD=all."""
+    assert not native.plan("auto", "cpu", "any", Q.Q4_K, 64, 256, 512).offload
+    monkeypatch.setenv("GGML_CIQ_OFFLOAD", "all")
+    assert native.plan("auto", "cpu", "any", Q.Q4_K, 64, 256, 512).offload
+    monkeypatch.setenv("GGML_CIQ_OFFLOAD", "none")
+    assert not native.plan("auto", "cpu", "any", Q.Q4_K, 64, 256, 512).offload
+    monkeypatch.setenv("GGML_CIQ_OFFLOAD", "some")
+    with pytest.raises(InvalidArgumentError, match="GGML_CIQ_OFFLOAD=some"):
+        native.plan("auto", "cpu", "any", Q.Q4_K, 64, 256, 512)
+
+
+def test_gemm_quantized_runs_the_plan(native_lib, default_model, rng):
+    """ciq_gemm_plan + ciq_activations_quantize + ciq_gemm_quantized give ciq_gemm's bits and count one launch."""
+    n = native_lib
+    t = default_model.weights()[0]
+    x = rng.standard_normal((7, t.k)).astype(np.float32)
+    raw = np.ascontiguousarray(t.raw())
+    for semantics in ("cpu", "mmq"):
+        plan = native.plan("auto", "cpu", semantics, t.ggml_type, t.rows, t.k, 7)
+        xq = native.quantize_activations(x, plan.semantics, t.ggml_type)
+        assert xq.nbytes == plan.activation_bytes
+        out = np.full((7, t.rows), np.nan, np.float32)
+        native.dispatch_reset()
+        n.check(n.lib.ciq_gemm_quantized(-1, plan.c, t.ggml_type, n.ffi.from_buffer(raw), raw.nbytes, t.rows, t.k,
+                                         n.ffi.from_buffer(xq), 7, n.ffi.from_buffer(out), n.lib.CIQ_OUT_F32))
+        assert native.dispatch_counts()[(plan.variant, t.type_name)] == 1
+        assert np.array_equal(out, native.gemm(t, x, semantics=semantics))
+
+
+def test_attention_dispatch_counter(native_lib, rng):
+    from ggml_ciq import numpy_ops
+
+    q = rng.standard_normal((3, 2, 64)).astype(np.float32)
+    cache = rng.standard_normal((5, 1, 64)).astype(np.float16)
+    native.dispatch_reset()
+    numpy_ops.attention(q, cache, cache, 2, 0.125, 0)
+    assert native.attention_dispatch_counts() == {"auto": 0, "cpu": 0, "simt": 0, "mma": 0, "ggml": 1}
+    native.dispatch_reset()
+    assert sum(native.attention_dispatch_counts().values()) == 0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -95,23 +209,35 @@ def test_c_api_rejects_bad_calls(native_lib):
     out = np.zeros(4, np.float32)
     wp, xp, op = n.ffi.from_buffer(w), n.ffi.from_buffer("float[]", x), n.ffi.from_buffer(out)
     cases = {
-        "NULL pointer": (NULL, 144, 1, 256, xp, 1, op, lib.CIQ_VARIANT_CPU, 0),
-        "multiple of 256": (wp, 144, 1, 300, xp, 1, op, lib.CIQ_VARIANT_CPU, 0),
-        "unknown kernel variant": (wp, 144, 1, 256, xp, 1, op, 99, 0),
-        "needs 144 weight bytes": (wp, 100, 1, 256, xp, 1, op, lib.CIQ_VARIANT_CPU, 0),
-        "tokens must be": (wp, 144, 1, 256, xp, 0, op, lib.CIQ_VARIANT_CPU, 0),
+        "NULL pointer": (NULL, 144, 1, 256, xp, 1, op, lib.CIQ_VARIANT_CPU, lib.CIQ_SEMANTICS_CPU),
+        "multiple of 256": (wp, 144, 1, 300, xp, 1, op, lib.CIQ_VARIANT_CPU, lib.CIQ_SEMANTICS_CPU),
+        "unknown kernel variant": (wp, 144, 1, 256, xp, 1, op, 99, lib.CIQ_SEMANTICS_CPU),
+        "needs 144 weight bytes": (wp, 100, 1, 256, xp, 1, op, lib.CIQ_VARIANT_CPU, lib.CIQ_SEMANTICS_CPU),
+        "tokens must be": (wp, 144, 1, 256, xp, 0, op, lib.CIQ_VARIANT_CPU, lib.CIQ_SEMANTICS_CPU),
         "unknown semantics": (wp, 144, 1, 256, xp, 1, op, lib.CIQ_VARIANT_CPU, 7),
     }
     for message, (wptr, nbytes, rows, k, xptr, tokens, optr, variant, semantics) in cases.items():
         status, error = call(lib.ciq_gemm, -1, variant, semantics, lib.CIQ_TYPE_Q4_K, wptr, nbytes, rows, k, xptr,
                              tokens, optr, lib.CIQ_OUT_F32)
         assert status == lib.CIQ_ERR_INVALID_ARGUMENT and message in error, (message, error)
-    status, error = call(lib.ciq_gemm, -1, lib.CIQ_VARIANT_CPU, 0, 13, wp, 144, 1, 256, xp, 1, op, 0)
+    status, error = call(lib.ciq_gemm, -1, lib.CIQ_VARIANT_CPU, lib.CIQ_SEMANTICS_CPU, lib.CIQ_TYPE_Q5_K, wp, 144, 1,
+                         256, xp, 1, op, lib.CIQ_OUT_F32)
     assert status == lib.CIQ_ERR_INVALID_ARGUMENT and "not Q4_K" in error
-    status, error = call(lib.ciq_gemm, -1, lib.CIQ_VARIANT_MMA, 1, lib.CIQ_TYPE_Q4_K, wp, 144, 1, 256, xp, 1, op, 0)
+    status, error = call(lib.ciq_gemm, -1, lib.CIQ_VARIANT_MMA, lib.CIQ_SEMANTICS_MMQ, lib.CIQ_TYPE_Q4_K, wp, 144, 1,
+                         256, xp, 1, op, lib.CIQ_OUT_F32)
     assert status == lib.CIQ_ERR_UNSUPPORTED and "not available on the CPU" in error
-    status, error = call(lib.ciq_quantize_q8_K, -1, NULL, NULL, 1, 256)
+    status, error = call(lib.ciq_gemm, -1, lib.CIQ_VARIANT_CPU, lib.CIQ_SEMANTICS_CPU, lib.CIQ_TYPE_Q4_0, wp, 144, 1,
+                         256, xp, 1, op, lib.CIQ_OUT_F32)
+    assert status == lib.CIQ_ERR_INVALID_ARGUMENT and "does not multiply Q4_0" in error
+    status, error = call(lib.ciq_activations_quantize, -1, lib.CIQ_LAYOUT_Q8_K, NULL, NULL, 1, 256)
     assert status == lib.CIQ_ERR_INVALID_ARGUMENT
+    status, error = call(lib.ciq_activations_size, lib.CIQ_LAYOUT_Q8_1_MMQ_D4, 1, 96, n.ffi.new("size_t *"))
+    assert status == lib.CIQ_ERR_INVALID_ARGUMENT and "multiple of 128" in error
+    status, error = call(lib.ciq_gemm_quantized, -1, NULL, lib.CIQ_TYPE_Q4_K, wp, 144, 1, 256, xp, 1, op,
+                         lib.CIQ_OUT_F32)
+    assert status == lib.CIQ_ERR_INVALID_ARGUMENT and "NULL" in error
+    status, error = call(lib.ciq_variant_describe, lib.CIQ_VARIANT_COUNT, n.ffi.new("ciq_variant_info *"))
+    assert status == lib.CIQ_ERR_INVALID_ARGUMENT and "unknown kernel variant" in error
     if native.device_count() == 0:
         status, error = call(lib.ciq_malloc, 0, 16, n.ffi.new("void **"))
         assert status != lib.CIQ_OK and ("without CUDA" in error or "device(s) found" in error)

@@ -392,7 +392,7 @@ def test_attention_bad_input(native_lib, rng):
 @pytest.mark.parametrize("ggml_type", Q.Q32_TYPES, ids=[Q.type_name(t) for t in Q.Q32_TYPES])
 @pytest.mark.parametrize("rows, k, tokens", [(1013, 640, 1), (77, 384, 17), (64, 128, 131)])
 def test_gemm_q32(ops, rng, ggml_type, rows, k, tokens):
-    """ciq_gemm_q32 (llama.cpp CUDA MMQ's semantics for 32-value blocks) against the float64 reference on the
+    """The q32 variant (llama.cpp CUDA MMQ's semantics for 32-value blocks) against the float64 reference on the
     device's own q8_1 activations. Tails: rows not a multiple of the 64-row tile, tokens not of 32, K not of 256;
     the output is NaN-poisoned first (native.gemm_q32)."""
     raw = random_table(rng, ggml_type, rows, k)
@@ -401,8 +401,8 @@ def test_gemm_q32(ops, rng, ggml_type, rows, k, tokens):
     xq = native.quantize_activations(x, "mmq", Q.Q4_K if ggml_type == Q.Q4_0 else Q.Q6_K, ops.device)  # DS4 / D4
     native.dispatch_reset()
     out = native.gemm_q32(raw, x, ggml_type, rows, k, ops.device)
-    counts = native.q32_dispatch_counts()
-    assert counts[("cpu" if ops.device < 0 else "cuda", Q.type_name(ggml_type))] == 1 and sum(counts.values()) == 1
+    counts = native.dispatch_counts()
+    assert counts[("q32", Q.type_name(ggml_type))] == 1 and sum(counts.values()) == 1, counts
     err = nmse(out, Q.gemm_q32_mmq_quantized(ggml_type, raw, rows, k, xq, tokens))
     float_err = nmse(out, x.astype(np.float64) @ Q.dequantize(ggml_type, raw, rows, k).T.astype(np.float64))
     print(f"{Q.type_name(ggml_type)} {rows}x{k}x{tokens}: NMSE {err:.2e} (float activations: {float_err:.2e})")
@@ -457,7 +457,7 @@ def test_linear_dense(ops, rng, ggml_type):
     w = Q.dequantize(ggml_type, raw, rows, k)
     if ops.device < 0:
         assert np.array_equal(out, x @ w.T)  # float32 numpy matmul on the dequantized weight
-    elif ggml_type in Q.Q32_TYPES:  # on a GPU: ciq_gemm_q32, llama.cpp CUDA MMQ's semantics
+    elif ggml_type in Q.Q32_TYPES:  # on a GPU: the q32 variant, llama.cpp CUDA MMQ's semantics
         assert np.array_equal(out, native.gemm_q32(raw, x, ggml_type, rows, k, ops.device))
     else:
         as_bf16 = lambda a: (bf16_bits(a).astype(np.uint32) << 16).view(np.float32).astype(np.float64)  # noqa: E731

@@ -74,9 +74,9 @@ def test_gemma_prefill_through_the_plugin_equals_llamacpp_cpu(plugin_path, cpu_d
         native.dispatch_reset()
         with LlamaModel(path, threads=2, repack=False) as model, model.context_for(len(tokens)) as ctx:
             logits = ctx.prefill(tokens)
-        counts = {**native.dispatch_counts(), **native.q32_dispatch_counts()}
+        counts = native.dispatch_counts()
     ran = {key: n for key, n in counts.items() if n}
-    assert ran == {("cpu", "Q4_K"): 27, ("cpu", "Q6_K"): 9, ("cpu", "Q5_0"): 81, ("cpu", "Q8_0"): 10}
+    assert ran == {("cpu", "Q4_K"): 27, ("cpu", "Q6_K"): 9, ("q32", "Q5_0"): 81, ("q32", "Q8_0"): 10}
     assert logits.shape == reference.shape == (158, 262144) and np.isfinite(logits).all()
     error = quants.nmse(logits, reference)
     print(f"plugin vs llama.cpp CPU: NMSE {error:.2e}, identical {np.mean(logits == reference):.4f}")
@@ -96,7 +96,7 @@ def test_mul_mat_graph_on_the_plugin_device(plugin_path, cpu_device, offload_all
     with plugin.Plugin(plugin_path):
         native.dispatch_reset()
         got = llama.mul_mat(ggml_type, weight, rows, k, x, device="CIQ_CPU")
-        ran = sum({**native.dispatch_counts(), **native.q32_dispatch_counts()}.values())
+        ran = sum(native.dispatch_counts().values())
     assert ran == 1
     assert quants.nmse(got, expected) <= 1e-10
 
@@ -123,11 +123,11 @@ def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all
         with LlamaModel(path, device="cuda", devices=["CIQ0", "CUDA0"]) as model, \
                 model.context_for(len(tokens), flash_attn=False) as ctx:
             logits = ctx.prefill(tokens)
-        counts = {**native.dispatch_counts(), **native.q32_dispatch_counts()}
+        counts = native.dispatch_counts()
     keep_quant = {t: sum(n for (variant, wt), n in counts.items() if wt == t and variant != "cpu")
                   for t in ("Q4_K", "Q6_K")}
     assert keep_quant == {"Q4_K": 27, "Q6_K": 9}
-    assert counts[("cuda", "Q5_0")] == 81 and counts[("cuda", "Q8_0")] == 10
+    assert counts[("q32", "Q5_0")] == 81 and counts[("q32", "Q8_0")] == 10
     agreement = logits_agreement(logits, reference)
     print(f"plugin vs CUDA0: top-1 {agreement['top1']:.4f}, mean KLD {agreement['kld_mean']:.2e}, "
           f"NMSE {agreement['nmse']:.2e}")

@@ -242,7 +242,7 @@ def test_make_ops_picks_the_semantics(native_lib):
 @pytest.mark.gpu
 @pytest.mark.parametrize("semantics", ["llamacpp", "exact"])
 def test_gpu_semantics_select_their_kernels(native_lib, semantics, tmp_path, rng):
-    """On a GPU: llamacpp = MMQ semantics (keep-quant `mma`, ciq_gemm_q32 for 32-value blocks, mma attention);
+    """On a GPU: llamacpp = MMQ semantics (keep-quant `mma`, the `q32` variant for 32-value blocks, mma attention);
     exact = f16 semantics (`wgmma` on Hopper), 32-value blocks as bf16, SIMT attention. Each against the reference:
     exact at most half llamacpp's KLD."""
     if native.device_count() == 0:

@@ -17,12 +17,12 @@ trap 'rm -rf "$out"' EXIT
 
 # Variant -> kernel template instantiation, as mangled (Itanium) name fragments; <T> is the weight type.
 variants=(
-  "wmma=22gemm_wmma_warp_privateIL15ciq_weight_type<T>ELi4EE"
-  "wmma-wide=22gemm_wmma_warp_privateIL15ciq_weight_type<T>ELi8EE"
-  "wmma-shared=22gemm_wmma_block_stagedIL15ciq_weight_type<T>ELi1EE"
-  "wmma-bigtile=22gemm_wmma_block_stagedIL15ciq_weight_type<T>ELi3EE"
+  "wmma=22gemm_wmma_warp_privateIL8ciq_type<T>ELi4EE"
+  "wmma-wide=22gemm_wmma_warp_privateIL8ciq_type<T>ELi8EE"
+  "wmma-shared=22gemm_wmma_block_stagedIL8ciq_type<T>ELi1EE"
+  "wmma-bigtile=22gemm_wmma_block_stagedIL8ciq_type<T>ELi3EE"
 )
-types=("Q4_K=12" "Q6_K=14")  # enum values of ciq_weight_type (native/include/ggml_ciq.h)
+types=("Q4_K=12" "Q6_K=14")  # enum values of ciq_type (native/include/ggml_ciq.h)
 
 # Per function: "<symbol> <number of v_wmma_i32_16x16x16_iu8 lines>", from .type ...,@function to .Lfunc_end.
 wmma_per_function() {

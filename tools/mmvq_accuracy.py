@@ -25,7 +25,7 @@ def product(semantics: str, tensor, x: np.ndarray) -> np.ndarray:
     t, raw, rows, k = tensor.ggml_type, tensor.raw(), tensor.rows, tensor.k
     if semantics == "mmvq":
         return Q.gemm_mmvq_semantics(t, raw, rows, k, x) if x.shape[0] <= Q.MMVQ_MAX_TOKENS else None
-    if t in Q.Q32_TYPES:  # the 32-block types: mmq as ciq_gemm_q32 (K a multiple of 128), no f16 or cpu reference
+    if t in Q.Q32_TYPES:  # the 32-block types: mmq as the q32 variant (K a multiple of 128), no f16 or cpu reference
         if semantics != "mmq" or k % 128:
             return None
         return Q.gemm_q32_mmq_quantized(t, raw, rows, k, Q.quantize_q8_1_mmq(x, Q.Q4_K if t == Q.Q4_0 else Q.Q6_K),

@@ -15,7 +15,7 @@ from ggml_ciq import quants as Q
 
 
 def engine_case():
-    """Every NativeOps op on the GPU, both attention kernels (a window, a tail micro-batch), ciq_gemm_q32, and a
+    """Every NativeOps op on the GPU, both attention kernels (a window, a tail micro-batch), the q32 variant, and a
     small gemma3 and llama model's prefill through the engine (41 tokens in micro-batches of 16)."""
     from ggml_ciq import catalog
     from ggml_ciq.engine import Transformer
@@ -33,7 +33,7 @@ def engine_case():
             ops.kv_store(v, 0, rng.standard_normal((n_past + t, hkv, d)).astype(np.float32))
             out = ops.attention(q, k, v, n_past, d ** -0.5, window).numpy()
             print(f"attention {kernel} D={d} n_past={n_past} window={window}: finite={np.isfinite(out).all()}")
-    for weight_type, block_bytes in ((Q.Q4_0, 18), (Q.Q5_0, 22), (Q.Q8_0, 34)):  # ciq_gemm_q32, row/token tails
+    for weight_type, block_bytes in ((Q.Q4_0, 18), (Q.Q5_0, 22), (Q.Q8_0, 34)):  # the q32 variant, row/token tails
         rows, k = 70, 384
         raw = rng.integers(0, 256, rows * k // 32 * block_bytes, dtype=np.uint8).reshape(-1, block_bytes)
         raw[:, 0:2] = rng.uniform(-0.1, 0.1, (len(raw), 1)).astype(np.float16).view(np.uint8)
@@ -73,7 +73,7 @@ def main(variants):
             native.quantize_activations(x, "mmq", weight_type, "cuda")
             native.quantize_activations(x, "f16", weight_type, "cuda")
             for variant in variants:
-                sem = native.default_semantics(variant, "cuda")
+                sem = native.variant_info(variant).semantics
                 out = native.gemm(data, x, variant=variant, device="cuda", semantics=sem, ggml_type=weight_type,
                                   rows=rows, k=k)
                 err = Q.nmse(out, Q.REFERENCE_GEMMS[sem](weight_type, data, rows, k, x))

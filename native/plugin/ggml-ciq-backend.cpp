@@ -37,7 +37,8 @@ namespace {
 
 // ---------------------------------------------------------------------------------------------------------------
 // The adapter: the one place that speaks libggml_ciq's GEMM API. execute = false asks only whether to take the
-// op (*offload); execute = true runs it. Today: API v1 (ciq_resolve_variant, ciq_gemm, ciq_gemm_q32).
+// op (*offload); execute = true runs it. ciq_gemm_plan resolves the kernel once and carries the registry's offload
+// decision (its measured table; GGML_CIQ_OFFLOAD=all|none overrides); ciq_gemm runs it.
 
 struct gemm_request {
     int device;            // libggml_ciq device: CIQ_DEVICE_CPU or a GPU index
@@ -50,33 +51,18 @@ struct gemm_request {
 };
 
 ciq_status ciq_gemm_adapter(const gemm_request &r, bool execute, bool *offload) {
-    const bool host = r.device == CIQ_DEVICE_CPU;
-    const char *env = std::getenv("GGML_CIQ_OFFLOAD");
-    const bool all = env && std::strcmp(env, "all") == 0, none = env && std::strcmp(env, "none") == 0;
-    if (r.type == GGML_TYPE_Q4_K || r.type == GGML_TYPE_Q6_K) {
-        const ciq_variant variant = host ? CIQ_VARIANT_CPU : CIQ_VARIANT_AUTO;
-        const ciq_semantics semantics = host ? CIQ_SEMANTICS_CPU : CIQ_SEMANTICS_ANY;
-        const ciq_weight_type type = (ciq_weight_type)r.type;
-        if (execute) {
-            return ciq_gemm(r.device, variant, semantics, type, r.weight, r.weight_nbytes, r.rows, r.k, r.x,
-                            r.tokens, r.out, CIQ_OUT_F32);
-        }
-        ciq_variant resolved;
-        const ciq_status status = ciq_resolve_variant(r.device, variant, semantics, type, r.rows, r.k, r.tokens,
-                                                      &resolved);
-        // v1 has no measured offload table: wgmma is the variant measured faster than llama.cpp's MMQ.
-        *offload = status == CIQ_OK && (all || (!none && resolved == CIQ_VARIANT_WGMMA));
-        return status;
-    }
-    if (r.type == GGML_TYPE_Q4_0 || r.type == GGML_TYPE_Q5_0 || r.type == GGML_TYPE_Q8_0) {
-        const ciq_semantics semantics = host ? CIQ_SEMANTICS_CPU : CIQ_SEMANTICS_MMQ;
-        if (execute) return ciq_gemm_q32(r.device, semantics, r.type, r.weight, r.rows, r.k, r.x, r.tokens, r.out);
-        const bool shape_ok = r.k % (host ? 32 : 128) == 0;
-        *offload = shape_ok && all;
-        return shape_ok ? CIQ_OK : CIQ_ERR_UNSUPPORTED;
-    }
+    // The host device promises llama.cpp CPU's semantics; a GPU runs whatever its fastest kernel implements.
+    const ciq_semantics semantics = r.device == CIQ_DEVICE_CPU ? CIQ_SEMANTICS_CPU : CIQ_SEMANTICS_ANY;
+    const ciq_type type = (ciq_type)r.type;  // ciq_type values are ggml's type ids
     *offload = false;
-    return CIQ_ERR_UNSUPPORTED;
+    if (execute) {
+        return ciq_gemm(r.device, CIQ_VARIANT_AUTO, semantics, type, r.weight, r.weight_nbytes, r.rows, r.k, r.x,
+                        r.tokens, r.out, CIQ_OUT_F32);
+    }
+    ciq_plan plan;
+    const ciq_status status = ciq_gemm_plan(r.device, CIQ_VARIANT_AUTO, semantics, type, r.rows, r.k, r.tokens, &plan);
+    *offload = status == CIQ_OK && plan.offload;
+    return status;
 }
 
 // ---------------------------------------------------------------------------------------------------------------

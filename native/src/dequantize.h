@@ -2,7 +2,7 @@
 // GPU (cuda/ops.cu). Each value is computed in ggml's float order (ggml-quants.c dequantize_row_*): products and
 // differences are separate roundings (explicit _rn intrinsics on the GPU, -ffp-contract=off on the host).
 #pragma once
-#include "ciq_internal.h"
+#include "blocks.h"
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define CIQ_HOST_DEVICE static __host__ __device__ __forceinline__

@@ -1,22 +1,9 @@
 // The C entry points tests/test_cuda_emulation.py calls: the CUDA backend's host functions of ops.cu,
-// attention.cu and gemm_q32.cu (compiled for the CPU emulation), and the error recorder api.cpp provides in the library.
-#include "ciq_internal.h"
-
-#include <cstdarg>
-#include <cstdio>
-
-static char g_error[1024];
-
-ciq_status ciq_fail(ciq_status status, const char *format, ...) {
-    va_list args;
-    va_start(args, format);
-    std::vsnprintf(g_error, sizeof(g_error), format, args);
-    va_end(args);
-    return status;
-}
+// attention.cu and gemm_q32.cu (compiled for the CPU emulation); errors are recorded by the library's status.cpp.
+#include "cuda/cuda_backend.h"
 
 extern "C" {
-const char *emu_last_error(void) { return g_error; }
+const char *emu_last_error(void) { return ciq_last_error(); }
 int emu_attention_supports(int kernel, int64_t head_dim) {
     return ciq_cuda_attention_supports(0, (ciq_attention_kernel)kernel, head_dim);
 }

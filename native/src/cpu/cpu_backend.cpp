@@ -1,5 +1,5 @@
 // Host backend: picks the widest int8 dot product the CPU has (AVX-VNNI, AVX2, scalar) and owns the thread count.
-#include "../ciq_internal.h"
+#include "cpu_backend.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -8,14 +8,14 @@
 #include <omp.h>
 #endif
 
-ciq_status ciq_cpu_gemm_scalar(ciq_semantics, ciq_weight_type, const void *, int64_t, int64_t, const void *, int64_t,
+ciq_status ciq_cpu_gemm_scalar(ciq_semantics, ciq_type, const void *, int64_t, int64_t, const void *, int64_t,
                                void *, ciq_out_type);
 #ifdef GGML_CIQ_X86
-ciq_status ciq_cpu_gemm_avx2(ciq_semantics, ciq_weight_type, const void *, int64_t, int64_t, const void *, int64_t,
+ciq_status ciq_cpu_gemm_avx2(ciq_semantics, ciq_type, const void *, int64_t, int64_t, const void *, int64_t,
                              void *, ciq_out_type);
 #endif
 #ifdef GGML_CIQ_AVXVNNI
-ciq_status ciq_cpu_gemm_avxvnni(ciq_semantics, ciq_weight_type, const void *, int64_t, int64_t, const void *, int64_t,
+ciq_status ciq_cpu_gemm_avxvnni(ciq_semantics, ciq_type, const void *, int64_t, int64_t, const void *, int64_t,
                                 void *, ciq_out_type);
 #endif
 
@@ -40,7 +40,7 @@ const char *ciq_cpu_features(void) {
     return wanted_rank >= 0 && wanted_rank <= best_rank ? order[wanted_rank] : best;
 }
 
-ciq_status ciq_cpu_gemm(ciq_semantics semantics, ciq_weight_type type, const void *weight, int64_t rows, int64_t k,
+ciq_status ciq_cpu_gemm(ciq_semantics semantics, ciq_type type, const void *weight, int64_t rows, int64_t k,
                         const void *x_quantized, int64_t tokens, void *out, ciq_out_type out_type) {
     const char *isa = ciq_cpu_features();
 #ifdef GGML_CIQ_AVXVNNI
@@ -68,3 +68,5 @@ void ciq_cpu_set_threads(int threads) {
     (void)threads;
 #endif
 }
+
+bool ciq_cpu_avx2(void) { return std::strcmp(ciq_cpu_features(), "scalar") != 0; }

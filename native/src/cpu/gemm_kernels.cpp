@@ -4,7 +4,7 @@
 // Each thread takes a run of weight rows, unpacks one row at a time into unsigned 8-bit quants (Q4_K 0..15,
 // Q6_K 0..63) plus per-sub-block scales, and dots that row with every token. The integer kernel is
 // "isums of 128 values": four 32-value sums (Q4_K) or eight 16-value sums (Q6_K), unsigned x signed bytes.
-#include "../ciq_internal.h"
+#include "cpu_backend.h"
 #include "fp16.h"
 
 #include <cmath>
@@ -277,7 +277,7 @@ inline void store(void *out, int64_t index, double value, ciq_out_type out_type)
 // and activations (about 9 KB) stay in L1 while every pair of the tile is dotted.
 constexpr int ROW_TILE = 16, TOKEN_TILE = 16;
 
-ciq_status CIQ_FN(ciq_cpu_gemm)(ciq_semantics semantics, ciq_weight_type type, const void *weight, int64_t rows,
+ciq_status CIQ_FN(ciq_cpu_gemm)(ciq_semantics semantics, ciq_type type, const void *weight, int64_t rows,
                                 int64_t k, const void *x_quantized, int64_t tokens, void *out, ciq_out_type out_type) {
     const int64_t nb = k / QK_K;
     const size_t row_bytes = ciq_weight_row_bytes(type, k);

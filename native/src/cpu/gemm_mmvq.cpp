@@ -14,7 +14,7 @@
 // then adds warps 1.. in order, and the xor butterfly (offsets 16, 8, 4, 2, 1) sums the lanes. Each fmaf is a
 // fused multiply-add where nvcc fuses one in llama.cpp's SASS (sm_90a, -use_fast_math); everything else is a plain
 // float32 operation (this file is built with -ffp-contract=off). The GPU flushes subnormals, the host keeps them.
-#include "../ciq_internal.h"
+#include "cpu_backend.h"
 #include "fp16.h"
 
 #include <cmath>

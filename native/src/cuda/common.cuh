@@ -1,6 +1,6 @@
 // Shared device helpers for the CUDA kernels: block layouts, scale unpacking, output stores, error checks.
 #pragma once
-#include "../ciq_internal.h"
+#include "cuda_backend.h"
 #include "vendor.cuh"
 
 #include <atomic>

@@ -86,7 +86,7 @@ static __device__ __forceinline__ void mma_k16(int (&c)[4], int a0, int a1, int 
 // word per lane, issuing the global loads of BATCH rows before dequantizing them; thread tid handles the scales
 // of row tid/2, sub-blocks 4*(tid%2) .. +3. Rows past the end re-read the last row. Q6_K is read with 2-byte
 // loads: its 210 B blocks are only 2-byte aligned.
-template <ciq_weight_type T, int BATCH>
+template <ciq_type T, int BATCH>
 static __device__ __forceinline__ void stage_weights(const uint8_t *__restrict__ w, int64_t row_bytes, int64_t row0,
                                                      int64_t rows, int kb, int8_t *wq, float2 *ws) {
     constexpr int block_bytes = T == CIQ_TYPE_Q4_K ? Q4_K_BLOCK_BYTES : Q6_K_BLOCK_BYTES;
@@ -147,7 +147,7 @@ static __device__ __forceinline__ void stage_weights(const uint8_t *__restrict__
 // Super-block kb of the J tokens' activations (block_q8_1_mmq [k/128][tokens], two blocks per super-block), in
 // batches: batch c covers qs words (c*CHUNK + it)*256 + tid of the J x 64 and, in batch 0, the scale words
 // it*256 + tid of the J x 8. Tokens past the end re-read the last token.
-template <ciq_weight_type T, int J> struct act_tile {
+template <ciq_type T, int J> struct act_tile {
     static constexpr int QW = J * 64 / CIQ_MMA_THREADS, CHUNK = QW < 8 ? QW : 8, BATCHES = QW / CHUNK;
     static constexpr int SW = (J * 8 + CIQ_MMA_THREADS - 1) / CIQ_MMA_THREADS;
     uint32_t q[CHUNK], s[SW];
@@ -183,7 +183,7 @@ template <ciq_weight_type T, int J> struct act_tile {
     }
 };
 
-template <ciq_weight_type T, int J, int WM, int MIN_CTAS, int WBATCH>
+template <ciq_type T, int J, int WM, int MIN_CTAS, int WBATCH>
 __global__ void __launch_bounds__(CIQ_MMA_THREADS, MIN_CTAS)
     gemm_mma_kernel(const uint8_t *__restrict__ w, int64_t rows, int nb, const uint8_t *__restrict__ x,
                     int64_t tokens, void *__restrict__ out, ciq_out_type out_type) {
@@ -266,7 +266,7 @@ __global__ void __launch_bounds__(CIQ_MMA_THREADS, MIN_CTAS)
     }
 }
 
-template <ciq_weight_type T, int C>
+template <ciq_type T, int C>
 static ciq_status launch_mma(const void *weight, int64_t rows, int64_t k, const void *x, int64_t tokens, void *out,
                              ciq_out_type out_type) {
     constexpr mma_tile_config cfg = k_mma_configs[C];
@@ -283,7 +283,7 @@ static ciq_status launch_mma(const void *weight, int64_t rows, int64_t k, const 
     return CIQ_OK;
 }
 
-template <ciq_weight_type T, int C = 0>
+template <ciq_type T, int C = 0>
 static ciq_status dispatch_mma(int config, const void *weight, int64_t rows, int64_t k, const void *x, int64_t tokens,
                                void *out, ciq_out_type out_type) {
     if constexpr (C < k_mma_config_count) {
@@ -294,7 +294,7 @@ static ciq_status dispatch_mma(int config, const void *weight, int64_t rows, int
     }
 }
 
-ciq_status ciq_cuda_gemm_mma(ciq_weight_type type, const void *weight, int64_t rows, int64_t k, const void *x_q8_1_mmq,
+ciq_status ciq_cuda_gemm_mma(ciq_type type, const void *weight, int64_t rows, int64_t k, const void *x_q8_1_mmq,
                              int64_t tokens, void *out, ciq_out_type out_type) {
     if (type != CIQ_TYPE_Q4_K && type != CIQ_TYPE_Q6_K)
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_mma: unknown weight type %d", (int)type);
@@ -314,7 +314,7 @@ ciq_status ciq_cuda_gemm_mma(ciq_weight_type type, const void *weight, int64_t r
 
 #else  // HIP: no mma.sync
 
-ciq_status ciq_cuda_gemm_mma(ciq_weight_type, const void *, int64_t, int64_t, const void *, int64_t, void *,
+ciq_status ciq_cuda_gemm_mma(ciq_type, const void *, int64_t, int64_t, const void *, int64_t, void *,
                              ciq_out_type) {
     return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_mma: the mma.sync kernel is CUDA-only");
 }

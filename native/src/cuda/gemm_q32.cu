@@ -1,4 +1,4 @@
-// gemm_q32.cu - Q4_0 / Q5_0 / Q8_0 weights (32-value blocks) in llama.cpp CUDA MMQ's semantics (ciq_gemm_q32).
+// gemm_q32.cu - Q4_0 / Q5_0 / Q8_0 weights (32-value blocks) in llama.cpp CUDA MMQ's semantics (the q32 variant of ciq_gemm).
 //
 // The values: weights as MMQ's load_tiles_q{4,5,8}_0 leave them (int8: Q4_0 q-8, Q5_0 q-16, Q8_0 q, scale d_w the
 // block's fp16 d), activations as block_q8_1_mmq (q8_1 per 32 values; D4: float d8, DS4 (Q4_0): the fp16 d8 of the

@@ -47,8 +47,8 @@
 static constexpr __host__ __device__ int wgmma_stage_bytes(int BN) { return CIQ_WGMMA_ROWS * 128 + BN * 128; }
 // A staged weight row: one GGUF block in a TMA box of 16-byte multiples. TMA boxes start at 16-byte multiples, so a
 // Q6_K block (210 B) lands at offset (210 kb) % 16 <= 14 of its 224-byte box row.
-static constexpr __host__ __device__ int wgmma_wbox(ciq_weight_type T) { return T == CIQ_TYPE_Q4_K ? 144 : 224; }
-static constexpr __host__ __device__ int wgmma_smem_bytes(ciq_weight_type T, int BN, int stages, bool tma_w) {
+static constexpr __host__ __device__ int wgmma_wbox(ciq_type T) { return T == CIQ_TYPE_Q4_K ? 144 : 224; }
+static constexpr __host__ __device__ int wgmma_smem_bytes(ciq_type T, int BN, int stages, bool tma_w) {
     return 1024 + stages * wgmma_stage_bytes(BN) + (tma_w ? WSLOTS * CIQ_WGMMA_ROWS * wgmma_wbox(T) : 0) +
            (2 * stages + WSLOTS) * 8;
 }
@@ -233,7 +233,7 @@ static __device__ __forceinline__ uint2 ldg8_a2(const uint8_t *p) {
 
 // R rows per producer thread, RSTEP apart. SMEM: the blocks were staged in shared memory by TMA (each row's block
 // at a 16-byte-aligned offset); otherwise they are read from global memory.
-template <ciq_weight_type T, int R, bool SMEM> struct raw_stage;
+template <ciq_type T, int R, bool SMEM> struct raw_stage;
 
 static __device__ __forceinline__ uint2 lds8_a2(const uint8_t *p) {  // ldg8_a2 from shared memory
     const uint32_t *a = (const uint32_t *)(p - ((uintptr_t)p & 3));
@@ -360,7 +360,7 @@ template <int R, bool SMEM> struct raw_stage<CIQ_TYPE_Q6_K, R, SMEM> {
 
 // ---- the kernel ----------------------------------------------------------------------------------------------------
 
-template <ciq_weight_type T, int BN, int STAGES, int PW, bool TMA_W>
+template <ciq_type T, int BN, int STAGES, int PW, bool TMA_W>
 __global__ void __launch_bounds__(128 * (PW + 2), 1)
     gemm_wgmma_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap,
                       const uint8_t *__restrict__ w, int64_t rows, int nb,
@@ -617,7 +617,7 @@ struct wgmma_plan {
     int config, splits, kb_per_split;
 };
 
-template <ciq_weight_type T, int C, bool TMA_W> static constexpr auto wgmma_kernel() {
+template <ciq_type T, int C, bool TMA_W> static constexpr auto wgmma_kernel() {
     constexpr wgmma_tile_config cfg = k_wgmma_configs[C];
     return gemm_wgmma_kernel<T, cfg.bn, TMA_W ? cfg.stages_w : cfg.stages, cfg.producers, TMA_W>;
 }
@@ -629,7 +629,7 @@ static bool wgmma_pdl() {
     return v && std::atoi(v) == 1;
 }
 
-template <ciq_weight_type T, int C, bool TMA_W>
+template <ciq_type T, int C, bool TMA_W>
 static void wgmma_launch_config(cudaLaunchConfig_t &config, cudaLaunchAttribute (&attrs)[2], dim3 grid, bool pdl) {
     constexpr wgmma_tile_config cfg = k_wgmma_configs[C];
     config = {};
@@ -651,7 +651,7 @@ static void wgmma_launch_config(cudaLaunchConfig_t &config, cudaLaunchAttribute 
 
 // CTAs of one kernel that run at once as clusters of `splits` (-1: none): a cluster's CTAs must share a GPC, so not
 // every SM is usable for every cluster size (cudaOccupancyMaxActiveClusters; cached: all GPUs are taken to be alike).
-template <ciq_weight_type T, int C, bool TMA_W> static int wave_ctas(int splits, int sms) {
+template <ciq_type T, int C, bool TMA_W> static int wave_ctas(int splits, int sms) {
     if (splits == 1) return sms;
     static std::atomic<int> cached[CIQ_WGMMA_MAX_SPLITS + 1] = {};
     int n = cached[splits].load();
@@ -672,7 +672,7 @@ template <ciq_weight_type T, int C, bool TMA_W> static int wave_ctas(int splits,
 }
 
 // GGML_CIQ_WGMMA_CONFIG=c (an index of k_wgmma_configs) pins the tile shape, for A/B runs of the table.
-template <ciq_weight_type T, bool TMA_W> static wgmma_plan pick_plan(int64_t rows, int64_t tokens, int nb, int sms) {
+template <ciq_type T, bool TMA_W> static wgmma_plan pick_plan(int64_t rows, int64_t tokens, int nb, int sms) {
     static constexpr int (*k_wave_ctas[])(int, int) = {wave_ctas<T, 0, TMA_W>, wave_ctas<T, 1, TMA_W>,
                                                        wave_ctas<T, 2, TMA_W>};
     static_assert(sizeof(k_wave_ctas) / sizeof(k_wave_ctas[0]) == k_wgmma_config_count, "one entry per tile config");
@@ -702,7 +702,7 @@ template <ciq_weight_type T, bool TMA_W> static wgmma_plan pick_plan(int64_t row
     return best;
 }
 
-template <ciq_weight_type T, int C, bool TMA_W>
+template <ciq_type T, int C, bool TMA_W>
 static ciq_status launch_wgmma(const CUtensorMap &xmap, const CUtensorMap &wmap, const void *weight, int64_t rows,
                                int nb, const float *scales, int64_t tokens, const wgmma_plan &plan, void *out,
                                ciq_out_type out_type) {
@@ -722,7 +722,7 @@ static ciq_status launch_wgmma(const CUtensorMap &xmap, const CUtensorMap &wmap,
     return CIQ_OK;
 }
 
-template <ciq_weight_type T, bool TMA_W, int C = 0>
+template <ciq_type T, bool TMA_W, int C = 0>
 static ciq_status dispatch_wgmma(const CUtensorMap &xmap, const CUtensorMap &wmap, const void *weight, int64_t rows,
                                  int nb, const float *scales, int64_t tokens, const wgmma_plan &plan, void *out,
                                  ciq_out_type out_type) {
@@ -752,7 +752,7 @@ ciq_status ciq_cuda_convert_f16(const float *x, void *out, int64_t tokens, int64
 
 // Weights go through TMA into shared memory when the rows allow a tensor map (16-byte-aligned base and row pitch:
 // every Q4_K matrix, Q6_K with K a multiple of 2048); otherwise the producers read them into registers.
-template <ciq_weight_type T>
+template <ciq_type T>
 static ciq_status run_wgmma(encode_tiled_fn encode, const void *x_f16, int64_t k, const void *weight, int64_t row_bytes,
                             int64_t rows, int nb, const float *scales, int64_t tokens, int sms, void *out,
                             ciq_out_type out_type) {
@@ -790,7 +790,7 @@ static ciq_status run_wgmma(encode_tiled_fn encode, const void *x_f16, int64_t k
     }
 }
 
-ciq_status ciq_cuda_gemm_wgmma(int device, ciq_weight_type type, const void *weight, int64_t rows, int64_t k,
+ciq_status ciq_cuda_gemm_wgmma(int device, ciq_type type, const void *weight, int64_t rows, int64_t k,
                                const void *x_f16, int64_t tokens, void *out, ciq_out_type out_type) {
     if (type != CIQ_TYPE_Q4_K && type != CIQ_TYPE_Q6_K)
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma: unknown weight type %d", (int)type);
@@ -817,7 +817,7 @@ ciq_status ciq_cuda_gemm_wgmma(int device, ciq_weight_type type, const void *wei
 ciq_status ciq_cuda_convert_f16(const float *, void *, int64_t, int64_t) {
     return ciq_fail(CIQ_ERR_UNSUPPORTED, "f16 semantics (the wgmma kernel) are CUDA-only");
 }
-ciq_status ciq_cuda_gemm_wgmma(int, ciq_weight_type, const void *, int64_t, int64_t, const void *, int64_t, void *,
+ciq_status ciq_cuda_gemm_wgmma(int, ciq_type, const void *, int64_t, int64_t, const void *, int64_t, void *,
                                ciq_out_type) {
     return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma: the wgmma kernel is CUDA-only");
 }

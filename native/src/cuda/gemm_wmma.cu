@@ -49,7 +49,7 @@ struct __align__(32) WarpTiles {               // private to one warp
 };
 
 // ---- weight blocks ----
-template <ciq_weight_type T>
+template <ciq_type T>
 struct RowScales;
 
 // Scales of one weight row's super-block, the sub-block scales (and Q4_K mins) packed a byte each into 64-bit words:
@@ -101,7 +101,7 @@ struct RowScales<CIQ_TYPE_Q6_K> {
 };
 
 // Scales of the weight row this lane folds (row0 + lane/2); zeros past the last row.
-template <ciq_weight_type T>
+template <ciq_type T>
 __device__ __forceinline__ RowScales<T> load_row_scales(const uint8_t *weight, int64_t row_bytes, int64_t rows,
                                                         int64_t row, int sb) {
     RowScales<T> scales;
@@ -135,7 +135,7 @@ __device__ __forceinline__ uint4 q6_minus_32(uint4 ql, int ql_shift, uint4 qh, i
 // Warp-cooperative: super-block sb of weight rows row0..row0+15 into w (slice-major int8). Q4_K keeps the raw
 // nibbles 0..15 (scales and mins are applied in the fold), Q6_K stores q6-32. Rows past the end are zeros.
 // Lane l always handles row row0 + l%16, so 8 consecutive lanes store one contiguous 128 B of shared memory.
-template <ciq_weight_type T>
+template <ciq_type T>
 __device__ __forceinline__ void dequantize_weight_tile(const uint8_t *weight, int64_t row_bytes, int64_t rows,
                                                        int64_t row0, int sb, int8_t *w, int lane) {
     const uint4 zero = make_uint4(0, 0, 0, 0);
@@ -177,7 +177,7 @@ __device__ __forceinline__ void dequantize_weight_tile(const uint8_t *weight, in
 // ---- activations ----
 // Cooperative over THREADS threads (a warp or the block): super-block sb of tokens tok0..tok0+15 into tile.
 // Thread i always handles token tok0 + i%16, so consecutive threads store consecutive 16 B of shared memory.
-template <ciq_weight_type T, int THREADS>
+template <ciq_type T, int THREADS>
 __device__ __forceinline__ void stage_activations(const uint8_t *x, int64_t x_row_bytes, int64_t tokens,
                                                   int64_t tok0, int sb, ActivationTile &tile, int thread) {
     constexpr int PARTS = THREADS / TILE;  // threads per token
@@ -213,7 +213,7 @@ __device__ __forceinline__ void stage_activations(const uint8_t *x, int64_t x_ro
 // folded first, from the bsums alone. Then per sub-block group (Q4_K: 32 values, 2 MMAs summed; Q6_K: 16 values,
 // 1 MMA) one int32 tile per token tile, two groups per __syncwarp, folded with the sub-block scales into the exact
 // int32 sum S; finally the float fold of S into acc (which still reads act: callers sync before restaging).
-template <ciq_weight_type T, int TOKEN_TILES>
+template <ciq_type T, int TOKEN_TILES>
 __device__ __forceinline__ void warp_multiply_superblock(WarpTiles<TOKEN_TILES> &tiles, const ActivationTile *act,
                                                          const RowScales<T> &scales, int lane,
                                                          float (&acc)[TOKEN_TILES][8]) {
@@ -312,7 +312,7 @@ extern __shared__ __align__(32) unsigned char gemm_smem[];
 // CIQ_VARIANT_WMMA (WARPS = 4) and CIQ_VARIANT_WMMA_WIDE (WARPS = 8). Grid: x = row tiles of 16*WARPS rows,
 // y = token tiles of 16. Each warp owns the 16x16 output tile (rows row0.., tokens tok0..) and stages both of its
 // operands privately (the block's warps load the same 16 tokens independently); only __syncwarp is needed.
-template <ciq_weight_type T, int WARPS>
+template <ciq_type T, int WARPS>
 __global__ void __launch_bounds__(WARPS * CIQ_WARP_SIZE)
 gemm_wmma_warp_private(const uint8_t *__restrict__ weight, int64_t rows, int64_t row_bytes, int superblocks,
                        const uint8_t *__restrict__ x, int64_t tokens, void *__restrict__ out, ciq_out_type out_type) {
@@ -339,7 +339,7 @@ gemm_wmma_warp_private(const uint8_t *__restrict__ weight, int64_t rows, int64_t
 // tiles of 128 rows, y = token tiles of 16*TOKEN_TILES. The block's 16*TOKEN_TILES tokens are staged once per
 // super-block by all threads and shared by the 8 warps; each warp owns 16 weight rows x 16*TOKEN_TILES tokens.
 // The register cap matches the occupancy shared memory allows anyway (53 KB -> 4 blocks per SM, 93 KB -> 2).
-template <ciq_weight_type T, int TOKEN_TILES>
+template <ciq_type T, int TOKEN_TILES>
 __global__ void __launch_bounds__(STAGED_WARPS * CIQ_WARP_SIZE, TOKEN_TILES == 1 ? 4 : 2)
 gemm_wmma_block_staged(const uint8_t *__restrict__ weight, int64_t rows, int64_t row_bytes, int superblocks,
                        const uint8_t *__restrict__ x, int64_t tokens, void *__restrict__ out, ciq_out_type out_type) {
@@ -375,7 +375,7 @@ struct LaunchShape {
     size_t shared_bytes;
 };
 
-template <ciq_weight_type T>
+template <ciq_type T>
 ciq_status launch_shape(ciq_variant variant, LaunchShape *shape) {
     switch (variant) {
         case CIQ_VARIANT_WMMA:
@@ -404,7 +404,7 @@ constexpr size_t HIP_MAX_LDS_BYTES = 64 * 1024;  // per workgroup on RDNA3/RDNA4
 
 }  // namespace
 
-ciq_status ciq_cuda_gemm_wmma(ciq_variant variant, ciq_weight_type type, const void *weight, int64_t rows, int64_t k,
+ciq_status ciq_cuda_gemm_wmma(ciq_variant variant, ciq_type type, const void *weight, int64_t rows, int64_t k,
                               const void *x_q8_K, int64_t tokens, void *out, ciq_out_type out_type) {
     LaunchShape shape{};
     ciq_status status;
@@ -416,8 +416,8 @@ ciq_status ciq_cuda_gemm_wmma(ciq_variant variant, ciq_weight_type type, const v
     if (status != CIQ_OK) return status;
 #if defined(GGML_CIQ_HIP)
     if (shape.shared_bytes > HIP_MAX_LDS_BYTES) {
-        return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wmma: %s needs %zu B of LDS, an RDNA workgroup gets %zu B",
-                        ciq_variant_name(variant), shape.shared_bytes, HIP_MAX_LDS_BYTES);
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wmma: variant %d needs %zu B of LDS, an RDNA workgroup gets %zu B",
+                        (int)variant, shape.shared_bytes, HIP_MAX_LDS_BYTES);
     }
 #endif
 

@@ -1,0 +1,232 @@
+// The C API's device calls: version and build facts, devices, memory, threads, timers, and the argument checks the
+// other API files share (api.h).
+#include "api.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#ifndef GGML_CIQ_VERSION
+#define GGML_CIQ_VERSION "0.0.0"
+#endif
+#ifndef GGML_CIQ_COMMIT
+#define GGML_CIQ_COMMIT "unknown"
+#endif
+#ifndef GGML_CIQ_CUDA_ARCHS
+#define GGML_CIQ_CUDA_ARCHS ""
+#endif
+
+ciq_status ciq_api_version(int *version) {
+    if (version == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_api_version: version is NULL");
+    *version = GGML_CIQ_API_VERSION;
+    return CIQ_OK;
+}
+
+ciq_status ciq_build_info(const char **json) {
+    if (json == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_build_info: json is NULL");
+    static thread_local std::string info;
+    char buffer[512];
+    std::snprintf(buffer, sizeof(buffer),
+                  "{\"version\": \"%s\", \"commit\": \"%s\", \"api_version\": %d, \"backends\": [\"cpu\"%s], \"cuda_archs\": \"%s\", "
+                  "\"hip\": %s, \"cpu_isa\": \"%s\", \"threads\": %d}",
+                  GGML_CIQ_VERSION, GGML_CIQ_COMMIT, GGML_CIQ_API_VERSION,
+#ifdef GGML_CIQ_WITH_CUDA
+                  ", \"cuda\"",
+#else
+                  "",
+#endif
+                  GGML_CIQ_CUDA_ARCHS,
+#ifdef GGML_CIQ_HIP
+                  "true",
+#else
+                  "false",
+#endif
+                  ciq_cpu_features(), ciq_cpu_threads());
+    info = buffer;
+    *json = info.c_str();
+    return CIQ_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checks shared by the API files
+
+ciq_status ciq_check_count(const char *what, const char *name, int64_t value) {
+    if (value < 1) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: %s must be >= 1, got %lld", what, name, (long long)value);
+    return CIQ_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Devices and memory
+
+ciq_status ciq_check_device(int device) {
+    if (device == CIQ_DEVICE_CPU) return CIQ_OK;
+#ifdef GGML_CIQ_WITH_CUDA
+    int count = 0;
+    CIQ_TRY(ciq_cuda_device_count(&count));
+    if (device < 0 || device >= count) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "GPU device %d requested but %d CUDA device(s) found", device, count);
+    }
+    return CIQ_OK;
+#else
+    return ciq_fail(CIQ_ERR_UNSUPPORTED, "GPU device %d requested but libggml_ciq was built without CUDA", device);
+#endif
+}
+
+ciq_status ciq_device_count(int *count) {
+    if (count == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_device_count: count is NULL");
+    *count = 0;
+#ifdef GGML_CIQ_WITH_CUDA
+    return ciq_cuda_device_count(count);
+#else
+    return CIQ_OK;
+#endif
+}
+
+ciq_status ciq_device_name(int device, char *buffer, size_t buffer_size) {
+    if (buffer == nullptr || buffer_size == 0) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_device_name: empty buffer");
+    CIQ_TRY(ciq_check_device(device));
+    if (device == CIQ_DEVICE_CPU) {
+        std::snprintf(buffer, buffer_size, "CPU (%s, %d threads)", ciq_cpu_features(), ciq_cpu_threads());
+        return CIQ_OK;
+    }
+#ifdef GGML_CIQ_WITH_CUDA
+    return ciq_cuda_device_name(device, buffer, buffer_size);
+#else
+    return CIQ_OK;
+#endif
+}
+
+ciq_status ciq_malloc(int device, size_t nbytes, void **ptr) {
+    if (ptr == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_malloc: ptr is NULL");
+    *ptr = nullptr;
+    CIQ_TRY(ciq_check_device(device));
+    if (device == CIQ_DEVICE_CPU) {
+        *ptr = std::malloc(nbytes ? nbytes : 1);
+        return *ptr ? CIQ_OK : ciq_fail(CIQ_ERR_OUT_OF_MEMORY, "ciq_malloc: %zu bytes of host memory", nbytes);
+    }
+#ifdef GGML_CIQ_WITH_CUDA
+    return ciq_cuda_malloc(device, nbytes, ptr);
+#else
+    return CIQ_OK;
+#endif
+}
+
+ciq_status ciq_free(int device, void *ptr) {
+    CIQ_TRY(ciq_check_device(device));
+    if (device == CIQ_DEVICE_CPU) {
+        std::free(ptr);
+        return CIQ_OK;
+    }
+#ifdef GGML_CIQ_WITH_CUDA
+    return ciq_cuda_free(device, ptr);
+#else
+    return CIQ_OK;
+#endif
+}
+
+static ciq_status copy(int device, void *dst, const void *src, size_t nbytes, bool to_device) {
+    if ((dst == nullptr || src == nullptr) && nbytes) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "memcpy: NULL pointer");
+    CIQ_TRY(ciq_check_device(device));
+    if (device == CIQ_DEVICE_CPU) {
+        if (nbytes) std::memcpy(dst, src, nbytes);
+        return CIQ_OK;
+    }
+#ifdef GGML_CIQ_WITH_CUDA
+    return ciq_cuda_memcpy(device, dst, src, nbytes, to_device);
+#else
+    (void)to_device;
+    return CIQ_OK;
+#endif
+}
+
+ciq_status ciq_memcpy_to_device(int device, void *dst, const void *host_src, size_t nbytes) {
+    return copy(device, dst, host_src, nbytes, true);
+}
+
+ciq_status ciq_memcpy_to_host(int device, void *host_dst, const void *src, size_t nbytes) {
+    return copy(device, host_dst, src, nbytes, false);
+}
+
+ciq_status ciq_memset(int device, void *dst, int value, size_t nbytes) {
+    if (dst == nullptr && nbytes) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_memset: dst is NULL");
+    CIQ_TRY(ciq_check_device(device));
+    if (device == CIQ_DEVICE_CPU) {
+        if (nbytes) std::memset(dst, value, nbytes);
+        return CIQ_OK;
+    }
+#ifdef GGML_CIQ_WITH_CUDA
+    return ciq_cuda_memset(device, dst, value, nbytes);
+#else
+    return CIQ_OK;
+#endif
+}
+
+ciq_status ciq_synchronize(int device) {
+    CIQ_TRY(ciq_check_device(device));
+#ifdef GGML_CIQ_WITH_CUDA
+    if (device != CIQ_DEVICE_CPU) return ciq_cuda_synchronize(device);
+#endif
+    return CIQ_OK;
+}
+
+ciq_status ciq_set_num_threads(int threads) {
+    ciq_cpu_set_threads(threads);
+    return CIQ_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Timers
+
+struct Timer {
+    int device;
+    void *start, *stop;  // CUDA events, or nullptr on the host
+    std::chrono::steady_clock::time_point host_start, host_stop;
+    bool marked;
+};
+
+ciq_status ciq_timer_start(int device, void **timer) {
+    if (timer == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_timer_start: timer is NULL");
+    CIQ_TRY(ciq_check_device(device));
+    Timer *t = new Timer{device, nullptr, nullptr, std::chrono::steady_clock::now(), {}, false};
+#ifdef GGML_CIQ_WITH_CUDA
+    if (device != CIQ_DEVICE_CPU) {
+        ciq_status status = ciq_cuda_event_record(device, &t->start);
+        if (status != CIQ_OK) {
+            delete t;
+            return status;
+        }
+    }
+#endif
+    *timer = t;
+    return CIQ_OK;
+}
+
+ciq_status ciq_timer_mark(void *timer) {
+    if (timer == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_timer_mark: timer is NULL");
+    Timer *t = (Timer *)timer;
+    if (t->marked) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_timer_mark: the timer is marked already");
+    t->host_stop = std::chrono::steady_clock::now();
+#ifdef GGML_CIQ_WITH_CUDA
+    if (t->start != nullptr) CIQ_TRY(ciq_cuda_event_record(t->device, &t->stop));
+#endif
+    t->marked = true;
+    return CIQ_OK;
+}
+
+ciq_status ciq_timer_stop(void *timer, float *milliseconds) {
+    if (timer == nullptr || milliseconds == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_timer_stop: NULL");
+    Timer *t = (Timer *)timer;
+    ciq_status status = t->marked ? CIQ_OK : ciq_timer_mark(t);
+    if (status == CIQ_OK && t->start == nullptr)
+        *milliseconds = std::chrono::duration<float, std::milli>(t->host_stop - t->host_start).count();
+#ifdef GGML_CIQ_WITH_CUDA
+    if (t->start != nullptr) {
+        if (status == CIQ_OK) status = ciq_cuda_event_elapsed(t->start, t->stop, milliseconds);  // frees both
+        else ciq_cuda_event_elapsed(t->start, nullptr, milliseconds);  // frees start
+    }
+#endif
+    delete t;
+    return status;
+}

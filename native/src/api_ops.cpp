@@ -1,0 +1,215 @@
+// The C API's transformer ops (for the prefill engine): argument checks and routing here, the arithmetic in
+// cpu/ops.cpp, cuda/ops.cu and cuda/attention.cu. Attention launches are counted per resolved kernel.
+#include "api.h"
+#include "dequantize.h"
+
+#include <atomic>
+
+static std::atomic<uint64_t> g_attention_dispatch[CIQ_ATTENTION_GGML + 1];
+
+void ciq_attention_dispatch_reset(void) {  // part of ciq_dispatch_reset (registry.cpp)
+    for (auto &counter : g_attention_dispatch) counter.store(0);
+}
+
+ciq_status ciq_attention_dispatch_count(ciq_attention_kernel kernel, uint64_t *count) {
+    if (count == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_attention_dispatch_count: count is NULL");
+    if ((int)kernel < CIQ_ATTENTION_AUTO || kernel > CIQ_ATTENTION_GGML) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "unknown attention kernel %d", (int)kernel);
+    }
+    *count = g_attention_dispatch[kernel].load();
+    return CIQ_OK;
+}
+
+ciq_status ciq_rms_norm(int device, const float *x, const float *weight, float eps, int64_t n, int64_t d, float *out) {
+    if (x == nullptr || out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rms_norm: NULL pointer");
+    CIQ_TRY(ciq_check_count("ciq_rms_norm", "n", n));
+    CIQ_TRY(ciq_check_count("ciq_rms_norm", "d", d));
+    CIQ_TRY(ciq_check_device(device));
+    CIQ_ROUTE(device, ciq_cpu_rms_norm(x, weight, eps, n, d, out), ciq_cuda_rms_norm(x, weight, eps, n, d, out));
+}
+
+ciq_status ciq_rope(int device, ciq_rope_mode mode, const float *x, const int32_t *positions, int64_t tokens,
+                    int64_t heads, int64_t head_dim, float base, float *out) {
+    if (x == nullptr || positions == nullptr || out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rope: NULL pointer");
+    if (mode != CIQ_ROPE_NORM && mode != CIQ_ROPE_NEOX) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rope: unknown mode %d (NORM 0, NEOX 2)", (int)mode);
+    }
+    CIQ_TRY(ciq_check_count("ciq_rope", "tokens", tokens));
+    CIQ_TRY(ciq_check_count("ciq_rope", "heads", heads));
+    if (head_dim < 2 || head_dim % 2) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rope: head_dim must be even and >= 2, got %lld", (long long)head_dim);
+    }
+    if (!(base > 0.0f)) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rope: base must be > 0, got %g", (double)base);
+    CIQ_TRY(ciq_check_device(device));
+    CIQ_ROUTE(device, ciq_cpu_rope(mode, x, positions, tokens, heads, head_dim, base, out),
+              ciq_cuda_rope(mode, x, positions, tokens, heads, head_dim, base, out));
+}
+
+ciq_status ciq_attention_resolve(int device, ciq_attention_kernel kernel, int64_t head_dim,
+                                 ciq_attention_kernel *resolved) {
+    if (resolved == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_attention_resolve: resolved is NULL");
+    if ((int)kernel < CIQ_ATTENTION_AUTO || kernel > CIQ_ATTENTION_GGML) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "unknown attention kernel %d", (int)kernel);
+    }
+    CIQ_TRY(ciq_check_count("ciq_attention", "head_dim", head_dim));
+    CIQ_TRY(ciq_check_device(device));
+    static const char *const names[] = {"auto", "cpu", "simt", "mma", "ggml"};
+    if (device == CIQ_DEVICE_CPU) {
+        if (kernel == CIQ_ATTENTION_SIMT || kernel == CIQ_ATTENTION_MMA) {
+            return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention kernel %s runs on a GPU, not the CPU", names[kernel]);
+        }
+        *resolved = kernel == CIQ_ATTENTION_GGML ? CIQ_ATTENTION_GGML : CIQ_ATTENTION_CPU;
+        return CIQ_OK;
+    }
+    if (kernel == CIQ_ATTENTION_CPU || kernel == CIQ_ATTENTION_GGML) {
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention kernel %s runs on the CPU only", names[kernel]);
+    }
+#ifdef GGML_CIQ_WITH_CUDA
+    int major = 0, minor = 0;
+    CIQ_TRY(ciq_cuda_compute_capability(device, &major, &minor));
+#ifdef GGML_CIQ_HIP
+    const bool mma_ok = false;  // mma.sync is CUDA-only
+#else
+    const bool mma_ok = major >= 8 && ciq_cuda_attention_supports(device, CIQ_ATTENTION_MMA, head_dim);
+#endif
+    *resolved = kernel == CIQ_ATTENTION_AUTO ? (mma_ok ? CIQ_ATTENTION_MMA : CIQ_ATTENTION_SIMT) : kernel;
+    const bool ok = *resolved == CIQ_ATTENTION_MMA ? mma_ok : ciq_cuda_attention_supports(device, CIQ_ATTENTION_SIMT, head_dim);
+    if (!ok) {
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention kernel %s does not run head_dim %lld on this GPU",
+                        names[*resolved], (long long)head_dim);
+    }
+    (void)minor;
+    return CIQ_OK;
+#else
+    return CIQ_ERR_UNSUPPORTED;
+#endif
+}
+
+ciq_status ciq_attention(int device, ciq_attention_kernel kernel, const float *q, const uint16_t *k_cache,
+                         const uint16_t *v_cache, int64_t tokens, int64_t heads, int64_t heads_kv, int64_t head_dim,
+                         int64_t cache_rows, int64_t n_past, float scale, int64_t window, float *out) {
+    if (q == nullptr || k_cache == nullptr || v_cache == nullptr || out == nullptr) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_attention: NULL pointer");
+    }
+    if ((const void *)out == (const void *)q) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_attention: out must not be q");
+    CIQ_TRY(ciq_check_count("ciq_attention", "tokens", tokens));
+    CIQ_TRY(ciq_check_count("ciq_attention", "heads_kv", heads_kv));
+    if (heads < heads_kv || heads % heads_kv) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_attention: heads (%lld) must be a multiple of heads_kv (%lld)",
+                        (long long)heads, (long long)heads_kv);
+    }
+    if (n_past < 0 || window < 0 || n_past + tokens > cache_rows) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT,
+                        "ciq_attention: n_past %lld + tokens %lld must fit the %lld cache rows (window %lld >= 0)",
+                        (long long)n_past, (long long)tokens, (long long)cache_rows, (long long)window);
+    }
+    ciq_attention_kernel resolved;
+    CIQ_TRY(ciq_attention_resolve(device, kernel, head_dim, &resolved));
+    if (resolved == CIQ_ATTENTION_MMA && (((uintptr_t)k_cache | (uintptr_t)v_cache) & 15)) {  // uint4 K/V loads
+        if (kernel != CIQ_ATTENTION_AUTO || ciq_attention_resolve(device, CIQ_ATTENTION_SIMT, head_dim, &resolved) != CIQ_OK)
+            return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_attention: the mma kernel needs 16-byte-aligned K/V caches");
+    }
+    ciq_status status;
+    if (resolved == CIQ_ATTENTION_GGML) {
+        status = ciq_cpu_attention_ggml(q, k_cache, v_cache, tokens, heads, heads_kv, head_dim, n_past, scale, window, out);
+    } else if (device == CIQ_DEVICE_CPU) {
+        status = ciq_cpu_attention(q, k_cache, v_cache, tokens, heads, heads_kv, head_dim, n_past, scale, window, out);
+    } else {
+#ifdef GGML_CIQ_WITH_CUDA
+        status = ciq_cuda_set_device(device);
+        if (status == CIQ_OK) {
+            status = ciq_cuda_attention(resolved, q, k_cache, v_cache, tokens, heads, heads_kv, head_dim, n_past, scale,
+                                        window, out);
+        }
+#else
+        status = CIQ_ERR_UNSUPPORTED;
+#endif
+    }
+    if (status == CIQ_OK) g_attention_dispatch[resolved].fetch_add(1, std::memory_order_relaxed);
+    return status;
+}
+
+ciq_status ciq_kv_store(int device, uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values) {
+    if (cache == nullptr || x == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_kv_store: NULL pointer");
+    if (start < 0) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_kv_store: start must be >= 0, got %lld", (long long)start);
+    CIQ_TRY(ciq_check_count("ciq_kv_store", "tokens", tokens));
+    CIQ_TRY(ciq_check_count("ciq_kv_store", "row_values", row_values));
+    CIQ_TRY(ciq_check_device(device));
+    CIQ_ROUTE(device, ciq_cpu_kv_store(cache, start, x, tokens, row_values),
+              ciq_cuda_kv_store(cache, start, x, tokens, row_values));
+}
+
+ciq_status ciq_glu(int device, ciq_glu_kind kind, const float *gate, const float *up, int64_t n, float *out) {
+    if (gate == nullptr || up == nullptr || out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_glu: NULL pointer");
+    if (kind != CIQ_GLU_SILU && kind != CIQ_GLU_GELU) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_glu: unknown kind %d (SILU 0, GELU 1)", (int)kind);
+    }
+    CIQ_TRY(ciq_check_count("ciq_glu", "n", n));
+    CIQ_TRY(ciq_check_device(device));
+    CIQ_ROUTE(device, ciq_cpu_glu(kind, gate, up, n, out), ciq_cuda_glu(kind, gate, up, n, out));
+}
+
+ciq_status ciq_add(int device, const float *a, int64_t n, const float *b, int64_t b_n, float *out) {
+    if (a == nullptr || b == nullptr || out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_add: NULL pointer");
+    CIQ_TRY(ciq_check_count("ciq_add", "n", n));
+    CIQ_TRY(ciq_check_count("ciq_add", "b_n", b_n));
+    if (n % b_n) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_add: b_n %lld does not divide n %lld", (long long)b_n, (long long)n);
+    }
+    CIQ_TRY(ciq_check_device(device));
+    CIQ_ROUTE(device, ciq_cpu_add(a, n, b, b_n, out), ciq_cuda_add(a, n, b, b_n, out));
+}
+
+ciq_status ciq_scale(int device, const float *x, float s, int64_t n, float *out) {
+    if (x == nullptr || out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_scale: NULL pointer");
+    CIQ_TRY(ciq_check_count("ciq_scale", "n", n));
+    CIQ_TRY(ciq_check_device(device));
+    CIQ_ROUTE(device, ciq_cpu_scale(x, s, n, out), ciq_cuda_scale(x, s, n, out));
+}
+
+static ciq_status check_table(const char *what, int type, int64_t rows, int64_t k) {
+    const int values = ciq_block_values(type);
+    if (values == 0) {
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "%s: ggml type %d is not one of F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, "
+                        "Q5_K, Q6_K", what, type);
+    }
+    CIQ_TRY(ciq_check_count(what, "rows", rows));
+    if (k < 1 || k % values) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: k must be a positive multiple of %d for type %d, got %lld", what,
+                        values, type, (long long)k);
+    }
+    return CIQ_OK;
+}
+
+ciq_status ciq_get_rows(int device, ciq_type ggml_type, const void *table, int64_t table_rows, int64_t k,
+                        const int32_t *ids, int64_t n, float *out) {
+    if (table == nullptr || ids == nullptr || out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_get_rows: NULL pointer");
+    CIQ_TRY(check_table("ciq_get_rows", ggml_type, table_rows, k));
+    CIQ_TRY(ciq_check_count("ciq_get_rows", "n", n));
+    CIQ_TRY(ciq_check_device(device));
+    if (device == CIQ_DEVICE_CPU) {
+        for (int64_t i = 0; i < n; ++i) {
+            if (ids[i] < 0 || ids[i] >= table_rows) {
+                return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_get_rows: id %d at %lld outside [0, %lld)", (int)ids[i],
+                                (long long)i, (long long)table_rows);
+            }
+        }
+    }
+    CIQ_ROUTE(device, ciq_cpu_get_rows(ggml_type, table, k, ids, n, out),
+              ciq_cuda_get_rows(ggml_type, table, table_rows, k, ids, n, out));
+}
+
+ciq_status ciq_dequantize_bf16(int device, ciq_type ggml_type, const void *data, int64_t rows, int64_t k, void *out) {
+    if (data == nullptr || out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_dequantize_bf16: NULL pointer");
+    CIQ_TRY(check_table("ciq_dequantize_bf16", ggml_type, rows, k));
+    CIQ_TRY(ciq_check_device(device));
+    CIQ_ROUTE(device, ciq_cpu_dequantize_bf16(ggml_type, data, rows, k, out),
+              ciq_cuda_dequantize_bf16(ggml_type, data, rows, k, out));
+}
+
+ciq_status ciq_convert_bf16(int device, const float *x, int64_t n, void *out) {
+    if (x == nullptr || out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_convert_bf16: NULL pointer");
+    CIQ_TRY(ciq_check_count("ciq_convert_bf16", "n", n));
+    CIQ_TRY(ciq_check_device(device));
+    CIQ_ROUTE(device, ciq_cpu_convert_bf16(x, n, out), ciq_cuda_convert_bf16(x, n, out));
+}

@@ -1,0 +1,202 @@
+// Host GEMMs of the 32-block types (Q4_0, Q5_0, Q8_0): the q32 variant on the CPU (its GPU twin: cuda/gemm_q32.cu).
+//   MMQ semantics: q8_1-mmq activations, llama.cpp CUDA MMQ's per-block formula.
+//   CPU semantics: q8_0 activations [tokens][K] int8 then d[tokens][K/32], llamafile tinyBLAS_Q0_AVX's lanes.
+// Weights are unpacked per chunk of rows into int8 values and float scales (for_each_q32_chunk).
+#include "cpu_backend.h"
+#include "../dequantize.h"
+#include "fp16.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+#include <vector>
+
+// A Q4_0 / Q5_0 / Q8_0 matrix as MMQ's load_tiles and tinyBLAS see it, in chunks of up to Q32_CHUNK rows (in
+// parallel): int8 values (Q4_0 q-8, Q5_0 q-16, Q8_0 q) and the blocks' fp16 scales, row-major within the chunk,
+// handed to dot(first row, rows, q, d).
+constexpr int64_t Q32_CHUNK = 32;
+template <class Dot> static void for_each_q32_chunk(int type, const void *weight, int64_t rows, int64_t k, Dot dot) {
+    const int block_bytes = ciq_block_bytes(type);
+    const int64_t nb = k / 32;
+#pragma omp parallel
+    {
+        std::vector<int8_t> q(Q32_CHUNK * k);
+        std::vector<float> d(Q32_CHUNK * nb);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t r0 = 0; r0 < rows; r0 += Q32_CHUNK) {
+            const int64_t n = std::min(Q32_CHUNK, rows - r0);
+            for (int64_t b = 0; b < n * nb; ++b) {  // block b of the chunk: row b / nb, block b % nb
+                const uint8_t *blk = (const uint8_t *)weight + (r0 * nb + b) * block_bytes;
+                uint16_t dh;
+                std::memcpy(&dh, blk, 2);
+                d[b] = ciq_fp16_to_fp32(dh);
+                for (int j = 0; j < 32; ++j) {
+                    if (type == 8) {
+                        q[b * 32 + j] = (int8_t)blk[2 + j];
+                    } else {
+                        const uint8_t *qs = blk + (type == 6 ? 6 : 2);
+                        const int nibble = j < 16 ? qs[j] & 0xF : qs[j - 16] >> 4;
+                        const int high = type == 6 ? (blk[2 + j / 8] >> (j % 8)) & 1 : 0;
+                        q[b * 32 + j] = (int8_t)((nibble | high << 4) - (type == 6 ? 16 : 8));
+                    }
+                }
+            }
+            dot(r0, n, q.data(), d.data());
+        }
+    }
+}
+
+// The q32 variant in CPU semantics (ggml_ciq.h): q8_0 activations as ggml's AVX2 quantize_row_q8_0 (d = fp16(amax/127),
+// q = round-half-even(x * (127/amax))), tinyBLAS_Q0_AVX's eight lanes per block and its final sum.
+#if defined(__x86_64__)
+// A chunk of weight rows against every token, tinyBLAS_Q0_AVX's own instructions: lanes = madd(1, maddubs(|a|,
+// sign(v, a))). Tokens go in tiles of Q32_TOKENS (their q8_0 rows stay in L1 over the chunk's rows), four at a time
+// sharing a row's loads with four accumulation chains in flight; each token's lanes see the blocks in order.
+constexpr int64_t Q32_TOKENS = 16;
+// One block of 32 activations to q8_0 as ggml's AVX2 quantize_row_q8_0: the same values as the scalar loop
+// (max |x| in any order, x * (127 / amax) rounded half to even); returns d = fp16(amax / 127) as float.
+__attribute__((target("avx2,fma"))) static float quantize_q8_0_block_avx2(const float *v, int8_t *q) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 x[4], amax = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) {
+        x[j] = _mm256_loadu_ps(v + 8 * j);
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, x[j]));
+    }
+    float lane[8];
+    _mm256_storeu_ps(lane, amax);
+    float m = 0.0f;
+    for (float l : lane) m = std::max(m, l);
+    const __m256 id = _mm256_set1_ps(m != 0.0f ? 127.0f / m : 0.0f);
+    __m256i i32[4];
+    for (int j = 0; j < 4; ++j) i32[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(x[j], id), _MM_FROUND_TO_NEAREST_INT));
+    // pack to int8 in order: packs interleaves 128-bit halves, the permute puts them back
+    const __m256i i16a = _mm256_packs_epi32(i32[0], i32[1]), i16b = _mm256_packs_epi32(i32[2], i32[3]);
+    const __m256i i8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(i16a, i16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)q, i8);
+    return ciq_fp16_to_fp32(ciq_fp32_to_fp16(m / 127.0f));
+}
+
+__attribute__((target("avx2,fma"))) static __m256 q32_lanes_avx2(__m256i abs_a, __m256i a, const int8_t *v) {
+    const __m256i prod = _mm256_maddubs_epi16(abs_a, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)v), a));
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_set1_epi16(1), prod));
+}
+
+template <int N>
+__attribute__((target("avx2,fma"))) static void q32_tokens_avx2(const int8_t *q, const float *d, int64_t nb,
+                                                                const int8_t *xq, const float *xd, int64_t t,
+                                                                float *out, int64_t rows) {
+    __m256 acc[N];
+    for (int j = 0; j < N; ++j) acc[j] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        const __m256i a = _mm256_loadu_si256((const __m256i *)(q + b * 32)), abs_a = _mm256_sign_epi8(a, a);
+        for (int j = 0; j < N; ++j) {
+            const int64_t i = (t + j) * nb + b;
+            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d[b] * xd[i]), q32_lanes_avx2(abs_a, a, xq + i * 32), acc[j]);
+        }
+    }
+    for (int j = 0; j < N; ++j) {
+        float lane[8];
+        _mm256_storeu_ps(lane, acc[j]);
+        out[(t + j) * rows] = ciq_hsum8(lane);
+    }
+}
+
+__attribute__((target("avx2,fma"))) static void q32_chunk_avx2(const int8_t *q, const float *d, int64_t n, int64_t nb,
+                                                               const int8_t *xq, const float *xd, int64_t tokens,
+                                                               int64_t rows, int64_t r0, float *out) {
+    for (int64_t t0 = 0; t0 < tokens; t0 += Q32_TOKENS) {
+        const int64_t t1 = std::min(tokens, t0 + Q32_TOKENS);
+        for (int64_t r = 0; r < n; ++r) {
+            const int8_t *qr = q + r * nb * 32;
+            const float *dr = d + r * nb;
+            int64_t t = t0;
+            for (; t + 4 <= t1; t += 4) q32_tokens_avx2<4>(qr, dr, nb, xq, xd, t, out + r0 + r, rows);
+            for (; t < t1; ++t) q32_tokens_avx2<1>(qr, dr, nb, xq, xd, t, out + r0 + r, rows);
+        }
+    }
+}
+#endif
+
+// The q8_0 activation layout (ggml_ciq.h): int8 [tokens][K], then float d[tokens][K/32].
+ciq_status ciq_cpu_quantize_q8_0(const float *x, void *out, int64_t tokens, int64_t k) {
+    const int64_t nb = k / 32;
+    int8_t *xq = (int8_t *)out;
+    float *xd = (float *)(xq + tokens * k);
+    const bool avx2 = ciq_cpu_avx2();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < tokens * nb; ++i) {
+        const float *v = x + i * 32;
+#if defined(__x86_64__)
+        if (avx2) {
+            xd[i] = quantize_q8_0_block_avx2(v, xq + i * 32);
+            continue;
+        }
+#endif
+        float amax = 0.0f;
+        for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(v[j]));
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        for (int j = 0; j < 32; ++j) xq[i * 32 + j] = (int8_t)std::nearbyint(v[j] * id);
+        xd[i] = ciq_fp16_to_fp32(ciq_fp32_to_fp16(amax / 127.0f));
+    }
+    return CIQ_OK;
+}
+
+ciq_status ciq_cpu_gemm_q32_q8_0(int type, const void *weight, int64_t rows, int64_t k, const void *x_q8_0,
+                                 int64_t tokens, float *out) {
+    const int64_t nb = k / 32;
+    const int8_t *xq = (const int8_t *)x_q8_0;
+    const float *xd = (const float *)(xq + tokens * k);
+    const bool avx2 = ciq_cpu_avx2();
+    for_each_q32_chunk(type, weight, rows, k, [&](int64_t r0, int64_t n, const int8_t *qc, const float *dc) {
+#if defined(__x86_64__)
+        if (avx2) return q32_chunk_avx2(qc, dc, n, nb, xq, xd, tokens, rows, r0, out);
+#endif
+        for (int64_t r = r0; r < r0 + n; ++r) {
+            const int8_t *q = qc + (r - r0) * k;
+            const float *d = dc + (r - r0) * nb;
+            for (int64_t t = 0; t < tokens; ++t) {
+                float lane[8] = {};
+                for (int64_t b = 0; b < nb; ++b) {
+                    const int8_t *a = q + b * 32, *v = xq + (t * nb + b) * 32;
+                    const float dd = d[b] * xd[t * nb + b];
+                    for (int l = 0; l < 8; ++l) {
+                        const int32_t s = a[4 * l] * v[4 * l] + a[4 * l + 1] * v[4 * l + 1] + a[4 * l + 2] * v[4 * l + 2] +
+                                          a[4 * l + 3] * v[4 * l + 3];
+                        lane[l] = std::fma(dd, (float)s, lane[l]);
+                    }
+                }
+                out[t * rows + r] = ciq_hsum8(lane);
+            }
+        }
+    });
+    return CIQ_OK;
+}
+
+// The q32 variant in MMQ semantics on the host: the GPU kernel's formula (cuda/gemm_q32.cu) on the host's q8_1-mmq bytes.
+ciq_status ciq_cpu_gemm_q32_mmq(int type, const void *weight, int64_t rows, int64_t k, const void *x_q8_1_mmq,
+                                int64_t tokens, float *out) {
+    const int64_t nb = k / 32;
+    const block_q8_1_mmq *xq = (const block_q8_1_mmq *)x_q8_1_mmq;
+    for_each_q32_chunk(type, weight, rows, k, [&](int64_t r0, int64_t n, const int8_t *qc, const float *dc) {
+        for (int64_t r = r0; r < r0 + n; ++r) {
+            const int8_t *q = qc + (r - r0) * k;
+            const float *d = dc + (r - r0) * nb;
+            for (int64_t t = 0; t < tokens; ++t) {
+                float acc = 0.0f;
+                for (int64_t b = 0; b < nb; ++b) {
+                    const block_q8_1_mmq &xb = xq[(b / 4) * tokens + t];
+                    int isum = 0;
+                    for (int j = 0; j < 32; ++j) isum += (int)q[b * 32 + j] * (int)xb.qs[(b % 4) * 32 + j];
+                    const uint32_t scale = xb.scales[b % 4];
+                    const float d8 = type == 2 ? ciq_fp16_to_fp32((uint16_t)(scale & 0xFFFF)) : ciq_bits_to_float(scale);
+                    acc = std::fma((float)isum * d[b], d8, acc);
+                }
+                out[t * rows + r] = acc;
+            }
+        }
+    });
+    return CIQ_OK;
+}

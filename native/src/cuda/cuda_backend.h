@@ -1,0 +1,60 @@
+// The CUDA/HIP backend's entry points (native/src/cuda/), present when GGML_CIQ_WITH_CUDA is defined. All pointers
+// are device memory; work is queued on the legacy default stream; launch errors are returned, not synchronized.
+// Arguments are checked by the C API before these run.
+#pragma once
+#include "../blocks.h"
+#include "../status.h"
+
+#ifdef GGML_CIQ_WITH_CUDA
+ciq_status ciq_cuda_device_count(int *count);
+ciq_status ciq_cuda_set_device(int device);
+ciq_status ciq_cuda_device_name(int device, char *buffer, size_t buffer_size);
+ciq_status ciq_cuda_compute_capability(int device, int *major, int *minor);
+ciq_status ciq_cuda_malloc(int device, size_t nbytes, void **ptr);
+ciq_status ciq_cuda_free(int device, void *ptr);
+ciq_status ciq_cuda_memcpy(int device, void *dst, const void *src, size_t nbytes, bool to_device);
+ciq_status ciq_cuda_memset(int device, void *dst, int value, size_t nbytes);
+ciq_status ciq_cuda_synchronize(int device);
+#define CIQ_SCRATCH_SLOTS 1  // 0: quantized activations (ciq_gemm)
+ciq_status ciq_cuda_scratch(int device, int slot, size_t nbytes, void **ptr);  // per-device buffers, grown on demand
+ciq_status ciq_cuda_event_record(int device, void **event);  // creates and records an event
+ciq_status ciq_cuda_event_elapsed(void *start, void *stop, float *milliseconds);  // syncs stop, frees both (stop NULL: frees start)
+
+ciq_status ciq_cuda_quantize_q8_K(const float *x, void *out, int64_t tokens, int64_t k);
+ciq_status ciq_cuda_quantize_q8_1_mmq(bool ds4, const float *x, void *out, int64_t tokens, int64_t k);
+// variant is one of CIQ_VARIANT_WMMA, _WMMA_WIDE, _WMMA_SHARED, _WMMA_BIGTILE; x is Q8_K.
+ciq_status ciq_cuda_gemm_wmma(ciq_variant variant, ciq_type type, const void *weight, int64_t rows, int64_t k,
+                              const void *x_q8_K, int64_t tokens, void *out, ciq_out_type out_type);
+ciq_status ciq_cuda_dense_gemm_bf16(int device, const void *weight, int64_t rows, int64_t k, const void *x,
+                                    int64_t tokens, void *out, ciq_out_type out_type);
+// f16 semantics: x -> the f16 activation layout (ciq_activations_size); the wgmma GEMM reads it (sm_90a).
+ciq_status ciq_cuda_convert_f16(const float *x, void *out, int64_t tokens, int64_t k);
+ciq_status ciq_cuda_gemm_wgmma(int device, ciq_type type, const void *weight, int64_t rows, int64_t k,
+                               const void *x_f16, int64_t tokens, void *out, ciq_out_type out_type);
+// Transformer ops (cuda/ops.cu, cuda/attention.cu); arguments checked by the C API. get_rows writes NaN rows for ids
+// outside [0, table_rows).
+ciq_status ciq_cuda_rms_norm(const float *x, const float *weight, float eps, int64_t n, int64_t d, float *out);
+ciq_status ciq_cuda_rope(ciq_rope_mode mode, const float *x, const int32_t *positions, int64_t tokens, int64_t heads,
+                         int64_t head_dim, float base, float *out);
+bool ciq_cuda_attention_supports(int device, ciq_attention_kernel kernel, int64_t head_dim);  // built, fits
+ciq_status ciq_cuda_attention(ciq_attention_kernel kernel, const float *q, const uint16_t *k_cache,
+                              const uint16_t *v_cache, int64_t tokens, int64_t heads, int64_t heads_kv,
+                              int64_t head_dim, int64_t n_past, float scale, int64_t window, float *out);
+ciq_status ciq_cuda_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values);
+ciq_status ciq_cuda_glu(ciq_glu_kind kind, const float *gate, const float *up, int64_t n, float *out);
+ciq_status ciq_cuda_add(const float *a, int64_t n, const float *b, int64_t b_n, float *out);
+ciq_status ciq_cuda_scale(const float *x, float s, int64_t n, float *out);
+ciq_status ciq_cuda_get_rows(int type, const void *table, int64_t table_rows, int64_t k, const int32_t *ids, int64_t n,
+                             float *out);
+ciq_status ciq_cuda_dequantize_bf16(int type, const void *data, int64_t rows, int64_t k, void *out);
+ciq_status ciq_cuda_convert_bf16(const float *x, int64_t n, void *out);
+// x is q8_1-mmq (DS4 for Q4_K, D4 for Q6_K).
+ciq_status ciq_cuda_gemm_q32(int type, const void *weight, int64_t rows, int64_t k, const void *x_q8_1_mmq,
+                             int64_t tokens, float *out);
+ciq_status ciq_cuda_gemm_mma(ciq_type type, const void *weight, int64_t rows, int64_t k,
+                             const void *x_q8_1_mmq, int64_t tokens, void *out, ciq_out_type out_type);
+// MMVQ semantics on the GPU (cuda/gemm_mmvq.cu): layouts as ciq_cpu_gemm_mmvq; tokens 1..8.
+ciq_status ciq_cuda_quantize_q8_1(const float *x, void *out, int64_t tokens, int64_t k);
+ciq_status ciq_cuda_gemm_mmvq(int ggml_type, const void *weight, int64_t rows, int64_t k, const void *x_q8_1,
+                              int64_t tokens, float *out);
+#endif

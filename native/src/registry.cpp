@@ -1,0 +1,462 @@
+// The kernel variant registry (registry.h): every GEMM variant's facts in one table, the tuning data per
+// architecture beside it, and the one resolution of a request into a plan (ciq_gemm_plan).
+//
+//   k_variants       : name, semantics, weight types, token range, architecture predicate, launcher per variant.
+//   k_layouts        : which activation layout a semantics uses for a weight type.
+//   k_auto_*         : AUTO's order per backend (the first entry that fits wins), measured on the H200.
+//   k_offload        : from how many tokens a variant beats llama.cpp's own mul_mat (the ggml plugin's choice).
+#include "registry.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#ifndef GGML_CIQ_CUDA_ARCHS
+#define GGML_CIQ_CUDA_ARCHS ""
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// Architecture predicates
+
+static bool on_host(const ciq_device_facts &d) { return d.host; }
+static bool on_gpu_sm80(const ciq_device_facts &d) { return !d.host && !d.hip && d.major >= 8; }  // built for sm_80+
+static bool on_gpu_rdna(const ciq_device_facts &d) { return !d.host && d.hip && (d.major == 11 || d.major == 12); }
+// WMMA 16x16 and the 32-block kernel: CUDA sm_80+ and RDNA3/RDNA4.
+static bool on_gpu_wmma(const ciq_device_facts &d) { return on_gpu_sm80(d) || on_gpu_rdna(d); }
+// sm_90a machine code runs on compute capability 9.0 only.
+static bool on_hopper_90a(const ciq_device_facts &d) {
+    return !d.host && !d.hip && d.major == 9 && d.minor == 0 && d.built_90a;
+}
+static bool on_host_or_gpu_wmma(const ciq_device_facts &d) { return d.host || on_gpu_wmma(d); }
+
+// ---------------------------------------------------------------------------------------------
+// Launchers: the backend entry point of each variant.
+
+static ciq_status launch_cpu(int, ciq_variant, ciq_semantics semantics, ciq_type type, const void *weight,
+                             int64_t rows, int64_t k, const void *x, int64_t tokens, void *out, ciq_out_type out_type) {
+    return ciq_cpu_gemm(semantics, type, weight, rows, k, x, tokens, out, out_type);
+}
+
+static ciq_status launch_q32(int device, ciq_variant, ciq_semantics semantics, ciq_type type, const void *weight,
+                             int64_t rows, int64_t k, const void *x, int64_t tokens, void *out, ciq_out_type out_type) {
+    if (out_type != CIQ_OUT_F32) return ciq_fail(CIQ_ERR_UNSUPPORTED, "kernel variant q32 writes float32 output only");
+    if (device == CIQ_DEVICE_CPU) {
+        return semantics == CIQ_SEMANTICS_CPU ? ciq_cpu_gemm_q32_q8_0(type, weight, rows, k, x, tokens, (float *)out)
+                                              : ciq_cpu_gemm_q32_mmq(type, weight, rows, k, x, tokens, (float *)out);
+    }
+#ifdef GGML_CIQ_WITH_CUDA
+    return ciq_cuda_gemm_q32(type, weight, rows, k, x, tokens, (float *)out);
+#else
+    return ciq_fail(CIQ_ERR_UNSUPPORTED, "kernel variant q32 on a GPU is not built");
+#endif
+}
+
+#ifdef GGML_CIQ_WITH_CUDA
+static ciq_status launch_wmma(int, ciq_variant variant, ciq_semantics, ciq_type type, const void *weight, int64_t rows,
+                              int64_t k, const void *x, int64_t tokens, void *out, ciq_out_type out_type) {
+    return ciq_cuda_gemm_wmma(variant, type, weight, rows, k, x, tokens, out, out_type);
+}
+static ciq_status launch_mma(int, ciq_variant, ciq_semantics, ciq_type type, const void *weight, int64_t rows,
+                             int64_t k, const void *x, int64_t tokens, void *out, ciq_out_type out_type) {
+    return ciq_cuda_gemm_mma(type, weight, rows, k, x, tokens, out, out_type);
+}
+static ciq_status launch_wgmma(int device, ciq_variant, ciq_semantics, ciq_type type, const void *weight, int64_t rows,
+                               int64_t k, const void *x, int64_t tokens, void *out, ciq_out_type out_type) {
+    return ciq_cuda_gemm_wgmma(device, type, weight, rows, k, x, tokens, out, out_type);
+}
+#else
+#define launch_wmma nullptr
+#define launch_mma nullptr
+#define launch_wgmma nullptr
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// The variants
+
+#define SEM(s) (1u << CIQ_SEMANTICS_##s)
+#define K_QUANTS 2, {CIQ_TYPE_Q4_K, CIQ_TYPE_Q6_K}
+#define BLOCK32 3, {CIQ_TYPE_Q4_0, CIQ_TYPE_Q5_0, CIQ_TYPE_Q8_0}
+#define ANY_TOKENS 1, INT64_MAX
+
+static const ciq_variant_row k_variants[CIQ_VARIANT_COUNT] = {
+    {CIQ_VARIANT_AUTO,
+     {"auto", CIQ_SEMANTICS_ANY, SEM(CPU) | SEM(MMQ), SEM(CPU) | SEM(MMQ) | SEM(F16), 5,
+      {CIQ_TYPE_Q4_K, CIQ_TYPE_Q6_K, CIQ_TYPE_Q4_0, CIQ_TYPE_Q5_0, CIQ_TYPE_Q8_0}, ANY_TOKENS,
+      "GGML_CIQ_VARIANT (GPU), else the registry's AUTO order for the device"},
+     nullptr, nullptr},
+    {CIQ_VARIANT_CPU,
+     {"cpu", CIQ_SEMANTICS_CPU, SEM(CPU) | SEM(MMQ), 0, K_QUANTS, ANY_TOKENS,
+      "host K-quant kernel: AVX-VNNI, AVX2 or scalar int8 dot products, threaded"},
+     on_host, launch_cpu},
+    {CIQ_VARIANT_WMMA,
+     {"wmma", CIQ_SEMANTICS_CPU, 0, SEM(CPU), K_QUANTS, ANY_TOKENS, "warp-private 16x16 WMMA tile, 4 warps"},
+     on_gpu_wmma, launch_wmma},
+    {CIQ_VARIANT_WMMA_WIDE,
+     {"wmma-wide", CIQ_SEMANTICS_CPU, 0, SEM(CPU), K_QUANTS, ANY_TOKENS, "warp-private 16x16 WMMA tile, 8 warps"},
+     on_gpu_sm80, launch_wmma},  // more than the 64 KB of LDS an RDNA workgroup gets
+    {CIQ_VARIANT_WMMA_SHARED,
+     {"wmma-shared", CIQ_SEMANTICS_CPU, 0, SEM(CPU), K_QUANTS, ANY_TOKENS,
+      "WMMA, 8 warps, activation rows staged in shared memory"},
+     on_gpu_wmma, launch_wmma},
+    {CIQ_VARIANT_WMMA_BIGTILE,
+     {"wmma-bigtile", CIQ_SEMANTICS_CPU, 0, SEM(CPU), K_QUANTS, ANY_TOKENS,
+      "WMMA, 8 warps, 2-D grid, 48 staged activation rows reused"},
+     on_gpu_sm80, launch_wmma},  // more than the 64 KB of LDS an RDNA workgroup gets
+    {CIQ_VARIANT_MMA,
+     {"mma", CIQ_SEMANTICS_MMQ, 0, SEM(MMQ), K_QUANTS, ANY_TOKENS,
+      "MMQ-class 128-row tile, mma.sync m16n8k32 (CUDA only)"},
+     on_gpu_sm80, launch_mma},
+    {CIQ_VARIANT_WGMMA,
+     {"wgmma", CIQ_SEMANTICS_F16, 0, SEM(F16), K_QUANTS, ANY_TOKENS,
+      "Hopper sm_90a: TMA + warp-specialized wgmma on f16"},
+     on_hopper_90a, launch_wgmma},
+    {CIQ_VARIANT_Q32,
+     {"q32", CIQ_SEMANTICS_CPU, SEM(CPU) | SEM(MMQ), SEM(MMQ), BLOCK32, ANY_TOKENS,
+      "32-block types: host tinyBLAS lanes (cpu) or MMQ's formula (mmq); GPU 64-row tile (mmq)"},
+     on_host_or_gpu_wmma, launch_q32},
+};
+
+// Which layout a semantics quantizes X into for a weight type.
+struct LayoutChoice {
+    ciq_semantics semantics;
+    ciq_type type;
+    ciq_layout layout;
+};
+static const LayoutChoice k_layouts[] = {
+    {CIQ_SEMANTICS_CPU, CIQ_TYPE_Q4_K, CIQ_LAYOUT_Q8_K},        {CIQ_SEMANTICS_CPU, CIQ_TYPE_Q6_K, CIQ_LAYOUT_Q8_K},
+    {CIQ_SEMANTICS_CPU, CIQ_TYPE_Q4_0, CIQ_LAYOUT_Q8_0},        {CIQ_SEMANTICS_CPU, CIQ_TYPE_Q5_0, CIQ_LAYOUT_Q8_0},
+    {CIQ_SEMANTICS_CPU, CIQ_TYPE_Q8_0, CIQ_LAYOUT_Q8_0},        {CIQ_SEMANTICS_MMQ, CIQ_TYPE_Q4_K, CIQ_LAYOUT_Q8_1_MMQ_DS4},
+    {CIQ_SEMANTICS_MMQ, CIQ_TYPE_Q6_K, CIQ_LAYOUT_Q8_1_MMQ_D4}, {CIQ_SEMANTICS_MMQ, CIQ_TYPE_Q4_0, CIQ_LAYOUT_Q8_1_MMQ_DS4},
+    {CIQ_SEMANTICS_MMQ, CIQ_TYPE_Q5_0, CIQ_LAYOUT_Q8_1_MMQ_D4}, {CIQ_SEMANTICS_MMQ, CIQ_TYPE_Q8_0, CIQ_LAYOUT_Q8_1_MMQ_D4},
+    {CIQ_SEMANTICS_F16, CIQ_TYPE_Q4_K, CIQ_LAYOUT_F16},         {CIQ_SEMANTICS_F16, CIQ_TYPE_Q6_K, CIQ_LAYOUT_F16},
+};
+
+// ---------------------------------------------------------------------------------------------
+// Tuning data per architecture
+
+// AUTO: the first entry of the device's table that matches the requested semantics (ANY included) and token count,
+// multiplies the weight type and runs on the device.
+struct AutoChoice {
+    ciq_semantics semantics;
+    int64_t max_tokens;  // the entry applies when tokens <= max_tokens
+    ciq_variant variant;
+};
+static const AutoChoice k_auto_host[] = {
+    {CIQ_SEMANTICS_ANY, INT64_MAX, CIQ_VARIANT_CPU}, {CIQ_SEMANTICS_ANY, INT64_MAX, CIQ_VARIANT_Q32},
+    {CIQ_SEMANTICS_CPU, INT64_MAX, CIQ_VARIANT_CPU}, {CIQ_SEMANTICS_CPU, INT64_MAX, CIQ_VARIANT_Q32},
+    {CIQ_SEMANTICS_MMQ, INT64_MAX, CIQ_VARIANT_CPU}, {CIQ_SEMANTICS_MMQ, INT64_MAX, CIQ_VARIANT_Q32},
+};
+static const AutoChoice k_auto_cuda[] = {
+    {CIQ_SEMANTICS_ANY, 8, CIQ_VARIANT_MMA},             // decode-size batches: mma's 8-token tiles waste less
+    {CIQ_SEMANTICS_ANY, INT64_MAX, CIQ_VARIANT_WGMMA},   // Hopper
+    {CIQ_SEMANTICS_ANY, INT64_MAX, CIQ_VARIANT_MMA},
+    {CIQ_SEMANTICS_ANY, INT64_MAX, CIQ_VARIANT_Q32},
+    {CIQ_SEMANTICS_F16, INT64_MAX, CIQ_VARIANT_WGMMA},
+    {CIQ_SEMANTICS_MMQ, INT64_MAX, CIQ_VARIANT_MMA},
+    {CIQ_SEMANTICS_MMQ, INT64_MAX, CIQ_VARIANT_Q32},
+    {CIQ_SEMANTICS_CPU, 128, CIQ_VARIANT_WMMA_SHARED},   // seed6, 128 tokens: shared fastest on 4 of 6 shapes
+    {CIQ_SEMANTICS_CPU, INT64_MAX, CIQ_VARIANT_WMMA_BIGTILE},  // llama3-8b, 512 tokens: bigtile on 9 of 10
+};
+static const AutoChoice k_auto_hip[] = {  // AMD: no mma; wide and bigtile exceed 64 KB of LDS
+    {CIQ_SEMANTICS_ANY, INT64_MAX, CIQ_VARIANT_WMMA_SHARED},
+    {CIQ_SEMANTICS_ANY, INT64_MAX, CIQ_VARIANT_Q32},
+    {CIQ_SEMANTICS_CPU, INT64_MAX, CIQ_VARIANT_WMMA_SHARED},
+    {CIQ_SEMANTICS_MMQ, INT64_MAX, CIQ_VARIANT_Q32},
+};
+
+// Offload: a variant runs a weight type faster than llama.cpp's own mul_mat from min_tokens on (end to end, activation
+// quantization included on both sides) on devices the predicate accepts. A (variant, type) without an entry is
+// never offloaded: mma is 0.63x-0.73x MMQ (bench/results/h200/wgmma-5d360bc-*.json), the WMMA family is slower
+// still (bench/results/h200/llama3-8b-n512.json), the GPU q32 kernel has no measurement against MMQ yet, and the
+// host kernels run at 0.6x-0.8x llama.cpp CPU (bench/results/cpu/compare-gemma3-270m-{512,2048,4096}.json).
+struct OffloadThreshold {
+    bool (*device)(const ciq_device_facts &d);
+    ciq_variant variant;
+    ciq_type type;
+    int64_t min_tokens;
+};
+static const OffloadThreshold k_offload[] = {
+    // wgmma vs llama.cpp MMQ on the H200: 1.85x / 1.96x at 128 tokens (seed6), 2.48x / 2.78x at 512, 2.57x / 2.88x
+    // at 2048 (bench/results/h200/wgmma-5d360bc-{seed6,llama3-8b-n512,llama3-8b-n2048}.json). Below 9 tokens
+    // llama.cpp runs MMVQ, which we have not measured against; the lead re-measures 9..128 tokens in the next lease.
+    {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q4_K, 9},
+    {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q6_K, 9},
+};
+
+// ---------------------------------------------------------------------------------------------
+// Lookups
+
+const ciq_variant_row *ciq_registry_row(ciq_variant variant) {
+    return (int)variant >= 0 && variant < CIQ_VARIANT_COUNT ? &k_variants[variant] : nullptr;
+}
+
+bool ciq_registry_covers(const ciq_variant_row &row, ciq_type type) {
+    for (int i = 0; i < row.info.weight_type_count; ++i) {
+        if (row.info.weight_types[i] == type) return true;
+    }
+    return false;
+}
+
+int ciq_type_block_values(ciq_type type) {
+    switch (type) {
+        case CIQ_TYPE_Q4_0: case CIQ_TYPE_Q5_0: case CIQ_TYPE_Q8_0: return 32;
+        case CIQ_TYPE_Q4_K: case CIQ_TYPE_Q6_K: return QK_K;
+        default: return 0;
+    }
+}
+
+int ciq_type_block_bytes(ciq_type type) {
+    switch (type) {
+        case CIQ_TYPE_Q4_0: return 18;
+        case CIQ_TYPE_Q5_0: return 22;
+        case CIQ_TYPE_Q8_0: return 34;
+        case CIQ_TYPE_Q4_K: return Q4_K_BLOCK_BYTES;
+        case CIQ_TYPE_Q6_K: return Q6_K_BLOCK_BYTES;
+        default: return 0;
+    }
+}
+
+const char *ciq_type_name(ciq_type type) {
+    switch (type) {
+        case CIQ_TYPE_F32: return "F32";
+        case CIQ_TYPE_F16: return "F16";
+        case CIQ_TYPE_Q4_0: return "Q4_0";
+        case CIQ_TYPE_Q5_0: return "Q5_0";
+        case CIQ_TYPE_Q8_0: return "Q8_0";
+        case CIQ_TYPE_Q4_K: return "Q4_K";
+        case CIQ_TYPE_Q5_K: return "Q5_K";
+        case CIQ_TYPE_Q6_K: return "Q6_K";
+        case CIQ_TYPE_BF16: return "BF16";
+        default: return "unknown";
+    }
+}
+
+const char *ciq_semantics_name(ciq_semantics semantics) {
+    static const char *const names[] = {"cpu", "mmq", "f16", "any"};
+    return (int)semantics >= 0 && semantics <= CIQ_SEMANTICS_ANY ? names[semantics] : "unknown";
+}
+
+ciq_status ciq_device_facts_get(int device, ciq_device_facts *facts) {
+    *facts = ciq_device_facts{device == CIQ_DEVICE_CPU, false, 0, 0, false};
+    CIQ_TRY(ciq_check_device(device));
+    if (facts->host) return CIQ_OK;
+#ifdef GGML_CIQ_WITH_CUDA
+    CIQ_TRY(ciq_cuda_compute_capability(device, &facts->major, &facts->minor));
+#ifdef GGML_CIQ_HIP
+    facts->hip = true;
+#endif
+    facts->built_90a = std::strstr(GGML_CIQ_CUDA_ARCHS, "90a") != nullptr;
+#endif
+    return CIQ_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dispatch counters: [variant][type slot] (slots: Q4_K, Q6_K, Q4_0, Q5_0, Q8_0).
+
+static const ciq_type k_counted_types[] = {CIQ_TYPE_Q4_K, CIQ_TYPE_Q6_K, CIQ_TYPE_Q4_0, CIQ_TYPE_Q5_0, CIQ_TYPE_Q8_0};
+constexpr int COUNTED_TYPES = sizeof(k_counted_types) / sizeof(k_counted_types[0]);
+static std::atomic<uint64_t> g_dispatch[CIQ_VARIANT_COUNT][COUNTED_TYPES];
+
+static int counted_slot(ciq_type type) {
+    for (int i = 0; i < COUNTED_TYPES; ++i) {
+        if (k_counted_types[i] == type) return i;
+    }
+    return -1;
+}
+
+void ciq_registry_count(ciq_variant variant, ciq_type type) {
+    g_dispatch[variant][counted_slot(type)].fetch_add(1, std::memory_order_relaxed);
+}
+
+ciq_status ciq_dispatch_count(ciq_variant variant, ciq_type type, uint64_t *count) {
+    if (count == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_dispatch_count: count is NULL");
+    if (ciq_registry_row(variant) == nullptr) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_dispatch_count: unknown kernel variant %d", (int)variant);
+    }
+    if (counted_slot(type) < 0) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_dispatch_count: no variant multiplies weight type %d", (int)type);
+    }
+    *count = g_dispatch[variant][counted_slot(type)].load();
+    return CIQ_OK;
+}
+
+void ciq_attention_dispatch_reset(void);  // api_ops.cpp
+
+ciq_status ciq_dispatch_reset(void) {
+    for (auto &per_variant : g_dispatch) {
+        for (auto &counter : per_variant) counter.store(0);
+    }
+    ciq_attention_dispatch_reset();
+    return CIQ_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The C API's registry calls
+
+ciq_status ciq_variant_describe(ciq_variant variant, ciq_variant_info *info) {
+    if (info == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_variant_describe: info is NULL");
+    const ciq_variant_row *row = ciq_registry_row(variant);
+    if (row == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "unknown kernel variant %d", (int)variant);
+    *info = row->info;
+    return CIQ_OK;
+}
+
+ciq_status ciq_variant_available(int device, ciq_variant variant, int *available) {
+    if (available == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_variant_available: available is NULL");
+    const ciq_variant_row *row = ciq_registry_row(variant);
+    if (row == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "unknown kernel variant %d", (int)variant);
+    *available = 0;
+    ciq_device_facts facts;
+    CIQ_TRY(ciq_device_facts_get(device, &facts));
+    if (variant == CIQ_VARIANT_AUTO) {
+        for (const ciq_variant_row &r : k_variants) *available |= r.runs_on != nullptr && r.runs_on(facts);
+    } else {
+        *available = row->runs_on(facts) && row->launch != nullptr;
+    }
+    return CIQ_OK;
+}
+
+ciq_status ciq_activations_layout(ciq_semantics semantics, ciq_type type, ciq_layout *layout) {
+    if (layout == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_activations_layout: layout is NULL");
+    for (const LayoutChoice &choice : k_layouts) {
+        if (choice.semantics == semantics && choice.type == type) {
+            *layout = choice.layout;
+            return CIQ_OK;
+        }
+    }
+    return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "no activation layout for %s semantics on %s weights",
+                    ciq_semantics_name(semantics), ciq_type_name(type));
+}
+
+// "cpu or mmq" for a mask of semantics bits.
+static void semantics_names(uint32_t mask, char (&names)[32]) {
+    names[0] = '\0';
+    for (int s = CIQ_SEMANTICS_CPU; s < CIQ_SEMANTICS_ANY; ++s) {
+        if (!(mask & (1u << s))) continue;
+        if (names[0]) std::strcat(names, " or ");
+        std::strcat(names, ciq_semantics_name((ciq_semantics)s));
+    }
+}
+
+static ciq_status variant_from_name(const char *name, ciq_variant *variant) {
+    for (const ciq_variant_row &row : k_variants) {
+        if (row.variant != CIQ_VARIANT_AUTO && std::strcmp(name, row.info.name) == 0) {
+            *variant = row.variant;
+            return CIQ_OK;
+        }
+    }
+    return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "GGML_CIQ_VARIANT=%s is not a kernel variant", name);
+}
+
+static ciq_status resolve_auto(const ciq_device_facts &facts, ciq_semantics semantics, ciq_type type, int64_t tokens,
+                               ciq_variant *resolved) {
+    const char *env = std::getenv("GGML_CIQ_VARIANT");
+    if (!facts.host && env != nullptr && *env != '\0') return variant_from_name(env, resolved);
+    const AutoChoice *table = k_auto_host;
+    size_t entries = sizeof(k_auto_host) / sizeof(k_auto_host[0]);
+    if (!facts.host && facts.hip) {
+        table = k_auto_hip;
+        entries = sizeof(k_auto_hip) / sizeof(k_auto_hip[0]);
+    } else if (!facts.host) {
+        table = k_auto_cuda;
+        entries = sizeof(k_auto_cuda) / sizeof(k_auto_cuda[0]);
+    }
+    for (size_t i = 0; i < entries; ++i) {
+        const ciq_variant_row &row = k_variants[table[i].variant];
+        if (table[i].semantics == semantics && tokens <= table[i].max_tokens && ciq_registry_covers(row, type) &&
+            row.runs_on(facts) && row.launch != nullptr) {
+            *resolved = table[i].variant;
+            return CIQ_OK;
+        }
+    }
+    uint32_t implemented = 0;  // by any variant of the registry for this weight type and kind of device
+    for (const ciq_variant_row &row : k_variants) {
+        if (row.variant != CIQ_VARIANT_AUTO && ciq_registry_covers(row, type)) {
+            implemented |= facts.host ? row.info.host_semantics : row.info.gpu_semantics;
+        }
+    }
+    if (semantics != CIQ_SEMANTICS_ANY && !(implemented & (1u << semantics))) {
+        char names[32];
+        semantics_names(implemented, names);
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "the %s kernels for %s weights implement %s semantics, not %s",
+                        facts.host ? "CPU" : "GPU", ciq_type_name(type), names, ciq_semantics_name(semantics));
+    }
+    return ciq_fail(CIQ_ERR_UNSUPPORTED, "no kernel of this build implements %s semantics for %s weights on %s",
+                    ciq_semantics_name(semantics), ciq_type_name(type), facts.host ? "the CPU" : "this GPU");
+}
+
+static ciq_status offload_decision(const ciq_device_facts &facts, ciq_variant variant, ciq_type type, int64_t tokens,
+                                   int *offload) {
+    const char *env = std::getenv("GGML_CIQ_OFFLOAD");
+    if (env != nullptr && *env != '\0') {
+        if (std::strcmp(env, "all") == 0 || std::strcmp(env, "none") == 0) {
+            *offload = env[0] == 'a';
+            return CIQ_OK;
+        }
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "GGML_CIQ_OFFLOAD=%s is not all or none", env);
+    }
+    *offload = 0;
+    for (const OffloadThreshold &t : k_offload) {
+        if (t.variant == variant && t.type == type && t.device(facts) && tokens >= t.min_tokens) *offload = 1;
+    }
+    return CIQ_OK;
+}
+
+ciq_status ciq_gemm_plan(int device, ciq_variant variant, ciq_semantics semantics, ciq_type type, int64_t rows,
+                         int64_t k, int64_t tokens, ciq_plan *plan) {
+    if (plan == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_plan: plan is NULL");
+    const ciq_variant_row *row = ciq_registry_row(variant);
+    if (row == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "unknown kernel variant %d", (int)variant);
+    if ((int)semantics < CIQ_SEMANTICS_CPU || semantics > CIQ_SEMANTICS_ANY) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "unknown semantics %d", (int)semantics);
+    }
+    if (!ciq_registry_covers(k_variants[CIQ_VARIANT_AUTO], type)) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "weight type %s (%d) is not Q4_K, Q6_K, Q4_0, Q5_0 or Q8_0",
+                        ciq_type_name(type), (int)type);
+    }
+    CIQ_TRY(ciq_check_count("ciq_gemm", "tokens", tokens));
+    CIQ_TRY(ciq_check_count("ciq_gemm", "rows", rows));
+    const int values = ciq_type_block_values(type);
+    if (k < values || k % values) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm: K must be a positive multiple of %d for %s, got %lld",
+                        values, ciq_type_name(type), (long long)k);
+    }
+    ciq_device_facts facts;
+    CIQ_TRY(ciq_device_facts_get(device, &facts));
+    ciq_variant resolved = variant;
+    if (variant == CIQ_VARIANT_AUTO) CIQ_TRY(resolve_auto(facts, semantics, type, tokens, &resolved));
+    row = &k_variants[resolved];
+    if (!row->runs_on(facts) || row->launch == nullptr) {
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "kernel variant %s is not available on %s", row->info.name,
+                        facts.host ? "the CPU" : "this GPU");
+    }
+    if (!ciq_registry_covers(*row, type)) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "kernel variant %s does not multiply %s weights", row->info.name,
+                        ciq_type_name(type));
+    }
+    const uint32_t implemented = facts.host ? row->info.host_semantics : row->info.gpu_semantics;
+    ciq_semantics resolved_semantics = semantics;
+    if (semantics == CIQ_SEMANTICS_ANY) {  // the variant's own; where it does not run that on this device, its first
+        resolved_semantics = row->info.semantics;
+        for (int s = CIQ_SEMANTICS_ANY - 1; s >= CIQ_SEMANTICS_CPU; --s) {
+            if (!(implemented & (1u << resolved_semantics)) && (implemented & (1u << s))) resolved_semantics = (ciq_semantics)s;
+        }
+    } else if (!(implemented & (1u << semantics))) {
+        char names[32];
+        semantics_names(implemented, names);
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "kernel variant %s implements %s semantics on %s, not %s",
+                        row->info.name, names, facts.host ? "the CPU" : "a GPU", ciq_semantics_name(semantics));
+    }
+    if (tokens < row->info.min_tokens || tokens > row->info.max_tokens) {
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "kernel variant %s runs %lld..%lld tokens, not %lld", row->info.name,
+                        (long long)row->info.min_tokens, (long long)row->info.max_tokens, (long long)tokens);
+    }
+    ciq_plan result{};
+    result.variant = resolved;
+    result.semantics = resolved_semantics;
+    CIQ_TRY(ciq_activations_layout(resolved_semantics, type, &result.activation_layout));
+    CIQ_TRY(ciq_activations_size(result.activation_layout, tokens, k, &result.activation_bytes));
+    CIQ_TRY(offload_decision(facts, resolved, type, tokens, &result.offload));
+    *plan = result;
+    return CIQ_OK;
+}
