@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # HIP device-code compile check, no ROCm needed: Debian's clang-19 compiles the kernels (quantize.cu, gemm_wmma.cu,
-# ops.cu, attention.cu; the mma/wgmma stubs) for gfx1100 (RDNA3) and gfx1201 (RDNA4), wave32, with the declarations
+# ops.cu, attention.cu; the mma/wgmma/convert_f16 stubs) for gfx1100 (RDNA3) and gfx1201 (RDNA4), wave32, with the declarations
 # of native/src/cuda/hip_nogpuinc.h, and emits assembly. Fails on a compile error, or unless every WMMA variant's kernel (both weight types) contains
 # v_wmma_i32_16x16x16_iu8 in its own function body. Installs clang-19 and lld-19 with apt when missing.
 set -euo pipefail
@@ -38,7 +38,7 @@ wmma_per_function() {
 
 status=0
 for arch in gfx1100 gfx1201; do
-  for src in quantize gemm_wmma gemm_mma gemm_wgmma ops attention; do  # mma, wgmma: their HIP stubs compile
+  for src in quantize gemm_wmma gemm_mma gemm_wgmma convert_f16 ops attention; do  # mma, wgmma, f16: HIP stubs compile
     clang++-19 -x hip --offload-arch="$arch" --cuda-device-only -nogpuinc -nogpulib -O3 -S -std=c++17 -Wall \
       -DGGML_CIQ_HIP -DGGML_CIQ_HIP_NOGPUINC -I native/include -I native/src \
       "native/src/cuda/$src.cu" -o "$out/$src-$arch.s"

@@ -1,7 +1,7 @@
 // gemm_wgmma.cu - Hopper keep-quant GEMM on f16 tensor cores (wgmma, sm_90a), f16 semantics (docs/SEMANTICS.md).
 //
 // out[t][r] = scale_t * sum_k W16[r][k] * X16[t][k] with fp32 accumulation over the whole K, where
-//   X16 = f16(x * 2^-e_t), scale_t = 2^e_t: activations converted once per call (convert_f16_kernel), each
+//   X16 = f16(x * 2^-e_t), scale_t = 2^e_t: activations converted once per call (convert_f16.cu), each
 //         token with the power of two that puts its largest |x| in (2^14, 2^15] (no f16 overflow, 11-bit mantissa);
 //   W16 = the GGUF blocks dequantized in the kernel, one f16 rounding per weight:
 //         Q4_K  fma(q, half(d*sc), -half(dmin*m))   (MMQ's fp16 sub-block scale and min)
@@ -22,19 +22,16 @@
 // Barriers: full[s] (128*PW + 1 arrivals: the producers after their A stores + the TMA thread's expect_tx, plus the
 // TMA bytes), empty[s] (one arrival per consumer warp once its wgmma reading slot s retired), wfull[w] (staged
 // weights' TMA bytes); producer-only named barrier 2 before a weight slot is refilled.
-#include "common.cuh"
+// Files: the PTX wrappers in wgmma_ptx.cuh; here the tile constants, the producer's dequantizer (raw_stage), the
+// kernel as wgmma_produce / wgmma_consume / wgmma_epilogue, and the host planner (pick_config) and launch.
+#include "wgmma_ptx.cuh"
 
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
 
 #if !defined(GGML_CIQ_HIP)
-#include <cuda.h>
 #include <cudaTypedefs.h>
-
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define CIQ_WGMMA_DEVICE 1
-#endif
 
 #define CIQ_WGMMA_ROWS 128
 #define CIQ_WGMMA_KSTAGE 64  // K values per pipeline stage (one 128-byte swizzle atom of f16)
@@ -70,138 +67,7 @@ static_assert(256 * RED_STRIDE * 4 <= 3 * wgmma_stage_bytes(256) && 128 * RED_ST
                   64 * RED_STRIDE * 4 <= 7 * wgmma_stage_bytes(64),
               "the epilogue's red[BN][RED_STRIDE] reuses the pipeline ring");
 
-static __device__ __forceinline__ uint32_t h2u(__half2 h) { return *(const uint32_t *)&h; }
-
 #ifdef CIQ_WGMMA_DEVICE
-static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-// Programmatic dependent launch (launch_wgmma with GGML_CIQ_WGMMA_PDL=1): the kernel may start while the kernel
-// before it in the stream (the activation conversion) still runs; every thread waits for that grid's completion and
-// its memory before touching anything it wrote (x, the token scales) or writing output. Weights are read before the
-// wait: no kernel writes them (they are uploaded). Without the launch attribute the wait returns at once.
-static __device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-
-static __device__ __forceinline__ void mbar_init(uint64_t *bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
-}
-static __device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
-}
-static __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-static __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
-    asm volatile(
-        "{\n.reg .pred done;\nwait_%=:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra wait_%=;\n}\n" ::"r"(smem_u32(bar)), "r"(parity) : "memory");
-}
-
-// B tile: K values k0 .. k0+63 of tokens tok0 .. tok0+BN-1 into 128-byte-swizzled shared memory.
-static __device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, int k0, int tok0, uint64_t *bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-        ::"r"(smem_u32(dst)), "l"((uint64_t)map), "r"(k0), "r"(tok0), "r"(smem_u32(bar)) : "memory");
-}
-
-// wgmma shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 B apart.
-static __device__ __forceinline__ uint64_t smem_desc(const void *p) {
-    return (uint64_t)((smem_u32(p) & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
-}
-
-static __device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-static __device__ __forceinline__ uint32_t mapa(uint32_t addr, int rank) {  // this address in CTA `rank`'s shared memory
-    uint32_t r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
-    return r;
-}
-static __device__ __forceinline__ float4 ld_dsmem4(uint32_t addr) {
-    float4 v;
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
-    return v;
-}
-static __device__ __forceinline__ void bar_sync_all() { asm volatile("bar.sync 1, %0;" ::"r"(blockDim.x) : "memory"); }
-
-static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N> static __device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-
-static __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t a, uint64_t b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(a), "l"(b));
-}
-
-static __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t a, uint64_t b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(a), "l"(b));
-}
-
-static __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t a, uint64_t b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-        "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "l"(a), "l"(b));
-}
-
-template <int BN> static __device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], uint64_t a, uint64_t b) {
-    if constexpr (BN == 64) wgmma_m64n64k16(d, a, b);
-    else if constexpr (BN == 128) wgmma_m64n128k16(d, a, b);
-    else wgmma_m64n256k16(d, a, b);
-}
-
 // ---- producer: raw blocks -> f16 A tile -------------------------------------------------------------------------
 
 static __device__ __forceinline__ void sts128(uint8_t *p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
@@ -356,145 +222,136 @@ template <int R, bool SMEM> struct raw_stage<CIQ_TYPE_Q6_K, R, SMEM> {
         }
     }
 };
-#endif  // CIQ_WGMMA_DEVICE
 
-// ---- the kernel ----------------------------------------------------------------------------------------------------
+// ---- the kernel: produce, consume, epilogue ----------------------------------------------------------------------
+// Shared memory of one CTA (1024-byte aligned): the ring of STAGES stages (A tile, then B tile), then TMA_W's WSLOTS
+// staged weight slots, then the barriers full[STAGES], empty[STAGES], wfull[WSLOTS].
 
+// Producer warpgroups (threads 0 .. 128 PW - 1): per stage the B tile by TMA and the A tile dequantized, then
+// full[slot]; a slot is refilled after empty[slot]. Ends with the CTA-wide barrier 1 that frees the ring.
 template <ciq_type T, int BN, int STAGES, int PW, bool TMA_W>
-__global__ void __launch_bounds__(128 * (PW + 2), 1)
-    gemm_wgmma_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap,
-                      const uint8_t *__restrict__ w, int64_t rows, int nb,
-                      const float *__restrict__ tscale, int tokens, int kb_per_split, void *__restrict__ out,
-                      ciq_out_type out_type) {
-#ifdef CIQ_WGMMA_DEVICE
+static __device__ __forceinline__ void wgmma_produce(const CUtensorMap &xmap, const CUtensorMap &wmap,
+                                                     const uint8_t *w, int64_t rows, int nb,
+                                                     uint8_t *smem, uint8_t *wraw, uint64_t *full, uint64_t *empty,
+                                                     uint64_t *wfull, int kb0, int iters, int64_t row0, int tok0) {
     constexpr int A_BYTES = CIQ_WGMMA_ROWS * 128, STAGE = wgmma_stage_bytes(BN);
     constexpr int block_bytes = T == CIQ_TYPE_Q4_K ? Q4_K_BLOCK_BYTES : Q6_K_BLOCK_BYTES;
-    extern __shared__ uint8_t smem_raw[];
-    // Swizzle atoms need 1024-byte alignment; offsetting the array (not casting an integer) keeps loads ld.shared.
-    uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-    uint8_t *wraw = smem + STAGES * STAGE;  // TMA_W: WSLOTS super-blocks of 128 staged rows, WBOX bytes each
-    uint64_t *full = (uint64_t *)(wraw + (TMA_W ? WSLOTS * CIQ_WGMMA_ROWS * wgmma_wbox(T) : 0)), *empty = full + STAGES,
-             *wfull = empty + STAGES;
-
-    const int kb0 = blockIdx.z * kb_per_split, iters = 4 * (min(nb, kb0 + kb_per_split) - kb0);
-    const int64_t row0 = (int64_t)blockIdx.x * CIQ_WGMMA_ROWS;
-    const int tok0 = blockIdx.y * BN;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            mbar_init(&full[s], 128 * PW + 1);
-            mbar_init(&empty[s], 8);
+    constexpr int R = 4 / PW;  // rows per thread, 128 / R apart
+    // Thread t: 8-byte column group i = t % 4 of rows r0 + (128 / R) p. The 8 threads of a 128-bit store phase
+    // take rows r and r + 4 (row swizzles differing in bit 2), so their chunks fall in 8 distinct bank groups.
+    const int t = threadIdx.x, i = t % 4, g = t / 4, r0 = (g & ~7) | (g & 1) << 2 | (g >> 1 & 3);
+    // One pipeline stage: the B tile by TMA (thread 0), the A tile dequantized from `raw`.
+    auto stage = [&](const raw_stage<T, R, TMA_W> &raw, int it, int c) {
+        const int slot = it % STAGES;
+        if (it >= STAGES) mbar_wait(&empty[slot], ((it / STAGES) + 1) & 1);
+        uint8_t *a_tile = smem + slot * STAGE;
+        if (t == 0) {
+            mbar_arrive_expect_tx(&full[slot], BN * 128);
+            tma_load_2d(a_tile + A_BYTES, &xmap, (kb0 + it / 4) * QK_K + CIQ_WGMMA_KSTAGE * c, tok0, &full[slot]);
         }
-        for (int s = 0; s < WSLOTS; ++s) mbar_init(&wfull[s], 1);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
-
-    static_assert(PW == 1 || BN <= 128, "512 threads leave 128 registers per thread: too few for 256 accumulators");
-    if (threadIdx.x < 128 * PW) {  // producer warpgroups
-        constexpr int R = 4 / PW;  // rows per thread, 128 / R apart
-        // Thread t: 8-byte column group i = t % 4 of rows r0 + (128 / R) p. The 8 threads of a 128-bit store phase
-        // take rows r and r + 4 (row swizzles differing in bit 2), so their chunks fall in 8 distinct bank groups.
-        const int t = threadIdx.x, i = t % 4, g = t / 4, r0 = (g & ~7) | (g & 1) << 2 | (g >> 1 & 3);
-        // One pipeline stage: the B tile by TMA (thread 0), the A tile dequantized from `raw`.
-        auto stage = [&](const raw_stage<T, R, TMA_W> &raw, int it, int c) {
-            const int slot = it % STAGES;
-            if (it >= STAGES) mbar_wait(&empty[slot], ((it / STAGES) + 1) & 1);
-            uint8_t *a_tile = smem + slot * STAGE;
-            if (t == 0) {
-                mbar_arrive_expect_tx(&full[slot], BN * 128);
-                tma_load_2d(a_tile + A_BYTES, &xmap, (kb0 + it / 4) * QK_K + CIQ_WGMMA_KSTAGE * c, tok0, &full[slot]);
-            }
-            raw.dequant(a_tile, c, i, r0);
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // A stores -> visible to wgmma
-            mbar_arrive(&full[slot]);
+        raw.dequant(a_tile, c, i, r0);
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // A stores -> visible to wgmma
+        mbar_arrive(&full[slot]);
+    };
+    if constexpr (TMA_W) {  // super-block sb's 128 rows staged by TMA in wraw slot sb % WSLOTS, WSLOTS - 1 ahead
+        constexpr int WB = wgmma_wbox(T);
+        const int nsb = iters / 4;
+        auto issue = [&](int sb) {
+            uint64_t *bar = &wfull[sb % WSLOTS];
+            mbar_arrive_expect_tx(bar, CIQ_WGMMA_ROWS * WB);
+            tma_load_2d(wraw + (sb % WSLOTS) * CIQ_WGMMA_ROWS * WB, &wmap, (kb0 + sb) * block_bytes & ~15, (int)row0,
+                        bar);
         };
-        if constexpr (TMA_W) {  // super-block sb's 128 rows staged by TMA in wraw slot sb % WSLOTS, WSLOTS - 1 ahead
-            constexpr int WB = wgmma_wbox(T);
-            const int nsb = iters / 4;
-            auto issue = [&](int sb) {
-                uint64_t *bar = &wfull[sb % WSLOTS];
-                mbar_arrive_expect_tx(bar, CIQ_WGMMA_ROWS * WB);
-                tma_load_2d(wraw + (sb % WSLOTS) * CIQ_WGMMA_ROWS * WB, &wmap, (kb0 + sb) * block_bytes & ~15, (int)row0,
-                            bar);
-            };
-            if (t == 0)
-                for (int sb = 0; sb < WSLOTS && sb < nsb; ++sb) issue(sb);  // weights: nothing before writes them
-            wait_for_previous_grid();
-            for (int sb = 0; sb < nsb; ++sb) {
-                const uint8_t *wslot = wraw + (sb % WSLOTS) * CIQ_WGMMA_ROWS * WB + ((kb0 + sb) * block_bytes & 15);
-                const uint8_t *blk[R];
-#pragma unroll
-                for (int p = 0; p < R; ++p) blk[p] = wslot + (r0 + CIQ_WGMMA_ROWS / R * p) * WB;
-                mbar_wait(&wfull[sb % WSLOTS], (sb / WSLOTS) & 1);
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                    raw_stage<T, R, true> raw;
-                    raw.load(blk, c, i);
-                    stage(raw, 4 * sb + c, c);
-                }
-                asm volatile("bar.sync 2, %0;" ::"n"(128 * PW) : "memory");  // every producer is done with the slot
-                if (t == 0 && sb + WSLOTS < nsb) {
-                    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-                    issue(sb + WSLOTS);
-                }
-            }
-        } else {  // raw blocks from global memory into registers, PREFETCH stages ahead
-            // 2, except Q6_K with one producer warpgroup (4 rows per thread), whose third raw set spills (ptxas -v).
-            constexpr int PREFETCH = T == CIQ_TYPE_Q6_K && PW == 1 ? 1 : 2;
-            const int64_t row_bytes = (int64_t)nb * block_bytes;
-            const uint8_t *rowp[R];
-#pragma unroll
-            for (int p = 0; p < R; ++p) rowp[p] = w + min(row0 + r0 + 128 / R * p, rows - 1) * row_bytes;  // tail: last row
-            auto load = [&](raw_stage<T, R, false> &raw, int it) {
-                const uint8_t *blk[R];
-#pragma unroll
-                for (int p = 0; p < R; ++p) blk[p] = rowp[p] + (int64_t)(kb0 + it / 4) * block_bytes;
-                raw.load(blk, it % 4, i);
-            };
-            constexpr int RING = 4 % (PREFETCH + 1) == 0 ? PREFETCH + 1 : 4;  // divides 4: slots are compile-time
-            raw_stage<T, R, false> raw[RING];  // stage c of a super-block lives in raw[c % RING]
-#pragma unroll
-            for (int c = 0; c < PREFETCH; ++c)
-                if (c < iters) load(raw[c], c);
-            wait_for_previous_grid();
-            for (int it0 = 0; it0 < iters; it0 += 4) {  // one super-block: the stage index c is a constant
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                    if (it0 + c + PREFETCH < iters) load(raw[(c + PREFETCH) % RING], it0 + c + PREFETCH);
-                    stage(raw[c % RING], it0 + c, c);
-                }
-            }
-        }
-        bar_sync_all();  // the ring is reused for the epilogue once every wgmma has retired
-    } else {  // consumer warpgroups: rows 64 * cw .. +63 of the tile
+        if (t == 0)
+            for (int sb = 0; sb < WSLOTS && sb < nsb; ++sb) issue(sb);  // weights: nothing before writes them
         wait_for_previous_grid();
-        const int cw = threadIdx.x / 128 - PW, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
-        float acc[BN / 2];
+        for (int sb = 0; sb < nsb; ++sb) {
+            const uint8_t *wslot = wraw + (sb % WSLOTS) * CIQ_WGMMA_ROWS * WB + ((kb0 + sb) * block_bytes & 15);
+            const uint8_t *blk[R];
 #pragma unroll
-        for (int j = 0; j < BN / 2; ++j) acc[j] = 0.0f;
-        for (int it = 0; it < iters; ++it) {
-            const int slot = it % STAGES;
-            mbar_wait(&full[slot], (it / STAGES) & 1);
-            const uint8_t *a_tile = smem + slot * STAGE;
-            const uint64_t da = smem_desc(a_tile + cw * 64 * 128), db = smem_desc(a_tile + A_BYTES);
-            wgmma_fence();
+            for (int p = 0; p < R; ++p) blk[p] = wslot + (r0 + CIQ_WGMMA_ROWS / R * p) * WB;
+            mbar_wait(&wfull[sb % WSLOTS], (sb / WSLOTS) & 1);
 #pragma unroll
-            for (int kk = 0; kk < CIQ_WGMMA_KSTAGE / 16; ++kk) wgmma_tile<BN>(acc, da + 2 * kk, db + 2 * kk);  // +32 B
-            wgmma_commit();
-            wgmma_wait<1>();  // the group of it-1 has retired: its slot is free
-            if (it > 0 && lane == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
+            for (int c = 0; c < 4; ++c) {
+                raw_stage<T, R, true> raw;
+                raw.load(blk, c, i);
+                stage(raw, 4 * sb + c, c);
+            }
+            asm volatile("bar.sync 2, %0;" ::"n"(128 * PW) : "memory");  // every producer is done with the slot
+            if (t == 0 && sb + WSLOTS < nsb) {
+                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                issue(sb + WSLOTS);
+            }
         }
-        wgmma_wait<0>();
-        bar_sync_all();
-        // D fragment: acc[4j + e] = row 16*warp + lane/4 + 8(e/2), token 8j + 2(lane%4) + e%2 -> red[token][row]
-        float *red = (float *)smem;
-        const int rl = 64 * cw + 16 * warp + lane / 4;
+    } else {  // raw blocks from global memory into registers, PREFETCH stages ahead
+        // 2, except Q6_K with one producer warpgroup (4 rows per thread), whose third raw set spills (ptxas -v).
+        constexpr int PREFETCH = T == CIQ_TYPE_Q6_K && PW == 1 ? 1 : 2;
+        const int64_t row_bytes = (int64_t)nb * block_bytes;
+        const uint8_t *rowp[R];
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j)
+        for (int p = 0; p < R; ++p) rowp[p] = w + min(row0 + r0 + 128 / R * p, rows - 1) * row_bytes;  // tail: last row
+        auto load = [&](raw_stage<T, R, false> &raw, int it) {
+            const uint8_t *blk[R];
 #pragma unroll
-            for (int e = 0; e < 4; ++e) red[(8 * j + 2 * (lane % 4) + e % 2) * RED_STRIDE + rl + 8 * (e / 2)] = acc[4 * j + e];
+            for (int p = 0; p < R; ++p) blk[p] = rowp[p] + (int64_t)(kb0 + it / 4) * block_bytes;
+            raw.load(blk, it % 4, i);
+        };
+        constexpr int RING = 4 % (PREFETCH + 1) == 0 ? PREFETCH + 1 : 4;  // divides 4: slots are compile-time
+        raw_stage<T, R, false> raw[RING];  // stage c of a super-block lives in raw[c % RING]
+#pragma unroll
+        for (int c = 0; c < PREFETCH; ++c)
+            if (c < iters) load(raw[c], c);
+        wait_for_previous_grid();
+        for (int it0 = 0; it0 < iters; it0 += 4) {  // one super-block: the stage index c is a constant
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                if (it0 + c + PREFETCH < iters) load(raw[(c + PREFETCH) % RING], it0 + c + PREFETCH);
+                stage(raw[c % RING], it0 + c, c);
+            }
+        }
     }
+    bar_sync_all();  // the ring is reused for the epilogue once every wgmma has retired
+}
 
+// Consumer warpgroup cw (rows 64 cw .. +63 of the tile): per stage waits full[slot], 4 wgmma steps, and frees the
+// previous stage's slot (empty) once its group retired; then the accumulators into red[token][row] (the ring).
+// acc is the kernel's array (declared at the call): the machine code is then byte-identical to the one-body kernel.
+template <int BN, int STAGES, int PW>
+static __device__ __forceinline__ void wgmma_consume(uint8_t *smem, uint64_t *full, uint64_t *empty, int iters,
+                                                     float (&acc)[BN / 2]) {
+    constexpr int A_BYTES = CIQ_WGMMA_ROWS * 128, STAGE = wgmma_stage_bytes(BN);
+    wait_for_previous_grid();
+    const int cw = threadIdx.x / 128 - PW, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+#pragma unroll
+    for (int j = 0; j < BN / 2; ++j) acc[j] = 0.0f;
+    for (int it = 0; it < iters; ++it) {
+        const int slot = it % STAGES;
+        mbar_wait(&full[slot], (it / STAGES) & 1);
+        const uint8_t *a_tile = smem + slot * STAGE;
+        const uint64_t da = smem_desc(a_tile + cw * 64 * 128), db = smem_desc(a_tile + A_BYTES);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < CIQ_WGMMA_KSTAGE / 16; ++kk) wgmma_tile<BN>(acc, da + 2 * kk, db + 2 * kk);  // +32 B
+        wgmma_commit();
+        wgmma_wait<1>();  // the group of it-1 has retired: its slot is free
+        if (it > 0 && lane == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    bar_sync_all();
+    // D fragment: acc[4j + e] = row 16*warp + lane/4 + 8(e/2), token 8j + 2(lane%4) + e%2 -> red[token][row]
+    float *red = (float *)smem;
+    const int rl = 64 * cw + 16 * warp + lane / 4;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) red[(8 * j + 2 * (lane % 4) + e % 2) * RED_STRIDE + rl + 8 * (e / 2)] = acc[4 * j + e];
+}
+
+// Epilogue, every thread: red[] summed over the split-K cluster, times the token scale, stored as rows.
+template <int BN>
+static __device__ __forceinline__ void wgmma_epilogue(uint8_t *smem, int64_t rows, const float *tscale, int tokens,
+                                                      void *out, ciq_out_type out_type,
+                                                      int64_t row0, int tok0) {
     // Split-K over the cluster's CTAs (blockIdx.z = cluster rank): each CTA sums its share of the tile's tokens over
     // every CTA's red[] through distributed shared memory, in rank order (deterministic), then stores coalesced rows.
     const int splits = gridDim.z, rank = blockIdx.z;
@@ -526,66 +383,50 @@ __global__ void __launch_bounds__(128 * (PW + 2), 1)
         }
     }
     if (splits > 1) cluster_sync();  // peers may still be reading this CTA's red[]
+}
+
+#endif  // CIQ_WGMMA_DEVICE
+
+template <ciq_type T, int BN, int STAGES, int PW, bool TMA_W>
+__global__ void __launch_bounds__(128 * (PW + 2), 1)
+    gemm_wgmma_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap,
+                      const uint8_t *__restrict__ w, int64_t rows, int nb,
+                      const float *__restrict__ tscale, int tokens, int kb_per_split, void *__restrict__ out,
+                      ciq_out_type out_type) {
+#ifdef CIQ_WGMMA_DEVICE
+    constexpr int STAGE = wgmma_stage_bytes(BN);
+    extern __shared__ uint8_t smem_raw[];
+    // Swizzle atoms need 1024-byte alignment; offsetting the array (not casting an integer) keeps loads ld.shared.
+    uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    uint8_t *wraw = smem + STAGES * STAGE;  // TMA_W: WSLOTS super-blocks of 128 staged rows, WBOX bytes each
+    uint64_t *full = (uint64_t *)(wraw + (TMA_W ? WSLOTS * CIQ_WGMMA_ROWS * wgmma_wbox(T) : 0)), *empty = full + STAGES,
+             *wfull = empty + STAGES;
+
+    const int kb0 = blockIdx.z * kb_per_split, iters = 4 * (min(nb, kb0 + kb_per_split) - kb0);
+    const int64_t row0 = (int64_t)blockIdx.x * CIQ_WGMMA_ROWS;
+    const int tok0 = blockIdx.y * BN;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(&full[s], 128 * PW + 1);
+            mbar_init(&empty[s], 8);
+        }
+        for (int s = 0; s < WSLOTS; ++s) mbar_init(&wfull[s], 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    static_assert(PW == 1 || BN <= 128, "512 threads leave 128 registers per thread: too few for 256 accumulators");
+    if (threadIdx.x < 128 * PW) {
+        wgmma_produce<T, BN, STAGES, PW, TMA_W>(xmap, wmap, w, rows, nb, smem, wraw, full, empty, wfull, kb0, iters,
+                                                row0, tok0);
+    } else {
+        float acc[BN / 2];
+        wgmma_consume<BN, STAGES, PW>(smem, full, empty, iters, acc);
+    }
+    wgmma_epilogue<BN>(smem, rows, tscale, tokens, out, out_type, row0, tok0);
 #else
     __trap();
 #endif
-}
-
-// Activations -> f16 layout: one CTA per token finds amax, picks 2^e with amax * 2^-e in [2^14, 2^15) and writes
-// f16(x * 2^-e) and scale_t = 2^e. NV > 0: the row is read once, NV float4 per thread held in registers (K <= 1024 NV,
-// x 16-byte aligned); NV == 0: any K % 256 == 0 and alignment, the row is read twice.
-static __device__ __forceinline__ float block_max_256(float v) {
-    __shared__ float warp_max[8];
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFF, v, o));
-    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = v;
-    __syncthreads();
-    v = warp_max[0];
-#pragma unroll
-    for (int wi = 1; wi < 8; ++wi) v = fmaxf(v, warp_max[wi]);
-    return v;
-}
-
-static __device__ __forceinline__ float f16_up_scale(float amax, float *scale) {
-    int e = 0;
-    frexpf(amax, &e);  // amax in [2^(e-1), 2^e)
-    e = max(e, -100);
-    if (threadIdx.x == 0) *scale = ldexpf(1.0f, e - 15);
-    return ldexpf(1.0f, 15 - e);
-}
-
-template <int NV>
-__global__ void __launch_bounds__(256) convert_f16_kernel(const float *__restrict__ x, int64_t k, __half *__restrict__ xh,
-                                                          float *__restrict__ scales) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;");  // the GEMM after it may start (it waits for this grid)
-#endif
-    const int64_t tok = blockIdx.x;
-    const float *xr = x + tok * k;
-    __half *hr = xh + tok * k;
-    if constexpr (NV > 0) {
-        float4 v[NV];
-        float amax = 0.0f;
-#pragma unroll
-        for (int n = 0; n < NV; ++n) {
-            const int64_t c = 4 * (threadIdx.x + 256 * n);
-            v[n] = c < k ? __ldg((const float4 *)(xr + c)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[n].x), fabsf(v[n].y)), fmaxf(fabsf(v[n].z), fabsf(v[n].w))));
-        }
-        const float up = f16_up_scale(block_max_256(amax), scales + tok);
-#pragma unroll
-        for (int n = 0; n < NV; ++n) {
-            const int64_t c = 4 * (threadIdx.x + 256 * n);
-            if (c < k)
-                *(uint2 *)(hr + c) = make_uint2(h2u(__floats2half2_rn(v[n].x * up, v[n].y * up)),
-                                                h2u(__floats2half2_rn(v[n].z * up, v[n].w * up)));
-        }
-    } else {
-        float amax = 0.0f;
-        for (int64_t c = threadIdx.x; c < k; c += 256) amax = fmaxf(amax, fabsf(xr[c]));
-        const float up = f16_up_scale(block_max_256(amax), scales + tok);
-        for (int64_t c = 2 * threadIdx.x; c < k; c += 512)
-            *(uint32_t *)(hr + c) = h2u(__floats2half2_rn(xr[c] * up, xr[c + 1] * up));
-    }
 }
 
 // ---- host -----------------------------------------------------------------------------------------------------------
@@ -735,21 +576,6 @@ static ciq_status dispatch_wgmma(const CUtensorMap &xmap, const CUtensorMap &wma
     }
 }
 
-ciq_status ciq_cuda_convert_f16(const float *x, void *out, int64_t tokens, int64_t k) {
-    __half *xh = (__half *)out;
-    float *scales = (float *)((uint8_t *)out + ciq_f16_scale_offset(tokens, k));
-    const int64_t per_thread = (k + 1023) / 1024;  // float4 per thread when the row stays in registers
-    const unsigned grid = (unsigned)tokens;
-    if ((uintptr_t)x % 16 != 0 || per_thread > 16) convert_f16_kernel<0><<<grid, 256>>>(x, k, xh, scales);
-    else if (per_thread <= 1) convert_f16_kernel<1><<<grid, 256>>>(x, k, xh, scales);
-    else if (per_thread <= 2) convert_f16_kernel<2><<<grid, 256>>>(x, k, xh, scales);
-    else if (per_thread <= 4) convert_f16_kernel<4><<<grid, 256>>>(x, k, xh, scales);
-    else if (per_thread <= 8) convert_f16_kernel<8><<<grid, 256>>>(x, k, xh, scales);
-    else convert_f16_kernel<16><<<grid, 256>>>(x, k, xh, scales);
-    CIQ_CUDA_LAUNCH_CHECK("convert_f16");
-    return CIQ_OK;
-}
-
 // Weights go through TMA into shared memory when the rows allow a tensor map (16-byte-aligned base and row pitch:
 // every Q4_K matrix, Q6_K with K a multiple of 2048); otherwise the producers read them into registers.
 template <ciq_type T>
@@ -814,9 +640,6 @@ ciq_status ciq_cuda_gemm_wgmma(int device, ciq_type type, const void *weight, in
 
 #else  // HIP: no wgmma
 
-ciq_status ciq_cuda_convert_f16(const float *, void *, int64_t, int64_t) {
-    return ciq_fail(CIQ_ERR_UNSUPPORTED, "f16 semantics (the wgmma kernel) are CUDA-only");
-}
 ciq_status ciq_cuda_gemm_wgmma(int, ciq_type, const void *, int64_t, int64_t, const void *, int64_t, void *,
                                ciq_out_type) {
     return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma: the wgmma kernel is CUDA-only");

@@ -1,0 +1,85 @@
+// convert_f16.cu - activations into the f16 layout the wgmma GEMM reads (f16 semantics, ggml_ciq.h):
+//   xh[t][k] = f16(x[t][k] * 2^-e_t), then at ciq_f16_scale_offset float scale[t] = 2^e_t, with e_t putting the
+//   token's largest |x| in [2^14, 2^15) (no f16 overflow, 11-bit mantissa).
+// One CTA of 256 threads per token. The kernel releases a programmatic dependent launch of the GEMM after it.
+#include "wgmma_ptx.cuh"
+
+#if !defined(GGML_CIQ_HIP)
+// Activations -> f16 layout: one CTA per token finds amax, picks 2^e with amax * 2^-e in [2^14, 2^15) and writes
+// f16(x * 2^-e) and scale_t = 2^e. NV > 0: the row is read once, NV float4 per thread held in registers (K <= 1024 NV,
+// x 16-byte aligned); NV == 0: any K % 256 == 0 and alignment, the row is read twice.
+static __device__ __forceinline__ float block_max_256(float v) {
+    __shared__ float warp_max[8];
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFF, v, o));
+    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = v;
+    __syncthreads();
+    v = warp_max[0];
+#pragma unroll
+    for (int wi = 1; wi < 8; ++wi) v = fmaxf(v, warp_max[wi]);
+    return v;
+}
+
+static __device__ __forceinline__ float f16_up_scale(float amax, float *scale) {
+    int e = 0;
+    frexpf(amax, &e);  // amax in [2^(e-1), 2^e)
+    e = max(e, -100);
+    if (threadIdx.x == 0) *scale = ldexpf(1.0f, e - 15);
+    return ldexpf(1.0f, 15 - e);
+}
+
+template <int NV>
+__global__ void __launch_bounds__(256) convert_f16_kernel(const float *__restrict__ x, int64_t k, __half *__restrict__ xh,
+                                                          float *__restrict__ scales) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");  // the GEMM after it may start (it waits for this grid)
+#endif
+    const int64_t tok = blockIdx.x;
+    const float *xr = x + tok * k;
+    __half *hr = xh + tok * k;
+    if constexpr (NV > 0) {
+        float4 v[NV];
+        float amax = 0.0f;
+#pragma unroll
+        for (int n = 0; n < NV; ++n) {
+            const int64_t c = 4 * (threadIdx.x + 256 * n);
+            v[n] = c < k ? __ldg((const float4 *)(xr + c)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[n].x), fabsf(v[n].y)), fmaxf(fabsf(v[n].z), fabsf(v[n].w))));
+        }
+        const float up = f16_up_scale(block_max_256(amax), scales + tok);
+#pragma unroll
+        for (int n = 0; n < NV; ++n) {
+            const int64_t c = 4 * (threadIdx.x + 256 * n);
+            if (c < k)
+                *(uint2 *)(hr + c) = make_uint2(h2u(__floats2half2_rn(v[n].x * up, v[n].y * up)),
+                                                h2u(__floats2half2_rn(v[n].z * up, v[n].w * up)));
+        }
+    } else {
+        float amax = 0.0f;
+        for (int64_t c = threadIdx.x; c < k; c += 256) amax = fmaxf(amax, fabsf(xr[c]));
+        const float up = f16_up_scale(block_max_256(amax), scales + tok);
+        for (int64_t c = 2 * threadIdx.x; c < k; c += 512)
+            *(uint32_t *)(hr + c) = h2u(__floats2half2_rn(xr[c] * up, xr[c + 1] * up));
+    }
+}
+
+ciq_status ciq_cuda_convert_f16(const float *x, void *out, int64_t tokens, int64_t k) {
+    __half *xh = (__half *)out;
+    float *scales = (float *)((uint8_t *)out + ciq_f16_scale_offset(tokens, k));
+    const int64_t per_thread = (k + 1023) / 1024;  // float4 per thread when the row stays in registers
+    const unsigned grid = (unsigned)tokens;
+    if ((uintptr_t)x % 16 != 0 || per_thread > 16) convert_f16_kernel<0><<<grid, 256>>>(x, k, xh, scales);
+    else if (per_thread <= 1) convert_f16_kernel<1><<<grid, 256>>>(x, k, xh, scales);
+    else if (per_thread <= 2) convert_f16_kernel<2><<<grid, 256>>>(x, k, xh, scales);
+    else if (per_thread <= 4) convert_f16_kernel<4><<<grid, 256>>>(x, k, xh, scales);
+    else if (per_thread <= 8) convert_f16_kernel<8><<<grid, 256>>>(x, k, xh, scales);
+    else convert_f16_kernel<16><<<grid, 256>>>(x, k, xh, scales);
+    CIQ_CUDA_LAUNCH_CHECK("convert_f16");
+    return CIQ_OK;
+}
+
+#else  // HIP: no f16 semantics
+
+ciq_status ciq_cuda_convert_f16(const float *, void *, int64_t, int64_t) {
+    return ciq_fail(CIQ_ERR_UNSUPPORTED, "f16 semantics (the wgmma kernel) are CUDA-only");
+}
+#endif
