@@ -107,7 +107,7 @@ def bench_cpu(shapes: list[Shape], tokens_list: list[int], threads: int, repeat:
             xp, op = n.ffi.from_buffer("float[]", x), n.ffi.from_buffer(out)
 
             def ours():
-                n.check(n.lib.ciq_gemm(native.parse_device("cpu"), n.lib.CIQ_VARIANT_CPU, n.lib.CIQ_SEMANTICS_CPU,
+                n.check(n.lib.ciq_gemm(n.lib.CIQ_DEVICE_CPU, n.lib.CIQ_VARIANT_CPU, n.lib.CIQ_SEMANTICS_CPU,
                                        shape.ggml_type, problem.weight.ptr, problem.weight.nbytes, shape.rows, shape.k,
                                        xp, tokens, op, n.lib.CIQ_OUT_F32))
 

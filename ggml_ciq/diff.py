@@ -249,29 +249,23 @@ def _f64_product(tensor: Tensor, x: np.ndarray, chunk_rows: int = 8192) -> np.nd
 def captured_tensor_diffs(model: ModelFile, capture, reference: str, bar: float, progress=None) \
         -> list[CapturedTensorDiff]:
     """Every captured weight mul_mat, in llama.cpp's graph order, through our kernel of llama.cpp's semantics on
-    exactly llama.cpp's input, against llama.cpp's output. Q4_K/Q6_K: CPU variant cpu, CUDA mma; Q4_0/Q5_0/Q8_0:
-    the q32 variant, cpu semantics on the CPU (q8_0 activations), mmq on CUDA (K a multiple of 128). These are judged
-    against the bar; other types are listed with a float64 product."""
+    exactly llama.cpp's input, against llama.cpp's output: the registry's AUTO kernel for that semantics (Q4_K/Q6_K:
+    cpu on the CPU, mma on CUDA; Q4_0/Q5_0/Q8_0: q32, reported as "q8_0" on the CPU, K a multiple of 128 on CUDA).
+    These are judged against the bar; other types are listed with a float64 product."""
     semantics = REFERENCE_SEMANTICS[reference]
-    device, variant = ("cpu", "cpu") if reference == "llamacpp-cpu" else ("cuda", "mma")
+    device = "cpu" if reference == "llamacpp-cpu" else "cuda"
     diffs = []
     for name in capture.mul_mat:
         tensor = model.tensor(name)
         x, theirs = capture.inputs(name), capture.outputs(name)
         judged = True
-        if tensor.is_keep_quant:
-            native.dispatch_reset()
-            ours = native.gemm(tensor, x, variant=variant, device=device, semantics=semantics)
-            if native.dispatch_counts()[(variant, tensor.type_name)] != 1:
-                raise InvalidArgumentError(f"{name}: dispatch counters do not show one {variant} launch")
-            kernel = variant
-        elif tensor.ggml_type in quants.Q32_TYPES and (device == "cpu" or tensor.k % 128 == 0):
-            native.dispatch_reset()
-            ours = native.gemm_q32(tensor.raw(), x, tensor.ggml_type, tensor.rows, tensor.k, device,
-                                   semantics="cpu" if device == "cpu" else "mmq")
-            if native.dispatch_counts()[("q32", tensor.type_name)] != 1:
-                raise InvalidArgumentError(f"{name}: dispatch counters do not show one q32 launch")
-            kernel = "q8_0" if device == "cpu" else "q32"
+        if tensor.is_keep_quant or (tensor.ggml_type in quants.Q32_TYPES and (device == "cpu" or tensor.k % 128 == 0)):
+            native.dispatch_reset()  # AUTO in llama.cpp's semantics: the registry picks the kernel, the counters say which
+            ours = native.gemm(tensor, x, device=device, semantics=semantics)
+            ran = [(variant, n) for (variant, type_name), n in native.dispatch_counts().items() if n]
+            if len(ran) != 1 or ran[0][1] != 1:
+                raise InvalidArgumentError(f"{name}: dispatch counters do not show exactly one launch ({ran})")
+            kernel = "q8_0" if ran[0][0] == "q32" and device == "cpu" else ran[0][0]
         elif tensor.ggml_type in quants.BLOCK_LAYOUT:
             ours, kernel, judged = _f64_product(tensor, x), "f64", False
         else:

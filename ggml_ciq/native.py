@@ -171,12 +171,12 @@ def device_count() -> int:
 
 
 def parse_device(device) -> int:
-    """'cpu' -> CIQ_DEVICE_CPU (-1), 'cuda' / 'cuda:N' / N -> N."""
+    """'cpu' -> CIQ_DEVICE_CPU, 'cuda' / 'cuda:N' / N -> N."""
     if isinstance(device, int):
         return device
     text = str(device).lower()
     if text == "cpu":
-        return -1
+        return _header_ffi().typeof("ciq_device_index").relements["CIQ_DEVICE_CPU"]
     if text in ("cuda", "gpu"):
         return 0
     for prefix in ("cuda:", "gpu:"):

@@ -44,7 +44,7 @@ def rope(x: np.ndarray, positions: np.ndarray, base: float, neox: bool) -> np.nd
     x = np.ascontiguousarray(x, np.float32)
     positions = np.ascontiguousarray(positions, np.int32)
     out = np.empty_like(x)
-    n.check(n.lib.ciq_rope(-1, n.lib.CIQ_ROPE_NEOX if neox else n.lib.CIQ_ROPE_NORM, n.ffi.from_buffer("float[]", x),
+    n.check(n.lib.ciq_rope(n.lib.CIQ_DEVICE_CPU, n.lib.CIQ_ROPE_NEOX if neox else n.lib.CIQ_ROPE_NORM, n.ffi.from_buffer("float[]", x),
                            n.ffi.from_buffer("int32_t[]", positions), x.shape[0], x.shape[1], x.shape[2], float(base),
                            n.ffi.from_buffer("float[]", out)))
     return out
@@ -60,7 +60,7 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_past: i
     q = np.ascontiguousarray(q, np.float32)
     k_cache, v_cache = np.ascontiguousarray(k_cache, np.float16), np.ascontiguousarray(v_cache, np.float16)
     out = np.empty((t, h * d), np.float32)
-    n.check(n.lib.ciq_attention(-1, n.lib.CIQ_ATTENTION_GGML, n.ffi.from_buffer("float[]", q),
+    n.check(n.lib.ciq_attention(n.lib.CIQ_DEVICE_CPU, n.lib.CIQ_ATTENTION_GGML, n.ffi.from_buffer("float[]", q),
                                 n.ffi.from_buffer("uint16_t[]", k_cache.view(np.uint16)),
                                 n.ffi.from_buffer("uint16_t[]", v_cache.view(np.uint16)), t, h, k_cache.shape[1], d,
                                 k_cache.shape[0], int(n_past), float(scale), int(window),
@@ -178,7 +178,7 @@ class NumpyOps:
             n = native.load()
             gate, up = np.ascontiguousarray(gate, np.float32), np.ascontiguousarray(up, np.float32)
             out = np.empty_like(gate)
-            n.check(n.lib.ciq_glu(-1, n.lib.CIQ_GLU_GELU, n.ffi.from_buffer("float[]", gate),
+            n.check(n.lib.ciq_glu(n.lib.CIQ_DEVICE_CPU, n.lib.CIQ_GLU_GELU, n.ffi.from_buffer("float[]", gate),
                                   n.ffi.from_buffer("float[]", up), gate.size, n.ffi.from_buffer("float[]", out)))
             return self._track(out)
         raise UnsupportedTypeError(f"unknown GLU kind {kind!r} (silu or gelu)")

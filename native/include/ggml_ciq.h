@@ -30,9 +30,10 @@ extern "C" {
 #endif
 
 #define GGML_CIQ_API_VERSION 2
-#define CIQ_DEVICE_CPU (-1)
 
 /* CDEF-BEGIN */
+typedef enum { CIQ_DEVICE_CPU = -1 } ciq_device_index; /* the host as a device; GPUs are 0..n-1 */
+
 typedef enum {
     CIQ_OK = 0,
     CIQ_ERR_INVALID_ARGUMENT = 1, /* null pointer, bad size, K not a multiple of the block, unknown enum */
