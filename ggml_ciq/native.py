@@ -148,12 +148,14 @@ def variants() -> tuple[VariantInfo, ...]:
 
 
 def __getattr__(name: str):
-    """VARIANTS (names, AUTO first), GPU_VARIANTS (the GPU kernels of the K-quant types), SEMANTICS, LAYOUTS and
-    OUT_TYPES, read from the header and the registry on first use."""
+    """VARIANTS (names, AUTO first), GPU_VARIANTS (the GPU kernels of the K-quant types for every token count: what
+    bench and the sanitizer run), SEMANTICS, LAYOUTS and OUT_TYPES, read from the header and the registry on first
+    use."""
     if name == "VARIANTS":
         return tuple(v.name for v in variants())
     if name == "GPU_VARIANTS":
-        return tuple(v.name for v in variants()[1:] if v.gpu_semantics and quants.Q4_K in v.weight_types)
+        return tuple(v.name for v in variants()[1:]
+                     if v.gpu_semantics and quants.Q4_K in v.weight_types and v.min_tokens == 1 and v.max_tokens >= 2**62)
     if name == "SEMANTICS":
         return enum_names("ciq_semantics", "CIQ_SEMANTICS_")
     if name == "LAYOUTS":

@@ -606,6 +606,9 @@ def gemm_mmvq_semantics(weight_type: int, data, rows: int, k: int, x: np.ndarray
     return gemm_mmvq_semantics_quantized(weight_type, data, rows, k, quantize_q8_1(x))
 
 
+REFERENCE_GEMMS["mmvq"] = gemm_mmvq_semantics  # the registry's mmvq variant (1..8 tokens)
+
+
 def gemm_mmvq_exact(weight_type: int, data, rows: int, k: int, xq: np.ndarray) -> np.ndarray:
     """MMVQ's formula on the same q8_1 bytes with every float step exact (float64; only the order of additions
     differs from the kernel): K-quants d*Σ_j sc_j*d8_j*Σq*q8 - dmin*Σ_j m_j*d8_j*Σq8 (Q6_K without the min term);

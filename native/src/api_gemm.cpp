@@ -12,7 +12,7 @@ ciq_status ciq_activations_size(ciq_layout layout, int64_t tokens, int64_t k, si
     switch (layout) {
         case CIQ_LAYOUT_Q8_K: case CIQ_LAYOUT_F16: unit = QK_K; break;
         case CIQ_LAYOUT_Q8_1_MMQ_DS4: case CIQ_LAYOUT_Q8_1_MMQ_D4: unit = Q8_1_MMQ_VALUES; break;
-        case CIQ_LAYOUT_Q8_0: unit = 32; break;
+        case CIQ_LAYOUT_Q8_0: case CIQ_LAYOUT_Q8_1: unit = 32; break;
         default: return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "unknown activation layout %d", (int)layout);
     }
     if (k < unit || k % unit) {
@@ -23,6 +23,7 @@ ciq_status ciq_activations_size(ciq_layout layout, int64_t tokens, int64_t k, si
         case CIQ_LAYOUT_Q8_K: *bytes = (size_t)(tokens * (k / QK_K)) * Q8_K_BLOCK_BYTES; break;
         case CIQ_LAYOUT_F16: *bytes = ciq_f16_scale_offset(tokens, k) + (size_t)tokens * sizeof(float); break;
         case CIQ_LAYOUT_Q8_0: *bytes = (size_t)(tokens * k) + (size_t)(tokens * (k / 32)) * sizeof(float); break;
+        case CIQ_LAYOUT_Q8_1: *bytes = (size_t)(tokens * (k / 32)) * 36; break;  // block_q8_1: half d, half sum, qs[32]
         default: *bytes = (size_t)(tokens * (k / Q8_1_MMQ_VALUES)) * Q8_1_MMQ_BLOCK_BYTES; break;
     }
     return CIQ_OK;
@@ -40,6 +41,7 @@ ciq_status ciq_activations_quantize(int device, ciq_layout layout, const float *
             case CIQ_LAYOUT_Q8_K: return ciq_cpu_quantize_q8_K(x, out, tokens, k);
             case CIQ_LAYOUT_F16: return ciq_cpu_convert_f16(x, out, tokens, k);
             case CIQ_LAYOUT_Q8_0: return ciq_cpu_quantize_q8_0(x, out, tokens, k);
+            case CIQ_LAYOUT_Q8_1: return ciq_cpu_quantize_q8_1(x, out, tokens, k);
             default: return ciq_cpu_quantize_q8_1_mmq(ds4, x, out, tokens, k);
         }
     }
@@ -49,6 +51,7 @@ ciq_status ciq_activations_quantize(int device, ciq_layout layout, const float *
         case CIQ_LAYOUT_Q8_K: return ciq_cuda_quantize_q8_K(x, out, tokens, k);
         case CIQ_LAYOUT_F16: return ciq_cuda_convert_f16(x, out, tokens, k);
         case CIQ_LAYOUT_Q8_0: return ciq_fail(CIQ_ERR_UNSUPPORTED, "the q8_0 activation layout is made on the host only");
+        case CIQ_LAYOUT_Q8_1: return ciq_cuda_quantize_q8_1(x, out, tokens, k);
         default: return ciq_cuda_quantize_q8_1_mmq(ds4, x, out, tokens, k);
     }
 #else

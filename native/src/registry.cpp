@@ -51,6 +51,17 @@ static ciq_status launch_q32(int device, ciq_variant, ciq_semantics semantics, c
 #endif
 }
 
+static ciq_status launch_mmvq(int device, ciq_variant, ciq_semantics, ciq_type type, const void *weight, int64_t rows,
+                              int64_t k, const void *x, int64_t tokens, void *out, ciq_out_type out_type) {
+    if (out_type != CIQ_OUT_F32) return ciq_fail(CIQ_ERR_UNSUPPORTED, "kernel variant mmvq writes float32 output only");
+    if (device == CIQ_DEVICE_CPU) return ciq_cpu_gemm_mmvq(type, weight, rows, k, x, tokens, (float *)out);
+#ifdef GGML_CIQ_WITH_CUDA
+    return ciq_cuda_gemm_mmvq(type, weight, rows, k, x, tokens, (float *)out);
+#else
+    return ciq_fail(CIQ_ERR_UNSUPPORTED, "kernel variant mmvq on a GPU is not built");
+#endif
+}
+
 #ifdef GGML_CIQ_WITH_CUDA
 static ciq_status launch_wmma(int, ciq_variant variant, ciq_semantics, ciq_type type, const void *weight, int64_t rows,
                               int64_t k, const void *x, int64_t tokens, void *out, ciq_out_type out_type) {
@@ -77,11 +88,12 @@ static ciq_status launch_wgmma(int device, ciq_variant, ciq_semantics, ciq_type 
 #define K_QUANTS 2, {CIQ_TYPE_Q4_K, CIQ_TYPE_Q6_K}
 #define BLOCK32 3, {CIQ_TYPE_Q4_0, CIQ_TYPE_Q5_0, CIQ_TYPE_Q8_0}
 #define ANY_TOKENS 1, INT64_MAX
+#define ALL_TYPES 5, {CIQ_TYPE_Q4_K, CIQ_TYPE_Q6_K, CIQ_TYPE_Q4_0, CIQ_TYPE_Q5_0, CIQ_TYPE_Q8_0}
 
 static const ciq_variant_row k_variants[CIQ_VARIANT_COUNT] = {
     {CIQ_VARIANT_AUTO,
-     {"auto", CIQ_SEMANTICS_ANY, SEM(CPU) | SEM(MMQ), SEM(CPU) | SEM(MMQ) | SEM(F16), 5,
-      {CIQ_TYPE_Q4_K, CIQ_TYPE_Q6_K, CIQ_TYPE_Q4_0, CIQ_TYPE_Q5_0, CIQ_TYPE_Q8_0}, ANY_TOKENS,
+     {"auto", CIQ_SEMANTICS_ANY, SEM(CPU) | SEM(MMQ) | SEM(MMVQ), SEM(CPU) | SEM(MMQ) | SEM(F16) | SEM(MMVQ), ALL_TYPES,
+      ANY_TOKENS,
       "GGML_CIQ_VARIANT (GPU), else the registry's AUTO order for the device"},
      nullptr, nullptr},
     {CIQ_VARIANT_CPU,
@@ -114,6 +126,10 @@ static const ciq_variant_row k_variants[CIQ_VARIANT_COUNT] = {
      {"q32", CIQ_SEMANTICS_CPU, SEM(CPU) | SEM(MMQ), SEM(MMQ), BLOCK32, ANY_TOKENS,
       "32-block types: host tinyBLAS lanes (cpu) or MMQ's formula (mmq); GPU 64-row tile (mmq)"},
      on_host_or_gpu_wmma, launch_q32},
+    {CIQ_VARIANT_MMVQ,
+     {"mmvq", CIQ_SEMANTICS_MMVQ, SEM(MMVQ), SEM(MMVQ), ALL_TYPES, 1, 8,
+      "llama.cpp CUDA's mul_mat_vec_q in its float order: host twin and GPU kernel, 1..8 tokens"},
+     on_host_or_gpu_wmma, launch_mmvq},
 };
 
 // Which layout a semantics quantizes X into for a weight type.
@@ -129,6 +145,9 @@ static const LayoutChoice k_layouts[] = {
     {CIQ_SEMANTICS_MMQ, CIQ_TYPE_Q6_K, CIQ_LAYOUT_Q8_1_MMQ_D4}, {CIQ_SEMANTICS_MMQ, CIQ_TYPE_Q4_0, CIQ_LAYOUT_Q8_1_MMQ_DS4},
     {CIQ_SEMANTICS_MMQ, CIQ_TYPE_Q5_0, CIQ_LAYOUT_Q8_1_MMQ_D4}, {CIQ_SEMANTICS_MMQ, CIQ_TYPE_Q8_0, CIQ_LAYOUT_Q8_1_MMQ_D4},
     {CIQ_SEMANTICS_F16, CIQ_TYPE_Q4_K, CIQ_LAYOUT_F16},         {CIQ_SEMANTICS_F16, CIQ_TYPE_Q6_K, CIQ_LAYOUT_F16},
+    {CIQ_SEMANTICS_MMVQ, CIQ_TYPE_Q4_K, CIQ_LAYOUT_Q8_1},       {CIQ_SEMANTICS_MMVQ, CIQ_TYPE_Q6_K, CIQ_LAYOUT_Q8_1},
+    {CIQ_SEMANTICS_MMVQ, CIQ_TYPE_Q4_0, CIQ_LAYOUT_Q8_1},       {CIQ_SEMANTICS_MMVQ, CIQ_TYPE_Q5_0, CIQ_LAYOUT_Q8_1},
+    {CIQ_SEMANTICS_MMVQ, CIQ_TYPE_Q8_0, CIQ_LAYOUT_Q8_1},
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -145,6 +164,7 @@ static const AutoChoice k_auto_host[] = {
     {CIQ_SEMANTICS_ANY, INT64_MAX, CIQ_VARIANT_CPU}, {CIQ_SEMANTICS_ANY, INT64_MAX, CIQ_VARIANT_Q32},
     {CIQ_SEMANTICS_CPU, INT64_MAX, CIQ_VARIANT_CPU}, {CIQ_SEMANTICS_CPU, INT64_MAX, CIQ_VARIANT_Q32},
     {CIQ_SEMANTICS_MMQ, INT64_MAX, CIQ_VARIANT_CPU}, {CIQ_SEMANTICS_MMQ, INT64_MAX, CIQ_VARIANT_Q32},
+    {CIQ_SEMANTICS_MMVQ, 8, CIQ_VARIANT_MMVQ},
 };
 static const AutoChoice k_auto_cuda[] = {
     {CIQ_SEMANTICS_ANY, 8, CIQ_VARIANT_MMA},             // decode-size batches: mma's 8-token tiles waste less
@@ -156,17 +176,19 @@ static const AutoChoice k_auto_cuda[] = {
     {CIQ_SEMANTICS_MMQ, INT64_MAX, CIQ_VARIANT_Q32},
     {CIQ_SEMANTICS_CPU, 128, CIQ_VARIANT_WMMA_SHARED},   // seed6, 128 tokens: shared fastest on 4 of 6 shapes
     {CIQ_SEMANTICS_CPU, INT64_MAX, CIQ_VARIANT_WMMA_BIGTILE},  // llama3-8b, 512 tokens: bigtile on 9 of 10
+    {CIQ_SEMANTICS_MMVQ, 8, CIQ_VARIANT_MMVQ},  // asked for by name only: not measured against MMQ for ANY
 };
 static const AutoChoice k_auto_hip[] = {  // AMD: no mma; wide and bigtile exceed 64 KB of LDS
     {CIQ_SEMANTICS_ANY, INT64_MAX, CIQ_VARIANT_WMMA_SHARED},
     {CIQ_SEMANTICS_ANY, INT64_MAX, CIQ_VARIANT_Q32},
     {CIQ_SEMANTICS_CPU, INT64_MAX, CIQ_VARIANT_WMMA_SHARED},
     {CIQ_SEMANTICS_MMQ, INT64_MAX, CIQ_VARIANT_Q32},
+    {CIQ_SEMANTICS_MMVQ, 8, CIQ_VARIANT_MMVQ},
 };
 
 // Offload: a variant runs a weight type faster than llama.cpp's own mul_mat from min_tokens on (end to end, activation
 // quantization included on both sides) on devices the predicate accepts. A (variant, type) without an entry is
-// never offloaded: mma is 0.63x-0.73x MMQ (bench/results/h200/wgmma-5d360bc-*.json), the WMMA family is slower
+// never offloaded: mmvq has no speed measurement against llama.cpp's MMVQ yet, mma is 0.63x-0.73x MMQ (bench/results/h200/wgmma-5d360bc-*.json), the WMMA family is slower
 // still (bench/results/h200/llama3-8b-n512.json), the GPU q32 kernel has no measurement against MMQ yet, and the
 // host kernels run at 0.6x-0.8x llama.cpp CPU (bench/results/cpu/compare-gemma3-270m-{512,2048,4096}.json).
 struct OffloadThreshold {
@@ -232,7 +254,7 @@ const char *ciq_type_name(ciq_type type) {
 }
 
 const char *ciq_semantics_name(ciq_semantics semantics) {
-    static const char *const names[] = {"cpu", "mmq", "f16", "any"};
+    static const char *const names[] = {"cpu", "mmq", "f16", "mmvq", "any"};
     return (int)semantics >= 0 && semantics <= CIQ_SEMANTICS_ANY ? names[semantics] : "unknown";
 }
 
