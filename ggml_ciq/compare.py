@@ -326,7 +326,7 @@ def _plugin_arm(path, device: str, threads: int, tokens, flash_attn: bool, repea
         with LlamaModel(path, device=device, threads=threads, **options) as model, \
                 model.context_for(len(tokens), n_batch=512, flash_attn=flash_attn) as ctx:
             logits[PLUGIN] = ctx.prefill(tokens, all_logits=True)
-            gemms = sum(native.dispatch_counts().values()) + sum(native.q32_dispatch_counts().values())
+            gemms = sum(native.dispatch_counts().values())
             if progress:
                 progress(PLUGIN)
             seconds = _timed(lambda: ctx.prefill(tokens, all_logits=False), repeat, progress, PLUGIN)
