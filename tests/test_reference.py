@@ -258,8 +258,9 @@ def test_gpu_semantics_select_their_kernels(native_lib, semantics, tmp_path, rng
     counts = native.dispatch_counts()
     variant = "mma" if expected[0] == "mmq" else "wgmma"
     assert counts[(variant, "Q4_K")] == 3 * 2 * 5 and counts[("cpu", "Q4_K")] == 0
-    attention = native.attention_dispatch_counts()  # 3 micro-batches x 2 layers, in the semantics' kernel
-    assert attention["mma" if semantics == "llamacpp" else "simt"] == 3 * 2
+    attention = native.attention_dispatch_counts()  # every layer's attention in the semantics' kernel
+    ran, other = ("mma", "simt") if semantics == "llamacpp" else ("simt", "mma")
+    assert attention[ran] >= 3 * 2 and attention[other] == 0
     reference = Transformer(ModelFile(path), device="reference", n_ubatch=16).forward(tokens, all_logits=True)
     a = logits_agreement(gpu, reference)
     print(f"gemma3 cuda {semantics} vs reference: KLD {a['kld_mean']:.2e}, top-1 {a['top1']:.3f}; {counts}")
