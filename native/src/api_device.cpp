@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <mutex>
+#include <unordered_set>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -98,13 +100,37 @@ ciq_status ciq_device_name(int device, char *buffer, size_t buffer_size) {
 #endif
 }
 
+// Host handles this library gave out (ciq_malloc'd blocks, timers): a pointer it never gave out, or one already freed
+// or stopped, is an error message instead of a double free.
+namespace {
+struct HandleSet {
+    std::mutex mutex;
+    std::unordered_set<const void *> live;
+    void add(const void *p) {
+        std::lock_guard<std::mutex> lock(mutex);
+        live.insert(p);
+    }
+    bool remove(const void *p) {
+        std::lock_guard<std::mutex> lock(mutex);
+        return live.erase(p) == 1;
+    }
+    bool contains(const void *p) {
+        std::lock_guard<std::mutex> lock(mutex);
+        return live.count(p) == 1;
+    }
+};
+HandleSet g_host_blocks, g_timers;
+}  // namespace
+
 ciq_status ciq_malloc(int device, size_t nbytes, void **ptr) {
     if (ptr == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_malloc: ptr is NULL");
     *ptr = nullptr;
     CIQ_TRY(ciq_check_device(device));
     if (device == CIQ_DEVICE_CPU) {
         *ptr = std::malloc(nbytes ? nbytes : 1);
-        return *ptr ? CIQ_OK : ciq_fail(CIQ_ERR_OUT_OF_MEMORY, "ciq_malloc: %zu bytes of host memory", nbytes);
+        if (*ptr == nullptr) return ciq_fail(CIQ_ERR_OUT_OF_MEMORY, "ciq_malloc: %zu bytes of host memory", nbytes);
+        g_host_blocks.add(*ptr);
+        return CIQ_OK;
     }
 #ifdef GGML_CIQ_WITH_CUDA
     return ciq_cuda_malloc(device, nbytes, ptr);
@@ -115,7 +141,12 @@ ciq_status ciq_malloc(int device, size_t nbytes, void **ptr) {
 
 ciq_status ciq_free(int device, void *ptr) {
     CIQ_TRY(ciq_check_device(device));
+    if (ptr == nullptr) return CIQ_OK;  // as free(NULL)
     if (device == CIQ_DEVICE_CPU) {
+        if (!g_host_blocks.remove(ptr)) {
+            return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_free: %p is not a host block of ciq_malloc (already freed?)",
+                            ptr);
+        }
         std::free(ptr);
         return CIQ_OK;
     }
@@ -199,12 +230,16 @@ ciq_status ciq_timer_start(int device, void **timer) {
         }
     }
 #endif
+    g_timers.add(t);
     *timer = t;
     return CIQ_OK;
 }
 
 ciq_status ciq_timer_mark(void *timer) {
     if (timer == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_timer_mark: timer is NULL");
+    if (!g_timers.contains(timer)) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_timer_mark: %p is not a running timer (stopped already?)", timer);
+    }
     Timer *t = (Timer *)timer;
     if (t->marked) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_timer_mark: the timer is marked already");
     t->host_stop = std::chrono::steady_clock::now();
@@ -217,6 +252,9 @@ ciq_status ciq_timer_mark(void *timer) {
 
 ciq_status ciq_timer_stop(void *timer, float *milliseconds) {
     if (timer == nullptr || milliseconds == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_timer_stop: NULL");
+    if (!g_timers.contains(timer)) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_timer_stop: %p is not a running timer (stopped already?)", timer);
+    }
     Timer *t = (Timer *)timer;
     ciq_status status = t->marked ? CIQ_OK : ciq_timer_mark(t);
     if (status == CIQ_OK && t->start == nullptr)
@@ -227,6 +265,7 @@ ciq_status ciq_timer_stop(void *timer, float *milliseconds) {
         else ciq_cuda_event_elapsed(t->start, nullptr, milliseconds);  // frees start
     }
 #endif
+    g_timers.remove(t);
     delete t;
     return status;
 }

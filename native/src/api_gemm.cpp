@@ -63,15 +63,31 @@ ciq_status ciq_gemm_quantized(int device, const ciq_plan *plan, ciq_type type, c
                               size_t weight_nbytes, int64_t rows, int64_t k, const void *x_quantized, int64_t tokens,
                               void *out, ciq_out_type out_type) {
     if (plan == nullptr || weight == nullptr || x_quantized == nullptr || out == nullptr) {
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm: NULL pointer");
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_quantized: NULL pointer");
     }
+    CIQ_TRY(ciq_check_device(device));
     const ciq_variant_row *row = ciq_registry_row(plan->variant);
     if (row == nullptr || row->launch == nullptr || !ciq_registry_covers(*row, type)) {
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_quantized: the plan's variant %d does not run %s weights "
                         "in this build (make the plan with ciq_gemm_plan)", (int)plan->variant, ciq_type_name(type));
     }
+    const uint32_t implemented = device == CIQ_DEVICE_CPU ? row->info.host_semantics : row->info.gpu_semantics;
+    if (implemented == 0) {
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "kernel variant %s is not available on %s", row->info.name,
+                        device == CIQ_DEVICE_CPU ? "the CPU" : "a GPU");
+    }
+    if ((int)plan->semantics < 0 || plan->semantics >= CIQ_SEMANTICS_ANY || !(implemented & (1u << plan->semantics))) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_quantized: the plan's semantics %d is not one variant %s "
+                        "implements on %s (make the plan with ciq_gemm_plan)", (int)plan->semantics, row->info.name,
+                        device == CIQ_DEVICE_CPU ? "the CPU" : "a GPU");
+    }
     CIQ_TRY(ciq_check_count("ciq_gemm", "tokens", tokens));
     CIQ_TRY(ciq_check_count("ciq_gemm", "rows", rows));
+    if (tokens < row->info.min_tokens || tokens > row->info.max_tokens) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_quantized: variant %s runs %lld..%lld tokens, not %lld",
+                        row->info.name, (long long)row->info.min_tokens, (long long)row->info.max_tokens,
+                        (long long)tokens);
+    }
     const int values = ciq_type_block_values(type);
     if (k < values || k % values) {
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm: K must be a positive multiple of %d for %s, got %lld",
@@ -84,10 +100,6 @@ ciq_status ciq_gemm_quantized(int device, const ciq_plan *plan, ciq_type type, c
     }
     if (out_type != CIQ_OUT_F32 && out_type != CIQ_OUT_BF16) {
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm: unknown output type %d", (int)out_type);
-    }
-    if ((device == CIQ_DEVICE_CPU ? row->info.host_semantics : row->info.gpu_semantics) == 0) {
-        return ciq_fail(CIQ_ERR_UNSUPPORTED, "kernel variant %s is not available on %s", row->info.name,
-                        device == CIQ_DEVICE_CPU ? "the CPU" : "a GPU");
     }
 #ifdef GGML_CIQ_WITH_CUDA
     if (device != CIQ_DEVICE_CPU) CIQ_TRY(ciq_cuda_set_device(device));
