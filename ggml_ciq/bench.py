@@ -302,6 +302,11 @@ def bench_gpu(shapes: list[Shape], tokens_list: list[int], variants: list[str], 
                 llama_us = p.time_llamacpp(llama, repeat) if llama is not None else None
                 bf16_us = p.time_bf16(repeat) if ceiling else None
                 for variant in variants:
+                    info = native.variant_info(variant)
+                    if not info.min_tokens <= tokens <= info.max_tokens:  # mmvq: 1..8 tokens
+                        if progress:
+                            progress()
+                        continue
                     times = p.time(p.launcher(variant), repeat)
                     us = statistics.median(times)
                     gemm_us = statistics.median(p.time(p.launcher(variant, gemm_only=True), repeat))

@@ -310,7 +310,7 @@ def cmd_diff(args) -> int:
     console = _console()
     path = catalog.resolve_model(args.model)
     model = ModelFile(path)
-    differ = Differ(args.backend, args.reference, variant=args.variant, threads=args.threads)
+    differ = Differ(args.backend, args.reference, variant=args.variant, threads=args.threads, tokens=args.tokens)
     tensors = select_tensors(model, args.all_quantized, args.tensor)
     if not tensors:
         raise CiqError(f"{path}: no Q4_K/Q6_K weights to diff")

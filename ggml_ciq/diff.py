@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import zlib
 from dataclasses import asdict, dataclass, field
 
@@ -13,9 +14,24 @@ from .model import ModelFile, Tensor, require_keep_quant
 
 BACKENDS = ("auto", "reference", "ciq-cpu", "ciq-cuda")
 REFERENCES = ("auto", "llamacpp-cpu", "llamacpp-cuda")
-# The semantics each llama.cpp path implements, so "ours" is compared with like.
+# The semantics each llama.cpp path implements, so "ours" is compared with like: CUDA above 8 tokens (MMQ);
+# reference_semantics gives the one for a weight type and token count.
 REFERENCE_SEMANTICS = {"llamacpp-cpu": "cpu", "llamacpp-cuda": "mmq"}
 REFERENCE_DEVICE = {"llamacpp-cpu": "CPU", "llamacpp-cuda": "CUDA0"}
+
+
+def cuda_compute_capability() -> tuple[int, int]:
+    """The first GPU's compute capability from its name ("... (sm_90, 132 SMs)"); Hopper's where there is none."""
+    match = re.search(r"\(sm_(\d)(\d+)", native.device_name("cuda")) if native.device_count() > 0 else None
+    return (int(match.group(1)), int(match.group(2))) if match else (9, 0)
+
+
+def reference_semantics(reference: str, ggml_type: int, tokens: int, compute_capability=(9, 0)) -> str:
+    """The arithmetic llama.cpp itself runs for this weight type and token count: its CPU path "cpu"; CUDA
+    mul_mat_vec_q ("mmvq") where ggml_cuda_should_use_mmvq takes it (1..8 tokens on Ampere and Hopper), else MMQ."""
+    if reference == "llamacpp-cuda" and quants.llamacpp_cuda_uses_mmvq(ggml_type, tokens, compute_capability):
+        return "mmvq"
+    return REFERENCE_SEMANTICS[reference]
 
 
 def activations(tensor: Tensor, tokens: int, seed: int) -> np.ndarray:
@@ -79,7 +95,8 @@ class DiffReport:
 class Differ:
     """Runs one tensor through ours, llama.cpp and float64, holding the libraries and device state."""
 
-    def __init__(self, backend: str, reference: str, variant: str = "auto", threads: int | None = None):
+    def __init__(self, backend: str, reference: str, variant: str = "auto", threads: int | None = None,
+                 tokens: int | None = None):
         from .llamacpp import LlamaCpp
 
         if backend not in BACKENDS:
@@ -93,13 +110,15 @@ class Differ:
             cuda = backend == "ciq-cuda" and "CUDA0" in self.llamacpp.devices()
             reference = "llamacpp-cuda" if cuda else "llamacpp-cpu"
         self.backend, self.reference, self.variant, self.threads = backend, reference, variant, threads
-        # Our kernel's semantics: llama.cpp's (the bar is then ours vs llama.cpp), unless the variant named
-        # implements others (wgmma: f16); then ours must be no further from f64 than llama.cpp is, and must match
-        # the numpy model of its own semantics within the bar.
-        self.semantics = REFERENCE_SEMANTICS[reference]
+        # Our kernel's semantics: the one llama.cpp runs for the type and token count (the bar is then ours vs
+        # llama.cpp), unless the variant named implements others (wgmma: f16; mma: mmq at 1..8 tokens, where
+        # llama.cpp runs MMVQ); then ours must be no further from f64 than llama.cpp is, and must match the numpy
+        # model of its own semantics within the bar. semantics / same_semantics: for Q4_K at `tokens`.
+        self.compute_capability = cuda_compute_capability() if reference == "llamacpp-cuda" else (9, 0)
+        self.own_semantics = None
         if backend == "ciq-cuda" and variant not in ("auto", "cpu"):
-            self.semantics = native.variant_info(variant).semantics
-        self.same_semantics = self.semantics == REFERENCE_SEMANTICS[reference]
+            self.own_semantics = native.variant_info(variant).semantics
+        self.semantics, self.same_semantics = self.semantics_for(quants.Q4_K, tokens or quants.MMVQ_MAX_TOKENS + 1)
         self.llamacpp_device = REFERENCE_DEVICE[reference]
         if self.llamacpp_device not in self.llamacpp.devices():
             raise InvalidArgumentError(f"reference {reference} needs llama.cpp device {self.llamacpp_device}, "
@@ -119,12 +138,19 @@ class Differ:
             env["device"] = native.device_name(self.device)
         return env
 
+    def semantics_for(self, ggml_type: int, tokens: int) -> tuple[str, bool]:
+        """(our semantics for this weight type and token count, whether it is llama.cpp's)."""
+        theirs = reference_semantics(self.reference, ggml_type, tokens, self.compute_capability)
+        ours = self.own_semantics or theirs
+        return ours, ours == theirs
+
     def ours(self, tensor: Tensor, x: np.ndarray) -> tuple[np.ndarray, str]:
+        semantics, _ = self.semantics_for(tensor.ggml_type, x.shape[0])
         if self.backend == "reference":
-            return quants.REFERENCE_GEMMS[self.semantics](tensor.ggml_type, tensor.raw(), tensor.rows, tensor.k, x), \
+            return quants.REFERENCE_GEMMS[semantics](tensor.ggml_type, tensor.raw(), tensor.rows, tensor.k, x), \
                 "numpy"
         native.dispatch_reset()  # ciq_gemm resolves the variant once; the counters say which one ran
-        out = native.gemm(tensor, x, variant=self.variant, device=self.device, semantics=self.semantics)
+        out = native.gemm(tensor, x, variant=self.variant, device=self.device, semantics=semantics)
         ran = [(variant, n) for (variant, type_name), n in native.dispatch_counts().items() if n]
         if len(ran) != 1 or ran[0][1] != 1:
             raise InvalidArgumentError(f"{tensor.name}: dispatch counters do not show exactly one launch ({ran})")
@@ -140,10 +166,11 @@ class Differ:
             ours, d.variant = self.ours(tensor, x)
             d.ours_vs_llamacpp, d.ours_vs_llamacpp_maxabs = quants.nmse(ours, llama), max_abs(ours, llama)
             d.ours_vs_f64, d.ours_vs_f64_maxabs = quants.nmse(ours, truth), max_abs(ours, truth)
-            if self.same_semantics:
+            semantics, same = self.semantics_for(tensor.ggml_type, x.shape[0])
+            if same:
                 d.passed = d.ours_vs_llamacpp <= bar
             else:
-                own = quants.REFERENCE_GEMMS[self.semantics](tensor.ggml_type, tensor.raw(), tensor.rows, tensor.k, x)
+                own = quants.REFERENCE_GEMMS[semantics](tensor.ggml_type, tensor.raw(), tensor.rows, tensor.k, x)
                 d.ours_vs_own_reference = quants.nmse(ours, own)
                 d.passed = d.ours_vs_own_reference <= bar and d.ours_vs_f64 <= d.llamacpp_vs_f64
         return d
@@ -249,23 +276,30 @@ def _f64_product(tensor: Tensor, x: np.ndarray, chunk_rows: int = 8192) -> np.nd
 def captured_tensor_diffs(model: ModelFile, capture, reference: str, bar: float, progress=None) \
         -> list[CapturedTensorDiff]:
     """Every captured weight mul_mat, in llama.cpp's graph order, through our kernel of llama.cpp's semantics on
-    exactly llama.cpp's input, against llama.cpp's output: the registry's AUTO kernel for that semantics (Q4_K/Q6_K:
-    cpu on the CPU, mma on CUDA; Q4_0/Q5_0/Q8_0: q32, reported as "q8_0" on the CPU, K a multiple of 128 on CUDA).
-    These are judged against the bar; other types are listed with a float64 product."""
-    semantics = REFERENCE_SEMANTICS[reference]
+    exactly llama.cpp's input, against llama.cpp's output: per captured call (micro-batch), the registry's AUTO kernel
+    for the semantics llama.cpp ran there (reference_semantics: Q4_K/Q6_K cpu on the CPU; on CUDA mmvq for 1..8 tokens,
+    else mma; Q4_0/Q5_0/Q8_0: q32, reported as "q8_0" on the CPU, K a multiple of 128 on CUDA above 8 tokens, mmvq at
+    1..8). These are judged against the bar; other types are listed with a float64 product."""
     device = "cpu" if reference == "llamacpp-cpu" else "cuda"
+    capability = cuda_compute_capability() if device == "cuda" else (9, 0)
     diffs = []
     for name in capture.mul_mat:
         tensor = model.tensor(name)
         x, theirs = capture.inputs(name), capture.outputs(name)
+        calls = capture.mul_mat[name][0]
+        semantics = [reference_semantics(reference, tensor.ggml_type, len(part), capability) for part in calls]
         judged = True
-        if tensor.is_keep_quant or (tensor.ggml_type in quants.Q32_TYPES and (device == "cpu" or tensor.k % 128 == 0)):
-            native.dispatch_reset()  # AUTO in llama.cpp's semantics: the registry picks the kernel, the counters say which
-            ours = native.gemm(tensor, x, device=device, semantics=semantics)
-            ran = [(variant, n) for (variant, type_name), n in native.dispatch_counts().items() if n]
-            if len(ran) != 1 or ran[0][1] != 1:
-                raise InvalidArgumentError(f"{name}: dispatch counters do not show exactly one launch ({ran})")
-            kernel = "q8_0" if ran[0][0] == "q32" and device == "cpu" else ran[0][0]
+        if tensor.is_keep_quant or (tensor.ggml_type in quants.Q32_TYPES and
+                                    (device == "cpu" or all(s == "mmvq" or tensor.k % 128 == 0 for s in semantics))):
+            pieces, kernels = [], []
+            for part, sem in zip(calls, semantics):
+                native.dispatch_reset()  # AUTO in llama.cpp's semantics: the registry picks, the counters say which
+                pieces.append(native.gemm(tensor, part, device=device, semantics=sem))
+                ran = [(variant, n) for (variant, type_name), n in native.dispatch_counts().items() if n]
+                if len(ran) != 1 or ran[0][1] != 1:
+                    raise InvalidArgumentError(f"{name}: dispatch counters do not show exactly one launch ({ran})")
+                kernels.append("q8_0" if ran[0][0] == "q32" and device == "cpu" else ran[0][0])
+            ours, kernel = np.concatenate(pieces), "+".join(dict.fromkeys(kernels))
         elif tensor.ggml_type in quants.BLOCK_LAYOUT:
             ours, kernel, judged = _f64_product(tensor, x), "f64", False
         else:
@@ -334,6 +368,8 @@ def activation_diff(path, prompt: str, reference: str = "auto", bar: float = 1e-
     report = ActivationDiffReport(str(path), prompt, len(tokens), reference, REFERENCE_SEMANTICS[reference], bar,
                                   layer_bar)
     report.tensors = captured_tensor_diffs(model, capture, reference, bar, progress)
+    semantics = {"mmvq" if "mmvq" in t.kernel else REFERENCE_SEMANTICS[reference] for t in report.tensors if t.judged}
+    report.semantics = "+".join(sorted(semantics)) or report.semantics  # CUDA: mmvq for calls of 1..8 tokens
     hidden: list[np.ndarray] = []
     ours = Transformer(model, device=device, n_ctx=n_ctx, n_ubatch=n_ubatch).forward(tokens, hidden_states=hidden,
                                                                                   all_logits=True)

@@ -164,7 +164,7 @@ def test_wgmma_programmatic_launch_same_values(weight_type, wgmma, rng, monkeypa
 
 def test_auto_picks_wgmma_on_hopper_for_prefill(wgmma):
     assert native.resolve_variant("auto", "cuda", "any", Q.Q4_K, 4096, 4096, 512) == "wgmma"
-    assert native.resolve_variant("auto", "cuda", "any", Q.Q6_K, 4096, 4096, 4) == "mma"
+    assert native.resolve_variant("auto", "cuda", "any", Q.Q6_K, 4096, 4096, 4) == "mmvq"  # llama.cpp: MMVQ
     assert native.resolve_variant("auto", "cuda", "f16", Q.Q6_K, 4096, 4096, 4) == "wgmma"
 
 

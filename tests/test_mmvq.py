@@ -240,3 +240,107 @@ def test_cpu_semantics_small_batch_vs_llamacpp_cpu(llama, native_lib, rng, ggml_
             assert 0 < Q.nmse(ours, ll) <= 1e-10
         else:
             assert np.array_equal(ours, ll), f"rows={rows}: NMSE {Q.nmse(ours, ll):.2e}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Through the public API: the mmvq variant (host here; the GPU tests skip without one)
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
+@pytest.mark.parametrize("tokens", [1, 2, 5, 8])
+def test_api_host_mmvq_bit_exact(native_lib, rng, ggml_type, tokens):
+    from ggml_ciq import native
+
+    rows, k = 37, K_OF[ggml_type]
+    w = random_table(rng, ggml_type, rows, k)
+    x = activations(rng, tokens, k)
+    assert native.quantize_activations(x, "mmvq", ggml_type, "cpu").tobytes() == Q.quantize_q8_1(x).tobytes()
+    plan = native.plan("auto", "cpu", "mmvq", ggml_type, rows, k, tokens)
+    assert (plan.variant, plan.semantics, plan.layout) == ("mmvq", "mmvq", "q8_1")
+    native.dispatch_reset()
+    out = native.gemm(w, x, variant="auto", device="cpu", semantics="mmvq", ggml_type=ggml_type, rows=rows, k=k)
+    assert {key: n for key, n in native.dispatch_counts().items() if n} == {("mmvq", Q.type_name(ggml_type)): 1}
+    assert np.array_equal(out, Q.gemm_mmvq_semantics(ggml_type, w, rows, k, x))
+
+
+def test_api_mmvq_refuses(native_lib, rng):
+    from ggml_ciq import native
+    from ggml_ciq.errors import CiqError
+
+    w = random_table(rng, Q.Q4_K, 4, 256)
+    with pytest.raises(CiqError, match="1..8 tokens, not 9"):
+        native.gemm(w, np.ones((9, 256), np.float32), variant="mmvq", device="cpu", ggml_type=Q.Q4_K, rows=4, k=256)
+    with pytest.raises(CiqError, match="float32 output only"):
+        native.gemm(w, np.ones((2, 256), np.float32), variant="mmvq", device="cpu", ggml_type=Q.Q4_K, rows=4, k=256,
+                    out_type="bf16")
+    with pytest.raises(CiqError, match="mmvq"):  # the host AUTO has no mmvq above 8 tokens
+        native.plan("auto", "cpu", "mmvq", Q.Q4_K, 4, 256, 9)
+
+
+def test_diff_reference_semantics():
+    """`diff --reference llamacpp-cuda` compares with the arithmetic llama.cpp runs for the token count."""
+    from ggml_ciq.diff import reference_semantics
+
+    assert [reference_semantics("llamacpp-cuda", Q.Q4_K, n) for n in (1, 2, 5, 8, 9, 17)] == ["mmvq"] * 4 + ["mmq"] * 2
+    assert reference_semantics("llamacpp-cuda", Q.Q6_K, 7, (12, 0)) == "mmvq"
+    assert reference_semantics("llamacpp-cuda", Q.Q6_K, 8, (12, 0)) == "mmq"
+    assert {reference_semantics("llamacpp-cpu", t, n) for t in TYPES for n in (1, 8, 9)} == {"cpu"}
+
+
+@pytest.fixture(scope="module")
+def gpu(native_lib):
+    from ggml_ciq import native
+
+    if native.device_count() == 0:
+        pytest.skip("no CUDA device (or libggml_ciq built without CUDA)")
+
+
+def test_gpu_auto_small_batch(gpu):
+    """AUTO at 1..8 tokens is never less exact than llama.cpp: K-quants take MMVQ's own arithmetic, the 32-block types
+    MMQ's formula (as exact as MMVQ for Q8_0, more for Q4_0/Q5_0); above 8 tokens wgmma (Hopper) or mma."""
+    from ggml_ciq import native
+
+    for t in TYPES:
+        for tokens in (1, 5, 8):
+            want = "mmvq" if t in Q.KEEP_QUANT_TYPES else "q32"
+            assert native.resolve_variant("auto", "cuda", "any", t, 1024, 2048, tokens) == want
+    assert native.resolve_variant("auto", "cuda", "any", Q.Q4_K, 1024, 2048, 9) in ("wgmma", "mma")
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
+@pytest.mark.parametrize("tokens", [1, 2, 5, 8])
+def test_gpu_mmvq_bit_exact_on_gpu_bytes(gpu, rng, ggml_type, tokens):
+    """The CUDA kernel on the GPU's own q8_1 bytes against the reference on the same bytes (the GPU flushes
+    subnormals, none occur here), and its quantizer against the host's within the documented tie flips."""
+    from ggml_ciq import native
+
+    rows, k = 1013, K_OF[ggml_type]
+    w = random_table(rng, ggml_type, rows, k)
+    x = activations(rng, tokens, k)
+    xq = native.quantize_activations(x, "mmvq", ggml_type, "cuda").view(Q.Q8_1_DTYPE).reshape(tokens, k // 32)
+    host = Q.quantize_q8_1(x)
+    assert np.array_equal(xq["d"], host["d"]) and np.array_equal(xq["s"], host["s"])
+    assert np.abs(xq["qs"].astype(int) - host["qs"]).max() <= 1
+    native.dispatch_reset()
+    out = native.gemm(w, x, variant="mmvq", device="cuda", ggml_type=ggml_type, rows=rows, k=k)
+    assert native.dispatch_counts()[("mmvq", Q.type_name(ggml_type))] == 1
+    ref = Q.gemm_mmvq_semantics_quantized(ggml_type, w, rows, k, xq)
+    assert np.array_equal(out, ref), f"{np.sum(out != ref)} of {out.size} differ, NMSE {Q.nmse(out, ref):.1e}"
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
+@pytest.mark.parametrize("tokens", [1, 2, 5, 8])
+def test_gpu_mmvq_matches_llamacpp_cuda(gpu, llama, rng, ggml_type, tokens):
+    """Same semantics as llama.cpp CUDA at 1..8 tokens: <= 1e-10 (the same float order: expected bit-exact)."""
+    from ggml_ciq import native
+
+    if "CUDA0" not in llama.devices():
+        pytest.skip(f"llama.cpp at {llama.lib_dir} has no CUDA device (GGML_CIQ_LLAMACPP_LIB: a CUDA build)")
+    rows, k = 1013, K_OF[ggml_type]
+    w = random_table(rng, ggml_type, rows, k)
+    x = activations(rng, tokens, k)
+    theirs = llama.mul_mat(ggml_type, w, rows, k, x, device="CUDA0")
+    ours = native.gemm(w, x, variant="auto", device="cuda", semantics="mmvq", ggml_type=ggml_type, rows=rows, k=k)
+    print(f"{Q.type_name(ggml_type)} tokens={tokens}: NMSE {Q.nmse(ours, theirs):.1e}, "
+          f"bit-exact {np.array_equal(ours, theirs)}")
+    assert Q.nmse(ours, theirs) <= 1e-10

@@ -132,14 +132,18 @@ case "${1:-}" in
   py) shift; python3 "$@" ;;
   all)
     "$0" setup 2>&1 | tail -n 8
-    "$0" test tests/test_cuda.py tests/test_native.py tests/test_ops.py 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -n 15
+    "$0" test tests/test_cuda.py tests/test_native.py tests/test_ops.py tests/test_mmvq.py 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -n 15
     "$0" sanitize
     "$0" wait 2>&1 | tail -n 3
-    "$0" test tests/test_cuda.py tests/test_compare.py tests/test_layer_diff.py -k "llamacpp or cuda or gpu" 2>&1 \
+    "$0" test tests/test_cuda.py tests/test_compare.py tests/test_layer_diff.py tests/test_mmvq.py -k "llamacpp or cuda or gpu" 2>&1 \
       | tee "$OUT/pytest-llamacpp-cuda.txt" | tail -n 8
     for model in default gemma3-270m; do
       python3 -m ggml_ciq.cli diff $model --backend ciq-cuda --reference llamacpp-cuda --variant mma --tokens 131 \
         --json "$OUT/diff-$model-mma-vs-llamacpp-cuda.json" 2>&1 | tail -n 2
+      for n in 1 2 5 8; do  # llama.cpp runs MMVQ here; AUTO in its semantics runs mmvq (docs/SEMANTICS.md "mmvq")
+        python3 -m ggml_ciq.cli diff $model --backend ciq-cuda --reference llamacpp-cuda --tokens $n \
+          --json "$OUT/diff-$model-tokens$n-vs-llamacpp-cuda.json" 2>&1 | tail -n 1
+      done
     done
     ;;
   bench)  # the committed result set: Llama-3-8B shapes at 512 and 2048 tokens, seed6 at 128

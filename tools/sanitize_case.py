@@ -2,6 +2,7 @@
 compute-sanitizer.
 
 Usage: compute-sanitizer --tool memcheck python3 tools/sanitize_case.py [variant ... | engine]
+(mmvq: every type at 1..8 tokens, mmvq_case)
 """
 
 import sys
@@ -60,9 +61,33 @@ def engine_case():
                     ops.linear(ops.load_weight(t), rng.standard_normal((5, t.k)).astype(np.float32)).numpy()
 
 
+def mmvq_case():
+    """ciq_quantize q8_1 and the mmvq kernel for every type it multiplies: 1..8 tokens (each a template), a row tail of
+    the 2-row CTA, K with a tail of the CTA's step."""
+    rng = np.random.default_rng(2)
+    for weight_type, k in ((Q.Q4_K, 256 * 11), (Q.Q6_K, 256 * 11), (Q.Q4_0, 32 * 150), (Q.Q5_0, 32 * 150),
+                           (Q.Q8_0, 32 * 150)):
+        values, block_bytes = Q.BLOCK_LAYOUT[weight_type]
+        rows = 1013
+        raw = rng.integers(0, 256, (rows * k // values, block_bytes), dtype=np.uint8)
+        scale = rng.uniform(-0.1, 0.1, (len(raw), 1)).astype(np.float16).view(np.uint8)
+        if weight_type == Q.Q6_K:
+            raw[:, 208:210] = scale
+        else:
+            raw[:, 0:2] = scale
+        for tokens in range(1, 9):
+            x = rng.standard_normal((tokens, k)).astype(np.float32)
+            xq = native.quantize_activations(x, "mmvq", weight_type, "cuda")
+            out = native.gemm(raw.reshape(-1), x, variant="mmvq", device="cuda", ggml_type=weight_type, rows=rows, k=k)
+            err = Q.nmse(out, Q.gemm_mmvq_semantics_quantized(weight_type, raw.reshape(-1), rows, k, xq))
+            print(f"mmvq          {Q.type_name(weight_type)} tokens={tokens:4d} nmse={err:.2e}")
+
+
 def main(variants):
     if variants == ["engine"]:
         return engine_case()
+    if "mmvq" in variants:
+        mmvq_case()
     rng = np.random.default_rng(0)
     rows, k = 1000 + 13, 512
     for weight_type, quantize in ((Q.Q4_K, Q.quantize_q4_K), (Q.Q6_K, Q.quantize_q6_K)):
@@ -73,6 +98,8 @@ def main(variants):
             native.quantize_activations(x, "mmq", weight_type, "cuda")
             native.quantize_activations(x, "f16", weight_type, "cuda")
             for variant in variants:
+                if tokens > native.variant_info(variant).max_tokens:  # mmvq: 1..8 tokens (mmvq_case)
+                    continue
                 sem = native.variant_info(variant).semantics
                 out = native.gemm(data, x, variant=variant, device="cuda", semantics=sem, ggml_type=weight_type,
                                   rows=rows, k=k)
@@ -81,6 +108,6 @@ def main(variants):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or list(native.GPU_VARIANTS))
+    main(sys.argv[1:] or list(native.GPU_VARIANTS) + ["mmvq"])  # GPU_VARIANTS: the ones for every token count
     if len(sys.argv) == 1:
         engine_case()

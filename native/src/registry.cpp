@@ -167,7 +167,12 @@ static const AutoChoice k_auto_host[] = {
     {CIQ_SEMANTICS_MMVQ, 8, CIQ_VARIANT_MMVQ},
 };
 static const AutoChoice k_auto_cuda[] = {
-    {CIQ_SEMANTICS_ANY, 8, CIQ_VARIANT_MMA},             // decode-size batches: mma's 8-token tiles waste less
+    // 1..8 tokens, where llama.cpp runs MMVQ: never less exact than llama.cpp. The 32-block types take MMQ's formula
+    // (as exact as MMVQ for Q8_0, more for Q4_0/Q5_0, whose MMVQ offset term uses the fp16 activation sum), the
+    // K-quants MMVQ's own arithmetic (mma's MMQ arithmetic is 5-30x further from float64 for Q4_K there;
+    // docs/SEMANTICS.md "mmvq"). Speed against llama.cpp's MMVQ not yet measured.
+    {CIQ_SEMANTICS_ANY, 8, CIQ_VARIANT_Q32},
+    {CIQ_SEMANTICS_ANY, 8, CIQ_VARIANT_MMVQ},
     {CIQ_SEMANTICS_ANY, INT64_MAX, CIQ_VARIANT_WGMMA},   // Hopper
     {CIQ_SEMANTICS_ANY, INT64_MAX, CIQ_VARIANT_MMA},
     {CIQ_SEMANTICS_ANY, INT64_MAX, CIQ_VARIANT_Q32},
@@ -176,7 +181,7 @@ static const AutoChoice k_auto_cuda[] = {
     {CIQ_SEMANTICS_MMQ, INT64_MAX, CIQ_VARIANT_Q32},
     {CIQ_SEMANTICS_CPU, 128, CIQ_VARIANT_WMMA_SHARED},   // seed6, 128 tokens: shared fastest on 4 of 6 shapes
     {CIQ_SEMANTICS_CPU, INT64_MAX, CIQ_VARIANT_WMMA_BIGTILE},  // llama3-8b, 512 tokens: bigtile on 9 of 10
-    {CIQ_SEMANTICS_MMVQ, 8, CIQ_VARIANT_MMVQ},  // asked for by name only: not measured against MMQ for ANY
+    {CIQ_SEMANTICS_MMVQ, 8, CIQ_VARIANT_MMVQ},
 };
 static const AutoChoice k_auto_hip[] = {  // AMD: no mma; wide and bigtile exceed 64 KB of LDS
     {CIQ_SEMANTICS_ANY, INT64_MAX, CIQ_VARIANT_WMMA_SHARED},
