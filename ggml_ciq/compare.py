@@ -288,9 +288,11 @@ def run_compare(path, n_tokens: int | None = 512, prompt: str | None = None, rep
     if reference:
         start = time.perf_counter()
         engine = Transformer(model, device="reference", n_ctx=n_ctx, n_ubatch=512)
+        loaded = time.perf_counter()
         logits[REFERENCE] = engine.forward(tokens, all_logits=True)
-        arms.append(Arm(REFERENCE, "reference", {"device": "cpu (float64)", "n_ubatch": 512, "threads": threads},
-                        [time.perf_counter() - start], None, engine_memory(engine, None)))
+        arms.append(Arm(REFERENCE, "reference", {"device": "cpu (float64)", "n_ubatch": 512, "threads": threads,
+                                                 "load_seconds": loaded - start},
+                        [time.perf_counter() - loaded], None, engine_memory(engine, None)))
         del engine
         if progress:
             progress(REFERENCE)
