@@ -123,6 +123,17 @@ def _positive_number(text: str) -> float:
     return value
 
 
+def _semantics_list(text: str) -> tuple[str, ...]:
+    """Comma-separated engine semantics (llamacpp, exact, fast), each once."""
+    from .engine import SEMANTICS
+
+    items = tuple(item.strip() for item in text.split(","))
+    bad = [item for item in items if item not in SEMANTICS]
+    if bad or len(set(items)) != len(items):
+        raise argparse.ArgumentTypeError(f"expects distinct names from {', '.join(SEMANTICS)}, got {text!r}")
+    return items
+
+
 def _text(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("is empty")
@@ -447,6 +458,7 @@ def cmd_prefill(args) -> int:
     console = _console()
     path = catalog.resolve_model(args.model)
     model = ModelFile(path)
+    args.semantics = args.semantics or ("llamacpp" if args.device in ("cpu", "reference") else "fast")
     engine = Transformer(model, device=args.device, n_ctx=args.ctx_size, n_ubatch=args.ubatch,
                          semantics=args.semantics)
     if args.tokens is not None:
@@ -495,7 +507,7 @@ def cmd_compare(args) -> int:
     path = catalog.resolve_model(args.model)
     if args.device == "cuda" and native.device_count() == 0:
         raise CiqError("compare --device cuda: no CUDA device (or libggml_ciq built without CUDA)")
-    semantics = ("llamacpp", "exact") if args.semantics == "both" else (args.semantics,)
+    semantics = args.semantics or (("llamacpp", "exact", "fast") if args.device == "cuda" else ("llamacpp", "exact"))
     with _progress(console) as progress:
         tasks = {}
 
@@ -798,9 +810,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=_whole(1), default=5)
     p.add_argument("--device", type=_from_library(_engine_device), default="cpu",
                    help="cpu, cuda[:N] or reference (the float64 model the GGUF defines, on the CPU)")
-    p.add_argument("--semantics", choices=("llamacpp", "exact"), default="llamacpp",
+    p.add_argument("--semantics", choices=("llamacpp", "exact", "fast"), default=None,
                    help="llamacpp: llama.cpp's arithmetic on the device (CPU: bit for bit); exact: the most exact "
-                        "fast path (docs/SEMANTICS.md)")
+                        "fast path; fast: the fastest kernels (default: fast on a GPU, llamacpp on the CPU; "
+                        "docs/SEMANTICS.md)")
     p.add_argument("--ctx-size", type=_whole(1), default=None,
                    help="context length (default: the GGUF's context_length)")
     p.add_argument("--ubatch", type=_whole(1), default=512, help="tokens per micro-batch (default 512, as llama.cpp)")
@@ -817,8 +830,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "numpy's LICENSE.txt bundles, ~8.6k tokens of English)")
     p.add_argument("--repeat", type=_whole(1), default=3, help="timed prefills per arm, after a warm-up (median)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--semantics", choices=("llamacpp", "exact", "both"), default="both",
-                   help="our engine's arms (default both; docs/SEMANTICS.md)")
+    p.add_argument("--semantics", type=_semantics_list, default=None,
+                   help="our engine's arms, comma-separated from llamacpp, exact, fast (default: all three on a GPU, "
+                        "llamacpp,exact on the CPU, where fast is llamacpp; docs/SEMANTICS.md)")
     p.add_argument("--reference", choices=("on", "off"), default="on",
                    help="the float64 reference arm on the CPU (default on; ~0.1 s per token on 2 cores)")
     p.add_argument("--threads", type=_whole(1, MAX_THREADS), default=None)

@@ -216,7 +216,7 @@ def _check_logits_memory(n_arrays: int, n_tokens: int, n_vocab: int) -> None:
 # flash attention on: 93.0%, 9.6e-3. On the CPU the spread is therefore token-by-token decoding (n_ubatch 1), the
 # way llama.cpp generates; on CUDA flash attention on against off.
 SPREAD = {"cpu": "n_ubatch 1 (token by token)", "cuda": "flash attention toggled"}
-SEMANTICS_ARMS = {"llamacpp": "ours llamacpp", "exact": "ours exact"}
+SEMANTICS_ARMS = {"llamacpp": "ours llamacpp", "exact": "ours exact", "fast": "ours fast"}
 LLAMACPP, SPREAD_ARM, PLUGIN, REFERENCE = "llama.cpp", "llama.cpp spread", "llama.cpp + plugin", "reference"
 
 

@@ -103,7 +103,7 @@ def _view(x, shape):
     return x.view(shape) if hasattr(x, "rows") else x.reshape(shape)
 
 
-SEMANTICS = ("llamacpp", "exact")
+SEMANTICS = ("llamacpp", "exact", "fast")
 
 
 def make_ops(device="cpu", semantics: str = "llamacpp"):
@@ -111,10 +111,14 @@ def make_ops(device="cpu", semantics: str = "llamacpp"):
     - "reference": ReferenceOps, the model the GGUF defines in float64 (semantics does not apply).
     - cpu, llamacpp: NumpyOps, llama.cpp x86 CPU's arithmetic bit for bit. cpu, exact: ExactCpuOps (float32 GEMMs on
       exactly dequantized weights, no activation quantization, float GELU, float64 RoPE angles and attention).
-    - GPU, llamacpp: NativeOps with llama.cpp CUDA MMQ's semantics (keep-quant `mma`, Q4_0/Q5_0/Q8_0 through
-      the q32 variant), mma attention. GPU, exact: K-quants in f16 semantics (`wgmma`; `mma` where the GPU has no
+    - GPU, llamacpp: NativeOps with llama.cpp CUDA's GEMM semantics per token count, as llama.cpp picks them: MMQ's
+      above 8 tokens (keep-quant `mma`, Q4_0/Q5_0/Q8_0 through the q32 variant), MMVQ's at 1..8 (`mmvq`); mma
+      attention. GPU, exact: K-quants in f16 semantics (`wgmma`; `mma` where the GPU has no
       wgmma), Q4_0/Q5_0/Q8_0 dequantized to bf16 (cuBLAS; 30-100x closer to float64 than q8_1 on Gemma 3 270M's
-      real activations), float32 SIMT attention (q and p not rounded to f16)."""
+      real activations), float32 SIMT attention (q and p not rounded to f16).
+    - fast: the fastest measured kernel per op, the path the speed claims are about (STATUS.md). GPU: AUTO keep-quant
+      GEMMs (`wgmma` above 8 tokens on Hopper, `mmvq` at 1..8), the q32 variant for Q4_0/Q5_0/Q8_0, mma attention.
+      CPU: llama.cpp's arithmetic (NumpyOps; the exact float orders are also the fastest host paths we have)."""
     if semantics not in SEMANTICS:
         raise InvalidArgumentError(f"unknown semantics {semantics!r} (choose {' or '.join(SEMANTICS)})")
     if str(device) == "reference":
@@ -133,7 +137,9 @@ def make_ops(device="cpu", semantics: str = "llamacpp"):
     except ImportError:
         raise BackendError(f"device {device}: this build has no native ops (ggml_ciq.ops)") from None
     if semantics == "llamacpp":
-        return NativeOps(device, semantics="mmq")
+        return NativeOps(device, semantics="mmq", llamacpp_small_batches=True)
+    if semantics == "fast":
+        return NativeOps(device)
     keep_quant = "f16" if native.variant_available(device, "wgmma") else "mmq"
     return NativeOps(device, semantics=keep_quant, attention_kernel="simt", q32_kernel=False)
 

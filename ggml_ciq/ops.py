@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -144,10 +145,13 @@ class NativeOps:
 
     ``semantics`` of the keep-quant GEMMs defaults to llama.cpp CPU's on the CPU and to whatever the fastest GPU
     kernel implements on a GPU ("any"); ``attention_kernel`` is one of ATTENTION_KERNELS; ``q32_kernel`` False
-    dequantizes Q4_0/Q5_0/Q8_0 weights to bf16 on a GPU too (bf16 activations instead of the q32 variant's q8_1)."""
+    dequantizes Q4_0/Q5_0/Q8_0 weights to bf16 on a GPU too (bf16 activations instead of the q32 variant's q8_1).
+    ``llamacpp_small_batches`` (GPU, with semantics "mmq"): where llama.cpp CUDA multiplies by mul_mat_vec_q (1..8
+    tokens, quants.llamacpp_cuda_uses_mmvq), every quantized weight runs the `mmvq` variant in its semantics, as
+    llama.cpp does."""
 
     def __init__(self, device="cpu", semantics: str | None = None, attention_kernel: str = "auto",
-                 q32_kernel: bool = True):
+                 q32_kernel: bool = True, llamacpp_small_batches: bool = False):
         self.device = native.parse_device(device)
         self.native = native.load()
         if self.device >= 0 and self.device >= native.device_count():
@@ -159,6 +163,10 @@ class NativeOps:
             raise InvalidArgumentError(f"unknown attention kernel {attention_kernel!r} (choose from "
                                        f"{', '.join(kernels)})")
         self.attention_kernel, self.q32_kernel = attention_kernel, q32_kernel
+        self._compute_capability = None
+        if llamacpp_small_batches and self.device >= 0:
+            match = re.search(r"sm_(\d+)(\d)", native.device_name(self.device))
+            self._compute_capability = (int(match[1]), int(match[2])) if match else (9, 0)
         self._attention_kernel_id = kernels.index(attention_kernel)
         self.timings: dict[str, float] = defaultdict(float)
         self._pending: list = []  # (op class, marked timer) not yet in timings
@@ -384,6 +392,16 @@ class NativeOps:
         self.trim()  # the raw blocks are not needed again: no cached copy of them
         return Weight(tensor.name, tensor.ggml_type, tensor.rows, tensor.k, "bf16", dense)
 
+    def _kernel(self, weight: Weight, tokens: int) -> tuple[int, int]:
+        """(variant, semantics) ids of a quantized weight's GEMM at this token count."""
+        lib = self.native.lib
+        if self._compute_capability and quants.llamacpp_cuda_uses_mmvq(weight.ggml_type, tokens,
+                                                                        self._compute_capability):
+            return lib.CIQ_VARIANT_MMVQ, lib.CIQ_SEMANTICS_MMVQ
+        if weight.kind == "q32":  # llama.cpp CUDA MMQ's semantics
+            return lib.CIQ_VARIANT_Q32, lib.CIQ_SEMANTICS_MMQ
+        return lib.CIQ_VARIANT_AUTO, self._semantics_id
+
     def linear(self, weight: Weight, x) -> DeviceArray:
         """x[n, k] @ W^T -> [n, rows] float32."""
         x = self._f32(x, "linear input")
@@ -392,14 +410,11 @@ class NativeOps:
         tokens = x.size // weight.k
         out = self.empty((tokens, weight.rows))
         n = self.native
-        if weight.kind == "keep-quant":
-            n.check(n.lib.ciq_gemm(self.device, n.lib.CIQ_VARIANT_AUTO, self._semantics_id, weight.ggml_type,
-                                   weight.data.ptr, weight.data.nbytes, weight.rows, weight.k, self._fp(x), tokens,
-                                   out.ptr, n.lib.CIQ_OUT_F32))
-        elif weight.kind == "q32":  # llama.cpp CUDA MMQ's semantics
-            n.check(n.lib.ciq_gemm(self.device, n.lib.CIQ_VARIANT_Q32, n.lib.CIQ_SEMANTICS_MMQ, weight.ggml_type,
-                                   weight.data.ptr, weight.data.nbytes, weight.rows, weight.k, self._fp(x), tokens,
-                                   out.ptr, n.lib.CIQ_OUT_F32))
+        if weight.kind in ("keep-quant", "q32"):
+            variant, semantics = self._kernel(weight, tokens)
+            n.check(n.lib.ciq_gemm(self.device, variant, semantics, weight.ggml_type, weight.data.ptr,
+                                   weight.data.nbytes, weight.rows, weight.k, self._fp(x), tokens, out.ptr,
+                                   n.lib.CIQ_OUT_F32))
         elif weight.kind == "bf16":
             scratch = self._bf16(tokens * weight.k)
             n.check(n.lib.ciq_convert_bf16(self.device, self._fp(x), tokens * weight.k, scratch.ptr))
@@ -423,8 +438,7 @@ class NativeOps:
         plans = []
         for w in weights:
             plan = n.ffi.new("ciq_plan *")
-            n.check(n.lib.ciq_gemm_plan(self.device, n.lib.CIQ_VARIANT_AUTO, self._semantics_id, w.ggml_type, w.rows,
-                                        k, tokens, plan))
+            n.check(n.lib.ciq_gemm_plan(self.device, *self._kernel(w, tokens), w.ggml_type, w.rows, k, tokens, plan))
             plans.append(plan)
         layouts = {}
         for plan in plans:

@@ -234,9 +234,42 @@ def test_reference_that_would_not_fit_is_one_line(native_lib, default_model, mon
 def test_make_ops_picks_the_semantics(native_lib):
     assert type(make_ops("cpu")) is NumpyOps and type(make_ops("cpu", "llamacpp")) is NumpyOps
     assert type(make_ops("cpu", "exact")) is ExactCpuOps
+    assert type(make_ops("cpu", "fast")) is NumpyOps  # the host's fastest path is llama.cpp's arithmetic
     assert type(make_ops("reference")) is ReferenceOps
     with pytest.raises(InvalidArgumentError, match="unknown semantics 'f16'"):
         make_ops("cpu", "f16")
+
+
+@pytest.mark.gpu
+def test_gpu_fast_semantics_runs_the_auto_kernels(native_lib, tmp_path, rng):
+    """fast = AUTO: wgmma for the K-quants above 8 tokens on Hopper (mma elsewhere), the q32 variant, mma attention;
+    counted by the dispatch counters."""
+    if native.device_count() == 0:
+        pytest.skip("needs a CUDA device and libggml_ciq built with CUDA")
+    ops = make_ops("cuda", "fast")
+    assert (ops.semantics, ops.attention_kernel, ops.q32_kernel) == ("any", "auto", True)
+    path = catalog.write_small_model(tmp_path / "gemma3.gguf", "gemma3")
+    native.dispatch_reset()
+    Transformer(ModelFile(path), ops=ops, n_ubatch=16).forward(rng.integers(3, 512, 41), all_logits=True)
+    variant = "wgmma" if native.variant_available("cuda", "wgmma") else "mma"
+    counts = native.dispatch_counts()
+    assert counts[(variant, "Q4_K")] > 0 and counts[("cpu", "Q4_K")] == 0
+    if variant == "wgmma":  # micro-batches of 16, 16 and 9 tokens: all above mmvq's 8
+        assert counts[("mma", "Q4_K")] == 0 and counts[("mmvq", "Q4_K")] == 0
+
+
+@pytest.mark.gpu
+def test_gpu_llamacpp_semantics_small_batches_run_mmvq(native_lib, tmp_path, rng):
+    """llamacpp on a GPU follows llama.cpp's kernel choice per micro-batch: 1..8 tokens through `mmvq` (its
+    mul_mat_vec_q semantics) for every quantized weight, more through MMQ's (`mma`, q32)."""
+    if native.device_count() == 0:
+        pytest.skip("needs a CUDA device and libggml_ciq built with CUDA")
+    path = catalog.write_small_model(tmp_path / "gemma3.gguf", "gemma3")
+    engine = Transformer(ModelFile(path), device="cuda", semantics="llamacpp", n_ubatch=8)
+    native.dispatch_reset()
+    engine.forward(rng.integers(3, 512, 13), all_logits=True)  # micro-batches of 8 and 5 tokens
+    counts = native.dispatch_counts()
+    assert counts[("mmvq", "Q4_K")] > 0 and counts[("mma", "Q4_K")] == 0 and counts[("wgmma", "Q4_K")] == 0
 
 
 @pytest.mark.gpu
