@@ -463,11 +463,11 @@ template <ciq_type T, int C, bool TMA_W> static constexpr auto wgmma_kernel() {
     return gemm_wgmma_kernel<T, cfg.bn, TMA_W ? cfg.stages_w : cfg.stages, cfg.producers, TMA_W>;
 }
 
-// GGML_CIQ_WGMMA_PDL=1: launched as a programmatic dependent of the kernel before it (wait_for_previous_grid); for
-// A/B runs until measured on the H200.
+// Launched as a programmatic dependent of the kernel before it (wait_for_previous_grid), unless GGML_CIQ_WGMMA_PDL=0
+// (the switch for A/B runs; bench/results/h200/wgmma-pdl-*.json, STATUS.md).
 static bool wgmma_pdl() {
     const char *v = std::getenv("GGML_CIQ_WGMMA_PDL");
-    return v && std::atoi(v) == 1;
+    return !(v && *v && std::atoi(v) == 0);
 }
 
 template <ciq_type T, int C, bool TMA_W>

@@ -24,7 +24,7 @@ static __device__ __forceinline__ uint32_t h2u(__half2 h) { return *(const uint3
 #ifdef CIQ_WGMMA_DEVICE
 static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
-// Programmatic dependent launch (launch_wgmma with GGML_CIQ_WGMMA_PDL=1): the kernel may start while the kernel
+// Programmatic dependent launch (launch_wgmma unless GGML_CIQ_WGMMA_PDL=0): the kernel may start while the kernel
 // before it in the stream (the activation conversion) still runs; every thread waits for that grid's completion and
 // its memory before touching anything it wrote (x, the token scales) or writing output. Weights are read before the
 // wait: no kernel writes them (they are uploaded). Without the launch attribute the wait returns at once.
