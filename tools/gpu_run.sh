@@ -9,6 +9,7 @@
 #   tools/gpu_run.sh sanitize   compute-sanitizer memcheck + racecheck on every kernel -> $OUT
 #   tools/gpu_run.sh wait       wait for the llama.cpp CUDA build
 #   tools/gpu_run.sh py ARGS    python3 ARGS with this environment (e.g. py -m ggml_ciq.cli bench gemm ...)
+#   tools/gpu_run.sh pack NAME  everything under $OUT into $OUT/NAME.tgz (a call returns at most 8 files)
 #   tools/gpu_run.sh all        setup, test, sanitize, wait, llama.cpp-CUDA tests and diffs; logs under $OUT
 #   tools/gpu_run.sh stage      keep the carried .device-parts/* in /tmp/parts; once all are there, join them into
 #                               /tmp/gemma3-270m.gguf (checked against SHA256SUMS): the whole Gemma file for `compare`
@@ -130,6 +131,8 @@ case "${1:-}" in
     done ;;
   wait) while [ -f /tmp/llama.building ]; do sleep 5; done; tail -n 2 /tmp/llama-build.log; ls /tmp/llama/llama_cpp/lib/ | grep -E 'lib|test-backend|llama-' ;;
   py) shift; python3 "$@" ;;
+  pack)  # everything under $OUT into one $OUT/NAME.tgz (a call brings back at most 8 files, 2 folders deep)
+    name=${2:-results}; tar czf /tmp/$name.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/$name.tgz "$OUT/" && ls -la "$OUT" ;;
   all)
     "$0" setup 2>&1 | tail -n 8
     "$0" test tests/test_cuda.py tests/test_native.py tests/test_ops.py tests/test_mmvq.py 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -n 15
