@@ -29,7 +29,9 @@ SOURCE_ENV = "GGML_CIQ_LLAMACPP_SRC"
 PLUGIN_ENV = "GGML_CIQ_PLUGIN"
 PLUGIN_NAMES = ("libggml-ciq.so", "libggml-ciq.dylib", "ggml-ciq.dll")
 _PACKAGE_DIR = Path(__file__).resolve().parent
-_PLUGIN_SOURCE = _PACKAGE_DIR.parent / "native" / "plugin"
+# The plugin's source: the installed package's copy, else the checkout's native/plugin.
+_PLUGIN_SOURCE = next((d for d in (_PACKAGE_DIR / "plugin_src", _PACKAGE_DIR.parent / "native" / "plugin")
+                       if (d / "CMakeLists.txt").is_file()), _PACKAGE_DIR.parent / "native" / "plugin")
 _LLAMACPP_IN_SDIST = "vendor/llama.cpp"
 
 
