@@ -106,7 +106,8 @@ def test_diff_prompt_cli(llama, native_lib, default_model, tmp_path, capsys):
 
 
 @pytest.mark.gpu
-def test_every_keep_quant_tensor_on_llamacpp_cuda_inputs(llama, native_lib, gemma_model):
+def test_every_keep_quant_tensor_on_llamacpp_cuda_inputs(llama, native_lib, gemma_full):
+    gemma_model = gemma_full
     """On a GPU: llama.cpp CUDA's own prefill (all layers on the GPU, flash attention) captured; `mma` (mmq
     semantics) on exactly those inputs against llama.cpp's MMQ outputs, every Q4_K/Q6_K tensor of every layer."""
     from ggml_ciq import native

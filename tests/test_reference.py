@@ -25,7 +25,8 @@ def _gemma_rows(gemma_model, name: str, rows: int = 16):
 
 @pytest.mark.parametrize("name", ["token_embd.weight", "blk.0.attn_q.weight", "blk.0.ffn_down.weight",
                                   "blk.0.attn_output.weight"], ids=["Q8_0", "Q5_0", "Q6_K", "Q4_K"])
-def test_dequantize_exact_on_gemma_blocks(gemma_model, name):
+def test_dequantize_exact_on_gemma_blocks(gemma_full, name):
+    gemma_model = gemma_full
     """Q8_0/Q5_0/Q6_K: ggml's float32 dequantization is exact (every product fits 24 bits), kept as it is. Q4_K:
     d*sc*q - dmin*m in float64, checked value by value against rational arithmetic, within half a float32 ulp of
     ggml's float32 result (which rounds the difference)."""
@@ -124,7 +125,8 @@ def test_attention_f64_masks_windows_and_chunks(rng, n_past, tokens, window, chu
         attention_f64(q, k_cache[:n_past + tokens - 1], v_cache, n_past, 0.25, window)
 
 
-def test_reference_linear_in_row_chunks(gemma_model, rng):
+def test_reference_linear_in_row_chunks(gemma_full, rng):
+    gemma_model = gemma_full
     """A float32-exact weight (Q5_0) is converted to float64 in row chunks (here 3 rows of 64 at a time, a tail of
     one): the product equals the whole float64 product."""
     ggml_type, raw, rows, k = _gemma_rows(gemma_model, "blk.0.attn_q.weight", rows=64)
