@@ -258,7 +258,7 @@ class GpuProblem:
         weights = [native.Buffer.from_array(self.device, w.astype(np.uint16)) for _ in range(copies)]
         with native.Buffer.from_array(self.device, x.astype(np.uint16)) as xb:
             def launch(i):
-                n.check(n.lib.ciq_dense_gemm_bf16(self.device, weights[i % copies].ptr, s.rows, s.k, xb.ptr,
+                n.check(n.lib.ciq_gemm_dense_bf16(self.device, weights[i % copies].ptr, s.rows, s.k, xb.ptr,
                                                   self.tokens, self.out.ptr, n.lib.CIQ_OUT_F32))
             times = _time_gpu_us(launch, 2 * copies, self.device, 2, repeat)
         for b in weights:

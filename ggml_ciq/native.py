@@ -19,7 +19,7 @@ from .resources import Closeable
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _SOURCE_HEADER = _PACKAGE_DIR.parent / "native" / "include" / "ggml_ciq.h"
 _LIBRARY_NAMES = ("libggml_ciq.so", "libggml_ciq.dylib", "ggml_ciq.dll")
-API_VERSION = 2  # GGML_CIQ_API_VERSION of the header this package's code is written against
+API_VERSION = 3  # GGML_CIQ_API_VERSION of the header this package's code is written against
 
 def _header_path() -> Path:
     for candidate in (_PACKAGE_DIR / "include" / "ggml_ciq.h", _SOURCE_HEADER):
@@ -278,7 +278,7 @@ def dispatch_reset() -> None:
 
 def set_num_threads(threads: int) -> None:
     n = load()
-    n.check(n.lib.ciq_set_num_threads(int(threads)))
+    n.check(n.lib.ciq_threads_set(int(threads)))
 
 
 class Buffer(Closeable):
@@ -289,7 +289,7 @@ class Buffer(Closeable):
         self.device = parse_device(device)
         self.nbytes = int(nbytes)
         ptr = self.native.ffi.new("void **")
-        self.native.check(self.native.lib.ciq_malloc(self.device, self.nbytes, ptr))
+        self.native.check(self.native.lib.ciq_memory_alloc(self.device, self.nbytes, ptr))
         self.ptr = ptr[0]
 
     @classmethod
@@ -304,22 +304,22 @@ class Buffer(Closeable):
         if array.nbytes > self.nbytes:
             raise ShapeError(f"upload of {array.nbytes} bytes into a {self.nbytes}-byte buffer")
         n = self.native
-        n.check(n.lib.ciq_memcpy_to_device(self.device, self.ptr, n.ffi.from_buffer(array), array.nbytes))
+        n.check(n.lib.ciq_memory_upload(self.device, self.ptr, n.ffi.from_buffer(array), array.nbytes))
 
     def download(self, dtype, shape) -> np.ndarray:
         out = np.empty(shape, dtype)
         if out.nbytes > self.nbytes:
             raise ShapeError(f"download of {out.nbytes} bytes from a {self.nbytes}-byte buffer")
         n = self.native
-        n.check(n.lib.ciq_memcpy_to_host(self.device, n.ffi.from_buffer(out), self.ptr, out.nbytes))
+        n.check(n.lib.ciq_memory_download(self.device, n.ffi.from_buffer(out), self.ptr, out.nbytes))
         return out
 
     def fill(self, byte: int) -> None:
-        self.native.check(self.native.lib.ciq_memset(self.device, self.ptr, byte, self.nbytes))
+        self.native.check(self.native.lib.ciq_memory_fill(self.device, self.ptr, byte, self.nbytes))
 
     def close(self) -> None:
         if self.ptr is not None:
-            self.native.check(self.native.lib.ciq_free(self.device, self.ptr))
+            self.native.check(self.native.lib.ciq_memory_free(self.device, self.ptr))
             self.ptr = None
 
 
@@ -427,7 +427,7 @@ class GemmProblem:
                 if poison:
                     ob.fill(0xFF)
                 call(xb.ptr, ob.ptr)
-                n.check(n.lib.ciq_synchronize(self.device))
+                n.check(n.lib.ciq_device_synchronize(self.device))
                 out = ob.download(dtype, (tokens, self.rows))
         return out if dtype is np.float32 else (out.astype(np.uint32) << 16).view(np.float32)
 

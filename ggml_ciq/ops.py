@@ -1,6 +1,6 @@
 """NativeOps: the prefill engine's ops on libggml_ciq buffers, on the CPU (device -1) or a GPU.
 
-Arrays are ``DeviceArray``: contiguous row-major float32, float16 or int32 in a ``ciq_malloc`` buffer on the ops'
+Arrays are ``DeviceArray``: contiguous row-major float32, float16 or int32 in a ``ciq_memory_alloc`` buffer on the ops'
 device. Methods take DeviceArrays (numpy inputs are copied to the device first) and return new DeviceArrays, except
 ``kv_store`` (in place). Float order per device is documented in native/src/cpu/ops.cpp and native/src/cuda/ops.cu.
 """
@@ -47,7 +47,7 @@ class _Pool:
         if cached:
             return cached.pop()
         ptr = self.native.ffi.new("void **")
-        self.native.check(self.native.lib.ciq_malloc(self.device, nbytes, ptr))
+        self.native.check(self.native.lib.ciq_memory_alloc(self.device, nbytes, ptr))
         self.allocated += nbytes
         return ptr[0]
 
@@ -58,7 +58,7 @@ class _Pool:
         """Free every cached buffer."""
         for nbytes, ptrs in self.free.items():
             for ptr in ptrs:
-                self.native.check(self.native.lib.ciq_free(self.device, ptr))
+                self.native.check(self.native.lib.ciq_memory_free(self.device, ptr))
                 self.allocated -= nbytes
         self.free.clear()
 
@@ -107,7 +107,7 @@ class DeviceArray:
         out = np.empty(self.shape, self.dtype)
         n = self._allocation.native
         if self.nbytes:
-            n.check(n.lib.ciq_memcpy_to_host(self.device, n.ffi.from_buffer(out), self.ptr, self.nbytes))
+            n.check(n.lib.ciq_memory_download(self.device, n.ffi.from_buffer(out), self.ptr, self.nbytes))
         return out
 
     def view(self, shape) -> "DeviceArray":
@@ -184,7 +184,7 @@ class NativeOps:
     def zeros(self, shape, dtype=np.float32) -> DeviceArray:
         out = self.empty(shape, dtype)
         if out.nbytes:
-            self.native.check(self.native.lib.ciq_memset(self.device, out.ptr, 0, out.nbytes))
+            self.native.check(self.native.lib.ciq_memory_fill(self.device, out.ptr, 0, out.nbytes))
         return out
 
     def asarray(self, a, dtype=None) -> DeviceArray:
@@ -203,7 +203,7 @@ class NativeOps:
         out = self.empty(a.shape, a.dtype)
         if a.nbytes:
             n = self.native
-            n.check(n.lib.ciq_memcpy_to_device(self.device, out.ptr, n.ffi.from_buffer(a), a.nbytes))
+            n.check(n.lib.ciq_memory_upload(self.device, out.ptr, n.ffi.from_buffer(a), a.nbytes))
         return out
 
     def numpy(self, x) -> np.ndarray:
@@ -258,7 +258,7 @@ class NativeOps:
         table = self._raw(tensor)
         ids_dev = self.asarray(ids, np.int32)
         out = self.empty((ids.size, tensor.k))
-        self.native.check(self.native.lib.ciq_get_rows(self.device, tensor.ggml_type, table.ptr, tensor.rows, tensor.k,
+        self.native.check(self.native.lib.ciq_rows_get(self.device, tensor.ggml_type, table.ptr, tensor.rows, tensor.k,
                                                        self._i32(ids_dev), ids.size, self._fp(out)))
         return out
 
@@ -273,7 +273,7 @@ class NativeOps:
         raw = np.ascontiguousarray(tensor.raw())
         out = self.empty((raw.size,), np.uint8)
         n = self.native
-        n.check(n.lib.ciq_memcpy_to_device(self.device, out.ptr, n.ffi.from_buffer(raw), raw.nbytes))
+        n.check(n.lib.ciq_memory_upload(self.device, out.ptr, n.ffi.from_buffer(raw), raw.nbytes))
         return out
 
     def rms_norm(self, x, weight, eps: float) -> DeviceArray:
@@ -386,7 +386,7 @@ class NativeOps:
                           self.asarray(tensor.dequantize(), np.float32))
         raw = self._upload_raw(tensor)
         dense = self.empty((tensor.rows, tensor.k), np.float16)  # bf16 bits; float16 only sizes the buffer
-        self.native.check(self.native.lib.ciq_dequantize_bf16(self.device, tensor.ggml_type, raw.ptr, tensor.rows,
+        self.native.check(self.native.lib.ciq_tensor_dequantize_bf16(self.device, tensor.ggml_type, raw.ptr, tensor.rows,
                                                               tensor.k, dense.ptr))
         del raw
         self.trim()  # the raw blocks are not needed again: no cached copy of them
@@ -417,8 +417,8 @@ class NativeOps:
                                    n.lib.CIQ_OUT_F32))
         elif weight.kind == "bf16":
             scratch = self._bf16(tokens * weight.k)
-            n.check(n.lib.ciq_convert_bf16(self.device, self._fp(x), tokens * weight.k, scratch.ptr))
-            n.check(n.lib.ciq_dense_gemm_bf16(self.device, weight.data.ptr, weight.rows, weight.k, scratch.ptr, tokens,
+            n.check(n.lib.ciq_values_convert_bf16(self.device, self._fp(x), tokens * weight.k, scratch.ptr))
+            n.check(n.lib.ciq_gemm_dense_bf16(self.device, weight.data.ptr, weight.rows, weight.k, scratch.ptr, tokens,
                                               out.ptr, n.lib.CIQ_OUT_F32))
         else:  # CPU float32: the buffers are host memory
             dense = self._host_view(weight.data)

@@ -26,14 +26,14 @@ VALID = {
 # Per-function valid values where the shared ones do not fit.
 VALID_FOR = {"ciq_activations_size": {"layout": 0}}
 # Pointer parameters that are handles the library made: a valid call needs a real one.
-HANDLES = {("ciq_free", "ptr"): "malloc", ("ciq_timer_mark", "timer"): "timer", ("ciq_timer_stop", "timer"): "timer",
+HANDLES = {("ciq_memory_free", "ptr"): "malloc", ("ciq_timer_mark", "timer"): "timer", ("ciq_timer_stop", "timer"): "timer",
            ("ciq_gemm_quantized", "plan"): "plan"}
 # Pointer parameters that may legitimately be NULL.
-MAY_BE_NULL = {("ciq_rms_norm", "weight"), ("ciq_free", "ptr")}
+MAY_BE_NULL = {("ciq_rms_norm", "weight"), ("ciq_memory_free", "ptr")}
 # Functions whose valid call needs what the CPU does not have (a GPU) or that take no misusable argument.
-NOT_ON_CPU = {"ciq_dense_gemm_bf16"}
+NOT_ON_CPU = {"ciq_gemm_dense_bf16"}
 # Parameters any value of which is valid (a thread count <= 0 means all cores; a memset byte).
-ANY_VALUE = {("ciq_set_num_threads", "threads"), ("ciq_memset", "value")}
+ANY_VALUE = {("ciq_threads_set", "threads"), ("ciq_memory_fill", "value")}
 # Parameters that are not a size or a count: a negative value is an offset the callee cannot check.
 NOT_A_COUNT = {"base", "eps", "scale", "s"}
 
@@ -65,7 +65,7 @@ def _handle(n, kind):
                                    n.lib.CIQ_TYPE_Q4_K, 1, 256, 1, plan) == n.lib.CIQ_OK
         return plan
     out = n.ffi.new("void **")
-    status = n.lib.ciq_malloc(-1, 64, out) if kind == "malloc" else n.lib.ciq_timer_start(-1, out)
+    status = n.lib.ciq_memory_alloc(-1, 64, out) if kind == "malloc" else n.lib.ciq_timer_start(-1, out)
     assert status == n.lib.CIQ_OK
     return out[0]
 
@@ -133,7 +133,7 @@ def test_every_function_rejects_each_wrong_argument(native_lib, name):
         assert status != n.lib.CIQ_OK, f"{name}({description}) was accepted"
         assert message and "\n" not in message and len(message) < 400, f"{name}({description}): message {message!r}"
         checked += 1
-    if name in ("ciq_synchronize", "ciq_device_count", "ciq_dispatch_reset", "ciq_set_num_threads"):
+    if name in ("ciq_device_synchronize", "ciq_device_count", "ciq_dispatch_reset", "ciq_threads_set"):
         return
     assert checked or not params, f"{name}: no argument was mutated"
 
@@ -155,16 +155,16 @@ def _status_and_message(n, status):
 
 
 def test_freed_handles_are_errors(native_lib):
-    """A host block freed twice, a pointer ciq_malloc never gave out, a timer stopped twice: each an error with a
+    """A host block freed twice, a pointer ciq_memory_alloc never gave out, a timer stopped twice: each an error with a
     message (the library tracks its host handles), never a double free."""
     n = native_lib
     block = n.ffi.new("void **")
-    assert n.lib.ciq_malloc(n.lib.CIQ_DEVICE_CPU, 64, block) == n.lib.CIQ_OK
-    assert n.lib.ciq_free(n.lib.CIQ_DEVICE_CPU, block[0]) == n.lib.CIQ_OK
-    status, message = _status_and_message(n, n.lib.ciq_free(n.lib.CIQ_DEVICE_CPU, block[0]))
-    assert status == n.lib.CIQ_ERR_INVALID_ARGUMENT and "ciq_free" in message and "already freed" in message
+    assert n.lib.ciq_memory_alloc(n.lib.CIQ_DEVICE_CPU, 64, block) == n.lib.CIQ_OK
+    assert n.lib.ciq_memory_free(n.lib.CIQ_DEVICE_CPU, block[0]) == n.lib.CIQ_OK
+    status, message = _status_and_message(n, n.lib.ciq_memory_free(n.lib.CIQ_DEVICE_CPU, block[0]))
+    assert status == n.lib.CIQ_ERR_INVALID_ARGUMENT and "ciq_memory_free" in message and "already freed" in message
     foreign = n.ffi.new("char[]", 64)
-    assert n.lib.ciq_free(n.lib.CIQ_DEVICE_CPU, foreign) == n.lib.CIQ_ERR_INVALID_ARGUMENT
+    assert n.lib.ciq_memory_free(n.lib.CIQ_DEVICE_CPU, foreign) == n.lib.CIQ_ERR_INVALID_ARGUMENT
     timer = n.ffi.new("void **")
     ms = n.ffi.new("float *")
     assert n.lib.ciq_timer_start(n.lib.CIQ_DEVICE_CPU, timer) == n.lib.CIQ_OK

@@ -83,7 +83,8 @@ def test_cuda_sources_compiled_where_expected(native_lib):
 
 # sha256 of ggml_ciq.h's CDEF region per GGML_CIQ_API_VERSION. A change to the region without a new version fails
 # here; a new version needs its hash recorded (print(cdef_sha256()) gives it).
-CDEF_SHA256 = {2: "4a2d9f159019c7458ae310183d425a220dd7d0e41cd353f738031334d4b9ad43"}
+CDEF_SHA256 = {2: "4a2d9f159019c7458ae310183d425a220dd7d0e41cd353f738031334d4b9ad43",
+               3: "f559ed9fd76b0c87472c77e1a087a27f0594ae5e7401c717094f78d6b526d693"}  # 3: ciq_<object>_<verb> names
 
 
 def cdef_sha256() -> str:
@@ -259,7 +260,7 @@ def test_c_api_rejects_bad_calls(native_lib):
     status, error = call(lib.ciq_variant_describe, lib.CIQ_VARIANT_COUNT, n.ffi.new("ciq_variant_info *"))
     assert status == lib.CIQ_ERR_INVALID_ARGUMENT and "unknown kernel variant" in error
     if native.device_count() == 0:
-        status, error = call(lib.ciq_malloc, 0, 16, n.ffi.new("void **"))
+        status, error = call(lib.ciq_memory_alloc, 0, 16, n.ffi.new("void **"))
         assert status != lib.CIQ_OK and ("without CUDA" in error or "device(s) found" in error)
 
 

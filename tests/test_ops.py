@@ -36,7 +36,7 @@ class PoisonedOps(NativeOps):
     def empty(self, shape, dtype=np.float32):
         out = super().empty(shape, dtype)
         if out.nbytes:
-            self.native.check(self.native.lib.ciq_memset(self.device, out.ptr, 0xFF, out.nbytes))
+            self.native.check(self.native.lib.ciq_memory_fill(self.device, out.ptr, 0xFF, out.nbytes))
         return out
 
 
@@ -216,7 +216,7 @@ def test_convert_bf16(ops, rng):
     x[:4] = [np.inf, -0.0, 1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8]  # ties to even down and up
     xd = ops.asarray(x)
     out = ops.empty((x.size,), np.float16)
-    ops.native.check(ops.native.lib.ciq_convert_bf16(ops.device, ops._fp(xd), x.size, out.ptr))
+    ops.native.check(ops.native.lib.ciq_values_convert_bf16(ops.device, ops._fp(xd), x.size, out.ptr))
     assert np.array_equal(out.numpy().view(np.uint16), bf16_bits(x))
 
 
@@ -267,9 +267,9 @@ def test_dequantize_bf16(ops, rng, ggml_type):
     rows, k = 5, 768
     raw = random_table(rng, ggml_type, rows, k)
     data = ops.empty((raw.size,), np.uint8)
-    ops.native.check(ops.native.lib.ciq_memcpy_to_device(ops.device, data.ptr, ops.native.ffi.from_buffer(raw), raw.size))
+    ops.native.check(ops.native.lib.ciq_memory_upload(ops.device, data.ptr, ops.native.ffi.from_buffer(raw), raw.size))
     out = ops.empty((rows, k), np.float16)
-    ops.native.check(ops.native.lib.ciq_dequantize_bf16(ops.device, ggml_type, data.ptr, rows, k, out.ptr))
+    ops.native.check(ops.native.lib.ciq_tensor_dequantize_bf16(ops.device, ggml_type, data.ptr, rows, k, out.ptr))
     assert np.array_equal(out.numpy().view(np.uint16), bf16_bits(Q.dequantize(ggml_type, raw, rows, k)))
 
 

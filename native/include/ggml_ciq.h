@@ -16,6 +16,8 @@
  *   q8_1       : [tokens][K/32] ggml block_q8_1 of 36 B (half d, half sum, int8 qs[32]), as llama.cpp's quantize_q8_1.
  *
  * Every function returns a ciq_status (but ciq_last_error); on failure ciq_last_error() (thread-local) says why.
+ * Names are ciq_<object>_<verb> (ciq_memory_alloc, ciq_gemm_plan, ciq_activations_quantize); the transformer ops are
+ * named for the op (ciq_rms_norm, ciq_rope, ciq_attention).
  * Kernel variants, their semantics, layouts, architectures, AUTO order and offload thresholds: native/src/registry.cpp.
  * The region between the CDEF markers is plain C that Python's cffi parses directly. Any change to it raises
  * GGML_CIQ_API_VERSION (tests/test_native.py records the region's hash next to the version).
@@ -30,7 +32,7 @@
 extern "C" {
 #endif
 
-#define GGML_CIQ_API_VERSION 2
+#define GGML_CIQ_API_VERSION 3
 
 /* CDEF-BEGIN */
 typedef enum { CIQ_DEVICE_CPU = -1 } ciq_device_index; /* the host as a device; GPUs are 0..n-1 */
@@ -125,13 +127,13 @@ ciq_status ciq_variant_describe(ciq_variant variant, ciq_variant_info *info);
 ciq_status ciq_device_count(int *count);
 ciq_status ciq_device_name(int device, char *buffer, size_t buffer_size);
 ciq_status ciq_variant_available(int device, ciq_variant variant, int *available);
-ciq_status ciq_malloc(int device, size_t nbytes, void **ptr);
-ciq_status ciq_free(int device, void *ptr);
-ciq_status ciq_memcpy_to_device(int device, void *dst, const void *host_src, size_t nbytes);
-ciq_status ciq_memcpy_to_host(int device, void *host_dst, const void *src, size_t nbytes);
-ciq_status ciq_memset(int device, void *dst, int value, size_t nbytes);
-ciq_status ciq_synchronize(int device);
-ciq_status ciq_set_num_threads(int threads); /* CPU kernels; <= 0 means all cores */
+ciq_status ciq_memory_alloc(int device, size_t nbytes, void **ptr);
+ciq_status ciq_memory_free(int device, void *ptr);
+ciq_status ciq_memory_upload(int device, void *dst, const void *host_src, size_t nbytes);
+ciq_status ciq_memory_download(int device, void *host_dst, const void *src, size_t nbytes);
+ciq_status ciq_memory_fill(int device, void *dst, int value, size_t nbytes);
+ciq_status ciq_device_synchronize(int device);
+ciq_status ciq_threads_set(int threads); /* CPU kernels; <= 0 means all cores */
 
 /* Activations. The layout a semantics uses for a weight type; its size; X quantized (or converted) into it.
  * K must be a multiple of 256 (Q8_K, f16), 128 (q8_1-mmq) or 32 (q8_0 host only, q8_1). */
@@ -166,7 +168,7 @@ ciq_status ciq_dispatch_reset(void);
 
 /* Dense bf16 GEMM (cuBLAS, GPU only), out = X @ W^T with W [rows][K] and X [tokens][K] in bf16: the ceiling
  * keep-quant kernels are compared with. */
-ciq_status ciq_dense_gemm_bf16(int device, const void *weight, int64_t rows, int64_t k, const void *x,
+ciq_status ciq_gemm_dense_bf16(int device, const void *weight, int64_t rows, int64_t k, const void *x,
                                int64_t tokens, void *out, ciq_out_type out_type);
 
 /* Device timing on the stream the kernels use (host wall clock on the CPU): start; optionally mark the end without
@@ -222,12 +224,12 @@ ciq_status ciq_glu(int device, ciq_glu_kind kind, const float *gate, const float
 ciq_status ciq_add(int device, const float *a, int64_t n, const float *b, int64_t b_n, float *out);
 ciq_status ciq_scale(int device, const float *x, float s, int64_t n, float *out);       /* out = x * s */
 /* out[i][:] = row ids[i] of table [table_rows][k] (any ciq_type) dequantized to float32 as ggml does. */
-ciq_status ciq_get_rows(int device, ciq_type type, const void *table, int64_t table_rows, int64_t k,
+ciq_status ciq_rows_get(int device, ciq_type type, const void *table, int64_t table_rows, int64_t k,
                         const int32_t *ids, int64_t n, float *out);
 /* A whole [rows][k] tensor of any ciq_type dequantized to bf16 (float32 value rounded to nearest even). */
-ciq_status ciq_dequantize_bf16(int device, ciq_type type, const void *data, int64_t rows, int64_t k, void *out);
+ciq_status ciq_tensor_dequantize_bf16(int device, ciq_type type, const void *data, int64_t rows, int64_t k, void *out);
 /* out[i] = x[i] rounded to bf16 (nearest even), n values. */
-ciq_status ciq_convert_bf16(int device, const float *x, int64_t n, void *out);
+ciq_status ciq_values_convert_bf16(int device, const float *x, int64_t n, void *out);
 /* CDEF-END */
 
 #ifdef __cplusplus

@@ -121,9 +121,9 @@ bool gpu_idle(const device_context *dev);
 
 void backend_synchronize(ggml_backend_t backend) { gpu_idle((const device_context *)backend->device->context); }
 
-// Waits for everything queued on the GPU (CUDA0's streams included): ciq_synchronize is cudaDeviceSynchronize.
+// Waits for everything queued on the GPU (CUDA0's streams included): ciq_device_synchronize is cudaDeviceSynchronize.
 bool gpu_idle(const device_context *dev) {
-    if (dev->ciq_device == CIQ_DEVICE_CPU || ciq_synchronize(dev->ciq_device) == CIQ_OK) return true;
+    if (dev->ciq_device == CIQ_DEVICE_CPU || ciq_device_synchronize(dev->ciq_device) == CIQ_OK) return true;
     GGML_LOG_ERROR("ggml-ciq: %s: %s\n", dev->name.c_str(), ciq_last_error());
     return false;
 }
@@ -285,7 +285,7 @@ ggml_backend_dev_t reg_get_device(ggml_backend_reg_t, size_t index) {
 }
 
 void set_n_threads(ggml_backend_t backend, int n_threads) {
-    if (((device_context *)backend->device->context)->ciq_device == CIQ_DEVICE_CPU) ciq_set_num_threads(n_threads);
+    if (((device_context *)backend->device->context)->ciq_device == CIQ_DEVICE_CPU) ciq_threads_set(n_threads);
 }
 
 const char *build_info_json() {

@@ -100,7 +100,7 @@ ciq_status ciq_device_name(int device, char *buffer, size_t buffer_size) {
 #endif
 }
 
-// Host handles this library gave out (ciq_malloc'd blocks, timers): a pointer it never gave out, or one already freed
+// Host handles this library gave out (ciq_memory_alloc'd blocks, timers): a pointer it never gave out, or one already freed
 // or stopped, is an error message instead of a double free.
 namespace {
 struct HandleSet {
@@ -122,13 +122,13 @@ struct HandleSet {
 HandleSet g_host_blocks, g_timers;
 }  // namespace
 
-ciq_status ciq_malloc(int device, size_t nbytes, void **ptr) {
-    if (ptr == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_malloc: ptr is NULL");
+ciq_status ciq_memory_alloc(int device, size_t nbytes, void **ptr) {
+    if (ptr == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_memory_alloc: ptr is NULL");
     *ptr = nullptr;
     CIQ_TRY(ciq_check_device(device));
     if (device == CIQ_DEVICE_CPU) {
         *ptr = std::malloc(nbytes ? nbytes : 1);
-        if (*ptr == nullptr) return ciq_fail(CIQ_ERR_OUT_OF_MEMORY, "ciq_malloc: %zu bytes of host memory", nbytes);
+        if (*ptr == nullptr) return ciq_fail(CIQ_ERR_OUT_OF_MEMORY, "ciq_memory_alloc: %zu bytes of host memory", nbytes);
         g_host_blocks.add(*ptr);
         return CIQ_OK;
     }
@@ -139,12 +139,12 @@ ciq_status ciq_malloc(int device, size_t nbytes, void **ptr) {
 #endif
 }
 
-ciq_status ciq_free(int device, void *ptr) {
+ciq_status ciq_memory_free(int device, void *ptr) {
     CIQ_TRY(ciq_check_device(device));
     if (ptr == nullptr) return CIQ_OK;  // as free(NULL)
     if (device == CIQ_DEVICE_CPU) {
         if (!g_host_blocks.remove(ptr)) {
-            return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_free: %p is not a host block of ciq_malloc (already freed?)",
+            return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_memory_free: %p is not a host block of ciq_memory_alloc (already freed?)",
                             ptr);
         }
         std::free(ptr);
@@ -172,16 +172,16 @@ static ciq_status copy(int device, void *dst, const void *src, size_t nbytes, bo
 #endif
 }
 
-ciq_status ciq_memcpy_to_device(int device, void *dst, const void *host_src, size_t nbytes) {
+ciq_status ciq_memory_upload(int device, void *dst, const void *host_src, size_t nbytes) {
     return copy(device, dst, host_src, nbytes, true);
 }
 
-ciq_status ciq_memcpy_to_host(int device, void *host_dst, const void *src, size_t nbytes) {
+ciq_status ciq_memory_download(int device, void *host_dst, const void *src, size_t nbytes) {
     return copy(device, host_dst, src, nbytes, false);
 }
 
-ciq_status ciq_memset(int device, void *dst, int value, size_t nbytes) {
-    if (dst == nullptr && nbytes) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_memset: dst is NULL");
+ciq_status ciq_memory_fill(int device, void *dst, int value, size_t nbytes) {
+    if (dst == nullptr && nbytes) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_memory_fill: dst is NULL");
     CIQ_TRY(ciq_check_device(device));
     if (device == CIQ_DEVICE_CPU) {
         if (nbytes) std::memset(dst, value, nbytes);
@@ -194,7 +194,7 @@ ciq_status ciq_memset(int device, void *dst, int value, size_t nbytes) {
 #endif
 }
 
-ciq_status ciq_synchronize(int device) {
+ciq_status ciq_device_synchronize(int device) {
     CIQ_TRY(ciq_check_device(device));
 #ifdef GGML_CIQ_WITH_CUDA
     if (device != CIQ_DEVICE_CPU) return ciq_cuda_synchronize(device);
@@ -202,7 +202,7 @@ ciq_status ciq_synchronize(int device) {
     return CIQ_OK;
 }
 
-ciq_status ciq_set_num_threads(int threads) {
+ciq_status ciq_threads_set(int threads) {
     ciq_cpu_set_threads(threads);
     return CIQ_OK;
 }

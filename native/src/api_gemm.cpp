@@ -130,17 +130,17 @@ ciq_status ciq_gemm(int device, ciq_variant variant, ciq_semantics semantics, ci
     return ciq_gemm_quantized(device, &plan, type, weight, weight_nbytes, rows, k, scratch, tokens, out, out_type);
 }
 
-ciq_status ciq_dense_gemm_bf16(int device, const void *weight, int64_t rows, int64_t k, const void *x, int64_t tokens,
+ciq_status ciq_gemm_dense_bf16(int device, const void *weight, int64_t rows, int64_t k, const void *x, int64_t tokens,
                                void *out, ciq_out_type out_type) {
     if (weight == nullptr || x == nullptr || out == nullptr) {
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_dense_gemm_bf16: NULL pointer");
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_dense_bf16: NULL pointer");
     }
     if (rows < 1 || k < 1 || tokens < 1 || rows > INT32_MAX || k > INT32_MAX || tokens > INT32_MAX) {
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_dense_gemm_bf16: bad shape %lld x %lld x %lld", (long long)rows,
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_dense_bf16: bad shape %lld x %lld x %lld", (long long)rows,
                         (long long)k, (long long)tokens);
     }
     CIQ_TRY(ciq_check_device(device));
-    if (device == CIQ_DEVICE_CPU) return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_dense_gemm_bf16 runs on a GPU only");
+    if (device == CIQ_DEVICE_CPU) return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_gemm_dense_bf16 runs on a GPU only");
 #ifdef GGML_CIQ_WITH_CUDA
     CIQ_TRY(ciq_cuda_set_device(device));
     return ciq_cuda_dense_gemm_bf16(device, weight, rows, k, x, tokens, out, out_type);

@@ -181,16 +181,16 @@ static ciq_status check_table(const char *what, int type, int64_t rows, int64_t 
     return CIQ_OK;
 }
 
-ciq_status ciq_get_rows(int device, ciq_type ggml_type, const void *table, int64_t table_rows, int64_t k,
+ciq_status ciq_rows_get(int device, ciq_type ggml_type, const void *table, int64_t table_rows, int64_t k,
                         const int32_t *ids, int64_t n, float *out) {
-    if (table == nullptr || ids == nullptr || out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_get_rows: NULL pointer");
-    CIQ_TRY(check_table("ciq_get_rows", ggml_type, table_rows, k));
-    CIQ_TRY(ciq_check_count("ciq_get_rows", "n", n));
+    if (table == nullptr || ids == nullptr || out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rows_get: NULL pointer");
+    CIQ_TRY(check_table("ciq_rows_get", ggml_type, table_rows, k));
+    CIQ_TRY(ciq_check_count("ciq_rows_get", "n", n));
     CIQ_TRY(ciq_check_device(device));
     if (device == CIQ_DEVICE_CPU) {
         for (int64_t i = 0; i < n; ++i) {
             if (ids[i] < 0 || ids[i] >= table_rows) {
-                return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_get_rows: id %d at %lld outside [0, %lld)", (int)ids[i],
+                return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rows_get: id %d at %lld outside [0, %lld)", (int)ids[i],
                                 (long long)i, (long long)table_rows);
             }
         }
@@ -199,17 +199,17 @@ ciq_status ciq_get_rows(int device, ciq_type ggml_type, const void *table, int64
               ciq_cuda_get_rows(ggml_type, table, table_rows, k, ids, n, out));
 }
 
-ciq_status ciq_dequantize_bf16(int device, ciq_type ggml_type, const void *data, int64_t rows, int64_t k, void *out) {
-    if (data == nullptr || out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_dequantize_bf16: NULL pointer");
-    CIQ_TRY(check_table("ciq_dequantize_bf16", ggml_type, rows, k));
+ciq_status ciq_tensor_dequantize_bf16(int device, ciq_type ggml_type, const void *data, int64_t rows, int64_t k, void *out) {
+    if (data == nullptr || out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_tensor_dequantize_bf16: NULL pointer");
+    CIQ_TRY(check_table("ciq_tensor_dequantize_bf16", ggml_type, rows, k));
     CIQ_TRY(ciq_check_device(device));
     CIQ_ROUTE(device, ciq_cpu_dequantize_bf16(ggml_type, data, rows, k, out),
               ciq_cuda_dequantize_bf16(ggml_type, data, rows, k, out));
 }
 
-ciq_status ciq_convert_bf16(int device, const float *x, int64_t n, void *out) {
-    if (x == nullptr || out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_convert_bf16: NULL pointer");
-    CIQ_TRY(ciq_check_count("ciq_convert_bf16", "n", n));
+ciq_status ciq_values_convert_bf16(int device, const float *x, int64_t n, void *out) {
+    if (x == nullptr || out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_values_convert_bf16: NULL pointer");
+    CIQ_TRY(ciq_check_count("ciq_values_convert_bf16", "n", n));
     CIQ_TRY(ciq_check_device(device));
     CIQ_ROUTE(device, ciq_cpu_convert_bf16(x, n, out), ciq_cuda_convert_bf16(x, n, out));
 }

@@ -76,7 +76,7 @@ ciq_status ciq_cuda_dense_gemm_bf16(int device, const void *weight, int64_t rows
 #else  // HIP: no cuBLAS (hipBLAS is not wired up)
 
 ciq_status ciq_cuda_dense_gemm_bf16(int, const void *, int64_t, int64_t, const void *, int64_t, void *, ciq_out_type) {
-    return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_dense_gemm_bf16 needs cuBLAS: not part of the HIP build");
+    return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_gemm_dense_bf16 needs cuBLAS: not part of the HIP build");
 }
 
 #endif
