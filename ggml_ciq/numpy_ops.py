@@ -103,16 +103,13 @@ class NumpyWeight:
         return (x.astype(np.float64) @ self.dense.T).astype(np.float32)  # exact products, rounded once
 
 
-class NumpyOps:
-    """The engine/ops contract on numpy arrays (see ggml_ciq.engine). Tracks the bytes of what it returns."""
-
-    device = "cpu"
+class HostArrays:
+    """What host ops share: the bytes of the arrays they return (memory_bytes) and host timers."""
 
     def __init__(self):
         self.timings: defaultdict[str, float] = defaultdict(float)
         self._live = 0
 
-    # -- arrays -------------------------------------------------------------------------------------------------
     def _track(self, a: np.ndarray) -> np.ndarray:
         if a.base is None:
             self._live += a.nbytes
@@ -122,15 +119,8 @@ class NumpyOps:
     def _release(self, nbytes: int) -> None:
         self._live -= nbytes
 
-    def asarray(self, a) -> np.ndarray:
-        a = np.asarray(a)
-        return self._track(a.astype(np.float32 if a.dtype == np.float64 else a.dtype, copy=True))
-
     def numpy(self, x) -> np.ndarray:
         return np.asarray(x)
-
-    def zeros(self, shape, dtype=np.float32) -> np.ndarray:
-        return self._track(np.zeros(shape, dtype))
 
     def memory_bytes(self) -> int:
         """Bytes of the live arrays and weights this object created."""
@@ -146,6 +136,19 @@ class NumpyOps:
 
     def settle_timings(self) -> None:
         """Nothing pending: host ops are timed as they run."""
+
+
+class NumpyOps(HostArrays):
+    """The engine/ops contract on numpy arrays (see ggml_ciq.engine). Tracks the bytes of what it returns."""
+
+    device = "cpu"
+
+    def asarray(self, a) -> np.ndarray:
+        a = np.asarray(a)
+        return self._track(a.astype(np.float32 if a.dtype == np.float64 else a.dtype, copy=True))
+
+    def zeros(self, shape, dtype=np.float32) -> np.ndarray:
+        return self._track(np.zeros(shape, dtype))
 
     # -- ops ----------------------------------------------------------------------------------------------------
     def get_rows(self, tensor: Tensor, ids: np.ndarray) -> np.ndarray:

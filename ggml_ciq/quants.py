@@ -209,8 +209,9 @@ def q32_fields(ggml_type: int, data, rows: int, k: int) -> tuple[np.ndarray, np.
     return q.astype(np.int8) - 16, d
 
 
-def _dequantize_q5_K(raw: np.ndarray, rows: int, k: int) -> np.ndarray:
-    b = raw.reshape(rows, k // QK_K, 176)
+def q5_K_fields(raw: np.ndarray, rows: int, k: int):
+    """Q5_K blocks -> (d, dmin [rows, nb]; sc, m [rows, nb, 8]; q [rows, nb, 8, 32] in 0..31)."""
+    b = np.ascontiguousarray(raw).reshape(rows, k // QK_K, 176)
     d, dmin = _half(b[..., 0:2]), _half(b[..., 2:4])
     s = b[..., 4:16].astype(np.int32)
     sc = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 0xF) | ((s[..., 0:4] >> 6) << 4)], axis=-1)
@@ -221,7 +222,11 @@ def _dequantize_q5_K(raw: np.ndarray, rows: int, k: int) -> np.ndarray:
     for c in range(4):
         chunks.append((qs[:, :, c] & 0xF) | (((qh >> (2 * c)) & 1) << 4))
         chunks.append((qs[:, :, c] >> 4) | (((qh >> (2 * c + 1)) & 1) << 4))
-    q = np.stack(chunks, axis=2)
+    return d, dmin, sc, m, np.stack(chunks, axis=2)
+
+
+def _dequantize_q5_K(raw: np.ndarray, rows: int, k: int) -> np.ndarray:
+    d, dmin, sc, m, q = q5_K_fields(raw, rows, k)
     d1 = d[..., None] * sc.astype(np.float32)
     m1 = dmin[..., None] * m.astype(np.float32)
     return (d1[..., None] * q.astype(np.float32) - m1[..., None]).reshape(rows, k)

@@ -19,17 +19,14 @@ llama.cpp's default.
 from __future__ import annotations
 
 import os
-import time
 import weakref
-from collections import defaultdict
-from contextlib import contextmanager
 
 import numpy as np
 
 from . import quants
 from .errors import OutOfMemoryError, ShapeError, UnsupportedTypeError
 from .model import ModelFile, Tensor
-from .numpy_ops import NumpyOps
+from .numpy_ops import HostArrays, NumpyOps
 
 # Bytes of float64 weight rows converted at a time by ReferenceWeight, and of attention scores per query chunk.
 CHUNK_BYTES = 64 << 20
@@ -37,22 +34,6 @@ CHUNK_BYTES = 64 << 20
 # Types whose ggml dequantization (float32) is exact: every product has at most 24 significant bits
 # (Q8_0: 11-bit fp16 d x 8-bit q; Q6_K: 11-bit d x 8-bit sc x 6-bit q <= 24 bits).
 _EXACT_IN_FLOAT32 = (quants.F32, quants.F16, quants.BF16, quants.Q4_0, quants.Q5_0, quants.Q8_0, quants.Q6_K)
-
-
-def _q5_K_fields(raw: np.ndarray, rows: int, k: int):
-    """Q5_K blocks -> (d, dmin [rows, nb]; sc, m [rows, nb, 8]; q [rows, nb, 8, 32] in 0..31)."""
-    b = np.ascontiguousarray(raw).reshape(rows, k // quants.QK_K, 176)
-    d, dmin = quants._half(b[..., 0:2]), quants._half(b[..., 2:4])
-    s = b[..., 4:16].astype(np.int32)
-    sc = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 0xF) | ((s[..., 0:4] >> 6) << 4)], axis=-1)
-    m = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], axis=-1)
-    qh = b[..., 16:48].astype(np.int32)
-    qs = b[..., 48:176].reshape(rows, -1, 4, 32).astype(np.int32)
-    chunks = []
-    for c in range(4):
-        chunks.append((qs[:, :, c] & 0xF) | (((qh >> (2 * c)) & 1) << 4))
-        chunks.append((qs[:, :, c] >> 4) | (((qh >> (2 * c + 1)) & 1) << 4))
-    return d, dmin, sc, m, np.stack(chunks, axis=2)
 
 
 def dequantize_exact(ggml_type: int, data, rows: int, k: int) -> np.ndarray:
@@ -67,7 +48,7 @@ def dequantize_exact(ggml_type: int, data, rows: int, k: int) -> np.ndarray:
         raw = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data.view(np.uint8)
         if raw.size != rows * quants.row_bytes(ggml_type, k):
             raise ShapeError(f"Q5_K [{rows} x {k}] needs {rows * quants.row_bytes(ggml_type, k)} bytes, got {raw.size}")
-        d, dmin, sc, m, q = _q5_K_fields(raw, rows, k)
+        d, dmin, sc, m, q = quants.q5_K_fields(raw, rows, k)
     else:
         raise UnsupportedTypeError(f"the float64 reference cannot dequantize {quants.type_name(ggml_type)}")
     scale = d.astype(np.float64)[..., None] * sc
@@ -195,55 +176,28 @@ class ReferenceWeight:
         return out
 
 
-class ReferenceOps:
+class ReferenceOps(HostArrays):
     """The engine/ops contract in float64 on the CPU (module docstring): `device = "reference"`."""
 
     device = "reference"
     kv_cache_dtype = np.dtype(np.float64)  # the engine's K/V caches: no f16 rounding
 
     def __init__(self, chunk_bytes: int = CHUNK_BYTES):
+        super().__init__()
         self.chunk_bytes = chunk_bytes
-        self.timings: defaultdict[str, float] = defaultdict(float)
-        self._live = 0
 
     # -- arrays -------------------------------------------------------------------------------------------------
-    def _track(self, a: np.ndarray) -> np.ndarray:
-        if a.base is None:
-            self._live += a.nbytes
-            weakref.finalize(a, self._release, a.nbytes)
-        return a
-
-    def _release(self, nbytes: int) -> None:
-        self._live -= nbytes
-
     def asarray(self, a) -> np.ndarray:
         a = np.asarray(a)
         return self._track(a.astype(np.float64 if a.dtype.kind == "f" else a.dtype, copy=True))
-
-    def numpy(self, x) -> np.ndarray:
-        return np.asarray(x)
 
     def zeros(self, shape, dtype=np.float64) -> np.ndarray:
         """Float arrays (the K/V caches included) are float64."""
         return self._track(np.zeros(shape, np.float64 if np.dtype(dtype).kind == "f" else dtype))
 
-    def memory_bytes(self) -> int:
-        return self._live
-
     def check_memory(self, model: ModelFile) -> None:
         """Called by the engine before it loads the weights (check_host_memory)."""
         check_host_memory(model)
-
-    @contextmanager
-    def timer(self, op_class: str):
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.timings[op_class] += time.perf_counter() - start
-
-    def settle_timings(self) -> None:
-        """Nothing pending: host ops are timed as they run."""
 
     # -- ops ----------------------------------------------------------------------------------------------------
     def get_rows(self, tensor: Tensor, ids) -> np.ndarray:

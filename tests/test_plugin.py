@@ -14,7 +14,7 @@ import pytest
 
 from ggml_ciq import catalog, native, plugin, quants
 from ggml_ciq.errors import BackendError, LibraryNotFoundError
-from ggml_ciq.llamacpp import F16, F32, Q4_K, Q5_K, Q6_K, Q8_0, MulMatGraph, _lib_file
+from ggml_ciq.llamacpp import F16, F32, Q4_K, Q5_K, Q6_K, Q8_0, _lib_file
 
 PROMPT = os.path.join(os.path.dirname(__file__), "data", "prompt_en.txt")
 
@@ -208,7 +208,7 @@ def test_plugin_refuses_another_ggml(llama, native_lib, tmp_path):
         plugin.Plugin(path)
     refusal = [line for line in "".join(library.log[start:]).splitlines() if line.startswith("ggml-ciq:")]
     assert len(refusal) == 1
-    assert f"built against ggml 0.15.0" in refusal[0] and f"cannot run in ggml {llama.version}" in refusal[0]
+    assert "built against ggml 0.15.0" in refusal[0] and f"cannot run in ggml {llama.version}" in refusal[0]
 
 
 def test_missing_plugin_is_one_clear_error(monkeypatch, tmp_path):
