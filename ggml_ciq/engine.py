@@ -140,7 +140,8 @@ def make_ops(device="cpu", semantics: str = "llamacpp"):
         return NativeOps(device, semantics="mmq", llamacpp_small_batches=True)
     if semantics == "fast":
         return NativeOps(device)
-    keep_quant = "f16" if native.variant_available(device, "wgmma") else "mmq"
+    exact = "wgmma" if native.variant_available(device, "wgmma") else "mma"  # the registry says what each implements
+    keep_quant = native.variant_info(exact).semantics
     return NativeOps(device, semantics=keep_quant, attention_kernel="simt", q32_kernel=False)
 
 
