@@ -251,6 +251,10 @@ class Plugin:
                                        f"llama-cpp-python {PINNED}'s headers can be had; or set {PLUGIN_ENV})")
         native.load()  # first: the plugin binds to this libggml_ciq (same soname), so its dispatch counters are ours
         self.ggml = llama or LlamaCpp.load()
+        if self.ggml is LlamaCpp.load():  # ggml's log (load_backend: ..., a refusal) into libllama's captured log
+            from .llama_model import _Library
+
+            _Library.load()
         self.path, self.info = path, build_info(path)
         self.ffi = cffi.FFI()
         self.ffi.cdef(_CDEF)

@@ -211,7 +211,7 @@ def test_compare_bad_input(llama, native_lib, default_model, tmp_path, capsys):
         (["compare", str(default_model.path), "--tokens", "5000"], "longer than"),
         (["compare", str(default_model.path), "--tokens", "0"], "must be >= 1"),
         (["compare", str(default_model.path), "--repeat", "0"], "must be >= 1"),
-        (["compare", str(default_model.path), "--semantics", "f16"], "invalid choice: 'f16'"),
+        (["compare", str(default_model.path), "--semantics", "f16"], "expects distinct names from llamacpp, exact, fast"),
         (["compare", str(_gguf(tmp_path / "mamba.gguf", "mamba"))], "architecture mamba is not supported"),
         (["compare", str(_gguf(tmp_path / "drop.gguf", "llama", "blk.1.ffn_up.weight", default_model.path)),
           "--tokens", "8"], "blk.1.ffn_up.weight"),
