@@ -108,11 +108,12 @@ def emu(tmp_path_factory):
     return ffi, ffi.dlopen(str(library))
 
 
-def call(emu, name, *args):
+def call(emu, name, *args, last_error="emu_last_error"):
+    """An emulated entry point with numpy arrays as pointers; a non-zero status fails with the driver's message."""
     ffi, lib = emu
     converted = [ffi.cast("void *", ffi.from_buffer(a)) if isinstance(a, np.ndarray) else a for a in args]
     status = getattr(lib, name)(*converted)
-    assert status == 0, ffi.string(lib.emu_last_error()).decode()
+    assert status == 0, ffi.string(getattr(lib, last_error)()).decode()
 
 
 def poisoned(shape, dtype=np.float32):

@@ -14,7 +14,7 @@ import pytest
 
 from ggml_ciq import quants as Q
 from ggml_ciq.errors import ShapeError, UnsupportedTypeError
-from test_cuda_emulation import rewrite
+from test_cuda_emulation import call as emulated_call, poisoned, rewrite
 from test_ops import random_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,16 +85,7 @@ def emulated(tmp_path_factory):
 
 
 def call(lib, name, *args):
-    ffi, handle = lib
-    converted = [ffi.cast("void *", ffi.from_buffer(a)) if isinstance(a, np.ndarray) else a for a in args]
-    status = getattr(handle, name)(*converted)
-    assert status == 0, ffi.string(handle.mmvq_last_error()).decode()
-
-
-def poisoned(shape, dtype=np.float32):
-    out = np.empty(shape, dtype)
-    out.view(np.uint8)[...] = 0xFF
-    return out
+    emulated_call(lib, name, *args, last_error="mmvq_last_error")
 
 
 def activations(rng, tokens, k):

@@ -52,3 +52,13 @@ static __device__ __forceinline__ void ciq_store_out(void *out, int64_t index, f
         ((__nv_bfloat16 *)out)[index] = __float2bfloat16(value);
     }
 }
+
+// c + the dot product of a's and b's four signed bytes (dp4a; a loop on HIP).
+static __device__ __forceinline__ int ciq_dot4(int a, int b, int c) {
+#if defined(GGML_CIQ_HIP)
+    for (int i = 0; i < 32; i += 8) c += (int)(int8_t)(a >> i) * (int)(int8_t)(b >> i);
+    return c;
+#else
+    return __dp4a(a, b, c);
+#endif
+}

@@ -38,15 +38,6 @@ template <> struct mmvq_traits<8> { static constexpr int qk = 32, bytes = 34, tp
 template <> struct mmvq_traits<12> { static constexpr int qk = 256, bytes = 144, tpb = 16; }; // Q4_K
 template <> struct mmvq_traits<14> { static constexpr int qk = 256, bytes = 210, tpb = 32; }; // Q6_K
 
-__device__ __forceinline__ int dot4(int a, int b, int c) {  // c + the dot product of a's and b's signed bytes
-#if defined(GGML_CIQ_HIP)
-    for (int i = 0; i < 32; i += 8) c += (int)(int8_t)(a >> i) * (int)(int8_t)(b >> i);
-    return c;
-#else
-    return __dp4a(a, b, c);
-#endif
-}
-
 __device__ __forceinline__ int load_b2(const uint8_t *p, int i32) {  // 32 bits at a 2-byte aligned address
     const uint16_t *p16 = reinterpret_cast<const uint16_t *>(p);
     return (int)(p16[2 * i32] | (uint32_t)p16[2 * i32 + 1] << 16);
@@ -83,8 +74,8 @@ __device__ __forceinline__ float step_q4_5_0(const uint8_t *blk, const block_q8_
             vi1 |= (vh << 2) & 0x00100000;
             vi1 |= (vh << 9) & 0x10000000;
         }
-        sumi = dot4(vi0, load_b4(y->qs, iqs + i), sumi);
-        sumi = dot4(vi1, load_b4(y->qs, iqs + i + 4), sumi);
+        sumi = ciq_dot4(vi0, load_b4(y->qs, iqs + i), sumi);
+        sumi = ciq_dot4(vi1, load_b4(y->qs, iqs + i + 4), sumi);
     }
     const float d_w = ciq_half_to_float(*reinterpret_cast<const uint16_t *>(blk));
     const float d8 = ciq_half_to_float(y->d), s8 = ciq_half_to_float(y->s);
@@ -96,7 +87,7 @@ __device__ __forceinline__ float step_q4_5_0(const uint8_t *blk, const block_q8_
 __device__ __forceinline__ float step_q8_0(const uint8_t *blk, const block_q8_1 *y, int s, float acc) {
     int sumi = 0;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) sumi = dot4(load_b2(blk + 2, 2 * s + i), load_b4(y->qs, 2 * s + i), sumi);
+    for (int i = 0; i < 2; ++i) sumi = ciq_dot4(load_b2(blk + 2, 2 * s + i), load_b4(y->qs, 2 * s + i), sumi);
     const float d_w = ciq_half_to_float(*reinterpret_cast<const uint16_t *>(blk));
     return __fmaf_rn(__fmul_rn(d_w, ciq_half_to_float(y->d)), (float)sumi, acc);
 }
@@ -115,8 +106,9 @@ __device__ __forceinline__ float step_q4_K(const uint8_t *blk, const block_q8_1 
         ciq_q4_K_scale_min(2 * c + i, b->scales, &sc, &m);
         const block_q8_1 *yi = y + 2 * c + i;
         const int u0 = load_b4(yi->qs, l), u1 = load_b4(yi->qs, l + 4);
-        const int dot1 = dot4((v1 >> (4 * i)) & 0x0F0F0F0F, u1, dot4((v0 >> (4 * i)) & 0x0F0F0F0F, u0, 0));
-        const int dot2 = dot4(0x01010101, u1, dot4(0x01010101, u0, 0));
+        const int dot1 =
+            ciq_dot4((v1 >> (4 * i)) & 0x0F0F0F0F, u1, ciq_dot4((v0 >> (4 * i)) & 0x0F0F0F0F, u0, 0));
+        const int dot2 = ciq_dot4(0x01010101, u1, ciq_dot4(0x01010101, u0, 0));
         const float d8 = ciq_half_to_float(yi->d);
         sumf_d = i == 0 ? __fmul_rn(d8, (float)(dot1 * sc)) : __fmaf_rn(d8, (float)(dot1 * sc), sumf_d);
         sumf_m = i == 0 ? __fmul_rn(d8, (float)(dot2 * m)) : __fmaf_rn(d8, (float)(dot2 * m), sumf_m);
@@ -139,7 +131,7 @@ __device__ __forceinline__ float step_q6_K(const uint8_t *blk, const block_q8_1 
         const int g = h + 2 * i;
         const int vil = (vl >> (4 * i)) & 0x0F0F0F0F;
         const int vih = ((vh >> (4 * i)) << 4) & 0x30303030;
-        const int dot = dot4(sub32_bytes(vil | vih), load_b4(y[4 * n + g].qs, w), 0);
+        const int dot = ciq_dot4(sub32_bytes(vil | vih), load_b4(y[4 * n + g].qs, w), 0);
         const int sc = b->scales[8 * n + 2 * g + w / 4];
         const float d8 = ciq_half_to_float(y[4 * n + g].d);
         sumf = i == 0 ? __fmul_rn(d8, (float)(dot * sc)) : __fmaf_rn(d8, (float)(dot * sc), sumf);

@@ -15,15 +15,6 @@ namespace {
 
 constexpr int Q32_ROWS = 64, Q32_TOKENS = 32, Q32_THREADS = 256, Q32_STRIDE = 33;  // STRIDE: words per staged row
 
-__device__ __forceinline__ int dot4(int a, int b, int c) {  // c + the dot product of a's and b's signed bytes
-#if defined(GGML_CIQ_HIP)
-    for (int i = 0; i < 32; i += 8) c += (int)(int8_t)(a >> i) * (int)(int8_t)(b >> i);
-    return c;
-#else
-    return __dp4a(a, b, c);
-#endif
-}
-
 __device__ __forceinline__ uint32_t bytes4(uint32_t v0, uint32_t v1, uint32_t v2, uint32_t v3) {
     return (v0 & 0xFF) | (v1 & 0xFF) << 8 | (v2 & 0xFF) << 16 | (v3 & 0xFF) << 24;
 }
@@ -104,7 +95,7 @@ gemm_q32_kernel(const uint8_t *__restrict__ w, int64_t rows, int64_t k, const ui
                     int isum = 0;
 #pragma unroll
                     for (int c = 0; c < 8; ++c) {
-                        isum = dot4((int)wq[r * Q32_STRIDE + 8 * b + c], (int)xs[t * Q32_STRIDE + 8 * b + c], isum);
+                        isum = ciq_dot4((int)wq[r * Q32_STRIDE + 8 * b + c], (int)xs[t * Q32_STRIDE + 8 * b + c], isum);
                     }
                     acc[i][j] = __fmaf_rn(__fmul_rn((float)isum, wd[r][b]), xd[t][b], acc[i][j]);
                 }
