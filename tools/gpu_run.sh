@@ -10,6 +10,8 @@
 #   tools/gpu_run.sh wait       wait for the llama.cpp CUDA build
 #   tools/gpu_run.sh py ARGS    python3 ARGS with this environment (e.g. py -m ggml_ciq.cli bench gemm ...)
 #   tools/gpu_run.sh pack NAME  everything under $OUT into $OUT/NAME.tgz (a call returns at most 8 files)
+#   tools/gpu_run.sh bench-pdl | offload-sweep | memory   wgmma PDL A/B; wgmma vs llama.cpp at 16..128 tokens (the
+#                               offload thresholds, TOKENS="..." to choose); device memory under repetition
 #   tools/gpu_run.sh all        setup, test, sanitize, wait, llama.cpp-CUDA tests and diffs; logs under $OUT
 #   tools/gpu_run.sh stage      keep the carried .device-parts/* in /tmp/parts; once all are there, join them into
 #                               /tmp/gemma3-270m.gguf (checked against SHA256SUMS): the whole Gemma file for `compare`
@@ -155,6 +157,19 @@ case "${1:-}" in
       python3 -m ggml_ciq.cli bench gemm --backend ciq-cuda --shapes $1 --tokens $2 --repeat ${REPEAT:-5} --variants ${VARIANTS:-mma,wgmma} \
         --json "$OUT/$3.json" 2>&1 | tail -n 16
     done ;;
+  bench-pdl)  # wgmma's programmatic dependent launch A/B at 512 tokens (on by default; GGML_CIQ_WGMMA_PDL=0 off)
+    for pdl in 1 0; do
+      GGML_CIQ_WGMMA_PDL=$pdl python3 -m ggml_ciq.cli bench gemm --backend ciq-cuda --shapes llama3-8b --tokens 512 \
+        --repeat ${REPEAT:-5} --variants wgmma --json "$OUT/wgmma-pdl$pdl-llama3-8b-n512.json" 2>&1 | tail -n 3
+    done ;;
+  offload-sweep)  # where wgmma starts beating llama.cpp (registry offload thresholds): one token count per run, so a
+                  # time limit loses one point, not the sweep (the 16,32,64,128 run in one call ran past 120 s)
+    for n in ${TOKENS:-16 32 64 128}; do
+      timeout 120 python3 -m ggml_ciq.cli bench gemm --backend ciq-cuda --shapes llama3-8b --tokens $n --repeat 3 \
+        --variants wgmma --json "$OUT/offload-wgmma-llama3-8b-n$n.json" 2>&1 | tail -n 2
+    done ;;
+  memory)  # device memory under repetition: GEMMs over every GPU variant and GPU prefills (tools/gpu_memory_repeat.py)
+    python3 tools/gpu_memory_repeat.py --json "$OUT/gpu-memory-repeat.json" 2>&1 | tail -n 5 ;;
   plugin-check)
     plugin_environment
     step info 120 python3 -m ggml_ciq.cli info
@@ -189,5 +204,5 @@ case "${1:-}" in
     gemma=$(gemma_path) || exit 1
     step sanitizer-plugin-memcheck 500 env GGML_BACKEND_PATH=$PLUGIN GGML_CIQ_OFFLOAD=all compute-sanitizer --tool memcheck \
       --error-exitcode 9 $LLAMA_BUILD/bin/llama-bench -m "$gemma" -ngl 99 -dev CIQ0/CUDA0 -ts 0/1 -p 77 -n 0 -r 1 -fa 1 ;;
-  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|all|bench|stage|compare|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize" >&2; exit 2 ;;
+  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|pack|all|bench|bench-pdl|offload-sweep|memory|stage|compare|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize" >&2; exit 2 ;;
 esac
