@@ -204,11 +204,23 @@ class _Parser:
         return KeyValue(key, value_type, value), offset + struct.calcsize(fmt)
 
     def skip_strings(self, offset: int, count: int, what: str) -> int:
-        """Byte after `count` length-prefixed strings from `offset`, without decoding them."""
-        end, view, unpack = offset, self.view, _U64.unpack_from
+        """Byte after `count` length-prefixed strings from `offset`, without decoding them. A run of zero bytes is
+        that many empty strings, skipped at once: a corrupt count over zeroed tensor data would otherwise walk the
+        file 8 bytes at a time (31 million steps, 6 s, on a 253 MB file)."""
+        end, view, unpack, left = offset, self.view, _U64.unpack_from, count
         try:
-            for _ in range(count):
-                end += 8 + unpack(view, end)[0]
+            while left:
+                for done in range(left):
+                    n = unpack(view, end)[0]
+                    if not n:
+                        break
+                    end += 8 + n
+                else:
+                    break
+                left -= done
+                empty = max(1, self.zero_run(end, 8 * left) // 8)  # unpack read 8 zero bytes: at least one
+                end += 8 * empty
+                left -= empty
         except (struct.error, OverflowError):  # a length past the end: walk again, checking, to name the string
             end = self.size + 1
         if end > self.size:
@@ -216,6 +228,18 @@ class _Parser:
             for i in range(count):
                 end = self.string_end(end, f"{what}: string {i}")
         return end
+
+    def zero_run(self, start: int, limit: int) -> int:
+        """How many zero bytes follow `start` (at most `limit`, within the file)."""
+        stop, pos, step = min(self.size, start + limit), start, 4096
+        while pos < stop:
+            chunk = self.buf[pos:min(stop, pos + step)]
+            nonzero = np.flatnonzero(chunk)
+            if nonzero.size:
+                return pos + int(nonzero[0]) - start
+            pos += len(chunk)
+            step = min(step * 4, 1 << 24)
+        return stop - start
 
     def array_values(self, kv: KeyValue) -> list:
         if kv.item_type == STRING:
