@@ -15,6 +15,8 @@ growth from cudaMemGetInfo around load + context creation (counts CUDA's own con
 
 from __future__ import annotations
 
+import collections
+import itertools
 import os
 import re
 from pathlib import Path
@@ -137,6 +139,32 @@ _GGML_F32 = 0
 _BUFFER_LINE = re.compile(r"(\S+)\s+(model|KV|compute|output) buffer size =\s*([0-9.]+) MiB")
 
 
+class _Log:
+    """llama.cpp's log lines, the newest MAX_LINES kept (a context logs about 120 lines: an unbounded list grew 15 KB
+    a context). len() counts every line ever logged, so `log[len(log):]` later gives the lines logged since, as many
+    of them as are still kept."""
+
+    MAX_LINES = 20000
+
+    def __init__(self, max_lines: int = MAX_LINES):
+        self.lines: collections.deque[str] = collections.deque(maxlen=max_lines)
+        self.total = 0
+
+    def append(self, line: str) -> None:
+        self.lines.append(line)
+        self.total += 1
+
+    def __len__(self) -> int:
+        return self.total
+
+    def __getitem__(self, index: slice) -> list[str]:
+        if not isinstance(index, slice) or index.stop is not None or index.step is not None:
+            raise TypeError("the log is read as log[start:], start from an earlier len(log)")
+        start = index.start or 0
+        kept_from = self.total - len(self.lines)
+        return list(itertools.islice(self.lines, max(0, start - kept_from), None))
+
+
 class _Library:
     """libllama loaded once per process, after llama.cpp's ggml (same directory, RTLD_GLOBAL)."""
 
@@ -157,7 +185,7 @@ class _Library:
             self.lib = ffi.dlopen(str(path), ffi.RTLD_NOW | ffi.RTLD_GLOBAL)
         except OSError as exc:
             raise LibraryNotFoundError(f"cannot load {path}: {exc}") from None
-        self.ggml, self.path, self.log = ggml, path, []
+        self.ggml, self.path, self.log = ggml, path, _Log()
         self._log_callback = ffi.callback("ggml_log_callback", self._on_log)  # llama.cpp's log, kept for memory
         self.lib.llama_log_set(self._log_callback, ffi.NULL)
         self.lib.llama_backend_init()

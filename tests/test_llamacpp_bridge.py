@@ -151,3 +151,21 @@ def test_bad_inputs_raise(rng):
         BRIDGE.dequantize(Q8_K, np.zeros(292, dtype=np.uint8), 256)
     with pytest.raises(BackendError, match="threads"):
         BRIDGE.mul_mat(Q4_K, q, 3, 256, x, threads=0)
+
+
+def test_captured_log_keeps_its_newest_lines():
+    """libllama's captured log is bounded (a context logs ~120 lines; an unbounded list grew 15 KB a context), and
+    `log[start:]` with start from an earlier len(log) still gives the lines logged since, as far as they are kept."""
+    from ggml_ciq.llama_model import _Log
+
+    log = _Log(max_lines=5)
+    for i in range(3):
+        log.append(f"a{i}")
+    start = len(log)
+    for i in range(4):
+        log.append(f"b{i}")
+    assert len(log) == 7 and log[start:] == ["b0", "b1", "b2", "b3"]
+    assert log[0:] == ["a2", "b0", "b1", "b2", "b3"]  # a0, a1 dropped
+    assert log[len(log):] == []
+    with pytest.raises(TypeError):
+        log[2]

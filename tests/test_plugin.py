@@ -83,6 +83,39 @@ def test_gemma_prefill_through_the_plugin_equals_llamacpp_cpu(plugin_path, cpu_d
     assert error <= 1e-10
 
 
+def test_plugin_prefills_leave_host_memory_flat(plugin_path, cpu_device, offload_all, default_model):
+    """400 libllama prefills (3, 9 and 13 tokens: MMVQ-sized and above) with every weight MUL_MAT on CIQ_CPU, a new
+    llama.cpp context each time: the same logits every time, GEMMs counted in our library, and the RSS flat after
+    the warm-up (the captured llama.cpp log, 120 lines a context, once grew 15 KB a call; it keeps its newest 20,000
+    lines). tools/gpu_memory_repeat.py --plugin-prefills measures the same loop's device memory on a GPU."""
+    import gc
+
+    from ggml_ciq.llama_model import LlamaModel
+    from test_repetition import FLAT_BYTES, rss_bytes
+
+    prompts = [[1, 17, 300, 42, 7, 99, 260, 5, 11, 64, 3, 9, 21][:n] for n in (3, 9, 13)]
+    first, before, calls, warm_up = {}, None, 400, 200
+    with plugin.Plugin(plugin_path), LlamaModel(default_model.path, threads=1, repack=False) as model:
+        native.dispatch_reset()
+        for i in range(calls):
+            if i == warm_up:
+                gc.collect()
+                before = rss_bytes()
+            tokens = prompts[i % len(prompts)]
+            with model.context_for(len(tokens), flash_attn=False) as ctx:
+                logits = ctx.prefill(tokens)
+            if len(tokens) in first:
+                assert np.array_equal(logits, first[len(tokens)])
+            else:
+                first[len(tokens)] = logits
+        gc.collect()
+        growth = rss_bytes() - before
+        ran = sum(native.dispatch_counts().values())
+    print(f"{calls - warm_up} plugin prefills after the warm-up: RSS {growth / 2**10:+.0f} KiB, {ran} GEMMs")
+    assert ran >= calls * 12  # the default model: 12 weight GEMMs a prefill
+    assert growth < FLAT_BYTES
+
+
 @pytest.mark.parametrize("ggml_type,rows,k,tokens", [(Q4_K, 72, 512, 13), (Q6_K, 37, 256, 9), (Q8_0, 33, 96, 5)])
 def test_mul_mat_graph_on_the_plugin_device(plugin_path, cpu_device, offload_all, llama, ggml_type, rows, k,
                                             tokens):

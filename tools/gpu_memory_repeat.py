@@ -7,9 +7,14 @@ memory read after a warm-up and at the end; one JSON object on stdout (and --jso
 GEMMs go through the Python API (native.gemm: weight uploaded and freed per call; GemmProblem.run: weight reused),
 cycling over every kernel variant the device has and 1..64 tokens, with a refused call (an unknown token count
 shape) every 50th; each (variant, tokens) result must be the same bits every time, and the dispatch counters say
-which kernels ran. Prefills run the engine with NativeOps on the device (libggml_ciq's ops and kernels). Device
-memory is cudaMemGetInfo's used bytes (the whole device: run nothing else on it), host memory the RSS; on
---device cpu the RSS is the device memory.
+which kernels ran. Prefills run the engine with NativeOps on the device (libggml_ciq's ops and kernels). With --plugin-prefills N
+(and llama.cpp with the ggml plugin, docs/PLUGIN.md) libllama runs N more prefills with every weight MUL_MAT offered
+to the plugin's device (GGML_CIQ_OFFLOAD=all): CIQ0 before CUDA0 on a GPU, CIQ_CPU over unrepacked CPU weights
+otherwise, a new llama.cpp context every call (its buffers allocated and freed each time). Device memory is
+cudaMemGetInfo's used bytes (the whole device: run nothing else on it), host memory the RSS; on --device cpu the RSS
+is the device memory.
+
+    tools/gpu_run.sh py tools/gpu_memory_repeat.py --plugin-prefills 200 --json $OUT/gpu-memory-repeat.json
 """
 
 from __future__ import annotations
@@ -147,14 +152,63 @@ def repeat_prefills(model: ModelFile, device: int, calls: int, warm_up: int, mem
             "seconds": seconds, "after_warm_up": before, "end": after, "growth": _growth(before, after)}
 
 
+def repeat_plugin_prefills(path: Path, device: int, calls: int, warm_up: int, memory: Memory) -> dict:
+    """libllama prefills with the ggml plugin's device taking every weight MUL_MAT (module docstring). The plugin
+    stays loaded; each call builds and frees a llama.cpp context."""
+    import os
+
+    from ggml_ciq import plugin
+    from ggml_ciq.llama_model import LlamaModel
+
+    os.environ["GGML_CIQ_OFFLOAD"] = "all"  # read by the plugin at each supports_op
+    prompts = [[1, 17, 300, 42, 7, 99, 260, 5, 11, 64, 3, 9, 21][:n] for n in (3, 9, 13)]  # MMVQ-sized and above
+    first, mismatches, before, ran = {}, 0, None, {}
+    with plugin.Plugin() as loaded:
+        name = loaded.devices[0]
+        if (name == "CIQ0") != (device >= 0):
+            raise CiqError(f"the plugin offers {name} here, which does not run on device {device}")
+        if device >= 0:
+            model = LlamaModel(path, device="cuda", devices=["CIQ0", "CUDA0"])
+        else:
+            model = LlamaModel(path, device="cpu", threads=1, repack=False)
+        native.dispatch_reset()
+        start = time.perf_counter()
+        with model:
+            for i in range(calls):
+                if i == warm_up:
+                    before = memory.read()
+                tokens = prompts[i % len(prompts)]
+                with model.context_for(len(tokens), flash_attn=False) as ctx:
+                    logits = ctx.prefill(tokens)
+                if len(tokens) not in first:
+                    first[len(tokens)] = logits
+                elif not np.array_equal(logits, first[len(tokens)], equal_nan=True):
+                    mismatches += 1
+        seconds = time.perf_counter() - start
+        ran = {f"{v}/{t}": n for (v, t), n in native.dispatch_counts().items() if n}
+    after = memory.read()
+    if not ran:
+        raise CiqError(f"no GEMM ran in libggml_ciq: the plugin's device {name} took none")
+    return {"calls": calls, "warm_up": warm_up, "plugin_device": name, "prompt_tokens": [len(p) for p in prompts],
+            "dispatches": ran, "results_differing_from_the_first": mismatches, "seconds": seconds,
+            "after_warm_up": before, "end": after, "growth": _growth(before, after)}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--model", default="default", help="GGUF path or catalog name (default: the default model)")
     parser.add_argument("--gemms", type=int, default=2000)
     parser.add_argument("--prefills", type=int, default=200)
+    parser.add_argument("--plugin-prefills", type=int, default=0,
+                        help="prefills through libllama with the ggml plugin's device (0: none)")
     parser.add_argument("--json", help="also write the result here")
     args = parser.parse_args(argv)
+    for flag, value, least in (("--gemms", args.gemms, 10), ("--prefills", args.prefills, 10),
+                               ("--plugin-prefills", args.plugin_prefills, 0)):
+        if value < least or (flag == "--plugin-prefills" and 0 < value < 10):
+            parser.error(f"{flag} {value}: give at least 10 (a tenth of them is the warm-up)"
+                         + (", or 0 for none" if least == 0 else ""))
     try:
         device = native.parse_device(args.device)
         if device >= native.device_count():
@@ -166,13 +220,18 @@ def main(argv=None) -> int:
                   "build": native.build_info(),
                   "gemm": repeat_gemms(model, device, args.gemms, args.gemms // 10, memory),
                   "prefill": repeat_prefills(model, device, args.prefills, args.prefills // 10, memory)}
+        if args.plugin_prefills:
+            result["plugin_prefill"] = repeat_plugin_prefills(model.path, device, args.plugin_prefills,
+                                                              args.plugin_prefills // 10, memory)
     except CiqError as exc:
         print(f"gpu_memory_repeat: error: {exc}", file=sys.stderr)
         return 2
     result["flat"] = all(abs(part["growth"]["device_used"]) < FLAT_BYTES and part["growth"]["host_rss"] < FLAT_BYTES
-                         for part in (result["gemm"], result["prefill"]))
+                         for part in (result["gemm"], result["prefill"], result.get("plugin_prefill"))
+                         if part is not None)
     result["same_bits"] = not (result["gemm"]["results_differing_from_the_first"]
-                               or result["prefill"]["results_differing_from_the_first"])
+                               or result["prefill"]["results_differing_from_the_first"]
+                               or result.get("plugin_prefill", {}).get("results_differing_from_the_first"))
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:

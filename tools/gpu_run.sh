@@ -168,8 +168,10 @@ case "${1:-}" in
       timeout 120 python3 -m ggml_ciq.cli bench gemm --backend ciq-cuda --shapes llama3-8b --tokens $n --repeat 3 \
         --variants wgmma --json "$OUT/offload-wgmma-llama3-8b-n$n.json" 2>&1 | tail -n 2
     done ;;
-  memory)  # device memory under repetition: GEMMs over every GPU variant and GPU prefills (tools/gpu_memory_repeat.py)
-    python3 tools/gpu_memory_repeat.py --json "$OUT/gpu-memory-repeat.json" 2>&1 | tail -n 5 ;;
+  memory)  # device memory under repetition: GEMMs over every GPU variant, GPU prefills, and (llama.cpp built: after
+          # wait) 200 libllama prefills through the plugin's CIQ0 (tools/gpu_memory_repeat.py)
+    plugin=; [ -f $LLAMA_BUILD/bin/libggml-cuda.so ] && [ -f $PLUGIN ] && plugin="--plugin-prefills 200"
+    python3 tools/gpu_memory_repeat.py $plugin --json "$OUT/gpu-memory-repeat.json" 2>&1 | tail -n 5 ;;
   plugin-check)
     plugin_environment
     step info 120 python3 -m ggml_ciq.cli info
