@@ -256,3 +256,19 @@ def test_mma_matches_llamacpp_mmq_tails(llama_cuda, rows, rng):
             ours = run_checked(data, x, "mma", ggml_type=weight_type, rows=rows, k=k)
             theirs = llama_cuda.mul_mat(weight_type, data, rows, k, x, device="CUDA0")
             assert Q.nmse(ours, theirs) <= 1e-10, (weight_type, rows, tokens)
+
+
+@pytest.mark.parametrize("ggml_type", [Q.Q4_K, Q.Q6_K])
+def test_offload_table_on_hopper(wgmma, ggml_type, monkeypatch):
+    """The ggml plugin takes a MUL_MAT where the registry's measured table says wgmma beats llama.cpp: 9 tokens and
+    up (llama.cpp's MMQ range), weights of 1024x4096 values and up (the Llama-3-8B shapes that won in llama-bench);
+    never Gemma 3 270M's 640x2048, which lost; never at 8 tokens (llama.cpp's MMVQ). GGML_CIQ_OFFLOAD overrides."""
+    monkeypatch.delenv("GGML_CIQ_OFFLOAD", raising=False)
+    take = {(rows, k, tokens): native.plan("auto", "cuda", "any", ggml_type, rows, k, tokens).offload
+            for rows, k, tokens in ((1024, 4096, 9), (1024, 4096, 512), (14336, 4096, 2048), (4096, 14336, 16),
+                                    (1024, 4096, 8), (1023, 4096, 512), (640, 2048, 512), (640, 1024, 4096))}
+    assert take == {(1024, 4096, 9): True, (1024, 4096, 512): True, (14336, 4096, 2048): True,
+                    (4096, 14336, 16): True, (1024, 4096, 8): False, (1023, 4096, 512): False,
+                    (640, 2048, 512): False, (640, 1024, 4096): False}
+    monkeypatch.setenv("GGML_CIQ_OFFLOAD", "all")
+    assert native.plan("auto", "cuda", "any", ggml_type, 640, 2048, 512).offload

@@ -84,7 +84,8 @@ def test_cuda_sources_compiled_where_expected(native_lib):
 # sha256 of ggml_ciq.h's CDEF region per GGML_CIQ_API_VERSION. A change to the region without a new version fails
 # here; a new version needs its hash recorded (print(cdef_sha256()) gives it).
 CDEF_SHA256 = {2: "4a2d9f159019c7458ae310183d425a220dd7d0e41cd353f738031334d4b9ad43",
-               3: "f559ed9fd76b0c87472c77e1a087a27f0594ae5e7401c717094f78d6b526d693"}  # 3: ciq_<object>_<verb> names
+               3: "f559ed9fd76b0c87472c77e1a087a27f0594ae5e7401c717094f78d6b526d693",  # 3: ciq_<object>_<verb> names
+               4: "e558c50d8b8456a5a87d6221b46e9207a1e610f4aaae1d5eecab2a4359f99694"}  # 4: plan.offload by weight size
 
 
 def cdef_sha256() -> str:

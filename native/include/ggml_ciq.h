@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-#define GGML_CIQ_API_VERSION 3
+#define GGML_CIQ_API_VERSION 4
 
 /* CDEF-BEGIN */
 typedef enum { CIQ_DEVICE_CPU = -1 } ciq_device_index; /* the host as a device; GPUs are 0..n-1 */
@@ -112,8 +112,9 @@ typedef struct {
     ciq_layout    activation_layout; /* what ciq_activations_quantize writes for this plan */
     size_t        activation_bytes;  /* bytes of the quantized activations for tokens x k */
     int           offload;           /* 1 where the registry's measured table says this kernel is faster than llama.cpp's
-                                        own mul_mat for this type and token count on this device (the ggml plugin takes
-                                        the op only then); GGML_CIQ_OFFLOAD=all|none in the environment overrides */
+                                        own mul_mat for this type, weight size (rows x k) and token count on this device
+                                        (the ggml plugin takes the op only then); GGML_CIQ_OFFLOAD=all|none in the
+                                        environment overrides */
 } ciq_plan;
 
 const char *ciq_last_error(void);

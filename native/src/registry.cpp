@@ -4,7 +4,8 @@
 //   k_variants       : name, semantics, weight types, token range, architecture predicate, launcher per variant.
 //   k_layouts        : which activation layout a semantics uses for a weight type.
 //   k_auto_*         : AUTO's order per backend (the first entry that fits wins), measured on the H200.
-//   k_offload        : from how many tokens a variant beats llama.cpp's own mul_mat (the ggml plugin's choice).
+//   k_offload        : from how many tokens and weight values a variant beats llama.cpp's own mul_mat (the ggml
+//                      plugin's choice).
 #include "registry.h"
 
 #include <atomic>
@@ -191,23 +192,28 @@ static const AutoChoice k_auto_hip[] = {  // AMD: no mma; wide and bigtile excee
     {CIQ_SEMANTICS_MMVQ, 8, CIQ_VARIANT_MMVQ},
 };
 
-// Offload: a variant runs a weight type faster than llama.cpp's own mul_mat from min_tokens on (end to end, activation
-// quantization included on both sides) on devices the predicate accepts. A (variant, type) without an entry is
-// never offloaded: mmvq has no speed measurement against llama.cpp's MMVQ yet, mma is 0.63x-0.73x MMQ (bench/results/h200/wgmma-5d360bc-*.json), the WMMA family is slower
-// still (bench/results/h200/llama3-8b-n512.json), the GPU q32 kernel has no measurement against MMQ yet, and the
-// host kernels run at 0.6x-0.8x llama.cpp CPU (bench/results/cpu/compare-gemma3-270m-{512,2048,4096}.json).
+// Offload: a variant runs a weight type faster than llama.cpp's own mul_mat from min_tokens on, for weights of at least
+// min_weight_values values (rows x K), end to end inside llama.cpp: activation quantization on both sides, and the
+// scheduler's switch to our device and back (a synchronization each way) on ours. A (variant, type) without an entry
+// is never offloaded: mmvq has no speed measurement against llama.cpp's MMVQ yet, mma is 0.63x-0.73x MMQ
+// (bench/results/h200/wgmma-5d360bc-*.json), the WMMA family is slower still (bench/results/h200/llama3-8b-n512.json),
+// the GPU q32 kernel has no measurement against MMQ yet, and the host kernels run at 0.6x-0.8x llama.cpp CPU
+// (bench/results/cpu/compare-gemma3-270m-{512,2048,4096}.json).
 struct OffloadThreshold {
     bool (*device)(const ciq_device_facts &d);
     ciq_variant variant;
     ciq_type type;
     int64_t min_tokens;
+    int64_t min_weight_values;
 };
 static const OffloadThreshold k_offload[] = {
     // wgmma vs llama.cpp MMQ on the H200: 1.85x / 1.96x at 128 tokens (seed6), 2.48x / 2.78x at 512, 2.57x / 2.88x
     // at 2048 (bench/results/h200/wgmma-5d360bc-{seed6,llama3-8b-n512,llama3-8b-n2048}.json). Below 9 tokens
-    // llama.cpp runs MMVQ, which we have not measured against; the lead re-measures 9..128 tokens in the next lease.
-    {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q4_K, 9},
-    {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q6_K, 9},
+    // llama.cpp runs MMVQ, which we have not measured against. Weight size: in llama-bench (plugin-0eb01a5/) the
+    // Llama-3-8B shapes, 1024x4096 (4.2M values) and up, gained 1.79x (pp512) and 1.68x (pp2048) end to end, while
+    // Gemma 3 270M's, 640x1024 and 640x2048 (0.7M, 1.3M), lost (0.99x, 0.93x): only shapes shown to win are taken.
+    {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q4_K, 9, 1024 * 4096},
+    {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q6_K, 9, 1024 * 4096},
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -412,8 +418,8 @@ static ciq_status resolve_auto(const ciq_device_facts &facts, ciq_semantics sema
                     ciq_semantics_name(semantics), ciq_type_name(type), facts.host ? "the CPU" : "this GPU");
 }
 
-static ciq_status offload_decision(const ciq_device_facts &facts, ciq_variant variant, ciq_type type, int64_t tokens,
-                                   int *offload) {
+static ciq_status offload_decision(const ciq_device_facts &facts, ciq_variant variant, ciq_type type, int64_t rows,
+                                   int64_t k, int64_t tokens, int *offload) {
     const char *env = std::getenv("GGML_CIQ_OFFLOAD");
     if (env != nullptr && *env != '\0') {
         if (std::strcmp(env, "all") == 0 || std::strcmp(env, "none") == 0) {
@@ -424,7 +430,9 @@ static ciq_status offload_decision(const ciq_device_facts &facts, ciq_variant va
     }
     *offload = 0;
     for (const OffloadThreshold &t : k_offload) {
-        if (t.variant == variant && t.type == type && t.device(facts) && tokens >= t.min_tokens) *offload = 1;
+        if (t.variant == variant && t.type == type && t.device(facts) && tokens >= t.min_tokens &&
+            rows >= (t.min_weight_values + k - 1) / k)  // rows x k >= min_weight_values, without overflow
+            *offload = 1;
     }
     return CIQ_OK;
 }
@@ -483,7 +491,7 @@ ciq_status ciq_gemm_plan(int device, ciq_variant variant, ciq_semantics semantic
     result.semantics = resolved_semantics;
     CIQ_TRY(ciq_activations_layout(resolved_semantics, type, &result.activation_layout));
     CIQ_TRY(ciq_activations_size(result.activation_layout, tokens, k, &result.activation_bytes));
-    CIQ_TRY(offload_decision(facts, resolved, type, tokens, &result.offload));
+    CIQ_TRY(offload_decision(facts, resolved, type, rows, k, tokens, &result.offload));
     *plan = result;
     return CIQ_OK;
 }
