@@ -12,7 +12,7 @@ import pytest
 from ggml_ciq import cli
 from ggml_ciq.compare import (TEXT, evaluation_text, evaluation_tokens, load_compare_json, logits_agreement,
                               prompt_tokens)
-from ggml_ciq.errors import ShapeError
+from ggml_ciq.errors import InvalidArgumentError, ShapeError
 from ggml_ciq.llama_model import LlamaModel
 
 
@@ -36,6 +36,23 @@ def test_logits_agreement_metrics(rng):
     reference = theirs.astype(np.float64)
     assert a["nmse"] == pytest.approx(((ours - reference) ** 2).sum() / (reference ** 2).sum())
 
+
+
+def test_logits_agreements_of_several_pairs_equal_each_pair_alone(rng):
+    """compare's one pass over all pairs (each arm's log-softmax once a chunk, chunks on threads) gives exactly the
+    numbers of each pair measured alone, whatever the chunk and thread count."""
+    from ggml_ciq.compare import logits_agreements
+
+    base = rng.standard_normal((45, 517)).astype(np.float32) * 3
+    arms = {name: base + rng.standard_normal(base.shape).astype(np.float32) * scale
+            for name, scale in (("ref", 0.0), ("a", 0.05), ("b", 0.2), ("c", 1.0))}
+    pairs = [("ref", "a"), ("ref", "b"), ("ref", "c"), ("a", "b"), ("a", "c")]
+    alone = [logits_agreement(arms[q], arms[p]) for p, q in pairs]
+    for chunk, workers in ((None, None), (7, 3), (45, 1), (1, 2)):
+        assert logits_agreements(arms, pairs, chunk=chunk, workers=workers) == alone
+    assert alone[0]["kld_mean"] < alone[1]["kld_mean"] < alone[2]["kld_mean"]
+    with pytest.raises(InvalidArgumentError, match="shapes differ"):
+        logits_agreements({"p": base, "q": base[:, :-1]}, [("p", "q")])
 
 LLAMA_CPP_PYTHON = textwrap.dedent("""
     import sys, numpy as np, llama_cpp
