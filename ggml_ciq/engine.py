@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import (BackendError, GGUFFileError, InvalidArgumentError, OutOfMemoryError, ShapeError,
+from .errors import (BackendError, CiqError, GGUFFileError, InvalidArgumentError, OutOfMemoryError, ShapeError,
                      UnsupportedTypeError)
+from . import quants
 from .model import ModelFile, Tensor
 from .numpy_ops import NumpyOps
 
@@ -140,8 +141,10 @@ def make_ops(device="cpu", semantics: str = "llamacpp"):
         return NativeOps(device, semantics="mmq", llamacpp_small_batches=True)
     if semantics == "fast":
         return NativeOps(device)
-    exact = "wgmma" if native.variant_available(device, "wgmma") else "mma"  # the registry says what each implements
-    keep_quant = native.variant_info(exact).semantics
+    try:  # f16 semantics (the most exact keep-quant arithmetic) where the registry has a kernel for it on this device
+        keep_quant = native.plan("auto", device, "f16", quants.Q4_K, 1, 256, 9).semantics
+    except CiqError:
+        keep_quant = "mmq"
     return NativeOps(device, semantics=keep_quant, attention_kernel="simt", q32_kernel=False)
 
 
