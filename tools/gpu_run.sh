@@ -25,12 +25,22 @@
 #                                   and the default: what the plugin takes) -> $OUT/plugin/
 #   tools/gpu_run.sh plugin-perf    test-backend-ops perf -o MUL_MAT on CIQ0 and on CUDA0 (same binary) -> $OUT/plugin/
 #   tools/gpu_run.sh plugin-bench   llama-bench -o json, -dev CUDA0 vs -dev CIQ0/CUDA0 -ts 0/1 in one run, pp512,
-#                                   pp2048, tg128, fa 0 and 1: Gemma 3 270M and the synthetic Llama-3-8B -> $OUT/plugin/
+#                                   pp2048, tg128, FA=1 (FA=0,1 both), REPS=3: Gemma 3 270M and the synthetic Llama-3-8B
+#                                   -> $OUT/plugin/
 #   tools/gpu_run.sh plugin-kld     llama-perplexity --kl-divergence on Gemma over the carried text: plugin vs CUDA0
 #                                   (fa off, fa on) and CUDA0 fa on vs off (the yardstick) -> $OUT/plugin/
 #   tools/gpu_run.sh plugin-sanitize  compute-sanitizer memcheck on a whole llama.cpp prefill (llama-bench, 77 tokens,
 #                                   Gemma) through the plugin -> $OUT/plugin/
 # Every plugin step logs what it runs; a failing step does not stop the next one.
+#
+# The next lease (what the open issues still need measured, in order; ~25 device-minutes, GGML_CIQ_COMMIT=<sha> set):
+#   call 1, carry .device .device-parts/gemma3-270m.gguf.part04 .device-parts/SHA256SUMS:
+#           setup (llama.cpp builds in the background, ~6 min) ; stage ; test tests/test_cuda.py -k offload ; memory
+#           (GEMMs and engine prefills; the plugin part needs llama.cpp: again in call 5)
+#   calls 2-4, each carry one of part00..part02 + SHA256SUMS: stage ; then bench (call 2), bench-pdl (call 3)
+#   call 5, carry part03 + SHA256SUMS: stage ; wait ; plugin-bench (issue 15: the weight-size rule, Gemma and 8B)
+#   call 6: memory (issue 17: --plugin-prefills 200 on CIQ0) ; compare (issue 18: Gemma 512 and 4096, pairs now in one
+#           threaded pass) ; pack
 # /tmp survives between calls while the machine stays warm, so setup runs once per lease.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -186,10 +196,10 @@ case "${1:-}" in
   plugin-bench)  # one llama-bench run per model: both device settings, same binary, same process
     plugin_environment
     gemma=$(gemma_path) && step_json llama-bench-gemma3-270m 240 env GGML_BACKEND_PATH=$PLUGIN $LLAMA_BUILD/bin/llama-bench \
-      -m "$gemma" -ngl 99 -dev CUDA0,CIQ0/CUDA0 -ts 0/1 -p 512,2048 -n 128 -fa 0,1 -r 5 -o json
+      -m "$gemma" -ngl 99 -dev CUDA0,CIQ0/CUDA0 -ts 0/1 -p 512,2048 -n 128 -fa ${FA:-1} -r ${REPS:-3} -o json
     synth=$(python3 -c 'from ggml_ciq import catalog; print(catalog.llama3_8b_synthetic_path())') && \
       step_json llama-bench-llama3-8b-synthetic 400 env GGML_BACKEND_PATH=$PLUGIN $LLAMA_BUILD/bin/llama-bench \
-      -m "$synth" -ngl 99 -dev CUDA0,CIQ0/CUDA0 -ts 0/1 -p 512,2048 -n 128 -fa 0,1 -r 5 -o json ;;
+      -m "$synth" -ngl 99 -dev CUDA0,CIQ0/CUDA0 -ts 0/1 -p 512,2048 -n 128 -fa ${FA:-1} -r ${REPS:-3} -o json ;;
   plugin-kld)  # base logits of CUDA0 alone (fa off, fa on), then each run against them. (llama-bench separates a
                 # configuration's devices with "/", the common tools with ",")
     gemma=$(gemma_path) || exit 1
