@@ -37,7 +37,8 @@
 #   call 1, carry .device .device-parts/gemma3-270m.gguf.part04 .device-parts/SHA256SUMS:
 #           setup (llama.cpp builds in the background, ~6 min) ; stage ; test tests/test_cuda.py -k offload ; memory
 #           (GEMMs and engine prefills; the plugin part needs llama.cpp: again in call 5)
-#   calls 2-4, each carry one of part00..part02 + SHA256SUMS: stage ; then bench (call 2), bench-pdl (call 3)
+#   calls 2-4, each carry one of part00..part02 + SHA256SUMS: stage ; call 2 also test tests/test_ops.py
+#           tests/test_engine.py (the GPU engine, make_ops' registry query), call 4 wait and the all step's llama.cpp tests
 #   call 5, carry part03 + SHA256SUMS: stage ; wait ; plugin-bench (issue 15: the weight-size rule, Gemma and 8B)
 #   call 6: memory (issue 17: --plugin-prefills 200 on CIQ0) ; compare (issue 18: Gemma 512 and 4096, pairs now in one
 #           threaded pass) ; pack
