@@ -121,10 +121,12 @@ def logits_agreements(logits: dict, pairs: list[tuple[str, str]], chunk: int | N
     from concurrent.futures import ThreadPoolExecutor
 
     arrays = {name: np.asarray(a, np.float32) for name, a in logits.items()}
+    names = sorted({name for pair in pairs for name in pair})
     for p, q in pairs:
         if arrays[p].shape != arrays[q].shape:
             raise InvalidArgumentError(f"logits shapes differ: {arrays[q].shape} against {arrays[p].shape}")
-    names = sorted({name for pair in pairs for name in pair})
+    if len({arrays[name].shape for name in names}) > 1:
+        raise InvalidArgumentError("logits shapes differ: " + ", ".join(f"{n} {arrays[n].shape}" for n in names))
     positions = len(arrays[pairs[0][0]]) if pairs else 0
     kld = {pair: np.empty(positions) for pair in pairs}
     if chunk is None:

@@ -144,7 +144,7 @@ class _Log:
     a context). len() counts every line ever logged, so `log[len(log):]` later gives the lines logged since, as many
     of them as are still kept."""
 
-    MAX_LINES = 20000
+    MAX_LINES = 5000  # a whole model load (Gemma 3 270M: 763 pieces), at most ~1 MB
 
     def __init__(self, max_lines: int = MAX_LINES):
         self.lines: collections.deque[str] = collections.deque(maxlen=max_lines)

@@ -53,6 +53,8 @@ def test_logits_agreements_of_several_pairs_equal_each_pair_alone(rng):
     assert alone[0]["kld_mean"] < alone[1]["kld_mean"] < alone[2]["kld_mean"]
     with pytest.raises(InvalidArgumentError, match="shapes differ"):
         logits_agreements({"p": base, "q": base[:, :-1]}, [("p", "q")])
+    with pytest.raises(InvalidArgumentError, match="shapes differ"):  # pairs of equal shapes, arms of two
+        logits_agreements({"p": base, "q": base, "r": base[:-1], "s": base[:-1]}, [("p", "q"), ("r", "s")])
 
 LLAMA_CPP_PYTHON = textwrap.dedent("""
     import sys, numpy as np, llama_cpp

@@ -79,19 +79,45 @@ def _string_array_file(path, strings, zero_bytes, after_key):
 
 
 @pytest.mark.parametrize("layout", ["zeros-first", "mixed"])
-def test_string_array_over_zero_bytes_is_skipped_at_once(tmp_path, layout):
-    """A string count over a long run of zero bytes (a corrupt count over zeroed data, or 10^7 empty strings) is
-    walked in one step per zero run: the KV after the array is found, and the 160 MB file opens in well under a
-    second (the 8-bytes-a-step walk took 3 s on 253 MB)."""
-    import time
+def test_string_array_over_zero_bytes_is_skipped_at_once(tmp_path, monkeypatch, layout):
+    """A string count over a long run of zero bytes (a corrupt count over zeroed data, or 2*10^7 empty strings) is
+    walked in one step per zero run, not 8 bytes a step (3 s on 240 MB): the string lengths read are counted, the KV
+    after the array is found, and a small file of the same layout decodes to the same strings."""
+    import struct
+
+    from ggml_ciq import model as model_module
+
+    reads = []
+
+    class CountingU64:
+        def unpack_from(self, buffer, offset=0):
+            reads.append(offset)
+            return struct.unpack_from("<Q", buffer, offset)
 
     strings = [] if layout == "zeros-first" else [b"ab", b"", b"c" * 13, b"", b"", b"\x00" * 9, b"x"]
     count = _string_array_file(tmp_path / "s.gguf", strings, 160 << 20, b"general.after")
-    started = time.perf_counter()
+    monkeypatch.setattr(model_module, "_U64", CountingU64())
     m = ModelFile(tmp_path / "s.gguf")
-    assert time.perf_counter() - started < 1.0
+    assert len(reads) < 100  # one per non-empty string and per zero run (the 8-byte walk: 20 million)
     assert m.fields["tokenizer.ggml.tokens"].count == count
     assert m.fields["general.after"].value == 7
+    monkeypatch.undo()
     small = tmp_path / "small.gguf"  # the same layout with 5 empty strings, decoded: the skip lands where a walk does
     _string_array_file(small, strings, 40, b"general.after")
     assert ModelFile(small).token_strings() == [x.decode() for x in strings] + [""] * 5
+
+
+@pytest.mark.parametrize("tail", [b"\xff" * 64, b"\x05" + b"\x00" * 7 + b"abc"])
+def test_string_array_running_past_the_end_is_named_quickly(tmp_path, tail):
+    """A corrupt count over 40 MB of zeros that then meets bytes whose length runs past the end (or a string cut
+    short): one line naming the array, the string's index and its byte, found by the same one-step-per-run walk."""
+    import struct
+    import time
+
+    body = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 21) + b"tokenizer.ggml.tokens"
+    body += struct.pack("<IIQ", 9, 8, (40 << 20) // 8 + 1) + bytes(40 << 20) + tail
+    (tmp_path / "bad.gguf").write_bytes(body)
+    started = time.perf_counter()
+    with pytest.raises(GGUFFileError, match=r"tokenizer.ggml.tokens: string 5242880\b.*\(byte \d+\)") as error:
+        ModelFile(tmp_path / "bad.gguf")
+    assert time.perf_counter() - started < 5 and "\n" not in str(error.value)

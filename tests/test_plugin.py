@@ -86,7 +86,7 @@ def test_gemma_prefill_through_the_plugin_equals_llamacpp_cpu(plugin_path, cpu_d
 def test_plugin_prefills_leave_host_memory_flat(plugin_path, cpu_device, offload_all, default_model):
     """400 libllama prefills (3, 9 and 13 tokens: MMVQ-sized and above) with every weight MUL_MAT on CIQ_CPU, a new
     llama.cpp context each time: the same logits every time, GEMMs counted in our library, and the RSS flat after
-    the warm-up (the captured llama.cpp log, 120 lines a context, once grew 15 KB a call; it keeps its newest 20,000
+    the warm-up (the captured llama.cpp log, 120 lines a context, once grew 15 KB a call; it keeps its newest 5,000
     lines). tools/gpu_memory_repeat.py --plugin-prefills measures the same loop's device memory on a GPU."""
     import gc
 

@@ -431,7 +431,7 @@ static ciq_status offload_decision(const ciq_device_facts &facts, ciq_variant va
     *offload = 0;
     for (const OffloadThreshold &t : k_offload) {
         if (t.variant == variant && t.type == type && t.device(facts) && tokens >= t.min_tokens &&
-            rows >= (t.min_weight_values + k - 1) / k)  // rows x k >= min_weight_values, without overflow
+            (k >= t.min_weight_values || rows >= (t.min_weight_values + k - 1) / k))  // rows x k >= min, no overflow
             *offload = 1;
     }
     return CIQ_OK;
