@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from .errors import CiqError
+from .resources import free_host_bytes
 
 
 def _console():
@@ -377,7 +378,7 @@ def _check_diff_memory(tensors, tokens: int) -> None:
 def _check_host_memory(need: int, what: str) -> None:
     from .errors import OutOfMemoryError
 
-    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    free = free_host_bytes()
     if need > free:
         raise OutOfMemoryError(f"{what} needs about {need / 2**30:.1f} GiB of host memory, {free / 2**30:.1f} GiB "
                                f"is free")

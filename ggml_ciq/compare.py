@@ -14,6 +14,7 @@ import numpy as np
 
 from . import quants
 from .errors import InvalidArgumentError, OutOfMemoryError, UnsupportedTypeError
+from .resources import free_host_bytes
 
 # A short English passage (Jane Austen, Pride and Prejudice, chapter 1; public domain): prompt_tokens' text, for tests
 # and tools that want a fixed prompt; `compare` reads a long real text (evaluation_text).
@@ -232,16 +233,45 @@ def _timed(prefill, repeat: int, progress, arm: str) -> list[float]:
     return seconds
 
 
-def _check_logits_memory(n_arrays: int, n_tokens: int, n_vocab: int) -> None:
-    """Every arm's logits of every position are held in host memory (float32): OutOfMemoryError, before any arm
-    runs, when they would not fit in the free memory with room for the models."""
-    import os
+class LogitsStore(dict):
+    """Every arm's logits of every position (float32), by arm name. In host memory when they fit (0.8 of the free
+    memory); else each arm's array is moved, as it arrives, into a file under the temporary directory (np.memmap,
+    removed by close()), so that a 4096-token Gemma compare (six arms: 26 GB) runs on a 23 GB machine; else
+    OutOfMemoryError before any arm runs."""
 
-    need = n_arrays * n_tokens * n_vocab * 4
-    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    if need > 0.8 * free:
-        raise OutOfMemoryError(f"the logits of {n_tokens} positions x {n_vocab} tokens for {n_arrays} runs need "
-                               f"{need / 2**30:.1f} GiB of host memory; {free / 2**30:.1f} GiB is free")
+    def __init__(self, n_arrays: int, n_tokens: int, n_vocab: int):
+        import shutil
+        import tempfile
+
+        super().__init__()
+        need = n_arrays * n_tokens * n_vocab * 4
+        free = free_host_bytes()
+        self.directory = None
+        if need > 0.8 * free:
+            disk = shutil.disk_usage(tempfile.gettempdir()).free
+            if need > 0.8 * disk:
+                raise OutOfMemoryError(f"the logits of {n_tokens} positions x {n_vocab} tokens for {n_arrays} runs "
+                                       f"need {need / 2**30:.1f} GiB; {free / 2**30:.1f} GiB of host memory and "
+                                       f"{disk / 2**30:.1f} GiB of disk in {tempfile.gettempdir()} are free")
+            self.directory = tempfile.mkdtemp(prefix="ggml-ciq-logits-")
+
+    def __setitem__(self, name: str, array) -> None:
+        array = np.asarray(array, np.float32)
+        if self.directory is not None:
+            path = os.path.join(self.directory, f"{len(self)}.f32")
+            stored = np.lib.format.open_memmap(path, "w+", np.float32, array.shape)
+            stored[...] = array
+            stored.flush()
+            array = stored
+        super().__setitem__(name, array)
+
+    def close(self) -> None:
+        import shutil
+
+        self.clear()
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            self.directory = None
 
 
 # The second llama.cpp run per device, and what it changes. Measured on llama.cpp CPU 0c1e570 (Gemma 3 270M, 128
@@ -282,64 +312,69 @@ def run_compare(path, n_tokens: int | None = 512, prompt: str | None = None, rep
         from .reference_ops import check_host_memory
 
         check_host_memory(model)
-    logits, arms = {}, []
-    with LlamaModel(path, device=device, threads=threads) as llama:
-        tokens, text = evaluation_tokens(llama, n_tokens, prompt)
-        _check_logits_memory(2 + plugin + len(semantics) + reference, len(tokens), llama.n_vocab)
-        with llama.context_for(len(tokens), n_batch=512, flash_attn=flash_attn) as ctx:
-            flash_attn, n_ctx, n_batch = ctx.flash_attn, ctx.n_ctx, ctx.n_batch
-            logits[LLAMACPP] = ctx.prefill(tokens, all_logits=True)
+    logits, arms = None, []
+    try:
+        with LlamaModel(path, device=device, threads=threads) as llama:
+            tokens, text = evaluation_tokens(llama, n_tokens, prompt)
+            logits = LogitsStore(2 + plugin + len(semantics) + reference, len(tokens), llama.n_vocab)
+            with llama.context_for(len(tokens), n_batch=512, flash_attn=flash_attn) as ctx:
+                flash_attn, n_ctx, n_batch = ctx.flash_attn, ctx.n_ctx, ctx.n_batch
+                logits[LLAMACPP] = ctx.prefill(tokens, all_logits=True)
+                if progress:
+                    progress(LLAMACPP)
+                seconds = _timed(lambda: ctx.prefill(tokens, all_logits=False), repeat, progress, LLAMACPP)
+                arms.append(Arm(LLAMACPP, "llamacpp", {"device": device, "flash_attn": flash_attn, "n_ubatch": n_batch,
+                                                       "threads": threads}, seconds, _median_tps(len(tokens), seconds),
+                                ctx.memory()))
+            spread = {"flash_attn": not flash_attn, "n_batch": n_batch} if device == "cuda" else \
+                {"flash_attn": flash_attn, "n_batch": 1}
+            with llama.context_for(len(tokens), **spread) as ctx:
+                logits[SPREAD_ARM] = ctx.prefill(tokens, all_logits=True)
+                arms.append(Arm(SPREAD_ARM, "llamacpp", {"device": device, "flash_attn": ctx.flash_attn,
+                                                         "n_ubatch": ctx.n_batch, "threads": threads}))
             if progress:
-                progress(LLAMACPP)
-            seconds = _timed(lambda: ctx.prefill(tokens, all_logits=False), repeat, progress, LLAMACPP)
-            arms.append(Arm(LLAMACPP, "llamacpp", {"device": device, "flash_attn": flash_attn, "n_ubatch": n_batch,
-                                                   "threads": threads}, seconds, _median_tps(len(tokens), seconds),
-                            ctx.memory()))
-        spread = {"flash_attn": not flash_attn, "n_batch": n_batch} if device == "cuda" else \
-            {"flash_attn": flash_attn, "n_batch": 1}
-        with llama.context_for(len(tokens), **spread) as ctx:
-            logits[SPREAD_ARM] = ctx.prefill(tokens, all_logits=True)
-            arms.append(Arm(SPREAD_ARM, "llamacpp", {"device": device, "flash_attn": ctx.flash_attn,
-                                                     "n_ubatch": ctx.n_batch, "threads": threads}))
-        if progress:
-            progress(SPREAD_ARM)
-    if plugin:
-        arms.append(_plugin_arm(path, device, threads, tokens, flash_attn, repeat, logits, progress))
+                progress(SPREAD_ARM)
+        if plugin:
+            arms.append(_plugin_arm(path, device, threads, tokens, flash_attn, repeat, logits, progress))
 
-    cuda = CudaMemory() if device == "cuda" else None
-    for s in semantics:
-        name = SEMANTICS_ARMS[s]
-        used_before = cuda.used() if cuda else None
-        engine = Transformer(model, device=device, n_ctx=n_ctx, n_ubatch=512, semantics=s)  # llama.cpp's micro-batch
-        logits[name] = np.asarray(engine.forward(tokens, all_logits=True))
-        if progress:
-            progress(name)
-        seconds = _timed(lambda: engine.forward(tokens, all_logits=False), repeat, progress, name)
-        growth = memory_growth(used_before, cuda.used() if cuda else None)
-        arms.append(Arm(name, "ours", {"device": device, "semantics": s, "n_ubatch": 512, "threads": threads},
-                        seconds, _median_tps(len(tokens), seconds), engine_memory(engine, growth)))
-        del engine
-    if reference:
-        start = time.perf_counter()
-        engine = Transformer(model, device="reference", n_ctx=n_ctx, n_ubatch=512)
-        loaded = time.perf_counter()
-        logits[REFERENCE] = engine.forward(tokens, all_logits=True)
-        arms.append(Arm(REFERENCE, "reference", {"device": "cpu (float64)", "n_ubatch": 512, "threads": threads,
-                                                 "load_seconds": loaded - start},
-                        [time.perf_counter() - loaded], None, engine_memory(engine, None)))
-        del engine
-        if progress:
-            progress(REFERENCE)
+        cuda = CudaMemory() if device == "cuda" else None
+        for s in semantics:
+            name = SEMANTICS_ARMS[s]
+            used_before = cuda.used() if cuda else None
+            # n_ubatch: llama.cpp's micro-batch
+            engine = Transformer(model, device=device, n_ctx=n_ctx, n_ubatch=512, semantics=s)
+            logits[name] = np.asarray(engine.forward(tokens, all_logits=True))
+            if progress:
+                progress(name)
+            seconds = _timed(lambda: engine.forward(tokens, all_logits=False), repeat, progress, name)
+            growth = memory_growth(used_before, cuda.used() if cuda else None)
+            arms.append(Arm(name, "ours", {"device": device, "semantics": s, "n_ubatch": 512, "threads": threads},
+                            seconds, _median_tps(len(tokens), seconds), engine_memory(engine, growth)))
+            del engine
+        if reference:
+            start = time.perf_counter()
+            engine = Transformer(model, device="reference", n_ctx=n_ctx, n_ubatch=512)
+            loaded = time.perf_counter()
+            logits[REFERENCE] = engine.forward(tokens, all_logits=True)
+            arms.append(Arm(REFERENCE, "reference", {"device": "cpu (float64)", "n_ubatch": 512, "threads": threads,
+                                                     "load_seconds": loaded - start},
+                            [time.perf_counter() - loaded], None, engine_memory(engine, None)))
+            del engine
+            if progress:
+                progress(REFERENCE)
 
-    wanted = []  # (p, q, role), p as P
-    if reference:
-        wanted += [(REFERENCE, a.name, "vs reference") for a in arms if a.name != REFERENCE]
-    wanted += [(LLAMACPP, SEMANTICS_ARMS[s], "vs llama.cpp") for s in semantics]
-    wanted.append((LLAMACPP, SPREAD_ARM, "llama.cpp spread"))
-    if plugin:
-        wanted.append((LLAMACPP, PLUGIN, "vs llama.cpp"))
-    agreements = logits_agreements(logits, [(p, q) for p, q, _ in wanted])
-    pairs = [Pair(p, q, role, agreement) for (p, q, role), agreement in zip(wanted, agreements)]
+        wanted = []  # (p, q, role), p as P
+        if reference:
+            wanted += [(REFERENCE, a.name, "vs reference") for a in arms if a.name != REFERENCE]
+        wanted += [(LLAMACPP, SEMANTICS_ARMS[s], "vs llama.cpp") for s in semantics]
+        wanted.append((LLAMACPP, SPREAD_ARM, "llama.cpp spread"))
+        if plugin:
+            wanted.append((LLAMACPP, PLUGIN, "vs llama.cpp"))
+        agreements = logits_agreements(logits, [(p, q) for p, q, _ in wanted])
+        pairs = [Pair(p, q, role, agreement) for (p, q, role), agreement in zip(wanted, agreements)]
+    finally:
+        if logits is not None:
+            logits.close()
     result = CompareResult(str(path), device, len(tokens), repeat, asdict(text), arms, pairs, SPREAD[device], {})
     result.verdict = verdict(result)
     return result

@@ -16,7 +16,6 @@ Prefill runs in micro-batches of n_ubatch tokens through a K/V cache, as llama.c
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
@@ -27,6 +26,7 @@ from .errors import (BackendError, CiqError, GGUFFileError, InvalidArgumentError
 from . import quants
 from .model import ModelFile, Tensor
 from .numpy_ops import NumpyOps
+from .resources import free_host_bytes
 
 
 @dataclass(frozen=True)
@@ -302,7 +302,7 @@ class Transformer:
         dtype = np.dtype(getattr(self.ops, "kv_cache_dtype", np.float16))  # f16 but in the float64 reference
         need = 2 * self.hp.n_layer * size * self.hp.n_head_kv * self.hp.head_dim * dtype.itemsize
         if str(getattr(self.ops, "device", "cpu")) in ("cpu", "-1", "reference"):  # the host: Linux overcommits
-            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            free = free_host_bytes()
             if need > free:
                 raise OutOfMemoryError(f"the K/V cache for {n_tokens} tokens needs {need / 2**30:.1f} GiB, "
                                        f"{free / 2**30:.1f} GiB of host memory is free")

@@ -18,7 +18,6 @@ llama.cpp's default.
 
 from __future__ import annotations
 
-import os
 import weakref
 
 import numpy as np
@@ -27,6 +26,7 @@ from . import quants
 from .errors import OutOfMemoryError, ShapeError, UnsupportedTypeError
 from .model import ModelFile, Tensor
 from .numpy_ops import HostArrays, NumpyOps
+from .resources import free_host_bytes
 
 # Bytes of float64 weight rows converted at a time by ReferenceWeight, and of attention scores per query chunk.
 CHUNK_BYTES = 64 << 20
@@ -66,7 +66,7 @@ def check_host_memory(model: ModelFile, extra_bytes: int = 0) -> None:
     values) and `extra_bytes` would not fit 80% of the free host memory (Llama-3-8B's Q4_K weights alone take 64 GB
     in float64)."""
     need = sum(exact_bytes(t) for t in model.tensors.values() if len(t.shape) == 2) + extra_bytes
-    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    free = free_host_bytes()
     if need > 0.8 * free:
         raise OutOfMemoryError(f"the float64 reference of {model.path} needs {need / 2**30:.1f} GiB of host memory "
                                f"for its weights; {free / 2**30:.1f} GiB is free")

@@ -1,4 +1,6 @@
-"""Objects that own native resources (device buffers, llama.cpp models and contexts)."""
+"""Objects that own native resources (device buffers, llama.cpp models and contexts), and the host memory left."""
+
+import os
 
 
 class Closeable:
@@ -15,3 +17,8 @@ class Closeable:
             self.close()
         except Exception:  # a half-built object, or the interpreter shutting down
             pass
+
+
+def free_host_bytes() -> int:
+    """Host memory free now (the kernel's available pages), which the memory checks before big allocations read."""
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

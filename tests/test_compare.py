@@ -246,15 +246,40 @@ def test_compare_bad_input(llama, native_lib, default_model, tmp_path, capsys):
 
 
 def test_compare_logits_that_would_not_fit(llama, native_lib, default_model, monkeypatch, capsys):
-    """Both sides' logits of every position live in host memory: when they would not fit, one line before anything
-    runs (a 4096-token Gemma compare needs 8 GiB for them; without the check the kernel's OOM killer ended it)."""
-    import os
+    """Every arm's logits of every position are kept: when they fit neither in host memory nor on the temporary
+    directory's disk, one line before anything runs (a 4096-token Gemma compare needs 26 GB for them; without the
+    check the kernel's OOM killer ended it)."""
+    import shutil
 
-    sysconf = os.sysconf
-    monkeypatch.setattr(os, "sysconf", lambda name: 1 if name == "SC_AVPHYS_PAGES" else sysconf(name))
+    from ggml_ciq import compare
+
+    disk_usage = shutil.disk_usage
+    monkeypatch.setattr(compare, "free_host_bytes", lambda: 4096)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: disk_usage(path)._replace(free=4096))
     rc = cli.main(["compare", str(default_model.path), "--tokens", "8"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and "GiB of host memory" in err[0], err
+    assert rc == 2 and len(err) == 1 and "GiB of host memory and" in err[0] and "of disk in" in err[0], err
+
+
+def test_compare_logits_on_disk_when_memory_is_short(llama, native_lib, default_model, monkeypatch, tmp_path):
+    """With too little host memory for the logits they go to files under the temporary directory (np.memmap), which
+    are removed afterwards: every pair's agreement is the same as with the logits in memory."""
+    import os
+    import tempfile
+
+    from ggml_ciq.compare import run_compare
+
+    def agreements(result):
+        return [(p.p, p.q, p.agreement) for p in result.pairs]
+
+    from ggml_ciq import compare
+
+    in_memory = run_compare(default_model.path, n_tokens=11, repeat=1)
+    monkeypatch.setattr(compare, "free_host_bytes", lambda: 4096)  # compare's view only: the reference still runs
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    on_disk = run_compare(default_model.path, n_tokens=11, repeat=1)
+    assert agreements(on_disk) == agreements(in_memory) and len(in_memory.pairs) == 7
+    assert os.listdir(tmp_path) == []  # the logits files are gone
 
 
 @pytest.mark.gpu
