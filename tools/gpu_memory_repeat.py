@@ -79,6 +79,14 @@ class Memory:
         return {"device_used": device, "host_rss": host}
 
 
+def differs_from_first(first: dict, key, value) -> bool:
+    """Whether `value` differs (bit for bit, NaN equal to NaN) from the first value seen for `key`, which is kept."""
+    if key not in first:
+        first[key] = value
+        return False
+    return not np.array_equal(value, first[key], equal_nan=True)
+
+
 def _growth(before: dict, after: dict) -> dict:
     return {key: after[key] - before[key] for key in before}
 
@@ -111,11 +119,7 @@ def repeat_gemms(model: ModelFile, device: int, calls: int, warm_up: int, memory
                 out = native.gemm(w, x, variant=variant, device=device)
             else:
                 out = problems[w.name].run(x, variant=variant)
-            key = (w.name, variant, len(x))
-            if key not in first:
-                first[key] = out
-            elif not np.array_equal(out, first[key], equal_nan=True):
-                mismatches += 1
+            mismatches += differs_from_first(first, (w.name, variant, len(x)), out)
     finally:
         for problem in problems.values():
             problem.close()
@@ -140,11 +144,7 @@ def repeat_prefills(model: ModelFile, device: int, calls: int, warm_up: int, mem
         if i == warm_up:
             before = memory.read()
         tokens = prompts[i % len(prompts)]
-        logits = engine.forward(tokens)
-        if len(tokens) not in first:
-            first[len(tokens)] = logits
-        elif not np.array_equal(logits, first[len(tokens)], equal_nan=True):
-            mismatches += 1
+        mismatches += differs_from_first(first, len(tokens), engine.forward(tokens))
     seconds = time.perf_counter() - start
     after = memory.read()
     return {"calls": calls, "warm_up": warm_up, "prompt_tokens": [len(p) for p in prompts],
@@ -179,11 +179,7 @@ def repeat_plugin_prefills(path: Path, device: int, calls: int, warm_up: int, me
                     before = memory.read()
                 tokens = prompts[i % len(prompts)]
                 with model.context_for(len(tokens), flash_attn=False) as ctx:
-                    logits = ctx.prefill(tokens)
-                if len(tokens) not in first:
-                    first[len(tokens)] = logits
-                elif not np.array_equal(logits, first[len(tokens)], equal_nan=True):
-                    mismatches += 1
+                    mismatches += differs_from_first(first, len(tokens), ctx.prefill(tokens))
             seconds = time.perf_counter() - start
             after = memory.read()  # model and plugin still loaded, as after the warm-up
         ran = {f"{v}/{t}": n for (v, t), n in native.dispatch_counts().items() if n}
