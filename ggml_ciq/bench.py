@@ -27,6 +27,9 @@ class Shape:
         return f"{quants.type_name(self.ggml_type)}:{self.rows}:{self.k}"
 
 
+BENCH_TYPES = quants.KEEP_QUANT_TYPES + quants.Q32_TYPES  # the K-quant kernels' and the q32 kernel's
+
+
 def parse_shape(text: str) -> Shape:
     """'Q4_K:ROWS:K' -> Shape."""
     parts = text.split(":")
@@ -36,16 +39,17 @@ def parse_shape(text: str) -> Shape:
     shape = Shape(names[parts[0].upper()], int(parts[1]), int(parts[2]))
     if shape.rows < 1 or shape.k < 1:
         raise InvalidArgumentError(f"--shape {text}: ROWS and K must be >= 1")
-    if shape.ggml_type not in quants.KEEP_QUANT_TYPES:
-        raise InvalidArgumentError(f"--shape {text}: keep-quant kernels take Q4_K or Q6_K")
+    if shape.ggml_type not in BENCH_TYPES:
+        raise InvalidArgumentError(f"--shape {text}: our GEMM kernels take {', '.join(map(quants.type_name, BENCH_TYPES))}")
     quants.row_bytes(shape.ggml_type, shape.k)
     return shape
 
 
 def model_shapes(model: ModelFile) -> list[Shape]:
-    """The distinct keep-quant weight shapes of a model, each with the bytes of its first tensor."""
+    """The distinct weight shapes of a model that our kernels multiply (K-quants, 32-block types), each with the
+    bytes of its first tensor."""
     seen: dict[tuple, Shape] = {}
-    for t in model.weights():
+    for t in model.weights(BENCH_TYPES):
         key = (t.ggml_type, t.rows, t.k)
         if key not in seen:
             seen[key] = Shape(t.ggml_type, t.rows, t.k, t.raw())
@@ -105,8 +109,10 @@ def bench_cpu(shapes: list[Shape], tokens_list: list[int], threads: int, repeat:
             out = np.empty((tokens, shape.rows), np.float32)
             xp, op = n.ffi.from_buffer("float[]", x), n.ffi.from_buffer(out)
 
+            variant = n.lib.CIQ_VARIANT_CPU if shape.ggml_type in quants.KEEP_QUANT_TYPES else n.lib.CIQ_VARIANT_Q32
+
             def ours():
-                n.check(n.lib.ciq_gemm(n.lib.CIQ_DEVICE_CPU, n.lib.CIQ_VARIANT_CPU, n.lib.CIQ_SEMANTICS_CPU,
+                n.check(n.lib.ciq_gemm(n.lib.CIQ_DEVICE_CPU, variant, n.lib.CIQ_SEMANTICS_CPU,
                                        shape.ggml_type, problem.weight.ptr, problem.weight.nbytes, shape.rows, shape.k,
                                        xp, tokens, op, n.lib.CIQ_OUT_F32))
 
@@ -153,16 +159,19 @@ def shape_set(name: str) -> tuple[list[Shape], list[int]]:
 
 
 def random_blocks(shape: Shape, seed: int = 0) -> np.ndarray:
-    """Valid random blocks, fast at any size: random quants and scales, fp16 super-block scales near 1e-3."""
+    """Valid random blocks, fast at any size: random quants and scales, fp16 (super-)block scales near 1e-3 (Q4_K:
+    d and dmin at bytes 0-3; Q6_K: d at 208; Q4_0/Q5_0/Q8_0: d at bytes 0-1 of every 32-value block)."""
     rng = np.random.default_rng(seed)
-    nbytes = quants.row_bytes(shape.ggml_type, shape.k)
-    blocks = rng.integers(0, 256, size=(shape.rows * shape.k // quants.QK_K, nbytes // (shape.k // quants.QK_K)),
-                          dtype=np.uint8)
+    values, block_bytes = quants.BLOCK_LAYOUT[shape.ggml_type]
+    quants.row_bytes(shape.ggml_type, shape.k)  # ShapeError unless K is whole blocks
+    blocks = rng.integers(0, 256, size=(shape.rows * shape.k // values, block_bytes), dtype=np.uint8)
     halves = (np.abs(rng.normal(1e-3, 3e-4, size=(blocks.shape[0], 2))) + 1e-5).astype(np.float16).view(np.uint8)
     if shape.ggml_type == quants.Q4_K:
         blocks[:, 0:4] = halves.reshape(-1, 4)
-    else:
+    elif shape.ggml_type == quants.Q6_K:
         blocks[:, 208:210] = halves[:, 0:2]
+    else:
+        blocks[:, 0:2] = halves[:, 0:2]
     return blocks.reshape(-1)
 
 
@@ -302,7 +311,8 @@ def bench_gpu(shapes: list[Shape], tokens_list: list[int], variants: list[str], 
                 bf16_us = p.time_bf16(repeat) if ceiling else None
                 for variant in variants:
                     info = native.variant_info(variant)
-                    if not info.min_tokens <= tokens <= info.max_tokens:  # mmvq: 1..8 tokens
+                    if not info.min_tokens <= tokens <= info.max_tokens or shape.ggml_type not in info.weight_types:
+                        # mmvq: 1..8 tokens; q32: the 32-block types, the others the K-quants
                         if progress:
                             progress()
                         continue

@@ -396,13 +396,16 @@ def _plugin_arm(path, device: str, threads: int, tokens, flash_attn: bool, repea
         with LlamaModel(path, device=device, threads=threads, **options) as model, \
                 model.context_for(len(tokens), n_batch=512, flash_attn=flash_attn) as ctx:
             logits[PLUGIN] = ctx.prefill(tokens, all_logits=True)
-            gemms = sum(native.dispatch_counts().values())
+            counts = native.dispatch_counts()
             if progress:
                 progress(PLUGIN)
             seconds = _timed(lambda: ctx.prefill(tokens, all_logits=False), repeat, progress, PLUGIN)
             memory, n_batch = ctx.memory(), ctx.n_batch
     return Arm(PLUGIN, "plugin", {"device": device, "flash_attn": flash_attn, "n_ubatch": n_batch, "threads": threads,
-                                  "plugin_devices": devices, "warm_up_gemms": gemms}, seconds,
+                                  "plugin_devices": devices, "offload": os.environ.get("GGML_CIQ_OFFLOAD") or "table",
+                                  "warm_up_gemms": sum(counts.values()),
+                                  "warm_up_gemms_by_kernel": {f"{v}/{t}": n for (v, t), n in sorted(counts.items())}},
+               seconds,
                _median_tps(len(tokens), seconds), memory)
 
 

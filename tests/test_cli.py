@@ -64,10 +64,13 @@ def test_diff_fails_when_bar_is_broken(llama, native_lib):
 
 def test_bench_cpu(llama, native_lib, tmp_path):
     rc, out, err = ggml_ciq("bench", "gemm", "--backend", "ciq-cpu", "--shape", "Q4_K:256:512", "--shape",
-                            "Q6_K:300:768", "--tokens", "1,17", "--repeat", 2, "--json", tmp_path / "b.json")
+                            "Q6_K:300:768", "--shape", "Q8_0:97:288", "--shape", "Q5_0:33:64", "--tokens", "1,17",
+                            "--repeat", 2, "--json", tmp_path / "b.json")
     assert rc == 0, err
     rows = json.loads((tmp_path / "b.json").read_text())["rows"]
-    assert len(rows) == 4 and all(r["ciq_us"] > 0 and r["llamacpp_us"] > 0 for r in rows)
+    assert [(r["type"], r["rows"], r["tokens"]) for r in rows] == [
+        (t, n, tokens) for t, n in (("Q4_K", 256), ("Q6_K", 300), ("Q8_0", 97), ("Q5_0", 33)) for tokens in (1, 17)]
+    assert all(r["ciq_us"] > 0 and r["llamacpp_us"] > 0 for r in rows)
 
 
 def test_info(native_lib):

@@ -208,6 +208,16 @@ def test_dense_bf16_ceiling_and_bench_cli(tmp_path):
     rows = json.loads((tmp_path / "b.json").read_text())["rows"]
     assert [r["variant"] for r in rows] == ["wmma", "mma"]
     assert all(r["us"] > 0 and r["bf16_us"] > 0 and r["best_us"] <= r["us"] for r in rows)
+    # each variant on the weight types it multiplies only: q32 on the 32-block types, mma on the K-quants
+    proc = subprocess.run([sys.executable, "-m", "ggml_ciq.cli", "bench", "gemm", "--backend", "ciq-cuda", "--shape",
+                           "Q4_K:1000:1024", "--shape", "Q8_0:333:1056", "--shape", "Q5_0:64:96", "--tokens", "17",
+                           "--variants", "mma,q32", "--no-llamacpp", "--no-ceiling", "--repeat", "2", "--json",
+                           str(tmp_path / "q.json")], capture_output=True, text=True, cwd=tempfile.gettempdir(),
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads((tmp_path / "q.json").read_text())["rows"]
+    assert [(r["type"], r["variant"]) for r in rows] == [("Q4_K", "mma"), ("Q8_0", "q32"), ("Q5_0", "q32")]
+    assert all(r["us"] > 0 for r in rows)
 
 
 @pytest.fixture(scope="module")

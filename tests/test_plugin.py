@@ -167,6 +167,32 @@ def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all
     assert np.isfinite(logits).all() and agreement["top1"] >= 0.9 and agreement["kld_mean"] <= 0.05
 
 
+@pytest.mark.gpu
+def test_gemma_stays_on_cuda0_by_the_measured_table(plugin_path, plugin_device, gemma_full, monkeypatch):
+    """Without GGML_CIQ_OFFLOAD the registry's offload table decides: Gemma 3 270M's weights (640 x 1024 and the
+    like, under 1024 x 4096 values) lost end to end when offloaded, so CIQ0 declines every one of its MUL_MATs, our
+    library runs no GEMM, and the logits are CUDA0's own (same semantics: NMSE <= 1e-10)."""
+    from ggml_ciq.compare import logits_agreement
+    from ggml_ciq.llama_model import LlamaModel
+
+    if plugin_device != "CIQ0":
+        pytest.skip(f"the plugin offers {plugin_device} here, not the GPU device CIQ0")
+    monkeypatch.delenv("GGML_CIQ_OFFLOAD", raising=False)
+    text = open(PROMPT).read()
+    with LlamaModel(gemma_full.path, device="cuda") as model:
+        tokens = model.tokenize(text)
+        with model.context_for(len(tokens), flash_attn=False) as ctx:
+            reference = ctx.prefill(tokens)
+    with plugin.Plugin(plugin_path):
+        native.dispatch_reset()
+        with LlamaModel(gemma_full.path, device="cuda", devices=["CIQ0", "CUDA0"]) as model, \
+                model.context_for(len(tokens), flash_attn=False) as ctx:
+            logits = ctx.prefill(tokens)
+        counts = native.dispatch_counts()
+    assert sum(counts.values()) == 0, counts
+    assert logits_agreement(logits, reference)["nmse"] <= 1e-10
+
+
 _GGML_CDEF = """
 struct ggml_context; struct ggml_tensor; struct ggml_backend_device;
 struct ggml_init_params { size_t mem_size; void * mem_buffer; bool no_alloc; };
@@ -262,6 +288,8 @@ def test_compare_third_arm(plugin_path, cpu_device, offload_all, default_model, 
     result = load_compare_json(out)
     arm = result.arm(PLUGIN)
     assert arm.settings["plugin_devices"] == ["CIQ_CPU"] and arm.settings["warm_up_gemms"] > 0
+    assert arm.settings["offload"] == "all"
+    assert sum(arm.settings["warm_up_gemms_by_kernel"].values()) == arm.settings["warm_up_gemms"]
     assert arm.tokens_per_second > 0
     agreement = result.pair(LLAMACPP, PLUGIN).agreement
     assert agreement["positions"] == 40 and agreement["nmse"] <= 1e-10

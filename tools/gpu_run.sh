@@ -33,15 +33,17 @@
 #                                   Gemma) through the plugin -> $OUT/plugin/
 # Every plugin step logs what it runs; a failing step does not stop the next one.
 #
-# The next lease (what the open issues still need measured, in order; ~25 device-minutes, GGML_CIQ_COMMIT=<sha> set):
+# The next lease (what the open issues still need measured; ~27 device-minutes; every call starts with
+# `export GGML_CIQ_COMMIT=<sha>;` and fires as soon as the last returns: the machine goes back 30 s after a call):
 #   call 1, carry .device .device-parts/gemma3-270m.gguf.part04 .device-parts/SHA256SUMS:
-#           setup (llama.cpp builds in the background, ~6 min) ; stage ; test tests/test_cuda.py -k offload ; memory
-#           (GEMMs and engine prefills; the plugin part needs llama.cpp: again in call 5)
-#   calls 2-4, each carry one of part00..part02 + SHA256SUMS: stage ; call 2 also test tests/test_ops.py
-#           tests/test_engine.py (the GPU engine, make_ops' registry query), call 4 wait and the all step's llama.cpp tests
-#   call 5, carry part03 + SHA256SUMS: stage ; wait ; plugin-bench (issue 15: the weight-size rule, Gemma and 8B)
-#   call 6: memory (issue 17: --plugin-prefills 200 on CIQ0) ; compare (issue 18: Gemma 512 and 4096, pairs now in one
-#           threaded pass) ; pack
+#           setup (llama.cpp builds in the background, ~6 min) ; stage ; test tests/test_ops.py tests/test_engine.py
+#   call 2, carry part00 + SHA256SUMS: stage ; test tests/test_native.py tests/test_mmvq.py
+#   call 3, carry part01 + SHA256SUMS: stage
+#   call 4, carry part02 + SHA256SUMS: stage ; wait ; test tests/test_cuda.py (with llama.cpp) ; plugin-check
+#   call 5, carry part03 + SHA256SUMS: stage ; plugin-bench (issue 15: the weight-size rule, Gemma and 8B) ;
+#           offload-sweep (the table's thresholds: wgmma, q32 and mmvq against llama.cpp)
+#   call 6: memory (issue 17: GEMMs, engine prefills, 200 plugin prefills on CIQ0) ; compare (issues 15/18: Gemma
+#           512 and 4096 with the plugin arm) ; pack
 # /tmp survives between calls while the machine stays warm, so setup runs once per lease.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -126,12 +128,15 @@ case "${1:-}" in
     fi
     ls -la /tmp/parts /tmp/gemma3-270m.gguf 2>&1 | tail -n 8 ;;
   compare)  # issue 18's H200 runs: Gemma 3 270M at 512 and 4096 tokens, every arm (llama.cpp FA on and its FA-off
-            # spread, ours llamacpp and exact, the float64 reference on the host CPU); the synthetic Llama-3-8B (written
-            # on first use from the carried vocab GGUF) at 512 and 2048 tokens for speed (no reference: 64 GB float64)
-    for n in 512 4096; do
-      python3 -m ggml_ciq.cli compare gemma3-270m --tokens $n --device cuda --repeat 5 \
-        --json "$OUT/compare-gemma3-270m-$n.json" --plot "$OUT/compare-gemma3-270m-$n.png" 2>&1 | tail -n 30
-    done
+            # spread, ours llamacpp, exact and fast, the float64 reference on the host CPU) and, with the plugin built,
+            # the plugin arm with every weight MUL_MAT offloaded (GGML_CIQ_OFFLOAD=all: the table takes none of Gemma's)
+    plugin=; [ -f $LLAMA_BUILD/bin/libggml-cuda.so ] && [ -f $PLUGIN ] && plugin=--plugin
+    for n in ${TOKENS:-512 4096}; do
+      GGML_CIQ_OFFLOAD=all timeout ${LIMIT:-280} python3 -m ggml_ciq.cli compare "$(gemma_path)" --tokens $n --device cuda \
+        --repeat 5 $plugin --json "$OUT/compare-gemma3-270m-$n.json" --plot "$OUT/compare-gemma3-270m-$n.png" 2>&1 \
+        | tail -n 40
+    done ;;
+  compare-8b)  # speed only (no reference: 64 GB in float64): the synthetic Llama-3-8B at 512 and 2048 tokens
     for n in 512 2048; do
       python3 -m ggml_ciq.cli compare llama3-8b-synthetic --tokens $n --device cuda --repeat 5 --reference off \
         --json "$OUT/prefill-llama3-8b-synthetic-n$n.json" 2>&1 | tail -n 30
@@ -173,12 +178,19 @@ case "${1:-}" in
       GGML_CIQ_WGMMA_PDL=$pdl python3 -m ggml_ciq.cli bench gemm --backend ciq-cuda --shapes llama3-8b --tokens 512 \
         --repeat ${REPEAT:-5} --variants wgmma --json "$OUT/wgmma-pdl$pdl-llama3-8b-n512.json" 2>&1 | tail -n 3
     done ;;
-  offload-sweep)  # where wgmma starts beating llama.cpp (registry offload thresholds): one token count per run, so a
-                  # time limit loses one point, not the sweep (the 16,32,64,128 run in one call ran past 120 s)
-    for n in ${TOKENS:-16 32 64 128}; do
-      timeout 120 python3 -m ggml_ciq.cli bench gemm --backend ciq-cuda --shapes llama3-8b --tokens $n --repeat 3 \
-        --variants wgmma --json "$OUT/offload-wgmma-llama3-8b-n$n.json" 2>&1 | tail -n 2
-    done ;;
+  offload-sweep)  # the registry's offload table, measured (issue 15): our kernels against llama.cpp's mul_mat in one
+                  # process, each set one process with its own time limit (no bf16 ceiling: it is not the question)
+    sweep() { local name=$1 limit=$2; shift 2; echo "== sweep $name"; timeout "$limit" python3 -m ggml_ciq.cli bench gemm \
+      --backend ciq-cuda --no-ceiling --repeat ${REPEAT:-3} --json "$OUT/offload-$name.json" "$@" 2>&1 | grep -E "geomean|Error|error" ; }
+    # wgmma vs MMQ from llama.cpp's MMQ threshold up, on the Llama-3-8B shapes (where the 9-token threshold applies)
+    sweep wgmma-llama3-8b 240 --shapes llama3-8b --tokens ${TOKENS:-9,16,32,64,128} --variants wgmma
+    # Gemma 3 270M's own weights (the weight-size bound): wgmma on its K-quants, q32 on its Q5_0/Q8_0
+    gemma=$(gemma_path) && sweep gemma3-270m 150 --model "$gemma" --tokens 128,512 --variants wgmma,q32
+    # the q32 kernel on 8B-sized 32-block weights (no entry in the table yet: never measured against MMQ)
+    sweep q32-8b-shapes 150 --shape Q8_0:4096:4096 --shape Q8_0:14336:4096 --shape Q5_0:4096:4096 \
+      --shape Q4_0:4096:4096 --tokens 16,128,512 --variants q32
+    # decode sizes: our mmvq against llama.cpp's MMVQ (bit-identical arithmetic; is it faster?)
+    sweep mmvq-llama3-8b 120 --shapes llama3-8b --tokens 1,8 --variants mmvq ;;
   memory)  # device memory under repetition: GEMMs over every GPU variant, GPU prefills, and (llama.cpp built: after
           # wait) 200 libllama prefills through the plugin's CIQ0 (tools/gpu_memory_repeat.py)
     plugin=; [ -f $LLAMA_BUILD/bin/libggml-cuda.so ] && [ -f $PLUGIN ] && plugin="--plugin-prefills 200"
@@ -217,5 +229,5 @@ case "${1:-}" in
     gemma=$(gemma_path) || exit 1
     step sanitizer-plugin-memcheck 500 env GGML_BACKEND_PATH=$PLUGIN GGML_CIQ_OFFLOAD=all compute-sanitizer --tool memcheck \
       --error-exitcode 9 $LLAMA_BUILD/bin/llama-bench -m "$gemma" -ngl 99 -dev CIQ0/CUDA0 -ts 0/1 -p 77 -n 0 -r 1 -fa 1 ;;
-  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|pack|all|bench|bench-pdl|offload-sweep|memory|stage|compare|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize" >&2; exit 2 ;;
+  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|pack|all|bench|bench-pdl|offload-sweep|memory|stage|compare|compare-8b|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize" >&2; exit 2 ;;
 esac
