@@ -101,6 +101,7 @@ typedef void (*ggml_log_callback)(int level, const char * text, void * user_data
 void llama_backend_init(void);
 void llama_log_set(ggml_log_callback log_callback, void * user_data);
 struct llama_model_params llama_model_default_params(void);
+size_t llama_max_devices(void);
 struct llama_context_params llama_context_default_params(void);
 struct llama_model * llama_model_load_from_file(const char * path_model, struct llama_model_params params);
 void llama_model_free(struct llama_model * model);
@@ -134,7 +135,7 @@ ffi = cffi.FFI()
 ffi.cdef(_CDEF)
 
 LLAMA_FLASH_ATTN_TYPE_DISABLED, LLAMA_FLASH_ATTN_TYPE_ENABLED = 0, 1
-LLAMA_SPLIT_MODE_NONE = 0
+LLAMA_SPLIT_MODE_NONE, LLAMA_SPLIT_MODE_LAYER = 0, 1
 _GGML_F32 = 0
 _BUFFER_LINE = re.compile(r"(\S+)\s+(model|KV|compute|output) buffer size =\s*([0-9.]+) MiB")
 
@@ -304,6 +305,15 @@ class LlamaModel(Closeable):
             self._devices = ffi.new("void *[]", handles + [ffi.NULL])
             mparams.devices = self._devices
             mparams.main_gpu = len(devices) - 1
+            if len(devices) > 1:
+                # As llama-bench's `-dev CIQ0/CUDA0 -ts 0/1`: split by layer with every layer on the last device, so
+                # the others stay in the context's scheduler (in front, taking the ops they support) and hold no
+                # weights. Split mode NONE would keep the main device alone and drop the rest.
+                mparams.split_mode = LLAMA_SPLIT_MODE_LAYER
+                split = [0.0] * max(int(lib.llama_max_devices()), len(devices))
+                split[len(devices) - 1] = 1.0
+                self._tensor_split = ffi.new("float[]", split)
+                mparams.tensor_split = self._tensor_split
         self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
         if self._model == ffi.NULL:
             self._model = None

@@ -210,7 +210,7 @@ def test_dense_bf16_ceiling_and_bench_cli(tmp_path):
     assert all(r["us"] > 0 and r["bf16_us"] > 0 and r["best_us"] <= r["us"] for r in rows)
     # each variant on the weight types it multiplies only: q32 on the 32-block types, mma on the K-quants
     proc = subprocess.run([sys.executable, "-m", "ggml_ciq.cli", "bench", "gemm", "--backend", "ciq-cuda", "--shape",
-                           "Q4_K:1000:1024", "--shape", "Q8_0:333:1056", "--shape", "Q5_0:64:96", "--tokens", "17",
+                           "Q4_K:1000:1024", "--shape", "Q8_0:333:1152", "--shape", "Q5_0:64:128", "--tokens", "17",
                            "--variants", "mma,q32", "--no-llamacpp", "--no-ceiling", "--repeat", "2", "--json",
                            str(tmp_path / "q.json")], capture_output=True, text=True, cwd=tempfile.gettempdir(),
                           timeout=300)
@@ -270,15 +270,16 @@ def test_mma_matches_llamacpp_mmq_tails(llama_cuda, rows, rng):
 
 @pytest.mark.parametrize("ggml_type", [Q.Q4_K, Q.Q6_K])
 def test_offload_table_on_hopper(wgmma, ggml_type, monkeypatch):
-    """The ggml plugin takes a MUL_MAT where the registry's measured table says wgmma beats llama.cpp: 9 tokens and
-    up (llama.cpp's MMQ range), weights of 1024x4096 values and up (the Llama-3-8B shapes that won in llama-bench);
-    never Gemma 3 270M's 640x2048, which lost; never at 8 tokens (llama.cpp's MMVQ). GGML_CIQ_OFFLOAD overrides."""
+    """The ggml plugin takes a MUL_MAT where the registry's measured table says wgmma beats llama.cpp: 32 tokens and
+    up (at 9 and 16 wgmma loses on most Llama-3-8B shapes), weights of 1024x4096 values and up (the Llama-3-8B shapes
+    that won in llama-bench); never Gemma 3 270M's 640x2048, which lost end to end. GGML_CIQ_OFFLOAD overrides."""
     monkeypatch.delenv("GGML_CIQ_OFFLOAD", raising=False)
     take = {(rows, k, tokens): native.plan("auto", "cuda", "any", ggml_type, rows, k, tokens).offload
-            for rows, k, tokens in ((1024, 4096, 9), (1024, 4096, 512), (14336, 4096, 2048), (4096, 14336, 16),
-                                    (1024, 4096, 8), (1023, 4096, 512), (640, 2048, 512), (640, 1024, 4096))}
-    assert take == {(1024, 4096, 9): True, (1024, 4096, 512): True, (14336, 4096, 2048): True,
-                    (4096, 14336, 16): True, (1024, 4096, 8): False, (1023, 4096, 512): False,
-                    (640, 2048, 512): False, (640, 1024, 4096): False}
+            for rows, k, tokens in ((1024, 4096, 32), (1024, 4096, 512), (14336, 4096, 2048), (4096, 14336, 33),
+                                    (1024, 4096, 31), (4096, 4096, 9), (1023, 4096, 512), (640, 2048, 512),
+                                    (640, 1024, 4096))}
+    assert take == {(1024, 4096, 32): True, (1024, 4096, 512): True, (14336, 4096, 2048): True,
+                    (4096, 14336, 33): True, (1024, 4096, 31): False, (4096, 4096, 9): False,
+                    (1023, 4096, 512): False, (640, 2048, 512): False, (640, 1024, 4096): False}
     monkeypatch.setenv("GGML_CIQ_OFFLOAD", "all")
     assert native.plan("auto", "cuda", "any", ggml_type, 640, 2048, 512).offload

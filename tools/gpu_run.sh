@@ -206,13 +206,20 @@ case "${1:-}" in
     types='type_a=(q4_K|q6_K|q4_0|q5_0|q8_0)'
     step test-backend-ops-perf-ciq0 280 env GGML_BACKEND_PATH=$PLUGIN $LLAMA_BUILD/bin/test-backend-ops perf -b CIQ0 -o MUL_MAT -p "$types"
     step test-backend-ops-perf-cuda0 280 env GGML_BACKEND_PATH=$PLUGIN $LLAMA_BUILD/bin/test-backend-ops perf -b CUDA0 -o MUL_MAT -p "$types" ;;
-  plugin-bench)  # one llama-bench run per model: both device settings, same binary, same process
+  plugin-bench)  # one llama-bench run per model: both device settings, same binary, same process; the 8B also at
+                 # 16..128 tokens (the offload threshold end to end); Gemma also with every MUL_MAT offloaded, the 8B
+                 # with none (what CIQ0's presence alone costs)
     plugin_environment
-    gemma=$(gemma_path) && step_json llama-bench-gemma3-270m 240 env GGML_BACKEND_PATH=$PLUGIN $LLAMA_BUILD/bin/llama-bench \
-      -m "$gemma" -ngl 99 -dev CUDA0,CIQ0/CUDA0 -ts 0/1 -p 512,2048 -n 128 -fa ${FA:-1} -r ${REPS:-3} -o json
+    bench() {  # bench NAME LIMIT MODEL [VAR=VALUE ...] -- LLAMA-BENCH ARGUMENTS
+      local name=$1 limit=$2 model=$3 vars=(); shift 3
+      while [ "$1" != "--" ]; do vars+=("$1"); shift; done; shift
+      step_json "$name" "$limit" env GGML_BACKEND_PATH=$PLUGIN "${vars[@]}" $LLAMA_BUILD/bin/llama-bench -m "$model" \
+        -ngl 99 -dev CUDA0,CIQ0/CUDA0 -ts 0/1 -fa ${FA:-1} -r ${REPS:-5} -o json "$@"; }
+    gemma=$(gemma_path) && bench llama-bench-gemma3-270m 120 "$gemma" -- -p 512,2048 -n 128
+    [ -n "$gemma" ] && bench llama-bench-gemma3-270m-offload-all 120 "$gemma" GGML_CIQ_OFFLOAD=all -- -p 512,2048 -n 0
     synth=$(python3 -c 'from ggml_ciq import catalog; print(catalog.llama3_8b_synthetic_path())') && \
-      step_json llama-bench-llama3-8b-synthetic 400 env GGML_BACKEND_PATH=$PLUGIN $LLAMA_BUILD/bin/llama-bench \
-      -m "$synth" -ngl 99 -dev CUDA0,CIQ0/CUDA0 -ts 0/1 -p 512,2048 -n 128 -fa ${FA:-1} -r ${REPS:-3} -o json ;;
+      bench llama-bench-llama3-8b-synthetic 300 "$synth" -- -p 16,32,64,128,512,2048 -n 128 && \
+      bench llama-bench-llama3-8b-synthetic-offload-none 120 "$synth" GGML_CIQ_OFFLOAD=none -- -p 512 -n 128 ;;
   plugin-kld)  # base logits of CUDA0 alone (fa off, fa on), then each run against them. (llama-bench separates a
                 # configuration's devices with "/", the common tools with ",")
     gemma=$(gemma_path) || exit 1

@@ -131,10 +131,11 @@ bool gpu_idle(const device_context *dev) {
 // Runs the split's MUL_MATs in order between two waits for the whole GPU (docs/PLUGIN.md, "Ordering"). Our kernels
 // run on libggml_ciq's stream, which does not order itself against CUDA0's non-blocking streams, and the scheduler
 // synchronizes the previous backend at a backend switch only when the next split copies no inputs: the wait before
-// covers a split that does, the wait after orders us before whatever runs next.
+// covers a split that does, the wait after orders us before whatever runs next. A split of views alone runs nothing
+// and waits for nothing.
 ggml_status backend_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
     const device_context *dev = (const device_context *)backend->device->context;
-    if (!gpu_idle(dev)) return GGML_STATUS_FAILED;
+    bool ran = false;
     for (int i = 0; i < graph->n_nodes; i++) {
         ggml_tensor *node = graph->nodes[i];
         if ((node->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) continue;
@@ -153,6 +154,8 @@ ggml_status backend_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
                                    node->name);
                     return GGML_STATUS_FAILED;
                 }
+                if (!ran && !gpu_idle(dev)) return GGML_STATUS_FAILED;
+                ran = true;
                 if (ciq_gemm_adapter(r, true, &unused) != CIQ_OK) {
                     GGML_LOG_ERROR("ggml-ciq: %s: MUL_MAT %s: %s\n", dev->name.c_str(), node->name, ciq_last_error());
                     return GGML_STATUS_FAILED;
@@ -164,7 +167,7 @@ ggml_status backend_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
                 return GGML_STATUS_FAILED;
         }
     }
-    return gpu_idle(dev) ? GGML_STATUS_SUCCESS : GGML_STATUS_FAILED;
+    return !ran || gpu_idle(dev) ? GGML_STATUS_SUCCESS : GGML_STATUS_FAILED;
 }
 
 const ggml_backend_i backend_interface = {
@@ -233,14 +236,24 @@ ggml_backend_buffer_t device_buffer_from_host_ptr(ggml_backend_dev_t, void *ptr,
     return ggml_backend_cpu_buffer_from_ptr(ptr, size);
 }
 
+// Input and view nodes: test-backend-ops asks about every tensor of a case before it allocates any, and counts 0/0
+// without them (as ggml-blas). In a llama.cpp graph the scheduler hands a node whose data already sits in a buffer
+// we accept (on a GPU, CUDA0's own type) to the first device that supports it: claiming the views of the KV cache
+// or of the compute buffer would make each its own split of ours between CUDA0's, a backend switch apiece. Taken
+// only while unallocated (test-backend-ops, the scheduler's intermediates) or over a weights buffer.
+bool view_taken(const ggml_tensor *op) {
+    const ggml_tensor *base = op->view_src != nullptr ? op->view_src : op;
+    return base->buffer == nullptr || ggml_backend_buffer_get_usage(base->buffer) == GGML_BACKEND_BUFFER_USAGE_WEIGHTS;
+}
+
 bool device_supports_op(ggml_backend_dev_t dev, const ggml_tensor *op) {
     switch (op->op) {
-        case GGML_OP_NONE:  // input and view nodes: without them test-backend-ops counts 0/0 (as ggml-blas)
+        case GGML_OP_NONE:
         case GGML_OP_RESHAPE:
         case GGML_OP_VIEW:
         case GGML_OP_PERMUTE:
         case GGML_OP_TRANSPOSE:
-            return true;
+            return view_taken(op);
         case GGML_OP_MUL_MAT:
             return mul_mat_offloaded(((device_context *)dev->context)->ciq_device, op);
         default:

@@ -195,10 +195,11 @@ static const AutoChoice k_auto_hip[] = {  // AMD: no mma; wide and bigtile excee
 // Offload: a variant runs a weight type faster than llama.cpp's own mul_mat from min_tokens on, for weights of at least
 // min_weight_values values (rows x K), end to end inside llama.cpp: activation quantization on both sides, and the
 // scheduler's switch to our device and back (a synchronization each way) on ours. A (variant, type) without an entry
-// is never offloaded: mmvq has no speed measurement against llama.cpp's MMVQ yet, mma is 0.63x-0.73x MMQ
-// (bench/results/h200/wgmma-5d360bc-*.json), the WMMA family is slower still (bench/results/h200/llama3-8b-n512.json),
-// the GPU q32 kernel has no measurement against MMQ yet, and the host kernels run at 0.6x-0.8x llama.cpp CPU
-// (bench/results/cpu/compare-gemma3-270m-{512,2048,4096}.json).
+// is never offloaded. Measured on the H200 (bench/results/h200/offload-3f4cfb3/): mmvq runs 0.29x-1.06x llama.cpp's
+// MMVQ at 1 and 8 tokens; the GPU q32 kernel 0.19x-0.36x MMQ on 4096-row and larger 32-block weights (1.2x-1.5x only
+// on Gemma 3 270M's tiny ones, which the weight-size bound below excludes anyway); mma is 0.63x-0.73x MMQ
+// (bench/results/h200/wgmma-5d360bc-*.json), the WMMA family slower still (bench/results/h200/llama3-8b-n512.json);
+// the host kernels run at 0.6x-0.8x llama.cpp CPU (bench/results/cpu/compare-gemma3-270m-{512,2048,4096}.json).
 struct OffloadThreshold {
     bool (*device)(const ciq_device_facts &d);
     ciq_variant variant;
@@ -207,13 +208,14 @@ struct OffloadThreshold {
     int64_t min_weight_values;
 };
 static const OffloadThreshold k_offload[] = {
-    // wgmma vs llama.cpp MMQ on the H200: 1.85x / 1.96x at 128 tokens (seed6), 2.48x / 2.78x at 512, 2.57x / 2.88x
-    // at 2048 (bench/results/h200/wgmma-5d360bc-{seed6,llama3-8b-n512,llama3-8b-n2048}.json). Below 9 tokens
-    // llama.cpp runs MMVQ, which we have not measured against. Weight size: in llama-bench (plugin-0eb01a5/) the
-    // Llama-3-8B shapes, 1024x4096 (4.2M values) and up, gained 1.79x (pp512) and 1.68x (pp2048) end to end, while
-    // Gemma 3 270M's, 640x1024 and 640x2048 (0.7M, 1.3M), lost (0.99x, 0.93x): only shapes shown to win are taken.
-    {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q4_K, 9, 1024 * 4096},
-    {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q6_K, 9, 1024 * 4096},
+    // wgmma vs llama.cpp MMQ on the H200, Llama-3-8B shapes (bench/results/h200/offload-3f4cfb3/, activation
+    // quantization on both sides): 0.89x-1.13x at 9 and 16 tokens (slower on 12 of 20 cases), 1.09x-1.32x at 32 (all
+    // 10 faster), 1.42x-1.72x at 64, 1.89x-2.24x at 128, 2.5x/2.8x at 512. Weight size: in llama-bench
+    // (plugin-0eb01a5/) the Llama-3-8B shapes, 1024x4096 (4.2M values) and up, gained 1.79x (pp512) and 1.68x (pp2048)
+    // end to end, while Gemma 3 270M's, 640x1024 and 640x2048 (0.7M, 1.3M), lost (0.99x, 0.93x) although wgmma runs
+    // them at 2.0x-2.6x MMQ alone: a 10-15 us GEMM does not pay for the two backend switches around it.
+    {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q4_K, 32, 1024 * 4096},
+    {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q6_K, 32, 1024 * 4096},
 };
 
 // ---------------------------------------------------------------------------------------------
