@@ -213,9 +213,11 @@ static const OffloadThreshold k_offload[] = {
     // 10 faster), 1.42x-1.72x at 64, 1.89x-2.24x at 128, 2.5x/2.8x at 512. Weight size: in llama-bench
     // (plugin-0eb01a5/) the Llama-3-8B shapes, 1024x4096 (4.2M values) and up, gained 1.79x (pp512) and 1.68x (pp2048)
     // end to end, while Gemma 3 270M's, 640x1024 and 640x2048 (0.7M, 1.3M), lost (0.99x, 0.93x) although wgmma runs
-    // them at 2.0x-2.6x MMQ alone: a 10-15 us GEMM does not pay for the two backend switches around it.
-    {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q4_K, 32, 1024 * 4096},
-    {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q6_K, 32, 1024 * 4096},
+    // them at 2.0x-2.6x MMQ alone: a 10-15 us GEMM does not pay for the two backend switches around it. Tokens, end
+    // to end (llama-bench, synthetic Llama-3-8B, plugin-ac2ab62/, offloading from 32): pp32 0.69x, pp64 0.87x, pp128
+    // 1.21x, pp512 1.71x - the switches eat the kernel's lead below 128 tokens.
+    {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q4_K, 128, 1024 * 4096},
+    {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q6_K, 128, 1024 * 4096},
 };
 
 // ---------------------------------------------------------------------------------------------
