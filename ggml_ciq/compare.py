@@ -404,7 +404,7 @@ def _plugin_arm(path, device: str, threads: int, tokens, flash_attn: bool, repea
     return Arm(PLUGIN, "plugin", {"device": device, "flash_attn": flash_attn, "n_ubatch": n_batch, "threads": threads,
                                   "plugin_devices": devices, "offload": os.environ.get("GGML_CIQ_OFFLOAD") or "table",
                                   "warm_up_gemms": sum(counts.values()),
-                                  "warm_up_gemms_by_kernel": {f"{v}/{t}": n for (v, t), n in sorted(counts.items())}},
+                                  "warm_up_gemms_by_kernel": {f"{v}/{t}": n for (v, t), n in sorted(counts.items()) if n}},
                seconds,
                _median_tps(len(tokens), seconds), memory)
 
