@@ -298,6 +298,13 @@ def _llamacpp_cuda():
     return llama
 
 
+def runs(variant: str, shape: Shape, tokens: int) -> bool:
+    """Whether a variant multiplies this shape's weight type at this token count (mmvq: 1..8 tokens; q32: the
+    32-block types; the others: the K-quants)."""
+    info = native.variant_info(variant)
+    return info.min_tokens <= tokens <= info.max_tokens and shape.ggml_type in info.weight_types
+
+
 def bench_gpu(shapes: list[Shape], tokens_list: list[int], variants: list[str], repeat: int = 5,
               llamacpp: bool = True, ceiling: bool = True, device: int = 0, progress=None) -> list[GpuRow]:
     """Every variant, llama.cpp and the bf16 ceiling on every shape and token count."""
@@ -305,17 +312,17 @@ def bench_gpu(shapes: list[Shape], tokens_list: list[int], variants: list[str], 
     rows_out = []
     for shape in shapes:
         for tokens in tokens_list:
+            takers = [v for v in variants if runs(v, shape, tokens)]
+            if progress:
+                for _ in range(len(variants) - len(takers)):
+                    progress()
+            if not takers:  # no variant asked for multiplies this case: nothing to time, not even llama.cpp
+                continue
             p = GpuProblem(shape, tokens, device)
             try:
                 llama_us = p.time_llamacpp(llama, repeat) if llama is not None else None
                 bf16_us = p.time_bf16(repeat) if ceiling else None
-                for variant in variants:
-                    info = native.variant_info(variant)
-                    if not info.min_tokens <= tokens <= info.max_tokens or shape.ggml_type not in info.weight_types:
-                        # mmvq: 1..8 tokens; q32: the 32-block types, the others the K-quants
-                        if progress:
-                            progress()
-                        continue
+                for variant in takers:
                     times = p.time(p.launcher(variant), repeat)
                     us = statistics.median(times)
                     gemm_us = statistics.median(p.time(p.launcher(variant, gemm_only=True), repeat))
@@ -343,10 +350,17 @@ class AbRow:
 
 def bench_ab(shapes: list[Shape], tokens_list: list[int], a: str, b: str, repeat: int = 7, device: int = 0,
              progress=None) -> list[AbRow]:
-    """Two variants timed alternately (A B A B ...) on the same buffers, per-shape median ratio."""
+    """Two variants timed alternately (A B A B ...) on the same buffers, per-shape median ratio; the cases that not
+    both multiply are skipped (InvalidArgumentError when that is every case)."""
     rows_out = []
+    if not any(runs(a, shape, tokens) and runs(b, shape, tokens) for shape in shapes for tokens in tokens_list):
+        raise InvalidArgumentError(f"--ab {a},{b}: no shape and token count that both variants multiply")
     for shape in shapes:
         for tokens in tokens_list:
+            if not (runs(a, shape, tokens) and runs(b, shape, tokens)):
+                if progress:
+                    progress()
+                continue
             p = GpuProblem(shape, tokens, device)
             try:
                 la, lb = p.launcher(a), p.launcher(b)

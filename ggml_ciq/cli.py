@@ -693,10 +693,13 @@ def _bench_cpu(args, shapes, tokens) -> int:
                    f"{r.ratio:.2f}"] for r in rows],
                  stacks=[((0, 1, 2), "type\nrows\nK"), ((4, 5), "ciq us\nllama.cpp us")])
     geo = bench.geomean(r.ratio for r in rows)
+    by_type = {t: bench.geomean(r.ratio for r in rows if r.type == t) for t in dict.fromkeys(r.type for r in rows)}
+    for t, value in by_type.items():
+        console.print(f"geomean ciq/llama.cpp time ratio, {t}: {value:.2f}")
     console.print(f"geomean ciq/llama.cpp time ratio: {geo:.2f}")
     if args.json:
         _write_json(args.json, {"schema": "docs/BENCH_JSON.md", "environment": env, "rows": bench.rows_to_json(rows),
-                                "geomean_ratio": geo})
+                                "geomean_ratio": geo, "geomean_ratio_by_type": by_type})
     return 0
 
 

@@ -71,6 +71,8 @@ def test_bench_cpu(llama, native_lib, tmp_path):
     assert [(r["type"], r["rows"], r["tokens"]) for r in rows] == [
         (t, n, tokens) for t, n in (("Q4_K", 256), ("Q6_K", 300), ("Q8_0", 97), ("Q5_0", 33)) for tokens in (1, 17)]
     assert all(r["ciq_us"] > 0 and r["llamacpp_us"] > 0 for r in rows)
+    assert set(json.loads((tmp_path / "b.json").read_text())["geomean_ratio_by_type"]) == {"Q4_K", "Q6_K", "Q8_0",
+                                                                                           "Q5_0"}
 
 
 def test_info(native_lib):
@@ -193,3 +195,17 @@ def test_prefill_bad_inputs_one_line_exit_2(native_lib, tmp_path):
     broken = catalog.write_small_model(tmp_path / "broken.gguf", "qwen3", drop=("blk.1.attn_k_norm.weight",))
     rc, _, err = ggml_ciq("prefill", broken, "--tokens", 4)
     assert_one_line_error(rc, err, "blk.1.attn_k_norm.weight", "needed by the qwen3 architecture")
+
+
+def test_bench_takes_each_variant_to_the_types_it_multiplies(native_lib):
+    """bench gemm times a variant only on the weight types and token counts it multiplies (q32: the 32-block types;
+    mmvq: 1..8 tokens; the rest: the K-quants), and --ab refuses a pair that share no case, before any GPU work."""
+    from ggml_ciq import bench, quants
+    from ggml_ciq.errors import InvalidArgumentError
+
+    q8, q4k = bench.Shape(quants.Q8_0, 64, 256), bench.Shape(quants.Q4_K, 64, 256)
+    assert bench.runs("q32", q8, 17) and not bench.runs("q32", q4k, 17)
+    assert bench.runs("mma", q4k, 17) and not bench.runs("mma", q8, 17)
+    assert bench.runs("mmvq", q4k, 8) and not bench.runs("mmvq", q4k, 9)
+    with pytest.raises(InvalidArgumentError, match="no shape and token count that both variants multiply"):
+        bench.bench_ab([q8], [17], "mma", "wgmma")

@@ -270,9 +270,9 @@ def test_mma_matches_llamacpp_mmq_tails(llama_cuda, rows, rng):
 
 @pytest.mark.parametrize("ggml_type", [Q.Q4_K, Q.Q6_K])
 def test_offload_table_on_hopper(wgmma, ggml_type, monkeypatch):
-    """The ggml plugin takes a MUL_MAT where the registry's measured table says wgmma beats llama.cpp: 32 tokens and
-    up (end to end in llama-bench the 8B lost at 32 and 64 tokens, won at 128), weights of 1024x4096 values and up (the Llama-3-8B shapes
-    that won in llama-bench); never Gemma 3 270M's 640x2048, which lost end to end. GGML_CIQ_OFFLOAD overrides."""
+    """The ggml plugin takes a MUL_MAT where the registry's measured table says wgmma beats llama.cpp end to end: 128
+    tokens and up (in llama-bench the 8B lost at 32 and 64 tokens, won at 128), weights of 1024x4096 values and up
+    (the Llama-3-8B shapes that won); never Gemma 3 270M's 640x2048, which lost. GGML_CIQ_OFFLOAD overrides."""
     monkeypatch.delenv("GGML_CIQ_OFFLOAD", raising=False)
     take = {(rows, k, tokens): native.plan("auto", "cuda", "any", ggml_type, rows, k, tokens).offload
             for rows, k, tokens in ((1024, 4096, 128), (1024, 4096, 512), (14336, 4096, 2048), (4096, 14336, 129),

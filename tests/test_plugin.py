@@ -188,7 +188,9 @@ def test_gemma_stays_on_cuda0_by_the_measured_table(plugin_path, plugin_device, 
         with LlamaModel(gemma_full.path, device="cuda", devices=["CIQ0", "CUDA0"]) as model, \
                 model.context_for(len(tokens), flash_attn=False) as ctx:
             logits = ctx.prefill(tokens)
+            load_log = model.load_log
         counts = native.dispatch_counts()
+    assert "using device CIQ0" in load_log  # in the model's devices (split mode NONE would have dropped it)
     assert sum(counts.values()) == 0, counts
     assert logits_agreement(logits, reference)["nmse"] <= 1e-10
 

@@ -183,7 +183,7 @@ case "${1:-}" in
                   # process, each set one process with its own time limit (no bf16 ceiling: it is not the question)
     sweep() { local name=$1 limit=$2; shift 2; echo "== sweep $name"; timeout "$limit" python3 -m ggml_ciq.cli bench gemm \
       --backend ciq-cuda --no-ceiling --repeat ${REPEAT:-3} --json "$OUT/offload-$name.json" "$@" 2>&1 | grep -E "geomean|Error|error" ; }
-    # wgmma vs MMQ from llama.cpp's MMQ threshold up, on the Llama-3-8B shapes (where the 9-token threshold applies)
+    # wgmma vs MMQ from llama.cpp's MMQ threshold (9 tokens) up, on the Llama-3-8B shapes
     sweep wgmma-llama3-8b 240 --shapes llama3-8b --tokens ${TOKENS:-9,16,32,64,128} --variants wgmma
     # Gemma 3 270M's own weights (the weight-size bound): wgmma on its K-quants, q32 on its Q5_0/Q8_0
     gemma=$(gemma_path) && sweep gemma3-270m 150 --model "$gemma" --tokens 128,512 --variants wgmma,q32

@@ -131,8 +131,8 @@ bool gpu_idle(const device_context *dev) {
 // Runs the split's MUL_MATs in order between two waits for the whole GPU (docs/PLUGIN.md, "Ordering"). Our kernels
 // run on libggml_ciq's stream, which does not order itself against CUDA0's non-blocking streams, and the scheduler
 // synchronizes the previous backend at a backend switch only when the next split copies no inputs: the wait before
-// covers a split that does, the wait after orders us before whatever runs next. A split of views alone runs nothing
-// and waits for nothing.
+// covers a split that does, the wait after orders us before whatever runs next. (A split always starts with a
+// MUL_MAT - the scheduler cuts none at a view - so both waits happen once per split.)
 ggml_status backend_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
     const device_context *dev = (const device_context *)backend->device->context;
     bool ran = false;
@@ -219,7 +219,9 @@ void device_get_props(ggml_backend_dev_t dev, ggml_backend_dev_props *props) {
         /* .host_buffer          = */ false,
         /* .buffer_from_host_ptr = */ host,
         /* .events               = */ false,  // also keeps llama.cpp's pipeline parallelism (events on all) off
-        /* .mmap_support         = */ host,
+        // Weights load as CUDA0's (its buffer type) or as the CPU's, from an mmap'd file as theirs do; false here
+        // would turn mmap off for the whole model (llama-model.cpp asks every device of the model).
+        /* .mmap_support         = */ true,
     };
 }
 
@@ -237,10 +239,10 @@ ggml_backend_buffer_t device_buffer_from_host_ptr(ggml_backend_dev_t, void *ptr,
 }
 
 // Input and view nodes: test-backend-ops asks about every tensor of a case before it allocates any, and counts 0/0
-// without them (as ggml-blas). In a llama.cpp graph the scheduler hands a node whose data already sits in a buffer
-// we accept (on a GPU, CUDA0's own type) to the first device that supports it: claiming the views of the KV cache
-// or of the compute buffer would make each its own split of ours between CUDA0's, a backend switch apiece. Taken
-// only while unallocated (test-backend-ops, the scheduler's intermediates) or over a weights buffer.
+// without them (as ggml-blas). In a llama.cpp graph the scheduler would hand an allocated view (of the KV cache, of a
+// compute buffer) to the first device that accepts its buffer - CIQ0 accepts CUDA0's - so they are claimed only while
+// unallocated or over a weights buffer, and CIQ0 holds nothing but what it computes. This changes no split: the
+// scheduler skips view ops when it cuts splits (GGML_SCHED_DEBUG=2 shows the same splits with and without it).
 bool view_taken(const ggml_tensor *op) {
     const ggml_tensor *base = op->view_src != nullptr ? op->view_src : op;
     return base->buffer == nullptr || ggml_backend_buffer_get_usage(base->buffer) == GGML_BACKEND_BUFFER_USAGE_WEIGHTS;
