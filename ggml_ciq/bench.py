@@ -109,10 +109,8 @@ def bench_cpu(shapes: list[Shape], tokens_list: list[int], threads: int, repeat:
             out = np.empty((tokens, shape.rows), np.float32)
             xp, op = n.ffi.from_buffer("float[]", x), n.ffi.from_buffer(out)
 
-            variant = n.lib.CIQ_VARIANT_CPU if shape.ggml_type in quants.KEEP_QUANT_TYPES else n.lib.CIQ_VARIANT_Q32
-
-            def ours():
-                n.check(n.lib.ciq_gemm(n.lib.CIQ_DEVICE_CPU, variant, n.lib.CIQ_SEMANTICS_CPU,
+            def ours():  # the registry's host kernel for the type in llama.cpp CPU's semantics (cpu or q32)
+                n.check(n.lib.ciq_gemm(n.lib.CIQ_DEVICE_CPU, n.lib.CIQ_VARIANT_AUTO, n.lib.CIQ_SEMANTICS_CPU,
                                        shape.ggml_type, problem.weight.ptr, problem.weight.nbytes, shape.rows, shape.k,
                                        xp, tokens, op, n.lib.CIQ_OUT_F32))
 
@@ -353,28 +351,28 @@ def bench_ab(shapes: list[Shape], tokens_list: list[int], a: str, b: str, repeat
     """Two variants timed alternately (A B A B ...) on the same buffers, per-shape median ratio; the cases that not
     both multiply are skipped (InvalidArgumentError when that is every case)."""
     rows_out = []
-    if not any(runs(a, shape, tokens) and runs(b, shape, tokens) for shape in shapes for tokens in tokens_list):
+    cases = [(shape, tokens) for shape in shapes for tokens in tokens_list
+             if runs(a, shape, tokens) and runs(b, shape, tokens)]
+    if not cases:
         raise InvalidArgumentError(f"--ab {a},{b}: no shape and token count that both variants multiply")
-    for shape in shapes:
-        for tokens in tokens_list:
-            if not (runs(a, shape, tokens) and runs(b, shape, tokens)):
-                if progress:
-                    progress()
-                continue
-            p = GpuProblem(shape, tokens, device)
-            try:
-                la, lb = p.launcher(a), p.launcher(b)
-                ta, tb = [], []
-                for _ in range(repeat):
-                    ta += p.time(la, 1)
-                    tb += p.time(lb, 1)
-                a_us, b_us = statistics.median(ta), statistics.median(tb)
-                rows_out.append(AbRow(quants.type_name(shape.ggml_type), shape.rows, shape.k, tokens, a_us, b_us,
-                                      a_us / b_us))
-                if progress:
-                    progress()
-            finally:
-                p.close()
+    if progress:
+        for _ in range(len(shapes) * len(tokens_list) - len(cases)):
+            progress()
+    for shape, tokens in cases:
+        p = GpuProblem(shape, tokens, device)
+        try:
+            la, lb = p.launcher(a), p.launcher(b)
+            ta, tb = [], []
+            for _ in range(repeat):
+                ta += p.time(la, 1)
+                tb += p.time(lb, 1)
+            a_us, b_us = statistics.median(ta), statistics.median(tb)
+            rows_out.append(AbRow(quants.type_name(shape.ggml_type), shape.rows, shape.k, tokens, a_us, b_us,
+                                  a_us / b_us))
+            if progress:
+                progress()
+        finally:
+            p.close()
     return rows_out
 
 

@@ -25,10 +25,13 @@
 #                                   and the default: what the plugin takes) -> $OUT/plugin/
 #   tools/gpu_run.sh plugin-perf    test-backend-ops perf -o MUL_MAT on CIQ0 and on CUDA0 (same binary) -> $OUT/plugin/
 #   tools/gpu_run.sh plugin-bench   llama-bench -o json, -dev CUDA0 vs -dev CIQ0/CUDA0 -ts 0/1 in one run, pp512,
-#                                   pp2048, tg128, FA=1 (FA=0,1 both), REPS=3: Gemma 3 270M and the synthetic Llama-3-8B
-#                                   -> $OUT/plugin/
+#                                   pp2048, tg128 (the 8B also pp16..128), FA=1 (FA=0,1 both), REPS=5: Gemma 3 270M and
+#                                   the synthetic Llama-3-8B; Gemma all-offloaded, the 8B none; pp512/tg128 in both
+#                                   device orders, 10 repetitions -> $OUT/plugin/ (13 files: end the call with pack)
 #   tools/gpu_run.sh plugin-kld     llama-perplexity --kl-divergence on Gemma over the carried text: plugin vs CUDA0
 #                                   (fa off, fa on) and CUDA0 fa on vs off (the yardstick) -> $OUT/plugin/
+#   tools/gpu_run.sh plugin-splits  GGML_SCHED_DEBUG splits of a Gemma prefill, CIQ0/CUDA0 and CUDA0 alone -> $OUT
+#   tools/gpu_run.sh breakdown      engine prefill of Gemma at 512 and 4096 tokens, time by op class -> $OUT
 #   tools/gpu_run.sh plugin-sanitize  compute-sanitizer memcheck on a whole llama.cpp prefill (llama-bench, 77 tokens,
 #                                   Gemma) through the plugin -> $OUT/plugin/
 # Every plugin step logs what it runs; a failing step does not stop the next one.
@@ -220,7 +223,28 @@ case "${1:-}" in
     [ -n "$gemma" ] && bench llama-bench-gemma3-270m-offload-all 120 "$gemma" GGML_CIQ_OFFLOAD=all -- -p 512,2048 -n 0
     synth=$(python3 -c 'from ggml_ciq import catalog; print(catalog.llama3_8b_synthetic_path())') && \
       bench llama-bench-llama3-8b-synthetic 300 "$synth" -- -p 16,32,64,128,512,2048 -n 128 && \
-      bench llama-bench-llama3-8b-synthetic-offload-none 120 "$synth" GGML_CIQ_OFFLOAD=none -- -p 512 -n 128 ;;
+      bench llama-bench-llama3-8b-synthetic-offload-none 120 "$synth" GGML_CIQ_OFFLOAD=none -- -p 512 -n 128
+    # llama-bench's first configuration runs a few percent faster than its second: both orders, 10 repetitions each
+    for model in "$gemma" "$synth"; do
+      [ -n "$model" ] || continue
+      name=$(basename "$model" .gguf)
+      for order in CUDA0,CIQ0/CUDA0 CIQ0/CUDA0,CUDA0; do
+        step_json "llama-bench-$name-order-${order%%[/,]*}-first" 120 env GGML_BACKEND_PATH=$PLUGIN $LLAMA_BUILD/bin/llama-bench \
+          -m "$model" -ngl 99 -dev $order -ts 0/1 -fa ${FA:-1} -r 10 -p 512 -n 128 -o json
+      done
+    done ;;
+  plugin-splits)  # the scheduler's splits of a Gemma prefill with CIQ0 in front and with CUDA0 alone (GGML_SCHED_DEBUG)
+    gemma=$(gemma_path) || exit 1
+    for devs in CIQ0/CUDA0 CUDA0; do
+      GGML_SCHED_DEBUG=2 GGML_BACKEND_PATH=$PLUGIN timeout 60 $LLAMA_BUILD/bin/llama-bench -m "$gemma" -ngl 99 -dev $devs \
+        -ts 0/1 -fa 1 -r 1 -p 512 -n 0 -v 2>&1 | grep "## SPLIT" > "$OUT/sched-splits-gemma3-270m-${devs%%/*}.txt"
+      echo "$devs: $(awk '{print $4}' "$OUT/sched-splits-gemma3-270m-${devs%%/*}.txt" | sort | uniq -c | paste -sd' ')"
+    done ;;
+  breakdown)  # one engine prefill of Gemma 3 270M (fast semantics) at 512 and 4096 tokens with its op-class times
+    for n in 512 4096; do
+      timeout 100 python3 -m ggml_ciq.cli prefill "$(gemma_path)" --tokens $n --device cuda --semantics fast \
+        --json "$OUT/prefill-breakdown-gemma3-270m-$n.json" 2>&1 | tail -n 12
+    done ;;
   plugin-kld)  # base logits of CUDA0 alone (fa off, fa on), then each run against them. (llama-bench separates a
                 # configuration's devices with "/", the common tools with ",")
     gemma=$(gemma_path) || exit 1
@@ -237,5 +261,5 @@ case "${1:-}" in
     gemma=$(gemma_path) || exit 1
     step sanitizer-plugin-memcheck 500 env GGML_BACKEND_PATH=$PLUGIN GGML_CIQ_OFFLOAD=all compute-sanitizer --tool memcheck \
       --error-exitcode 9 $LLAMA_BUILD/bin/llama-bench -m "$gemma" -ngl 99 -dev CIQ0/CUDA0 -ts 0/1 -p 77 -n 0 -r 1 -fa 1 ;;
-  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|pack|all|bench|bench-pdl|offload-sweep|memory|stage|compare|compare-8b|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize" >&2; exit 2 ;;
+  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|pack|all|bench|bench-pdl|offload-sweep|memory|stage|compare|compare-8b|plugin-splits|breakdown|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize" >&2; exit 2 ;;
 esac
