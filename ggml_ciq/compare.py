@@ -368,6 +368,8 @@ def run_compare(path, n_tokens: int | None = 512, prompt: str | None = None, rep
             wanted += [(REFERENCE, a.name, "vs reference") for a in arms if a.name != REFERENCE]
         wanted += [(LLAMACPP, SEMANTICS_ARMS[s], "vs llama.cpp") for s in semantics]
         wanted.append((LLAMACPP, SPREAD_ARM, "llama.cpp spread"))
+        if "llamacpp" in semantics:  # which of llama.cpp's two settings ours llamacpp follows
+            wanted.append((SPREAD_ARM, SEMANTICS_ARMS["llamacpp"], "vs llama.cpp"))
         if plugin:
             wanted.append((LLAMACPP, PLUGIN, "vs llama.cpp"))
         agreements = logits_agreements(logits, [(p, q) for p, q, _ in wanted])

@@ -105,6 +105,9 @@ def _view(x, shape):
 
 
 SEMANTICS = ("llamacpp", "exact", "fast")
+# fast: Q4_0/Q5_0/Q8_0 weights from this many values (Gemma 3's 262144 x 640 output: 168M) go through cuBLAS on a bf16
+# copy instead of the q32 kernel, which trails MMQ 3-5x there (STATUS.md); smaller ones (up to 2048 x 2048) keep q32.
+FAST_Q32_DENSE_FROM = 16 * 1024 * 1024
 
 
 def make_ops(device="cpu", semantics: str = "llamacpp"):
@@ -113,12 +116,14 @@ def make_ops(device="cpu", semantics: str = "llamacpp"):
     - cpu, llamacpp: NumpyOps, llama.cpp x86 CPU's arithmetic bit for bit. cpu, exact: ExactCpuOps (float32 GEMMs on
       exactly dequantized weights, no activation quantization, float GELU, float64 RoPE angles and attention).
     - GPU, llamacpp: NativeOps with llama.cpp CUDA's GEMM semantics per token count, as llama.cpp picks them: MMQ's
-      above 8 tokens (keep-quant `mma`, Q4_0/Q5_0/Q8_0 through the q32 variant), MMVQ's at 1..8 (`mmvq`); mma
-      attention. GPU, exact: K-quants in f16 semantics (`wgmma`; `mma` where the GPU has no
+      above 8 tokens (keep-quant `mma`, Q4_0/Q5_0/Q8_0 through the q32 variant), MMVQ's at 1..8 (`mmvq`); its flash
+      attention's arithmetic (`mma_llamacpp`: f16 P V accumulation) and its norm/RoPE/GLU float order
+      (op order llamacpp_cuda: its kernels' expressions under -use_fast_math). GPU, exact: K-quants in f16 semantics (`wgmma`; `mma` where the GPU has no
       wgmma), Q4_0/Q5_0/Q8_0 dequantized to bf16 (cuBLAS; 30-100x closer to float64 than q8_1 on Gemma 3 270M's
       real activations), float32 SIMT attention (q and p not rounded to f16).
     - fast: the fastest measured kernel per op, the path the speed claims are about (STATUS.md). GPU: AUTO keep-quant
-      GEMMs (`wgmma` above 8 tokens on Hopper, `mmvq` at 1..8), the q32 variant for Q4_0/Q5_0/Q8_0, mma attention.
+      GEMMs (`wgmma` above 8 tokens on Hopper, `mmvq` at 1..8), the q32 variant for Q4_0/Q5_0/Q8_0 below
+      FAST_Q32_DENSE_FROM values and cuBLAS on a bf16 copy from there, mma attention.
       CPU: llama.cpp's arithmetic (NumpyOps; the exact float orders are also the fastest host paths we have)."""
     if semantics not in SEMANTICS:
         raise InvalidArgumentError(f"unknown semantics {semantics!r} (choose {' or '.join(SEMANTICS)})")
@@ -138,9 +143,10 @@ def make_ops(device="cpu", semantics: str = "llamacpp"):
     except ImportError:
         raise BackendError(f"device {device}: this build has no native ops (ggml_ciq.ops)") from None
     if semantics == "llamacpp":
-        return NativeOps(device, semantics="mmq", llamacpp_small_batches=True)
+        return NativeOps(device, semantics="mmq", llamacpp_small_batches=True, attention_kernel="mma_llamacpp",
+                         op_order="llamacpp_cuda")
     if semantics == "fast":
-        return NativeOps(device)
+        return NativeOps(device, q32_dense_from=FAST_Q32_DENSE_FROM)
     try:  # f16 semantics (the most exact keep-quant arithmetic) where the registry has a kernel for it on this device
         keep_quant = native.plan("auto", device, "f16", quants.Q4_K, 1, 256, 9).semantics
     except CiqError:
@@ -273,13 +279,20 @@ class Transformer:
         gate, up = self._linears([layer["gate"], layer["up"]], h)
         return self._linear(layer["down"], self.ops.glu(gate, up, "gelu" if self.arch.gemma else "silu"))
 
+    def _norm_add(self, x, weight, residual):
+        """rms_norm(x) * weight + residual: one op where the ops offer it (llama.cpp CUDA fuses it)."""
+        fused = getattr(self.ops, "rms_norm_add", None)
+        if fused is not None:
+            return fused(x, weight, self.hp.rms_eps, residual)
+        return self.ops.add(self.ops.rms_norm(x, weight, self.hp.rms_eps), residual)
+
     def _block(self, layer: dict, il: int, x, positions, n_past: int):
         ops, eps = self.ops, self.hp.rms_eps
         attn = self._attention(layer, il, ops.rms_norm(x, layer["attn_norm"], eps), positions, n_past)
         if self.arch.gemma:
-            x = ops.add(ops.rms_norm(attn, layer["post_attention_norm"], eps), x)
+            x = self._norm_add(attn, layer["post_attention_norm"], x)
             ffn = self._ffn(layer, ops.rms_norm(x, layer["ffn_norm"], eps))
-            return ops.add(ops.rms_norm(ffn, layer["post_ffw_norm"], eps), x)
+            return self._norm_add(ffn, layer["post_ffw_norm"], x)
         x = ops.add(attn, x)
         return ops.add(self._ffn(layer, ops.rms_norm(x, layer["ffn_norm"], eps)), x)
 

@@ -44,7 +44,7 @@ def rope(x: np.ndarray, positions: np.ndarray, base: float, neox: bool) -> np.nd
     x = np.ascontiguousarray(x, np.float32)
     positions = np.ascontiguousarray(positions, np.int32)
     out = np.empty_like(x)
-    n.check(n.lib.ciq_rope(n.lib.CIQ_DEVICE_CPU, n.lib.CIQ_ROPE_NEOX if neox else n.lib.CIQ_ROPE_NORM, n.ffi.from_buffer("float[]", x),
+    n.check(n.lib.ciq_rope(n.lib.CIQ_DEVICE_CPU, n.lib.CIQ_ORDER_HOST, n.lib.CIQ_ROPE_NEOX if neox else n.lib.CIQ_ROPE_NORM, n.ffi.from_buffer("float[]", x),
                            n.ffi.from_buffer("int32_t[]", positions), x.shape[0], x.shape[1], x.shape[2], float(base),
                            n.ffi.from_buffer("float[]", out)))
     return out
@@ -181,7 +181,7 @@ class NumpyOps(HostArrays):
             n = native.load()
             gate, up = np.ascontiguousarray(gate, np.float32), np.ascontiguousarray(up, np.float32)
             out = np.empty_like(gate)
-            n.check(n.lib.ciq_glu(n.lib.CIQ_DEVICE_CPU, n.lib.CIQ_GLU_GELU, n.ffi.from_buffer("float[]", gate),
+            n.check(n.lib.ciq_glu(n.lib.CIQ_DEVICE_CPU, n.lib.CIQ_ORDER_HOST, n.lib.CIQ_GLU_GELU, n.ffi.from_buffer("float[]", gate),
                                   n.ffi.from_buffer("float[]", up), gate.size, n.ffi.from_buffer("float[]", out)))
             return self._track(out)
         raise UnsupportedTypeError(f"unknown GLU kind {kind!r} (silu or gelu)")

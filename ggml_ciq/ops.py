@@ -145,13 +145,17 @@ class NativeOps:
 
     ``semantics`` of the keep-quant GEMMs defaults to llama.cpp CPU's on the CPU and to whatever the fastest GPU
     kernel implements on a GPU ("any"); ``attention_kernel`` is one of ATTENTION_KERNELS; ``q32_kernel`` False
-    dequantizes Q4_0/Q5_0/Q8_0 weights to bf16 on a GPU too (bf16 activations instead of the q32 variant's q8_1).
+    dequantizes Q4_0/Q5_0/Q8_0 weights to bf16 on a GPU too (bf16 activations instead of the q32 variant's q8_1);
+    ``q32_dense_from`` (values, None: never) does so only for such weights of at least that many values (rows x k):
+    the q32 kernel trails MMQ 3-5x on large shapes, cuBLAS on the bf16 copy does not.
     ``llamacpp_small_batches`` (GPU, with semantics "mmq"): where llama.cpp CUDA multiplies by mul_mat_vec_q (1..8
     tokens, quants.llamacpp_cuda_uses_mmvq), every quantized weight runs the `mmvq` variant in its semantics, as
-    llama.cpp does."""
+    llama.cpp does. ``op_order`` is whose float order rms_norm, rope and glu follow: "host" (llama.cpp CPU's, either
+    device) or "llamacpp_cuda" (llama.cpp CUDA's kernels, GPU only; ggml_ciq.h ciq_op_order)."""
 
     def __init__(self, device="cpu", semantics: str | None = None, attention_kernel: str = "auto",
-                 q32_kernel: bool = True, llamacpp_small_batches: bool = False):
+                 q32_kernel: bool = True, llamacpp_small_batches: bool = False, op_order: str = "host",
+                 q32_dense_from: int | None = None):
         self.device = native.parse_device(device)
         self.native = native.load()
         if self.device >= 0 and self.device >= native.device_count():
@@ -162,12 +166,18 @@ class NativeOps:
         if attention_kernel not in kernels:
             raise InvalidArgumentError(f"unknown attention kernel {attention_kernel!r} (choose from "
                                        f"{', '.join(kernels)})")
-        self.attention_kernel, self.q32_kernel = attention_kernel, q32_kernel
+        self.attention_kernel, self.q32_kernel, self.q32_dense_from = attention_kernel, q32_kernel, q32_dense_from
         self._compute_capability = None
         if llamacpp_small_batches and self.device >= 0:
             match = re.search(r"sm_(\d+)(\d)", native.device_name(self.device))
             self._compute_capability = (int(match[1]), int(match[2])) if match else (9, 0)
         self._attention_kernel_id = kernels.index(attention_kernel)
+        orders = native.enum_names("ciq_op_order", "CIQ_ORDER_")
+        if op_order not in orders:
+            raise InvalidArgumentError(f"unknown op order {op_order!r} (choose from {', '.join(orders)})")
+        if op_order != "host" and self.device < 0:
+            raise InvalidArgumentError(f"op order {op_order!r} runs on a GPU, not the CPU")
+        self.op_order, self._op_order_id = op_order, orders.index(op_order)
         self.timings: dict[str, float] = defaultdict(float)
         self._pending: list = []  # (op class, marked timer) not yet in timings
         self._pool = _Pool(self.device)
@@ -278,6 +288,11 @@ class NativeOps:
 
     def rms_norm(self, x, weight, eps: float) -> DeviceArray:
         """ggml's rms_norm over the last axis, then * weight (None: no weight)."""
+        return self.rms_norm_add(x, weight, eps, None)
+
+    def rms_norm_add(self, x, weight, eps: float, add) -> DeviceArray:
+        """rms_norm(x) * weight + add (add of x's shape; None: none) in one op: the add rounds separately in the host
+        order, inside one FMA in llama.cpp CUDA's (its fused RMS_NORM + MUL + ADD)."""
         x = self._f32(x, "rms_norm input")
         d = x.shape[-1]
         w = None
@@ -285,10 +300,16 @@ class NativeOps:
             w = self._f32(weight, "rms_norm weight")
             if w.size != d:
                 raise ShapeError(f"rms_norm: weight of {w.size} values for rows of {d}")
+        if add is not None:
+            add = self._f32(add, "rms_norm add")
+            if add.shape != x.shape:
+                raise ShapeError(f"rms_norm: add {add.shape} for input {x.shape}")
         out = self.empty(x.shape)
         n = self.native
-        n.check(n.lib.ciq_rms_norm(self.device, self._fp(x), self._fp(w) if w is not None else n.ffi.NULL, float(eps),
-                                   x.size // d, d, self._fp(out)))
+        n.check(n.lib.ciq_rms_norm(self.device, self._op_order_id, self._fp(x),
+                                   self._fp(w) if w is not None else n.ffi.NULL,
+                                   self._fp(add) if add is not None else n.ffi.NULL, float(eps), x.size // d, d,
+                                   self._fp(out)))
         return out
 
     def rope(self, x, positions, base: float, neox: bool = False) -> DeviceArray:
@@ -301,8 +322,9 @@ class NativeOps:
             raise ShapeError(f"rope: positions must be int32[{x.shape[0]}], got {positions.dtype}{positions.shape}")
         out = self.empty(x.shape)
         n = self.native
-        n.check(n.lib.ciq_rope(self.device, n.lib.CIQ_ROPE_NEOX if neox else n.lib.CIQ_ROPE_NORM, self._fp(x), self._i32(positions), x.shape[0],
-                               x.shape[1], x.shape[2], float(base), self._fp(out)))
+        n.check(n.lib.ciq_rope(self.device, self._op_order_id, n.lib.CIQ_ROPE_NEOX if neox else n.lib.CIQ_ROPE_NORM,
+                               self._fp(x), self._i32(positions), x.shape[0], x.shape[1], x.shape[2], float(base),
+                               self._fp(out)))
         return out
 
     def attention(self, q, k_cache, v_cache, n_past: int, scale: float, window: int = 0) -> DeviceArray:
@@ -349,8 +371,8 @@ class NativeOps:
         self._same_size("glu", gate, up)
         out = self.empty(gate.shape)
         lib = self.native.lib
-        self.native.check(lib.ciq_glu(self.device, lib.CIQ_GLU_SILU if kind == "silu" else lib.CIQ_GLU_GELU, self._fp(gate),
-                                                  self._fp(up), gate.size, self._fp(out)))
+        self.native.check(lib.ciq_glu(self.device, self._op_order_id, lib.CIQ_GLU_SILU if kind == "silu" else lib.CIQ_GLU_GELU,
+                                      self._fp(gate), self._fp(up), gate.size, self._fp(out)))
         return out
 
     def add(self, a, b) -> DeviceArray:
@@ -377,7 +399,9 @@ class NativeOps:
             raise ShapeError(f"{tensor.name}: a weight must be 2-D, got shape {tensor.shape}")
         if tensor.is_keep_quant:
             return Weight(tensor.name, tensor.ggml_type, tensor.rows, tensor.k, "keep-quant", self._upload_raw(tensor))
-        if self.device >= 0 and self.q32_kernel and tensor.ggml_type in quants.Q32_TYPES and tensor.k % 128 == 0:
+        dense = self.q32_dense_from is not None and tensor.rows * tensor.k >= self.q32_dense_from
+        if (self.device >= 0 and self.q32_kernel and not dense and tensor.ggml_type in quants.Q32_TYPES
+                and tensor.k % 128 == 0):
             return Weight(tensor.name, tensor.ggml_type, tensor.rows, tensor.k, "q32", self._raw(tensor))
         if tensor.ggml_type not in GET_ROWS_TYPES:
             raise UnsupportedTypeError(f"{tensor.name}: weight type {tensor.type_name} is not supported")

@@ -21,7 +21,7 @@ VALID = {
     "cache_rows": 4, "table_rows": 1, "b_n": 1, "n_past": 0, "window": 0, "start": 0, "row_values": 1,
     "ggml_type": 12, "type": 12, "layout_for": 12, "semantics": 0, "variant": 1, "kernel": 1, "mode": 0, "kind": 0,
     "out_type": 0, "layout": 0, "base": 10000.0, "eps": 1e-6, "scale": 1.0, "s": 1.0, "value": 0, "threads": 1,
-    "buffer_size": 64, "nbytes": 64, "weight_nbytes": 144,
+    "buffer_size": 64, "nbytes": 64, "weight_nbytes": 144, "order": 0,
 }
 # Per-function valid values where the shared ones do not fit.
 VALID_FOR = {"ciq_activations_size": {"layout": 0}}
@@ -29,7 +29,7 @@ VALID_FOR = {"ciq_activations_size": {"layout": 0}}
 HANDLES = {("ciq_memory_free", "ptr"): "malloc", ("ciq_timer_mark", "timer"): "timer", ("ciq_timer_stop", "timer"): "timer",
            ("ciq_gemm_quantized", "plan"): "plan"}
 # Pointer parameters that may legitimately be NULL.
-MAY_BE_NULL = {("ciq_rms_norm", "weight"), ("ciq_memory_free", "ptr")}
+MAY_BE_NULL = {("ciq_rms_norm", "weight"), ("ciq_rms_norm", "add"), ("ciq_memory_free", "ptr")}
 # Functions whose valid call needs what the CPU does not have (a GPU) or that take no misusable argument.
 NOT_ON_CPU = {"ciq_gemm_dense_bf16"}
 # Parameters any value of which is valid (a thread count <= 0 means all cores; a memset byte).

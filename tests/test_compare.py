@@ -150,7 +150,8 @@ def test_compare_cli_json_and_plot(llama, native_lib, model, tmp_path, capsys):
     assert arms["ours exact"]["settings"]["semantics"] == "exact" and len(arms["reference"]["seconds"]) == 1
     pairs = {(p["p"], p["q"]): p for p in data["pairs"]}
     assert set(pairs) == {("reference", n) for n in arms if n != "reference"} | {
-        ("llama.cpp", "ours llamacpp"), ("llama.cpp", "ours exact"), ("llama.cpp", "llama.cpp spread")}
+        ("llama.cpp", "ours llamacpp"), ("llama.cpp", "ours exact"), ("llama.cpp", "llama.cpp spread"),
+        ("llama.cpp spread", "ours llamacpp")}
     for pair in pairs.values():
         a = pair["agreement"]
         assert a["positions"] == 70 and len(a["kld_per_position"]) == 70 and 0 <= a["top1"] <= 1
@@ -278,7 +279,7 @@ def test_compare_logits_on_disk_when_memory_is_short(llama, native_lib, default_
     monkeypatch.setattr(compare, "free_host_bytes", lambda: 4096)  # compare's view only: the reference still runs
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     on_disk = run_compare(default_model.path, n_tokens=11, repeat=1)
-    assert agreements(on_disk) == agreements(in_memory) and len(in_memory.pairs) == 7
+    assert agreements(on_disk) == agreements(in_memory) and len(in_memory.pairs) == 8
     assert os.listdir(tmp_path) == []  # the logits files are gone
 
 

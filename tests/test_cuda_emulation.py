@@ -18,12 +18,13 @@ import numpy as np
 import pytest
 
 from ggml_ciq import quants as Q
+from ggml_ciq.reference_ops import rope_f64
 from test_ops import (ATTENTION_CASES, TABLE_TYPES, _attention_inputs, attention_ref, bf16_bits, gelu_float_ref, nmse,
                       random_table, rms_norm_ref, rope_ref)
 
 ROOT = Path(__file__).resolve().parents[1]
 EMULATION = Path(__file__).resolve().parent / "cuda_on_cpu"
-LAUNCH = re.compile(r"(\w+(?:<\w+>)?)<<<(.*?)>>>\((.*?)\);", re.S)
+LAUNCH = re.compile(r"(\w+(?:<[\w, ]+>)?)<<<(.*?)>>>\((.*?)\);", re.S)
 ASM = re.compile(r'asm volatile\(((?:"[^"]*"\s*)+):(.*?)\);', re.S)
 EXTERN_SHARED = re.compile(r"extern __shared__ (?:__align__\(\d+\) )?(\w+) (\w+)\[\];")
 CDEF = """
@@ -31,11 +32,12 @@ const char *emu_last_error(void);
 int emu_attention_supports(int kernel, int64_t head_dim);
 int emu_attention(int kernel, const float *q, const uint16_t *k, const uint16_t *v, int64_t tokens, int64_t heads,
                   int64_t heads_kv, int64_t head_dim, int64_t n_past, float scale, int64_t window, float *out);
-int emu_rms_norm(const float *x, const float *weight, float eps, int64_t n, int64_t d, float *out);
-int emu_rope(int mode, const float *x, const int32_t *positions, int64_t tokens, int64_t heads, int64_t head_dim,
-             float base, float *out);
+int emu_rms_norm(int order, const float *x, const float *weight, const float *add, float eps, int64_t n, int64_t d,
+                 float *out);
+int emu_rope(int order, int mode, const float *x, const int32_t *positions, int64_t tokens, int64_t heads,
+             int64_t head_dim, float base, float *out);
 int emu_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values);
-int emu_glu(int kind, const float *gate, const float *up, int64_t n, float *out);
+int emu_glu(int order, int kind, const float *gate, const float *up, int64_t n, float *out);
 int emu_add(const float *a, int64_t n, const float *b, int64_t b_n, float *out);
 int emu_scale(const float *x, float s, int64_t n, float *out);
 int emu_get_rows(int type, const void *table, int64_t table_rows, int64_t k, const int32_t *ids, int64_t n, float *out);
@@ -43,7 +45,8 @@ int emu_dequantize_bf16(int type, const void *data, int64_t rows, int64_t k, voi
 int emu_convert_bf16(const float *x, int64_t n, void *out);
 int emu_gemm_q32(int type, const void *weight, int64_t rows, int64_t k, const void *xq, int64_t tokens, float *out);
 """
-SIMT, MMA = 2, 3  # ciq_attention_kernel
+SIMT, MMA, MMA_LLAMACPP = 2, 3, 5  # ciq_attention_kernel
+HOST, LLAMACPP_CUDA = 0, 1  # ciq_op_order
 
 
 def rewrite(text: str) -> tuple[str, dict]:
@@ -57,6 +60,10 @@ def rewrite(text: str) -> tuple[str, dict]:
             assert operands[:4] == ["c[0]", "c[1]", "c[2]", "c[3]"] and len(operands) == 10, operands
             counts["mma"] += 1
             return f"ciq_emu::mma_16816(c, {', '.join(operands[4:])});"
+        if code.startswith("mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16"):
+            assert operands[:2] == ["c[0]", "c[1]"] and len(operands) == 8, operands
+            counts["mma"] += 1
+            return f"ciq_emu::mma_16816_f16(c, {', '.join(operands[2:])});"
         if code.startswith("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"):
             assert len(operands) == 5, operands
             counts["ldmatrix"] += 1
@@ -85,7 +92,8 @@ def emu(tmp_path_factory):
     build = tmp_path_factory.mktemp("cuda_on_cpu")
     shutil.copytree(ROOT / "native" / "src", build / "src")
     expected = {"ops.cu": {"launch": 9, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
-                "attention.cu": {"launch": 2, "mma": 1, "ldmatrix": 1, "extern_shared": 2},
+                "ops_llamacpp.cu": {"launch": 5, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
+                "attention.cu": {"launch": 3, "mma": 2, "ldmatrix": 1, "extern_shared": 2},
                 "gemm_q32.cu": {"launch": 3, "mma": 0, "ldmatrix": 0, "extern_shared": 0}}
     for name, want in expected.items():
         path = build / "src" / "cuda" / name
@@ -96,7 +104,8 @@ def emu(tmp_path_factory):
     library = build / "libciq_emu.so"
     command = [compiler, "-std=c++20", "-O2", "-pthread", "-shared", "-fPIC", "-ffp-contract=off",
                "-DGGML_CIQ_WITH_CUDA", f"-I{EMULATION}", f"-I{ROOT / 'native' / 'include'}", f"-I{build / 'src'}",
-               str(build / "src" / "cuda" / "ops.cpp"), str(build / "src" / "cuda" / "attention.cpp"),
+               str(build / "src" / "cuda" / "ops.cpp"), str(build / "src" / "cuda" / "ops_llamacpp.cpp"),
+               str(build / "src" / "cuda" / "attention.cpp"),
                str(build / "src" / "cuda" / "gemm_q32.cpp"), str(build / "src" / "status.cpp"),
                str(EMULATION / "driver.cpp"), "-o", str(library)]
     result = subprocess.run(command, capture_output=True, text=True)
@@ -111,7 +120,8 @@ def emu(tmp_path_factory):
 def call(emu, name, *args, last_error="emu_last_error"):
     """An emulated entry point with numpy arrays as pointers; a non-zero status fails with the driver's message."""
     ffi, lib = emu
-    converted = [ffi.cast("void *", ffi.from_buffer(a)) if isinstance(a, np.ndarray) else a for a in args]
+    converted = [ffi.cast("void *", ffi.from_buffer(a)) if isinstance(a, np.ndarray) else ffi.NULL if a is None else a
+                 for a in args]
     status = getattr(lib, name)(*converted)
     assert status == 0, ffi.string(getattr(lib, last_error)()).decode()
 
@@ -126,15 +136,21 @@ def poisoned(shape, dtype=np.float32):
 EMULATED_CASES = sorted({(t, min(hkv, 2), g, d, n_past, w) for t, hkv, g, d, n_past, w in ATTENTION_CASES})
 
 
-@pytest.mark.parametrize("kernel", ["simt", "mma"])
+@pytest.mark.parametrize("kernel", ["simt", "mma", "mma_llamacpp"])
 @pytest.mark.parametrize("tokens, heads_kv, group, head_dim, n_past, window", EMULATED_CASES)
 def test_attention_emulated(emu, rng, kernel, tokens, heads_kv, group, head_dim, n_past, window):
     q, k, v = _attention_inputs(rng, tokens, heads_kv, group, head_dim, n_past)
     heads, scale = heads_kv * group, 1.0 / np.sqrt(head_dim)
     out = poisoned((tokens, heads * head_dim))
-    call(emu, "emu_attention", SIMT if kernel == "simt" else MMA, q, k.view(np.uint16), v.view(np.uint16), tokens,
-         heads, heads_kv, head_dim, n_past, scale, window, out)
-    if kernel == "mma":
+    call(emu, "emu_attention", {"simt": SIMT, "mma": MMA, "mma_llamacpp": MMA_LLAMACPP}[kernel], q, k.view(np.uint16),
+         v.view(np.uint16), tokens, heads, heads_kv, head_dim, n_past, scale, window, out)
+    if kernel == "mma_llamacpp":
+        # llama.cpp's flash attention: f16 q times the f16 scale, p <= 1/8 rounded to f16, P V accumulated in f16
+        # (emulated: each mma's result rounded to f16). Against float64 on those q: measured 2.0e-8 to 7.7e-7 (the
+        # mma kernel's f32 accumulation: up to 1.6e-8), so the bar sits between f16 accumulation and a wrong index.
+        q16 = (q.astype(np.float16) * np.float16(scale)).astype(np.float16)
+        assert nmse(out, attention_ref(q16.astype(np.float32), k, v, n_past, 1.0, window)) <= 1e-5
+    elif kernel == "mma":
         # q and p rounded to f16 (the reference rounds q only); measured here 1.2e-9 to 1.6e-8 (3e-8 to 2e-7
         # against the unrounded reference). The simt kernel: up to 5.5e-13.
         assert nmse(out, attention_ref(q, k, v, n_past, scale, window, round_q=True)) <= 1e-6
@@ -147,33 +163,52 @@ def test_attention_emulated_head_dims(emu):
     assert [d for d in (32, 64, 80, 96, 128, 192, 256) if lib.emu_attention_supports(MMA, d)] == [64, 96, 128, 256]
 
 
-@pytest.mark.parametrize("n, d", [(3, 64), (17, 640), (5, 100)])
-def test_rms_norm_emulated(emu, rng, n, d):
+@pytest.mark.parametrize("order", [HOST, LLAMACPP_CUDA], ids=["host", "llamacpp_cuda"])
+@pytest.mark.parametrize("n, d", [(3, 64), (17, 640), (5, 100), (2, 1030)])
+def test_rms_norm_emulated(emu, rng, order, n, d):
+    """Both float orders (llama.cpp's: 256 threads below 1024 columns, 1024 from there), with and without the add."""
     x = (rng.standard_normal((n, d)) * 10).astype(np.float32)
     w = rng.standard_normal(d).astype(np.float32)
+    add = rng.standard_normal((n, d)).astype(np.float32)
     out = poisoned((n, d))
-    call(emu, "emu_rms_norm", x, w, 1e-6, n, d, out)
+    call(emu, "emu_rms_norm", order, x, w, None, 1e-6, n, d, out)
     assert nmse(out, rms_norm_ref(x, w, 1e-6)) <= 1e-12
+    out = poisoned((n, d))
+    call(emu, "emu_rms_norm", order, x, w, add, 1e-6, n, d, out)
+    assert nmse(out, rms_norm_ref(x, w, 1e-6) + add) <= 1e-12
+    out = poisoned((n, d))
+    call(emu, "emu_rms_norm", order, x, None, None, 1e-6, n, d, out)
+    assert nmse(out, rms_norm_ref(x, None, 1e-6)) <= 1e-12
 
 
+@pytest.mark.parametrize("order", [HOST, LLAMACPP_CUDA], ids=["host", "llamacpp_cuda"])
 @pytest.mark.parametrize("neox", [False, True])
-def test_rope_emulated(emu, rng, neox):
+def test_rope_emulated(emu, rng, order, neox):
     x = rng.standard_normal((17, 4, 128)).astype(np.float32)
     positions = rng.integers(0, 4096, 17).astype(np.int32)
     out = poisoned(x.shape)
-    call(emu, "emu_rope", 2 if neox else 0, x, positions, 17, 4, 128, 500000.0, out)
-    # The kernel's chain of float products for theta; the emulation's cosf/sinf are the host libm's.
-    assert nmse(out, rope_ref(x, positions, 500000.0, neox)) <= 1e-12
+    call(emu, "emu_rope", order, 2 if neox else 0, x, positions, 17, 4, 128, 500000.0, out)
+    # Host order: the kernel's chain of float products for theta, as the host reference. llama.cpp's: powf per pair
+    # (the host's here, as cosf/sinf are the host libm's; on the GPU the fast-math intrinsics), so a few float ulps
+    # of angle away from that chain at positions up to 4096: measured 3.4e-10 and 4.1e-10; against float64 angles
+    # the host chain is 1.5e-9..2.2e-9 here (a wrong pairing or angle would be O(1)).
+    if order == HOST:
+        assert nmse(out, rope_ref(x, positions, 500000.0, neox)) <= 1e-12
+    else:
+        assert nmse(out, rope_ref(x, positions, 500000.0, neox)) <= 2e-9
+    assert nmse(out, rope_f64(x.astype(np.float64), positions, 500000.0, neox)) <= 1e-8
 
 
 def test_elementwise_emulated(emu, rng):
     n = 4099
     gate, up = (rng.standard_normal((2, n)) * 4).astype(np.float32)
     out = poisoned(n)
-    call(emu, "emu_glu", 0, gate, up, n, out)
-    assert nmse(out, gate / (np.float32(1) + np.exp(-gate)) * up) <= 1e-12
-    call(emu, "emu_glu", 1, gate, up, n, out)
-    assert nmse(out, gelu_float_ref(gate) * up) <= 1e-12
+    for order in (HOST, LLAMACPP_CUDA):
+        call(emu, "emu_glu", order, 0, gate, up, n, out)
+        assert nmse(out, gate / (np.float32(1) + np.exp(-gate)) * up) <= 1e-12
+        out = poisoned(n)
+        call(emu, "emu_glu", order, 1, gate, up, n, out)
+        assert nmse(out, gelu_float_ref(gate) * up) <= 1e-12
     call(emu, "emu_add", gate, n, up, n, out)
     assert np.array_equal(out, gate + up)
     call(emu, "emu_add", gate[:4096], 4096, up[:64], 64, out)

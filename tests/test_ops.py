@@ -19,6 +19,7 @@ from ggml_ciq.model import Tensor
 from ggml_ciq.numpy_ops import NumpyOps
 from ggml_ciq.numpy_ops import rms_norm as rms_norm_ref
 from ggml_ciq.ops import DeviceArray, NativeOps
+from ggml_ciq.reference_ops import rope_f64
 
 
 def nmse(a, b) -> float:
@@ -314,7 +315,7 @@ def _attention_inputs(rng, tokens, heads_kv, group, head_dim, n_past):
     return q, k, v
 
 
-@pytest.fixture(params=["cpu", "ggml", "simt", "mma"])
+@pytest.fixture(params=["cpu", "ggml", "simt", "mma", "mma_llamacpp"])
 def attention_ops(request, native_lib):
     if request.param not in ("cpu", "ggml"):
         _gpu_or_skip()
@@ -329,7 +330,12 @@ def test_attention(attention_ops, rng, tokens, heads_kv, group, head_dim, n_past
     q, k, v = _attention_inputs(rng, tokens, heads_kv, group, head_dim, n_past)
     scale = 1.0 / np.sqrt(head_dim)
     out = ops.attention(ops.asarray(q), ops.asarray(k), ops.asarray(v), n_past, scale, window).numpy()
-    if kernel in ("mma", "ggml"):
+    if kernel == "mma_llamacpp":
+        # llama.cpp CUDA's flash attention: f16 q times the f16 scale, p <= 1/8 rounded to f16, P V accumulated in
+        # f16. Against float64 on those q: 2.0e-8 to 7.7e-7 in the emulation (tests/test_cuda_emulation.py).
+        q16 = (q.astype(np.float16) * np.float16(scale)).astype(np.float32)
+        assert nmse(out, attention_ref(q16, k, v, n_past, 1.0, window)) <= 1e-5
+    elif kernel in ("mma", "ggml"):
         # q and the softmax weights rounded to f16 (mma: for the tensor cores, as llama.cpp's CUDA FlashAttention;
         # ggml: as llama.cpp CPU's f16 K/V products); the reference rounds q too, the weights' rounding (2^-12)
         # remains. mma measured 1.2e-9 to 1.6e-8 (emulation and H200).
@@ -361,6 +367,50 @@ def test_attention_auto_is_mma_on_gpu(native_lib):
     assert [ops.attention_kernel_name(d) for d in (64, 96, 128, 256)] == ["mma"] * 4
     with pytest.raises(BackendError):
         ops.attention_kernel_name(80)  # no kernel built for head_dim 80
+
+
+@pytest.mark.parametrize("n, d", [(17, 640), (131, 256), (3, 2048)])
+def test_llamacpp_cuda_order_rms_norm(native_lib, rng, n, d):
+    """The llama.cpp-CUDA-order norm on the GPU (rsqrtf, its reduction tree, the add in one FMA): within float
+    rounding of the host order, and not bit-identical to it (else the order would not be the switch's)."""
+    _gpu_or_skip()
+    x = (rng.standard_normal((n, d)) * rng.uniform(0.01, 100)).astype(np.float32)
+    w, add = rng.standard_normal(d).astype(np.float32), rng.standard_normal((n, d)).astype(np.float32)
+    host, llama = PoisonedOps("cuda"), PoisonedOps("cuda", op_order="llamacpp_cuda")
+    a = llama.rms_norm_add(llama.asarray(x), llama.asarray(w), 1e-6, llama.asarray(add)).numpy()
+    b = host.rms_norm_add(host.asarray(x), host.asarray(w), 1e-6, host.asarray(add)).numpy()
+    assert nmse(a, rms_norm_ref(x, w, 1e-6) + add) <= 1e-12 and nmse(b, rms_norm_ref(x, w, 1e-6) + add) <= 1e-12
+    assert not np.array_equal(a, b)
+    c = llama.rms_norm(llama.asarray(x), None, 1e-6).numpy()
+    assert nmse(c, rms_norm_ref(x, None, 1e-6)) <= 1e-12
+
+
+@pytest.mark.parametrize("neox", [False, True])
+def test_llamacpp_cuda_order_rope_and_glu(native_lib, rng, neox):
+    """llama.cpp CUDA's RoPE (powf per pair, fast-math sin/cos) and GELU/SiLU: close to float64, as its kernels are;
+    at positions up to 8192 the fast sin/cos of large angles is what separates it from the host order."""
+    _gpu_or_skip()
+    llama = PoisonedOps("cuda", op_order="llamacpp_cuda")
+    x = rng.standard_normal((131, 4, 128)).astype(np.float32)
+    positions = rng.integers(0, 8192, 131).astype(np.int32)
+    out = llama.rope(llama.asarray(x), positions, 10000.0, neox).numpy()
+    assert nmse(out, rope_f64(x.astype(np.float64), positions, 10000.0, neox)) <= 1e-5
+    gate, up = (rng.standard_normal((2, 4099)) * 4).astype(np.float32)
+    assert nmse(llama.glu(llama.asarray(gate), llama.asarray(up), "gelu").numpy(), gelu_float_ref(gate) * up) <= 1e-10
+    silu = llama.glu(llama.asarray(gate), llama.asarray(up), "silu").numpy()
+    assert nmse(silu, gate.astype(np.float64) / (1 + np.exp(-gate.astype(np.float64))) * up) <= 1e-10
+
+
+def test_llamacpp_cuda_order_is_gpu_only(native_lib):
+    with pytest.raises(InvalidArgumentError, match="GPU"):
+        NativeOps("cpu", op_order="llamacpp_cuda")
+    with pytest.raises(InvalidArgumentError, match="op order"):
+        NativeOps("cpu", op_order="fast")
+    n = native.load()
+    x = np.ones(4, np.float32)
+    buf = n.ffi.from_buffer("float[]", x)
+    assert n.lib.ciq_rms_norm(-1, n.lib.CIQ_ORDER_LLAMACPP_CUDA, buf, n.ffi.NULL, n.ffi.NULL, 1e-6, 1, 4, buf) \
+        == n.lib.CIQ_ERR_UNSUPPORTED
 
 
 def test_attention_masks_are_checked(native_lib, rng):
@@ -463,6 +513,30 @@ def test_linear_dense(ops, rng, ggml_type):
         as_bf16 = lambda a: (bf16_bits(a).astype(np.uint32) << 16).view(np.float32).astype(np.float64)  # noqa: E731
         # bf16 x and W (exact products), float32 accumulation in cuBLAS.
         assert nmse(out, as_bf16(x) @ as_bf16(w).T) <= 1e-10
+
+
+@pytest.mark.parametrize("ggml_type", [Q.Q8_0, Q.Q4_0], ids=["Q8_0", "Q4_0"])
+def test_linear_q32_dense_from(native_lib, rng, ggml_type):
+    """q32_dense_from: a 32-value-block weight of at least that many values goes through cuBLAS on its bf16 copy
+    (the engine's fast semantics for Gemma's output), a smaller one through the q32 variant; counted, and each
+    within its arithmetic of float64."""
+    _gpu_or_skip()
+    rows, k = 48, 768
+    raw = random_table(rng, ggml_type, rows, k)
+    x = rng.standard_normal((131, k)).astype(np.float32)
+    w = Q.dequantize(ggml_type, raw, rows, k)
+    as_bf16 = lambda a: (bf16_bits(a).astype(np.uint32) << 16).view(np.float32).astype(np.float64)  # noqa: E731
+    for dense_from, kind in ((rows * k, "bf16"), (rows * k + 1, "q32")):
+        ops = PoisonedOps("cuda", q32_dense_from=dense_from)
+        weight = ops.load_weight(Tensor("output.weight", ggml_type, (rows, k), raw))
+        native.dispatch_reset()
+        out = ops.linear(weight, ops.asarray(x)).numpy()
+        q32_runs = native.dispatch_counts()[("q32", Q.type_name(ggml_type))]
+        assert weight.kind == kind and q32_runs == (kind == "q32")
+        if kind == "bf16":
+            assert nmse(out, as_bf16(x) @ as_bf16(w).T) <= 1e-10
+        else:
+            assert np.array_equal(out, native.gemm_q32(raw, x, ggml_type, rows, k, ops.device))
 
 
 def test_device_array_views(native_lib, rng):

@@ -9,7 +9,7 @@ import pytest
 from ggml_ciq import catalog, native
 from ggml_ciq import quants as Q
 from ggml_ciq.compare import logits_agreement
-from ggml_ciq.engine import Transformer, make_ops
+from ggml_ciq.engine import FAST_Q32_DENSE_FROM, Transformer, make_ops
 from ggml_ciq.errors import InvalidArgumentError, ShapeError
 from ggml_ciq.model import ModelFile
 from ggml_ciq.numpy_ops import NumpyOps
@@ -250,6 +250,7 @@ def test_gpu_fast_semantics_runs_the_auto_kernels(native_lib, tmp_path, rng):
         pytest.skip("needs a CUDA device and libggml_ciq built with CUDA")
     ops = make_ops("cuda", "fast")
     assert (ops.semantics, ops.attention_kernel, ops.q32_kernel) == ("any", "auto", True)
+    assert (ops.op_order, ops.q32_dense_from) == ("host", FAST_Q32_DENSE_FROM)
     path = catalog.write_small_model(tmp_path / "gemma3.gguf", "gemma3")
     native.dispatch_reset()
     Transformer(ModelFile(path), ops=ops, n_ubatch=16).forward(rng.integers(3, 512, 41), all_logits=True)
@@ -272,6 +273,10 @@ def test_gpu_llamacpp_semantics_small_batches_run_mmvq(native_lib, tmp_path, rng
     engine.forward(rng.integers(3, 512, 13), all_logits=True)  # micro-batches of 8 and 5 tokens
     counts = native.dispatch_counts()
     assert counts[("mmvq", "Q4_K")] > 0 and counts[("mma", "Q4_K")] == 0 and counts[("wgmma", "Q4_K")] == 0
+    # and llama.cpp CUDA's flash attention arithmetic and norm/RoPE/GLU order
+    assert engine.ops.op_order == "llamacpp_cuda"
+    attention = native.attention_dispatch_counts()
+    assert attention["mma_llamacpp"] == 2 * 2 and attention["mma"] == 0  # 2 layers x 2 micro-batches
 
 
 @pytest.mark.gpu
@@ -284,7 +289,7 @@ def test_gpu_semantics_select_their_kernels(native_lib, semantics, tmp_path, rng
         pytest.skip("needs a CUDA device and libggml_ciq built with CUDA")
     ops = make_ops("cuda", semantics)
     wgmma = native.variant_available("cuda", "wgmma")
-    expected = ("mmq", "auto", True) if semantics == "llamacpp" else ("f16" if wgmma else "mmq", "simt", False)
+    expected = ("mmq", "mma_llamacpp", True) if semantics == "llamacpp" else ("f16" if wgmma else "mmq", "simt", False)
     assert (ops.semantics, ops.attention_kernel, ops.q32_kernel) == expected
     path = catalog.write_small_model(tmp_path / "gemma3.gguf", "gemma3")
     tokens = rng.integers(3, 512, 41)
@@ -294,8 +299,8 @@ def test_gpu_semantics_select_their_kernels(native_lib, semantics, tmp_path, rng
     variant = "mma" if expected[0] == "mmq" else "wgmma"
     assert counts[(variant, "Q4_K")] == 3 * 2 * 5 and counts[("cpu", "Q4_K")] == 0
     attention = native.attention_dispatch_counts()  # every layer's attention in the semantics' kernel
-    ran, other = ("mma", "simt") if semantics == "llamacpp" else ("simt", "mma")
-    assert attention[ran] >= 3 * 2 and attention[other] == 0
+    ran, other = ("mma_llamacpp", "simt") if semantics == "llamacpp" else ("simt", "mma_llamacpp")
+    assert attention[ran] >= 3 * 2 and attention[other] == 0 and attention["mma"] == 0
     reference = Transformer(ModelFile(path), device="reference", n_ubatch=16).forward(tokens, all_logits=True)
     a = logits_agreement(gpu, reference)
     print(f"gemma3 cuda {semantics} vs reference: KLD {a['kld_mean']:.2e}, top-1 {a['top1']:.3f}; {counts}")

@@ -16,15 +16,16 @@ from ggml_ciq import quants as Q
 
 
 def engine_case():
-    """Every NativeOps op on the GPU, both attention kernels (a window, a tail micro-batch), the q32 variant, and a
-    small gemma3 and llama model's prefill through the engine (41 tokens in micro-batches of 16)."""
+    """Every NativeOps op on the GPU in both float orders (host, llama.cpp CUDA's), the three attention kernels (a
+    window, a tail micro-batch), the q32 variant and its bf16 copy, and a small gemma3 and llama model's prefill
+    through the engine in each GPU semantics (41 tokens in micro-batches of 16)."""
     from ggml_ciq import catalog
     from ggml_ciq.engine import Transformer
     from ggml_ciq.model import ModelFile
     from ggml_ciq.ops import GET_ROWS_TYPES, NativeOps
 
     rng = np.random.default_rng(1)
-    for kernel in ("simt", "mma"):
+    for kernel in ("simt", "mma", "mma_llamacpp"):
         ops = NativeOps("cuda", attention_kernel=kernel)
         for d, n_past, window in ((64, 0, 0), (128, 37, 0), (256, 5, 19)):
             t, hkv = 67, 2
@@ -42,19 +43,29 @@ def engine_case():
             out = native.gemm_q32(raw.reshape(-1), rng.standard_normal((tokens, k)).astype(np.float32), weight_type,
                                   rows, k, "cuda")
             print(f"gemm_q32 {Q.type_name(weight_type)} tokens={tokens}: finite={np.isfinite(out).all()}")
-    ops = NativeOps("cuda")
-    x = rng.standard_normal((37, 3, 64)).astype(np.float32)
-    ops.rms_norm(x.reshape(-1, 64), rng.standard_normal(64), 1e-6).numpy()
-    ops.rope(x, np.arange(37, dtype=np.int32), 10000.0, neox=True).numpy()
-    ops.rope(x, np.arange(37, dtype=np.int32), 10000.0, neox=False).numpy()
-    ops.glu(x, x, "gelu").numpy(), ops.glu(x, x, "silu").numpy(), ops.scale(x, 0.5).numpy()
-    ops.add(x.reshape(-1, 64), rng.standard_normal(64)).numpy()
+    for order in ("host", "llamacpp_cuda"):
+        ops = NativeOps("cuda", op_order=order)
+        x = rng.standard_normal((37, 3, 64)).astype(np.float32)
+        for d in (64, 1030):  # llama.cpp's norm: 256 threads below 1024 columns, 1024 from there
+            rows = rng.standard_normal((5, d)).astype(np.float32)
+            ops.rms_norm(rows, rng.standard_normal(d), 1e-6).numpy()
+            ops.rms_norm_add(rows, rng.standard_normal(d), 1e-6, rows).numpy()
+            ops.rms_norm(rows, None, 1e-6).numpy()
+        ops.rope(x, np.arange(37, dtype=np.int32), 10000.0, neox=True).numpy()
+        ops.rope(x, np.arange(37, dtype=np.int32), 10000.0, neox=False).numpy()
+        ops.glu(x, x, "gelu").numpy(), ops.glu(x, x, "silu").numpy(), ops.scale(x, 0.5).numpy()
+        ops.add(x.reshape(-1, 64), rng.standard_normal(64)).numpy()
+        print(f"ops in the {order} order: done")
+    ops = NativeOps("cuda", q32_dense_from=1)  # every 32-value-block weight through its bf16 copy
     with tempfile.TemporaryDirectory() as tmp:
+        from ggml_ciq.engine import make_ops
+
         for arch in ("gemma3", "llama"):
             model = ModelFile(catalog.write_small_model(Path(tmp) / f"{arch}.gguf", arch))
-            logits = Transformer(model, ops=NativeOps("cuda"), n_ubatch=16).forward(rng.integers(3, 512, 41),
-                                                                                 all_logits=True)
-            print(f"engine {arch}: finite={np.isfinite(logits).all()}")
+            for semantics in ("fast", "llamacpp", "exact"):
+                logits = Transformer(model, ops=make_ops("cuda", semantics), n_ubatch=16).forward(
+                    rng.integers(3, 512, 41), all_logits=True)
+                print(f"engine {arch} {semantics}: finite={np.isfinite(logits).all()}")
             for t in model.tensors.values():
                 if t.ggml_type in GET_ROWS_TYPES and len(t.shape) == 2:
                     ops.get_rows(t, [0, t.rows - 1]).numpy()

@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-#define GGML_CIQ_API_VERSION 4
+#define GGML_CIQ_API_VERSION 5
 
 /* CDEF-BEGIN */
 typedef enum { CIQ_DEVICE_CPU = -1 } ciq_device_index; /* the host as a device; GPUs are 0..n-1 */
@@ -181,7 +181,8 @@ ciq_status ciq_timer_stop(void *timer, float *milliseconds);
 
 /* Transformer ops for the prefill engine. Tensors are contiguous and row-major (rows first, features last), all
  * float math is float32, f16 is IEEE half (the K/V cache), bf16 the upper half of a float32. out may equal an
- * input (same shape) except for ciq_attention. Float order per device: native/src/cpu/ops.cpp, cuda/ops.cu. */
+ * input (same shape) except for ciq_attention. Float order per device and ciq_op_order: native/src/cpu/ops.cpp,
+ * cuda/ops.cu, cuda/ops_llamacpp.cu. */
 typedef enum {             /* ggml's rope modes */
     CIQ_ROPE_NORM = 0,     /* rotates dimension pairs (2i, 2i+1) */
     CIQ_ROPE_NEOX = 2      /* rotates dimension pairs (i, i + head_dim/2) */
@@ -197,14 +198,23 @@ typedef enum {
     CIQ_ATTENTION_CPU = 1,  /* host kernel */
     CIQ_ATTENTION_SIMT = 2, /* GPU, CUDA cores: float32 q.k and p.v */
     CIQ_ATTENTION_MMA = 3,  /* GPU sm_80+ (CUDA), mma.sync m16n8k16: q and p rounded to f16, float32 accumulation */
-    CIQ_ATTENTION_GGML = 4  /* host, llama.cpp x86 CPU's arithmetic without flash attention (cpu/ops.cpp) */
+    CIQ_ATTENTION_GGML = 4, /* host, llama.cpp x86 CPU's arithmetic without flash attention (cpu/ops.cpp) */
+    CIQ_ATTENTION_MMA_LLAMACPP = 5 /* GPU sm_80+ (CUDA): llama.cpp CUDA's flash attention arithmetic (f16 q * f16
+                                      scale, row max raised by 3 ln 2, fast-math exp, p.v accumulated in f16) */
 } ciq_attention_kernel;
 
-/* out[n][d] = x * 1/sqrt(mean(x^2) + eps), then * weight[d] unless weight is NULL (ggml rms_norm, mul). */
-ciq_status ciq_rms_norm(int device, const float *x, const float *weight, float eps, int64_t n, int64_t d, float *out);
+typedef enum {                 /* whose float order the norm, RoPE and GLU ops follow */
+    CIQ_ORDER_HOST = 0,        /* llama.cpp CPU's (x86) order with IEEE float ops, on either device */
+    CIQ_ORDER_LLAMACPP_CUDA = 1 /* GPU only: llama.cpp CUDA's kernels' expressions and its -use_fast_math build */
+} ciq_op_order;
+
+/* out[n][d] = x * 1/sqrt(mean(x^2) + eps), then * weight[d] unless weight is NULL (ggml rms_norm, mul), then
+ * + add[n][d] unless add is NULL (ggml add; llama.cpp CUDA fuses it: one rounding in CIQ_ORDER_LLAMACPP_CUDA). */
+ciq_status ciq_rms_norm(int device, ciq_op_order order, const float *x, const float *weight, const float *add,
+                        float eps, int64_t n, int64_t d, float *out);
 /* RoPE on x[tokens][heads][head_dim] over all head_dim dims: angle positions[t] * base^(-2i/head_dim). */
-ciq_status ciq_rope(int device, ciq_rope_mode mode, const float *x, const int32_t *positions, int64_t tokens,
-                    int64_t heads, int64_t head_dim, float base, float *out);
+ciq_status ciq_rope(int device, ciq_op_order order, ciq_rope_mode mode, const float *x, const int32_t *positions,
+                    int64_t tokens, int64_t heads, int64_t head_dim, float base, float *out);
 /* Causal GQA: out[t][h*head_dim + e] from q[t][h][:], caches [cache_rows][heads_kv][head_dim] f16 holding
  * positions 0..n_past+tokens-1. Query t (position n_past + t) sees key p when p <= n_past + t and (window == 0 or
  * n_past + t - p < window); head h reads kv head h / (heads / heads_kv). Softmax of scale * q.k in float32. */
@@ -220,7 +230,8 @@ ciq_status ciq_attention_dispatch_count(ciq_attention_kernel kernel, uint64_t *c
 ciq_status ciq_kv_store(int device, uint16_t *cache, int64_t start, const float *x, int64_t tokens,
                         int64_t row_values);
 /* out[i] = act(gate[i]) * up[i] for n values. */
-ciq_status ciq_glu(int device, ciq_glu_kind kind, const float *gate, const float *up, int64_t n, float *out);
+ciq_status ciq_glu(int device, ciq_op_order order, ciq_glu_kind kind, const float *gate, const float *up,
+                   int64_t n, float *out);
 /* out[i] = a[i] + b[i % b_n] for n values (b_n divides n: a bias row repeated over rows). */
 ciq_status ciq_add(int device, const float *a, int64_t n, const float *b, int64_t b_n, float *out);
 ciq_status ciq_scale(int device, const float *x, float s, int64_t n, float *out);       /* out = x * s */

@@ -5,7 +5,7 @@
 
 #include <atomic>
 
-static std::atomic<uint64_t> g_attention_dispatch[CIQ_ATTENTION_GGML + 1];
+static std::atomic<uint64_t> g_attention_dispatch[CIQ_ATTENTION_MMA_LLAMACPP + 1];
 
 void ciq_attention_dispatch_reset(void) {  // part of ciq_dispatch_reset (registry.cpp)
     for (auto &counter : g_attention_dispatch) counter.store(0);
@@ -13,23 +13,38 @@ void ciq_attention_dispatch_reset(void) {  // part of ciq_dispatch_reset (regist
 
 ciq_status ciq_attention_dispatch_count(ciq_attention_kernel kernel, uint64_t *count) {
     if (count == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_attention_dispatch_count: count is NULL");
-    if ((int)kernel < CIQ_ATTENTION_AUTO || kernel > CIQ_ATTENTION_GGML) {
+    if ((int)kernel < CIQ_ATTENTION_AUTO || kernel > CIQ_ATTENTION_MMA_LLAMACPP) {
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "unknown attention kernel %d", (int)kernel);
     }
     *count = g_attention_dispatch[kernel].load();
     return CIQ_OK;
 }
 
-ciq_status ciq_rms_norm(int device, const float *x, const float *weight, float eps, int64_t n, int64_t d, float *out) {
+// CIQ_ORDER_LLAMACPP_CUDA runs on a GPU only; unknown orders are invalid.
+static ciq_status check_order(const char *what, int device, ciq_op_order order) {
+    if (order != CIQ_ORDER_HOST && order != CIQ_ORDER_LLAMACPP_CUDA) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: unknown float order %d (HOST 0, LLAMACPP_CUDA 1)", what, (int)order);
+    }
+    if (order == CIQ_ORDER_LLAMACPP_CUDA && device == CIQ_DEVICE_CPU) {
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "%s: llama.cpp CUDA's float order runs on a GPU, not the CPU", what);
+    }
+    return CIQ_OK;
+}
+
+ciq_status ciq_rms_norm(int device, ciq_op_order order, const float *x, const float *weight, const float *add,
+                        float eps, int64_t n, int64_t d, float *out) {
     if (x == nullptr || out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rms_norm: NULL pointer");
     CIQ_TRY(ciq_check_count("ciq_rms_norm", "n", n));
     CIQ_TRY(ciq_check_count("ciq_rms_norm", "d", d));
+    if (d > INT32_MAX) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rms_norm: d %lld exceeds 2^31 - 1", (long long)d);
     CIQ_TRY(ciq_check_device(device));
-    CIQ_ROUTE(device, ciq_cpu_rms_norm(x, weight, eps, n, d, out), ciq_cuda_rms_norm(x, weight, eps, n, d, out));
+    CIQ_TRY(check_order("ciq_rms_norm", device, order));
+    CIQ_ROUTE(device, ciq_cpu_rms_norm(x, weight, add, eps, n, d, out),
+              ciq_cuda_rms_norm(order, x, weight, add, eps, n, d, out));
 }
 
-ciq_status ciq_rope(int device, ciq_rope_mode mode, const float *x, const int32_t *positions, int64_t tokens,
-                    int64_t heads, int64_t head_dim, float base, float *out) {
+ciq_status ciq_rope(int device, ciq_op_order order, ciq_rope_mode mode, const float *x, const int32_t *positions,
+                    int64_t tokens, int64_t heads, int64_t head_dim, float base, float *out) {
     if (x == nullptr || positions == nullptr || out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rope: NULL pointer");
     if (mode != CIQ_ROPE_NORM && mode != CIQ_ROPE_NEOX) {
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rope: unknown mode %d (NORM 0, NEOX 2)", (int)mode);
@@ -41,21 +56,22 @@ ciq_status ciq_rope(int device, ciq_rope_mode mode, const float *x, const int32_
     }
     if (!(base > 0.0f)) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rope: base must be > 0, got %g", (double)base);
     CIQ_TRY(ciq_check_device(device));
+    CIQ_TRY(check_order("ciq_rope", device, order));
     CIQ_ROUTE(device, ciq_cpu_rope(mode, x, positions, tokens, heads, head_dim, base, out),
-              ciq_cuda_rope(mode, x, positions, tokens, heads, head_dim, base, out));
+              ciq_cuda_rope(order, mode, x, positions, tokens, heads, head_dim, base, out));
 }
 
 ciq_status ciq_attention_resolve(int device, ciq_attention_kernel kernel, int64_t head_dim,
                                  ciq_attention_kernel *resolved) {
     if (resolved == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_attention_resolve: resolved is NULL");
-    if ((int)kernel < CIQ_ATTENTION_AUTO || kernel > CIQ_ATTENTION_GGML) {
+    if ((int)kernel < CIQ_ATTENTION_AUTO || kernel > CIQ_ATTENTION_MMA_LLAMACPP) {
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "unknown attention kernel %d", (int)kernel);
     }
     CIQ_TRY(ciq_check_count("ciq_attention", "head_dim", head_dim));
     CIQ_TRY(ciq_check_device(device));
-    static const char *const names[] = {"auto", "cpu", "simt", "mma", "ggml"};
+    static const char *const names[] = {"auto", "cpu", "simt", "mma", "ggml", "mma_llamacpp"};
     if (device == CIQ_DEVICE_CPU) {
-        if (kernel == CIQ_ATTENTION_SIMT || kernel == CIQ_ATTENTION_MMA) {
+        if (kernel == CIQ_ATTENTION_SIMT || kernel == CIQ_ATTENTION_MMA || kernel == CIQ_ATTENTION_MMA_LLAMACPP) {
             return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention kernel %s runs on a GPU, not the CPU", names[kernel]);
         }
         *resolved = kernel == CIQ_ATTENTION_GGML ? CIQ_ATTENTION_GGML : CIQ_ATTENTION_CPU;
@@ -73,7 +89,7 @@ ciq_status ciq_attention_resolve(int device, ciq_attention_kernel kernel, int64_
     const bool mma_ok = major >= 8 && ciq_cuda_attention_supports(device, CIQ_ATTENTION_MMA, head_dim);
 #endif
     *resolved = kernel == CIQ_ATTENTION_AUTO ? (mma_ok ? CIQ_ATTENTION_MMA : CIQ_ATTENTION_SIMT) : kernel;
-    const bool ok = *resolved == CIQ_ATTENTION_MMA ? mma_ok : ciq_cuda_attention_supports(device, CIQ_ATTENTION_SIMT, head_dim);
+    const bool ok = *resolved == CIQ_ATTENTION_MMA || *resolved == CIQ_ATTENTION_MMA_LLAMACPP ? mma_ok : ciq_cuda_attention_supports(device, CIQ_ATTENTION_SIMT, head_dim);
     if (!ok) {
         return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention kernel %s does not run head_dim %lld on this GPU",
                         names[*resolved], (long long)head_dim);
@@ -105,7 +121,7 @@ ciq_status ciq_attention(int device, ciq_attention_kernel kernel, const float *q
     }
     ciq_attention_kernel resolved;
     CIQ_TRY(ciq_attention_resolve(device, kernel, head_dim, &resolved));
-    if (resolved == CIQ_ATTENTION_MMA && (((uintptr_t)k_cache | (uintptr_t)v_cache) & 15)) {  // uint4 K/V loads
+    if ((resolved == CIQ_ATTENTION_MMA || resolved == CIQ_ATTENTION_MMA_LLAMACPP) && (((uintptr_t)k_cache | (uintptr_t)v_cache) & 15)) {  // uint4 K/V loads
         if (kernel != CIQ_ATTENTION_AUTO || ciq_attention_resolve(device, CIQ_ATTENTION_SIMT, head_dim, &resolved) != CIQ_OK)
             return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_attention: the mma kernel needs 16-byte-aligned K/V caches");
     }
@@ -139,14 +155,16 @@ ciq_status ciq_kv_store(int device, uint16_t *cache, int64_t start, const float 
               ciq_cuda_kv_store(cache, start, x, tokens, row_values));
 }
 
-ciq_status ciq_glu(int device, ciq_glu_kind kind, const float *gate, const float *up, int64_t n, float *out) {
+ciq_status ciq_glu(int device, ciq_op_order order, ciq_glu_kind kind, const float *gate, const float *up, int64_t n,
+                   float *out) {
     if (gate == nullptr || up == nullptr || out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_glu: NULL pointer");
     if (kind != CIQ_GLU_SILU && kind != CIQ_GLU_GELU) {
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_glu: unknown kind %d (SILU 0, GELU 1)", (int)kind);
     }
     CIQ_TRY(ciq_check_count("ciq_glu", "n", n));
     CIQ_TRY(ciq_check_device(device));
-    CIQ_ROUTE(device, ciq_cpu_glu(kind, gate, up, n, out), ciq_cuda_glu(kind, gate, up, n, out));
+    CIQ_TRY(check_order("ciq_glu", device, order));
+    CIQ_ROUTE(device, ciq_cpu_glu(kind, gate, up, n, out), ciq_cuda_glu(order, kind, gate, up, n, out));
 }
 
 ciq_status ciq_add(int device, const float *a, int64_t n, const float *b, int64_t b_n, float *out) {

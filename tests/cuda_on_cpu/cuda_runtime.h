@@ -60,6 +60,9 @@ inline unsigned short __half_as_ushort(__half h) {
     return bits;
 }
 inline __half2 __floats2half2_rn(float lo, float hi) { return {(__half)lo, (__half)hi}; }
+inline __half2 __float2half2_rn(float f) { return {(__half)f, (__half)f}; }
+inline __half __hmul(__half a, __half b) { return (__half)((float)a * (float)b); }  // exact product, one rounding
+inline __half2 __hmul2(__half2 a, __half2 b) { return {__hmul(a.x, b.x), __hmul(a.y, b.y)}; }
 inline float2 __half22float2(__half2 h) { return {(float)h.x, (float)h.y}; }
 inline __nv_bfloat16 __float2bfloat16(float f) {
     uint32_t u;
@@ -82,6 +85,10 @@ inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fsqrt_rn(float x) { return std::sqrt(x); }
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+// The fast-math intrinsics as the host's accurate functions (the emulation checks index math, not rounding).
+inline float __expf(float x) { return std::exp(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline int __dp4a(int a, int b, int c) {  // c + the dot product of the signed bytes of a and b
     for (int i = 0; i < 32; i += 8) c += (int)(signed char)(a >> i) * (int)(signed char)(b >> i);
     return c;
@@ -190,6 +197,23 @@ inline void mma_16816(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_
         double sum = c[i];
         for (int k = 0; k < 16; ++k) sum += (double)A[row][k] * B[k][col];
         c[i] = (float)sum;
+    }
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16: the same A and B fragments; C/D are two half2, c0 = C[g][2t..2t+1],
+// c1 = C[g+8][2t..]. Emulated as the float32 form on C's values, each result rounded to f16 (the hardware's internal
+// accumulation order and precision are not modelled).
+inline void mma_16816_f16(uint32_t c[2], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+    float acc[4];
+    for (int r = 0; r < 2; ++r) {
+        __half2 h;
+        std::memcpy(&h, &c[r], 4);
+        acc[2 * r] = (float)h.x, acc[2 * r + 1] = (float)h.y;
+    }
+    mma_16816(acc, a0, a1, a2, a3, b0, b1);
+    for (int r = 0; r < 2; ++r) {
+        const __half2 h{(__half)acc[2 * r], (__half)acc[2 * r + 1]};
+        std::memcpy(&c[r], &h, 4);
     }
 }
 

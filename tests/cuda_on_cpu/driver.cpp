@@ -1,5 +1,5 @@
 // The C entry points tests/test_cuda_emulation.py calls: the CUDA backend's host functions of ops.cu,
-// attention.cu and gemm_q32.cu (compiled for the CPU emulation); errors are recorded by the library's status.cpp.
+// ops_llamacpp.cu, attention.cu and gemm_q32.cu (compiled for the CPU emulation); errors are recorded by the library's status.cpp.
 #include "cuda/cuda_backend.h"
 
 extern "C" {
@@ -12,18 +12,19 @@ int emu_attention(int kernel, const float *q, const uint16_t *k, const uint16_t 
     return ciq_cuda_attention((ciq_attention_kernel)kernel, q, k, v, tokens, heads, heads_kv, head_dim, n_past, scale,
                               window, out);
 }
-int emu_rms_norm(const float *x, const float *weight, float eps, int64_t n, int64_t d, float *out) {
-    return ciq_cuda_rms_norm(x, weight, eps, n, d, out);
+int emu_rms_norm(int order, const float *x, const float *weight, const float *add, float eps, int64_t n, int64_t d,
+                 float *out) {
+    return ciq_cuda_rms_norm((ciq_op_order)order, x, weight, add, eps, n, d, out);
 }
-int emu_rope(int mode, const float *x, const int32_t *positions, int64_t tokens, int64_t heads, int64_t head_dim,
-             float base, float *out) {
-    return ciq_cuda_rope((ciq_rope_mode)mode, x, positions, tokens, heads, head_dim, base, out);
+int emu_rope(int order, int mode, const float *x, const int32_t *positions, int64_t tokens, int64_t heads,
+             int64_t head_dim, float base, float *out) {
+    return ciq_cuda_rope((ciq_op_order)order, (ciq_rope_mode)mode, x, positions, tokens, heads, head_dim, base, out);
 }
 int emu_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values) {
     return ciq_cuda_kv_store(cache, start, x, tokens, row_values);
 }
-int emu_glu(int kind, const float *gate, const float *up, int64_t n, float *out) {
-    return ciq_cuda_glu((ciq_glu_kind)kind, gate, up, n, out);
+int emu_glu(int order, int kind, const float *gate, const float *up, int64_t n, float *out) {
+    return ciq_cuda_glu((ciq_op_order)order, (ciq_glu_kind)kind, gate, up, n, out);
 }
 int emu_add(const float *a, int64_t n, const float *b, int64_t b_n, float *out) { return ciq_cuda_add(a, n, b, b_n, out); }
 int emu_scale(const float *x, float s, int64_t n, float *out) { return ciq_cuda_scale(x, s, n, out); }

@@ -20,7 +20,8 @@ ciq_status ciq_cpu_gemm_mmvq(int ggml_type, const void *weight, int64_t rows, in
                              int64_t tokens, float *out);
 ciq_status ciq_cpu_gemm(ciq_semantics semantics, ciq_type type, const void *weight, int64_t rows, int64_t k,
                         const void *x_quantized, int64_t tokens, void *out, ciq_out_type out_type);
-ciq_status ciq_cpu_rms_norm(const float *x, const float *weight, float eps, int64_t n, int64_t d, float *out);
+ciq_status ciq_cpu_rms_norm(const float *x, const float *weight, const float *add, float eps, int64_t n, int64_t d,
+                            float *out);
 ciq_status ciq_cpu_rope(ciq_rope_mode mode, const float *x, const int32_t *positions, int64_t tokens, int64_t heads,
                         int64_t head_dim, float base, float *out);
 ciq_status ciq_cpu_attention_ggml(const float *q, const uint16_t *k_cache, const uint16_t *v_cache, int64_t tokens,

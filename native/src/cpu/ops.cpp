@@ -1,6 +1,6 @@
 // Transformer ops on the host in ggml CPU's float order (OpenMP over rows for large ops; -ffp-contract=off, no FMAs):
 //   rms_norm : squares (float) summed in double left to right, mean = (float)(sum / d), scale = 1/sqrtf(mean + eps),
-//              out = (x * scale) * weight.
+//              out = (x * scale) * weight, then + add in a second rounding (ggml CPU does not fuse the add).
 //   rope     : theta_0 = pos, theta_i = theta_{i-1} * powf(base, -2/head_dim) (ggml's rope cache), cosf/sinf;
 //              (fma(x0, cos, -(x1 sin)), fma(x0, sin, x1 cos)): ggml's rotate_pairs as GCC contracts it on x86.
 //   glu      : silu = x / (1 + expf(-x)); gelu through ggml's fp16 table (x rounded to f16, the table entry computed
@@ -22,7 +22,8 @@
 // Below this many values an op runs on the calling thread: waking the OpenMP team costs more than the work.
 constexpr int64_t PARALLEL_MIN = 1 << 16;
 
-ciq_status ciq_cpu_rms_norm(const float *x, const float *weight, float eps, int64_t n, int64_t d, float *out) {
+ciq_status ciq_cpu_rms_norm(const float *x, const float *weight, const float *add, float eps, int64_t n, int64_t d,
+                            float *out) {
 #pragma omp parallel for schedule(static) if (n * d >= PARALLEL_MIN)
     for (int64_t r = 0; r < n; ++r) {
         const float *xr = x + r * d;
@@ -31,7 +32,11 @@ ciq_status ciq_cpu_rms_norm(const float *x, const float *weight, float eps, int6
         const float mean = (float)(sum / (double)d);
         const float scale = 1.0f / std::sqrt(mean + eps);
         float *o = out + r * d;
-        for (int64_t i = 0; i < d; ++i) o[i] = weight ? (xr[i] * scale) * weight[i] : xr[i] * scale;
+        const float *ar = add ? add + r * d : nullptr;
+        for (int64_t i = 0; i < d; ++i) {
+            const float v = weight ? (xr[i] * scale) * weight[i] : xr[i] * scale;
+            o[i] = ar ? v + ar[i] : v;
+        }
     }
     return CIQ_OK;
 }

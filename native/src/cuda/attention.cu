@@ -18,10 +18,18 @@
 //         reuse of the S accumulator layout, as FlashAttention-2); V's B operand comes from ldmatrix.trans. For
 //         D <= 128 the loads are pipelined through registers: V of tile t lands during S = Q K^T, K of tile t+1
 //         during O += P V (three barriers per tile); D = 256 loads K and V at the top of each tile.
+//   mma_llamacpp: the mma kernel in llama.cpp CUDA's flash-attention arithmetic (ggml-cuda/fattn-mma-f16.cuh, the
+//         kernel llama.cpp runs for prefill on sm_80+): Q rounded to f16, then times the f16 scale; the running max
+//         of a row is the max of (s + 3 ln 2) (FATTN_KQ_MAX_OFFSET: p up to 8 uses f16's range); p = __expf(s - m);
+//         a rescale whose exponent is below -20 is 0; O += P V accumulated in f16 (mma f16.f16.f16.f16) and rescaled
+//         in half2; l = scale * l + (the tile's sum of p) in float; out = float(O) / l with the fast division.
+//         Its float order within a tile and across llama.cpp's KV split is not llama.cpp's: the same rounding
+//         points, not the same bits.
 #include "common.cuh"
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 namespace {
 
@@ -165,12 +173,28 @@ __device__ __forceinline__ void mma_16816(float c[4], uint32_t a0, uint32_t a1, 
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// c (two half2: rows g and g + 8, columns 2 tig, +1) += A B, accumulated in f16 (llama.cpp's P V on NVIDIA).
+__device__ __forceinline__ void mma_16816_f16(uint32_t c[2], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                              uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16 {%0,%1}, {%2,%3,%4,%5}, {%6,%7}, {%0,%1};"
+                 : "+r"(c[0]), "+r"(c[1])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t scale_half2(uint32_t x, float s) {  // x * half2(s, s), as __hmul2
+    const __half2 h = __hmul2(*(const __half2 *)&x, __float2half2_rn(s));
+    return *(const uint32_t *)&h;
+}
+
+constexpr float LLAMACPP_KQ_MAX_OFFSET = 3.0f * 0.6931f;  // fattn-common.cuh FATTN_KQ_MAX_OFFSET
+constexpr float LLAMACPP_SOFTMAX_FTZ_THRESHOLD = -20.0f;   // fattn-common.cuh SOFTMAX_FTZ_THRESHOLD
+
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
     const __half2 h = __floats2half2_rn(lo, hi);
     return *(const uint32_t *)&h;
 }
 
-template <int D>
+template <int D, bool LLAMACPP>
 __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
     using S = MmaSmem<D>;
     extern __shared__ __align__(16) __half smem_h[];
@@ -180,7 +204,8 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tig = lane % 4;
     for (int i = tid; i < ATTN_QUERIES * D; i += 128) {
         const int r = i / D, e = i % D;
-        qs[r * S::STRIDE + e] = __float2half_rn(q0 + r < a.tokens ? a.q[((int64_t)(q0 + r) * a.heads + h) * D + e] : 0.0f);
+        const __half qh = __float2half_rn(q0 + r < a.tokens ? a.q[((int64_t)(q0 + r) * a.heads + h) * D + e] : 0.0f);
+        qs[r * S::STRIDE + e] = LLAMACPP ? __hmul(__float2half_rn(a.scale), qh) : qh;
     }
     int first, end;
     key_range(a, q0, &first, &end);
@@ -188,9 +213,15 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
     const int pos[2] = {a.n_past + q0 + row0 + g, a.n_past + q0 + row0 + g + 8};
 
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    float o[D / 8][4];
+    // O's accumulators: float32 c0..c3 of each n-tile, or (LLAMACPP) two half2 (rows g, g + 8).
+    constexpr int O_REGS = LLAMACPP ? 2 : 4;
+    using OType = std::conditional_t<LLAMACPP, uint32_t, float>;
+    OType o[D / 8][O_REGS];
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    for (int n = 0; n < D / 8; ++n) {
+#pragma unroll
+        for (int c = 0; c < O_REGS; ++c) o[n][c] = 0;
+    }
 
     // K and V tiles move in 16-byte chunks, CHUNKS per thread and matrix: chunk i is row i / (D/8), bytes 16 (i % (D/8)).
     // PIPELINED (D <= 128): the current tile's V and the next tile's K are loaded into registers while the tensor
@@ -259,8 +290,13 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
                 const int key = kt + 8 * n + 2 * tig + (c & 1);
-                s[n][c] = visible(a, pos[c / 2], key, end) ? s[n][c] * a.scale : -INFINITY;
-                tile_max[c / 2] = fmaxf(tile_max[c / 2], s[n][c]);
+                if constexpr (LLAMACPP) {  // scaled with q; the max is taken over s + the offset
+                    s[n][c] = visible(a, pos[c / 2], key, end) ? s[n][c] : -INFINITY;
+                    tile_max[c / 2] = fmaxf(tile_max[c / 2], s[n][c] + LLAMACPP_KQ_MAX_OFFSET);
+                } else {
+                    s[n][c] = visible(a, pos[c / 2], key, end) ? s[n][c] * a.scale : -INFINITY;
+                    tile_max[c / 2] = fmaxf(tile_max[c / 2], s[n][c]);
+                }
             }
         }
         float correction[2], base[2];
@@ -270,24 +306,48 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
             tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xFFFFFFFF, tile_max[r], 2));
             const float m_new = fmaxf(m[r], tile_max[r]);
             base[r] = m_new == -INFINITY ? 0.0f : m_new;
-            correction[r] = expf(m[r] - base[r]);
-            l[r] *= correction[r];
+            if constexpr (LLAMACPP) {
+                const float diff = m[r] - base[r];
+                correction[r] = diff >= LLAMACPP_SOFTMAX_FTZ_THRESHOLD ? __expf(diff) : 0.0f;
+            } else {
+                correction[r] = expf(m[r] - base[r]);
+                l[r] *= correction[r];
+            }
             m[r] = m_new;
         }
+        if constexpr (LLAMACPP) {
+            float rowsum_add[2] = {0.0f, 0.0f};
 #pragma unroll
-        for (int n = 0; n < ATTN_KEYS / 8; ++n) {
+            for (int n = 0; n < ATTN_KEYS / 8; ++n) {
 #pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                s[n][c] = expf(s[n][c] - base[c / 2]);
-                l[c / 2] += s[n][c];
+                for (int c = 0; c < 4; ++c) {
+                    s[n][c] = s[n][c] == -INFINITY ? 0.0f : __expf(s[n][c] - base[c / 2]);
+                    rowsum_add[c / 2] += s[n][c];
+                }
             }
-        }
 #pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-            o[n][0] *= correction[0];
-            o[n][1] *= correction[0];
-            o[n][2] *= correction[1];
-            o[n][3] *= correction[1];
+            for (int r = 0; r < 2; ++r) l[r] = correction[r] * l[r] + rowsum_add[r];
+#pragma unroll
+            for (int n = 0; n < D / 8; ++n) {
+                o[n][0] = scale_half2(o[n][0], correction[0]);
+                o[n][1] = scale_half2(o[n][1], correction[1]);
+            }
+        } else {
+#pragma unroll
+            for (int n = 0; n < ATTN_KEYS / 8; ++n) {
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    s[n][c] = expf(s[n][c] - base[c / 2]);
+                    l[c / 2] += s[n][c];
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < D / 8; ++n) {
+                o[n][0] *= correction[0];
+                o[n][1] *= correction[0];
+                o[n][2] *= correction[1];
+                o[n][3] *= correction[1];
+            }
         }
 
         if constexpr (PIPELINED) {
@@ -312,8 +372,13 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
                 asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                              : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
                              : "r"(address));
-                mma_16816(o[2 * np], a0, a1, a2, a3, b0, b1);
-                mma_16816(o[2 * np + 1], a0, a1, a2, a3, b2, b3);
+                if constexpr (LLAMACPP) {
+                    mma_16816_f16(o[2 * np], a0, a1, a2, a3, b0, b1);
+                    mma_16816_f16(o[2 * np + 1], a0, a1, a2, a3, b2, b3);
+                } else {
+                    mma_16816(o[2 * np], a0, a1, a2, a3, b0, b1);
+                    mma_16816(o[2 * np + 1], a0, a1, a2, a3, b2, b3);
+                }
             }
         }
         if constexpr (PIPELINED) {
@@ -332,8 +397,14 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
         float *out = a.out + (int64_t)t * a.heads * D + h * D + 2 * tig;
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
-            out[8 * n] = o[n][2 * r] / l[r];
-            out[8 * n + 1] = o[n][2 * r + 1] / l[r];
+            if constexpr (LLAMACPP) {
+                const float2 v = __half22float2(*(const __half2 *)&o[n][r]);
+                out[8 * n] = __fdividef(v.x, l[r]);
+                out[8 * n + 1] = __fdividef(v.y, l[r]);
+            } else {
+                out[8 * n] = o[n][2 * r] / l[r];
+                out[8 * n + 1] = o[n][2 * r + 1] / l[r];
+            }
         }
     }
 }
@@ -344,10 +415,18 @@ template <int D> ciq_status launch(ciq_attention_kernel kernel, const AttentionA
     const dim3 grid((args.tokens + ATTN_QUERIES - 1) / ATTN_QUERIES, args.heads);
 #if !defined(GGML_CIQ_HIP)
     if (kernel == CIQ_ATTENTION_MMA) {
-        ciq_status status = ciq_raise_smem_limit<attention_mma_kernel<D>>((int)MmaSmem<D>::BYTES, "attention (mma)");
+        ciq_status status = ciq_raise_smem_limit<attention_mma_kernel<D, false>>((int)MmaSmem<D>::BYTES, "attention (mma)");
         if (status != CIQ_OK) return status;
-        attention_mma_kernel<D><<<grid, 128, MmaSmem<D>::BYTES>>>(args);
+        attention_mma_kernel<D, false><<<grid, 128, MmaSmem<D>::BYTES>>>(args);
         CIQ_CUDA_LAUNCH_CHECK("attention (mma)");
+        return CIQ_OK;
+    }
+    if (kernel == CIQ_ATTENTION_MMA_LLAMACPP) {
+        ciq_status status = ciq_raise_smem_limit<attention_mma_kernel<D, true>>((int)MmaSmem<D>::BYTES,
+                                                                                 "attention (mma_llamacpp)");
+        if (status != CIQ_OK) return status;
+        attention_mma_kernel<D, true><<<grid, 128, MmaSmem<D>::BYTES>>>(args);
+        CIQ_CUDA_LAUNCH_CHECK("attention (mma_llamacpp)");
         return CIQ_OK;
     }
     ciq_status status = ciq_raise_smem_limit<attention_simt_kernel<D>>((int)SimtSmem<D>::BYTES, "attention (simt)");
@@ -370,7 +449,9 @@ bool ciq_cuda_attention_supports(int device, ciq_attention_kernel kernel, int64_
     (void)device;
     return built && kernel == CIQ_ATTENTION_SIMT && head_dim <= 96;
 #else
-    if (!built || (kernel != CIQ_ATTENTION_SIMT && kernel != CIQ_ATTENTION_MMA)) return false;
+    if (!built || (kernel != CIQ_ATTENTION_SIMT && kernel != CIQ_ATTENTION_MMA && kernel != CIQ_ATTENTION_MMA_LLAMACPP)) {
+        return false;
+    }
     int optin = 0;  // the shared memory a block may opt into: 227 KB on sm_90, 163 KB sm_80, 99 KB sm_86/89
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
         cudaGetLastError();

@@ -33,15 +33,23 @@ ciq_status ciq_cuda_gemm_wgmma(int device, ciq_type type, const void *weight, in
                                const void *x_f16, int64_t tokens, void *out, ciq_out_type out_type);
 // Transformer ops (cuda/ops.cu, cuda/attention.cu); arguments checked by the C API. get_rows writes NaN rows for ids
 // outside [0, table_rows).
-ciq_status ciq_cuda_rms_norm(const float *x, const float *weight, float eps, int64_t n, int64_t d, float *out);
-ciq_status ciq_cuda_rope(ciq_rope_mode mode, const float *x, const int32_t *positions, int64_t tokens, int64_t heads,
-                         int64_t head_dim, float base, float *out);
+// order: CIQ_ORDER_HOST in ops.cu, CIQ_ORDER_LLAMACPP_CUDA in ops_llamacpp.cu (built as llama.cpp builds its kernels).
+ciq_status ciq_cuda_rms_norm(ciq_op_order order, const float *x, const float *weight, const float *add, float eps,
+                             int64_t n, int64_t d, float *out);
+ciq_status ciq_cuda_rope(ciq_op_order order, ciq_rope_mode mode, const float *x, const int32_t *positions,
+                         int64_t tokens, int64_t heads, int64_t head_dim, float base, float *out);
 bool ciq_cuda_attention_supports(int device, ciq_attention_kernel kernel, int64_t head_dim);  // built, fits
 ciq_status ciq_cuda_attention(ciq_attention_kernel kernel, const float *q, const uint16_t *k_cache,
                               const uint16_t *v_cache, int64_t tokens, int64_t heads, int64_t heads_kv,
                               int64_t head_dim, int64_t n_past, float scale, int64_t window, float *out);
 ciq_status ciq_cuda_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values);
-ciq_status ciq_cuda_glu(ciq_glu_kind kind, const float *gate, const float *up, int64_t n, float *out);
+ciq_status ciq_cuda_glu(ciq_op_order order, ciq_glu_kind kind, const float *gate, const float *up, int64_t n,
+                        float *out);
+ciq_status ciq_cuda_llamacpp_rms_norm(const float *x, const float *weight, const float *add, float eps, int64_t n,
+                                      int64_t d, float *out);
+ciq_status ciq_cuda_llamacpp_rope(ciq_rope_mode mode, const float *x, const int32_t *positions, int64_t tokens,
+                                  int64_t heads, int64_t head_dim, float base, float *out);
+ciq_status ciq_cuda_llamacpp_glu(ciq_glu_kind kind, const float *gate, const float *up, int64_t n, float *out);
 ciq_status ciq_cuda_add(const float *a, int64_t n, const float *b, int64_t b_n, float *out);
 ciq_status ciq_cuda_scale(const float *x, float s, int64_t n, float *out);
 ciq_status ciq_cuda_get_rows(int type, const void *table, int64_t table_rows, int64_t k, const int32_t *ids, int64_t n,

@@ -1,8 +1,10 @@
-// ops.cu - the prefill engine's elementwise, norm, RoPE and row ops on the GPU (attention: attention.cu).
+// ops.cu - the prefill engine's elementwise, norm, RoPE and row ops on the GPU (attention: attention.cu), in the
+// host's float order (CIQ_ORDER_HOST); llama.cpp CUDA's order of the norm, RoPE and GLU is ops_llamacpp.cu.
 //
 // Float order, where it differs from the host (cpu/ops.cpp):
 //   rms_norm : squares summed in float32 (per-thread strided sums, then a warp/block tree), mean = sum / d in float;
-//              then 1/sqrtf(mean + eps), (x * scale) * weight as on the host (IEEE division and square root).
+//              then 1/sqrtf(mean + eps), (x * scale) * weight as on the host (IEEE division and square root), then
+//              + add in its own rounding.
 //   rope     : the host's order exactly (theta stepped by the same float products, separate roundings), but CUDA's
 //              cosf/sinf (<= 2 ulp) instead of the host libm's.
 //   glu gelu : tanh GELU computed in float, as llama.cpp CUDA does (no fp16 table, no cut-offs).
@@ -32,8 +34,7 @@ __device__ __forceinline__ uint16_t float_to_bf16_bits(float f) {  // round to n
 
 // One block per row.
 __global__ void __launch_bounds__(OPS_THREADS)
-rms_norm_kernel(const float *__restrict__ x, const float *__restrict__ weight, float eps, int64_t d,
-                float *__restrict__ out) {
+rms_norm_kernel(const float *x, const float *__restrict__ weight, const float *add, float eps, int64_t d, float *out) {
     __shared__ float warp_sums[OPS_THREADS / CIQ_WARP_SIZE];
     const float *xr = x + (int64_t)blockIdx.x * d;
     float sum = 0.0f;
@@ -47,9 +48,11 @@ rms_norm_kernel(const float *__restrict__ x, const float *__restrict__ weight, f
     for (int w = 0; w < OPS_THREADS / CIQ_WARP_SIZE; ++w) sum += warp_sums[w];
     const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum, (float)d), eps)));
     float *o = out + (int64_t)blockIdx.x * d;
+    const float *ar = add ? add + (int64_t)blockIdx.x * d : nullptr;
     for (int64_t i = threadIdx.x; i < d; i += OPS_THREADS) {
         const float v = __fmul_rn(xr[i], scale);
-        o[i] = weight ? __fmul_rn(v, weight[i]) : v;
+        const float w = weight ? __fmul_rn(v, weight[i]) : v;
+        o[i] = ar ? __fadd_rn(w, ar[i]) : w;
     }
 }
 
@@ -133,17 +136,21 @@ __global__ void __launch_bounds__(OPS_THREADS) convert_bf16_kernel(const float *
 
 }  // namespace
 
-ciq_status ciq_cuda_rms_norm(const float *x, const float *weight, float eps, int64_t n, int64_t d, float *out) {
+ciq_status ciq_cuda_rms_norm(ciq_op_order order, const float *x, const float *weight, const float *add, float eps,
+                             int64_t n, int64_t d, float *out) {
+    if (order == CIQ_ORDER_LLAMACPP_CUDA) return ciq_cuda_llamacpp_rms_norm(x, weight, add, eps, n, d, out);
     for (int64_t row = 0; row < n; row += 65535) {  // grid.x limit per launch
         const int64_t rows = std::min<int64_t>(n - row, 65535);
-        rms_norm_kernel<<<(unsigned)rows, OPS_THREADS>>>(x + row * d, weight, eps, d, out + row * d);
+        rms_norm_kernel<<<(unsigned)rows, OPS_THREADS>>>(x + row * d, weight, add ? add + row * d : nullptr, eps, d,
+                                                         out + row * d);
         CIQ_CUDA_LAUNCH_CHECK("rms_norm");
     }
     return CIQ_OK;
 }
 
-ciq_status ciq_cuda_rope(ciq_rope_mode mode, const float *x, const int32_t *positions, int64_t tokens, int64_t heads,
-                         int64_t head_dim, float base, float *out) {
+ciq_status ciq_cuda_rope(ciq_op_order order, ciq_rope_mode mode, const float *x, const int32_t *positions,
+                         int64_t tokens, int64_t heads, int64_t head_dim, float base, float *out) {
+    if (order == CIQ_ORDER_LLAMACPP_CUDA) return ciq_cuda_llamacpp_rope(mode, x, positions, tokens, heads, head_dim, base, out);
     const float theta_scale = std::pow(base, -2.0f / (float)head_dim);  // on the host, as the CPU path computes it
     rope_kernel<<<grid_for(tokens * head_dim / 2), OPS_THREADS>>>(x, positions, tokens, heads, head_dim, theta_scale,
                                                                   mode == CIQ_ROPE_NEOX, out);
@@ -157,7 +164,9 @@ ciq_status ciq_cuda_kv_store(uint16_t *cache, int64_t start, const float *x, int
     return CIQ_OK;
 }
 
-ciq_status ciq_cuda_glu(ciq_glu_kind kind, const float *gate, const float *up, int64_t n, float *out) {
+ciq_status ciq_cuda_glu(ciq_op_order order, ciq_glu_kind kind, const float *gate, const float *up, int64_t n,
+                        float *out) {
+    if (order == CIQ_ORDER_LLAMACPP_CUDA) return ciq_cuda_llamacpp_glu(kind, gate, up, n, out);
     glu_kernel<<<grid_for(n), OPS_THREADS>>>(kind == CIQ_GLU_GELU, gate, up, n, out);
     CIQ_CUDA_LAUNCH_CHECK("glu");
     return CIQ_OK;

@@ -1,0 +1,146 @@
+// ops_llamacpp.cu - the norm, RoPE and GLU ops in llama.cpp CUDA's float order (CIQ_ORDER_LLAMACPP_CUDA): the
+// expressions of llama.cpp's kernels (ggml-cuda/norm.cu rms_norm_f32, rope.cu rope_norm/rope_neox and the fused
+// rms_norm_mul_rope_f32, unary.cu's gated GELU/SiLU), in a translation unit built with llama.cpp's CUDA flag
+// -use_fast_math (native/CMakeLists.txt), so that nvcc makes the same choices: FMA contraction, x / y as __fdividef,
+// cosf/sinf/powf/expf as __cosf/__sinf/__powf/__expf, denormals flushed. The host order is ops.cu.
+//
+//   rms_norm : per thread `tmp += x*x` over columns tid, tid + B, ... (B = 256 below 1024 columns, else 1024), a warp
+//              butterfly (xor 16..1), the warps' sums through shared memory into a second butterfly (lanes past the
+//              warp count add 0); scale = rsqrtf(tmp / d + eps); out = scale * x * weight (+ add, contracted to
+//              one FMA as llama.cpp's fused RMS_NORM + MUL + ADD).
+//   rope     : theta = pos * powf(theta_scale, i) (theta_scale = powf(base, -2/head_dim) on the host),
+//              x0 * cos - x1 * sin, x0 * sin + x1 * cos (freq_scale 1, no YaRN: llama.cpp's factors are exact 1s).
+//   glu      : gelu(g) = 0.5f * g * (1 + tanhf(sqrt(2/pi) * g * (1 + 0.044715 * g * g))), silu(g) = g / (1 + expf(-g)),
+//              times up.
+// One row per block for rms_norm; a grid-stride loop over (row, pair) and over values for the others.
+#include "common.cuh"
+
+#include <algorithm>
+#include <cmath>
+
+namespace {
+
+constexpr int LLAMA_WARP = 32;
+constexpr int ELEMENTWISE_THREADS = 256;
+
+unsigned grid_for(int64_t n) {
+    return (unsigned)std::min<int64_t>((n + ELEMENTWISE_THREADS - 1) / ELEMENTWISE_THREADS, 65535 * 8);
+}
+
+__device__ __forceinline__ float warp_reduce_sum(float x) {
+#pragma unroll
+    for (int offset = LLAMA_WARP / 2; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xFFFFFFFF, x, offset);
+    return x;
+}
+
+template <int BLOCK>
+__global__ void __launch_bounds__(BLOCK)
+rms_norm_llamacpp_kernel(const float *x, const float *weight, const float *add, const float eps, const int ncols,
+                         float *dst) {
+    __shared__ float s_sum[LLAMA_WARP];
+    const int tid = threadIdx.x;
+    x += (int64_t)blockIdx.x * ncols;
+    dst += (int64_t)blockIdx.x * ncols;
+    if (add) add += (int64_t)blockIdx.x * ncols;
+
+    float tmp = 0.0f;
+    for (int col = tid; col < ncols; col += BLOCK) {
+        const float xi = x[col];
+        tmp += xi * xi;
+    }
+    tmp = warp_reduce_sum(tmp);
+    if (BLOCK > LLAMA_WARP) {
+        const int warp_id = tid / LLAMA_WARP, lane_id = tid % LLAMA_WARP;
+        if (lane_id == 0) s_sum[warp_id] = tmp;
+        __syncthreads();
+        tmp = 0.0f;
+        if (lane_id < BLOCK / LLAMA_WARP) tmp = s_sum[lane_id];
+        tmp = warp_reduce_sum(tmp);
+    }
+    const float mean = tmp / ncols;
+    const float scale = rsqrtf(mean + eps);
+
+    for (int col = tid; col < ncols; col += BLOCK) {
+        if (weight && add) {
+            dst[col] = scale * x[col] * weight[col] + add[col];
+        } else if (weight) {
+            dst[col] = scale * x[col] * weight[col];
+        } else if (add) {
+            dst[col] = scale * x[col] + add[col];
+        } else {
+            dst[col] = scale * x[col];
+        }
+    }
+}
+
+__global__ void __launch_bounds__(ELEMENTWISE_THREADS)
+rope_llamacpp_kernel(const float *x, const int32_t *pos, int64_t tokens, int64_t heads, int head_dim,
+                     float theta_scale, bool neox, float *dst) {
+    const int half = head_dim / 2;
+    const int64_t n = tokens * heads * half;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t row = idx / half;  // (token, head)
+        const int pair = (int)(idx % half), i0 = 2 * pair;
+        const int64_t t = row / heads;
+        const float theta_base = pos[t] * powf(theta_scale, i0 / 2.0f);
+        const float cos_theta = cosf(theta_base);
+        const float sin_theta = sinf(theta_base);
+        const int64_t a = row * head_dim + (neox ? pair : i0), b = a + (neox ? half : 1);
+        const float x0 = x[a];
+        const float x1 = x[b];
+        dst[a] = x0 * cos_theta - x1 * sin_theta;
+        dst[b] = x0 * sin_theta + x1 * cos_theta;
+    }
+}
+
+__device__ __forceinline__ float op_gelu(float x) {
+    const float GELU_COEF_A = 0.044715f;
+    const float SQRT_2_OVER_PI = 0.79788456080286535587989211986876f;
+    return 0.5f * x * (1.0f + tanhf(SQRT_2_OVER_PI * x * (1.0f + GELU_COEF_A * x * x)));
+}
+
+__device__ __forceinline__ float op_silu(float x) { return x / (1.0f + expf(-x)); }
+
+template <bool GELU>
+__global__ void __launch_bounds__(ELEMENTWISE_THREADS)
+glu_llamacpp_kernel(const float *gate, const float *up, int64_t n, float *dst) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        dst[i] = (GELU ? op_gelu(gate[i]) : op_silu(gate[i])) * up[i];
+    }
+}
+
+}  // namespace
+
+ciq_status ciq_cuda_llamacpp_rms_norm(const float *x, const float *weight, const float *add, float eps, int64_t n,
+                                      int64_t d, float *out) {
+    for (int64_t row = 0; row < n; row += 65535) {  // grid.x limit per launch
+        const int64_t rows = std::min<int64_t>(n - row, 65535);
+        const float *add_rows = add ? add + row * d : nullptr;
+        if (d < 1024) {
+            rms_norm_llamacpp_kernel<256><<<(unsigned)rows, 256>>>(x + row * d, weight, add_rows, eps, (int)d, out + row * d);
+        } else {
+            rms_norm_llamacpp_kernel<1024><<<(unsigned)rows, 1024>>>(x + row * d, weight, add_rows, eps, (int)d, out + row * d);
+        }
+        CIQ_CUDA_LAUNCH_CHECK("rms_norm (llama.cpp order)");
+    }
+    return CIQ_OK;
+}
+
+ciq_status ciq_cuda_llamacpp_rope(ciq_rope_mode mode, const float *x, const int32_t *positions, int64_t tokens,
+                                  int64_t heads, int64_t head_dim, float base, float *out) {
+    const float theta_scale = powf(base, -2.0f / (float)head_dim);  // on the host, as llama.cpp's launcher
+    rope_llamacpp_kernel<<<grid_for(tokens * heads * (head_dim / 2)), ELEMENTWISE_THREADS>>>(
+        x, positions, tokens, heads, (int)head_dim, theta_scale, mode == CIQ_ROPE_NEOX, out);
+    CIQ_CUDA_LAUNCH_CHECK("rope (llama.cpp order)");
+    return CIQ_OK;
+}
+
+ciq_status ciq_cuda_llamacpp_glu(ciq_glu_kind kind, const float *gate, const float *up, int64_t n, float *out) {
+    if (kind == CIQ_GLU_GELU) {
+        glu_llamacpp_kernel<true><<<grid_for(n), ELEMENTWISE_THREADS>>>(gate, up, n, out);
+    } else {
+        glu_llamacpp_kernel<false><<<grid_for(n), ELEMENTWISE_THREADS>>>(gate, up, n, out);
+    }
+    CIQ_CUDA_LAUNCH_CHECK("glu (llama.cpp order)");
+    return CIQ_OK;
+}
