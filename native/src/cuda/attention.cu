@@ -23,9 +23,8 @@
 //         of a row is the max of (s + 3 ln 2) (FATTN_KQ_MAX_OFFSET: p up to 8 uses f16's range); p = __expf(s - m);
 //         a rescale whose exponent is below -20 is 0; O += P V accumulated in f16 (mma f16.f16.f16.f16) and rescaled
 //         in half2; l = scale * l + (the tile's sum of p) in float; out = float(O) / l with the fast division.
-//         Key tiles of 32 from key 0 (its nbatch_fa for D = 256 at 32/64 columns: the same rescale points).
-//         Where llama.cpp splits one query tile's keys across CTAs (stream-k) or warps, its float order differs:
-//         the same rounding points, not always the same bits.
+//         Its float order within a tile and across llama.cpp's KV split is not llama.cpp's: the same rounding
+//         points, not the same bits.
 #include "common.cuh"
 
 #include <algorithm>
@@ -210,10 +209,6 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
     }
     int first, end;
     key_range(a, q0, &first, &end);
-    // Key tiles: 64 keys; llama.cpp's flash attention steps nbatch_fa = 32 keys for D = 256 (and its 32/64-column
-    // configurations) from key 0, so LLAMACPP takes 32-key tiles aligned to 32: the same rescale points.
-    constexpr int KEYS = LLAMACPP ? 32 : ATTN_KEYS;
-    if constexpr (LLAMACPP) first -= first % KEYS;
     const int row0 = 16 * warp;  // the warp's rows: row0 + g and row0 + g + 8
     const int pos[2] = {a.n_past + q0 + row0 + g, a.n_past + q0 + row0 + g + 8};
 
@@ -232,7 +227,7 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
     // PIPELINED (D <= 128): the current tile's V and the next tile's K are loaded into registers while the tensor
     // cores work on S = Q K^T and on O += P V respectively; D = 256 (whose accumulators leave no registers for that)
     // loads both tiles in place at the top of each iteration.
-    constexpr int CHUNKS = KEYS * (D / 8) / 128;
+    constexpr int CHUNKS = ATTN_KEYS * (D / 8) / 128;
     constexpr bool PIPELINED = D <= 128;
     uint4 chunks[PIPELINED ? CHUNKS : 1];
     auto fetch = [&](const uint16_t *src, int kt) {
@@ -256,14 +251,14 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
             put(ks);
         }
     }
-    for (int kt = first; kt < end; kt += KEYS) {
+    for (int kt = first; kt < end; kt += ATTN_KEYS) {
         if constexpr (PIPELINED) {
             __syncthreads();     // ks holds tile kt; every warp is done with the previous V tile
             fetch(a.v, kt);      // lands while S is computed
         } else {
             __syncthreads();  // every warp is done with the previous K and V tiles
-            for (int i = tid; i < 2 * KEYS * (D / 8); i += 128) {  // 16-byte chunks of K then V rows
-                const int which = i / (KEYS * (D / 8)), j = (i / (D / 8)) % KEYS, c = i % (D / 8);
+            for (int i = tid; i < 2 * ATTN_KEYS * (D / 8); i += 128) {  // 16-byte chunks of K then V rows
+                const int which = i / (ATTN_KEYS * (D / 8)), j = (i / (D / 8)) % ATTN_KEYS, c = i % (D / 8);
                 const int key = kt + j;
                 uint4 chunk = make_uint4(0, 0, 0, 0);
                 if (key < end) chunk = ((const uint4 *)((which ? a.v : a.k) + ((int64_t)key * a.heads_kv + hkv) * D))[c];
@@ -273,16 +268,16 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
         }
 
         // S = Q K^T for the warp's 16 rows and the tile's 64 keys (8 n-tiles of 8 keys).
-        float s[KEYS / 8][4];
+        float s[ATTN_KEYS / 8][4];
 #pragma unroll
-        for (int n = 0; n < KEYS / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        for (int n = 0; n < ATTN_KEYS / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
             const __half *qa = qs + (row0 + g) * S::STRIDE + 16 * kk + 2 * tig;
             const uint32_t a0 = *(const uint32_t *)qa, a1 = *(const uint32_t *)(qa + 8 * S::STRIDE);
             const uint32_t a2 = *(const uint32_t *)(qa + 8), a3 = *(const uint32_t *)(qa + 8 * S::STRIDE + 8);
 #pragma unroll
-            for (int n = 0; n < KEYS / 8; ++n) {
+            for (int n = 0; n < ATTN_KEYS / 8; ++n) {
                 const __half *kb = ks + (8 * n + g) * S::STRIDE + 16 * kk + 2 * tig;
                 mma_16816(s[n], a0, a1, a2, a3, *(const uint32_t *)kb, *(const uint32_t *)(kb + 8));
             }
@@ -291,7 +286,7 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
         // Mask, scale, online softmax. s[n][0..1]: row g, keys 8n + 2tig, +1; s[n][2..3]: row g + 8.
         float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-        for (int n = 0; n < KEYS / 8; ++n) {
+        for (int n = 0; n < ATTN_KEYS / 8; ++n) {
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
                 const int key = kt + 8 * n + 2 * tig + (c & 1);
@@ -323,7 +318,7 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
         if constexpr (LLAMACPP) {
             float rowsum_add[2] = {0.0f, 0.0f};
 #pragma unroll
-            for (int n = 0; n < KEYS / 8; ++n) {
+            for (int n = 0; n < ATTN_KEYS / 8; ++n) {
 #pragma unroll
                 for (int c = 0; c < 4; ++c) {
                     s[n][c] = s[n][c] == -INFINITY ? 0.0f : __expf(s[n][c] - base[c / 2]);
@@ -339,7 +334,7 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
             }
         } else {
 #pragma unroll
-            for (int n = 0; n < KEYS / 8; ++n) {
+            for (int n = 0; n < ATTN_KEYS / 8; ++n) {
 #pragma unroll
                 for (int c = 0; c < 4; ++c) {
                     s[n][c] = expf(s[n][c] - base[c / 2]);
@@ -358,12 +353,12 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
         if constexpr (PIPELINED) {
             put(vs);
             __syncthreads();  // vs holds tile kt; every warp is done with ks
-            if (kt + KEYS < end) fetch(a.k, kt + KEYS);  // lands while O += P V runs
+            if (kt + ATTN_KEYS < end) fetch(a.k, kt + ATTN_KEYS);  // lands while O += P V runs
         }
 
         // O += P V: P's A fragments are the S accumulators of n-tiles 2kk and 2kk + 1, rounded to f16.
 #pragma unroll
-        for (int kk = 0; kk < KEYS / 16; ++kk) {
+        for (int kk = 0; kk < ATTN_KEYS / 16; ++kk) {
             const uint32_t a0 = pack_half2(s[2 * kk][0], s[2 * kk][1]), a1 = pack_half2(s[2 * kk][2], s[2 * kk][3]);
             const uint32_t a2 = pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
             const uint32_t a3 = pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
@@ -387,7 +382,7 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
             }
         }
         if constexpr (PIPELINED) {
-            if (kt + KEYS < end) put(ks);  // every warp passed the barrier above: none reads ks any more
+            if (kt + ATTN_KEYS < end) put(ks);  // every warp passed the barrier above: none reads ks any more
         }
     }
 #pragma unroll
