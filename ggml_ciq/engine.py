@@ -105,9 +105,6 @@ def _view(x, shape):
 
 
 SEMANTICS = ("llamacpp", "exact", "fast")
-# fast: Q4_0/Q5_0/Q8_0 weights from this many values (Gemma 3's 262144 x 640 output: 168M) go through cuBLAS on a bf16
-# copy instead of the q32 kernel, which trails MMQ 3-5x there (STATUS.md); smaller ones (up to 2048 x 2048) keep q32.
-FAST_Q32_DENSE_FROM = 16 * 1024 * 1024
 
 
 def make_ops(device="cpu", semantics: str = "llamacpp"):
@@ -122,8 +119,7 @@ def make_ops(device="cpu", semantics: str = "llamacpp"):
       wgmma), Q4_0/Q5_0/Q8_0 dequantized to bf16 (cuBLAS; 30-100x closer to float64 than q8_1 on Gemma 3 270M's
       real activations), float32 SIMT attention (q and p not rounded to f16).
     - fast: the fastest measured kernel per op, the path the speed claims are about (STATUS.md). GPU: AUTO keep-quant
-      GEMMs (`wgmma` above 8 tokens on Hopper, `mmvq` at 1..8), the q32 variant for Q4_0/Q5_0/Q8_0 below
-      FAST_Q32_DENSE_FROM values and cuBLAS on a bf16 copy from there, mma attention.
+      GEMMs (`wgmma` above 8 tokens on Hopper, `mmvq` at 1..8), the q32 variant for Q4_0/Q5_0/Q8_0, mma attention.
       CPU: llama.cpp's arithmetic (NumpyOps; the exact float orders are also the fastest host paths we have)."""
     if semantics not in SEMANTICS:
         raise InvalidArgumentError(f"unknown semantics {semantics!r} (choose {' or '.join(SEMANTICS)})")
@@ -146,7 +142,7 @@ def make_ops(device="cpu", semantics: str = "llamacpp"):
         return NativeOps(device, semantics="mmq", llamacpp_small_batches=True, attention_kernel="mma_llamacpp",
                          op_order="llamacpp_cuda")
     if semantics == "fast":
-        return NativeOps(device, q32_dense_from=FAST_Q32_DENSE_FROM)
+        return NativeOps(device)
     try:  # f16 semantics (the most exact keep-quant arithmetic) where the registry has a kernel for it on this device
         keep_quant = native.plan("auto", device, "f16", quants.Q4_K, 1, 256, 9).semantics
     except CiqError:

@@ -145,17 +145,14 @@ class NativeOps:
 
     ``semantics`` of the keep-quant GEMMs defaults to llama.cpp CPU's on the CPU and to whatever the fastest GPU
     kernel implements on a GPU ("any"); ``attention_kernel`` is one of ATTENTION_KERNELS; ``q32_kernel`` False
-    dequantizes Q4_0/Q5_0/Q8_0 weights to bf16 on a GPU too (bf16 activations instead of the q32 variant's q8_1);
-    ``q32_dense_from`` (values, None: never) does so only for such weights of at least that many values (rows x k):
-    the q32 kernel trails MMQ 3-5x on large shapes, cuBLAS on the bf16 copy does not.
+    dequantizes Q4_0/Q5_0/Q8_0 weights to bf16 on a GPU too (bf16 activations instead of the q32 variant's q8_1).
     ``llamacpp_small_batches`` (GPU, with semantics "mmq"): where llama.cpp CUDA multiplies by mul_mat_vec_q (1..8
     tokens, quants.llamacpp_cuda_uses_mmvq), every quantized weight runs the `mmvq` variant in its semantics, as
     llama.cpp does. ``op_order`` is whose float order rms_norm, rope and glu follow: "host" (llama.cpp CPU's, either
     device) or "llamacpp_cuda" (llama.cpp CUDA's kernels, GPU only; ggml_ciq.h ciq_op_order)."""
 
     def __init__(self, device="cpu", semantics: str | None = None, attention_kernel: str = "auto",
-                 q32_kernel: bool = True, llamacpp_small_batches: bool = False, op_order: str = "host",
-                 q32_dense_from: int | None = None):
+                 q32_kernel: bool = True, llamacpp_small_batches: bool = False, op_order: str = "host"):
         self.device = native.parse_device(device)
         self.native = native.load()
         if self.device >= 0 and self.device >= native.device_count():
@@ -166,7 +163,7 @@ class NativeOps:
         if attention_kernel not in kernels:
             raise InvalidArgumentError(f"unknown attention kernel {attention_kernel!r} (choose from "
                                        f"{', '.join(kernels)})")
-        self.attention_kernel, self.q32_kernel, self.q32_dense_from = attention_kernel, q32_kernel, q32_dense_from
+        self.attention_kernel, self.q32_kernel = attention_kernel, q32_kernel
         self._compute_capability = None
         if llamacpp_small_batches and self.device >= 0:
             match = re.search(r"sm_(\d+)(\d)", native.device_name(self.device))
@@ -399,9 +396,7 @@ class NativeOps:
             raise ShapeError(f"{tensor.name}: a weight must be 2-D, got shape {tensor.shape}")
         if tensor.is_keep_quant:
             return Weight(tensor.name, tensor.ggml_type, tensor.rows, tensor.k, "keep-quant", self._upload_raw(tensor))
-        dense = self.q32_dense_from is not None and tensor.rows * tensor.k >= self.q32_dense_from
-        if (self.device >= 0 and self.q32_kernel and not dense and tensor.ggml_type in quants.Q32_TYPES
-                and tensor.k % 128 == 0):
+        if self.device >= 0 and self.q32_kernel and tensor.ggml_type in quants.Q32_TYPES and tensor.k % 128 == 0:
             return Weight(tensor.name, tensor.ggml_type, tensor.rows, tensor.k, "q32", self._raw(tensor))
         if tensor.ggml_type not in GET_ROWS_TYPES:
             raise UnsupportedTypeError(f"{tensor.name}: weight type {tensor.type_name} is not supported")

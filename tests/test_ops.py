@@ -515,30 +515,6 @@ def test_linear_dense(ops, rng, ggml_type):
         assert nmse(out, as_bf16(x) @ as_bf16(w).T) <= 1e-10
 
 
-@pytest.mark.parametrize("ggml_type", [Q.Q8_0, Q.Q4_0], ids=["Q8_0", "Q4_0"])
-def test_linear_q32_dense_from(native_lib, rng, ggml_type):
-    """q32_dense_from: a 32-value-block weight of at least that many values goes through cuBLAS on its bf16 copy
-    (the engine's fast semantics for Gemma's output), a smaller one through the q32 variant; counted, and each
-    within its arithmetic of float64."""
-    _gpu_or_skip()
-    rows, k = 48, 768
-    raw = random_table(rng, ggml_type, rows, k)
-    x = rng.standard_normal((131, k)).astype(np.float32)
-    w = Q.dequantize(ggml_type, raw, rows, k)
-    as_bf16 = lambda a: (bf16_bits(a).astype(np.uint32) << 16).view(np.float32).astype(np.float64)  # noqa: E731
-    for dense_from, kind in ((rows * k, "bf16"), (rows * k + 1, "q32")):
-        ops = PoisonedOps("cuda", q32_dense_from=dense_from)
-        weight = ops.load_weight(Tensor("output.weight", ggml_type, (rows, k), raw))
-        native.dispatch_reset()
-        out = ops.linear(weight, ops.asarray(x)).numpy()
-        q32_runs = native.dispatch_counts()[("q32", Q.type_name(ggml_type))]
-        assert weight.kind == kind and q32_runs == (kind == "q32")
-        if kind == "bf16":
-            assert nmse(out, as_bf16(x) @ as_bf16(w).T) <= 1e-10
-        else:
-            assert np.array_equal(out, native.gemm_q32(raw, x, ggml_type, rows, k, ops.device))
-
-
 def test_device_array_views(native_lib, rng):
     ops = NativeOps("cpu")
     x = rng.standard_normal((10, 3, 4)).astype(np.float32)

@@ -17,7 +17,7 @@ from ggml_ciq import quants as Q
 
 def engine_case():
     """Every NativeOps op on the GPU in both float orders (host, llama.cpp CUDA's), the three attention kernels (a
-    window, a tail micro-batch), the q32 variant and its bf16 copy, and a small gemma3 and llama model's prefill
+    window, a tail micro-batch), the q32 variant, and a small gemma3 and llama model's prefill
     through the engine in each GPU semantics (41 tokens in micro-batches of 16)."""
     from ggml_ciq import catalog
     from ggml_ciq.engine import Transformer
@@ -56,7 +56,7 @@ def engine_case():
         ops.glu(x, x, "gelu").numpy(), ops.glu(x, x, "silu").numpy(), ops.scale(x, 0.5).numpy()
         ops.add(x.reshape(-1, 64), rng.standard_normal(64)).numpy()
         print(f"ops in the {order} order: done")
-    ops = NativeOps("cuda", q32_dense_from=1)  # every 32-value-block weight through its bf16 copy
+    ops = NativeOps("cuda")
     with tempfile.TemporaryDirectory() as tmp:
         from ggml_ciq.engine import make_ops
 
