@@ -158,6 +158,34 @@ def test_attention_emulated(emu, rng, kernel, tokens, heads_kv, group, head_dim,
         assert nmse(out, attention_ref(q, k, v, n_past, scale, window)) <= 1e-10
 
 
+def test_attention_emulated_llamacpp_is_not_mma(emu, rng):
+    """mma_llamacpp is its own arithmetic: on the same inputs it differs from mma by more than float noise (measured
+    9.8e-8 to 7.8e-7 on these cases; mma itself is ~1e-8 from float64), so a kernel ignoring the flag fails."""
+    for tokens, heads_kv, group, head_dim, n_past, window in EMULATED_CASES[:6]:
+        q, k, v = _attention_inputs(rng, tokens, heads_kv, group, head_dim, n_past)
+        outs = []
+        for kernel in (MMA, MMA_LLAMACPP):
+            out = poisoned((tokens, heads_kv * group * head_dim))
+            call(emu, "emu_attention", kernel, q, k.view(np.uint16), v.view(np.uint16), tokens, heads_kv * group,
+                 heads_kv, head_dim, n_past, 1.0 / np.sqrt(head_dim), window, out)
+            outs.append(out)
+        assert not np.array_equal(*outs) and nmse(outs[1], outs[0]) > 1e-9
+
+
+def test_attention_emulated_llamacpp_max_offset(emu):
+    """The row max raised by 3 ln 2 keeps f16 P V sums in range: 16 equal scores over values of 30000 give ~30000
+    (p = 1/8 each: 60000 < 65504 in the f16 accumulator); without the offset p = 1 and the sum overflows to inf."""
+    d, n_past = 64, 15
+    q = np.zeros((1, 1, d), np.float32)
+    k = np.zeros((n_past + 1, 1, d), np.float16)
+    v = np.full((n_past + 1, 1, d), 30000, np.float16)
+    out = poisoned((1, d))
+    call(emu, "emu_attention", MMA_LLAMACPP, q, k.view(np.uint16), v.view(np.uint16), 1, 1, 1, d, n_past, 0.125, 0,
+         out)
+    # p is __expf(-3 * 0.6931) = 0.12502 in the float row sum but 0.125 in f16 for P V: 29995.75, finite.
+    assert np.isfinite(out).all() and np.allclose(out, 30000, rtol=2e-4)
+
+
 def test_attention_emulated_head_dims(emu):
     ffi, lib = emu
     assert [d for d in (32, 64, 80, 96, 128, 192, 256) if lib.emu_attention_supports(MMA, d)] == [64, 96, 128, 256]
@@ -179,6 +207,13 @@ def test_rms_norm_emulated(emu, rng, order, n, d):
     out = poisoned((n, d))
     call(emu, "emu_rms_norm", order, x, None, None, 1e-6, n, d, out)
     assert nmse(out, rms_norm_ref(x, None, 1e-6)) <= 1e-12
+    fused = poisoned((n, d))
+    call(emu, "emu_rms_norm", order, x, w, add, 1e-6, n, d, fused)
+    for alias in ("x", "add"):  # the header lets out be x or add: the same values in place
+        buf = (x if alias == "x" else add).copy()
+        call(emu, "emu_rms_norm", order, buf if alias == "x" else x, w, buf if alias == "add" else add, 1e-6, n, d,
+             buf)
+        assert np.array_equal(buf, fused), alias
 
 
 @pytest.mark.parametrize("order", [HOST, LLAMACPP_CUDA], ids=["host", "llamacpp_cuda"])
@@ -192,6 +227,9 @@ def test_rope_emulated(emu, rng, order, neox):
     # (the host's here, as cosf/sinf are the host libm's; on the GPU the fast-math intrinsics), so a few float ulps
     # of angle away from that chain at positions up to 4096: measured 3.4e-10 and 4.1e-10; against float64 angles
     # the host chain is 1.5e-9..2.2e-9 here (a wrong pairing or angle would be O(1)).
+    in_place = x.copy()
+    call(emu, "emu_rope", order, 2 if neox else 0, in_place, positions, 17, 4, 128, 500000.0, in_place)
+    assert np.array_equal(in_place, out)
     if order == HOST:
         assert nmse(out, rope_ref(x, positions, 500000.0, neox)) <= 1e-12
     else:
@@ -204,11 +242,16 @@ def test_elementwise_emulated(emu, rng):
     gate, up = (rng.standard_normal((2, n)) * 4).astype(np.float32)
     out = poisoned(n)
     for order in (HOST, LLAMACPP_CUDA):
+        out = poisoned(n)
         call(emu, "emu_glu", order, 0, gate, up, n, out)
         assert nmse(out, gate / (np.float32(1) + np.exp(-gate)) * up) <= 1e-12
         out = poisoned(n)
         call(emu, "emu_glu", order, 1, gate, up, n, out)
         assert nmse(out, gelu_float_ref(gate) * up) <= 1e-12
+        in_place = gate.copy()  # out may be an input
+        call(emu, "emu_glu", order, 1, in_place, up, n, in_place)
+        assert np.array_equal(in_place, out)
+    out = poisoned(n)
     call(emu, "emu_add", gate, n, up, n, out)
     assert np.array_equal(out, gate + up)
     call(emu, "emu_add", gate[:4096], 4096, up[:64], 64, out)

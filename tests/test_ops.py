@@ -369,6 +369,20 @@ def test_attention_auto_is_mma_on_gpu(native_lib):
         ops.attention_kernel_name(80)  # no kernel built for head_dim 80
 
 
+def test_attention_mma_llamacpp_is_its_own_arithmetic(native_lib, rng):
+    """On the GPU: mma_llamacpp differs from mma by more than float noise (f16 P V sums), and its max offset keeps
+    16 equal scores over values of 30000 finite (p = 1/8; without the offset the f16 sum overflows)."""
+    _gpu_or_skip()
+    q, k, v = _attention_inputs(rng, 131, 4, 4, 256, 40)
+    outs = [PoisonedOps("cuda", attention_kernel=kernel).attention(q, k, v, 40, 1 / 16, 512).numpy()
+            for kernel in ("mma", "mma_llamacpp")]
+    assert not np.array_equal(*outs) and nmse(outs[1], outs[0]) > 1e-9
+    v = np.full((16, 1, 64), 30000, np.float16)
+    out = PoisonedOps("cuda", attention_kernel="mma_llamacpp").attention(
+        np.zeros((1, 1, 64), np.float32), np.zeros((16, 1, 64), np.float16), v, 15, 0.125, 0).numpy()
+    assert np.isfinite(out).all() and np.allclose(out, 30000, rtol=2e-4)
+
+
 @pytest.mark.parametrize("n, d", [(17, 640), (131, 256), (3, 2048)])
 def test_llamacpp_cuda_order_rms_norm(native_lib, rng, n, d):
     """The llama.cpp-CUDA-order norm on the GPU (rsqrtf, its reduction tree, the add in one FMA): within float

@@ -209,7 +209,7 @@ typedef enum {                 /* whose float order the norm, RoPE and GLU ops f
 } ciq_op_order;
 
 /* out[n][d] = x * 1/sqrt(mean(x^2) + eps), then * weight[d] unless weight is NULL (ggml rms_norm, mul), then
- * + add[n][d] unless add is NULL (ggml add; llama.cpp CUDA fuses it: one rounding in CIQ_ORDER_LLAMACPP_CUDA). */
+ * + add[n][d] unless add is NULL (ggml add; with a weight llama.cpp CUDA fuses it: one FMA in its order). */
 ciq_status ciq_rms_norm(int device, ciq_op_order order, const float *x, const float *weight, const float *add,
                         float eps, int64_t n, int64_t d, float *out);
 /* RoPE on x[tokens][heads][head_dim] over all head_dim dims: angle positions[t] * base^(-2i/head_dim). */

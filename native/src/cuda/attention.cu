@@ -20,11 +20,14 @@
 //         during O += P V (three barriers per tile); D = 256 loads K and V at the top of each tile.
 //   mma_llamacpp: the mma kernel in llama.cpp CUDA's flash-attention arithmetic (ggml-cuda/fattn-mma-f16.cuh, the
 //         kernel llama.cpp runs for prefill on sm_80+): Q rounded to f16, then times the f16 scale; the running max
-//         of a row is the max of (s + 3 ln 2) (FATTN_KQ_MAX_OFFSET: p up to 8 uses f16's range); p = __expf(s - m);
-//         a rescale whose exponent is below -20 is 0; O += P V accumulated in f16 (mma f16.f16.f16.f16) and rescaled
-//         in half2; l = scale * l + (the tile's sum of p) in float; out = float(O) / l with the fast division.
-//         Its float order within a tile and across llama.cpp's KV split is not llama.cpp's: the same rounding
-//         points, not the same bits.
+//         of a row is the max of (s + 3 ln 2) (FATTN_KQ_MAX_OFFSET: p <= 1/8, so P V sums stay in f16's range);
+//         p = __expf(s - m); a rescale whose exponent is below -20 is 0; O += P V accumulated in f16 (mma
+//         f16.f16.f16.f16) and rescaled in half2; l = scale * l + (the tile's sum of p) in float; out = float(O) / l
+//         with the fast division. Not reproduced: its key tiles (32 keys for D = 256, stepped from key 0; ours are 64
+//         keys from the first visible one, so a sliding window's tiles start at the window: 32-key tiles from key 0
+//         measured further from llama.cpp at 512 tokens, NOTES.md; 64-key tiles aligned to key 0 are not measured),
+//         which keys each lane sums into l (its K Q^T fragments are transposed to ours), and its split of one query
+//         tile's keys over CTAs (stream-k): the same rounding kinds, not the same bits.
 #include "common.cuh"
 
 #include <algorithm>

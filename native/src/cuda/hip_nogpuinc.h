@@ -134,9 +134,13 @@ extern "C" __device__ float __ocml_exp_f32(float);
 extern "C" __device__ float __ocml_tanh_f32(float);
 extern "C" __device__ float __ocml_cos_f32(float);
 extern "C" __device__ float __ocml_sin_f32(float);
+extern "C" __device__ float __ocml_pow_f32(float, float);
+extern "C" __device__ float __ocml_rsqrt_f32(float);
 static __device__ __forceinline__ float expf(float x) { return __ocml_exp_f32(x); }
 static __device__ __forceinline__ float tanhf(float x) { return __ocml_tanh_f32(x); }
 static __device__ __forceinline__ float cosf(float x) { return __ocml_cos_f32(x); }
 static __device__ __forceinline__ float sinf(float x) { return __ocml_sin_f32(x); }
+static __device__ __forceinline__ float powf(float x, float y) { return __ocml_pow_f32(x, y); }
+static __device__ __forceinline__ float rsqrtf(float x) { return __ocml_rsqrt_f32(x); }
 static __device__ __forceinline__ int __float2int_rn(float x) { return (int)__builtin_rintf(x); }
 static __device__ __forceinline__ unsigned int __float_as_uint(float x) { return __builtin_bit_cast(unsigned int, x); }

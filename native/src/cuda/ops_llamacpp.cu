@@ -2,12 +2,14 @@
 // expressions of llama.cpp's kernels (ggml-cuda/norm.cu rms_norm_f32, rope.cu rope_norm/rope_neox and the fused
 // rms_norm_mul_rope_f32, unary.cu's gated GELU/SiLU), in a translation unit built with llama.cpp's CUDA flag
 // -use_fast_math (native/CMakeLists.txt), so that nvcc makes the same choices: FMA contraction, x / y as __fdividef,
-// cosf/sinf/powf/expf as __cosf/__sinf/__powf/__expf, denormals flushed. The host order is ops.cu.
+// cosf/sinf/powf/expf as __cosf/__sinf/__powf/__expf, denormals flushed. The host order is ops.cu. A HIP build
+// compiles this file without the flag (llama.cpp's HIP kernels are not what it reproduces).
 //
 //   rms_norm : per thread `tmp += x*x` over columns tid, tid + B, ... (B = 256 below 1024 columns, else 1024), a warp
 //              butterfly (xor 16..1), the warps' sums through shared memory into a second butterfly (lanes past the
 //              warp count add 0); scale = rsqrtf(tmp / d + eps); out = scale * x * weight (+ add, contracted to
-//              one FMA as llama.cpp's fused RMS_NORM + MUL + ADD).
+//              one FMA as llama.cpp's fused RMS_NORM + MUL + ADD; without a weight the add rounds on its own, as
+//              llama.cpp fuses no norm + add without the multiply).
 //   rope     : theta = pos * powf(theta_scale, i) (theta_scale = powf(base, -2/head_dim) on the host),
 //              x0 * cos - x1 * sin, x0 * sin + x1 * cos (freq_scale 1, no YaRN: llama.cpp's factors are exact 1s).
 //   glu      : gelu(g) = 0.5f * g * (1 + tanhf(sqrt(2/pi) * g * (1 + 0.044715 * g * g))), silu(g) = g / (1 + expf(-g)),
@@ -65,8 +67,8 @@ rms_norm_llamacpp_kernel(const float *x, const float *weight, const float *add, 
             dst[col] = scale * x[col] * weight[col] + add[col];
         } else if (weight) {
             dst[col] = scale * x[col] * weight[col];
-        } else if (add) {
-            dst[col] = scale * x[col] + add[col];
+        } else if (add) {  // llama.cpp fuses the add only with the multiply: here its own ggml_add rounding
+            dst[col] = __fadd_rn(scale * x[col], add[col]);
         } else {
             dst[col] = scale * x[col];
         }
