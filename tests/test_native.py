@@ -210,7 +210,7 @@ def test_attention_dispatch_counter(native_lib, rng):
     cache = rng.standard_normal((5, 1, 64)).astype(np.float16)
     native.dispatch_reset()
     numpy_ops.attention(q, cache, cache, 2, 0.125, 0)
-    assert native.attention_dispatch_counts() == {"auto": 0, "cpu": 0, "simt": 0, "mma": 0, "ggml": 1}
+    assert native.attention_dispatch_counts() == {"auto": 0, "cpu": 0, "simt": 0, "mma": 0, "ggml": 1, "mma_llamacpp": 0}
     native.dispatch_reset()
     assert sum(native.attention_dispatch_counts().values()) == 0
 
