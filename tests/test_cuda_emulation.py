@@ -172,6 +172,23 @@ def test_attention_emulated_llamacpp_is_not_mma(emu, rng):
         assert not np.array_equal(*outs) and nmse(outs[1], outs[0]) > 1e-9
 
 
+def test_attention_emulated_llamacpp_aligned_tiles(emu, rng, monkeypatch):
+    """GGML_CIQ_ATTENTION_ALIGN=1 (issue 18's A/B switch): with a sliding window whose start is not a multiple of 64,
+    the key tiles move (other rescale points: other bits) and the result stays within the kernel's bar of float64."""
+    tokens, heads_kv, group, d, n_past, window = 17, 1, 4, 256, 600, 512
+    q, k, v = _attention_inputs(rng, tokens, heads_kv, group, d, n_past)
+    outs = []
+    for align in ("0", "1"):
+        monkeypatch.setenv("GGML_CIQ_ATTENTION_ALIGN", align)
+        out = poisoned((tokens, heads_kv * group * d))
+        call(emu, "emu_attention", MMA_LLAMACPP, q, k.view(np.uint16), v.view(np.uint16), tokens, heads_kv * group,
+             heads_kv, d, n_past, 1 / 16, window, out)
+        q16 = (q.astype(np.float16) * np.float16(1 / 16)).astype(np.float32)
+        assert nmse(out, attention_ref(q16, k, v, n_past, 1.0, window)) <= 1e-5
+        outs.append(out)
+    assert not np.array_equal(*outs)
+
+
 def test_attention_emulated_llamacpp_max_offset(emu):
     """The row max raised by 3 ln 2 keeps f16 P V sums in range: 16 equal scores over values of 30000 give ~30000
     (p = 1/8 each: 60000 < 65504 in the f16 accumulator); without the offset p = 1 and the sum overflows to inf."""

@@ -47,7 +47,8 @@
 #           named in letters, digits, '.', '_' and '-')
 # What the open issues still need on the GPU: issue 16's kernels once written (bench gemm sets, compare at 512..8192,
 # sanitize); issue 18's `compare` after any change to the llamacpp semantics (at 4096 tokens its top-1 is 2 positions
-# short: LIMIT=400 gives the 4096 run room when the call has it); plugin-sanitize after ac2ab62's change to the plugin's
+# short: LIMIT=400 gives the 4096 run room when the call has it; the prepared A/B is GGML_CIQ_ATTENTION_ALIGN=1
+# TOKENS=4096 against the default, each with `sanitize engine` clean first); plugin-sanitize after ac2ab62's change to the plugin's
 # waits. Run one-off scripts as `gpu_run.sh py tools/X.py` (its PYTHONPATH), and fire the next call within 30 s.
 # /tmp survives between calls while the machine stays warm, so setup runs once per lease.
 set -uo pipefail

@@ -5,6 +5,7 @@ Usage: compute-sanitizer --tool memcheck python3 tools/sanitize_case.py [variant
 (mmvq: every type at 1..8 tokens, mmvq_case)
 """
 
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -35,6 +36,11 @@ def engine_case():
             ops.kv_store(v, 0, rng.standard_normal((n_past + t, hkv, d)).astype(np.float32))
             out = ops.attention(q, k, v, n_past, d ** -0.5, window).numpy()
             print(f"attention {kernel} D={d} n_past={n_past} window={window}: finite={np.isfinite(out).all()}")
+            if kernel == "mma_llamacpp" and window:  # issue 18's A/B switch: tiles from key 0
+                os.environ["GGML_CIQ_ATTENTION_ALIGN"] = "1"
+                out = ops.attention(q, k, v, n_past, d ** -0.5, window).numpy()
+                del os.environ["GGML_CIQ_ATTENTION_ALIGN"]
+                print(f"attention {kernel} aligned D={d}: finite={np.isfinite(out).all()}")
     for weight_type, block_bytes in ((Q.Q4_0, 18), (Q.Q5_0, 22), (Q.Q8_0, 34)):  # the q32 variant, row/token tails
         rows, k = 70, 384
         raw = rng.integers(0, 256, rows * k // 32 * block_bytes, dtype=np.uint8).reshape(-1, block_bytes)

@@ -25,13 +25,15 @@
 //         f16.f16.f16.f16) and rescaled in half2; l = scale * l + (the tile's sum of p) in float; out = float(O) / l
 //         with the fast division. Not reproduced: its key tiles (32 keys for D = 256, stepped from key 0; ours are 64
 //         keys from the first visible one, so a sliding window's tiles start at the window: 32-key tiles from key 0
-//         measured further from llama.cpp at 512 tokens, NOTES.md; 64-key tiles aligned to key 0 are not measured),
+//         measured further from llama.cpp at 512 tokens, NOTES.md; 64-key tiles aligned to key 0 are the A/B switch
+//         GGML_CIQ_ATTENTION_ALIGN=1, not yet measured),
 //         which keys each lane sums into l (its K Q^T fragments are transposed to ours), and its split of one query
 //         tile's keys over CTAs (stream-k): the same rounding kinds, not the same bits.
 #include "common.cuh"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <type_traits>
 
 namespace {
@@ -45,7 +47,15 @@ struct AttentionArgs {
     float *out;
     int tokens, heads, heads_kv, n_past, window;
     float scale;
+    int align_keys;  // mma_llamacpp: key tiles start at multiples of this from key 0 (0: at the first visible key)
 };
+
+// GGML_CIQ_ATTENTION_ALIGN=1: mma_llamacpp's key tiles start at multiples of 64 from key 0, as llama.cpp steps its
+// tiles, instead of at a sliding window's first key (the A/B switch for issue 18; off by default, not yet measured).
+static int llamacpp_align_keys() {
+    const char *v = std::getenv("GGML_CIQ_ATTENTION_ALIGN");
+    return v && *v && std::atoi(v) != 0 ? ATTN_KEYS : 0;
+}
 
 // The key range [first, end) the CTA's queries can see.
 __device__ __forceinline__ void key_range(const AttentionArgs &a, int q0, int *first, int *end) {
@@ -212,6 +222,9 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
     }
     int first, end;
     key_range(a, q0, &first, &end);
+    if constexpr (LLAMACPP) {
+        if (a.align_keys) first -= first % a.align_keys;  // the keys before the window are masked by visible()
+    }
     const int row0 = 16 * warp;  // the warp's rows: row0 + g and row0 + g + 8
     const int pos[2] = {a.n_past + q0 + row0 + g, a.n_past + q0 + row0 + g + 8};
 
@@ -475,7 +488,8 @@ ciq_status ciq_cuda_attention(ciq_attention_kernel kernel, const float *q, const
                         (long long)(tokens + n_past), (long long)heads);
     }
     const AttentionArgs args{q, k_cache, v_cache, out, (int)tokens, (int)heads, (int)heads_kv, (int)n_past,
-                             (int)std::min<int64_t>(window, INT32_MAX), scale};
+                             (int)std::min<int64_t>(window, INT32_MAX), scale,
+                             kernel == CIQ_ATTENTION_MMA_LLAMACPP ? llamacpp_align_keys() : 0};
     switch (head_dim) {
         case 64: return launch<64>(kernel, args);
         case 96: return launch<96>(kernel, args);
