@@ -61,6 +61,10 @@ ciq_status ciq_rope(int device, ciq_op_order order, ciq_rope_mode mode, const fl
               ciq_cuda_rope(order, mode, x, positions, tokens, heads, head_dim, base, out));
 }
 
+static bool uses_mma(ciq_attention_kernel kernel) {  // the tensor-core kernels: sm_80+, 16-byte-aligned K/V
+    return kernel == CIQ_ATTENTION_MMA || kernel == CIQ_ATTENTION_MMA_LLAMACPP;
+}
+
 ciq_status ciq_attention_resolve(int device, ciq_attention_kernel kernel, int64_t head_dim,
                                  ciq_attention_kernel *resolved) {
     if (resolved == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_attention_resolve: resolved is NULL");
@@ -71,7 +75,7 @@ ciq_status ciq_attention_resolve(int device, ciq_attention_kernel kernel, int64_
     CIQ_TRY(ciq_check_device(device));
     static const char *const names[] = {"auto", "cpu", "simt", "mma", "ggml", "mma_llamacpp"};
     if (device == CIQ_DEVICE_CPU) {
-        if (kernel == CIQ_ATTENTION_SIMT || kernel == CIQ_ATTENTION_MMA || kernel == CIQ_ATTENTION_MMA_LLAMACPP) {
+        if (kernel == CIQ_ATTENTION_SIMT || uses_mma(kernel)) {
             return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention kernel %s runs on a GPU, not the CPU", names[kernel]);
         }
         *resolved = kernel == CIQ_ATTENTION_GGML ? CIQ_ATTENTION_GGML : CIQ_ATTENTION_CPU;
@@ -89,7 +93,7 @@ ciq_status ciq_attention_resolve(int device, ciq_attention_kernel kernel, int64_
     const bool mma_ok = major >= 8 && ciq_cuda_attention_supports(device, CIQ_ATTENTION_MMA, head_dim);
 #endif
     *resolved = kernel == CIQ_ATTENTION_AUTO ? (mma_ok ? CIQ_ATTENTION_MMA : CIQ_ATTENTION_SIMT) : kernel;
-    const bool ok = *resolved == CIQ_ATTENTION_MMA || *resolved == CIQ_ATTENTION_MMA_LLAMACPP ? mma_ok : ciq_cuda_attention_supports(device, CIQ_ATTENTION_SIMT, head_dim);
+    const bool ok = uses_mma(*resolved) ? mma_ok : ciq_cuda_attention_supports(device, CIQ_ATTENTION_SIMT, head_dim);
     if (!ok) {
         return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention kernel %s does not run head_dim %lld on this GPU",
                         names[*resolved], (long long)head_dim);
@@ -121,7 +125,7 @@ ciq_status ciq_attention(int device, ciq_attention_kernel kernel, const float *q
     }
     ciq_attention_kernel resolved;
     CIQ_TRY(ciq_attention_resolve(device, kernel, head_dim, &resolved));
-    if ((resolved == CIQ_ATTENTION_MMA || resolved == CIQ_ATTENTION_MMA_LLAMACPP) && (((uintptr_t)k_cache | (uintptr_t)v_cache) & 15)) {  // uint4 K/V loads
+    if (uses_mma(resolved) && (((uintptr_t)k_cache | (uintptr_t)v_cache) & 15)) {  // uint4 K/V loads
         if (kernel != CIQ_ATTENTION_AUTO || ciq_attention_resolve(device, CIQ_ATTENTION_SIMT, head_dim, &resolved) != CIQ_OK)
             return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_attention: the mma kernel needs 16-byte-aligned K/V caches");
     }

@@ -24,11 +24,11 @@
 //         p = __expf(s - m); a rescale whose exponent is below -20 is 0; O += P V accumulated in f16 (mma
 //         f16.f16.f16.f16) and rescaled in half2; l = scale * l + (the tile's sum of p) in float; out = float(O) / l
 //         with the fast division. Not reproduced: its key tiles (32 keys for D = 256, stepped from key 0; ours are 64
-//         keys from the first visible one, so a sliding window's tiles start at the window: 32-key tiles from key 0
+//         keys from the first visible one, so a sliding window's tiles start at the window; 32-key tiles from key 0
 //         measured further from llama.cpp at 512 tokens, NOTES.md; 64-key tiles aligned to key 0 are the A/B switch
-//         GGML_CIQ_ATTENTION_ALIGN=1, not yet measured),
-//         which keys each lane sums into l (its K Q^T fragments are transposed to ours), and its split of one query
-//         tile's keys over CTAs (stream-k): the same rounding kinds, not the same bits.
+//         GGML_CIQ_ATTENTION_ALIGN=1, not yet measured), which keys each lane sums into l (its K Q^T fragments are
+//         transposed to ours), and its split of one query tile's keys over CTAs (stream-k): the same rounding kinds,
+//         not the same bits.
 #include "common.cuh"
 
 #include <algorithm>
@@ -427,24 +427,22 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
 
 #endif  // !GGML_CIQ_HIP
 
+#if !defined(GGML_CIQ_HIP)
+template <int D, bool LLAMACPP> ciq_status launch_mma(dim3 grid, const AttentionArgs &args) {
+    const char *what = LLAMACPP ? "attention (mma_llamacpp)" : "attention (mma)";
+    ciq_status status = ciq_raise_smem_limit<attention_mma_kernel<D, LLAMACPP>>((int)MmaSmem<D>::BYTES, what);
+    if (status != CIQ_OK) return status;
+    attention_mma_kernel<D, LLAMACPP><<<grid, 128, MmaSmem<D>::BYTES>>>(args);
+    CIQ_CUDA_LAUNCH_CHECK(what);
+    return CIQ_OK;
+}
+#endif
+
 template <int D> ciq_status launch(ciq_attention_kernel kernel, const AttentionArgs &args) {
     const dim3 grid((args.tokens + ATTN_QUERIES - 1) / ATTN_QUERIES, args.heads);
 #if !defined(GGML_CIQ_HIP)
-    if (kernel == CIQ_ATTENTION_MMA) {
-        ciq_status status = ciq_raise_smem_limit<attention_mma_kernel<D, false>>((int)MmaSmem<D>::BYTES, "attention (mma)");
-        if (status != CIQ_OK) return status;
-        attention_mma_kernel<D, false><<<grid, 128, MmaSmem<D>::BYTES>>>(args);
-        CIQ_CUDA_LAUNCH_CHECK("attention (mma)");
-        return CIQ_OK;
-    }
-    if (kernel == CIQ_ATTENTION_MMA_LLAMACPP) {
-        ciq_status status = ciq_raise_smem_limit<attention_mma_kernel<D, true>>((int)MmaSmem<D>::BYTES,
-                                                                                 "attention (mma_llamacpp)");
-        if (status != CIQ_OK) return status;
-        attention_mma_kernel<D, true><<<grid, 128, MmaSmem<D>::BYTES>>>(args);
-        CIQ_CUDA_LAUNCH_CHECK("attention (mma_llamacpp)");
-        return CIQ_OK;
-    }
+    if (kernel == CIQ_ATTENTION_MMA) return launch_mma<D, false>(grid, args);
+    if (kernel == CIQ_ATTENTION_MMA_LLAMACPP) return launch_mma<D, true>(grid, args);
     ciq_status status = ciq_raise_smem_limit<attention_simt_kernel<D>>((int)SimtSmem<D>::BYTES, "attention (simt)");
     if (status != CIQ_OK) return status;
 #else

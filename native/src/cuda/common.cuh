@@ -3,6 +3,7 @@
 #include "cuda_backend.h"
 #include "vendor.cuh"
 
+#include <algorithm>
 #include <atomic>
 
 #define CIQ_CUDA_LAUNCH_CHECK(what)                                                                   \
@@ -29,6 +30,15 @@ template <auto KERNEL> static ciq_status ciq_raise_smem_limit(int bytes, const c
     return CIQ_OK;
 }
 #endif
+
+// Elementwise kernels (ops.cu, ops_llamacpp.cu): blocks of CIQ_ELEMENTWISE_THREADS, a grid-stride loop over int64
+// indices from ciq_first_index() in steps of ciq_index_stride(), at most 8 x 65535 blocks.
+constexpr int CIQ_ELEMENTWISE_THREADS = 256;
+static inline unsigned ciq_grid_for(int64_t n) {
+    return (unsigned)std::min<int64_t>((n + CIQ_ELEMENTWISE_THREADS - 1) / CIQ_ELEMENTWISE_THREADS, 65535 * 8);
+}
+static __device__ __forceinline__ int64_t ciq_first_index() { return (int64_t)blockIdx.x * blockDim.x + threadIdx.x; }
+static __device__ __forceinline__ int64_t ciq_index_stride() { return (int64_t)gridDim.x * blockDim.x; }
 
 static __device__ __forceinline__ float ciq_half_to_float(uint16_t bits) {
     return __half2float(__ushort_as_half(bits));

@@ -19,12 +19,7 @@
 
 namespace {
 
-constexpr int OPS_THREADS = 256;
-
-unsigned grid_for(int64_t n) { return (unsigned)std::min<int64_t>((n + OPS_THREADS - 1) / OPS_THREADS, 65535 * 8); }
-
-__device__ __forceinline__ int64_t first_index() { return (int64_t)blockIdx.x * blockDim.x + threadIdx.x; }
-__device__ __forceinline__ int64_t index_stride() { return (int64_t)gridDim.x * blockDim.x; }
+constexpr int OPS_THREADS = CIQ_ELEMENTWISE_THREADS;
 
 __device__ __forceinline__ uint16_t float_to_bf16_bits(float f) {  // round to nearest even, NaN stays NaN
     const uint32_t u = __float_as_uint(f);
@@ -61,7 +56,7 @@ __global__ void __launch_bounds__(OPS_THREADS)
 rope_kernel(const float *__restrict__ x, const int32_t *__restrict__ positions, int64_t tokens, int64_t heads,
             int64_t head_dim, float theta_scale, bool neox, float *__restrict__ out) {
     const int64_t half = head_dim / 2;
-    for (int64_t idx = first_index(); idx < tokens * half; idx += index_stride()) {
+    for (int64_t idx = ciq_first_index(); idx < tokens * half; idx += ciq_index_stride()) {
         const int64_t t = idx / half, i = idx % half;
         float theta = (float)positions[t];
         for (int64_t j = 0; j < i; ++j) theta = __fmul_rn(theta, theta_scale);
@@ -78,7 +73,7 @@ rope_kernel(const float *__restrict__ x, const int32_t *__restrict__ positions, 
 
 __global__ void __launch_bounds__(OPS_THREADS)
 kv_store_kernel(uint16_t *__restrict__ dst, const float *__restrict__ x, int64_t n) {
-    for (int64_t i = first_index(); i < n; i += index_stride()) dst[i] = __half_as_ushort(__float2half_rn(x[i]));
+    for (int64_t i = ciq_first_index(); i < n; i += ciq_index_stride()) dst[i] = __half_as_ushort(__float2half_rn(x[i]));
 }
 
 __device__ __forceinline__ float gelu_float(float x) {  // llama.cpp CUDA's ggml_cuda_op_gelu_single
@@ -89,7 +84,7 @@ __device__ __forceinline__ float gelu_float(float x) {  // llama.cpp CUDA's ggml
 
 __global__ void __launch_bounds__(OPS_THREADS)
 glu_kernel(bool gelu, const float *__restrict__ gate, const float *__restrict__ up, int64_t n, float *__restrict__ out) {
-    for (int64_t i = first_index(); i < n; i += index_stride()) {
+    for (int64_t i = ciq_first_index(); i < n; i += ciq_index_stride()) {
         const float g = gate[i];
         const float act = gelu ? gelu_float(g) : __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
         out[i] = __fmul_rn(act, up[i]);
@@ -98,11 +93,11 @@ glu_kernel(bool gelu, const float *__restrict__ gate, const float *__restrict__ 
 
 __global__ void __launch_bounds__(OPS_THREADS)
 add_kernel(const float *__restrict__ a, int64_t n, const float *__restrict__ b, int64_t b_n, float *__restrict__ out) {
-    for (int64_t i = first_index(); i < n; i += index_stride()) out[i] = __fadd_rn(a[i], b[b_n == n ? i : i % b_n]);
+    for (int64_t i = ciq_first_index(); i < n; i += ciq_index_stride()) out[i] = __fadd_rn(a[i], b[b_n == n ? i : i % b_n]);
 }
 
 __global__ void __launch_bounds__(OPS_THREADS) scale_kernel(const float *__restrict__ x, float s, int64_t n, float *__restrict__ out) {
-    for (int64_t i = first_index(); i < n; i += index_stride()) out[i] = __fmul_rn(x[i], s);
+    for (int64_t i = ciq_first_index(); i < n; i += ciq_index_stride()) out[i] = __fmul_rn(x[i], s);
 }
 
 // One thread per output value; rows of ids outside [0, table_rows) are NaN.
@@ -111,7 +106,7 @@ get_rows_kernel(int type, const uint8_t *__restrict__ table, int64_t table_rows,
                 const int32_t *__restrict__ ids, int64_t n, float *__restrict__ out) {
     const int values = ciq_block_values(type), bytes = ciq_block_bytes(type);
     const int64_t row_bytes = k / values * bytes;
-    for (int64_t idx = first_index(); idx < n * k; idx += index_stride()) {
+    for (int64_t idx = ciq_first_index(); idx < n * k; idx += ciq_index_stride()) {
         const int64_t r = idx / k, i = idx % k;
         const int32_t id = ids[r];
         out[idx] = id < 0 || id >= table_rows
@@ -124,14 +119,14 @@ __global__ void __launch_bounds__(OPS_THREADS)
 dequantize_bf16_kernel(int type, const uint8_t *__restrict__ data, int64_t rows, int64_t k, uint16_t *__restrict__ out) {
     const int values = ciq_block_values(type), bytes = ciq_block_bytes(type);
     const int64_t row_bytes = k / values * bytes;
-    for (int64_t idx = first_index(); idx < rows * k; idx += index_stride()) {
+    for (int64_t idx = ciq_first_index(); idx < rows * k; idx += ciq_index_stride()) {
         const int64_t r = idx / k, i = idx % k;
         out[idx] = float_to_bf16_bits(ciq_dequantize_value(type, data + r * row_bytes + i / values * bytes, (int)(i % values)));
     }
 }
 
 __global__ void __launch_bounds__(OPS_THREADS) convert_bf16_kernel(const float *__restrict__ x, int64_t n, uint16_t *__restrict__ out) {
-    for (int64_t i = first_index(); i < n; i += index_stride()) out[i] = float_to_bf16_bits(x[i]);
+    for (int64_t i = ciq_first_index(); i < n; i += ciq_index_stride()) out[i] = float_to_bf16_bits(x[i]);
 }
 
 }  // namespace
@@ -152,14 +147,14 @@ ciq_status ciq_cuda_rope(ciq_op_order order, ciq_rope_mode mode, const float *x,
                          int64_t tokens, int64_t heads, int64_t head_dim, float base, float *out) {
     if (order == CIQ_ORDER_LLAMACPP_CUDA) return ciq_cuda_llamacpp_rope(mode, x, positions, tokens, heads, head_dim, base, out);
     const float theta_scale = std::pow(base, -2.0f / (float)head_dim);  // on the host, as the CPU path computes it
-    rope_kernel<<<grid_for(tokens * head_dim / 2), OPS_THREADS>>>(x, positions, tokens, heads, head_dim, theta_scale,
+    rope_kernel<<<ciq_grid_for(tokens * head_dim / 2), OPS_THREADS>>>(x, positions, tokens, heads, head_dim, theta_scale,
                                                                   mode == CIQ_ROPE_NEOX, out);
     CIQ_CUDA_LAUNCH_CHECK("rope");
     return CIQ_OK;
 }
 
 ciq_status ciq_cuda_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values) {
-    kv_store_kernel<<<grid_for(tokens * row_values), OPS_THREADS>>>(cache + start * row_values, x, tokens * row_values);
+    kv_store_kernel<<<ciq_grid_for(tokens * row_values), OPS_THREADS>>>(cache + start * row_values, x, tokens * row_values);
     CIQ_CUDA_LAUNCH_CHECK("kv_store");
     return CIQ_OK;
 }
@@ -167,38 +162,38 @@ ciq_status ciq_cuda_kv_store(uint16_t *cache, int64_t start, const float *x, int
 ciq_status ciq_cuda_glu(ciq_op_order order, ciq_glu_kind kind, const float *gate, const float *up, int64_t n,
                         float *out) {
     if (order == CIQ_ORDER_LLAMACPP_CUDA) return ciq_cuda_llamacpp_glu(kind, gate, up, n, out);
-    glu_kernel<<<grid_for(n), OPS_THREADS>>>(kind == CIQ_GLU_GELU, gate, up, n, out);
+    glu_kernel<<<ciq_grid_for(n), OPS_THREADS>>>(kind == CIQ_GLU_GELU, gate, up, n, out);
     CIQ_CUDA_LAUNCH_CHECK("glu");
     return CIQ_OK;
 }
 
 ciq_status ciq_cuda_add(const float *a, int64_t n, const float *b, int64_t b_n, float *out) {
-    add_kernel<<<grid_for(n), OPS_THREADS>>>(a, n, b, b_n, out);
+    add_kernel<<<ciq_grid_for(n), OPS_THREADS>>>(a, n, b, b_n, out);
     CIQ_CUDA_LAUNCH_CHECK("add");
     return CIQ_OK;
 }
 
 ciq_status ciq_cuda_scale(const float *x, float s, int64_t n, float *out) {
-    scale_kernel<<<grid_for(n), OPS_THREADS>>>(x, s, n, out);
+    scale_kernel<<<ciq_grid_for(n), OPS_THREADS>>>(x, s, n, out);
     CIQ_CUDA_LAUNCH_CHECK("scale");
     return CIQ_OK;
 }
 
 ciq_status ciq_cuda_get_rows(int type, const void *table, int64_t table_rows, int64_t k, const int32_t *ids, int64_t n,
                              float *out) {
-    get_rows_kernel<<<grid_for(n * k), OPS_THREADS>>>(type, (const uint8_t *)table, table_rows, k, ids, n, out);
+    get_rows_kernel<<<ciq_grid_for(n * k), OPS_THREADS>>>(type, (const uint8_t *)table, table_rows, k, ids, n, out);
     CIQ_CUDA_LAUNCH_CHECK("get_rows");
     return CIQ_OK;
 }
 
 ciq_status ciq_cuda_dequantize_bf16(int type, const void *data, int64_t rows, int64_t k, void *out) {
-    dequantize_bf16_kernel<<<grid_for(rows * k), OPS_THREADS>>>(type, (const uint8_t *)data, rows, k, (uint16_t *)out);
+    dequantize_bf16_kernel<<<ciq_grid_for(rows * k), OPS_THREADS>>>(type, (const uint8_t *)data, rows, k, (uint16_t *)out);
     CIQ_CUDA_LAUNCH_CHECK("dequantize_bf16");
     return CIQ_OK;
 }
 
 ciq_status ciq_cuda_convert_bf16(const float *x, int64_t n, void *out) {
-    convert_bf16_kernel<<<grid_for(n), OPS_THREADS>>>(x, n, (uint16_t *)out);
+    convert_bf16_kernel<<<ciq_grid_for(n), OPS_THREADS>>>(x, n, (uint16_t *)out);
     CIQ_CUDA_LAUNCH_CHECK("convert_bf16");
     return CIQ_OK;
 }

@@ -23,11 +23,7 @@
 namespace {
 
 constexpr int LLAMA_WARP = 32;
-constexpr int ELEMENTWISE_THREADS = 256;
-
-unsigned grid_for(int64_t n) {
-    return (unsigned)std::min<int64_t>((n + ELEMENTWISE_THREADS - 1) / ELEMENTWISE_THREADS, 65535 * 8);
-}
+constexpr int ELEMENTWISE_THREADS = CIQ_ELEMENTWISE_THREADS;
 
 __device__ __forceinline__ float warp_reduce_sum(float x) {
 #pragma unroll
@@ -80,7 +76,7 @@ rope_llamacpp_kernel(const float *x, const int32_t *pos, int64_t tokens, int64_t
                      float theta_scale, bool neox, float *dst) {
     const int half = head_dim / 2;
     const int64_t n = tokens * heads * half;
-    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (int64_t)gridDim.x * blockDim.x) {
+    for (int64_t idx = ciq_first_index(); idx < n; idx += ciq_index_stride()) {
         const int64_t row = idx / half;  // (token, head)
         const int pair = (int)(idx % half), i0 = 2 * pair;
         const int64_t t = row / heads;
@@ -106,7 +102,7 @@ __device__ __forceinline__ float op_silu(float x) { return x / (1.0f + expf(-x))
 template <bool GELU>
 __global__ void __launch_bounds__(ELEMENTWISE_THREADS)
 glu_llamacpp_kernel(const float *gate, const float *up, int64_t n, float *dst) {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    for (int64_t i = ciq_first_index(); i < n; i += ciq_index_stride()) {
         dst[i] = (GELU ? op_gelu(gate[i]) : op_silu(gate[i])) * up[i];
     }
 }
@@ -131,7 +127,7 @@ ciq_status ciq_cuda_llamacpp_rms_norm(const float *x, const float *weight, const
 ciq_status ciq_cuda_llamacpp_rope(ciq_rope_mode mode, const float *x, const int32_t *positions, int64_t tokens,
                                   int64_t heads, int64_t head_dim, float base, float *out) {
     const float theta_scale = powf(base, -2.0f / (float)head_dim);  // on the host, as llama.cpp's launcher
-    rope_llamacpp_kernel<<<grid_for(tokens * heads * (head_dim / 2)), ELEMENTWISE_THREADS>>>(
+    rope_llamacpp_kernel<<<ciq_grid_for(tokens * heads * (head_dim / 2)), ELEMENTWISE_THREADS>>>(
         x, positions, tokens, heads, (int)head_dim, theta_scale, mode == CIQ_ROPE_NEOX, out);
     CIQ_CUDA_LAUNCH_CHECK("rope (llama.cpp order)");
     return CIQ_OK;
@@ -139,9 +135,9 @@ ciq_status ciq_cuda_llamacpp_rope(ciq_rope_mode mode, const float *x, const int3
 
 ciq_status ciq_cuda_llamacpp_glu(ciq_glu_kind kind, const float *gate, const float *up, int64_t n, float *out) {
     if (kind == CIQ_GLU_GELU) {
-        glu_llamacpp_kernel<true><<<grid_for(n), ELEMENTWISE_THREADS>>>(gate, up, n, out);
+        glu_llamacpp_kernel<true><<<ciq_grid_for(n), ELEMENTWISE_THREADS>>>(gate, up, n, out);
     } else {
-        glu_llamacpp_kernel<false><<<grid_for(n), ELEMENTWISE_THREADS>>>(gate, up, n, out);
+        glu_llamacpp_kernel<false><<<ciq_grid_for(n), ELEMENTWISE_THREADS>>>(gate, up, n, out);
     }
     CIQ_CUDA_LAUNCH_CHECK("glu (llama.cpp order)");
     return CIQ_OK;
