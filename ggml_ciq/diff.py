@@ -379,3 +379,59 @@ def activation_diff(path, prompt: str, reference: str = "auto", bar: float = 1e-
     report.first_diverging_layer = first_diverging_layer(report.layers, layer_bar)
     report.logits_nmse = quants.nmse(np.asarray(ours, np.float32).reshape(theirs.shape), theirs)
     return report
+
+
+@dataclass
+class AttentionCallDiff:
+    """One flash-attention node of llama.cpp CUDA's prefill against ciq_attention on exactly its inputs."""
+    node: str
+    tokens: int
+    n_past: int
+    n_kv: int
+    window: int
+    kernel: str
+    differing: int     # output values whose bits differ
+    max_abs: float
+    nmse: float
+    differing_by_head: list = field(default_factory=list)      # per q head
+    differing_by_16_queries: list = field(default_factory=list)  # per 16 consecutive queries (llama.cpp's tiles)
+
+
+def capture_attention(path, n_tokens: int = 512, device: str = "cuda") -> list:
+    """llama.cpp (CUDA, or its CPU build) prefills n_tokens of compare's evaluation text (repeated if shorter) with
+    flash attention on and the eval callback keeping every FLASH_ATTN_EXT node: its AttentionCalls in graph order."""
+    from .compare import _repeat_to, evaluation_text
+    from .llama_model import LlamaModel
+
+    llama = LlamaModel(path, device=device)
+    try:
+        tokens, _, _ = _repeat_to(llama, evaluation_text()[0], n_tokens)
+        with llama.context_for(len(tokens), flash_attn=True, eval_callback=True) as ctx:
+            _, capture = ctx.capture(tokens, attention=True)
+    finally:
+        llama.close()
+    return capture.attention
+
+
+def attention_call_diffs(calls: list, kernel: str = "mma_llamacpp", progress=None) -> list[AttentionCallDiff]:
+    """Each captured flash-attention node through ciq_attention (`kernel`, on the GPU) with the positions and window
+    its KQ mask shows, compared value for value with llama.cpp's output."""
+    from .ops import NativeOps
+
+    if native.device_count() < 1:
+        raise InvalidArgumentError("the attention diff runs our kernel on a GPU, and there is none")
+    ops = NativeOps("cuda", attention_kernel=kernel)
+    diffs = []
+    for call in calls:
+        ours = ops.attention(call.q, call.k, call.v, call.n_past, call.scale, call.window).numpy()
+        theirs = call.out
+        t, h, d = call.q.shape
+        differ = (ours.view(np.uint32) != theirs.view(np.uint32)).reshape(t, h, d)
+        per_query = differ.sum(axis=(1, 2))
+        diffs.append(AttentionCallDiff(call.name, t, call.n_past, call.k.shape[0], call.window,
+                                       ops.attention_kernel_name(d), int(differ.sum()), max_abs(ours, theirs),
+                                       quants.nmse(ours, theirs), differ.sum(axis=(0, 2)).tolist(),
+                                       np.add.reduceat(per_query, np.arange(0, t, 16)).tolist()))
+        if progress:
+            progress(f"{call.name}: {diffs[-1].differing} values differ")
+    return diffs

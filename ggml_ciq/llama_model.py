@@ -136,7 +136,7 @@ ffi.cdef(_CDEF)
 
 LLAMA_FLASH_ATTN_TYPE_DISABLED, LLAMA_FLASH_ATTN_TYPE_ENABLED = 0, 1
 LLAMA_SPLIT_MODE_NONE, LLAMA_SPLIT_MODE_LAYER = 0, 1
-_GGML_F32 = 0
+_GGML_F32, _GGML_F16 = 0, 1
 _BUFFER_LINE = re.compile(r"(\S+)\s+(model|KV|compute|output) buffer size =\s*([0-9.]+) MiB")
 
 
@@ -191,6 +191,8 @@ class _Library:
         self.lib.llama_log_set(self._log_callback, ffi.NULL)
         self.lib.llama_backend_init()
         self.mul_mat_op = next(op for op in range(256) if ffi.string(self.lib.ggml_op_name(op)) == b"MUL_MAT")
+        self.flash_attn_op = next(op for op in range(256)
+                                  if ffi.string(self.lib.ggml_op_name(op)) == b"FLASH_ATTN_EXT")
 
     def _on_log(self, level, text, user_data):
         self.log.append(ffi.string(text).decode(errors="replace"))
@@ -236,9 +238,11 @@ class Capture:
     model weight (keyed by the weight's GGUF name), and llama.cpp's per-layer hidden states ("l_out-N"). Rows are
     tokens; several micro-batches are concatenated in order."""
 
-    def __init__(self):
+    def __init__(self, attention: bool = False):
         self.mul_mat: dict[str, tuple[list, list]] = {}
         self.hidden: dict[int, list] = {}
+        # attention=True: every FLASH_ATTN_EXT node in graph order (flash attention on), see AttentionCall
+        self.attention: list[AttentionCall] | None = [] if attention else None
         self.error: Exception | None = None  # raised after decode: exceptions must not cross the C callback
 
     @staticmethod
@@ -255,16 +259,51 @@ class Capture:
         return np.concatenate(self.hidden[layer])
 
 
-def _tensor_f32(lib, t) -> np.ndarray:
-    """A float32 ggml tensor (any strides, any buffer) as a [rows, ne0] numpy array, rows = ne1*ne2*ne3."""
-    if t.type != _GGML_F32:
-        raise BackendError(f"captured tensor {ffi.string(t.name).decode()} has ggml type {t.type}, not F32")
+class AttentionCall:
+    """One FLASH_ATTN_EXT node of llama.cpp's graph as ciq_attention takes it: q float32 [tokens, heads, D], the K and
+    V views of its f16 cache [n_kv, heads_kv, D] (n_kv: llama.cpp's padded length), its output float32
+    [tokens, heads * D], the scale, and the query positions and window read off its KQ mask (the last query's visible
+    keys: a window when they do not start at key 0)."""
+
+    def __init__(self, name: str, q, k, v, out, mask, scale: float):
+        self.name, self.q, self.k, self.v, self.out, self.scale = name, q, k, v, out, scale
+        tokens = q.shape[0]
+        seen = np.flatnonzero(np.isfinite(mask[tokens - 1]))
+        if len(seen) == 0 or seen[-1] - seen[0] + 1 != len(seen):
+            raise BackendError(f"{name}: the KQ mask of the last query is not one run of visible keys")
+        self.n_past = int(seen[-1]) - (tokens - 1)
+        self.window = int(len(seen)) if seen[0] > 0 else 0
+
+
+def _tensor_array(lib, t, dtype=np.float32) -> np.ndarray:
+    """A ggml tensor (any strides, any buffer) of ggml type F32 or F16 as a numpy array of shape ne[::-1]."""
+    want = {np.dtype(np.float32): _GGML_F32, np.dtype(np.float16): _GGML_F16}[np.dtype(dtype)]
+    if t.type != want:
+        raise BackendError(f"captured tensor {ffi.string(t.name).decode()} has ggml type {t.type}, not {want}")
+    size = np.dtype(dtype).itemsize
     ne, nb = [int(t.ne[i]) for i in range(4)], [int(t.nb[i]) for i in range(4)]
-    span = sum((n - 1) * s for n, s in zip(ne, nb)) + 4
+    span = sum((n - 1) * s for n, s in zip(ne, nb)) + size
     raw = np.empty(span, np.uint8)
     lib.ggml_backend_tensor_get(t, ffi.from_buffer(raw), 0, span)
-    view = np.lib.stride_tricks.as_strided(raw.view(np.float32), shape=ne[::-1], strides=nb[::-1])
-    return np.ascontiguousarray(view).reshape(-1, ne[0])
+    view = np.lib.stride_tricks.as_strided(raw.view(dtype), shape=ne[::-1], strides=nb[::-1])
+    return np.ascontiguousarray(view)
+
+
+def _tensor_f32(lib, t) -> np.ndarray:
+    """A float32 ggml tensor (any strides, any buffer) as a [rows, ne0] numpy array, rows = ne1*ne2*ne3."""
+    return _tensor_array(lib, t).reshape(-1, int(t.ne[0]))
+
+
+def _attention_call(lib, t) -> AttentionCall:
+    """A FLASH_ATTN_EXT node (src: q, k, v, mask) after its computation."""
+    q = _tensor_array(lib, t.src[0])[0].transpose(1, 0, 2)         # [heads, tokens, D] -> [tokens, heads, D]
+    k = _tensor_array(lib, t.src[1], np.float16)[0].transpose(1, 0, 2)  # [heads_kv, n_kv, D] -> [n_kv, heads_kv, D]
+    v = _tensor_array(lib, t.src[2], np.float16)[0].transpose(1, 0, 2)
+    mask = _tensor_array(lib, t.src[3], np.float16)[0, 0]             # [tokens (padded), n_kv]
+    out = _tensor_f32(lib, t).reshape(q.shape[0], -1)                 # [tokens][heads][D]
+    scale = float(np.frombuffer(ffi.buffer(t.op_params, 4), np.float32)[0])
+    return AttentionCall(ffi.string(t.name).decode(errors="replace"), np.ascontiguousarray(q),
+                         np.ascontiguousarray(k), np.ascontiguousarray(v), out, mask, scale)
 
 
 class LlamaModel(Closeable):
@@ -468,11 +507,14 @@ class LlamaContext(Closeable):
         name = ffi.string(t.name).decode(errors="replace")
         is_mul_mat = t.op == self.library.mul_mat_op and t.src[0] != ffi.NULL and \
             Capture.is_weight(ffi.string(t.src[0].name).decode(errors="replace"))
+        is_attention = capture.attention is not None and t.op == self.library.flash_attn_op
         if ask:
-            return is_mul_mat or name.startswith("l_out-")
+            return is_mul_mat or is_attention or name.startswith("l_out-")
         lib = self.library.lib
         try:
-            if is_mul_mat:
+            if is_attention:
+                capture.attention.append(_attention_call(lib, t))
+            elif is_mul_mat:
                 weight = ffi.string(t.src[0].name).decode()
                 x, y = capture.mul_mat.setdefault(weight, ([], []))
                 x.append(_tensor_f32(lib, t.src[1]))
@@ -484,11 +526,12 @@ class LlamaContext(Closeable):
             return False
         return True
 
-    def capture(self, tokens) -> tuple[np.ndarray, Capture]:
-        """Prefill with the eval callback on: (all-position logits, Capture)."""
+    def capture(self, tokens, attention: bool = False) -> tuple[np.ndarray, Capture]:
+        """Prefill with the eval callback on: (all-position logits, Capture); attention=True also keeps every flash
+        attention node's inputs and output (Capture.attention)."""
         if not self.eval_callback:
             raise InvalidArgumentError("LlamaModel(eval_callback=True) is needed to capture tensors")
-        self._capture = capture = Capture()
+        self._capture = capture = Capture(attention)
         try:
             logits = self.prefill(tokens, all_logits=True)
         except BackendError:

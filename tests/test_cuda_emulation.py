@@ -93,19 +93,21 @@ def emu(tmp_path_factory):
     shutil.copytree(ROOT / "native" / "src", build / "src")
     expected = {"ops.cu": {"launch": 9, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
                 "ops_llamacpp.cu": {"launch": 5, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
-                "attention.cu": {"launch": 2, "mma": 2, "ldmatrix": 1, "extern_shared": 2},
+                "attention.cu": {"launch": 2, "mma": 0, "ldmatrix": 0, "extern_shared": 2},
+                "attention_llamacpp.cu": {"launch": 1, "mma": 0, "ldmatrix": 0, "extern_shared": 1},
+                "mma_sync.cuh": {"launch": 0, "mma": 2, "ldmatrix": 1, "extern_shared": 0},
                 "gemm_q32.cu": {"launch": 3, "mma": 0, "ldmatrix": 0, "extern_shared": 0}}
     for name, want in expected.items():
         path = build / "src" / "cuda" / name
         text, counts = rewrite(path.read_text())
         assert counts == want, f"{name}: rewrote {counts}, expected {want} (source changed: update the test)"
         assert "<<<" not in text and "asm" not in text, f"{name}: a launch or PTX statement was not rewritten"
-        path.with_suffix(".cpp").write_text(text)
+        path.with_suffix(".cpp" if path.suffix == ".cu" else path.suffix).write_text(text)
     library = build / "libciq_emu.so"
     command = [compiler, "-std=c++20", "-O2", "-pthread", "-shared", "-fPIC", "-ffp-contract=off",
                "-DGGML_CIQ_WITH_CUDA", f"-I{EMULATION}", f"-I{ROOT / 'native' / 'include'}", f"-I{build / 'src'}",
                str(build / "src" / "cuda" / "ops.cpp"), str(build / "src" / "cuda" / "ops_llamacpp.cpp"),
-               str(build / "src" / "cuda" / "attention.cpp"),
+               str(build / "src" / "cuda" / "attention.cpp"), str(build / "src" / "cuda" / "attention_llamacpp.cpp"),
                str(build / "src" / "cuda" / "gemm_q32.cpp"), str(build / "src" / "status.cpp"),
                str(EMULATION / "driver.cpp"), "-o", str(library)]
     result = subprocess.run(command, capture_output=True, text=True)
@@ -172,19 +174,22 @@ def test_attention_emulated_llamacpp_is_not_mma(emu, rng):
         assert not np.array_equal(*outs) and nmse(outs[1], outs[0]) > 1e-9
 
 
-def test_attention_emulated_llamacpp_aligned_tiles(emu, rng, monkeypatch):
-    """GGML_CIQ_ATTENTION_ALIGN=1 (issue 18's A/B switch): with a sliding window whose start is not a multiple of 64,
-    the key tiles move (other rescale points: other bits) and the result stays within the kernel's bar of float64."""
-    tokens, heads_kv, group, d, n_past, window = 17, 1, 4, 256, 600, 512
+def test_attention_emulated_llamacpp_segments(emu, rng, monkeypatch):
+    """llama.cpp's stream-k split (attention_llamacpp.cu): 80 queries x 4 heads over 4096 cached keys are 5 tiles of
+    64 chunks; with 2 CTAs per SM of the emulated H200 llama.cpp's grid is 260 CTAs (52 segments a tile), with 1 it is
+    130 (26). Other segments are other float32 folds: other bits, each within the kernel's bar of float64 (a segment
+    folded with the wrong max or twice fails it)."""
+    tokens, heads_kv, group, d, n_past, window = 80, 1, 4, 64, 4000, 0
     q, k, v = _attention_inputs(rng, tokens, heads_kv, group, d, n_past)
+    q16 = (q.astype(np.float16) * np.float16(1 / 8)).astype(np.float32)
+    reference = attention_ref(q16, k, v, n_past, 1.0, window)
     outs = []
-    for align in ("0", "1"):
-        monkeypatch.setenv("GGML_CIQ_ATTENTION_ALIGN", align)
+    for per_sm in ("2", "1"):
+        monkeypatch.setenv("GGML_CIQ_LLAMACPP_FA_BLOCKS_PER_SM", per_sm)
         out = poisoned((tokens, heads_kv * group * d))
         call(emu, "emu_attention", MMA_LLAMACPP, q, k.view(np.uint16), v.view(np.uint16), tokens, heads_kv * group,
-             heads_kv, d, n_past, 1 / 16, window, out)
-        q16 = (q.astype(np.float16) * np.float16(1 / 16)).astype(np.float32)
-        assert nmse(out, attention_ref(q16, k, v, n_past, 1.0, window)) <= 1e-5
+             heads_kv, d, n_past, 1 / 8, window, out)
+        assert nmse(out, reference) <= 1e-5
         outs.append(out)
     assert not np.array_equal(*outs)
 

@@ -15,6 +15,7 @@
 #   tools/gpu_run.sh all        setup, test, sanitize, wait, llama.cpp-CUDA tests and diffs; logs under $OUT
 #   tools/gpu_run.sh stage      keep the carried .device-parts/* in /tmp/parts; once all are there, join them into
 #                               /tmp/gemma3-270m.gguf (checked against SHA256SUMS): the whole Gemma file for `compare`
+#   tools/gpu_run.sh attention-diff  mma_llamacpp vs llama.cpp's flash attention on its captured inputs (needs stage, wait)
 #   tools/gpu_run.sh compare    engine vs llama.cpp CUDA and the float64 reference: Gemma 3 270M at 512 and 4096
 #                               tokens; synthetic Llama-3-8B at 512 and 2048 (speed) -> $OUT (needs stage, wait)
 #   tools/gpu_run.sh bench      bench/results/h200 set (llama3-8b n=512/2048, seed6) as JSON under $OUT (plot them
@@ -46,10 +47,10 @@
 #           end every call that writes more than 8 files under $OUT with `pack NAME` (a call returns at most 8 files,
 #           named in letters, digits, '.', '_' and '-')
 # What the open issues still need on the GPU: issue 16's kernels once written (bench gemm sets, compare at 512..8192,
-# sanitize); issue 18's `compare` after any change to the llamacpp semantics (at 4096 tokens its top-1 is 2 positions
-# short: LIMIT=400 gives the 4096 run room when the call has it; the prepared A/B is GGML_CIQ_ATTENTION_ALIGN=1
-# TOKENS=4096 against the default, each with `sanitize engine` clean first); plugin-sanitize after ac2ab62's change to the plugin's
-# waits. Run one-off scripts as `gpu_run.sh py tools/X.py` (its PYTHONPATH), and fire the next call within 30 s.
+# sanitize); issue 18's `attention-diff` (mma_llamacpp against llama.cpp's flash attention node by node, bit for bit)
+# and `compare` after any change to the llamacpp semantics (LIMIT=400 gives the 4096 run room), each after
+# `sanitize engine`; plugin-sanitize after ac2ab62's change to the plugin's waits. Run one-off scripts as
+# `gpu_run.sh py tools/X.py` (its PYTHONPATH), and fire the next call within 30 s.
 # /tmp survives between calls while the machine stays warm, so setup runs once per lease.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -142,6 +143,11 @@ case "${1:-}" in
         --repeat 5 $plugin --json "$OUT/compare-gemma3-270m-$n.json" --plot "$OUT/compare-gemma3-270m-$n.png" 2>&1 \
         | tail -n 40
     done ;;
+  attention-diff)  # issue 18: every FLASH_ATTN_EXT node of llama.cpp CUDA's Gemma prefill (512 and 4096 tokens) through
+                   # mma_llamacpp on its own inputs, bit for bit, at 2 (llama.cpp's), 1 and 3 CTAs per SM
+    timeout ${LIMIT:-300} python3 tools/attention_diff.py "$(gemma_path)" --tokens ${TOKENS:-512 4096} \
+      --blocks-per-sm 2 1 3 --json "$OUT/attention-diff-gemma3-270m.json" --save "$OUT/attention-nodes" 2>&1 \
+      | tail -n 20 ;;
   compare-8b)  # speed only (no reference: 64 GB in float64): the synthetic Llama-3-8B at 512 and 2048 tokens
     for n in 512 2048; do
       python3 -m ggml_ciq.cli compare llama3-8b-synthetic --tokens $n --device cuda --repeat 5 --reference off \

@@ -5,6 +5,7 @@ Usage: compute-sanitizer --tool memcheck python3 tools/sanitize_case.py [variant
 (mmvq: every type at 1..8 tokens, mmvq_case)
 """
 
+import itertools
 import os
 import sys
 import tempfile
@@ -18,7 +19,7 @@ from ggml_ciq import quants as Q
 
 def engine_case():
     """Every NativeOps op on the GPU in both float orders (host, llama.cpp CUDA's), the three attention kernels (a
-    window, a tail micro-batch), the q32 variant, and a small gemma3 and llama model's prefill
+    window, a tail micro-batch; mma_llamacpp's tile shapes and stream-k segments), the q32 variant, and a small gemma3 and llama model's prefill
     through the engine in each GPU semantics (41 tokens in micro-batches of 16)."""
     from ggml_ciq import catalog
     from ggml_ciq.engine import Transformer
@@ -36,11 +37,19 @@ def engine_case():
             ops.kv_store(v, 0, rng.standard_normal((n_past + t, hkv, d)).astype(np.float32))
             out = ops.attention(q, k, v, n_past, d ** -0.5, window).numpy()
             print(f"attention {kernel} D={d} n_past={n_past} window={window}: finite={np.isfinite(out).all()}")
-            if kernel == "mma_llamacpp" and window:  # issue 18's A/B switch: tiles from key 0
-                os.environ["GGML_CIQ_ATTENTION_ALIGN"] = "1"
-                out = ops.attention(q, k, v, n_past, d ** -0.5, window).numpy()
-                del os.environ["GGML_CIQ_ATTENTION_ALIGN"]
-                print(f"attention {kernel} aligned D={d}: finite={np.isfinite(out).all()}")
+    # mma_llamacpp's tile shapes (1, 2, 8 heads per kv head: 64, 32, 8 queries a tile) and stream-k segments (600
+    # cached keys: several segments a tile, folded; 2 and 1 CTAs per SM of llama.cpp's grid: other seams)
+    ops = NativeOps("cuda", attention_kernel="mma_llamacpp")
+    for (heads, hkv), d, per_sm in itertools.product(((1, 1), (4, 2), (8, 1)), (64, 256), ("2", "1")):
+        t, n_past, window = 41, 600, (0 if d == 64 else 512)
+        q = rng.standard_normal((t, heads, d)).astype(np.float32)
+        k, v = ops.zeros((n_past + t, hkv, d), np.float16), ops.zeros((n_past + t, hkv, d), np.float16)
+        ops.kv_store(k, 0, rng.standard_normal((n_past + t, hkv, d)).astype(np.float32))
+        ops.kv_store(v, 0, rng.standard_normal((n_past + t, hkv, d)).astype(np.float32))
+        os.environ["GGML_CIQ_LLAMACPP_FA_BLOCKS_PER_SM"] = per_sm
+        out = ops.attention(q, k, v, n_past, d ** -0.5, window).numpy()
+        del os.environ["GGML_CIQ_LLAMACPP_FA_BLOCKS_PER_SM"]
+        print(f"attention mma_llamacpp {heads}/{hkv} heads D={d} {per_sm} CTAs/SM: finite={np.isfinite(out).all()}")
     for weight_type, block_bytes in ((Q.Q4_0, 18), (Q.Q5_0, 22), (Q.Q8_0, 34)):  # the q32 variant, row/token tails
         rows, k = 70, 384
         raw = rng.integers(0, 256, rows * k // 32 * block_bytes, dtype=np.uint8).reshape(-1, block_bytes)

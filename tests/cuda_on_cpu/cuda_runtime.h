@@ -100,7 +100,7 @@ inline int max(int a, int b) { return a > b ? a : b; }
 
 // ---- runtime API (what the host code of ops.cu / attention.cu / common.cuh calls) ----
 typedef int cudaError_t;
-constexpr cudaError_t cudaSuccess = 0, cudaErrorLaunchFailure = 4;
+constexpr cudaError_t cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorLaunchFailure = 4;
 constexpr int cudaFuncAttributeMaxDynamicSharedMemorySize = 8;
 namespace ciq_emu {
 inline cudaError_t last_error = cudaSuccess;
@@ -116,9 +116,18 @@ inline cudaError_t cudaGetDevice(int *device) {
     return cudaSuccess;
 }
 template <class F> cudaError_t cudaFuncSetAttribute(F, int, int) { return cudaSuccess; }
+constexpr int cudaDevAttrMultiProcessorCount = 16;
+constexpr int cudaDevAttrComputeCapabilityMajor = 75;
+constexpr int cudaDevAttrComputeCapabilityMinor = 76;
 constexpr int cudaDevAttrMaxSharedMemoryPerBlockOptin = 97;
-inline cudaError_t cudaDeviceGetAttribute(int *value, int, int) {  // the emulated device is an sm_90
-    *value = 227 * 1024;
+inline cudaError_t cudaDeviceGetAttribute(int *value, int attribute, int) {  // the emulated device is an H200 (sm_90)
+    switch (attribute) {
+        case cudaDevAttrMultiProcessorCount: *value = 132; break;
+        case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
+        case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
+        case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = 227 * 1024; break;
+        default: return cudaErrorInvalidValue;
+    }
     return cudaSuccess;
 }
 

@@ -18,18 +18,9 @@
 //         reuse of the S accumulator layout, as FlashAttention-2); V's B operand comes from ldmatrix.trans. For
 //         D <= 128 the loads are pipelined through registers: V of tile t lands during S = Q K^T, K of tile t+1
 //         during O += P V (three barriers per tile); D = 256 loads K and V at the top of each tile.
-//   mma_llamacpp: the mma kernel in llama.cpp CUDA's flash-attention arithmetic (ggml-cuda/fattn-mma-f16.cuh, the
-//         kernel llama.cpp runs for prefill on sm_80+): Q rounded to f16, then times the f16 scale; the running max
-//         of a row is the max of (s + 3 ln 2) (FATTN_KQ_MAX_OFFSET: p <= 1/8, so P V sums stay in f16's range);
-//         p = __expf(s - m); a rescale whose exponent is below -20 is 0; O += P V accumulated in f16 (mma
-//         f16.f16.f16.f16) and rescaled in half2; l = scale * l + (the tile's sum of p) in float; out = float(O) / l
-//         with the fast division. Not reproduced: its key tiles (32 keys for D = 256, stepped from key 0; ours are 64
-//         keys from the first visible one, so a sliding window's tiles start at the window; 32-key tiles from key 0
-//         measured further from llama.cpp at 512 tokens, NOTES.md; 64-key tiles aligned to key 0 are the A/B switch
-//         GGML_CIQ_ATTENTION_ALIGN=1, not yet measured), which keys each lane sums into l (its K Q^T fragments are
-//         transposed to ours), and its split of one query tile's keys over CTAs (stream-k): the same rounding kinds,
-//         not the same bits.
+//   mma_llamacpp: attention_llamacpp.cu (llama.cpp CUDA's own flash attention, operation for operation).
 #include "common.cuh"
+#include "mma_sync.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -47,15 +38,7 @@ struct AttentionArgs {
     float *out;
     int tokens, heads, heads_kv, n_past, window;
     float scale;
-    int align_keys;  // mma_llamacpp: key tiles start at multiples of this from key 0 (0: at the first visible key)
 };
-
-// GGML_CIQ_ATTENTION_ALIGN=1: mma_llamacpp's key tiles start at multiples of 64 from key 0, as llama.cpp steps its
-// tiles, instead of at a sliding window's first key (the A/B switch for issue 18; off by default, not yet measured).
-static int llamacpp_align_keys() {
-    const char *v = std::getenv("GGML_CIQ_ATTENTION_ALIGN");
-    return v && *v && std::atoi(v) != 0 ? ATTN_KEYS : 0;
-}
 
 // The key range [first, end) the CTA's queries can see.
 __device__ __forceinline__ void key_range(const AttentionArgs &a, int q0, int *first, int *end) {
@@ -178,36 +161,7 @@ template <int D> struct MmaSmem {
     static constexpr size_t BYTES = sizeof(__half) * 3 * ATTN_QUERIES * STRIDE;  // Q, K, V tiles
 };
 
-__device__ __forceinline__ void mma_16816(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                          uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// c (two half2: rows g and g + 8, columns 2 tig, +1) += A B, accumulated in f16 (llama.cpp's P V on NVIDIA).
-__device__ __forceinline__ void mma_16816_f16(uint32_t c[2], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                              uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16 {%0,%1}, {%2,%3,%4,%5}, {%6,%7}, {%0,%1};"
-                 : "+r"(c[0]), "+r"(c[1])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t scale_half2(uint32_t x, float s) {  // x * half2(s, s), as __hmul2
-    const __half2 h = __hmul2(*(const __half2 *)&x, __float2half2_rn(s));
-    return *(const uint32_t *)&h;
-}
-
-constexpr float LLAMACPP_KQ_MAX_OFFSET = 3.0f * 0.6931f;  // fattn-common.cuh FATTN_KQ_MAX_OFFSET
-constexpr float LLAMACPP_SOFTMAX_FTZ_THRESHOLD = -20.0f;   // fattn-common.cuh SOFTMAX_FTZ_THRESHOLD
-
-__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *(const uint32_t *)&h;
-}
-
-template <int D, bool LLAMACPP>
+template <int D>
 __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
     using S = MmaSmem<D>;
     extern __shared__ __align__(16) __half smem_h[];
@@ -217,27 +171,17 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tig = lane % 4;
     for (int i = tid; i < ATTN_QUERIES * D; i += 128) {
         const int r = i / D, e = i % D;
-        const __half qh = __float2half_rn(q0 + r < a.tokens ? a.q[((int64_t)(q0 + r) * a.heads + h) * D + e] : 0.0f);
-        qs[r * S::STRIDE + e] = LLAMACPP ? __hmul(__float2half_rn(a.scale), qh) : qh;
+        qs[r * S::STRIDE + e] = __float2half_rn(q0 + r < a.tokens ? a.q[((int64_t)(q0 + r) * a.heads + h) * D + e] : 0.0f);
     }
     int first, end;
     key_range(a, q0, &first, &end);
-    if constexpr (LLAMACPP) {
-        if (a.align_keys) first -= first % a.align_keys;  // the keys before the window are masked by visible()
-    }
     const int row0 = 16 * warp;  // the warp's rows: row0 + g and row0 + g + 8
     const int pos[2] = {a.n_past + q0 + row0 + g, a.n_past + q0 + row0 + g + 8};
 
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    // O's accumulators: float32 c0..c3 of each n-tile, or (LLAMACPP) two half2 (rows g, g + 8).
-    constexpr int O_REGS = LLAMACPP ? 2 : 4;
-    using OType = std::conditional_t<LLAMACPP, uint32_t, float>;
-    OType o[D / 8][O_REGS];
+    float o[D / 8][4];  // O's float32 accumulators c0..c3 of each n-tile of 8 dims
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-#pragma unroll
-        for (int c = 0; c < O_REGS; ++c) o[n][c] = 0;
-    }
+    for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
     // K and V tiles move in 16-byte chunks, CHUNKS per thread and matrix: chunk i is row i / (D/8), bytes 16 (i % (D/8)).
     // PIPELINED (D <= 128): the current tile's V and the next tile's K are loaded into registers while the tensor
@@ -306,13 +250,8 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
                 const int key = kt + 8 * n + 2 * tig + (c & 1);
-                if constexpr (LLAMACPP) {  // scaled with q; the max is taken over s + the offset
-                    s[n][c] = visible(a, pos[c / 2], key, end) ? s[n][c] : -INFINITY;
-                    tile_max[c / 2] = fmaxf(tile_max[c / 2], s[n][c] + LLAMACPP_KQ_MAX_OFFSET);
-                } else {
-                    s[n][c] = visible(a, pos[c / 2], key, end) ? s[n][c] * a.scale : -INFINITY;
-                    tile_max[c / 2] = fmaxf(tile_max[c / 2], s[n][c]);
-                }
+                s[n][c] = visible(a, pos[c / 2], key, end) ? s[n][c] * a.scale : -INFINITY;
+                tile_max[c / 2] = fmaxf(tile_max[c / 2], s[n][c]);
             }
         }
         float correction[2], base[2];
@@ -322,48 +261,24 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
             tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xFFFFFFFF, tile_max[r], 2));
             const float m_new = fmaxf(m[r], tile_max[r]);
             base[r] = m_new == -INFINITY ? 0.0f : m_new;
-            if constexpr (LLAMACPP) {
-                const float diff = m[r] - base[r];
-                correction[r] = diff >= LLAMACPP_SOFTMAX_FTZ_THRESHOLD ? __expf(diff) : 0.0f;
-            } else {
-                correction[r] = expf(m[r] - base[r]);
-                l[r] *= correction[r];
-            }
+            correction[r] = expf(m[r] - base[r]);
+            l[r] *= correction[r];
             m[r] = m_new;
         }
-        if constexpr (LLAMACPP) {
-            float rowsum_add[2] = {0.0f, 0.0f};
 #pragma unroll
-            for (int n = 0; n < ATTN_KEYS / 8; ++n) {
+        for (int n = 0; n < ATTN_KEYS / 8; ++n) {
 #pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                    s[n][c] = s[n][c] == -INFINITY ? 0.0f : __expf(s[n][c] - base[c / 2]);
-                    rowsum_add[c / 2] += s[n][c];
-                }
+            for (int c = 0; c < 4; ++c) {
+                s[n][c] = expf(s[n][c] - base[c / 2]);
+                l[c / 2] += s[n][c];
             }
+        }
 #pragma unroll
-            for (int r = 0; r < 2; ++r) l[r] = correction[r] * l[r] + rowsum_add[r];
-#pragma unroll
-            for (int n = 0; n < D / 8; ++n) {
-                o[n][0] = scale_half2(o[n][0], correction[0]);
-                o[n][1] = scale_half2(o[n][1], correction[1]);
-            }
-        } else {
-#pragma unroll
-            for (int n = 0; n < ATTN_KEYS / 8; ++n) {
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                    s[n][c] = expf(s[n][c] - base[c / 2]);
-                    l[c / 2] += s[n][c];
-                }
-            }
-#pragma unroll
-            for (int n = 0; n < D / 8; ++n) {
-                o[n][0] *= correction[0];
-                o[n][1] *= correction[0];
-                o[n][2] *= correction[1];
-                o[n][3] *= correction[1];
-            }
+        for (int n = 0; n < D / 8; ++n) {
+            o[n][0] *= correction[0];
+            o[n][1] *= correction[0];
+            o[n][2] *= correction[1];
+            o[n][3] *= correction[1];
         }
 
         if constexpr (PIPELINED) {
@@ -379,22 +294,14 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
             const uint32_t a2 = pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
             const uint32_t a3 = pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
             // ldmatrix.x4.trans: lanes 0-7 / 8-15 address keys 16kk + 0..7 / 8..15 at dims 16np, lanes 16-31 the
-            // same keys at dims 16np + 8; registers r0, r1 (r2, r3) are b0, b1 of n-tile 2np (2np + 1).
+            // same keys at dims 16np + 8; registers b0, b1 (b2, b3) are b0, b1 of n-tile 2np (2np + 1).
             const __half *vrow = vs + (16 * kk + (lane % 16)) * S::STRIDE + 8 * (lane / 16);
 #pragma unroll
             for (int np = 0; np < D / 16; ++np) {
                 uint32_t b0, b1, b2, b3;
-                const uint32_t address = (uint32_t)__cvta_generic_to_shared(vrow + 16 * np);
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                             : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
-                             : "r"(address));
-                if constexpr (LLAMACPP) {
-                    mma_16816_f16(o[2 * np], a0, a1, a2, a3, b0, b1);
-                    mma_16816_f16(o[2 * np + 1], a0, a1, a2, a3, b2, b3);
-                } else {
-                    mma_16816(o[2 * np], a0, a1, a2, a3, b0, b1);
-                    mma_16816(o[2 * np + 1], a0, a1, a2, a3, b2, b3);
-                }
+                ldmatrix_x4_trans(b0, b1, b2, b3, vrow + 16 * np);
+                mma_16816(o[2 * np], a0, a1, a2, a3, b0, b1);
+                mma_16816(o[2 * np + 1], a0, a1, a2, a3, b2, b3);
             }
         }
         if constexpr (PIPELINED) {
@@ -413,14 +320,8 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
         float *out = a.out + (int64_t)t * a.heads * D + h * D + 2 * tig;
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
-            if constexpr (LLAMACPP) {
-                const float2 v = __half22float2(*(const __half2 *)&o[n][r]);
-                out[8 * n] = __fdividef(v.x, l[r]);
-                out[8 * n + 1] = __fdividef(v.y, l[r]);
-            } else {
-                out[8 * n] = o[n][2 * r] / l[r];
-                out[8 * n + 1] = o[n][2 * r + 1] / l[r];
-            }
+            out[8 * n] = o[n][2 * r] / l[r];
+            out[8 * n + 1] = o[n][2 * r + 1] / l[r];
         }
     }
 }
@@ -428,12 +329,11 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
 #endif  // !GGML_CIQ_HIP
 
 #if !defined(GGML_CIQ_HIP)
-template <int D, bool LLAMACPP> ciq_status launch_mma(dim3 grid, const AttentionArgs &args) {
-    const char *what = LLAMACPP ? "attention (mma_llamacpp)" : "attention (mma)";
-    ciq_status status = ciq_raise_smem_limit<attention_mma_kernel<D, LLAMACPP>>((int)MmaSmem<D>::BYTES, what);
+template <int D> ciq_status launch_mma(dim3 grid, const AttentionArgs &args) {
+    ciq_status status = ciq_raise_smem_limit<attention_mma_kernel<D>>((int)MmaSmem<D>::BYTES, "attention (mma)");
     if (status != CIQ_OK) return status;
-    attention_mma_kernel<D, LLAMACPP><<<grid, 128, MmaSmem<D>::BYTES>>>(args);
-    CIQ_CUDA_LAUNCH_CHECK(what);
+    attention_mma_kernel<D><<<grid, 128, MmaSmem<D>::BYTES>>>(args);
+    CIQ_CUDA_LAUNCH_CHECK("attention (mma)");
     return CIQ_OK;
 }
 #endif
@@ -441,8 +341,7 @@ template <int D, bool LLAMACPP> ciq_status launch_mma(dim3 grid, const Attention
 template <int D> ciq_status launch(ciq_attention_kernel kernel, const AttentionArgs &args) {
     const dim3 grid((args.tokens + ATTN_QUERIES - 1) / ATTN_QUERIES, args.heads);
 #if !defined(GGML_CIQ_HIP)
-    if (kernel == CIQ_ATTENTION_MMA) return launch_mma<D, false>(grid, args);
-    if (kernel == CIQ_ATTENTION_MMA_LLAMACPP) return launch_mma<D, true>(grid, args);
+    if (kernel == CIQ_ATTENTION_MMA) return launch_mma<D>(grid, args);
     ciq_status status = ciq_raise_smem_limit<attention_simt_kernel<D>>((int)SimtSmem<D>::BYTES, "attention (simt)");
     if (status != CIQ_OK) return status;
 #else
@@ -474,7 +373,10 @@ bool ciq_cuda_attention_supports(int device, ciq_attention_kernel kernel, int64_
     const size_t simt[] = {SimtSmem<64>::BYTES, SimtSmem<96>::BYTES, SimtSmem<128>::BYTES, SimtSmem<256>::BYTES};
     const size_t mma[] = {MmaSmem<64>::BYTES, MmaSmem<96>::BYTES, MmaSmem<128>::BYTES, MmaSmem<256>::BYTES};
     const int i = head_dim == 64 ? 0 : head_dim == 96 ? 1 : head_dim == 128 ? 2 : 3;
-    return (kernel == CIQ_ATTENTION_SIMT ? simt[i] : mma[i]) <= (size_t)optin;
+    const size_t bytes = kernel == CIQ_ATTENTION_SIMT ? simt[i]
+                         : kernel == CIQ_ATTENTION_MMA ? mma[i]
+                                                       : ciq_cuda_attention_llamacpp_smem(head_dim);
+    return bytes <= (size_t)optin;
 #endif
 }
 
@@ -485,9 +387,14 @@ ciq_status ciq_cuda_attention(ciq_attention_kernel kernel, const float *q, const
         return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention: %lld positions, %lld heads exceed the kernel's limits",
                         (long long)(tokens + n_past), (long long)heads);
     }
+#if !defined(GGML_CIQ_HIP)
+    if (kernel == CIQ_ATTENTION_MMA_LLAMACPP) {
+        return ciq_cuda_attention_llamacpp(q, k_cache, v_cache, tokens, heads, heads_kv, head_dim, n_past, scale, window,
+                                           out);
+    }
+#endif
     const AttentionArgs args{q, k_cache, v_cache, out, (int)tokens, (int)heads, (int)heads_kv, (int)n_past,
-                             (int)std::min<int64_t>(window, INT32_MAX), scale,
-                             kernel == CIQ_ATTENTION_MMA_LLAMACPP ? llamacpp_align_keys() : 0};
+                             (int)std::min<int64_t>(window, INT32_MAX), scale};
     switch (head_dim) {
         case 64: return launch<64>(kernel, args);
         case 96: return launch<96>(kernel, args);

@@ -42,6 +42,11 @@ bool ciq_cuda_attention_supports(int device, ciq_attention_kernel kernel, int64_
 ciq_status ciq_cuda_attention(ciq_attention_kernel kernel, const float *q, const uint16_t *k_cache,
                               const uint16_t *v_cache, int64_t tokens, int64_t heads, int64_t heads_kv,
                               int64_t head_dim, int64_t n_past, float scale, int64_t window, float *out);
+// CIQ_ATTENTION_MMA_LLAMACPP (attention_llamacpp.cu; CUDA only): its dynamic shared memory for head_dim, and the call.
+size_t ciq_cuda_attention_llamacpp_smem(int64_t head_dim);
+ciq_status ciq_cuda_attention_llamacpp(const float *q, const uint16_t *k_cache, const uint16_t *v_cache, int64_t tokens,
+                                       int64_t heads, int64_t heads_kv, int64_t head_dim, int64_t n_past, float scale,
+                                       int64_t window, float *out);
 ciq_status ciq_cuda_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values);
 ciq_status ciq_cuda_glu(ciq_op_order order, ciq_glu_kind kind, const float *gate, const float *up, int64_t n,
                         float *out);
