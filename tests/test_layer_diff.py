@@ -183,3 +183,33 @@ def test_attention_bit_exact_on_llamacpp_cuda_inputs(llama, native_lib, gemma_fu
     print("values differing per node:", [d.differing for d in diffs])
     assert all(d.differing == 0 for d in diffs), \
         [(d.node, d.n_past, d.window, d.differing, d.nmse) for d in diffs if d.differing]
+
+
+def test_attention_call_reads_positions_and_window_off_the_mask():
+    """AttentionCall takes n_past and the window from its last query's visible keys (llama.cpp's KQ mask: 0 or -inf);
+    a mask whose visible keys are not one run (a graph this reading does not cover) is refused, not misread."""
+    from ggml_ciq.errors import BackendError
+    from ggml_ciq.llama_model import AttentionCall
+
+    tokens, n_kv, d = 3, 256, 8
+    q = np.zeros((tokens, 2, d), np.float32)
+    k = np.zeros((n_kv, 1, d), np.float16)
+    out = np.zeros((tokens, 2 * d), np.float32)
+
+    def mask(n_past, window):
+        m = np.full((32, n_kv), -np.inf, np.float16)  # rows padded as llama.cpp pads them
+        for t in range(tokens):
+            pos = n_past + t
+            m[t, max(0, pos - window + 1) if window else 0:pos + 1] = 0
+        return m
+
+    call = AttentionCall("fa", q, k, k, out, mask(100, 0), 0.5)
+    assert (call.n_past, call.window, call.scale) == (100, 0, 0.5)
+    call = AttentionCall("fa", q, k, k, out, mask(200, 64), 0.5)
+    assert (call.n_past, call.window) == (200, 64)
+    call = AttentionCall("fa", q, k, k, out, mask(10, 64), 0.5)  # the window reaches key 0: no window to see
+    assert (call.n_past, call.window) == (10, 0)
+    holed = mask(100, 0)
+    holed[tokens - 1, 50] = -np.inf
+    with pytest.raises(BackendError, match="one run of visible keys"):
+        AttentionCall("fa", q, k, k, out, holed, 0.5)

@@ -47,9 +47,11 @@
 #           end every call that writes more than 8 files under $OUT with `pack NAME` (a call returns at most 8 files,
 #           named in letters, digits, '.', '_' and '-')
 # What the open issues still need on the GPU: issue 16's kernels once written (bench gemm sets, compare at 512..8192,
-# sanitize); issue 18's `attention-diff` (mma_llamacpp against llama.cpp's flash attention node by node, bit for bit)
-# and `compare` after any change to the llamacpp semantics (LIMIT=400 gives the 4096 run room), each after
-# `sanitize engine`; plugin-sanitize after ac2ab62's change to the plugin's waits. Run one-off scripts as
+# sanitize); issue 18: after any change to the llamacpp semantics `sanitize engine`, `attention-diff` (mma_llamacpp
+# against llama.cpp's flash attention node by node: bit for bit at 777fac1), the GEMM diff on captured activations
+# (`py -m ggml_ciq.cli diff /tmp/gemma3-270m.gguf --prompt TEXT --reference llamacpp-cuda`: 0 is the goal once MMQ's
+# stream-k seams are reproduced) and `compare` (LIMIT=560 gives the 4096 run room: 282 s at 777fac1);
+# plugin-sanitize after ac2ab62's change to the plugin's waits. Run one-off scripts as
 # `gpu_run.sh py tools/X.py` (its PYTHONPATH), and fire the next call within 30 s.
 # /tmp survives between calls while the machine stays warm, so setup runs once per lease.
 set -uo pipefail

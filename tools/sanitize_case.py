@@ -19,8 +19,8 @@ from ggml_ciq import quants as Q
 
 def engine_case():
     """Every NativeOps op on the GPU in both float orders (host, llama.cpp CUDA's), the three attention kernels (a
-    window, a tail micro-batch; mma_llamacpp's tile shapes and stream-k segments), the q32 variant, and a small gemma3 and llama model's prefill
-    through the engine in each GPU semantics (41 tokens in micro-batches of 16)."""
+    window, a tail micro-batch; mma_llamacpp's tile shapes and stream-k segments), the q32 variant, and a small
+    gemma3 and llama model's prefill through the engine in each GPU semantics (41 tokens in micro-batches of 16)."""
     from ggml_ciq import catalog
     from ggml_ciq.engine import Transformer
     from ggml_ciq.model import ModelFile
@@ -37,10 +37,10 @@ def engine_case():
             ops.kv_store(v, 0, rng.standard_normal((n_past + t, hkv, d)).astype(np.float32))
             out = ops.attention(q, k, v, n_past, d ** -0.5, window).numpy()
             print(f"attention {kernel} D={d} n_past={n_past} window={window}: finite={np.isfinite(out).all()}")
-    # mma_llamacpp's tile shapes (1, 2, 8 heads per kv head: 64, 32, 8 queries a tile) and stream-k segments (600
+    # mma_llamacpp's tile shapes (1, 2, 4, 8 heads per kv head: 64, 32, 16, 8 queries a tile) and stream-k segments (600
     # cached keys: several segments a tile, folded; 2 and 1 CTAs per SM of llama.cpp's grid: other seams)
     ops = NativeOps("cuda", attention_kernel="mma_llamacpp")
-    for (heads, hkv), d, per_sm in itertools.product(((1, 1), (4, 2), (8, 1)), (64, 256), ("2", "1")):
+    for (heads, hkv), d, per_sm in itertools.product(((1, 1), (4, 2), (4, 1), (8, 1)), (64, 256), ("2", "1")):
         t, n_past, window = 41, 600, (0 if d == 64 else 512)
         q = rng.standard_normal((t, heads, d)).astype(np.float32)
         k, v = ops.zeros((n_past + t, hkv, d), np.float16), ops.zeros((n_past + t, hkv, d), np.float16)
