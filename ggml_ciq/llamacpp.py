@@ -57,6 +57,18 @@ size_t ggml_tensor_overhead(void);
 size_t ggml_graph_overhead_custom(size_t size, bool grads);
 struct ggml_tensor * ggml_new_tensor_2d(struct ggml_context * ctx, int type, int64_t ne0, int64_t ne1);
 struct ggml_tensor * ggml_mul_mat(struct ggml_context * ctx, struct ggml_tensor * a, struct ggml_tensor * b);
+struct ggml_tensor * ggml_new_tensor_1d(struct ggml_context * ctx, int type, int64_t ne0);
+struct ggml_tensor * ggml_new_tensor_3d(struct ggml_context * ctx, int type, int64_t ne0, int64_t ne1, int64_t ne2);
+struct ggml_tensor * ggml_rms_norm(struct ggml_context * ctx, struct ggml_tensor * a, float eps);
+struct ggml_tensor * ggml_mul(struct ggml_context * ctx, struct ggml_tensor * a, struct ggml_tensor * b);
+struct ggml_tensor * ggml_add(struct ggml_context * ctx, struct ggml_tensor * a, struct ggml_tensor * b);
+struct ggml_tensor * ggml_scale(struct ggml_context * ctx, struct ggml_tensor * a, float s);
+struct ggml_tensor * ggml_geglu_split(struct ggml_context * ctx, struct ggml_tensor * a, struct ggml_tensor * b);
+struct ggml_tensor * ggml_swiglu_split(struct ggml_context * ctx, struct ggml_tensor * a, struct ggml_tensor * b);
+struct ggml_tensor * ggml_rope_ext(struct ggml_context * ctx, struct ggml_tensor * a, struct ggml_tensor * b,
+                                   struct ggml_tensor * c, int n_dims, int mode, int n_ctx_orig, float freq_base,
+                                   float freq_scale, float ext_factor, float attn_factor, float beta_fast,
+                                   float beta_slow);
 size_t ggml_nbytes(const struct ggml_tensor * tensor);
 struct ggml_cgraph * ggml_new_graph_custom(struct ggml_context * ctx, size_t size, bool grads);
 void ggml_build_forward_expand(struct ggml_cgraph * cgraph, struct ggml_tensor * tensor);
@@ -396,6 +408,99 @@ class MulMatGraph(Closeable):
 
     def close(self):
         """Free the device buffer, backend and context (idempotent)."""
+        if _live(self._buffer):
+            self._lib.ggml_backend_buffer_free(self._buffer)
+        if _live(self._backend):
+            self._lib.ggml_backend_free(self._backend)
+        if _live(self._ctx):
+            self._lib.ggml_free(self._ctx)
+        self._ctx = self._backend = self._buffer = None
+
+
+# OpGraph kinds: the transformer ops llama.cpp's Gemma/Llama graphs run around the GEMMs, as those graphs chain them
+# (so ggml-cuda fuses what it fuses there: RMS_NORM + MUL (+ ADD) into one kernel).
+OP_KINDS = ("rms_norm", "rms_norm_mul", "rms_norm_mul_add", "rope_neox", "rope_norm", "geglu", "swiglu", "scale")
+_I32 = 26  # GGML_TYPE_I32
+
+
+class OpGraph(Closeable):
+    """One of OP_KINDS as a ggml graph on a device, computed once per call of run(). Shapes: x [rows, d] (rope: x
+    [tokens, heads, d] and int32 positions[tokens]); weight [d]; add like x; gate/up [rows, d]. Parameters: eps (the
+    norms), base (RoPE's freq_base; freq_scale 1, no YaRN, as llama.cpp's graphs pass them), s (scale)."""
+
+    def __init__(self, bridge, device, kind, shape, eps=1e-6, base=10000.0, s=1.0):
+        if kind not in OP_KINDS:
+            raise BackendError(f"unknown op kind {kind!r} (choose from {', '.join(OP_KINDS)})")
+        self._lib = lib = bridge._lib
+        self._ctx = self._backend = self._buffer = None
+        self.kind, self.shape, self.device = kind, tuple(shape), device
+        rope = kind.startswith("rope")
+        if len(self.shape) != (3 if rope else 2) or min(self.shape) < 1:
+            raise ShapeError(f"{kind}: shape {shape} (rope: [tokens, heads, d]; else [rows, d])")
+        dev = bridge._device(device)
+        try:
+            mem = 8 * lib.ggml_tensor_overhead() + lib.ggml_graph_overhead_custom(16, False)
+            self._ctx = ctx = lib.ggml_init(ffi.new("struct ggml_init_params *", [mem, ffi.NULL, True])[0])
+            if ctx == ffi.NULL:
+                raise BackendError("ggml_init failed")
+            d = self.shape[-1]
+            if rope:
+                t, h, _ = self.shape
+                x = lib.ggml_new_tensor_3d(ctx, F32, d, h, t)
+                pos = lib.ggml_new_tensor_1d(ctx, _I32, t)
+                mode = 2 if kind == "rope_neox" else 0  # GGML_ROPE_TYPE_NEOX, NORM
+                out = lib.ggml_rope_ext(ctx, x, pos, ffi.NULL, d, mode, 0, float(base), 1.0, 0.0, 1.0, 32.0, 1.0)
+                self._inputs = {"x": x, "positions": pos}
+            else:
+                rows = self.shape[0]
+                x = lib.ggml_new_tensor_2d(ctx, F32, d, rows)
+                self._inputs = {"x": x}
+                if kind.startswith("rms_norm"):
+                    out = lib.ggml_rms_norm(ctx, x, float(eps))
+                    if kind != "rms_norm":
+                        w = self._inputs["weight"] = lib.ggml_new_tensor_1d(ctx, F32, d)
+                        out = lib.ggml_mul(ctx, out, w)
+                    if kind == "rms_norm_mul_add":
+                        a = self._inputs["add"] = lib.ggml_new_tensor_2d(ctx, F32, d, rows)
+                        out = lib.ggml_add(ctx, out, a)
+                elif kind in ("geglu", "swiglu"):
+                    up = self._inputs["up"] = lib.ggml_new_tensor_2d(ctx, F32, d, rows)
+                    out = (lib.ggml_geglu_split if kind == "geglu" else lib.ggml_swiglu_split)(ctx, x, up)
+                else:
+                    out = lib.ggml_scale(ctx, x, float(s))
+            self._out = out
+            self._graph = lib.ggml_new_graph_custom(ctx, 16, False)
+            lib.ggml_build_forward_expand(self._graph, out)
+            self._backend = lib.ggml_backend_dev_init(dev, ffi.NULL)
+            if self._backend == ffi.NULL:
+                raise BackendError(f"cannot initialize a ggml backend on {device}")
+            self._buffer = lib.ggml_backend_alloc_ctx_tensors(ctx, self._backend)
+            if self._buffer == ffi.NULL:
+                raise BackendError(f"cannot allocate the {kind} graph's tensors on {device}")
+        except BaseException:
+            self.close()
+            raise
+
+    def run(self, **inputs) -> np.ndarray:
+        """Set every input (float32; positions int32), compute, return the output in the input's shape."""
+        if self._ctx is None:
+            raise BackendError("OpGraph is closed")
+        if set(inputs) != set(self._inputs):
+            raise ShapeError(f"{self.kind} takes {sorted(self._inputs)}, got {sorted(inputs)}")
+        for name, tensor in self._inputs.items():
+            a = np.ascontiguousarray(inputs[name], np.int32 if name == "positions" else np.float32)
+            if a.nbytes != self._lib.ggml_nbytes(tensor):
+                raise ShapeError(f"{self.kind}: {name} has {a.nbytes} bytes, the graph's tensor "
+                                 f"{self._lib.ggml_nbytes(tensor)}")
+            self._lib.ggml_backend_tensor_set(tensor, ffi.from_buffer(a), 0, a.nbytes)
+        status = self._lib.ggml_backend_graph_compute(self._backend, self._graph)
+        if status != 0:
+            raise BackendError(f"ggml_backend_graph_compute on {self.device} failed (status {status})")
+        out = np.empty(self.shape, np.float32)
+        self._lib.ggml_backend_tensor_get(self._out, ffi.from_buffer(out), 0, out.nbytes)
+        return out
+
+    def close(self):
         if _live(self._buffer):
             self._lib.ggml_backend_buffer_free(self._buffer)
         if _live(self._backend):

@@ -583,3 +583,58 @@ def test_bad_arguments(native_lib):
     with pytest.raises(OutOfMemoryError, match="out of memory"):  # 256 TiB
         ops.zeros((1 << 46,))
     assert ops.memory_bytes() == before  # nothing left allocated
+
+
+# ---- against llama.cpp's own ops (ggml graphs through the bridge: ggml_ciq.llamacpp.OpGraph) -----------------------
+
+OPS_VS_LLAMACPP = [  # (kind, shape): Gemma 3 270M's widths (640, head 256, 4/1 heads), tails, llama.cpp's 1024-thread norm
+    ("rms_norm", (37, 640)), ("rms_norm_mul", (37, 640)), ("rms_norm_mul", (5, 1030)), ("rms_norm_mul_add", (37, 640)),
+    ("rms_norm_mul", (37 * 4, 256)), ("rope_neox", (37, 4, 256)), ("rope_neox", (37, 1, 256)), ("rope_norm", (19, 3, 64)),
+    ("geglu", (37, 2048)), ("swiglu", (9, 700)), ("scale", (37, 1024)),
+]
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("kind, shape", OPS_VS_LLAMACPP)
+def test_ops_equal_llamacpp_bit_for_bit(llama, native_lib, rng, device, kind, shape):
+    """Our ops in llama.cpp's order on a device (host order on the CPU; llamacpp_cuda on the GPU) against llama.cpp's
+    own ops on the same device, as its graphs chain them (RMS_NORM + MUL + ADD, which ggml-cuda fuses; ROPE at
+    positions past 0 with Gemma's bases; the split GLUs; SCALE): the same values. The CPU half runs in CI."""
+    from ggml_ciq.llamacpp import OpGraph
+
+    if device == "cuda":
+        _gpu_or_skip()
+        if "CUDA0" not in llama.devices():
+            pytest.skip("needs llama.cpp built with CUDA (GGML_CIQ_LLAMACPP_LIB)")
+    elif kind == "swiglu":
+        pytest.skip("not claimed: ggml CPU's SwiGLU uses its vectorized SiLU (exp approximation), ours libm's expf; "
+                    "measured NMSE ~2e-16 (docs/SEMANTICS.md)")
+    ops = PoisonedOps(device, op_order="llamacpp_cuda" if device == "cuda" else "host")
+    x = (rng.standard_normal(shape) * 3).astype(np.float32)
+    eps, base, s = 1e-6, 1e6 if shape[-1] == 256 else 1e4, 0.0625
+    inputs, extra = {"x": x}, {}
+    if kind.startswith("rms_norm") and kind != "rms_norm":
+        inputs["weight"] = (rng.standard_normal(shape[-1]) + 1).astype(np.float32)
+    if kind == "rms_norm_mul_add":
+        inputs["add"] = (rng.standard_normal(shape) * 100).astype(np.float32)
+    if kind.startswith("rope"):
+        inputs["positions"] = np.arange(500, 500 + shape[0], dtype=np.int32)
+    if kind in ("geglu", "swiglu"):
+        inputs["up"] = rng.standard_normal(shape).astype(np.float32)
+    with OpGraph(llama, "CPU" if device == "cpu" else "CUDA0", kind, shape, eps=eps, base=base, s=s) as graph:
+        theirs = graph.run(**inputs)
+    if kind == "rms_norm":
+        ours = ops.rms_norm(x, None, eps)
+    elif kind == "rms_norm_mul":
+        ours = ops.rms_norm(x, inputs["weight"], eps)
+    elif kind == "rms_norm_mul_add":
+        ours = ops.rms_norm_add(x, inputs["weight"], eps, inputs["add"])
+    elif kind.startswith("rope"):
+        ours = ops.rope(x, inputs["positions"], base, neox=kind == "rope_neox")
+    elif kind in ("geglu", "swiglu"):
+        ours = ops.glu(x, inputs["up"], "gelu" if kind == "geglu" else "silu")
+    else:
+        ours = ops.scale(x, s)
+    ours = ours.numpy().reshape(shape)
+    differ = int(np.count_nonzero(ours != theirs))  # values: +0 and -0 are one value (ggml CPU's GELU below -10: -0)
+    assert differ == 0, f"{differ} of {ours.size} values differ, NMSE {nmse(ours, theirs):.3g}"

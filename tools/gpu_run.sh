@@ -16,6 +16,7 @@
 #   tools/gpu_run.sh stage      keep the carried .device-parts/* in /tmp/parts; once all are there, join them into
 #                               /tmp/gemma3-270m.gguf (checked against SHA256SUMS): the whole Gemma file for `compare`
 #   tools/gpu_run.sh attention-diff  mma_llamacpp vs llama.cpp's flash attention on its captured inputs (needs stage, wait)
+#   tools/gpu_run.sh ops-vs-llamacpp  our llama.cpp-order ops vs llama.cpp CUDA's; our GEMMs vs MMQ split / unsplit (wait)
 #   tools/gpu_run.sh compare    engine vs llama.cpp CUDA and the float64 reference: Gemma 3 270M at 512 and 4096
 #                               tokens; synthetic Llama-3-8B at 512 and 2048 (speed) -> $OUT (needs stage, wait)
 #   tools/gpu_run.sh bench      bench/results/h200 set (llama3-8b n=512/2048, seed6) as JSON under $OUT (plot them
@@ -150,6 +151,11 @@ case "${1:-}" in
     timeout ${LIMIT:-300} python3 tools/attention_diff.py "$(gemma_path)" --tokens ${TOKENS:-512 4096} \
       --blocks-per-sm 2 1 3 --json "$OUT/attention-diff-gemma3-270m.json" --save "$OUT/attention-nodes" 2>&1 \
       | tail -n 20 ;;
+  ops-vs-llamacpp)  # issue 18: our llama.cpp-order ops against llama.cpp CUDA's own (OpGraph, test_ops.py) and where
+                    # our MMQ-semantics GEMMs part from MMQ (tools/mmq_seams.py: K split or not) -> $OUT
+    python3 -m pytest -q -rs -p no:cacheprovider tests/test_ops.py -k "equal_llamacpp" 2>&1 | tail -n 25 \
+      | tee "$OUT/pytest-gpu-ops-vs-llamacpp.txt"
+    python3 tools/mmq_seams.py --json "$OUT/mmq-seams.json" 2>&1 | tail -n 20 ;;
   compare-8b)  # speed only (no reference: 64 GB in float64): the synthetic Llama-3-8B at 512 and 2048 tokens
     for n in 512 2048; do
       python3 -m ggml_ciq.cli compare llama3-8b-synthetic --tokens $n --device cuda --repeat 5 --reference off \
