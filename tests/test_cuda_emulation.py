@@ -316,3 +316,76 @@ def test_gemm_q32_emulated(emu, rng, ggml_type):
     err = nmse(out, Q.gemm_q32_mmq_quantized(ggml_type, raw, rows, k, xq, tokens))
     print(f"{Q.type_name(ggml_type)}: NMSE {err:.2e}")
     assert err <= 1e-10
+
+
+# ---- MMQ's stream-k seams in the q32 kernel (gemm_q32.cu) -----------------------------------------------------------
+
+MMQ_WIDTHS, MMQ_FALLBACK_WIDTHS = (8, 16, 24, 32, 40, 48, 64, 80, 96, 112, 128), (8, 16, 32, 64, 128)
+
+
+def mmq_plan(rows, k, tokens, sms=132):
+    """llama.cpp MMQ's stream-k grid (mmq.cu at 0c1e570, sm_80+, 32-block types): (J, token tiles, CTAs, K blocks)."""
+    widths = MMQ_FALLBACK_WIDTHS if rows % 128 else MMQ_WIDTHS
+    j = min(widths, key=lambda w: (-(-tokens // w), w))
+    ntx = -(-tokens // j)
+    tiles = ntx * -(-rows // 128)
+    waves = -(-tiles // sms)
+    return j, ntx, tiles if 100 * tiles // (sms * waves) >= 90 else sms, k // 32
+
+
+def mmq_segment_starts(plan, rows, tile):
+    """The K-block offsets where tile `tile`'s segments start (0 first): where a CTA's snapped range begins."""
+    j, ntx, blocks, kb = plan
+    total = ntx * -(-rows // 128) * kb
+    starts = {0}
+    for b in range(blocks):
+        s = b * total // blocks
+        s -= (s % kb) % 8
+        if tile * kb < s < (tile + 1) * kb:
+            starts.add(s - tile * kb)
+    return sorted(starts)
+
+
+def q32_mmq_stream_k(ggml_type, raw, rows, k, xq, tokens, seams=True):
+    """MMQ's float32 arithmetic for Q4_0/Q5_0/Q8_0, block by block: acc = fma(float(isum) * d_w, d8, acc) per segment
+    (the fma through float64: a*b is exact there), the segments added as its fixup adds them."""
+    q8, d8, _ = Q.q8_1_mmq_fields(xq, Q.Q4_K if ggml_type == Q.Q4_0 else Q.Q6_K, tokens, k)
+    qw, dw = Q.q32_fields(ggml_type, raw, rows, k)
+    isum = np.einsum("tbv,rbv->trb", q8.reshape(tokens, k // 32, 32).astype(np.int64), qw.astype(np.int64))
+    a = (isum.astype(np.float32) * dw[None]).astype(np.float32)  # [tokens, rows, blocks]
+    plan = mmq_plan(rows, k, tokens)
+    out = np.empty((tokens, rows), np.float32)
+    for t in range(tokens):
+        for r0 in range(0, rows, 128):
+            tile = (r0 // 128) * plan[1] + t // plan[0]
+            starts = mmq_segment_starts(plan, rows, tile) if seams else [0]
+            bounds = starts + [k // 32]
+            parts = []
+            for s0, s1 in zip(bounds, bounds[1:]):
+                acc = np.zeros(min(128, rows - r0), np.float32)
+                for b in range(s0, s1):
+                    acc = (a[t, r0:r0 + 128, b].astype(np.float64) * np.float64(d8[t, b]) + acc).astype(np.float32)
+                parts.append(acc)
+            earlier = np.zeros_like(parts[-1])
+            for p in reversed(parts[:-1]):
+                earlier = (earlier + p).astype(np.float32)
+            out[t, r0:r0 + 128] = (parts[-1] + earlier).astype(np.float32) if len(parts) > 1 else parts[-1]
+    return out
+
+
+@pytest.mark.parametrize("ggml_type", [Q.Q4_0, Q.Q5_0, Q.Q8_0])
+@pytest.mark.parametrize("rows, k, tokens", [(128, 1024, 40), (200, 640, 37), (256, 2048, 130)])
+def test_gemm_q32_emulated_mmq_seams(emu, rng, ggml_type, rows, k, tokens):
+    """Where MMQ splits a tile's K over CTAs (these shapes fill few of an H200's 132 SMs: e.g. 128 x 1024 at 40 tokens
+    is one tile cut at blocks 8, 16, 24), the q32 kernel restarts its sums at MMQ's seams and adds the segments as its
+    fixup does: the same bits as a float32 model of MMQ's order, and not those of one pass."""
+    raw = random_table(rng, ggml_type, rows, k)
+    x = rng.standard_normal((tokens, k)).astype(np.float32)
+    xq = Q.quantize_q8_1_mmq(x, Q.Q4_K if ggml_type == Q.Q4_0 else Q.Q6_K)
+    out = poisoned((tokens, rows))
+    call(emu, "emu_gemm_q32", ggml_type, raw, rows, k, xq, tokens, out)
+    plan = mmq_plan(rows, k, tokens)
+    assert any(len(mmq_segment_starts(plan, rows, tile)) > 1 for tile in range(plan[1] * -(-rows // 128)))
+    model = q32_mmq_stream_k(ggml_type, raw, rows, k, xq, tokens)
+    assert np.array_equal(out, model), f"{np.count_nonzero(out != model)} values differ"
+    assert not np.array_equal(out, q32_mmq_stream_k(ggml_type, raw, rows, k, xq, tokens, seams=False))

@@ -7,16 +7,21 @@
 //   wq [128][STRIDE] int8   weights in natural k order: Q4_K the nibble 0..15, Q6_K q6-32.
 //   xq [J][STRIDE]   int8   activations (block_q8_1_mmq qs), natural k order.
 //   ws [8][128]      float2 per 32-value sub-block i and row: Q4_K {A_i, B_i} = {half(d*sc_i), -half(dmin*m_i)},
-//                           Q6_K {sc_2i*d, sc_2i+1*d} (exact in fp32).
+//                           Q6_K {sc_2i, sc_2i+1} (the int8 scales as floats).
 //   xs [8][J]        float2 per sub-block and token: Q4_K {d8, s8} of the DS4 half2, Q6_K {d8, 0}.
+//   wd [128]         float per row, Q6_K only: d.
 // The 16 B pad per 256 B row puts the 8 rows of every ldmatrix 8x16 B phase on disjoint bank quads.
 // Warps form a WM x (8/WM) grid: warp w owns rows (w%WM)*TM .. +TM and tokens (w/WM)*TN .. +TN (TM = 128/WM,
 // TN = J*WM/8), i.e. (TM/16) x (TN/8) mma tiles of 16 rows x 8 tokens with fp32 accumulators in the C fragment
 // layout. Per sub-block: Q4_K one m16n8k32, acc += A*d8*isum + B*s8 (llama.cpp vec_dot_q8_1_q8_1_mma); Q6_K two
-// m16n8k16 (one per 16-value scale), acc += d8*(isum_lo*sc_lo*d + isum_hi*sc_hi*d) (vec_dot_q6_K_q8_1_mma with d
-// folded into the scales). The int32 accumulators start at 0x4B400000 (1.5*2^23 as float), so that
+// m16n8k16 (one per 16-value scale), tmp = fma(sc_lo*isum_lo + sc_hi*isum_hi, d8, tmp) (MMQ's int32, exact in fp32
+// as |.| < 2^24), and per 128-value half (4 sub-blocks, tmp from 0) acc = fma(tmp, d, acc), the float order of
+// vec_dot_q6_K_q8_1_mma (Turing/Ampere path). The int32 accumulators start at 0x4B400000 (1.5*2^23 as float), so that
 // float(isum) = as_float(c) - 1.5*2^23 exactly (|isum| <= 16*32*127 < 2^22): one FADD instead of a slow I2F.
+// MMQ's stream-k seams (mmq_stream_k.cuh): where MMQ splits a tile's K over CTAs, the CTA sums the same segments
+// (last first) and adds them as its fixup does; `earlier` in shared memory holds the fixup's running sum.
 #include "common.cuh"
+#include "mmq_stream_k.cuh"
 
 
 #if !defined(GGML_CIQ_HIP)
@@ -38,9 +43,11 @@ static constexpr mma_tile_config k_mma_configs[] = {
     {8, 8, 3, 8}, {16, 8, 3, 8}, {32, 4, 2, 8}, {64, 4, 1, 4}, {128, 4, 1, 4}};
 static constexpr int k_mma_config_count = sizeof(k_mma_configs) / sizeof(k_mma_configs[0]);
 
-static constexpr size_t mma_smem_bytes(int J) {  // wq, xq, ws, xs
-    return (size_t)(CIQ_MMA_ROWS + J) * CIQ_MMA_STRIDE + (size_t)8 * (CIQ_MMA_ROWS + J) * sizeof(float2);
+static constexpr size_t mma_smem_bytes(ciq_type T, int J) {  // wq, xq, ws, xs (, wd), the fixup sums
+    return (size_t)(CIQ_MMA_ROWS + J) * CIQ_MMA_STRIDE + (size_t)8 * (CIQ_MMA_ROWS + J) * sizeof(float2) +
+           (T == CIQ_TYPE_Q6_K ? CIQ_MMA_ROWS * sizeof(float) : 0) + (size_t)CIQ_MMA_ROWS * J * sizeof(float);
 }
+constexpr int CIQ_MMA_MAX_SEAMS = 255;  // MMQ segments a tile may have beyond its first (more: one pass)
 
 static constexpr int k_magic_bits = 0x4B400000;
 static __device__ __forceinline__ float isum_of(int c) { return __int_as_float(c) - 12582912.0f; }
@@ -88,7 +95,7 @@ static __device__ __forceinline__ void mma_k16(int (&c)[4], int a0, int a1, int 
 // loads: its 210 B blocks are only 2-byte aligned.
 template <ciq_type T, int BATCH>
 static __device__ __forceinline__ void stage_weights(const uint8_t *__restrict__ w, int64_t row_bytes, int64_t row0,
-                                                     int64_t rows, int kb, int8_t *wq, float2 *ws) {
+                                                     int64_t rows, int kb, int8_t *wq, float2 *ws, float *wd) {
     constexpr int block_bytes = T == CIQ_TYPE_Q4_K ? Q4_K_BLOCK_BYTES : Q6_K_BLOCK_BYTES;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const uint8_t *base = w + (int64_t)kb * block_bytes;
@@ -135,11 +142,11 @@ static __device__ __forceinline__ void stage_weights(const uint8_t *__restrict__
         }
     } else {
         const uint16_t *b16 = (const uint16_t *)blk;
-        const float d = ciq_half_to_float(__ldg(b16 + 104));
+        if (h == 0) wd[r] = ciq_half_to_float(__ldg(b16 + 104));
 #pragma unroll
         for (int l = 0; l < 4; ++l) {  // scales 8h + 2l, 8h + 2l + 1
             const uint16_t sc = __ldg(b16 + 96 + 4 * h + l);
-            ws[(4 * h + l) * CIQ_MMA_ROWS + r] = make_float2((float)(int8_t)sc * d, (float)(int8_t)(sc >> 8) * d);
+            ws[(4 * h + l) * CIQ_MMA_ROWS + r] = make_float2((float)(int8_t)sc, (float)(int8_t)(sc >> 8));
         }
     }
 }
@@ -186,7 +193,7 @@ template <ciq_type T, int J> struct act_tile {
 template <ciq_type T, int J, int WM, int MIN_CTAS, int WBATCH>
 __global__ void __launch_bounds__(CIQ_MMA_THREADS, MIN_CTAS)
     gemm_mma_kernel(const uint8_t *__restrict__ w, int64_t rows, int nb, const uint8_t *__restrict__ x,
-                    int64_t tokens, void *__restrict__ out, ciq_out_type out_type) {
+                    int64_t tokens, void *__restrict__ out, ciq_out_type out_type, MmqStreamK mmq) {
     constexpr int TM = CIQ_MMA_ROWS / WM, TN = J * WM / 8, MT = TM / 16, NT = TN / 8;
     static_assert(MT >= 1 && NT >= 1 && TN * (8 / WM) == J, "bad tile config");
     extern __shared__ __align__(16) uint8_t smem[];
@@ -194,23 +201,50 @@ __global__ void __launch_bounds__(CIQ_MMA_THREADS, MIN_CTAS)
     int8_t *xq = wq + CIQ_MMA_ROWS * CIQ_MMA_STRIDE;
     float2 *ws = (float2 *)(xq + J * CIQ_MMA_STRIDE);
     float2 *xs = ws + 8 * CIQ_MMA_ROWS;
+    float *wd = (float *)(xs + 8 * J);  // Q6_K only
+    float *earlier = wd + (T == CIQ_TYPE_Q6_K ? CIQ_MMA_ROWS : 0);  // [MT*NT*4][256]: the fixup's sum of segments
+    __shared__ int seg_start[CIQ_MMA_MAX_SEAMS + 1];
+    __shared__ int seg_count;
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
     const int wr = (warp % WM) * TM, wt = (warp / WM) * TN;  // warp's first row and token in the tile
     const int64_t row0 = (int64_t)blockIdx.x * CIQ_MMA_ROWS, tok0 = (int64_t)blockIdx.y * J;
     const int64_t row_bytes = (int64_t)nb * (T == CIQ_TYPE_Q4_K ? Q4_K_BLOCK_BYTES : Q6_K_BLOCK_BYTES);
 
-    float acc[MT][NT][4] = {};
-    for (int kb = 0; kb < nb; ++kb) {
+    // MMQ's segments of this CTA's tile (mmq_stream_k.cuh): when its tokens lie in one MMQ token tile (its rows are
+    // one MMQ row tile) and out is float32, the segments run last first: the last into out, the others summed into
+    // `earlier` from the nearest back, out += earlier at the end, as MMQ's fixup. Else one pass over K.
+    if (threadIdx.x == 0) {
+        const int64_t jt = tok0 / mmq.J, last = (min(tok0 + J, tokens) - 1) / mmq.J;
+        const int n = mmq.split() && out_type == CIQ_OUT_F32 && jt == last
+                          ? mmq_tile_seams(mmq, (row0 / MMQ_ROWS) * mmq.ntx + jt, seg_start + 1, CIQ_MMA_MAX_SEAMS)
+                          : 0;
+        seg_start[0] = 0;
+        seg_count = n < 0 ? 1 : n + 1;
+    }
+    __syncthreads();
+    const int segments = seg_count;
+
+    float acc[MT][NT][4];
+    for (int segment = segments - 1; segment >= 0; --segment) {
+    const int kb_stop = segment + 1 < segments ? seg_start[segment + 1] : nb;
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.0f;
+    for (int kb = seg_start[segment]; kb < kb_stop; ++kb) {
         act_tile<T, J> atile;
         atile.load(x, tokens, tok0, kb, 0);  // in flight while the weights are staged
-        stage_weights<T, WBATCH>(w, row_bytes, row0, rows, kb, wq, ws);
+        stage_weights<T, WBATCH>(w, row_bytes, row0, rows, kb, wq, ws, wd);
         atile.store(xq, xs, 0);
         for (int c = 1; c < atile.BATCHES; ++c) {
             atile.load(x, tokens, tok0, kb, c);
             atile.store(xq, xs, c);
         }
         __syncthreads();
+        float tmp[MT][NT][4] = {};  // Q6_K: the 128-value half's sum over its sub-blocks of d8 * isc
 #pragma unroll 2
         for (int i = 0; i < 8; ++i) {  // 32-value sub-block
             int a[MT][4];
@@ -243,14 +277,50 @@ __global__ void __launch_bounds__(CIQ_MMA_THREADS, MIN_CTAS)
                         if constexpr (T == CIQ_TYPE_Q4_K) {
                             sum = fmaf(wv.x * d8, isum_of(c0[e]), sum);
                             sum = fmaf(wv.y, s8, sum);
-                        } else {
-                            sum = fmaf(d8, fmaf(isum_of(c0[e]), wv.x, isum_of(c1[e]) * wv.y), sum);
+                        } else {  // sc_lo*isum_lo + sc_hi*isum_hi, exact (MMQ's int32)
+                            const float isc = fmaf(isum_of(c1[e]), wv.y, isum_of(c0[e]) * wv.x);
+                            tmp[m][n][e] = fmaf(isc, d8, tmp[m][n][e]);
+                        }
+                    }
+                }
+            }
+            if constexpr (T == CIQ_TYPE_Q6_K) {
+                if (i % 4 == 3) {  // end of a 128-value half: acc += tmp * d, tmp from 0 again
+#pragma unroll
+                    for (int m = 0; m < MT; ++m) {
+                        const float d0 = wd[wr + 16 * m + g], d1 = wd[wr + 16 * m + g + 8];
+#pragma unroll
+                        for (int n = 0; n < NT; ++n) {
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) {
+                                acc[m][n][e] = fmaf(tmp[m][n][e], e / 2 ? d1 : d0, acc[m][n][e]);
+                                tmp[m][n][e] = 0.0f;
+                            }
                         }
                     }
                 }
             }
         }
         __syncthreads();
+    }
+    if (segments > 1) {  // the last segment to out; each earlier one into the fixup's sum (from 0: -0 becomes +0)
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int64_t r = row0 + wr + 16 * m + g + 8 * (e / 2), t = tok0 + wt + 8 * n + 2 * t4 + e % 2;
+                    float &sum = earlier[((m * NT + n) * 4 + e) * CIQ_MMA_THREADS + threadIdx.x];
+                    if (segment == segments - 1) {
+                        if (r < rows && t < tokens) ((float *)out)[t * rows + r] = acc[m][n][e];
+                    } else {
+                        sum = __fadd_rn(segment == segments - 2 ? 0.0f : sum, acc[m][n][e]);
+                    }
+                }
+            }
+        }
+    }
     }
 
 #pragma unroll
@@ -260,7 +330,13 @@ __global__ void __launch_bounds__(CIQ_MMA_THREADS, MIN_CTAS)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int64_t r = row0 + wr + 16 * m + g + 8 * (e / 2), t = tok0 + wt + 8 * n + 2 * t4 + e % 2;
-                if (r < rows && t < tokens) ciq_store_out(out, t * rows + r, acc[m][n][e], out_type);
+                if (r >= rows || t >= tokens) continue;
+                if (segments > 1) {
+                    float *o = (float *)out + t * rows + r;
+                    *o = __fadd_rn(*o, earlier[((m * NT + n) * 4 + e) * CIQ_MMA_THREADS + threadIdx.x]);
+                } else {
+                    ciq_store_out(out, t * rows + r, acc[m][n][e], out_type);
+                }
             }
         }
     }
@@ -270,15 +346,23 @@ template <ciq_type T, int C>
 static ciq_status launch_mma(const void *weight, int64_t rows, int64_t k, const void *x, int64_t tokens, void *out,
                              ciq_out_type out_type) {
     constexpr mma_tile_config cfg = k_mma_configs[C];
-    constexpr size_t smem = mma_smem_bytes(cfg.tokens);
+    constexpr size_t smem = mma_smem_bytes(T, cfg.tokens);
     constexpr auto kernel = gemm_mma_kernel<T, cfg.tokens, cfg.warps_m, cfg.min_ctas, cfg.weight_batch>;
     if (smem > 48 * 1024) {
         const ciq_status status = ciq_raise_smem_limit<kernel>((int)smem, "ciq_cuda_gemm_mma");
         if (status != CIQ_OK) return status;
     }
     const dim3 grid((unsigned)((rows + CIQ_MMA_ROWS - 1) / CIQ_MMA_ROWS), (unsigned)((tokens + cfg.tokens - 1) / cfg.tokens));
+    int device = 0, sms = 0;
+    cudaGetDevice(&device);
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms < 1) {
+        cudaGetLastError();
+        return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_mma: cannot read GPU %d's SM count", device);
+    }
+    MmqStreamK mmq = mmq_stream_k(rows, k / QK_K, 1, tokens, sms);  // K-quants: one super-block an iteration
+    if (mmq.total >= (int64_t)1 << 30) mmq.blocks = (int)mmq.tiles;  // beyond MMQ's index range: one pass
     kernel<<<grid, CIQ_MMA_THREADS, smem>>>((const uint8_t *)weight, rows, (int)(k / QK_K), (const uint8_t *)x,
-                                            tokens, out, out_type);
+                                            tokens, out, out_type, mmq);
     CIQ_CUDA_LAUNCH_CHECK("ciq_cuda_gemm_mma");
     return CIQ_OK;
 }

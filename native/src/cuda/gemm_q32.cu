@@ -9,11 +9,16 @@
 // token) at a time: thread (row, block) of the 64 x 4 decodes its weight block into wq, all threads copy the 32
 // tokens' activation blocks into xq/xd, barrier, dot products, barrier. Thread tid owns rows tid%16 + 16i (i < 4)
 // and tokens tid/16 + 16j (j < 2). Row strides of 33 words keep the 16 rows a warp reads on distinct banks.
+//
+// MMQ's stream-k seams (mmq_stream_k.cuh): each thread finds the seams of its two tokens' MMQ tiles (its rows share
+// one), restarts its sums there (keeping up to Q32_PARTIALS earlier segments) and adds them as MMQ's fixup does.
 #include "common.cuh"
+#include "mmq_stream_k.cuh"
 
 namespace {
 
 constexpr int Q32_ROWS = 64, Q32_TOKENS = 32, Q32_THREADS = 256, Q32_STRIDE = 33;  // STRIDE: words per staged row
+constexpr int Q32_PARTIALS = 8;  // segments before a tile's last that a thread keeps (more: the GEMM runs in one pass)
 
 __device__ __forceinline__ uint32_t bytes4(uint32_t v0, uint32_t v1, uint32_t v2, uint32_t v3) {
     return (v0 & 0xFF) | (v1 & 0xFF) << 8 | (v2 & 0xFF) << 16 | (v3 & 0xFF) << 24;
@@ -51,7 +56,7 @@ __device__ __forceinline__ void decode_block(const uint16_t *__restrict__ blk, u
 template <int TYPE>
 __global__ void __launch_bounds__(Q32_THREADS)
 gemm_q32_kernel(const uint8_t *__restrict__ w, int64_t rows, int64_t k, const uint8_t *__restrict__ xq,
-                int64_t tokens, float *__restrict__ out) {
+                int64_t tokens, float *__restrict__ out, MmqStreamK mmq) {
     constexpr int block_bytes = TYPE == 2 ? 18 : TYPE == 6 ? 22 : 34;
     __shared__ uint32_t wq[Q32_ROWS * Q32_STRIDE];
     __shared__ uint32_t xs[Q32_TOKENS * Q32_STRIDE];
@@ -64,7 +69,34 @@ gemm_q32_kernel(const uint8_t *__restrict__ w, int64_t rows, int64_t k, const ui
     const uint8_t *w_row = w + min(row0 + stage_row, rows - 1) * row_bytes;  // rows past the end re-read the last
 
     float acc[4][2] = {};
+    // MMQ's seams for this thread's two tokens (its rows share one 128-row MMQ tile): restart at seam[j][next[j]].
+    int seam[2][Q32_PARTIALS], seams[2], next[2] = {0, 0};
+    float part[2][Q32_PARTIALS][4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const int64_t t = min(t0 + tg + 16 * j, tokens - 1);
+        seams[j] = mmq.split() ? max(0, mmq_tile_seams(mmq, (row0 / MMQ_ROWS) * mmq.ntx + t / mmq.J, seam[j],
+                                                       Q32_PARTIALS))
+                               : 0;
+    }
     for (int64_t s = 0; s < k / 128; ++s) {
+        if (s % 2 == 0) {  // seams fall on MMQ's 8-block iterations, i.e. every other step of 4 blocks
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                if (next[j] < seams[j] && 4 * s == seam[j][next[j]]) {
+#pragma unroll
+                    for (int p = 0; p < Q32_PARTIALS; ++p) {
+                        if (p == next[j]) {
+#pragma unroll
+                            for (int i = 0; i < 4; ++i) part[j][p][i] = acc[i][j];
+                        }
+                    }
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) acc[i][j] = 0.0f;
+                    ++next[j];
+                }
+            }
+        }
         {
             uint32_t q[8];
             decode_block<TYPE>((const uint16_t *)(w_row + (4 * s + stage_block) * block_bytes), q,
@@ -108,10 +140,37 @@ gemm_q32_kernel(const uint8_t *__restrict__ w, int64_t rows, int64_t k, const ui
         const int64_t t = t0 + tg + 16 * j;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
+            // MMQ's fixup: the last segment (acc) plus the earlier ones summed from the nearest back to the first.
+            float earlier = 0.0f;
+#pragma unroll
+            for (int p = Q32_PARTIALS - 1; p >= 0; --p) {
+                if (p < next[j]) earlier = __fadd_rn(earlier, part[j][p][i]);
+            }
             const int64_t r = row0 + rg + 16 * i;
-            if (t < tokens && r < rows) out[t * rows + r] = acc[i][j];
+            if (t < tokens && r < rows) out[t * rows + r] = next[j] ? __fadd_rn(acc[i][j], earlier) : acc[i][j];
         }
     }
+}
+
+// MMQ's grid for this GEMM (8 blocks of 32 values an iteration), in one pass where a tile would have more segments
+// than a thread keeps (there the last bits are ours, not MMQ's) or where MMQ's own index would overflow (it refuses).
+MmqStreamK q32_stream_k(int64_t rows, int64_t k, int64_t tokens, int sms) {
+    MmqStreamK m = mmq_stream_k(rows, k / 32, 8, tokens, sms);
+    if (!m.split()) return m;
+    bool one_pass = m.total >= (int64_t)1 << 30;
+    int64_t tile = -1, last = -1, n = 0;
+    for (int64_t b = 0; b < m.blocks && !one_pass; ++b) {
+        const int64_t start = mmq_cta_start(m, b);
+        if (start == last || start % m.k_blocks == 0) {
+            last = start;
+            continue;
+        }
+        n = start / m.k_blocks == tile ? n + 1 : 1;
+        tile = start / m.k_blocks, last = start;
+        one_pass = n > Q32_PARTIALS;
+    }
+    if (one_pass) m.blocks = (int)m.tiles;
+    return m;
 }
 
 }  // namespace
@@ -120,12 +179,19 @@ ciq_status ciq_cuda_gemm_q32(int type, const void *weight, int64_t rows, int64_t
                              int64_t tokens, float *out) {
     const dim3 grid((unsigned)((rows + Q32_ROWS - 1) / Q32_ROWS), (unsigned)((tokens + Q32_TOKENS - 1) / Q32_TOKENS));
     const uint8_t *w = (const uint8_t *)weight, *xq = (const uint8_t *)x_q8_1_mmq;
+    int device = 0, sms = 0;
+    cudaGetDevice(&device);
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms < 1) {
+        cudaGetLastError();
+        return ciq_fail(CIQ_ERR_BACKEND, "gemm_q32: cannot read GPU %d's SM count", device);
+    }
+    const MmqStreamK mmq = q32_stream_k(rows, k, tokens, sms);
     if (type == 2) {
-        gemm_q32_kernel<2><<<grid, Q32_THREADS>>>(w, rows, k, xq, tokens, out);
+        gemm_q32_kernel<2><<<grid, Q32_THREADS>>>(w, rows, k, xq, tokens, out, mmq);
     } else if (type == 6) {
-        gemm_q32_kernel<6><<<grid, Q32_THREADS>>>(w, rows, k, xq, tokens, out);
+        gemm_q32_kernel<6><<<grid, Q32_THREADS>>>(w, rows, k, xq, tokens, out, mmq);
     } else {
-        gemm_q32_kernel<8><<<grid, Q32_THREADS>>>(w, rows, k, xq, tokens, out);
+        gemm_q32_kernel<8><<<grid, Q32_THREADS>>>(w, rows, k, xq, tokens, out, mmq);
     }
     CIQ_CUDA_LAUNCH_CHECK("gemm_q32");
     return CIQ_OK;
