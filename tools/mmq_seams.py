@@ -2,14 +2,16 @@
 
 llama.cpp 0c1e570 runs MMQ as stream-k: with 128-row x J-token tiles (J = 128 at 512 tokens) it launches one CTA per
 tile when the tiles fill the GPU's waves to >= 90%, else one per SM, and then CTAs split a tile's K range and a fixup
-kernel adds the pieces. Prediction: where MMQ does not split (4096 and 4224 rows at 512 tokens: 128 and 132 tiles on
-132 SMs) ours equals it value for value; where it splits (640 and 2048 rows: 20 and 64 tiles) ours differs in the
-last bits. Writes JSON with the device and both commits.
+kernel adds the pieces. Since 3f7d5aa our kernels reproduce those seams (mmq_stream_k.cuh): every row should show 0
+differing values, split or not (at 5ec6c6e, before, only the unsplit Q8_0/Q5_0/Q4_K ones did). Rows of 1000 take
+MMQ's fallback widths; 200 tokens put a J = 112 tile seam inside one of `mma`'s 128-token CTAs (that CTA runs one
+pass: expected to differ). Writes JSON with the device and both commits.
 
     python tools/mmq_seams.py --json out.json
 """
 
 import argparse
+import itertools
 import json
 import sys
 
@@ -23,28 +25,30 @@ from ggml_ciq.llamacpp import LlamaCpp
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", required=True)
-    p.add_argument("--tokens", type=int, default=512)
+    p.add_argument("--tokens", type=int, nargs="+", default=[512, 88, 200])
     args = p.parse_args(argv)
     llama = LlamaCpp.load()
     rng = np.random.default_rng(18)
-    rows_set = (640, 2048, 4096, 4224)
+    rows_set = (640, 1000, 2048, 4096, 4224)
     cases = [(Q.Q8_0, "q32", 640), (Q.Q5_0, "q32", 640), (Q.Q4_K, "mma", 2048), (Q.Q6_K, "mma", 2048)]
     results = []
-    for ggml_type, variant, k in cases:
-        x = rng.standard_normal((args.tokens, k)).astype(np.float32)
+    for (ggml_type, variant, k), tokens in itertools.product(cases, args.tokens):
+        x = rng.standard_normal((tokens, k)).astype(np.float32)
         for rows in rows_set:
             data = llama.quantize_chunk(ggml_type, (rng.standard_normal((rows, k)) * 0.02).astype(np.float32))
             ours = native.gemm(data, x, variant=variant, device="cuda", semantics="mmq", ggml_type=ggml_type,
                                rows=rows, k=k)
             theirs = llama.mul_mat(ggml_type, data, rows, k, x, device="CUDA0")
-            tiles = -(-rows // 128) * -(-args.tokens // 128)
+            widths = (8, 16, 32, 64, 128) if rows % 128 else (8, 16, 24, 32, 40, 48, 64, 80, 96, 112, 128)
+            j = min(widths, key=lambda w: (-(-tokens // w), w))
+            tiles = -(-rows // 128) * -(-tokens // j)
             waves = -(-tiles // 132)
             split = 100 * tiles // (132 * waves) < 90
-            r = {"type": Q.type_name(ggml_type), "variant": variant, "rows": rows, "k": k, "tokens": args.tokens,
+            r = {"type": Q.type_name(ggml_type), "variant": variant, "rows": rows, "k": k, "tokens": tokens,
                  "mmq_tiles": tiles, "mmq_splits_k": split, "differing": int(np.count_nonzero(ours != theirs)),
                  "nmse": Q.nmse(ours, theirs)}
             results.append(r)
-            print(f"{r['type']:5} {variant:4} {rows:5} x {k}: MMQ {tiles:4} tiles, splits K: {str(split):5}  "
+            print(f"{r['type']:5} {variant:4} {rows:5} x {k} x {tokens:3}: MMQ {tiles:4} tiles, splits K: {str(split):5}  "
                   f"{r['differing']:7} of {ours.size} values differ, NMSE {r['nmse']:.3g}", flush=True)
     with open(args.json, "w") as f:
         json.dump({"results": results, "environment": environment.describe()}, f, indent=1)
