@@ -42,8 +42,8 @@
 # returns: the machine goes back ~30 s after a call; a call carries at most 64 MiB with the tracked tree):
 #   call 1, carry .device: setup (llama.cpp builds in the background, ~5 min; keep the CPU free meanwhile) ; GPU tests
 #           that need no llama.cpp (test tests/test_ops.py tests/test_engine.py ...)
-#   calls 2-6, each carry one .device-parts/gemma3-270m.gguf.partNN + .device-parts/SHA256SUMS: stage (the fifth joins
-#           and checks the whole file)
+#   calls 2-8, each carry one .device-parts/gemma3-270m.gguf.partNN + .device-parts/SHA256SUMS: stage (the seventh
+#           joins and checks the whole file; 40 MiB parts since the tracked tree passed 14 MB)
 #   then: wait ; test tests/test_cuda.py tests/test_plugin.py ; plugin-check ; plugin-bench ; memory ; compare ; and
 #           end every call that writes more than 8 files under $OUT with `pack NAME` (a call returns at most 8 files,
 #           named in letters, digits, '.', '_' and '-')

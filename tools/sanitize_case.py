@@ -2,7 +2,7 @@
 compute-sanitizer.
 
 Usage: compute-sanitizer --tool memcheck python3 tools/sanitize_case.py [variant ... | engine]
-(mmvq: every type at 1..8 tokens, mmvq_case)
+(mmvq: every type at 1..8 tokens, mmvq_case; mma and q32: also MMQ's stream-k seams, mmq_seams_case)
 """
 
 import itertools
@@ -111,11 +111,39 @@ def mmvq_case():
             print(f"mmvq          {Q.type_name(weight_type)} tokens={tokens:4d} nmse={err:.2e}")
 
 
+def mmq_seams_case(variants):
+    """MMQ's stream-k seams (mmq_stream_k.cuh): q32 on the 32-block types and mma on the K-quants at shapes MMQ splits
+    (640 rows: 5 tiles on 132 SMs), at 512 tokens, a tail of 88 and 200 (mma: 16-token CTAs inside MMQ's J = 112)."""
+    from ggml_ciq.llamacpp import LlamaCpp
+
+    rng = np.random.default_rng(3)
+    try:
+        quantize = LlamaCpp.load().quantize_chunk
+    except Exception as exc:  # llama.cpp quantizes the 32-block types here; without it, only the K-quants
+        print(f"mmq seams: no llama.cpp ({exc}): K-quants only")
+        quantize = None
+    cases = [(t, "mma", 2048) for t in (Q.Q4_K, Q.Q6_K)] + ([(t, "q32", 640) for t in (Q.Q4_0, Q.Q5_0, Q.Q8_0)]
+                                                            if quantize else [])
+    for weight_type, variant, k in cases:
+        if variant not in variants:
+            continue
+        w = (rng.standard_normal((640, k)) * 0.02).astype(np.float32)
+        data = (quantize(weight_type, w) if variant == "q32" else
+                {Q.Q4_K: Q.quantize_q4_K, Q.Q6_K: Q.quantize_q6_K}[weight_type](w))
+        for tokens in (88, 200, 512):
+            x = rng.standard_normal((tokens, k)).astype(np.float32)
+            out = native.gemm(data, x, variant=variant, device="cuda", semantics="mmq", ggml_type=weight_type,
+                              rows=640, k=k)
+            print(f"{variant:13s} {Q.type_name(weight_type)} 640 x {k} tokens={tokens:4d} finite={np.isfinite(out).all()}")
+
+
 def main(variants):
     if variants == ["engine"]:
         return engine_case()
     if "mmvq" in variants:
         mmvq_case()
+    if "mma" in variants or "q32" in variants:
+        mmq_seams_case(variants)
     rng = np.random.default_rng(0)
     rows, k = 1000 + 13, 512
     for weight_type, quantize in ((Q.Q4_K, Q.quantize_q4_K), (Q.Q6_K, Q.quantize_q6_K)):
@@ -126,7 +154,7 @@ def main(variants):
             native.quantize_activations(x, "mmq", weight_type, "cuda")
             native.quantize_activations(x, "f16", weight_type, "cuda")
             for variant in variants:
-                if tokens > native.variant_info(variant).max_tokens:  # mmvq: 1..8 tokens (mmvq_case)
+                if tokens > native.variant_info(variant).max_tokens or variant == "q32":  # mmvq: mmvq_case; q32 below
                     continue
                 sem = native.variant_info(variant).semantics
                 out = native.gemm(data, x, variant=variant, device="cuda", semantics=sem, ggml_type=weight_type,
@@ -136,6 +164,6 @@ def main(variants):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or list(native.GPU_VARIANTS) + ["mmvq"])  # GPU_VARIANTS: the ones for every token count
+    main(sys.argv[1:] or list(native.GPU_VARIANTS) + ["mmvq", "q32"])  # GPU_VARIANTS: the ones for every token count
     if len(sys.argv) == 1:
         engine_case()

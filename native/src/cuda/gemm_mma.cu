@@ -344,7 +344,7 @@ __global__ void __launch_bounds__(CIQ_MMA_THREADS, MIN_CTAS)
 
 template <ciq_type T, int C>
 static ciq_status launch_mma(const void *weight, int64_t rows, int64_t k, const void *x, int64_t tokens, void *out,
-                             ciq_out_type out_type) {
+                             ciq_out_type out_type, const MmqStreamK &mmq) {
     constexpr mma_tile_config cfg = k_mma_configs[C];
     constexpr size_t smem = mma_smem_bytes(T, cfg.tokens);
     constexpr auto kernel = gemm_mma_kernel<T, cfg.tokens, cfg.warps_m, cfg.min_ctas, cfg.weight_batch>;
@@ -353,14 +353,6 @@ static ciq_status launch_mma(const void *weight, int64_t rows, int64_t k, const 
         if (status != CIQ_OK) return status;
     }
     const dim3 grid((unsigned)((rows + CIQ_MMA_ROWS - 1) / CIQ_MMA_ROWS), (unsigned)((tokens + cfg.tokens - 1) / cfg.tokens));
-    int device = 0, sms = 0;
-    cudaGetDevice(&device);
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms < 1) {
-        cudaGetLastError();
-        return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_mma: cannot read GPU %d's SM count", device);
-    }
-    MmqStreamK mmq = mmq_stream_k(rows, k / QK_K, 1, tokens, sms);  // K-quants: one super-block an iteration
-    if (mmq.total >= (int64_t)1 << 30) mmq.blocks = (int)mmq.tiles;  // beyond MMQ's index range: one pass
     kernel<<<grid, CIQ_MMA_THREADS, smem>>>((const uint8_t *)weight, rows, (int)(k / QK_K), (const uint8_t *)x,
                                             tokens, out, out_type, mmq);
     CIQ_CUDA_LAUNCH_CHECK("ciq_cuda_gemm_mma");
@@ -369,10 +361,10 @@ static ciq_status launch_mma(const void *weight, int64_t rows, int64_t k, const 
 
 template <ciq_type T, int C = 0>
 static ciq_status dispatch_mma(int config, const void *weight, int64_t rows, int64_t k, const void *x, int64_t tokens,
-                               void *out, ciq_out_type out_type) {
+                               void *out, ciq_out_type out_type, const MmqStreamK &mmq) {
     if constexpr (C < k_mma_config_count) {
-        if (config == C) return launch_mma<T, C>(weight, rows, k, x, tokens, out, out_type);
-        return dispatch_mma<T, C + 1>(config, weight, rows, k, x, tokens, out, out_type);
+        if (config == C) return launch_mma<T, C>(weight, rows, k, x, tokens, out, out_type, mmq);
+        return dispatch_mma<T, C + 1>(config, weight, rows, k, x, tokens, out, out_type, mmq);
     } else {
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_mma: bad tile config %d", config);
     }
@@ -387,13 +379,28 @@ ciq_status ciq_cuda_gemm_mma(ciq_type type, const void *weight, int64_t rows, in
                         (long long)rows, (long long)k, (long long)tokens);
     if (((uintptr_t)x_q8_1_mmq | (type == CIQ_TYPE_Q4_K ? (uintptr_t)weight : 0)) % 4 != 0)
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_mma: activations (and Q4_K weights) must be 4-byte aligned");
+    int device = 0, sms = 0;
+    cudaGetDevice(&device);
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms < 1) {
+        cudaGetLastError();
+        return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_mma: cannot read GPU %d's SM count", device);
+    }
+    MmqStreamK mmq = mmq_stream_k(rows, k / QK_K, 1, tokens, sms);  // K-quants: one super-block an iteration
+    if (mmq.total >= (int64_t)1 << 30) mmq.blocks = (int)mmq.tiles;  // beyond MMQ's index range: one pass
     int config = 0;
     while (config + 1 < k_mma_config_count && k_mma_configs[config].tokens < tokens) ++config;
+    // Where MMQ splits K over more token tiles than one, our CTAs must not straddle its tiles' seams: the widest
+    // config whose token width divides MMQ's J (J = 112 at 200 tokens: 16-token CTAs). Measured exact at 512 and 88
+    // tokens (one MMQ token tile or J = 128); the narrower configs' seams are not yet measured on a GPU.
+    if (mmq.split() && out_type == CIQ_OUT_F32 && mmq.ntx > 1 && mmq.J % k_mma_configs[config].tokens != 0) {
+        while (config > 0 && mmq.J % k_mma_configs[config].tokens != 0) --config;
+    }
     if ((tokens + k_mma_configs[config].tokens - 1) / k_mma_configs[config].tokens > 65535 || k / QK_K > INT32_MAX)
         return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_mma: problem too large (k %lld, tokens %lld)", (long long)k,
                         (long long)tokens);
-    return type == CIQ_TYPE_Q4_K ? dispatch_mma<CIQ_TYPE_Q4_K>(config, weight, rows, k, x_q8_1_mmq, tokens, out, out_type)
-                                 : dispatch_mma<CIQ_TYPE_Q6_K>(config, weight, rows, k, x_q8_1_mmq, tokens, out, out_type);
+    return type == CIQ_TYPE_Q4_K
+               ? dispatch_mma<CIQ_TYPE_Q4_K>(config, weight, rows, k, x_q8_1_mmq, tokens, out, out_type, mmq)
+               : dispatch_mma<CIQ_TYPE_Q6_K>(config, weight, rows, k, x_q8_1_mmq, tokens, out, out_type, mmq);
 }
 
 #else  // HIP: no mma.sync
