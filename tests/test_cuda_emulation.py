@@ -1,11 +1,13 @@
-"""The CUDA sources of the transformer ops (native/src/cuda/ops.cu, attention.cu) compiled for the CPU through
+"""The CUDA sources of the transformer ops (native/src/cuda/ops.cu, ops_llamacpp.cu, attention.cu,
+attention_llamacpp.cu) and of the MMQ-order GEMMs (gemm_q32.cu, gemm_mma.cu) compiled for the CPU through
 tests/cuda_on_cpu/ (one thread per CUDA thread, __syncthreads and warp collectives as barriers, PTX mma.sync and
-ldmatrix.trans emulated at matrix level from the PTX ISA's fragment layouts) and run against the references of
+ldmatrix emulated at matrix level from the PTX ISA's fragment layouts) and run against the references of
 tests/test_ops.py. It checks the kernels' index math, masks, online softmax and fragment use where no GPU is; it
-does not check timing, memory ordering or the real instructions' rounding (the emulated mma sums in double).
+does not check timing, memory ordering or the real f16 instructions' rounding (the emulated f16 mma sums in double).
+The integer mma is exact, so the GEMMs' float order (MMQ's, with its stream-k seams) is checked bit for bit.
 
-Kernel launches and the two PTX statements are rewritten textually; a rewrite that no longer matches the source
-fails the build test. Needs g++ with C++20 <barrier> and _Float16 (GCC 12); skipped without a compiler.
+Kernel launches and the PTX statements are rewritten textually; a rewrite that no longer matches the source fails
+the build test. Needs g++ with C++20 <barrier> and _Float16 (GCC 12); skipped without a compiler.
 """
 
 import re
@@ -25,7 +27,7 @@ from test_ops import (ATTENTION_CASES, TABLE_TYPES, _attention_inputs, attention
 ROOT = Path(__file__).resolve().parents[1]
 EMULATION = Path(__file__).resolve().parent / "cuda_on_cpu"
 LAUNCH = re.compile(r"(\w+(?:<[\w, ]+>)?)<<<(.*?)>>>\((.*?)\);", re.S)
-ASM = re.compile(r'asm volatile\(((?:"[^"]*"\s*)+):(.*?)\);', re.S)
+ASM = re.compile(r'asm(?: volatile)?\(((?:"[^"]*"\s*)+):(.*?)\);', re.S)
 EXTERN_SHARED = re.compile(r"extern __shared__ (?:__align__\(\d+\) )?(\w+) (\w+)\[\];")
 CDEF = """
 const char *emu_last_error(void);
@@ -44,6 +46,7 @@ int emu_get_rows(int type, const void *table, int64_t table_rows, int64_t k, con
 int emu_dequantize_bf16(int type, const void *data, int64_t rows, int64_t k, void *out);
 int emu_convert_bf16(const float *x, int64_t n, void *out);
 int emu_gemm_q32(int type, const void *weight, int64_t rows, int64_t k, const void *xq, int64_t tokens, float *out);
+int emu_gemm_mma(int type, const void *weight, int64_t rows, int64_t k, const void *xq, int64_t tokens, float *out);
 """
 SIMT, MMA, MMA_LLAMACPP = 2, 3, 5  # ciq_attention_kernel
 HOST, LLAMACPP_CUDA = 0, 1  # ciq_op_order
@@ -68,6 +71,22 @@ def rewrite(text: str) -> tuple[str, dict]:
             assert len(operands) == 5, operands
             counts["ldmatrix"] += 1
             return f"ciq_emu::ldmatrix_x4_trans({', '.join(operands)});"
+        if code.startswith("ldmatrix.sync.aligned.m8n8.x4.shared.b16"):
+            assert len(operands) == 5, operands
+            counts["ldmatrix"] += 1
+            return f"ciq_emu::ldmatrix_x4({', '.join(operands)});"
+        if code.startswith("ldmatrix.sync.aligned.m8n8.x2.shared.b16"):
+            assert len(operands) == 3, operands
+            counts["ldmatrix"] += 1
+            return f"ciq_emu::ldmatrix_x2({', '.join(operands)});"
+        if code.startswith("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32"):
+            assert operands[:4] == ["c[0]", "c[1]", "c[2]", "c[3]"] and len(operands) == 11, operands
+            counts["mma"] += 1
+            return f"ciq_emu::mma_16832_s8(c, {', '.join(operands[4:])});"
+        if code.startswith("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32"):
+            assert operands[:4] == ["c[0]", "c[1]", "c[2]", "c[3]"] and len(operands) == 8, operands
+            counts["mma"] += 1
+            return f"ciq_emu::mma_16816_s8(c, {', '.join(operands[4:])});"
         raise AssertionError(f"no emulation for PTX {code!r}")
 
     def launch(match):
@@ -96,19 +115,23 @@ def emu(tmp_path_factory):
                 "attention.cu": {"launch": 2, "mma": 0, "ldmatrix": 0, "extern_shared": 2},
                 "attention_llamacpp.cu": {"launch": 1, "mma": 0, "ldmatrix": 0, "extern_shared": 1},
                 "mma_sync.cuh": {"launch": 0, "mma": 2, "ldmatrix": 1, "extern_shared": 0},
-                "gemm_q32.cu": {"launch": 3, "mma": 0, "ldmatrix": 0, "extern_shared": 0}}
+                "gemm_q32.cu": {"launch": 3, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
+                "gemm_mma.cu": {"launch": 1, "mma": 2, "ldmatrix": 2, "extern_shared": 1}}
     for name, want in expected.items():
         path = build / "src" / "cuda" / name
         text, counts = rewrite(path.read_text())
         assert counts == want, f"{name}: rewrote {counts}, expected {want} (source changed: update the test)"
         assert "<<<" not in text and "asm" not in text, f"{name}: a launch or PTX statement was not rewritten"
+        if name == "gemm_mma.cu":  # its mma helpers are compiled for sm_80+ only
+            text = "#define __CUDA_ARCH__ 900\n" + text
         path.with_suffix(".cpp" if path.suffix == ".cu" else path.suffix).write_text(text)
     library = build / "libciq_emu.so"
     command = [compiler, "-std=c++20", "-O2", "-pthread", "-shared", "-fPIC", "-ffp-contract=off",
                "-DGGML_CIQ_WITH_CUDA", f"-I{EMULATION}", f"-I{ROOT / 'native' / 'include'}", f"-I{build / 'src'}",
                str(build / "src" / "cuda" / "ops.cpp"), str(build / "src" / "cuda" / "ops_llamacpp.cpp"),
                str(build / "src" / "cuda" / "attention.cpp"), str(build / "src" / "cuda" / "attention_llamacpp.cpp"),
-               str(build / "src" / "cuda" / "gemm_q32.cpp"), str(build / "src" / "status.cpp"),
+               str(build / "src" / "cuda" / "gemm_q32.cpp"), str(build / "src" / "cuda" / "gemm_mma.cpp"),
+               str(build / "src" / "status.cpp"),
                str(EMULATION / "driver.cpp"), "-o", str(library)]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode and ("<barrier>" in result.stderr or "_Float16" in result.stderr):
@@ -389,3 +412,92 @@ def test_gemm_q32_emulated_mmq_seams(emu, rng, ggml_type, rows, k, tokens):
     model = q32_mmq_stream_k(ggml_type, raw, rows, k, xq, tokens)
     assert np.array_equal(out, model), f"{np.count_nonzero(out != model)} values differ"
     assert not np.array_equal(out, q32_mmq_stream_k(ggml_type, raw, rows, k, xq, tokens, seams=False))
+
+
+def _fma(a, b, c):
+    """float32 fma(a, b, c) through float64 (a*b is exact there; the one rounding of the sum to float32 matches a
+    fused multiply-add except in double-rounding ties, absent from these seeded cases)."""
+    return (np.asarray(a, np.float64) * np.asarray(b, np.float64) + np.asarray(c, np.float64)).astype(np.float32)
+
+
+def kquant_mmq_stream_k(ggml_type, raw, rows, k, xq, tokens, seams=True):
+    """MMQ's float32 order for Q4_K / Q6_K (vec_dot_q8_1_q8_1_mma on Q4_K's {half(d*sc), -half(dmin*m)} and the DS4
+    {d8, s8}: acc = fma(A*d8, isum, acc), fma(B, s8, acc) per 32 values; vec_dot_q6_K_q8_1_mma: per 128 values
+    tmp = sum of fma(sc_lo*isum_lo + sc_hi*isum_hi, d8, tmp), acc = fma(tmp, d, acc)), per MMQ segment (one super-block
+    an iteration), the segments added as its fixup adds them."""
+    nb = k // 256
+    if ggml_type == Q.Q4_K:
+        q8, d8, s8 = Q.q8_1_mmq_fields(xq, Q.Q4_K, tokens, k)
+        d, dmin, sc, m, q = Q.q4_K_fields(raw, rows, k)
+        wa = (d[..., None] * sc.astype(np.float32)).astype(np.float16).astype(np.float32)   # [rows, nb, 8]
+        wb = -(dmin[..., None] * m.astype(np.float32)).astype(np.float16).astype(np.float32)
+        isum = np.einsum("tbiv,rbiv->trbi", q8.reshape(tokens, nb, 8, 32).astype(np.int64), q.astype(np.int64))
+    else:
+        q8, d8, _ = Q.q8_1_mmq_fields(xq, Q.Q6_K, tokens, k)
+        d, sc, q = Q.q6_K_fields(raw, rows, k)
+        isum16 = np.einsum("tbjv,rbjv->trbj", q8.reshape(tokens, nb, 16, 16).astype(np.int64),
+                           q.reshape(rows, nb, 16, 16).astype(np.int64))
+        isc = (isum16 * sc[None].astype(np.int64)).reshape(tokens, rows, nb, 8, 2).sum(-1).astype(np.float32)
+    d8 = d8.reshape(tokens, nb, 8)
+    plan = mmq_plan(rows, k * 8, tokens)[:3] + (nb,)  # K-quants: k_blocks = nb super-blocks, one an iteration
+    out = np.empty((tokens, rows), np.float32)
+
+    def segment(t, r, b0, b1):
+        acc = np.zeros(r.stop - r.start, np.float32)
+        for b in range(b0, b1):
+            if ggml_type == Q.Q4_K:
+                for i in range(8):
+                    a = (wa[r, b, i] * d8[t, b, i]).astype(np.float32)
+                    acc = _fma(a, isum[t, r, b, i].astype(np.float32), acc)
+                    acc = _fma(wb[r, b, i], s8.reshape(tokens, nb, 8)[t, b, i], acc)
+            else:
+                for half in range(2):
+                    tmp = np.zeros_like(acc)
+                    for i in range(4 * half, 4 * half + 4):
+                        tmp = _fma(isc[t, r, b, i], d8[t, b, i], tmp)
+                    acc = _fma(tmp, d[r, b], acc)
+        return acc
+
+    for t in range(tokens):
+        for r0 in range(0, rows, 128):
+            r = slice(r0, min(r0 + 128, rows))
+            tile = (r0 // 128) * plan[1] + t // plan[0]
+            starts = mmq_segment_starts_iter(plan, rows, tile, 1) if seams else [0]
+            bounds = starts + [nb]
+            parts = [segment(t, r, s0, s1) for s0, s1 in zip(bounds, bounds[1:])]
+            earlier = np.zeros_like(parts[-1])
+            for p in reversed(parts[:-1]):
+                earlier = (earlier + p).astype(np.float32)
+            out[t, r] = (parts[-1] + earlier).astype(np.float32) if len(parts) > 1 else parts[-1]
+    return out
+
+
+def mmq_segment_starts_iter(plan, rows, tile, iter_blocks):
+    """mmq_segment_starts for `iter_blocks` blocks per MMQ iteration (32-block types 8, K-quants 1)."""
+    j, ntx, blocks, kb = plan
+    total = ntx * -(-rows // 128) * kb
+    starts = {0}
+    for b in range(blocks):
+        s = b * total // blocks
+        s -= (s % kb) % iter_blocks
+        if tile * kb < s < (tile + 1) * kb:
+            starts.add(s - tile * kb)
+    return sorted(starts)
+
+
+@pytest.mark.parametrize("ggml_type", [Q.Q4_K, Q.Q6_K])
+@pytest.mark.parametrize("rows, k, tokens", [(128, 1024, 40), (136, 512, 20), (256, 512, 130)])
+def test_gemm_mma_emulated_mmq_order(emu, rng, ggml_type, rows, k, tokens):
+    """gemm_mma.cu's kernel (int8 mma and ldmatrix emulated exactly) in MMQ's float32 order: Q6_K's per-128-value
+    sums, and MMQ's stream-k seams where it splits K (128 x 1024 at 40 tokens: one tile cut at each super-block; 136
+    rows: the fallback widths; 130 tokens: MMQ's J = 80 puts a seam inside a 128-token CTA, so 16-token CTAs run):
+    the same bits as a float32 model of MMQ, and not those of one pass."""
+    quantize = {Q.Q4_K: Q.quantize_q4_K, Q.Q6_K: Q.quantize_q6_K}[ggml_type]
+    raw = quantize((rng.standard_normal((rows, k)) * 0.02).astype(np.float32))
+    x = rng.standard_normal((tokens, k)).astype(np.float32)
+    xq = Q.quantize_q8_1_mmq(x, ggml_type)
+    out = poisoned((tokens, rows))
+    call(emu, "emu_gemm_mma", ggml_type, raw, rows, k, xq, tokens, out)
+    model = kquant_mmq_stream_k(ggml_type, raw, rows, k, xq, tokens)
+    assert np.array_equal(out, model), f"{np.count_nonzero(out != model)} of {out.size} values differ"
+    assert not np.array_equal(out, kquant_mmq_stream_k(ggml_type, raw, rows, k, xq, tokens, seams=False))

@@ -13,6 +13,7 @@
 #include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -40,9 +41,13 @@ struct alignas(4) __half2 {
 struct __nv_bfloat16 {
     uint16_t bits;
 };
-struct float2 {
+struct alignas(8) float2 {
     float x, y;
 };
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+inline float2 make_float2(float x, float y) { return {x, y}; }
 struct alignas(16) uint4 {
     unsigned x, y, z, w;
 };
@@ -87,6 +92,20 @@ inline float __fsqrt_rn(float x) { return std::sqrt(x); }
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 // The fast-math intrinsics as the host's accurate functions (the emulation checks index math, not rounding).
 inline float __expf(float x) { return std::exp(x); }
+inline float __int_as_float(int i) {
+    float f;
+    std::memcpy(&f, &i, 4);
+    return f;
+}
+template <class T> T __ldg(const T *p) { return *p; }
+inline unsigned __vsub4(unsigned a, unsigned b) {  // per byte, modulo 256
+    unsigned r = 0;
+    for (int j = 0; j < 4; ++j) r |= ((((a >> 8 * j) & 0xFF) - ((b >> 8 * j) & 0xFF)) & 0xFF) << 8 * j;
+    return r;
+}
+inline float __low2float(__half2 h) { return (float)h.x; }
+inline float __high2float(__half2 h) { return (float)h.y; }
+[[noreturn]] inline void __trap() { std::abort(); }
 inline float __fdividef(float a, float b) { return a / b; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline int __dp4a(int a, int b, int c) {  // c + the dot product of the signed bytes of a and b
@@ -251,6 +270,80 @@ inline void ldmatrix_x4_trans(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t
     }
     w.sync.arrive_and_wait();
     r0 = regs[0], r1 = regs[1], r2 = regs[2], r3 = regs[3];
+}
+
+// mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 (PTX ISA, "Matrix Fragments for mma.m16n8k32" with .s8): byte j
+// of a register is element j. A (16x32, row) a0 = A[g][4t..4t+3], a1 = A[g+8][4t..], a2 = A[g][16+4t..],
+// a3 = A[g+8][16+4t..]; B (32x8, col) b0 = B[4t..4t+3][g], b1 = B[16+4t..][g]; C/D int32 as in m16n8k16 (c0, c1 =
+// D[g][2t..2t+1], c2, c3 = D[g+8][2t..]), D = A B + cin in every element (the kernels pass one C register four times).
+// k16 = true: m16n8k16 .s8, A a0 = A[g][4t..4t+3], a1 = A[g+8][4t..]; B b0 = B[4t..4t+3][g]. Integer sums: exact.
+struct MmaS8Fragments {
+    int a[4], b[2];
+};
+inline void mma_s8(bool k16, int c[4], int a0, int a1, int a2, int a3, int b0, int b1, int cin) {
+    Warp &w = warp();
+    const MmaS8Fragments mine{{a0, a1, a2, a3}, {b0, b1}};
+    std::memcpy(w.slots[lane()], &mine, sizeof(mine));
+    w.sync.arrive_and_wait();
+    int A[16][32] = {}, B[32][8] = {};
+    auto byte_at = [](int reg, int j) { return (int)(int8_t)((uint32_t)reg >> (8 * j)); };
+    for (int l = 0; l < 32; ++l) {
+        MmaS8Fragments f;
+        std::memcpy(&f, w.slots[l], sizeof(f));
+        const int g = l / 4, t = l % 4;
+        for (int j = 0; j < 4; ++j) {
+            A[g][4 * t + j] = byte_at(f.a[0], j);
+            A[g + 8][4 * t + j] = byte_at(f.a[1], j);
+            B[4 * t + j][g] = byte_at(f.b[0], j);
+            if (!k16) {
+                A[g][16 + 4 * t + j] = byte_at(f.a[2], j);
+                A[g + 8][16 + 4 * t + j] = byte_at(f.a[3], j);
+                B[16 + 4 * t + j][g] = byte_at(f.b[1], j);
+            }
+        }
+    }
+    w.sync.arrive_and_wait();
+    const int g = lane() / 4, t = lane() % 4;
+    for (int i = 0; i < 4; ++i) {
+        const int row = g + 8 * (i / 2), col = 2 * t + i % 2;
+        int sum = cin;
+        for (int k = 0; k < (k16 ? 16 : 32); ++k) sum += A[row][k] * B[k][col];
+        c[i] = sum;
+    }
+}
+inline void mma_16832_s8(int c[4], int a0, int a1, int a2, int a3, int b0, int b1, int cin) {
+    mma_s8(false, c, a0, a1, a2, a3, b0, b1, cin);
+}
+inline void mma_16816_s8(int c[4], int a0, int a1, int b0, int cin) { mma_s8(true, c, a0, a1, 0, 0, b0, 0, cin); }
+
+// ldmatrix.sync.aligned.m8n8.x{4,2}.shared.b16: lanes 8i..8i+7 give the addresses of the 8 rows (16 bytes) of matrix i;
+// register i of lane l holds bytes 4(l%4)..4(l%4)+3 of row l/4 of matrix i.
+inline void ldmatrix_n(int n, uint32_t *regs, uint32_t address) {
+    Warp &w = warp();
+    std::memcpy(w.slots[lane()], &address, sizeof(address));
+    w.sync.arrive_and_wait();
+    const int l = lane();
+    for (int i = 0; i < n; ++i) {
+        uint32_t row_address;
+        std::memcpy(&row_address, w.slots[8 * i + l / 4], sizeof(row_address));
+        if (row_address % 16 || row_address + 16 > cta->dynamic_smem.size()) {
+            last_error = cudaErrorLaunchFailure;
+            regs[i] = 0;
+        } else {
+            std::memcpy(&regs[i], dynamic_smem() + row_address + 4 * (l % 4), 4);
+        }
+    }
+    w.sync.arrive_and_wait();
+}
+inline void ldmatrix_x4(int &r0, int &r1, int &r2, int &r3, uint32_t address) {
+    uint32_t regs[4];
+    ldmatrix_n(4, regs, address);
+    r0 = (int)regs[0], r1 = (int)regs[1], r2 = (int)regs[2], r3 = (int)regs[3];
+}
+inline void ldmatrix_x2(int &r0, int &r1, uint32_t address) {
+    uint32_t regs[2];
+    ldmatrix_n(2, regs, address);
+    r0 = (int)regs[0], r1 = (int)regs[1];
 }
 
 struct Config {

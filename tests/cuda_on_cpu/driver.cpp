@@ -1,5 +1,5 @@
 // The C entry points tests/test_cuda_emulation.py calls: the CUDA backend's host functions of ops.cu,
-// ops_llamacpp.cu, attention.cu and gemm_q32.cu (compiled for the CPU emulation); errors are recorded by the library's status.cpp.
+// ops_llamacpp.cu, attention.cu, attention_llamacpp.cu, gemm_q32.cu and gemm_mma.cu (compiled for the CPU emulation); errors are recorded by the library's status.cpp.
 #include "cuda/cuda_backend.h"
 
 extern "C" {
@@ -35,6 +35,9 @@ int emu_dequantize_bf16(int type, const void *data, int64_t rows, int64_t k, voi
     return ciq_cuda_dequantize_bf16(type, data, rows, k, out);
 }
 int emu_convert_bf16(const float *x, int64_t n, void *out) { return ciq_cuda_convert_bf16(x, n, out); }
+int emu_gemm_mma(int type, const void *weight, int64_t rows, int64_t k, const void *xq, int64_t tokens, float *out) {
+    return ciq_cuda_gemm_mma((ciq_type)type, weight, rows, k, xq, tokens, out, CIQ_OUT_F32);
+}
 int emu_gemm_q32(int type, const void *weight, int64_t rows, int64_t k, const void *xq, int64_t tokens, float *out) {
     return ciq_cuda_gemm_q32(type, weight, rows, k, xq, tokens, out);
 }

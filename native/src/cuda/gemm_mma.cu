@@ -57,15 +57,15 @@ static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uin
 // A fragment of m16n8k32 for 16 rows x 32 bytes (row stride CIQ_MMA_STRIDE): lanes 0-15 address rows 0-15 at
 // byte 0, lanes 16-31 rows 0-15 at byte 16, giving a0 (row g, k 4t..4t+3), a1 (row g+8), a2 (row g, k 16+4t..), a3.
 static __device__ __forceinline__ void ldmatrix_a(int (&a)[4], const int8_t *tile, int lane) {
-    const int8_t *p = tile + (lane % 16) * CIQ_MMA_STRIDE + (lane / 16) * 16;
+    const uint32_t address = smem_u32(tile + (lane % 16) * CIQ_MMA_STRIDE + (lane / 16) * 16);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(smem_u32(p)));
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(address));
 }
 
 // B fragment of m16n8k32 for 8 tokens x 32 bytes: b0 (token g, k 4t..4t+3), b1 (token g, k 16+4t..).
 static __device__ __forceinline__ void ldmatrix_b(int (&b)[2], const int8_t *tile, int lane) {
-    const int8_t *p = tile + (lane % 8) * CIQ_MMA_STRIDE + ((lane / 8) % 2) * 16;
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(b[0]), "=r"(b[1]) : "r"(smem_u32(p)));
+    const uint32_t address = smem_u32(tile + (lane % 8) * CIQ_MMA_STRIDE + ((lane / 8) % 2) * 16);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(b[0]), "=r"(b[1]) : "r"(address));
 }
 
 static __device__ __forceinline__ void mma_k32(int (&c)[4], const int (&a)[4], int b0, int b1) {
