@@ -310,7 +310,21 @@ class LlamaCpp:
         return out
 
 
-class MulMatGraph(Closeable):
+class _Graph(Closeable):
+    """A ggml context, backend and device buffer owned together (self._lib, ._ctx, ._backend, ._buffer)."""
+
+    def close(self):
+        """Free the device buffer, backend and context (idempotent)."""
+        if _live(self._buffer):
+            self._lib.ggml_backend_buffer_free(self._buffer)
+        if _live(self._backend):
+            self._lib.ggml_backend_free(self._backend)
+        if _live(self._ctx):
+            self._lib.ggml_free(self._ctx)
+        self._ctx = self._backend = self._buffer = None
+
+
+class MulMatGraph(_Graph):
     """A ggml graph of `copies` mul_mats W_i[rows, k] x x[tokens, k] on one device: each with its
     own weight tensor, all sharing one activation tensor. Allocated once, computed many times."""
 
@@ -406,15 +420,6 @@ class MulMatGraph(Closeable):
         self._lib.ggml_backend_tensor_get(self._out[i], ffi.from_buffer(out), 0, out.nbytes)
         return out
 
-    def close(self):
-        """Free the device buffer, backend and context (idempotent)."""
-        if _live(self._buffer):
-            self._lib.ggml_backend_buffer_free(self._buffer)
-        if _live(self._backend):
-            self._lib.ggml_backend_free(self._backend)
-        if _live(self._ctx):
-            self._lib.ggml_free(self._ctx)
-        self._ctx = self._backend = self._buffer = None
 
 
 # OpGraph kinds: the transformer ops llama.cpp's Gemma/Llama graphs run around the GEMMs, as those graphs chain them
@@ -423,7 +428,7 @@ OP_KINDS = ("rms_norm", "rms_norm_mul", "rms_norm_mul_add", "rope_neox", "rope_n
 _I32 = 26  # GGML_TYPE_I32
 
 
-class OpGraph(Closeable):
+class OpGraph(_Graph):
     """One of OP_KINDS as a ggml graph on a device, computed once per call of run(). Shapes: x [rows, d] (rope: x
     [tokens, heads, d] and int32 positions[tokens]); weight [d]; add like x; gate/up [rows, d]. Parameters: eps (the
     norms), base (RoPE's freq_base; freq_scale 1, no YaRN, as llama.cpp's graphs pass them), s (scale)."""
@@ -499,12 +504,3 @@ class OpGraph(Closeable):
         out = np.empty(self.shape, np.float32)
         self._lib.ggml_backend_tensor_get(self._out, ffi.from_buffer(out), 0, out.nbytes)
         return out
-
-    def close(self):
-        if _live(self._buffer):
-            self._lib.ggml_backend_buffer_free(self._buffer)
-        if _live(self._backend):
-            self._lib.ggml_backend_free(self._backend)
-        if _live(self._ctx):
-            self._lib.ggml_free(self._ctx)
-        self._ctx = self._backend = self._buffer = None

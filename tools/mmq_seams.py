@@ -4,8 +4,8 @@ llama.cpp 0c1e570 runs MMQ as stream-k: with 128-row x J-token tiles (J = 128 at
 tile when the tiles fill the GPU's waves to >= 90%, else one per SM, and then CTAs split a tile's K range and a fixup
 kernel adds the pieces. Since 3f7d5aa our kernels reproduce those seams (mmq_stream_k.cuh): every row should show 0
 differing values, split or not (at 5ec6c6e, before, only the unsplit Q8_0/Q5_0/Q4_K ones did). Rows of 1000 take
-MMQ's fallback widths; 200 tokens put a J = 112 tile seam inside one of `mma`'s 128-token CTAs (that CTA runs one
-pass: expected to differ). Writes JSON with the device and both commits.
+MMQ's fallback widths; at 200 tokens MMQ's J = 112 (since e0a24c9 `mma` runs 16-token CTAs there); K = 4096 gives
+q32 up to 15 earlier segments a tile (its cap is 16). Writes JSON with the device and both commits.
 
     python tools/mmq_seams.py --json out.json
 """
@@ -30,7 +30,8 @@ def main(argv=None) -> int:
     llama = LlamaCpp.load()
     rng = np.random.default_rng(18)
     rows_set = (640, 1000, 2048, 4096, 4224)
-    cases = [(Q.Q8_0, "q32", 640), (Q.Q5_0, "q32", 640), (Q.Q4_K, "mma", 2048), (Q.Q6_K, "mma", 2048)]
+    cases = [(Q.Q8_0, "q32", 640), (Q.Q5_0, "q32", 640), (Q.Q8_0, "q32", 4096), (Q.Q4_K, "mma", 2048),
+             (Q.Q6_K, "mma", 2048), (Q.Q4_K, "mma", 4096)]
     results = []
     for (ggml_type, variant, k), tokens in itertools.product(cases, args.tokens):
         x = rng.standard_normal((tokens, k)).astype(np.float32)

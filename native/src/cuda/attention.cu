@@ -229,19 +229,7 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
 
         // S = Q K^T for the warp's 16 rows and the tile's 64 keys (8 n-tiles of 8 keys).
         float s[ATTN_KEYS / 8][4];
-#pragma unroll
-        for (int n = 0; n < ATTN_KEYS / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            const __half *qa = qs + (row0 + g) * S::STRIDE + 16 * kk + 2 * tig;
-            const uint32_t a0 = *(const uint32_t *)qa, a1 = *(const uint32_t *)(qa + 8 * S::STRIDE);
-            const uint32_t a2 = *(const uint32_t *)(qa + 8), a3 = *(const uint32_t *)(qa + 8 * S::STRIDE + 8);
-#pragma unroll
-            for (int n = 0; n < ATTN_KEYS / 8; ++n) {
-                const __half *kb = ks + (8 * n + g) * S::STRIDE + 16 * kk + 2 * tig;
-                mma_16816(s[n], a0, a1, a2, a3, *(const uint32_t *)kb, *(const uint32_t *)(kb + 8));
-            }
-        }
+        warp_scores<D, ATTN_KEYS, S::STRIDE>(s, qs + row0 * S::STRIDE, ks, lane);
 
         // Mask, scale, online softmax. s[n][0..1]: row g, keys 8n + 2tig, +1; s[n][2..3]: row g + 8.
         float tile_max[2] = {-INFINITY, -INFINITY};
@@ -287,23 +275,8 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
             if (kt + ATTN_KEYS < end) fetch(a.k, kt + ATTN_KEYS);  // lands while O += P V runs
         }
 
-        // O += P V: P's A fragments are the S accumulators of n-tiles 2kk and 2kk + 1, rounded to f16.
-#pragma unroll
-        for (int kk = 0; kk < ATTN_KEYS / 16; ++kk) {
-            const uint32_t a0 = pack_half2(s[2 * kk][0], s[2 * kk][1]), a1 = pack_half2(s[2 * kk][2], s[2 * kk][3]);
-            const uint32_t a2 = pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            const uint32_t a3 = pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-            // ldmatrix.x4.trans: lanes 0-7 / 8-15 address keys 16kk + 0..7 / 8..15 at dims 16np, lanes 16-31 the
-            // same keys at dims 16np + 8; registers b0, b1 (b2, b3) are b0, b1 of n-tile 2np (2np + 1).
-            const __half *vrow = vs + (16 * kk + (lane % 16)) * S::STRIDE + 8 * (lane / 16);
-#pragma unroll
-            for (int np = 0; np < D / 16; ++np) {
-                uint32_t b0, b1, b2, b3;
-                ldmatrix_x4_trans(b0, b1, b2, b3, vrow + 16 * np);
-                mma_16816(o[2 * np], a0, a1, a2, a3, b0, b1);
-                mma_16816(o[2 * np + 1], a0, a1, a2, a3, b2, b3);
-            }
-        }
+        // O += P V (P: the S accumulators rounded to f16), float32 accumulators.
+        warp_pv<D, ATTN_KEYS, S::STRIDE>(o, s, vs, lane);
         if constexpr (PIPELINED) {
             if (kt + ATTN_KEYS < end) put(ks);  // every warp passed the barrier above: none reads ks any more
         }

@@ -133,19 +133,7 @@ __global__ void __launch_bounds__(LC_THREADS) attention_llamacpp_kernel(LcArgs a
 
             // KQ = Q K^T: the warp's 16 columns x the chunk's NB keys (n-tiles of 8 keys), f32, D in steps of 16.
             float s[NB / 8][4];
-#pragma unroll
-            for (int n = 0; n < NB / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk) {
-                const __half *qa = qs + (16 * warp + g) * S::STRIDE + 16 * kk + 2 * tig;
-                const uint32_t a0 = *(const uint32_t *)qa, a1 = *(const uint32_t *)(qa + 8 * S::STRIDE);
-                const uint32_t a2 = *(const uint32_t *)(qa + 8), a3 = *(const uint32_t *)(qa + 8 * S::STRIDE + 8);
-#pragma unroll
-                for (int n = 0; n < NB / 8; ++n) {
-                    const __half *kp = ks + (8 * n + g) * S::STRIDE + 16 * kk + 2 * tig;
-                    mma_16816(s[n], a0, a1, a2, a3, *(const uint32_t *)kp, *(const uint32_t *)(kp + 8));
-                }
-            }
+            warp_scores<D, NB, S::STRIDE>(s, qs + 16 * warp * S::STRIDE, ks, lane);
 
             // The mask (-inf where llama.cpp's KQ mask is), the new max over s + offset, p, the chunk's row sums.
             float max_new[2] = {m[0], m[1]}, rowsum_add[2] = {0.0f, 0.0f};
@@ -186,23 +174,8 @@ __global__ void __launch_bounds__(LC_THREADS) attention_llamacpp_kernel(LcArgs a
                 o[n][1] = lc_scale_half2(o[n][1], scale[1]);
             }
 
-            // VKQ += P V in f16: P's A fragments are the KQ accumulators of n-tiles 2kk, 2kk + 1 as half2.
-#pragma unroll
-            for (int kk = 0; kk < NB / 16; ++kk) {
-                const uint32_t a0 = pack_half2(s[2 * kk][0], s[2 * kk][1]), a1 = pack_half2(s[2 * kk][2], s[2 * kk][3]);
-                const uint32_t a2 = pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                const uint32_t a3 = pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-                // ldmatrix.x4.trans: lanes 0-7 / 8-15 address keys 16kk + 0..7 / 8..15 at dims 16np, lanes 16-31 the
-                // same keys at dims 16np + 8; b0, b1 (b2, b3) are the B fragment of n-tile 2np (2np + 1).
-                const __half *vrow = vs + (16 * kk + (lane % 16)) * S::STRIDE + 8 * (lane / 16);
-#pragma unroll
-                for (int np = 0; np < D / 16; ++np) {
-                    uint32_t b0, b1, b2, b3;
-                    ldmatrix_x4_trans(b0, b1, b2, b3, vrow + 16 * np);
-                    mma_16816_f16(o[2 * np], a0, a1, a2, a3, b0, b1);
-                    mma_16816_f16(o[2 * np + 1], a0, a1, a2, a3, b2, b3);
-                }
-            }
+            // VKQ += P V in f16 (P: the KQ accumulators as half2).
+            warp_pv<D, NB, S::STRIDE>(o, s, vs, lane);
         }
 
         // The segment's row sums over the quad (llama.cpp: xor 2, then 1), then its fold into `out`: the last

@@ -190,7 +190,7 @@ template <ciq_type T, int J> struct act_tile {
     }
 };
 
-template <ciq_type T, int J, int WM, int MIN_CTAS, int WBATCH>
+template <ciq_type T, int J, int WM, int MIN_CTAS, int WBATCH, bool SPLIT>
 __global__ void __launch_bounds__(CIQ_MMA_THREADS, MIN_CTAS)
     gemm_mma_kernel(const uint8_t *__restrict__ w, int64_t rows, int nb, const uint8_t *__restrict__ x,
                     int64_t tokens, void *__restrict__ out, ciq_out_type out_type, MmqStreamK mmq) {
@@ -214,132 +214,122 @@ __global__ void __launch_bounds__(CIQ_MMA_THREADS, MIN_CTAS)
     // MMQ's segments of this CTA's tile (mmq_stream_k.cuh): when its tokens lie in one MMQ token tile (its rows are
     // one MMQ row tile) and out is float32, the segments run last first: the last into out, the others summed into
     // `earlier` from the nearest back, out += earlier at the end, as MMQ's fixup. Else one pass over K.
-    if (threadIdx.x == 0) {
+    // SPLIT: the instance launched where MMQ splits K (it holds the segment loop's registers only there).
+    if (SPLIT && threadIdx.x == 0) {
         const int64_t jt = tok0 / mmq.J, last = (min(tok0 + J, tokens) - 1) / mmq.J;
-        const int n = mmq.split() && out_type == CIQ_OUT_F32 && jt == last
+        const int n = out_type == CIQ_OUT_F32 && jt == last
                           ? mmq_tile_seams(mmq, (row0 / MMQ_ROWS) * mmq.ntx + jt, seg_start + 1, CIQ_MMA_MAX_SEAMS)
                           : 0;
-        seg_start[0] = 0;
         seg_count = n < 0 ? 1 : n + 1;
     }
-    __syncthreads();
-    const int segments = seg_count;
+    if (SPLIT && threadIdx.x == 0) seg_start[0] = 0;
+    if (SPLIT) __syncthreads();
+    const int segments = SPLIT ? seg_count : 1;
 
     float acc[MT][NT][4];
+    // Each accumulator with its `earlier` slot and its output row and token.
+    auto each_element = [&](auto &&f) {
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    f(acc[m][n][e], earlier[((m * NT + n) * 4 + e) * CIQ_MMA_THREADS + threadIdx.x],
+                      row0 + wr + 16 * m + g + 8 * (e / 2), tok0 + wt + 8 * n + 2 * t4 + e % 2);
+    };
     for (int segment = segments - 1; segment >= 0; --segment) {
-    const int kb_stop = segment + 1 < segments ? seg_start[segment + 1] : nb;
-#pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.0f;
-    for (int kb = seg_start[segment]; kb < kb_stop; ++kb) {
-        act_tile<T, J> atile;
-        atile.load(x, tokens, tok0, kb, 0);  // in flight while the weights are staged
-        stage_weights<T, WBATCH>(w, row_bytes, row0, rows, kb, wq, ws, wd);
-        atile.store(xq, xs, 0);
-        for (int c = 1; c < atile.BATCHES; ++c) {
-            atile.load(x, tokens, tok0, kb, c);
-            atile.store(xq, xs, c);
-        }
-        __syncthreads();
-        float tmp[MT][NT][4] = {};  // Q6_K: the 128-value half's sum over its sub-blocks of d8 * isc
-#pragma unroll 2
-        for (int i = 0; i < 8; ++i) {  // 32-value sub-block
-            int a[MT][4];
-            float2 wsc[MT][2];  // rows g and g+8 of each m tile
-#pragma unroll
-            for (int m = 0; m < MT; ++m) {
-                ldmatrix_a(a[m], wq + (wr + 16 * m) * CIQ_MMA_STRIDE + 32 * i, lane);
-                wsc[m][0] = ws[i * CIQ_MMA_ROWS + wr + 16 * m + g];
-                wsc[m][1] = ws[i * CIQ_MMA_ROWS + wr + 16 * m + g + 8];
+        const int kb_first = SPLIT ? seg_start[segment] : 0;
+        const int kb_stop = SPLIT && segment + 1 < segments ? seg_start[segment + 1] : nb;
+        each_element([](float &a, float &, int64_t, int64_t) { a = 0.0f; });
+        for (int kb = kb_first; kb < kb_stop; ++kb) {
+            act_tile<T, J> atile;
+            atile.load(x, tokens, tok0, kb, 0);  // in flight while the weights are staged
+            stage_weights<T, WBATCH>(w, row_bytes, row0, rows, kb, wq, ws, wd);
+            atile.store(xq, xs, 0);
+            for (int c = 1; c < atile.BATCHES; ++c) {
+                atile.load(x, tokens, tok0, kb, c);
+                atile.store(xq, xs, c);
             }
-#pragma unroll
-            for (int n = 0; n < NT; ++n) {
-                int b[2];
-                ldmatrix_b(b, xq + (wt + 8 * n) * CIQ_MMA_STRIDE + 32 * i, lane);
-                const float4 xsc = *(const float4 *)&xs[i * J + wt + 8 * n + 2 * t4];  // tokens 2t4, 2t4+1
+            __syncthreads();
+            float tmp[MT][NT][4] = {};  // Q6_K: the 128-value half's sum over its sub-blocks of d8 * isc
+#pragma unroll 2
+            for (int i = 0; i < 8; ++i) {  // 32-value sub-block
+                int a[MT][4];
+                float2 wsc[MT][2];  // rows g and g+8 of each m tile
 #pragma unroll
                 for (int m = 0; m < MT; ++m) {
-                    int c0[4], c1[4];
-                    if constexpr (T == CIQ_TYPE_Q4_K) {
-                        mma_k32(c0, a[m], b[0], b[1]);
-                    } else {
-                        mma_k16(c0, a[m][0], a[m][1], b[0]);
-                        mma_k16(c1, a[m][2], a[m][3], b[1]);
-                    }
+                    ldmatrix_a(a[m], wq + (wr + 16 * m) * CIQ_MMA_STRIDE + 32 * i, lane);
+                    wsc[m][0] = ws[i * CIQ_MMA_ROWS + wr + 16 * m + g];
+                    wsc[m][1] = ws[i * CIQ_MMA_ROWS + wr + 16 * m + g + 8];
+                }
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) {  // C element e: row g + 8(e/2), token 2t4 + e%2
-                        const float2 wv = wsc[m][e / 2];
-                        const float d8 = e % 2 ? xsc.z : xsc.x, s8 = e % 2 ? xsc.w : xsc.y;
-                        float &sum = acc[m][n][e];
+                for (int n = 0; n < NT; ++n) {
+                    int b[2];
+                    ldmatrix_b(b, xq + (wt + 8 * n) * CIQ_MMA_STRIDE + 32 * i, lane);
+                    const float4 xsc = *(const float4 *)&xs[i * J + wt + 8 * n + 2 * t4];  // tokens 2t4, 2t4+1
+#pragma unroll
+                    for (int m = 0; m < MT; ++m) {
+                        int c0[4], c1[4];
                         if constexpr (T == CIQ_TYPE_Q4_K) {
-                            sum = fmaf(wv.x * d8, isum_of(c0[e]), sum);
-                            sum = fmaf(wv.y, s8, sum);
-                        } else {  // sc_lo*isum_lo + sc_hi*isum_hi, exact (MMQ's int32)
-                            const float isc = fmaf(isum_of(c1[e]), wv.y, isum_of(c0[e]) * wv.x);
-                            tmp[m][n][e] = fmaf(isc, d8, tmp[m][n][e]);
+                            mma_k32(c0, a[m], b[0], b[1]);
+                        } else {
+                            mma_k16(c0, a[m][0], a[m][1], b[0]);
+                            mma_k16(c1, a[m][2], a[m][3], b[1]);
+                        }
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {  // C element e: row g + 8(e/2), token 2t4 + e%2
+                            const float2 wv = wsc[m][e / 2];
+                            const float d8 = e % 2 ? xsc.z : xsc.x, s8 = e % 2 ? xsc.w : xsc.y;
+                            float &sum = acc[m][n][e];
+                            if constexpr (T == CIQ_TYPE_Q4_K) {
+                                sum = fmaf(wv.x * d8, isum_of(c0[e]), sum);
+                                sum = fmaf(wv.y, s8, sum);
+                            } else {  // sc_lo*isum_lo + sc_hi*isum_hi, exact (MMQ's int32)
+                                const float isc = fmaf(isum_of(c1[e]), wv.y, isum_of(c0[e]) * wv.x);
+                                tmp[m][n][e] = fmaf(isc, d8, tmp[m][n][e]);
+                            }
                         }
                     }
                 }
-            }
-            if constexpr (T == CIQ_TYPE_Q6_K) {
-                if (i % 4 == 3) {  // end of a 128-value half: acc += tmp * d, tmp from 0 again
+                if constexpr (T == CIQ_TYPE_Q6_K) {
+                    if (i % 4 == 3) {  // end of a 128-value half: acc += tmp * d, tmp from 0 again
 #pragma unroll
-                    for (int m = 0; m < MT; ++m) {
-                        const float d0 = wd[wr + 16 * m + g], d1 = wd[wr + 16 * m + g + 8];
+                        for (int m = 0; m < MT; ++m) {
+                            const float d0 = wd[wr + 16 * m + g], d1 = wd[wr + 16 * m + g + 8];
 #pragma unroll
-                        for (int n = 0; n < NT; ++n) {
+                            for (int n = 0; n < NT; ++n) {
 #pragma unroll
-                            for (int e = 0; e < 4; ++e) {
-                                acc[m][n][e] = fmaf(tmp[m][n][e], e / 2 ? d1 : d0, acc[m][n][e]);
-                                tmp[m][n][e] = 0.0f;
+                                for (int e = 0; e < 4; ++e) {
+                                    acc[m][n][e] = fmaf(tmp[m][n][e], e / 2 ? d1 : d0, acc[m][n][e]);
+                                    tmp[m][n][e] = 0.0f;
+                                }
                             }
                         }
                     }
                 }
             }
+            __syncthreads();
         }
-        __syncthreads();
-    }
-    if (segments > 1) {  // the last segment to out; each earlier one into the fixup's sum (from 0: -0 becomes +0)
-#pragma unroll
-        for (int m = 0; m < MT; ++m) {
-#pragma unroll
-            for (int n = 0; n < NT; ++n) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int64_t r = row0 + wr + 16 * m + g + 8 * (e / 2), t = tok0 + wt + 8 * n + 2 * t4 + e % 2;
-                    float &sum = earlier[((m * NT + n) * 4 + e) * CIQ_MMA_THREADS + threadIdx.x];
-                    if (segment == segments - 1) {
-                        if (r < rows && t < tokens) ((float *)out)[t * rows + r] = acc[m][n][e];
-                    } else {
-                        sum = __fadd_rn(segment == segments - 2 ? 0.0f : sum, acc[m][n][e]);
-                    }
-                }
-            }
-        }
-    }
-    }
-
-#pragma unroll
-    for (int m = 0; m < MT; ++m) {
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int64_t r = row0 + wr + 16 * m + g + 8 * (e / 2), t = tok0 + wt + 8 * n + 2 * t4 + e % 2;
-                if (r >= rows || t >= tokens) continue;
-                if (segments > 1) {
-                    float *o = (float *)out + t * rows + r;
-                    *o = __fadd_rn(*o, earlier[((m * NT + n) * 4 + e) * CIQ_MMA_THREADS + threadIdx.x]);
+        if (segments > 1) {  // the last segment to out; each earlier one into the fixup's sum (from 0: -0 becomes +0)
+            each_element([&](float &a, float &sum, int64_t r, int64_t t) {
+                if (segment == segments - 1) {
+                    if (r < rows && t < tokens) ((float *)out)[t * rows + r] = a;
                 } else {
-                    ciq_store_out(out, t * rows + r, acc[m][n][e], out_type);
+                    sum = __fadd_rn(segment == segments - 2 ? 0.0f : sum, a);
                 }
-            }
+            });
         }
     }
+    each_element([&](float &a, float &sum, int64_t r, int64_t t) {
+        if (r >= rows || t >= tokens) return;
+        if (segments > 1) {
+            float *o = (float *)out + t * rows + r;
+            *o = __fadd_rn(*o, sum);
+        } else {
+            ciq_store_out(out, t * rows + r, a, out_type);
+        }
+    });
 }
 
 template <ciq_type T, int C>
@@ -347,14 +337,21 @@ static ciq_status launch_mma(const void *weight, int64_t rows, int64_t k, const 
                              ciq_out_type out_type, const MmqStreamK &mmq) {
     constexpr mma_tile_config cfg = k_mma_configs[C];
     constexpr size_t smem = mma_smem_bytes(T, cfg.tokens);
-    constexpr auto kernel = gemm_mma_kernel<T, cfg.tokens, cfg.warps_m, cfg.min_ctas, cfg.weight_batch>;
+    constexpr auto kernel = gemm_mma_kernel<T, cfg.tokens, cfg.warps_m, cfg.min_ctas, cfg.weight_batch, false>;
+    constexpr auto split = gemm_mma_kernel<T, cfg.tokens, cfg.warps_m, cfg.min_ctas, cfg.weight_batch, true>;
     if (smem > 48 * 1024) {
-        const ciq_status status = ciq_raise_smem_limit<kernel>((int)smem, "ciq_cuda_gemm_mma");
+        ciq_status status = ciq_raise_smem_limit<kernel>((int)smem, "ciq_cuda_gemm_mma");
+        if (status == CIQ_OK) status = ciq_raise_smem_limit<split>((int)smem, "ciq_cuda_gemm_mma");
         if (status != CIQ_OK) return status;
     }
     const dim3 grid((unsigned)((rows + CIQ_MMA_ROWS - 1) / CIQ_MMA_ROWS), (unsigned)((tokens + cfg.tokens - 1) / cfg.tokens));
-    kernel<<<grid, CIQ_MMA_THREADS, smem>>>((const uint8_t *)weight, rows, (int)(k / QK_K), (const uint8_t *)x,
-                                            tokens, out, out_type, mmq);
+    if (mmq.split() && out_type == CIQ_OUT_F32) {
+        split<<<grid, CIQ_MMA_THREADS, smem>>>((const uint8_t *)weight, rows, (int)(k / QK_K), (const uint8_t *)x,
+                                               tokens, out, out_type, mmq);
+    } else {
+        kernel<<<grid, CIQ_MMA_THREADS, smem>>>((const uint8_t *)weight, rows, (int)(k / QK_K), (const uint8_t *)x,
+                                                tokens, out, out_type, mmq);
+    }
     CIQ_CUDA_LAUNCH_CHECK("ciq_cuda_gemm_mma");
     return CIQ_OK;
 }

@@ -11,14 +11,16 @@
 // and tokens tid/16 + 16j (j < 2). Row strides of 33 words keep the 16 rows a warp reads on distinct banks.
 //
 // MMQ's stream-k seams (mmq_stream_k.cuh): each thread finds the seams of its two tokens' MMQ tiles (its rows share
-// one), restarts its sums there (keeping up to Q32_PARTIALS earlier segments) and adds them as MMQ's fixup does.
+// one), restarts its sums there (keeping up to Q32_PARTIALS earlier segments; a tile with more runs in one pass) and
+// adds them as MMQ's fixup does.
 #include "common.cuh"
 #include "mmq_stream_k.cuh"
 
 namespace {
 
 constexpr int Q32_ROWS = 64, Q32_TOKENS = 32, Q32_THREADS = 256, Q32_STRIDE = 33;  // STRIDE: words per staged row
-constexpr int Q32_PARTIALS = 8;  // segments before a tile's last that a thread keeps (more: the GEMM runs in one pass)
+constexpr int Q32_PARTIALS = 16;  // segments before a tile's last a thread keeps: every K <= 4096 (more: that tile in
+                                  // one pass, the last bits then ours)
 
 __device__ __forceinline__ uint32_t bytes4(uint32_t v0, uint32_t v1, uint32_t v2, uint32_t v3) {
     return (v0 & 0xFF) | (v1 & 0xFF) << 8 | (v2 & 0xFF) << 16 | (v3 & 0xFF) << 24;
@@ -152,24 +154,11 @@ gemm_q32_kernel(const uint8_t *__restrict__ w, int64_t rows, int64_t k, const ui
     }
 }
 
-// MMQ's grid for this GEMM (8 blocks of 32 values an iteration), in one pass where a tile would have more segments
-// than a thread keeps (there the last bits are ours, not MMQ's) or where MMQ's own index would overflow (it refuses).
+// MMQ's grid for this GEMM (8 blocks of 32 values an iteration); one pass where MMQ's own index would overflow (it
+// refuses those GEMMs).
 MmqStreamK q32_stream_k(int64_t rows, int64_t k, int64_t tokens, int sms) {
     MmqStreamK m = mmq_stream_k(rows, k / 32, 8, tokens, sms);
-    if (!m.split()) return m;
-    bool one_pass = m.total >= (int64_t)1 << 30;
-    int64_t tile = -1, last = -1, n = 0;
-    for (int64_t b = 0; b < m.blocks && !one_pass; ++b) {
-        const int64_t start = mmq_cta_start(m, b);
-        if (start == last || start % m.k_blocks == 0) {
-            last = start;
-            continue;
-        }
-        n = start / m.k_blocks == tile ? n + 1 : 1;
-        tile = start / m.k_blocks, last = start;
-        one_pass = n > Q32_PARTIALS;
-    }
-    if (one_pass) m.blocks = (int)m.tiles;
+    if (m.total >= (int64_t)1 << 30) m.blocks = (int)m.tiles;
     return m;
 }
 
