@@ -356,14 +356,15 @@ def mmq_plan(rows, k, tokens, sms=132):
     return j, ntx, tiles if 100 * tiles // (sms * waves) >= 90 else sms, k // 32
 
 
-def mmq_segment_starts(plan, rows, tile):
-    """The K-block offsets where tile `tile`'s segments start (0 first): where a CTA's snapped range begins."""
+def mmq_segment_starts(plan, rows, tile, iter_blocks=8):
+    """The K-block offsets where tile `tile`'s segments start (0 first): where a CTA's range, snapped down to MMQ's
+    iteration (`iter_blocks` blocks: 8 of 32 values, or 1 super-block for the K-quants), begins inside the tile."""
     j, ntx, blocks, kb = plan
     total = ntx * -(-rows // 128) * kb
     starts = {0}
     for b in range(blocks):
         s = b * total // blocks
-        s -= (s % kb) % 8
+        s -= (s % kb) % iter_blocks
         if tile * kb < s < (tile + 1) * kb:
             starts.add(s - tile * kb)
     return sorted(starts)
@@ -476,7 +477,7 @@ def kquant_mmq_stream_k(ggml_type, raw, rows, k, xq, tokens, seams=True):
         for r0 in range(0, rows, 128):
             r = slice(r0, min(r0 + 128, rows))
             tile = (r0 // 128) * plan[1] + t // plan[0]
-            starts = mmq_segment_starts_iter(plan, rows, tile, 1) if seams else [0]
+            starts = mmq_segment_starts(plan, rows, tile, 1) if seams else [0]
             bounds = starts + [nb]
             parts = [segment(t, r, s0, s1) for s0, s1 in zip(bounds, bounds[1:])]
             earlier = np.zeros_like(parts[-1])
@@ -484,19 +485,6 @@ def kquant_mmq_stream_k(ggml_type, raw, rows, k, xq, tokens, seams=True):
                 earlier = (earlier + p).astype(np.float32)
             out[t, r] = (parts[-1] + earlier).astype(np.float32) if len(parts) > 1 else parts[-1]
     return out
-
-
-def mmq_segment_starts_iter(plan, rows, tile, iter_blocks):
-    """mmq_segment_starts for `iter_blocks` blocks per MMQ iteration (32-block types 8, K-quants 1)."""
-    j, ntx, blocks, kb = plan
-    total = ntx * -(-rows // 128) * kb
-    starts = {0}
-    for b in range(blocks):
-        s = b * total // blocks
-        s -= (s % kb) % iter_blocks
-        if tile * kb < s < (tile + 1) * kb:
-            starts.add(s - tile * kb)
-    return sorted(starts)
 
 
 @pytest.mark.parametrize("ggml_type", [Q.Q4_K, Q.Q6_K])

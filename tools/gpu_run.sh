@@ -48,10 +48,10 @@
 #           end every call that writes more than 8 files under $OUT with `pack NAME` (a call returns at most 8 files,
 #           named in letters, digits, '.', '_' and '-')
 # What the open issues still need on the GPU: issue 16's kernels once written (bench gemm sets, compare at 512..8192,
-# sanitize); issue 18: after any change to the llamacpp semantics `sanitize engine`, `attention-diff` (mma_llamacpp
-# against llama.cpp's flash attention node by node: bit for bit at 777fac1), the GEMM diff on captured activations
-# (`py -m ggml_ciq.cli diff /tmp/gemma3-270m.gguf --prompt TEXT --reference llamacpp-cuda`: 0 is the goal once MMQ's
-# stream-k seams are reproduced) and `compare` (LIMIT=560 gives the 4096 run room: 282 s at 777fac1);
+# sanitize); issue 18, next lease (after 15e4f40, nothing of which ran on a GPU after 0b3a3f0): `sanitize` (its
+# default now runs mma's and q32's MMQ seams) and `sanitize engine`; `ops-vs-llamacpp` (mmq_seams.py: every row should
+# show 0 differing values, the 200-token and K = 4096 ones included); `attention-diff`; then `compare` (LIMIT=560 gives
+# the 4096 run room: 282 s at 777fac1), where ours `llamacpp` should equal llama.cpp CUDA bit for bit.
 # plugin-sanitize after ac2ab62's change to the plugin's waits. Run one-off scripts as
 # `gpu_run.sh py tools/X.py` (its PYTHONPATH), and fire the next call within 30 s.
 # /tmp survives between calls while the machine stays warm, so setup runs once per lease.
