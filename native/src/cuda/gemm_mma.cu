@@ -43,9 +43,11 @@ static constexpr mma_tile_config k_mma_configs[] = {
     {8, 8, 3, 8}, {16, 8, 3, 8}, {32, 4, 2, 8}, {64, 4, 1, 4}, {128, 4, 1, 4}};
 static constexpr int k_mma_config_count = sizeof(k_mma_configs) / sizeof(k_mma_configs[0]);
 
-static constexpr size_t mma_smem_bytes(ciq_type T, int J) {  // wq, xq, ws, xs (, wd), the fixup sums
+// wq, xq, ws, xs, Q6_K's wd, the split instance's fixup sums
+static constexpr size_t mma_smem_bytes(ciq_type T, int J, bool split) {
     return (size_t)(CIQ_MMA_ROWS + J) * CIQ_MMA_STRIDE + (size_t)8 * (CIQ_MMA_ROWS + J) * sizeof(float2) +
-           (T == CIQ_TYPE_Q6_K ? CIQ_MMA_ROWS * sizeof(float) : 0) + (size_t)CIQ_MMA_ROWS * J * sizeof(float);
+           (T == CIQ_TYPE_Q6_K ? CIQ_MMA_ROWS * sizeof(float) : 0) +
+           (split ? (size_t)CIQ_MMA_ROWS * J * sizeof(float) : 0);
 }
 constexpr int CIQ_MMA_MAX_SEAMS = 255;  // MMQ segments a tile may have beyond its first (more: one pass)
 
@@ -202,7 +204,7 @@ __global__ void __launch_bounds__(CIQ_MMA_THREADS, MIN_CTAS)
     float2 *ws = (float2 *)(xq + J * CIQ_MMA_STRIDE);
     float2 *xs = ws + 8 * CIQ_MMA_ROWS;
     float *wd = (float *)(xs + 8 * J);  // Q6_K only
-    float *earlier = wd + (T == CIQ_TYPE_Q6_K ? CIQ_MMA_ROWS : 0);  // [MT*NT*4][256]: the fixup's sum of segments
+    float *earlier = wd + (T == CIQ_TYPE_Q6_K ? CIQ_MMA_ROWS : 0);  // SPLIT: [MT*NT*4][256], the fixup's sums
     __shared__ int seg_start[CIQ_MMA_MAX_SEAMS + 1];
     __shared__ int seg_count;
 
@@ -336,17 +338,18 @@ template <ciq_type T, int C>
 static ciq_status launch_mma(const void *weight, int64_t rows, int64_t k, const void *x, int64_t tokens, void *out,
                              ciq_out_type out_type, const MmqStreamK &mmq) {
     constexpr mma_tile_config cfg = k_mma_configs[C];
-    constexpr size_t smem = mma_smem_bytes(T, cfg.tokens);
+    constexpr size_t smem = mma_smem_bytes(T, cfg.tokens, false), smem_split = mma_smem_bytes(T, cfg.tokens, true);
     constexpr auto kernel = gemm_mma_kernel<T, cfg.tokens, cfg.warps_m, cfg.min_ctas, cfg.weight_batch, false>;
     constexpr auto split = gemm_mma_kernel<T, cfg.tokens, cfg.warps_m, cfg.min_ctas, cfg.weight_batch, true>;
-    if (smem > 48 * 1024) {
-        ciq_status status = ciq_raise_smem_limit<kernel>((int)smem, "ciq_cuda_gemm_mma");
-        if (status == CIQ_OK) status = ciq_raise_smem_limit<split>((int)smem, "ciq_cuda_gemm_mma");
+    const bool use_split = mmq.split() && out_type == CIQ_OUT_F32;
+    if ((use_split ? smem_split : smem) > 48 * 1024) {
+        const ciq_status status = use_split ? ciq_raise_smem_limit<split>((int)smem_split, "ciq_cuda_gemm_mma")
+                                            : ciq_raise_smem_limit<kernel>((int)smem, "ciq_cuda_gemm_mma");
         if (status != CIQ_OK) return status;
     }
     const dim3 grid((unsigned)((rows + CIQ_MMA_ROWS - 1) / CIQ_MMA_ROWS), (unsigned)((tokens + cfg.tokens - 1) / cfg.tokens));
-    if (mmq.split() && out_type == CIQ_OUT_F32) {
-        split<<<grid, CIQ_MMA_THREADS, smem>>>((const uint8_t *)weight, rows, (int)(k / QK_K), (const uint8_t *)x,
+    if (use_split) {
+        split<<<grid, CIQ_MMA_THREADS, smem_split>>>((const uint8_t *)weight, rows, (int)(k / QK_K), (const uint8_t *)x,
                                                tokens, out, out_type, mmq);
     } else {
         kernel<<<grid, CIQ_MMA_THREADS, smem>>>((const uint8_t *)weight, rows, (int)(k / QK_K), (const uint8_t *)x,
