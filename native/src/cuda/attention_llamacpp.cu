@@ -274,10 +274,10 @@ ciq_status ciq_cuda_attention_llamacpp(const float *q, const uint16_t *k_cache, 
     const int nb = lc_chunk_keys((int)head_dim);
     const int64_t iter_k = (n_kv + nb - 1) / nb, iter_j = (tokens + ncols1 - 1) / ncols1;
     const int64_t iter_z = (gqa + ncols2 - 1) / ncols2, tiles = iter_j * iter_z * heads_kv;
-    int device = 0, sms = 0, major = 0, minor = 0;
-    cudaGetDevice(&device);
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+    int device, sms, major = 0, minor = 0;
+    const ciq_status status = ciq_current_gpu_sms("attention (mma_llamacpp)", &device, &sms);
+    if (status != CIQ_OK) return status;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
         cudaGetLastError();
         return ciq_fail(CIQ_ERR_BACKEND, "attention (mma_llamacpp): cannot read GPU %d's attributes", device);

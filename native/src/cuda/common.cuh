@@ -31,6 +31,18 @@ template <auto KERNEL> static ciq_status ciq_raise_smem_limit(int bytes, const c
 }
 #endif
 
+// The current GPU and its SM count, for the kernels that size a grid as llama.cpp does (its stream-k grids).
+static inline ciq_status ciq_current_gpu_sms(const char *what, int *device, int *sms) {
+    *device = 0;
+    *sms = 0;
+    cudaGetDevice(device);
+    if (cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, *device) != cudaSuccess || *sms < 1) {
+        cudaGetLastError();
+        return ciq_fail(CIQ_ERR_BACKEND, "%s: cannot read GPU %d's SM count", what, *device);
+    }
+    return CIQ_OK;
+}
+
 // Elementwise kernels (ops.cu, ops_llamacpp.cu): blocks of CIQ_ELEMENTWISE_THREADS, a grid-stride loop over int64
 // indices from ciq_first_index() in steps of ciq_index_stride(), at most 8 x 65535 blocks.
 constexpr int CIQ_ELEMENTWISE_THREADS = 256;

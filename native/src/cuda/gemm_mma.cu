@@ -379,14 +379,10 @@ ciq_status ciq_cuda_gemm_mma(ciq_type type, const void *weight, int64_t rows, in
                         (long long)rows, (long long)k, (long long)tokens);
     if (((uintptr_t)x_q8_1_mmq | (type == CIQ_TYPE_Q4_K ? (uintptr_t)weight : 0)) % 4 != 0)
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_mma: activations (and Q4_K weights) must be 4-byte aligned");
-    int device = 0, sms = 0;
-    cudaGetDevice(&device);
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms < 1) {
-        cudaGetLastError();
-        return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_mma: cannot read GPU %d's SM count", device);
-    }
-    MmqStreamK mmq = mmq_stream_k(rows, k / QK_K, 1, tokens, sms);  // K-quants: one super-block an iteration
-    if (mmq.total >= (int64_t)1 << 30) mmq.blocks = (int)mmq.tiles;  // beyond MMQ's index range: one pass
+    int device, sms;
+    const ciq_status status = ciq_current_gpu_sms("ciq_cuda_gemm_mma", &device, &sms);
+    if (status != CIQ_OK) return status;
+    const MmqStreamK mmq = mmq_stream_k(rows, k / QK_K, 1, tokens, sms);  // K-quants: one super-block an iteration
     int config = 0;
     while (config + 1 < k_mma_config_count && k_mma_configs[config].tokens < tokens) ++config;
     // Where MMQ splits K over more token tiles than one, our CTAs must not straddle its tiles' seams: the widest

@@ -154,27 +154,16 @@ gemm_q32_kernel(const uint8_t *__restrict__ w, int64_t rows, int64_t k, const ui
     }
 }
 
-// MMQ's grid for this GEMM (8 blocks of 32 values an iteration); one pass where MMQ's own index would overflow (it
-// refuses those GEMMs).
-MmqStreamK q32_stream_k(int64_t rows, int64_t k, int64_t tokens, int sms) {
-    MmqStreamK m = mmq_stream_k(rows, k / 32, 8, tokens, sms);
-    if (m.total >= (int64_t)1 << 30) m.blocks = (int)m.tiles;
-    return m;
-}
-
 }  // namespace
 
 ciq_status ciq_cuda_gemm_q32(int type, const void *weight, int64_t rows, int64_t k, const void *x_q8_1_mmq,
                              int64_t tokens, float *out) {
     const dim3 grid((unsigned)((rows + Q32_ROWS - 1) / Q32_ROWS), (unsigned)((tokens + Q32_TOKENS - 1) / Q32_TOKENS));
     const uint8_t *w = (const uint8_t *)weight, *xq = (const uint8_t *)x_q8_1_mmq;
-    int device = 0, sms = 0;
-    cudaGetDevice(&device);
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms < 1) {
-        cudaGetLastError();
-        return ciq_fail(CIQ_ERR_BACKEND, "gemm_q32: cannot read GPU %d's SM count", device);
-    }
-    const MmqStreamK mmq = q32_stream_k(rows, k, tokens, sms);
+    int device, sms;
+    const ciq_status status = ciq_current_gpu_sms("gemm_q32", &device, &sms);
+    if (status != CIQ_OK) return status;
+    const MmqStreamK mmq = mmq_stream_k(rows, k / 32, 8, tokens, sms);  // 8 blocks of 32 values an iteration
     if (type == 2) {
         gemm_q32_kernel<2><<<grid, Q32_THREADS>>>(w, rows, k, xq, tokens, out, mmq);
     } else if (type == 6) {

@@ -1,4 +1,4 @@
-// hip_nogpuinc.h - the few HIP declarations the kernels (quantize, gemm_wmma, ops, attention) need, for
+// hip_nogpuinc.h - the few HIP declarations the kernels (quantize, gemm_wmma, gemm_q32, ops, attention) need, for
 // tools/hip_compile_check.sh: a device-code-only compile with clang -nogpuinc, no ROCm installed. vendor.cuh includes it instead of the ROCm
 // headers when GGML_CIQ_HIP_NOGPUINC is defined; no build uses it. The device functions follow HIP's own
 // definitions (so the emitted code is representative), the host API is declared only (the device pass parses it).
@@ -27,7 +27,10 @@ struct dim3 {
     uint32_t x, y, z;
     constexpr dim3(uint32_t x_ = 1, uint32_t y_ = 1, uint32_t z_ = 1) : x(x_), y(y_), z(z_) {}
 };
+enum hipDeviceAttribute_t { hipDeviceAttributeMultiprocessorCount = 63 };
 hipError_t hipGetLastError();
+hipError_t hipGetDevice(int *device);
+hipError_t hipDeviceGetAttribute(int *value, hipDeviceAttribute_t attr, int device);
 const char *hipGetErrorString(hipError_t error);
 hipError_t hipFuncSetAttribute(const void *func, hipFuncAttribute attr, int value);
 extern "C" hipError_t __hipPushCallConfiguration(dim3 grid, dim3 block, size_t shared = 0, hipStream_t stream = 0);

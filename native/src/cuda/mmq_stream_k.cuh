@@ -35,7 +35,8 @@ inline MmqStreamK mmq_stream_k(int64_t rows, int64_t k_blocks, int iter_blocks, 
     }
     const int64_t ntx = (tokens + J - 1) / J, tiles = ntx * ((rows + MMQ_ROWS - 1) / MMQ_ROWS);
     const int64_t waves = (tiles + sms - 1) / sms;
-    const int64_t blocks = 100 * tiles / (sms * waves) >= 90 ? tiles : sms;
+    // One CTA per tile (no seams) also where MMQ's own index would overflow: it refuses those GEMMs.
+    const int64_t blocks = 100 * tiles / (sms * waves) >= 90 || tiles * k_blocks >= (int64_t)1 << 30 ? tiles : sms;
     return MmqStreamK{J, (int)ntx, (int)blocks, (int)k_blocks, iter_blocks, tiles, tiles * k_blocks};
 }
 

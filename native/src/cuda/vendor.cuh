@@ -20,6 +20,8 @@
 #define cudaDeviceProp hipDeviceProp_t
 #define cudaSetDevice hipSetDevice
 #define cudaGetDevice hipGetDevice
+#define cudaDeviceGetAttribute hipDeviceGetAttribute
+#define cudaDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
 #define cudaMalloc hipMalloc
 #define cudaFree hipFree
 #define cudaMemcpy hipMemcpy
