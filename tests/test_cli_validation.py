@@ -6,10 +6,12 @@ if the value is refused before the command starts; a sample runs as real process
 model (tensor names, token ids) run the real commands.
 """
 
+import os
 import re
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -164,6 +166,19 @@ def test_as_a_process(argv, words):
     assert proc.returncode == 2 and proc.stdout == "", proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0] and not INTERNAL.search(lines[0]), proc.stderr
+
+
+def test_attention_diff_tool_bad_model_is_one_line(tmp_path):
+    """tools/attention_diff.py (issue 18's GPU check) on a model path that does not exist: one line, exit 2, before
+    any GPU work."""
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "tools" / "attention_diff.py"), str(tmp_path / "none.gguf"),
+                           "--json", str(tmp_path / "out.json")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "none.gguf" in lines[0] and "Traceback" not in proc.stderr, \
+        proc.stderr
+    assert not (tmp_path / "out.json").exists()
 
 
 def test_checks_that_need_the_model(native_lib, llama, capsys):

@@ -52,6 +52,19 @@ SIMT, MMA, MMA_LLAMACPP = 2, 3, 5  # ciq_attention_kernel
 HOST, LLAMACPP_CUDA = 0, 1  # ciq_op_order
 
 
+# PTX statement -> (its emulation in cuda_on_cpu/cuda_runtime.h, accumulator operands c[0..] passed as the array c,
+# operand count): every other operand is passed as written.
+PTX_EMULATION = {
+    "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32": ("mma_16816", 4, 10),
+    "mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16": ("mma_16816_f16", 2, 8),
+    "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32": ("mma_16832_s8", 4, 11),
+    "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32": ("mma_16816_s8", 4, 8),
+    "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16": ("ldmatrix_x4_trans", 0, 5),
+    "ldmatrix.sync.aligned.m8n8.x4.shared.b16": ("ldmatrix_x4", 0, 5),
+    "ldmatrix.sync.aligned.m8n8.x2.shared.b16": ("ldmatrix_x2", 0, 3),
+}
+
+
 def rewrite(text: str) -> tuple[str, dict]:
     """CUDA source -> C++ for the emulation; counts of what was rewritten."""
     counts = {"launch": 0, "mma": 0, "ldmatrix": 0, "extern_shared": 0}
@@ -59,34 +72,13 @@ def rewrite(text: str) -> tuple[str, dict]:
     def asm(match):
         code = "".join(re.findall(r'"([^"]*)"', match.group(1)))
         operands = re.findall(r'"[=+]?[rf]"\(([\w\[\]]+)\)', match.group(2))
-        if code.startswith("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"):
-            assert operands[:4] == ["c[0]", "c[1]", "c[2]", "c[3]"] and len(operands) == 10, operands
-            counts["mma"] += 1
-            return f"ciq_emu::mma_16816(c, {', '.join(operands[4:])});"
-        if code.startswith("mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16"):
-            assert operands[:2] == ["c[0]", "c[1]"] and len(operands) == 8, operands
-            counts["mma"] += 1
-            return f"ciq_emu::mma_16816_f16(c, {', '.join(operands[2:])});"
-        if code.startswith("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"):
-            assert len(operands) == 5, operands
-            counts["ldmatrix"] += 1
-            return f"ciq_emu::ldmatrix_x4_trans({', '.join(operands)});"
-        if code.startswith("ldmatrix.sync.aligned.m8n8.x4.shared.b16"):
-            assert len(operands) == 5, operands
-            counts["ldmatrix"] += 1
-            return f"ciq_emu::ldmatrix_x4({', '.join(operands)});"
-        if code.startswith("ldmatrix.sync.aligned.m8n8.x2.shared.b16"):
-            assert len(operands) == 3, operands
-            counts["ldmatrix"] += 1
-            return f"ciq_emu::ldmatrix_x2({', '.join(operands)});"
-        if code.startswith("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32"):
-            assert operands[:4] == ["c[0]", "c[1]", "c[2]", "c[3]"] and len(operands) == 11, operands
-            counts["mma"] += 1
-            return f"ciq_emu::mma_16832_s8(c, {', '.join(operands[4:])});"
-        if code.startswith("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32"):
-            assert operands[:4] == ["c[0]", "c[1]", "c[2]", "c[3]"] and len(operands) == 8, operands
-            counts["mma"] += 1
-            return f"ciq_emu::mma_16816_s8(c, {', '.join(operands[4:])});"
+        for prefix, (function, accumulators, count) in PTX_EMULATION.items():
+            if code.startswith(prefix):
+                assert len(operands) == count and operands[:accumulators] == [f"c[{i}]" for i in range(accumulators)], \
+                    (prefix, operands)
+                counts["mma" if prefix.startswith("mma") else "ldmatrix"] += 1
+                args = ["c"] * bool(accumulators) + operands[accumulators:]
+                return f"ciq_emu::{function}({', '.join(args)});"
         if not match.group(0).startswith("asm volatile"):
             return match.group(0)  # a plain asm the source guards for the CPU (gemm_mmvq.cu's rcp.approx)
         raise AssertionError(f"no emulation for PTX {code!r}")

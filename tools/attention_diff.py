@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict
 
 from ggml_ciq import diff, environment
+from ggml_ciq.errors import CiqError
 
 
 def main(argv=None) -> int:
@@ -28,6 +29,14 @@ def main(argv=None) -> int:
     p.add_argument("--save", help="SAVE-TOKENS.npz per token count: the inputs and llama.cpp's output of its first and "
                                   "last node (offline analysis)")
     args = p.parse_args(argv)
+    try:
+        return run(args)
+    except (CiqError, OSError) as exc:
+        print(f"attention_diff: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def run(args) -> int:
     result = {"model": args.model, "kernel": args.kernel, "runs": [], "environment": environment.describe()}
     for n in args.tokens:
         t0 = time.perf_counter()

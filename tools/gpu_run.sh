@@ -17,6 +17,7 @@
 #                               /tmp/gemma3-270m.gguf (checked against SHA256SUMS): the whole Gemma file for `compare`
 #   tools/gpu_run.sh attention-diff  mma_llamacpp vs llama.cpp's flash attention on its captured inputs (needs stage, wait)
 #   tools/gpu_run.sh ops-vs-llamacpp  our llama.cpp-order ops vs llama.cpp CUDA's; our GEMMs vs MMQ split / unsplit (wait)
+#   tools/gpu_run.sh diff-prompt  GEMMs on llama.cpp CUDA's captured Gemma activations, hidden state per layer (stage, wait)
 #   tools/gpu_run.sh compare    engine vs llama.cpp CUDA and the float64 reference: Gemma 3 270M at 512 and 4096
 #                               tokens; synthetic Llama-3-8B at 512 and 2048 (speed) -> $OUT (needs stage, wait)
 #   tools/gpu_run.sh bench      bench/results/h200 set (llama3-8b n=512/2048, seed6) as JSON under $OUT (plot them
@@ -50,7 +51,8 @@
 # What the open issues still need on the GPU: issue 16's kernels once written (bench gemm sets, compare at 512..8192,
 # sanitize); issue 18, next lease (after 15e4f40, nothing of which ran on a GPU after 0b3a3f0): `sanitize` (its
 # default now runs mma's and q32's MMQ seams) and `sanitize engine`; `ops-vs-llamacpp` (mmq_seams.py: every row should
-# show 0 differing values, the 200-token and K = 4096 ones included); `attention-diff`; then `compare` (LIMIT=560 gives
+# show 0 differing values, the 200-token and K = 4096 ones included); `attention-diff`; `diff-prompt` (every GEMM and
+# layer should now be 0); then `compare` (LIMIT=560 gives
 # the 4096 run room: 282 s at 777fac1), where ours `llamacpp` should equal llama.cpp CUDA bit for bit.
 # plugin-sanitize after ac2ab62's change to the plugin's waits. Run one-off scripts as
 # `gpu_run.sh py tools/X.py` (its PYTHONPATH), and fire the next call within 30 s.
@@ -156,6 +158,11 @@ case "${1:-}" in
     python3 -m pytest -q -rs -p no:cacheprovider tests/test_ops.py -k "equal_llamacpp" 2>&1 | tail -n 25 \
       | tee "$OUT/pytest-gpu-ops-vs-llamacpp.txt"
     python3 tools/mmq_seams.py --json "$OUT/mmq-seams.json" 2>&1 | tail -n 20 ;;
+  diff-prompt)  # issue 18: every GEMM on llama.cpp CUDA's captured activations of Gemma (the carried Vim text, 3000
+                # bytes) through our kernel of its semantics, and our engine's hidden state after each layer against
+                # llama.cpp's -> $OUT/diff-prompt-gemma3-270m-llamacpp-cuda.json (needs stage, wait)
+    timeout ${LIMIT:-200} python3 -m ggml_ciq.cli diff "$(gemma_path)" --prompt "$(head -c 3000 $DEV/perplexity-text.txt)" \
+      --reference llamacpp-cuda --json "$OUT/diff-prompt-gemma3-270m-llamacpp-cuda.json" 2>&1 | tail -n 30 ;;
   compare-8b)  # speed only (no reference: 64 GB in float64): the synthetic Llama-3-8B at 512 and 2048 tokens
     for n in 512 2048; do
       python3 -m ggml_ciq.cli compare llama3-8b-synthetic --tokens $n --device cuda --repeat 5 --reference off \

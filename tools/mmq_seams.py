@@ -19,6 +19,7 @@ import numpy as np
 
 from ggml_ciq import environment, native
 from ggml_ciq import quants as Q
+from ggml_ciq.errors import CiqError
 from ggml_ciq.llamacpp import LlamaCpp
 
 
@@ -27,6 +28,14 @@ def main(argv=None) -> int:
     p.add_argument("--json", required=True)
     p.add_argument("--tokens", type=int, nargs="+", default=[512, 88, 200])
     args = p.parse_args(argv)
+    try:
+        return run(args)
+    except (CiqError, OSError) as exc:
+        print(f"mmq_seams: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def run(args) -> int:
     llama = LlamaCpp.load()
     rng = np.random.default_rng(18)
     rows_set = (640, 1000, 2048, 4096, 4224)

@@ -232,7 +232,8 @@ __global__ void __launch_bounds__(LC_THREADS) attention_llamacpp_kernel(LcArgs a
 }
 
 // llama.cpp's flash-attention CTAs per SM on this GPU for the 64-column kernel: what cudaOccupancy reports for its
-// kernel (registers bind: launch bounds 128 threads x 2). GGML_CIQ_LLAMACPP_FA_BLOCKS_PER_SM overrides it for a GPU
+// kernel (registers bind: 214..254 registers x 128 threads, bench/results/cpu/llamacpp-fattn-mma-registers.txt from
+// tools/llamacpp_fattn_registers.sh). GGML_CIQ_LLAMACPP_FA_BLOCKS_PER_SM overrides it for a GPU
 // or build where it differs.
 int lc_blocks_per_sm() {
     const char *v = std::getenv("GGML_CIQ_LLAMACPP_FA_BLOCKS_PER_SM");
