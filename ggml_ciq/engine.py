@@ -251,10 +251,7 @@ class Transformer:
         base = hp.rope_base_sliding if sliding else hp.rope_base
         q, k, v = self._linears([layer["q"], layer["k"], layer["v"]], h)
         q, k, v = self._heads(q, hp.n_head), self._heads(k, hp.n_head_kv), self._heads(v, hp.n_head_kv)
-        if self.arch.qk_norm:
-            q, k = self._heads_norm(q, layer["q_norm"]), self._heads_norm(k, layer["k_norm"])
-        q = ops.rope(q, positions, base, self.arch.rope_neox)
-        k = ops.rope(k, positions, base, self.arch.rope_neox)
+        q, k = self._rope(layer, q, positions, base, "q_norm"), self._rope(layer, k, positions, base, "k_norm")
         if self.arch.gemma:  # gemma scales q itself (f_attention_scale) and attends with scale 1
             q, scale = ops.scale(q, self._gemma_query_scale()), 1.0
         else:
@@ -265,6 +262,17 @@ class Transformer:
         with ops.timer("attention"):
             attn = ops.attention(q, k_cache, v_cache, n_past, scale, hp.sliding_window if sliding else 0)
         return self._linear(layer["o"], attn)
+
+    def _rope(self, layer: dict, x, positions, base: float, norm: str):
+        """RoPE of q or k [T, heads, D], after its per-head RMS norm where the architecture has one: one op where the
+        ops offer it (llama.cpp CUDA fuses RMS_NORM + MUL + ROPE, in another float order than its separate kernels)."""
+        ops, neox = self.ops, self.arch.rope_neox
+        if not self.arch.qk_norm:
+            return ops.rope(x, positions, base, neox)
+        fused = getattr(ops, "rms_norm_rope", None)
+        if fused is not None:
+            return fused(x, layer[norm], self.hp.rms_eps, positions, base, neox)
+        return ops.rope(self._heads_norm(x, layer[norm]), positions, base, neox)
 
     def _gemma_query_scale(self) -> float:
         hp = self.hp

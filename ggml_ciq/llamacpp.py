@@ -423,14 +423,16 @@ class MulMatGraph(_Graph):
 
 
 # OpGraph kinds: the transformer ops llama.cpp's Gemma/Llama graphs run around the GEMMs, as those graphs chain them
-# (so ggml-cuda fuses what it fuses there: RMS_NORM + MUL (+ ADD) into one kernel).
-OP_KINDS = ("rms_norm", "rms_norm_mul", "rms_norm_mul_add", "rope_neox", "rope_norm", "geglu", "swiglu", "scale")
+# (so ggml-cuda fuses what it fuses there: RMS_NORM + MUL (+ ADD) into one kernel, and RMS_NORM + MUL + ROPE, the
+# q/k norms of Gemma 3 and Qwen 3, into another).
+OP_KINDS = ("rms_norm", "rms_norm_mul", "rms_norm_mul_add", "rope_neox", "rope_norm", "rms_norm_mul_rope_neox",
+            "rms_norm_mul_rope_norm", "geglu", "swiglu", "scale")
 _I32 = 26  # GGML_TYPE_I32
 
 
 class OpGraph(_Graph):
-    """One of OP_KINDS as a ggml graph on a device, computed once per call of run(). Shapes: x [rows, d] (rope: x
-    [tokens, heads, d] and int32 positions[tokens]); weight [d]; add like x; gate/up [rows, d]. Parameters: eps (the
+    """One of OP_KINDS as a ggml graph on a device, computed once per call of run(). Shapes: x [rows, d] (the rope
+    kinds: x [tokens, heads, d] and int32 positions[tokens]); weight [d]; add like x; gate/up [rows, d]. Parameters: eps (the
     norms), base (RoPE's freq_base; freq_scale 1, no YaRN, as llama.cpp's graphs pass them), s (scale)."""
 
     def __init__(self, bridge, device, kind, shape, eps=1e-6, base=10000.0, s=1.0):
@@ -439,7 +441,7 @@ class OpGraph(_Graph):
         self._lib = lib = bridge._lib
         self._ctx = self._backend = self._buffer = None
         self.kind, self.shape, self.device = kind, tuple(shape), device
-        rope = kind.startswith("rope")
+        rope = "rope" in kind
         if len(self.shape) != (3 if rope else 2) or min(self.shape) < 1:
             raise ShapeError(f"{kind}: shape {shape} (rope: [tokens, heads, d]; else [rows, d])")
         dev = bridge._device(device)
@@ -453,9 +455,13 @@ class OpGraph(_Graph):
                 t, h, _ = self.shape
                 x = lib.ggml_new_tensor_3d(ctx, F32, d, h, t)
                 pos = lib.ggml_new_tensor_1d(ctx, _I32, t)
-                mode = 2 if kind == "rope_neox" else 0  # GGML_ROPE_TYPE_NEOX, NORM
-                out = lib.ggml_rope_ext(ctx, x, pos, ffi.NULL, d, mode, 0, float(base), 1.0, 0.0, 1.0, 32.0, 1.0)
+                mode = 2 if kind.endswith("neox") else 0  # GGML_ROPE_TYPE_NEOX, NORM
                 self._inputs = {"x": x, "positions": pos}
+                out = x
+                if kind.startswith("rms_norm"):  # the q/k norm: each head's row normed, times weight[d]
+                    w = self._inputs["weight"] = lib.ggml_new_tensor_1d(ctx, F32, d)
+                    out = lib.ggml_mul(ctx, lib.ggml_rms_norm(ctx, x, float(eps)), w)
+                out = lib.ggml_rope_ext(ctx, out, pos, ffi.NULL, d, mode, 0, float(base), 1.0, 0.0, 1.0, 32.0, 1.0)
             else:
                 rows = self.shape[0]
                 x = lib.ggml_new_tensor_2d(ctx, F32, d, rows)

@@ -324,6 +324,27 @@ class NativeOps:
                                self._fp(out)))
         return out
 
+    def rms_norm_rope(self, x, weight, eps: float, positions, base: float, neox: bool = False) -> DeviceArray:
+        """rope(rms_norm(x) * weight) of x[T, H, D] (each head's row normed over D) in one op: llama.cpp CUDA fuses
+        RMS_NORM + MUL + ROPE into one kernel whose float order is not its separate kernels' (the op order
+        llamacpp_cuda follows it); the host order runs rms_norm then rope."""
+        x = self._f32(x, "rms_norm_rope input")
+        if len(x.shape) != 3:
+            raise ShapeError(f"rms_norm_rope: x must be [tokens, heads, head_dim], got {x.shape}")
+        t, h, d = x.shape
+        w = self._f32(weight, "rms_norm_rope weight")
+        if w.size != d:
+            raise ShapeError(f"rms_norm_rope: weight of {w.size} values for heads of {d}")
+        positions = self.asarray(positions, None if isinstance(positions, DeviceArray) else np.int32)
+        if positions.dtype != np.int32 or positions.size != t:
+            raise ShapeError(f"rms_norm_rope: positions must be int32[{t}], got {positions.dtype}{positions.shape}")
+        out = self.empty(x.shape)
+        n = self.native
+        n.check(n.lib.ciq_rms_norm_rope(self.device, self._op_order_id,
+                                        n.lib.CIQ_ROPE_NEOX if neox else n.lib.CIQ_ROPE_NORM, self._fp(x), self._fp(w),
+                                        float(eps), self._i32(positions), t, h, d, float(base), self._fp(out)))
+        return out
+
     def attention(self, q, k_cache, v_cache, n_past: int, scale: float, window: int = 0) -> DeviceArray:
         """Causal GQA of q[T, H, D] over f16 caches [C, Hkv, D] holding positions 0..n_past+T-1 -> [T, H*D]."""
         q = self._f32(q, "attention q")

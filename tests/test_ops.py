@@ -585,11 +585,42 @@ def test_bad_arguments(native_lib):
     assert ops.memory_bytes() == before  # nothing left allocated
 
 
+@pytest.mark.parametrize("neox", [True, False])
+def test_rms_norm_rope_host_order_is_the_two_ops(ops, rng, neox):
+    """The fused op in the host order is rms_norm then rope, bit for bit (tails: 7 tokens, 3 heads, odd pairs); the
+    llama.cpp CUDA order's kernel is checked against ggml-cuda's own fused kernel below."""
+    x = (rng.standard_normal((7, 3, 66)) * 4).astype(np.float32)
+    w = (rng.standard_normal(66) + 1).astype(np.float32)
+    positions = np.arange(300, 307, dtype=np.int32)
+    fused = ops.rms_norm_rope(x, w, 1e-6, positions, 1e4, neox=neox).numpy()
+    normed = ops.rms_norm(x.reshape(21, 66), w, 1e-6).numpy().reshape(7, 3, 66)
+    apart = ops.rope(normed, positions, 1e4, neox=neox).numpy()
+    assert np.isfinite(fused).all()
+    assert np.array_equal(fused.view(np.uint32), apart.view(np.uint32))
+
+
+def test_rms_norm_rope_rejects_bad_shapes(native_lib):
+    ops = NativeOps("cpu")
+    x, w, pos = np.ones((4, 2, 8), np.float32), np.ones(8, np.float32), np.arange(4, dtype=np.int32)
+    with pytest.raises(ShapeError, match="tokens, heads, head_dim"):
+        ops.rms_norm_rope(x.reshape(8, 8), w, 1e-6, pos, 1e4)
+    with pytest.raises(ShapeError, match="weight of 7 values"):
+        ops.rms_norm_rope(x, w[:7], 1e-6, pos, 1e4)
+    with pytest.raises(ShapeError, match="positions"):
+        ops.rms_norm_rope(x, w, 1e-6, pos[:3], 1e4)
+    with pytest.raises(InvalidArgumentError, match="head_dim must be even"):
+        ops.rms_norm_rope(np.ones((4, 2, 7), np.float32), np.ones(7, np.float32), 1e-6, pos, 1e4)
+    with pytest.raises(InvalidArgumentError, match="base must be > 0"):
+        ops.rms_norm_rope(x, w, 1e-6, pos, -1.0)
+
+
 # ---- against llama.cpp's own ops (ggml graphs through the bridge: ggml_ciq.llamacpp.OpGraph) -----------------------
 
 OPS_VS_LLAMACPP = [  # (kind, shape): Gemma 3 270M's widths (640, head 256, 4/1 heads), tails, llama.cpp's 1024-thread norm
     ("rms_norm", (37, 640)), ("rms_norm_mul", (37, 640)), ("rms_norm_mul", (5, 1030)), ("rms_norm_mul_add", (37, 640)),
     ("rms_norm_mul", (37 * 4, 256)), ("rope_neox", (37, 4, 256)), ("rope_neox", (37, 1, 256)), ("rope_norm", (19, 3, 64)),
+    ("rms_norm_mul_rope_neox", (37, 4, 256)), ("rms_norm_mul_rope_neox", (37, 1, 256)),
+    ("rms_norm_mul_rope_norm", (19, 3, 64)), ("rms_norm_mul_rope_neox", (5, 2, 1030)),
     ("geglu", (37, 2048)), ("swiglu", (9, 700)), ("scale", (37, 1024)),
 ]
 
@@ -617,7 +648,7 @@ def test_ops_equal_llamacpp_bit_for_bit(llama, native_lib, rng, device, kind, sh
         inputs["weight"] = (rng.standard_normal(shape[-1]) + 1).astype(np.float32)
     if kind == "rms_norm_mul_add":
         inputs["add"] = (rng.standard_normal(shape) * 100).astype(np.float32)
-    if kind.startswith("rope"):
+    if "rope" in kind:
         inputs["positions"] = np.arange(500, 500 + shape[0], dtype=np.int32)
     if kind in ("geglu", "swiglu"):
         inputs["up"] = rng.standard_normal(shape).astype(np.float32)
@@ -631,6 +662,8 @@ def test_ops_equal_llamacpp_bit_for_bit(llama, native_lib, rng, device, kind, sh
         ours = ops.rms_norm_add(x, inputs["weight"], eps, inputs["add"])
     elif kind.startswith("rope"):
         ours = ops.rope(x, inputs["positions"], base, neox=kind == "rope_neox")
+    elif "rope" in kind:  # RMS_NORM + MUL + ROPE: one kernel in ggml-cuda, the three ops in ggml CPU
+        ours = ops.rms_norm_rope(x, inputs["weight"], eps, inputs["positions"], base, neox=kind.endswith("neox"))
     elif kind in ("geglu", "swiglu"):
         ours = ops.glu(x, inputs["up"], "gelu" if kind == "geglu" else "silu")
     else:

@@ -18,6 +18,7 @@
 #   tools/gpu_run.sh attention-diff  mma_llamacpp vs llama.cpp's flash attention on its captured inputs (needs stage, wait)
 #   tools/gpu_run.sh ops-vs-llamacpp  our llama.cpp-order ops vs llama.cpp CUDA's; our GEMMs vs MMQ split / unsplit (wait)
 #   tools/gpu_run.sh diff-prompt  GEMMs on llama.cpp CUDA's captured Gemma activations, hidden state per layer (stage, wait)
+#   tools/gpu_run.sh layer-trace  per layer and op: where ours (llamacpp semantics) first differs from llama.cpp CUDA (stage, wait)
 #   tools/gpu_run.sh compare    engine vs llama.cpp CUDA and the float64 reference: Gemma 3 270M at 512 and 4096
 #                               tokens; synthetic Llama-3-8B at 512 and 2048 (speed) -> $OUT (needs stage, wait)
 #   tools/gpu_run.sh bench      bench/results/h200 set (llama3-8b n=512/2048, seed6) as JSON under $OUT (plot them
@@ -163,6 +164,10 @@ case "${1:-}" in
                 # llama.cpp's -> $OUT/diff-prompt-gemma3-270m-llamacpp-cuda.json (needs stage, wait)
     timeout ${LIMIT:-200} python3 -m ggml_ciq.cli diff "$(gemma_path)" --prompt "$(head -c 3000 $DEV/perplexity-text.txt)" \
       --reference llamacpp-cuda --json "$OUT/diff-prompt-gemma3-270m-llamacpp-cuda.json" 2>&1 | tail -n 30 ;;
+  layer-trace)  # issue 18: which op of each layer first parts our engine (llamacpp semantics) from llama.cpp CUDA, bit
+                # for bit: ours end to end, and each op of ours on llama.cpp's own captured inputs (tools/layer_trace.py)
+    timeout ${LIMIT:-120} python3 tools/layer_trace.py "$(gemma_path)" --tokens ${TOKENS:-512} \
+      --json "$OUT/layer-trace-gemma3-270m-${TOKENS:-512}.json" 2>&1 | grep -E "differs|first differing" | head -n 40 ;;
   compare-8b)  # speed only (no reference: 64 GB in float64): the synthetic Llama-3-8B at 512 and 2048 tokens
     for n in 512 2048; do
       python3 -m ggml_ciq.cli compare llama3-8b-synthetic --tokens $n --device cuda --repeat 5 --reference off \
@@ -284,5 +289,5 @@ case "${1:-}" in
     gemma=$(gemma_path) || exit 1
     step sanitizer-plugin-memcheck 500 env GGML_BACKEND_PATH=$PLUGIN GGML_CIQ_OFFLOAD=all compute-sanitizer --tool memcheck \
       --error-exitcode 9 $LLAMA_BUILD/bin/llama-bench -m "$gemma" -ngl 99 -dev CIQ0/CUDA0 -ts 0/1 -p 77 -n 0 -r 1 -fa 1 ;;
-  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|pack|all|bench|bench-pdl|offload-sweep|memory|stage|compare|compare-8b|plugin-splits|breakdown|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize" >&2; exit 2 ;;
+  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|pack|all|bench|bench-pdl|offload-sweep|memory|stage|compare|compare-8b|layer-trace|plugin-splits|breakdown|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize" >&2; exit 2 ;;
 esac

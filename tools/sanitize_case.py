@@ -68,6 +68,11 @@ def engine_case():
             ops.rms_norm(rows, None, 1e-6).numpy()
         ops.rope(x, np.arange(37, dtype=np.int32), 10000.0, neox=True).numpy()
         ops.rope(x, np.arange(37, dtype=np.int32), 10000.0, neox=False).numpy()
+        for shape in ((37, 3, 64), (3, 2, 1030)):  # the fused norm + rope: 256 and 1024 threads, odd pairs per thread
+            xs = rng.standard_normal(shape).astype(np.float32)
+            for neox in (True, False):
+                ops.rms_norm_rope(xs, rng.standard_normal(shape[-1]).astype(np.float32), 1e-6,
+                                  np.arange(5, 5 + shape[0], dtype=np.int32), 1e6, neox=neox).numpy()
         ops.glu(x, x, "gelu").numpy(), ops.glu(x, x, "silu").numpy(), ops.scale(x, 0.5).numpy()
         ops.add(x.reshape(-1, 64), rng.standard_normal(64)).numpy()
         print(f"ops in the {order} order: done")

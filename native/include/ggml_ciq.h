@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-#define GGML_CIQ_API_VERSION 6
+#define GGML_CIQ_API_VERSION 7
 
 /* CDEF-BEGIN */
 typedef enum { CIQ_DEVICE_CPU = -1 } ciq_device_index; /* the host as a device; GPUs are 0..n-1 */
@@ -216,6 +216,12 @@ ciq_status ciq_rms_norm(int device, ciq_op_order order, const float *x, const fl
 /* RoPE on x[tokens][heads][head_dim] over all head_dim dims: angle positions[t] * base^(-2i/head_dim). */
 ciq_status ciq_rope(int device, ciq_op_order order, ciq_rope_mode mode, const float *x, const int32_t *positions,
                     int64_t tokens, int64_t heads, int64_t head_dim, float base, float *out);
+/* ciq_rms_norm (with a weight[head_dim], over rows x[tokens][heads][:]) then ciq_rope, as one op: the host order
+ * runs the two in turn; llama.cpp CUDA's order is its fused RMS_NORM + MUL + ROPE kernel, which ggml-cuda runs where
+ * a graph ropes a normed q or k (Gemma 3, Qwen 3) and whose float order is not its separate kernels'. */
+ciq_status ciq_rms_norm_rope(int device, ciq_op_order order, ciq_rope_mode mode, const float *x, const float *weight,
+                             float eps, const int32_t *positions, int64_t tokens, int64_t heads, int64_t head_dim,
+                             float base, float *out);
 /* Causal GQA: out[t][h*head_dim + e] from q[t][h][:], caches [cache_rows][heads_kv][head_dim] f16 holding
  * positions 0..n_past+tokens-1. Query t (position n_past + t) sees key p when p <= n_past + t and (window == 0 or
  * n_past + t - p < window); head h reads kv head h / (heads / heads_kv). Softmax of scale * q.k in float32. */

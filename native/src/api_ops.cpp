@@ -61,6 +61,32 @@ ciq_status ciq_rope(int device, ciq_op_order order, ciq_rope_mode mode, const fl
               ciq_cuda_rope(order, mode, x, positions, tokens, heads, head_dim, base, out));
 }
 
+ciq_status ciq_rms_norm_rope(int device, ciq_op_order order, ciq_rope_mode mode, const float *x, const float *weight,
+                             float eps, const int32_t *positions, int64_t tokens, int64_t heads, int64_t head_dim,
+                             float base, float *out) {
+    if (x == nullptr || weight == nullptr || positions == nullptr || out == nullptr) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rms_norm_rope: NULL pointer");
+    }
+    if (mode != CIQ_ROPE_NORM && mode != CIQ_ROPE_NEOX) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rms_norm_rope: unknown mode %d (NORM 0, NEOX 2)", (int)mode);
+    }
+    CIQ_TRY(ciq_check_count("ciq_rms_norm_rope", "tokens", tokens));
+    CIQ_TRY(ciq_check_count("ciq_rms_norm_rope", "heads", heads));
+    if (head_dim < 2 || head_dim % 2 || head_dim > INT32_MAX) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rms_norm_rope: head_dim must be even, >= 2 and < 2^31, got %lld",
+                        (long long)head_dim);
+    }
+    if (!(base > 0.0f)) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rms_norm_rope: base must be > 0, got %g", (double)base);
+    CIQ_TRY(ciq_check_device(device));
+    CIQ_TRY(check_order("ciq_rms_norm_rope", device, order));
+    if (device == CIQ_DEVICE_CPU) {  // the host order: the two ops in turn, rope in place
+        CIQ_TRY(ciq_cpu_rms_norm(x, weight, nullptr, eps, tokens * heads, head_dim, out));
+        return ciq_cpu_rope(mode, out, positions, tokens, heads, head_dim, base, out);
+    }
+    CIQ_ROUTE(device, CIQ_OK, ciq_cuda_rms_norm_rope(order, mode, x, weight, eps, positions, tokens, heads, head_dim,
+                                                     base, out));
+}
+
 static bool uses_mma(ciq_attention_kernel kernel) {  // the tensor-core kernels: sm_80+, 16-byte-aligned K/V
     return kernel == CIQ_ATTENTION_MMA || kernel == CIQ_ATTENTION_MMA_LLAMACPP;
 }

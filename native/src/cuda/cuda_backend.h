@@ -38,6 +38,9 @@ ciq_status ciq_cuda_rms_norm(ciq_op_order order, const float *x, const float *we
                              int64_t n, int64_t d, float *out);
 ciq_status ciq_cuda_rope(ciq_op_order order, ciq_rope_mode mode, const float *x, const int32_t *positions,
                          int64_t tokens, int64_t heads, int64_t head_dim, float base, float *out);
+ciq_status ciq_cuda_rms_norm_rope(ciq_op_order order, ciq_rope_mode mode, const float *x, const float *weight, float eps,
+                                  const int32_t *positions, int64_t tokens, int64_t heads, int64_t head_dim,
+                                  float base, float *out);
 bool ciq_cuda_attention_supports(int device, ciq_attention_kernel kernel, int64_t head_dim);  // built, fits
 ciq_status ciq_cuda_attention(ciq_attention_kernel kernel, const float *q, const uint16_t *k_cache,
                               const uint16_t *v_cache, int64_t tokens, int64_t heads, int64_t heads_kv,
@@ -54,6 +57,9 @@ ciq_status ciq_cuda_llamacpp_rms_norm(const float *x, const float *weight, const
                                       int64_t d, float *out);
 ciq_status ciq_cuda_llamacpp_rope(ciq_rope_mode mode, const float *x, const int32_t *positions, int64_t tokens,
                                   int64_t heads, int64_t head_dim, float base, float *out);
+ciq_status ciq_cuda_llamacpp_rms_norm_rope(ciq_rope_mode mode, const float *x, const float *weight, float eps,
+                                           const int32_t *positions, int64_t tokens, int64_t heads, int64_t head_dim,
+                                           float base, float *out);
 ciq_status ciq_cuda_llamacpp_glu(ciq_glu_kind kind, const float *gate, const float *up, int64_t n, float *out);
 ciq_status ciq_cuda_add(const float *a, int64_t n, const float *b, int64_t b_n, float *out);
 ciq_status ciq_cuda_scale(const float *x, float s, int64_t n, float *out);

@@ -131,6 +131,10 @@ static __device__ __forceinline__ float __fmaf_rn(float a, float b, float c) { r
 static __device__ __forceinline__ float __fsub_rn(float a, float b) { return a - b; }
 static __device__ __forceinline__ float __fsqrt_rn(float x) { return __builtin_sqrtf(x); }
 static __device__ __forceinline__ int max(int a, int b) { return a > b ? a : b; }
+static __device__ __forceinline__ int64_t max(int64_t a, int64_t b) { return a > b ? a : b; }  // HIP's overloads
+static __device__ __forceinline__ int64_t min(int64_t a, int64_t b) { return a < b ? a : b; }
+static __device__ __forceinline__ float max(float a, float b) { return __builtin_fmaxf(a, b); }
+static __device__ __forceinline__ float min(float a, float b) { return __builtin_fminf(a, b); }
 static __device__ __forceinline__ float __uint_as_float(unsigned int x) { return __builtin_bit_cast(float, x); }
 // libm functions: ROCm's device library (ocml) implements them; declared only (no device library is linked).
 extern "C" __device__ float __ocml_exp_f32(float);
@@ -139,11 +143,13 @@ extern "C" __device__ float __ocml_cos_f32(float);
 extern "C" __device__ float __ocml_sin_f32(float);
 extern "C" __device__ float __ocml_pow_f32(float, float);
 extern "C" __device__ float __ocml_rsqrt_f32(float);
+extern "C" __device__ float __ocml_log_f32(float);
 static __device__ __forceinline__ float expf(float x) { return __ocml_exp_f32(x); }
 static __device__ __forceinline__ float tanhf(float x) { return __ocml_tanh_f32(x); }
 static __device__ __forceinline__ float cosf(float x) { return __ocml_cos_f32(x); }
 static __device__ __forceinline__ float sinf(float x) { return __ocml_sin_f32(x); }
 static __device__ __forceinline__ float powf(float x, float y) { return __ocml_pow_f32(x, y); }
 static __device__ __forceinline__ float rsqrtf(float x) { return __ocml_rsqrt_f32(x); }
+static __device__ __forceinline__ float logf(float x) { return __ocml_log_f32(x); }
 static __device__ __forceinline__ int __float2int_rn(float x) { return (int)__builtin_rintf(x); }
 static __device__ __forceinline__ unsigned int __float_as_uint(float x) { return __builtin_bit_cast(unsigned int, x); }

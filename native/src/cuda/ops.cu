@@ -153,6 +153,19 @@ ciq_status ciq_cuda_rope(ciq_op_order order, ciq_rope_mode mode, const float *x,
     return CIQ_OK;
 }
 
+// The host order: the two ops one after the other (rope in place on the normed rows); llama.cpp CUDA's order: its
+// fused kernel (ops_llamacpp.cu), whose float order differs from its two separate kernels'.
+ciq_status ciq_cuda_rms_norm_rope(ciq_op_order order, ciq_rope_mode mode, const float *x, const float *weight, float eps,
+                                  const int32_t *positions, int64_t tokens, int64_t heads, int64_t head_dim,
+                                  float base, float *out) {
+    if (order == CIQ_ORDER_LLAMACPP_CUDA) {
+        return ciq_cuda_llamacpp_rms_norm_rope(mode, x, weight, eps, positions, tokens, heads, head_dim, base, out);
+    }
+    const ciq_status status = ciq_cuda_rms_norm(order, x, weight, nullptr, eps, tokens * heads, head_dim, out);
+    if (status != CIQ_OK) return status;
+    return ciq_cuda_rope(order, mode, out, positions, tokens, heads, head_dim, base, out);
+}
+
 ciq_status ciq_cuda_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values) {
     kv_store_kernel<<<ciq_grid_for(tokens * row_values), OPS_THREADS>>>(cache + start * row_values, x, tokens * row_values);
     CIQ_CUDA_LAUNCH_CHECK("kv_store");

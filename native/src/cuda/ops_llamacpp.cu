@@ -12,6 +12,7 @@
 //              llama.cpp fuses no norm + add without the multiply).
 //   rope     : theta = pos * powf(theta_scale, i) (theta_scale = powf(base, -2/head_dim) on the host),
 //              x0 * cos - x1 * sin, x0 * sin + x1 * cos (freq_scale 1, no YaRN: llama.cpp's factors are exact 1s).
+//   rms_norm_rope: llama.cpp's fused RMS_NORM + MUL + ROPE kernel (one block per row; its own contraction, below).
 //   glu      : gelu(g) = 0.5f * g * (1 + tanhf(sqrt(2/pi) * g * (1 + 0.044715 * g * g))), silu(g) = g / (1 + expf(-g)),
 //              times up.
 // One row per block for rms_norm; a grid-stride loop over (row, pair) and over values for the others.
@@ -91,6 +92,83 @@ rope_llamacpp_kernel(const float *x, const int32_t *pos, int64_t tokens, int64_t
     }
 }
 
+// llama.cpp's fused RMS_NORM + MUL + ROPE (rope.cu rms_norm_mul_rope_f32, which ggml-cuda runs wherever a graph
+// ropes a normed q or k: Gemma 3's and Qwen 3's q/k norms). Its expressions are copied as they stand, the exact 1s of
+// YaRN (freq_scale, attn_factor; ext_factor 0) included, because nvcc contracts them otherwise than the two separate
+// kernels: the second output is fma(x1, cos, x0 * sin) here, fma(x0, sin, x1 * cos) in rope_neox (their SASS,
+// NOTES.md). One block per (token, head) row; pos[row / heads].
+__device__ float rope_yarn_ramp_llamacpp(const float low, const float high, const int i0) {
+    const float y = (i0 / 2 - low) / max(0.001f, high - low);
+    return 1.0f - min(1.0f, max(0.0f, y));
+}
+
+__device__ void rope_yarn_llamacpp(const float theta_extrap, const float freq_scale, const float corr0, const float corr1,
+                                   const int64_t i0, const float ext_factor, float mscale, float &cos_theta,
+                                   float &sin_theta) {
+    float theta_interp = freq_scale * theta_extrap;
+    float theta = theta_interp;
+    if (ext_factor != 0.0f) {
+        float ramp_mix = rope_yarn_ramp_llamacpp(corr0, corr1, i0) * ext_factor;
+        theta = theta_interp * (1 - ramp_mix) + theta_extrap * ramp_mix;
+        mscale *= 1.0f + 0.1f * logf(1.0f / freq_scale);
+    }
+    cos_theta = cosf(theta) * mscale;
+    sin_theta = sinf(theta) * mscale;
+}
+
+template <int BLOCK>
+__global__ void __launch_bounds__(BLOCK)
+rms_norm_rope_llamacpp_kernel(const float *x, float *dst, const int64_t row0, const int ncols, const float eps,
+                              const float *mul, const int64_t heads, const int32_t *pos, const float freq_scale, const float ext_factor,
+                              const float attn_factor, const float corr0, const float corr1, const float theta_scale,
+                              const bool is_neox) {
+    __shared__ float s_sum[LLAMA_WARP];
+    const int64_t row = row0 + blockIdx.x;
+    const int tid = threadIdx.x;
+    x += row * ncols;
+    dst += row * ncols;
+
+    float tmp = 0.0f;
+    for (int col = tid; col < ncols; col += BLOCK) {
+        const float xi = x[col];
+        tmp += xi * xi;
+    }
+    tmp = warp_reduce_sum(tmp);
+    if (BLOCK > LLAMA_WARP) {
+        const int warp_id = tid / LLAMA_WARP, lane_id = tid % LLAMA_WARP;
+        if (lane_id == 0) s_sum[warp_id] = tmp;
+        __syncthreads();
+        tmp = 0.0f;
+        if (lane_id < BLOCK / LLAMA_WARP) tmp = s_sum[lane_id];
+        tmp = warp_reduce_sum(tmp);
+    }
+    const float scale = rsqrtf(tmp / ncols + eps);
+    const int n_dims = ncols;  // every dimension rotates
+
+    for (int i0 = 2 * tid; i0 < ncols; i0 += 2 * BLOCK) {
+        int ix0;
+        int ix1;
+        if (is_neox && i0 < n_dims) {
+            ix0 = i0 / 2;
+            ix1 = i0 / 2 + n_dims / 2;
+        } else {
+            ix0 = i0 + 0;
+            ix1 = i0 + 1;
+        }
+        const float x0 = scale * x[ix0] * mul[ix0];
+        const float x1 = scale * x[ix1] * mul[ix1];
+
+        const float theta_base = pos[row / heads] * powf(theta_scale, i0 / 2.0f);
+        const float freq_factor = 1.0f;
+        float cos_theta;
+        float sin_theta;
+        rope_yarn_llamacpp(theta_base / freq_factor, freq_scale, corr0, corr1, i0, ext_factor, attn_factor, cos_theta,
+                           sin_theta);
+        dst[ix0] = x0 * cos_theta - x1 * sin_theta;
+        dst[ix1] = x0 * sin_theta + x1 * cos_theta;
+    }
+}
+
 __device__ __forceinline__ float op_gelu(float x) {
     const float GELU_COEF_A = 0.044715f;
     const float SQRT_2_OVER_PI = 0.79788456080286535587989211986876f;
@@ -130,6 +208,28 @@ ciq_status ciq_cuda_llamacpp_rope(ciq_rope_mode mode, const float *x, const int3
     rope_llamacpp_kernel<<<ciq_grid_for(tokens * heads * (head_dim / 2)), ELEMENTWISE_THREADS>>>(
         x, positions, tokens, heads, (int)head_dim, theta_scale, mode == CIQ_ROPE_NEOX, out);
     CIQ_CUDA_LAUNCH_CHECK("rope (llama.cpp order)");
+    return CIQ_OK;
+}
+
+ciq_status ciq_cuda_llamacpp_rms_norm_rope(ciq_rope_mode mode, const float *x, const float *weight, float eps,
+                                           const int32_t *positions, int64_t tokens, int64_t heads, int64_t head_dim,
+                                           float base, float *out) {
+    const float theta_scale = powf(base, -2.0f / (float)head_dim);  // on the host, as llama.cpp's launcher
+    // llama.cpp's graphs pass freq_scale 1, ext_factor 0 (no YaRN), attn_factor 1; corr dims unused then.
+    const float freq_scale = 1.0f, ext_factor = 0.0f, attn_factor = 1.0f, corr0 = 0.0f, corr1 = 0.0f;
+    const bool neox = mode == CIQ_ROPE_NEOX;
+    const int64_t n = tokens * heads;
+    for (int64_t row = 0; row < n; row += 65535) {  // grid.x limit per launch
+        const int64_t rows = std::min<int64_t>(n - row, 65535);
+        if (head_dim < 1024) {
+            rms_norm_rope_llamacpp_kernel<256><<<(unsigned)rows, 256>>>(x, out, row, (int)head_dim, eps, weight, heads,
+                positions, freq_scale, ext_factor, attn_factor, corr0, corr1, theta_scale, neox);
+        } else {
+            rms_norm_rope_llamacpp_kernel<1024><<<(unsigned)rows, 1024>>>(x, out, row, (int)head_dim, eps, weight, heads,
+                positions, freq_scale, ext_factor, attn_factor, corr0, corr1, theta_scale, neox);
+        }
+        CIQ_CUDA_LAUNCH_CHECK("rms_norm + rope (llama.cpp's fused order)");
+    }
     return CIQ_OK;
 }
 
