@@ -283,18 +283,27 @@ class Transformer:
         gate, up = self._linears([layer["gate"], layer["up"]], h)
         return self._linear(layer["down"], self.ops.glu(gate, up, "gelu" if self.arch.gemma else "silu"))
 
-    def _norm_add(self, x, weight, residual):
-        """rms_norm(x) * weight + residual: one op where the ops offer it (llama.cpp CUDA fuses it)."""
-        fused = getattr(self.ops, "rms_norm_add", None)
-        if fused is not None:
-            return fused(x, weight, self.hp.rms_eps, residual)
+    def _norm_add(self, x, weight, residual, fused: bool = True):
+        """rms_norm(x) * weight + residual: one op where the ops offer it and llama.cpp's graph lets ggml-cuda fuse
+        it (fused=False: the add rounds on its own, as where another node sits between MUL and ADD)."""
+        op = getattr(self.ops, "rms_norm_add", None) if fused else None
+        if op is not None:
+            return op(x, weight, self.hp.rms_eps, residual)
         return self.ops.add(self.ops.rms_norm(x, weight, self.hp.rms_eps), residual)
 
-    def _block(self, layer: dict, il: int, x, positions, n_past: int):
+    def _block(self, layer: dict, il: int, x, positions, n_past: int, out_rows: tuple | None = None):
+        """One layer. out_rows (the last layer only): llama.cpp's out_ids, the rows whose logits are wanted, taken
+        after the attention (its ggml_get_rows of cur and the residual); (a, a) leaves no row: None is returned."""
         ops, eps = self.ops, self.hp.rms_eps
         attn = self._attention(layer, il, ops.rms_norm(x, layer["attn_norm"], eps), positions, n_past)
+        last = out_rows is not None
+        if last:
+            if out_rows[0] == out_rows[1]:
+                return None
+            attn, x = _rows(attn, *out_rows), _rows(x, *out_rows)
         if self.arch.gemma:
-            x = self._norm_add(attn, layer["post_attention_norm"], x)
+            # In the last layer llama.cpp's graph has the residual's GET_ROWS between MUL and ADD: not fused there.
+            x = self._norm_add(attn, layer["post_attention_norm"], x, fused=not last)
             ffn = self._ffn(layer, ops.rms_norm(x, layer["ffn_norm"], eps))
             return self._norm_add(ffn, layer["post_ffw_norm"], x)
         x = ops.add(attn, x)
@@ -355,18 +364,25 @@ class Transformer:
         self._ensure_cache(n)
         layer_outputs = [[] for _ in self.layers] if hidden_states is not None else None
         out = None  # float32 [tokens or 1, vocab], filled micro-batch by micro-batch
+        every_row = all_logits or hidden_states is not None
         for start in range(0, n, self.n_ubatch):
             ids = tokens[start:start + self.n_ubatch]
+            final = start + len(ids) == n
             x = ops.get_rows(self.token_embd, ids)
             if self.arch.gemma:
                 x = ops.scale(x, float(np.sqrt(np.float32(hp.n_embd))))
             positions = ops.asarray(np.arange(start, start + len(ids), dtype=np.int32))
             for il, layer in enumerate(self.layers):
-                x = self._block(layer, il, x, positions, start)
+                # llama.cpp's out_ids: after the last layer's attention only the rows whose logits are wanted go on
+                # (the last token of the last micro-batch unless all_logits); its graph takes them in every case
+                out_rows = None
+                if il == len(self.layers) - 1:
+                    out_rows = (0, len(ids)) if every_row else (len(ids) - 1, len(ids)) if final else (0, 0)
+                x = self._block(layer, il, x, positions, start, out_rows)
                 if layer_outputs is not None:
                     layer_outputs[il].append(ops.numpy(x).astype(np.float32))
-            if all_logits or start + len(ids) == n:
-                rows = x if all_logits else _rows(x, len(ids) - 1, len(ids))
+            if all_logits or final:
+                rows = x  # every row of the micro-batch, or its last (out_rows)
                 logits = ops.numpy(self._linear(self.output, ops.rms_norm(rows, self.output_norm, hp.rms_eps)))
                 if out is None:
                     out = np.empty((n if all_logits else 1, logits.shape[-1]), np.float32)

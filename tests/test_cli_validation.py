@@ -181,6 +181,21 @@ def test_attention_diff_tool_bad_model_is_one_line(tmp_path):
     assert not (tmp_path / "out.json").exists()
 
 
+@pytest.mark.parametrize("args, words", [(["{missing}"], "none.gguf: no such file"),
+                                         (["{missing}", "--tokens", "600"], "--tokens must be in 1..512")])
+def test_layer_trace_tool_bad_input_is_one_line(tmp_path, args, words):
+    """tools/layer_trace.py (issue 18's per-op trace) on a missing model or a token count past one micro-batch: one
+    line, exit 2, no JSON written."""
+    root = Path(__file__).resolve().parents[1]
+    argv = [a.format(missing=tmp_path / "none.gguf") for a in args] + ["--device", "cpu", "--json", str(tmp_path / "o.json")]
+    proc = subprocess.run([sys.executable, str(root / "tools" / "layer_trace.py"), *argv], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(root)})
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and words in lines[0] and "Traceback" not in proc.stderr, \
+        proc.stderr
+    assert not (tmp_path / "o.json").exists()
+
+
 def test_checks_that_need_the_model(native_lib, llama, capsys):
     """The model argument, then tensor names, token ids and the memory a diff or benchmark needs (against the model
     once it is open), before any GEMM or prefill."""

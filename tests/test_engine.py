@@ -253,3 +253,29 @@ def test_bad_models_and_tokens(native_lib, default_model, tmp_path):
     path = catalog.write_small_model(tmp_path / "broken.gguf", "qwen2", drop=("blk.1.attn_k.bias", "blk.1.ffn_up.weight"))
     with pytest.raises(GGUFFileError, match="blk.1.ffn_up.weight, needed by the qwen2 architecture"):
         Transformer(ModelFile(path))
+
+
+def test_gemma3_last_token_logits_vs_llamacpp(llama, native_lib, gemma_full):
+    """Last-token logits (forward without all_logits) in micro-batches of 64 (158 tokens: 64 + 64 + 30), against
+    llama.cpp CPU prefilling the same way: bit for bit. As llama.cpp's out_ids, the last layer after its attention
+    goes on with only the rows whose logits are wanted: the final micro-batch's last row; the earlier micro-batches'
+    last-layer FFNs do not run (the dispatch counts show it)."""
+    from ggml_ciq.llama_model import LlamaModel
+
+    with LlamaModel(gemma_full.path, device="cpu", threads=2) as lm:
+        tokens = lm.tokenize(PROMPT.read_text())
+        with lm.context_for(len(tokens), n_batch=64) as ctx:
+            theirs = ctx.prefill(tokens, all_logits=False)
+    assert len(tokens) == 158
+    engine = Transformer(gemma_full, n_ubatch=64)
+    native.dispatch_reset()
+    ours = engine.forward(tokens)
+    counts = native.dispatch_counts()
+    assert ours.shape == (1, 262144) and np.array_equal(ours.reshape(-1), theirs.reshape(-1))
+    last = engine.hp.n_layer - 1
+    ffn = [gemma_full.tensor(f"blk.{last}.ffn_{w}.weight").ggml_type for w in ("gate", "up", "down")]
+    for t in (Q.Q4_K, Q.Q6_K):  # 3 micro-batches of every keep-quant GEMM, less two of the last layer's FFN ones
+        per_batch = sum(1 for name, w in gemma_full.tensors.items()
+                        if name.startswith("blk.") and name.endswith(".weight") and w.ggml_type == t
+                        and len(w.shape) == 2)
+        assert counts[("cpu", Q.type_name(t))] == 3 * per_batch - 2 * ffn.count(t)

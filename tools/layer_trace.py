@@ -146,7 +146,7 @@ def trace(path: str, n_tokens: int, layers: int | None, device: str = "cuda") ->
             x = ops.rms_norm(residual, layer["attn_norm"], hp.rms_eps)
             row(il, "op", "embed, scale, attn_norm -> attn_q input", ops.numpy(x), cap_in(f"{p}.attn_q.weight"))
         sa_out = engine._norm_add(ops.asarray(cap_out(f"{p}.attn_output.weight")), layer["post_attention_norm"],
-                                  ops.asarray(residual))
+                                  ops.asarray(residual), fused=il != hp.n_layer - 1)  # as the engine's last layer
         ffn_in = ops.rms_norm(sa_out, layer["ffn_norm"], hp.rms_eps)
         row(il, "op", "post-attn norm + add, ffn_norm -> ffn_gate input", ops.numpy(ffn_in), cap_in(f"{p}.ffn_gate.weight"))
         glu = ops.glu(ops.asarray(cap_out(f"{p}.ffn_gate.weight")), ops.asarray(cap_out(f"{p}.ffn_up.weight")), "gelu")
