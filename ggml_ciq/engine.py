@@ -382,7 +382,8 @@ class Transformer:
                 if layer_outputs is not None:
                     layer_outputs[il].append(ops.numpy(x).astype(np.float32))
             if all_logits or final:
-                rows = x  # every row of the micro-batch, or its last (out_rows)
+                # every row of the micro-batch, or its last: out_rows took it, or (hidden states wanted) take it here
+                rows = x if all_logits or not every_row else _rows(x, len(ids) - 1, len(ids))
                 logits = ops.numpy(self._linear(self.output, ops.rms_norm(rows, self.output_norm, hp.rms_eps)))
                 if out is None:
                     out = np.empty((n if all_logits else 1, logits.shape[-1]), np.float32)

@@ -127,6 +127,11 @@ def test_microbatches_hidden_states_and_cache(native_lib, default_model, rng):
     assert all(Q.nmse(p, w) <= 1e-12 for p, w in zip(hidden_parts, hidden_whole))
     last = whole.forward(tokens)  # the output head on one row: another float order, the same values to rounding
     assert last.shape == (1, 512) and Q.nmse(last[0], a[-1]) <= 1e-10
+    hidden_last = []  # hidden states keep every row through the last layer (so its FFN GEMMs run on 8 rows, not 1:
+    # another float order); the logits are still the last row's
+    with_hidden = parts.forward(tokens, hidden_last)
+    assert with_hidden.shape == (1, 512) and Q.nmse(with_hidden[0], last[0]) <= 1e-10
+    assert hidden_last[-1].shape == (48, 512)
     k, v = whole.kv_cache[1]
     assert k.shape == (256, 2, 64) and k.dtype == np.float16 and len(whole.kv_cache) == 2
     assert np.all(k[48:] == 0) and np.all(np.abs(k[:48]).max(-1) > 0)

@@ -50,11 +50,11 @@
 #           end every call that writes more than 8 files under $OUT with `pack NAME` (a call returns at most 8 files,
 #           named in letters, digits, '.', '_' and '-')
 # What the open issues still need on the GPU: issue 16's kernels once written (bench gemm sets, compare at 512..8192,
-# sanitize); issue 18, next lease (after 15e4f40, nothing of which ran on a GPU after 0b3a3f0): `sanitize` (its
-# default now runs mma's and q32's MMQ seams) and `sanitize engine`; `ops-vs-llamacpp` (mmq_seams.py: every row should
-# show 0 differing values, the 200-token and K = 4096 ones included); `attention-diff`; `diff-prompt` (every GEMM and
-# layer should now be 0); then `compare` (LIMIT=560 gives
-# the 4096 run room: 282 s at 777fac1), where ours `llamacpp` should equal llama.cpp CUDA bit for bit.
+# sanitize); issue 18, next lease (after a5b6b57: the engine's last layer as llama.cpp's out_ids, not yet on a GPU):
+# `layer-trace` (every row should show 0 differing values but "attention q" / "q chain", which differ only in the sign
+# of zero), then `compare` (LIMIT=560 gives the 4096 run room: 206 s at 76fd922), where ours `llamacpp` should equal
+# llama.cpp CUDA: KLD 0, top-1 100% at 512 and 4096. Plan it as: setup (call 1), stage (6 calls), `sanitize engine`
+# while llama.cpp builds, wait, layer-trace, compare.
 # plugin-sanitize after ac2ab62's change to the plugin's waits. Run one-off scripts as
 # `gpu_run.sh py tools/X.py` (its PYTHONPATH), and fire the next call within 30 s.
 # /tmp survives between calls while the machine stays warm, so setup runs once per lease.
@@ -167,7 +167,7 @@ case "${1:-}" in
   layer-trace)  # issue 18: which op of each layer first parts our engine (llamacpp semantics) from llama.cpp CUDA, bit
                 # for bit: ours end to end, and each op of ours on llama.cpp's own captured inputs (tools/layer_trace.py)
     timeout ${LIMIT:-120} python3 tools/layer_trace.py "$(gemma_path)" --tokens ${TOKENS:-512} \
-      --json "$OUT/layer-trace-gemma3-270m-${TOKENS:-512}.json" 2>&1 | grep -E "differs|first differing" | head -n 40 ;;
+      --json "$OUT/layer-trace-gemma3-270m-${TOKENS:-512}.json" 2>&1 | grep -E "differs|sign of zero|first differing|every row" | head -n 40 ;;
   compare-8b)  # speed only (no reference: 64 GB in float64): the synthetic Llama-3-8B at 512 and 2048 tokens
     for n in 512 2048; do
       python3 -m ggml_ciq.cli compare llama3-8b-synthetic --tokens $n --device cuda --repeat 5 --reference off \

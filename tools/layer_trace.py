@@ -10,7 +10,8 @@ and the attention. Per layer, two kinds of rows:
          -> flash attention's q/k), v (attn_v output -> f16 cache), ffn (attn_output's output + residual -> post norm +
          add -> ffn norm -> ffn_gate's input), glu (gate and up outputs -> ffn_down's input), l_out (ffn_down's output
          + our sa_out -> post norm + add -> l_out).
-Values are compared as bits: "differ" counts float32 (or f16) values whose bits differ.
+Values are compared as bits: "differ" counts float32 (or f16) values whose bits differ, "values_differ" those whose
+values differ (+0 and -0 alike: ggml's SCALE is fma(s, x, 0), which turns -0 into +0).
 
     python tools/layer_trace.py MODEL.gguf --tokens 512 --json out.json
 """
@@ -33,8 +34,9 @@ def differ(ours, theirs) -> dict:
     kind = np.uint16 if theirs.dtype == np.float16 else np.uint32
     ours = ours.astype(theirs.dtype)
     count = int((ours.view(kind) != theirs.view(kind)).sum())
+    values = int(np.count_nonzero(ours != theirs)) if count else 0  # +0 and -0 are one value
     nmse = quants.nmse(ours.astype(np.float64), theirs.astype(np.float64)) if count else 0.0
-    return {"differ": count, "nmse": float(nmse)}
+    return {"differ": count, "values_differ": values, "nmse": float(nmse)}
 
 
 class Recorder:
@@ -175,12 +177,15 @@ def main(argv=None) -> int:
         return 2
     first = {}
     for r in result["rows"]:
-        mark = "" if r["differ"] == 0 else "  <-- differs"
+        mark = "" if r["differ"] == 0 else "  <-- differs" if r["values_differ"] else "  (sign of zero only)"
         print(f"layer {r['layer']:2d} {r['kind']:5s} {r['what']:52s} {r['differ']:9d} differ  NMSE {r['nmse']}{mark}")
-        if r["differ"] and r["kind"] not in first:
+        if r["values_differ"] and r["kind"] not in first:
             first[r["kind"]] = r
     for kind, r in first.items():
-        print(f"first differing {kind} row: layer {r['layer']}, {r['what']} ({r['differ']} values, NMSE {r['nmse']:.3g})")
+        print(f"first differing {kind} row: layer {r['layer']}, {r['what']} ({r['values_differ']} values, NMSE "
+              f"{r['nmse']:.3g})")
+    if not first:
+        print("every row equal in value")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
