@@ -292,6 +292,11 @@ def _check_prefill(args) -> None:
         raise CiqError("give exactly one of --prompt TEXT, --tokens N and --ids LIST")
     if args.ctx_size is not None and args.tokens is not None and args.tokens > args.ctx_size:
         raise CiqError(f"a prompt of {args.tokens} tokens is longer than the context ({args.ctx_size} tokens)")
+    if args.cuda_graph:
+        from . import native
+
+        if args.device == "reference" or native.parse_device(args.device) < 0:
+            raise CiqError(f"--cuda-graph runs the prefill as CUDA graphs: it needs --device cuda, not {args.device}")
 
 
 def _check_fetch(args) -> None:
@@ -307,7 +312,13 @@ def _check_fetch(args) -> None:
         raise CiqError(f"a hub download takes REPO_ID FILENAME with REPO_ID as owner/name, got {args.model!r}")
 
 
-CHECKS = {"diff": _check_diff, "bench": _check_bench, "prefill": _check_prefill, "fetch": _check_fetch}
+def _check_compare(args) -> None:
+    if args.cuda_graph and args.device != "cuda":
+        raise CiqError(f"--cuda-graph times our prefills as CUDA graphs: it needs --device cuda, not {args.device}")
+
+
+CHECKS = {"diff": _check_diff, "bench": _check_bench, "prefill": _check_prefill, "fetch": _check_fetch,
+          "compare": _check_compare}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -471,14 +482,26 @@ def cmd_prefill(args) -> int:
     else:
         tokens = np.random.default_rng(args.seed).integers(0, engine.hp.n_vocab, args.tokens).tolist()
     engine.check_tokens(tokens)
-    logits = engine.forward(tokens)
-    t = dict(engine.ops.timings)
+    if args.cuda_graph and native.device_count() == 0:
+        raise CiqError("--cuda-graph needs a CUDA GPU, and this build or machine has none")
+    runs = []
+    for _ in range(args.repeat + (args.repeat > 1)):  # with --repeat N > 1: one warm-up run first, not counted
+        logits = engine.forward(tokens, graph=args.cuda_graph)
+        runs.append(dict(engine.ops.timings))
+    timed = runs[1:] if args.repeat > 1 else runs
+    if args.cuda_graph and engine.graph_error:
+        console.print(f"[yellow]note: a micro-batch ran eagerly, its CUDA graph capture failed: "
+                      f"{escape(engine.graph_error)}[/yellow]")
+    t = dict(timed[int(np.argsort([r["total"] for r in timed])[len(timed) // 2])])  # the median run's timings
     total = t.pop("total")
     where = ("CPU, float64 reference ops" if args.device == "reference" else
              f"CPU, {args.semantics} semantics on {native.build_info()['threads']} threads" if args.device == "cpu"
-             else f"{native.device_name(args.device)}, libggml_ciq ops and kernels, {args.semantics} semantics")
+             else f"{native.device_name(args.device)}, libggml_ciq ops and kernels, {args.semantics} semantics"
+                  + (", CUDA graphs" if args.cuda_graph else ""))
+    how = f"median of {args.repeat} after a warm-up" if args.repeat > 1 else "one run, cold"
     console.print(f"{model.config.name}: {len(tokens)} tokens in {total * 1e3:.1f} ms = "
-                  f"{len(tokens) / total:.1f} tokens/s ({where}; n_ctx {engine.n_ctx}, n_ubatch {engine.n_ubatch})")
+                  f"{len(tokens) / total:.1f} tokens/s ({where}; n_ctx {engine.n_ctx}, n_ubatch {engine.n_ubatch}; "
+                  f"{how})")
     vocab = model.token_strings()
     last = logits[-1].astype(np.float64)
     probs = np.exp(last - last.max())
@@ -495,6 +518,8 @@ def cmd_prefill(args) -> int:
                   f"{'f64' if args.device == 'reference' else 'f16'})")
     if args.json:
         _write_json(args.json, {"model": str(path), "tokens": len(tokens), "seconds": {**t, "total": total},
+                                "runs_seconds": [r["total"] for r in timed], "repeat": args.repeat,
+                                "cuda_graph": bool(args.cuda_graph), "semantics": args.semantics,
                                 "tokens_per_second": len(tokens) / total, "memory_bytes": memory,
                                 "kv_cache_bytes": kv, "top": [int(i) for i in top]})
     return 0
@@ -521,7 +546,8 @@ def cmd_compare(args) -> int:
         n_tokens = 512 if args.tokens is None and args.prompt is None else args.tokens
         result = run_compare(path, n_tokens, args.prompt, repeat=args.repeat, device=args.device,
                              threads=args.threads, flash_attn=_on_off(args.flash_attn), semantics=semantics,
-                             reference=args.reference == "on", plugin=args.plugin, progress=advance)
+                             reference=args.reference == "on", plugin=args.plugin, progress=advance,
+                             cuda_graph=args.cuda_graph)
     threads = args.threads or native.build_info()["threads"]
     result.environment = bench.gpu_environment() if args.device == "cuda" else bench.cpu_environment(threads)
     _print_compare(console, path.name, result)
@@ -821,6 +847,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ctx-size", type=_whole(1), default=None,
                    help="context length (default: the GGUF's context_length)")
     p.add_argument("--ubatch", type=_whole(1), default=512, help="tokens per micro-batch (default 512, as llama.cpp)")
+    p.add_argument("--repeat", type=_whole(1), default=1,
+                   help="timed prefills; above 1, after an untimed warm-up, and the median reported (default 1: "
+                        "one cold run)")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="GPU: run each micro-batch as a CUDA graph, captured on its first run and replayed after "
+                        "(the same values; no time by op class)")
     p.add_argument("--json", type=_output_file())
     p.set_defaults(func=cmd_prefill)
 
@@ -846,6 +878,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=_output_file())
     p.add_argument("--plot", type=_output_file(".png", ".svg", ".pdf"),
                    help="write tokens/s and per-position KL divergence of every pair (PNG; needs matplotlib)")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="time our prefills as CUDA graphs (captured in one more untimed prefill; GPU only)")
     p.add_argument("--plugin", action="store_true",
                    help="a third arm: llama.cpp with the ggml-ciq backend plugin loaded (docs/PLUGIN.md; on the CPU "
                         "it takes MUL_MATs only with GGML_CIQ_OFFLOAD=all)")

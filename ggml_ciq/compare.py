@@ -286,12 +286,13 @@ LLAMACPP, SPREAD_ARM, PLUGIN, REFERENCE = "llama.cpp", "llama.cpp spread", "llam
 
 def run_compare(path, n_tokens: int | None = 512, prompt: str | None = None, repeat: int = 3, device: str = "cpu",
                 threads: int | None = None, flash_attn: bool | None = None, semantics=("llamacpp", "exact"),
-                reference: bool = True, plugin: bool = False, progress=None) -> CompareResult:
+                reference: bool = True, plugin: bool = False, progress=None, cuda_graph: bool = False) -> CompareResult:
     """llama.cpp first (a warm-up prefill with all logits, then `repeat` timed prefills with the last token's
     logits, as llama-bench), then its spread run (SPREAD: one all-logits prefill), with plugin=True llama.cpp with
     the ggml-ciq backend plugin loaded (timed as llama.cpp; docs/PLUGIN.md), then our engine in each of `semantics`
     the same way, then (reference=True) the float64 reference once (its seconds recorded). flash_attn: llama.cpp's
-    (None: on for CUDA, off on the CPU; see LlamaContext). progress(arm) after each prefill."""
+    (None: on for CUDA, off on the CPU; see LlamaContext). progress(arm) after each prefill. cuda_graph: our arms'
+    timed prefills run as CUDA graphs (Transformer.forward(graph=True); one more untimed prefill captures them)."""
     from . import native
     from .engine import ARCHITECTURES, SEMANTICS, Transformer
     from .llama_model import CudaMemory, LlamaModel, memory_growth
@@ -299,6 +300,8 @@ def run_compare(path, n_tokens: int | None = 512, prompt: str | None = None, rep
 
     if repeat < 1:
         raise InvalidArgumentError(f"--repeat must be >= 1, got {repeat}")
+    if cuda_graph and device != "cuda":
+        raise InvalidArgumentError(f"--cuda-graph times our prefills as CUDA graphs: it needs --device cuda, not {device}")
     for s in semantics:
         if s not in SEMANTICS:
             raise InvalidArgumentError(f"unknown semantics {s!r} (choose {' or '.join(SEMANTICS)})")
@@ -346,9 +349,12 @@ def run_compare(path, n_tokens: int | None = 512, prompt: str | None = None, rep
             logits[name] = np.asarray(engine.forward(tokens, all_logits=True))
             if progress:
                 progress(name)
-            seconds = _timed(lambda: engine.forward(tokens, all_logits=False), repeat, progress, name)
+            if cuda_graph:
+                engine.forward(tokens, all_logits=False, graph=True)  # eager + capture, untimed
+            seconds = _timed(lambda: engine.forward(tokens, all_logits=False, graph=cuda_graph), repeat, progress, name)
             growth = memory_growth(used_before, cuda.used() if cuda else None)
-            arms.append(Arm(name, "ours", {"device": device, "semantics": s, "n_ubatch": 512, "threads": threads},
+            arms.append(Arm(name, "ours", {"device": device, "semantics": s, "n_ubatch": 512, "threads": threads,
+                                           "cuda_graph": cuda_graph},
                             seconds, _median_tps(len(tokens), seconds), engine_memory(engine, growth)))
             del engine
         if reference:

@@ -168,6 +168,9 @@ class Transformer:
             raise ShapeError(f"n_ctx ({self.n_ctx}) and n_ubatch ({n_ubatch}) must be >= 1")
         self.n_ubatch = n_ubatch
         self.kv_cache: list[tuple] = []
+        self._graphs: dict = {}  # forward(graph=True): per micro-batch step, (Graph, its token-id buffer)
+        self._graph_arena = None  # the buffers every graph of this engine allocates (they run one at a time)
+        self.graph_error: str | None = None  # why a micro-batch's capture failed (it then stays eager)
         self.n_past = 0
         self.timings = ops.timings
 
@@ -332,6 +335,7 @@ class Transformer:
             if need > free:
                 raise OutOfMemoryError(f"the K/V cache for {n_tokens} tokens needs {need / 2**30:.1f} GiB, "
                                        f"{free / 2**30:.1f} GiB of host memory is free")
+        self.drop_graphs()  # they write the old cache
         self.kv_cache = []  # free the old cache first
         self.kv_cache = [(self.ops.zeros(shape, dtype), self.ops.zeros(shape, dtype))
                          for _ in range(self.hp.n_layer)]
@@ -351,13 +355,22 @@ class Transformer:
             raise ShapeError(f"prompt of {len(tokens)} tokens is longer than the context ({self.n_ctx} tokens)")
         return tokens.astype(np.int32)
 
-    def forward(self, tokens, hidden_states: list | None = None, all_logits: bool = False) -> np.ndarray:
+    def forward(self, tokens, hidden_states: list | None = None, all_logits: bool = False,
+                graph: bool = False) -> np.ndarray:
         """Prefill a prompt from position 0: logits float32 [1, vocab] for the last token ([tokens, vocab] with
         all_logits). hidden_states (a list) gets each layer's output for all tokens, float32 [tokens, n_embd].
         ops.timings holds the seconds per op class of this call: "keep-quant GEMM", "other GEMM", "attention",
-        "rest" (everything else) and "total"."""
+        "rest" (everything else) and "total".
+        graph=True (GPU ops): each micro-batch runs as a CUDA graph, captured after its first eager run and replayed
+        whenever the same micro-batch (tokens, position, what is output) comes again, with new token ids: the same
+        kernels on the same buffers, so the same values as eager, without the per-op Python and launch costs. Its
+        op-class timings are not kept (only "total"), and the dispatch counters do not see replays."""
         ops, hp = self.ops, self.hp
         tokens = self.check_tokens(tokens)
+        if graph and (not hasattr(ops, "graph_capture") or getattr(ops, "device", -1) < 0):
+            raise InvalidArgumentError("graph=True needs the engine on a GPU (CUDA graphs)")
+        if graph and hidden_states is not None:
+            raise InvalidArgumentError("graph=True does not keep hidden states (each layer's output is inside the graph)")
         n = len(tokens)
         ops.timings.clear()
         start_time = time.perf_counter()
@@ -368,23 +381,14 @@ class Transformer:
         for start in range(0, n, self.n_ubatch):
             ids = tokens[start:start + self.n_ubatch]
             final = start + len(ids) == n
-            x = ops.get_rows(self.token_embd, ids)
-            if self.arch.gemma:
-                x = ops.scale(x, float(np.sqrt(np.float32(hp.n_embd))))
-            positions = ops.asarray(np.arange(start, start + len(ids), dtype=np.int32))
-            for il, layer in enumerate(self.layers):
-                # llama.cpp's out_ids: after the last layer's attention only the rows whose logits are wanted go on
-                # (the last token of the last micro-batch unless all_logits); its graph takes them in every case
-                out_rows = None
-                if il == len(self.layers) - 1:
-                    out_rows = (0, len(ids)) if every_row else (len(ids) - 1, len(ids)) if final else (0, 0)
-                x = self._block(layer, il, x, positions, start, out_rows)
-                if layer_outputs is not None:
-                    layer_outputs[il].append(ops.numpy(x).astype(np.float32))
-            if all_logits or final:
-                # every row of the micro-batch, or its last: out_rows took it, or (hidden states wanted) take it here
-                rows = x if all_logits or not every_row else _rows(x, len(ids) - 1, len(ids))
-                logits = ops.numpy(self._linear(self.output, ops.rms_norm(rows, self.output_norm, hp.rms_eps)))
+            step = (start, len(ids), final, every_row, all_logits)
+            if graph:
+                logits = self._graph_step(ids, step)
+            else:
+                positions = ops.asarray(np.arange(start, start + len(ids), dtype=np.int32))
+                logits = self._step(ids, positions, step, layer_outputs)
+            if logits is not None:
+                logits = ops.numpy(logits)
                 if out is None:
                     out = np.empty((n if all_logits else 1, logits.shape[-1]), np.float32)
                 first = start if all_logits else 0
@@ -397,3 +401,72 @@ class Transformer:
         ops.timings["rest"] = max(0.0, total - sum(v for k, v in ops.timings.items() if k != "rest"))
         ops.timings["total"] = total
         return out
+
+    def _step(self, ids, positions, step: tuple, layer_outputs=None):
+        """One micro-batch from its token ids (host, or int32 on the device) and positions: its logits (on the ops'
+        device), or None where none are wanted. step = (start, tokens, final, every_row, all_logits)."""
+        ops, hp = self.ops, self.hp
+        start, count, final, every_row, all_logits = step
+        x = ops.get_rows(self.token_embd, ids)
+        if self.arch.gemma:
+            x = ops.scale(x, float(np.sqrt(np.float32(hp.n_embd))))
+        for il, layer in enumerate(self.layers):
+            # llama.cpp's out_ids: after the last layer's attention only the rows whose logits are wanted go on
+            # (the last token of the last micro-batch unless all_logits); its graph takes them in every case
+            out_rows = None
+            if il == len(self.layers) - 1:
+                out_rows = (0, count) if every_row else (count - 1, count) if final else (0, 0)
+            x = self._block(layer, il, x, positions, start, out_rows)
+            if layer_outputs is not None:
+                layer_outputs[il].append(ops.numpy(x).astype(np.float32))
+        if not (all_logits or final):
+            return None
+        # every row of the micro-batch, or its last: out_rows took it, or (hidden states wanted) take it here
+        rows = x if all_logits or not every_row else _rows(x, count - 1, count)
+        return self._linear(self.output, ops.rms_norm(rows, self.output_norm, hp.rms_eps))
+
+    def _graph_step(self, ids, step: tuple):
+        """_step as a CUDA graph: the first time a step comes, it runs eagerly (sizing every buffer) and is then
+        captured with its token ids and positions in fixed device buffers; later it is replayed after new ids are
+        copied in. A graph gone stale (the library's scratch moved) is captured again."""
+        ops = self.ops
+        start, count = step[0], step[1]
+        entry = self._graphs.get(step)
+        if entry is not None and entry[0] is None:  # its capture failed: eager (self.graph_error says why)
+            return self._step(ids, ops.asarray(np.arange(start, start + count, dtype=np.int32)), step)
+        if entry is not None:
+            g, ids_dev = entry
+            ops.upload(ids_dev, ids)
+            try:
+                g.launch()
+                return g.outputs
+            except CiqError as exc:
+                if "stale" not in str(exc):
+                    raise
+                self.drop_graphs()
+        ids_dev = ops.asarray(np.asarray(ids, np.int32))
+        positions = ops.asarray(np.arange(start, start + count, dtype=np.int32))
+        logits = self._step(ids_dev, positions, step)  # this call's result, and the warm-up of every buffer size
+        if self._graph_arena is None:
+            self._graph_arena = ops.graph_arena()  # one for all of them: they never run at the same time
+        try:
+            with ops.graph_capture(self._graph_arena) as g:
+                g.outputs = self._step(ids_dev, positions, step)
+        except CiqError as exc:  # this step stays eager; the result above stands
+            self.graph_error = f"micro-batch at {start} ({count} tokens): {exc}"
+            self._graphs[step] = (None, None)
+            return logits
+        g.inputs = (ids_dev, positions)
+        self._graphs[step] = (g, ids_dev)
+        return logits
+
+    def drop_graphs(self) -> None:
+        """Free the captured graphs and their buffers (the K/V cache they write is about to move, or one went
+        stale)."""
+        graphs, self._graphs = self._graphs, {}
+        for g, _ in graphs.values():
+            if g is not None:
+                g.close()
+        if self._graph_arena is not None:
+            self._graph_arena.close()
+            self._graph_arena = None

@@ -8,6 +8,7 @@ device. Methods take DeviceArrays (numpy inputs are copied to the device first) 
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import re
 from collections import defaultdict
@@ -41,6 +42,7 @@ class _Pool:
         self.native, self.device = native.load(), device
         self.allocated = 0
         self.free: dict[int, list] = {}
+        self.arena: _Arena | None = None  # while a graph is captured: where new allocations come from
 
     def take(self, nbytes: int):
         cached = self.free.get(nbytes)
@@ -69,16 +71,44 @@ class _Pool:
             pass
 
 
+class _Arena:
+    """The buffers allocated while a graph is captured: reused within the capture as the pool reuses buffers, then
+    kept for the graph (its replays write every one of them) until the graph is freed, when they return to the
+    pool."""
+
+    def __init__(self, pool: _Pool):
+        self.pool, self.free, self.closed = pool, {}, False
+
+    def take(self, nbytes: int):
+        cached = self.free.get(nbytes)
+        return cached.pop() if cached else self.pool.take(nbytes)
+
+    def give(self, nbytes: int, ptr) -> None:
+        if self.closed:
+            self.pool.give(nbytes, ptr)
+        else:
+            self.free.setdefault(nbytes, []).append(ptr)
+
+    def close(self) -> None:
+        self.closed = True
+        for nbytes, ptrs in self.free.items():
+            for ptr in ptrs:
+                self.pool.give(nbytes, ptr)
+        self.free.clear()
+
+
 class _Allocation:
-    """One pooled buffer, returned to its pool when the last DeviceArray on it is gone."""
+    """One pooled buffer, returned to its pool (or the arena of the graph capture it was made in) when the last
+    DeviceArray on it is gone."""
 
     def __init__(self, pool: _Pool, nbytes: int):
         self.pool, self.nbytes, self.device, self.native = pool, nbytes, pool.device, pool.native
-        self.ptr = pool.take(nbytes)
+        self.owner = pool.arena or pool
+        self.ptr = self.owner.take(nbytes)
 
     def __del__(self):
         if getattr(self, "ptr", None) is not None:
-            self.pool.give(self.nbytes, self.ptr)
+            self.owner.give(self.nbytes, self.ptr)
             self.ptr = None
 
 
@@ -125,6 +155,36 @@ class DeviceArray:
         row_bytes = self.nbytes // self.shape[0] if self.shape[0] else 0
         return DeviceArray(self._allocation, (stop - start,) + self.shape[1:], self.dtype,
                            self._offset + start * row_bytes)
+
+
+class Graph:
+    """A CUDA graph of NativeOps calls (NativeOps.graph_capture): ``launch()`` replays them on the buffers they were
+    captured with (fill the inputs first), ``outputs`` keeps what the capture returned; ``close()`` frees it (and
+    its arena, unless the arena was passed in: then its owner closes it)."""
+
+    def __init__(self, ops: "NativeOps", arena: _Arena, owns_arena: bool):
+        self.ops, self._arena, self._owns_arena, self._handle, self.outputs = ops, arena, owns_arena, None, None
+
+    def launch(self) -> None:
+        if self._handle is None:
+            raise InvalidArgumentError("this graph was not captured, or is closed")
+        self.ops._not_capturing("a graph launch")
+        self.ops.native.check(self.ops.native.lib.ciq_graph_launch(self._handle))
+
+    def close(self) -> None:
+        handle, self._handle, self.outputs = self._handle, None, None
+        try:
+            if handle is not None:
+                self.ops.native.check(self.ops.native.lib.ciq_graph_free(handle))
+        finally:
+            if self._owns_arena:
+                self._arena.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
 
 
 @dataclass
@@ -203,6 +263,7 @@ class NativeOps:
             if dtype is not None and a.dtype != np.dtype(dtype):
                 raise InvalidArgumentError(f"expected a {np.dtype(dtype)} array, got {a.dtype}")
             return a
+        self._not_capturing("an upload of a host array")
         a = np.asarray(a)
         if dtype is None:
             dtype = a.dtype if a.dtype in DTYPES else np.int32 if a.dtype.kind in "iu" else np.float32
@@ -214,7 +275,10 @@ class NativeOps:
         return out
 
     def numpy(self, x) -> np.ndarray:
-        return x.numpy() if isinstance(x, DeviceArray) else np.asarray(x)
+        if isinstance(x, DeviceArray):
+            self._not_capturing("a download")
+            return x.numpy()
+        return np.asarray(x)
 
     def memory_bytes(self) -> int:
         """Bytes allocated on the device by these ops: live arrays and buffers cached for reuse."""
@@ -222,13 +286,80 @@ class NativeOps:
 
     def trim(self) -> None:
         """Free the buffers cached for reuse (no array uses them)."""
+        self._not_capturing("freeing buffers")
         self._pool.trim()
+
+    # -- CUDA graphs ----------------------------------------------------------------------------------------------
+    def graph_arena(self) -> _Arena:
+        """An arena to share between graphs that never run at the same time (one engine's micro-batches): their
+        captures reuse each other's dead buffers instead of each keeping a working set; close() it after the graphs."""
+        return _Arena(self._pool)
+
+    @contextlib.contextmanager
+    def graph_capture(self, arena: _Arena | None = None):
+        """Record the enclosed ops into a CUDA graph (a GPU only) instead of running them; yields the Graph, whose
+        launch() replays them. Inside: no host arrays as inputs and no reads back (uploads and downloads cannot be
+        captured: they raise), and every GEMM shape must have run once before (ggml_ciq.h, ciq_graph_capture_begin).
+        Set graph.outputs to what the replays should fill: the buffers allocated inside belong to the graph (to
+        ``arena``, from graph_arena(), when given). The garbage collector is paused meanwhile (a collected buffer's
+        cudaFree would break the capture)."""
+        if self.device < 0:
+            raise InvalidArgumentError("CUDA graphs need a GPU; these ops run on the CPU")
+        if self._pool.arena is not None:
+            raise InvalidArgumentError("a graph capture is already open on these ops")
+        n = self.native
+        owns = arena is None
+        arena = _Arena(self._pool) if owns else arena
+        graph = Graph(self, arena, owns)
+        handle = n.ffi.new("void **")
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            n.check(n.lib.ciq_graph_capture_begin(self.device))
+            self._pool.arena = arena
+            try:
+                yield graph
+            except BaseException:
+                self._pool.arena = None
+                n.lib.ciq_graph_capture_end(self.device, handle)  # ends the capture; the error raised is the first
+                if handle[0] != n.ffi.NULL:
+                    n.lib.ciq_graph_free(handle[0])
+                raise
+            self._pool.arena = None
+            n.check(n.lib.ciq_graph_capture_end(self.device, handle))
+            graph._handle = handle[0]
+        except BaseException:
+            graph.outputs = None
+            if owns:
+                arena.close()
+            raise
+        finally:
+            self._pool.arena = None
+            if collecting:
+                gc.enable()
+
+    def _not_capturing(self, what: str) -> None:
+        if self._pool.arena is not None:
+            raise InvalidArgumentError(f"{what} cannot run inside a graph capture (it would not be captured)")
+
+    def upload(self, dst: DeviceArray, a) -> None:
+        """Copy host array ``a`` into the existing DeviceArray dst (same size and dtype): a graph's inputs."""
+        self._not_capturing("an upload")
+        a = np.ascontiguousarray(a, dtype=dst.dtype)
+        if a.nbytes != dst.nbytes or dst.device != self.device:
+            raise ShapeError(f"upload: {a.shape} {a.dtype} into {dst.shape} {dst.dtype} on device {dst.device}")
+        if a.nbytes:
+            n = self.native
+            n.check(n.lib.ciq_memory_upload(self.device, dst.ptr, n.ffi.from_buffer(a), a.nbytes))
 
     # -- timing -------------------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def timer(self, op_class: str):
         """Seconds of the enclosed ops, added to timings[op_class] by settle_timings(); device time (CUDA events)
         on a GPU, read later so that timing never waits for the device between ops."""
+        if self._pool.arena is not None:  # inside a graph capture: no timers (its replay is timed as a whole)
+            yield
+            return
         n = self.native
         handle = n.ffi.new("void **")
         n.check(n.lib.ciq_timer_start(self.device, handle))
@@ -257,13 +388,19 @@ class NativeOps:
         """Rows ``ids`` of a [rows, k] table dequantized to float32 as llama.cpp's get_rows."""
         if tensor.ggml_type not in GET_ROWS_TYPES:
             raise UnsupportedTypeError(f"{tensor.name}: get_rows of type {tensor.type_name} is not supported")
-        ids = np.asarray(ids).reshape(-1)
-        if ids.size == 0:
-            raise ShapeError("get_rows: no ids")
-        if ids.min() < 0 or ids.max() >= tensor.rows:
-            raise ShapeError(f"{tensor.name}: row ids must be in [0, {tensor.rows}), got {ids.min()}..{ids.max()}")
+        if isinstance(ids, DeviceArray):  # int32 ids already on the device (a graph's input): checked by the caller
+            ids_dev = self.asarray(ids, np.int32)
+            if ids_dev.size == 0:
+                raise ShapeError("get_rows: no ids")
+            ids = ids_dev
+        else:
+            ids = np.asarray(ids).reshape(-1)
+            if ids.size == 0:
+                raise ShapeError("get_rows: no ids")
+            if ids.min() < 0 or ids.max() >= tensor.rows:
+                raise ShapeError(f"{tensor.name}: row ids must be in [0, {tensor.rows}), got {ids.min()}..{ids.max()}")
+            ids_dev = self.asarray(ids, np.int32)
         table = self._raw(tensor)
-        ids_dev = self.asarray(ids, np.int32)
         out = self.empty((ids.size, tensor.k))
         self.native.check(self.native.lib.ciq_rows_get(self.device, tensor.ggml_type, table.ptr, tensor.rows, tensor.k,
                                                        self._i32(ids_dev), ids.size, self._fp(out)))
@@ -497,6 +634,8 @@ class NativeOps:
 
     # -- helpers ------------------------------------------------------------------------------------------------
     def _bf16(self, values: int) -> DeviceArray:
+        if self._pool.arena is not None:  # a graph keeps its own: the shared one may move before a replay
+            return self.empty((values,), np.float16)
         if self._bf16_scratch is None or self._bf16_scratch.size < values:
             self._bf16_scratch = None
             self._bf16_scratch = self.empty((values,), np.float16)

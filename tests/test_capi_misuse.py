@@ -29,9 +29,10 @@ VALID_FOR = {"ciq_activations_size": {"layout": 0}}
 HANDLES = {("ciq_memory_free", "ptr"): "malloc", ("ciq_timer_mark", "timer"): "timer", ("ciq_timer_stop", "timer"): "timer",
            ("ciq_gemm_quantized", "plan"): "plan"}
 # Pointer parameters that may legitimately be NULL.
-MAY_BE_NULL = {("ciq_rms_norm", "weight"), ("ciq_rms_norm", "add"), ("ciq_memory_free", "ptr")}
+MAY_BE_NULL = {("ciq_rms_norm", "weight"), ("ciq_rms_norm", "add"), ("ciq_memory_free", "ptr"), ("ciq_graph_free", "graph")}
 # Functions whose valid call needs what the CPU does not have (a GPU) or that take no misusable argument.
-NOT_ON_CPU = {"ciq_gemm_dense_bf16"}
+NOT_ON_CPU = {"ciq_gemm_dense_bf16", "ciq_graph_capture_begin", "ciq_graph_capture_end", "ciq_graph_launch",
+              "ciq_graph_free"}
 # Parameters any value of which is valid (a thread count <= 0 means all cores; a memset byte).
 ANY_VALUE = {("ciq_threads_set", "threads"), ("ciq_memory_fill", "value")}
 # Parameters that are not a size or a count: a negative value is an offset the callee cannot check.
@@ -133,7 +134,7 @@ def test_every_function_rejects_each_wrong_argument(native_lib, name):
         assert status != n.lib.CIQ_OK, f"{name}({description}) was accepted"
         assert message and "\n" not in message and len(message) < 400, f"{name}({description}): message {message!r}"
         checked += 1
-    if name in ("ciq_device_synchronize", "ciq_device_count", "ciq_dispatch_reset", "ciq_threads_set"):
+    if name in ("ciq_device_synchronize", "ciq_device_count", "ciq_dispatch_reset", "ciq_threads_set", "ciq_graph_free"):
         return
     assert checked or not params, f"{name}: no argument was mutated"
 
@@ -191,3 +192,19 @@ def test_forged_plan_is_refused(native_lib, field, value):
     assert status != n.lib.CIQ_OK, f"{field}={value} accepted"
     assert "plan" in message or "not available" in message, message
     assert out[0] == 0.0  # nothing was written
+
+
+def test_graph_calls_on_the_cpu_and_foreign_handles(native_lib):
+    """CUDA graphs on the CPU device: unsupported, said in one line; a pointer that is not a captured graph: an error
+    for launch and free (the library tracks its graphs); freeing NULL: nothing to do."""
+    n = native_lib
+    status, message = _status_and_message(n, n.lib.ciq_graph_capture_begin(n.lib.CIQ_DEVICE_CPU))
+    assert status == n.lib.CIQ_ERR_UNSUPPORTED and "need a GPU" in message, message
+    graph = n.ffi.new("void **")
+    status, message = _status_and_message(n, n.lib.ciq_graph_capture_end(n.lib.CIQ_DEVICE_CPU, graph))
+    assert status == n.lib.CIQ_ERR_UNSUPPORTED and graph[0] == n.ffi.NULL, message
+    foreign = n.ffi.new("char[]", 64)
+    for call in (n.lib.ciq_graph_launch, n.lib.ciq_graph_free):
+        status, message = _status_and_message(n, call(foreign))
+        assert status == n.lib.CIQ_ERR_INVALID_ARGUMENT and "not a captured graph" in message, message
+    assert n.lib.ciq_graph_free(n.ffi.NULL) == n.lib.CIQ_OK

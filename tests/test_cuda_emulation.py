@@ -38,6 +38,8 @@ int emu_rms_norm(int order, const float *x, const float *weight, const float *ad
                  float *out);
 int emu_rope(int order, int mode, const float *x, const int32_t *positions, int64_t tokens, int64_t heads,
              int64_t head_dim, float base, float *out);
+int emu_rms_norm_rope(int order, int mode, const float *x, const float *weight, float eps, const int32_t *positions,
+                      int64_t tokens, int64_t heads, int64_t head_dim, float base, float *out);
 int emu_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values);
 int emu_glu(int order, int kind, const float *gate, const float *up, int64_t n, float *out);
 int emu_add(const float *a, int64_t n, const float *b, int64_t b_n, float *out);
@@ -105,7 +107,7 @@ def emu(tmp_path_factory):
     build = tmp_path_factory.mktemp("cuda_on_cpu")
     shutil.copytree(ROOT / "native" / "src", build / "src")
     expected = {"ops.cu": {"launch": 9, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
-                "ops_llamacpp.cu": {"launch": 5, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
+                "ops_llamacpp.cu": {"launch": 7, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
                 "attention.cu": {"launch": 2, "mma": 0, "ldmatrix": 0, "extern_shared": 2},
                 "attention_llamacpp.cu": {"launch": 1, "mma": 0, "ldmatrix": 0, "extern_shared": 1},
                 "mma_sync.cuh": {"launch": 0, "mma": 2, "ldmatrix": 1, "extern_shared": 0},
@@ -274,6 +276,31 @@ def test_rope_emulated(emu, rng, order, neox):
     else:
         assert nmse(out, rope_ref(x, positions, 500000.0, neox)) <= 2e-9
     assert nmse(out, rope_f64(x.astype(np.float64), positions, 500000.0, neox)) <= 1e-8
+
+
+@pytest.mark.parametrize("order", [HOST, LLAMACPP_CUDA], ids=["host", "llamacpp_cuda"])
+@pytest.mark.parametrize("neox", [False, True])
+@pytest.mark.parametrize("shape", [(5, 3, 64), (2, 1, 1030)], ids=["256-threads", "1024-threads"])
+def test_rms_norm_rope_emulated(emu, rng, order, neox, shape):
+    """The fused q/k norm + RoPE: in the emulation (no FMA contraction: -ffp-contract=off) the llama.cpp order's fused
+    kernel must equal its own norm then its own rope value for value, as the host order does by construction: the
+    indexing, the per-row positions and the angles of the new kernel (its contraction is checked on the H200
+    against ggml-cuda's fused kernel, tests/test_ops.py)."""
+    t, h, d = shape
+    x = (rng.standard_normal(shape) * 3).astype(np.float32)
+    w = (rng.standard_normal(d) + 1).astype(np.float32)
+    positions = rng.integers(0, 4096, t).astype(np.int32)
+    fused = poisoned(shape)
+    call(emu, "emu_rms_norm_rope", order, 2 if neox else 0, x, w, 1e-6, positions, t, h, d, 1e6, fused)
+    normed = poisoned(shape)
+    call(emu, "emu_rms_norm", order, x, w, None, 1e-6, t * h, d, normed)
+    apart = poisoned(shape)
+    call(emu, "emu_rope", order, 2 if neox else 0, normed, positions, t, h, d, 1e6, apart)
+    assert np.array_equal(fused.view(np.uint32), apart.view(np.uint32))
+    # against float64 angles (a sanity bound: a wrong pairing or position is O(1)); the host order steps theta by 515
+    # float products at 1030 dims: measured 1.0e-7 there
+    reference = rope_f64(rms_norm_ref(x.reshape(-1, d), w, 1e-6).reshape(shape).astype(np.float64), positions, 1e6, neox)
+    assert nmse(fused, reference) <= 1e-6
 
 
 def test_elementwise_emulated(emu, rng):

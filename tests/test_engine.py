@@ -14,7 +14,7 @@ import pytest
 from ggml_ciq import catalog, native, numpy_ops
 from ggml_ciq import quants as Q
 from ggml_ciq.engine import Transformer
-from ggml_ciq.errors import GGUFFileError, ShapeError, UnsupportedTypeError
+from ggml_ciq.errors import GGUFFileError, InvalidArgumentError, ShapeError, UnsupportedTypeError
 from ggml_ciq.model import ModelFile
 
 PROMPT = Path(__file__).resolve().parent / "data" / "prompt_en.txt"
@@ -284,3 +284,69 @@ def test_gemma3_last_token_logits_vs_llamacpp(llama, native_lib, gemma_full):
                         if name.startswith("blk.") and name.endswith(".weight") and w.ggml_type == t
                         and len(w.shape) == 2)
         assert counts[("cpu", Q.type_name(t))] == 3 * per_batch - 2 * ffn.count(t)
+
+
+def test_graph_mode_needs_a_gpu(native_lib, default_model):
+    from ggml_ciq.ops import NativeOps
+
+    with pytest.raises(InvalidArgumentError, match="needs the engine on a GPU"):
+        Transformer(default_model).forward([1, 2, 3], graph=True)
+    with pytest.raises(InvalidArgumentError, match="need a GPU"):
+        with NativeOps("cpu").graph_capture():
+            pass
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("architecture", catalog.SMALL_ARCHITECTURES)
+@pytest.mark.parametrize("semantics", ["fast", "llamacpp", "exact"])
+def test_cuda_graph_prefill_equals_eager(architecture, semantics, native_lib, rng, tmp_path):
+    """forward(graph=True) against the same engine eager, bit for bit: 41 random tokens in micro-batches of 16 (a
+    tail of 9), all logits and last-token logits, the graphs captured on the first call and replayed on later ones
+    with other tokens (the replays dispatch no GEMM: the counters stay at 0), then a longer prompt (the K/V cache
+    grows: every graph is dropped and captured again)."""
+    from ggml_ciq.engine import make_ops
+
+    if native.device_count() == 0:
+        pytest.skip("needs a CUDA device and libggml_ciq built with CUDA")
+    path = catalog.write_small_model(tmp_path / f"{architecture}.gguf", architecture)
+    eager = Transformer(ModelFile(path), ops=make_ops("cuda", semantics), n_ubatch=16)
+    graphed = Transformer(ModelFile(path), ops=make_ops("cuda", semantics), n_ubatch=16)
+    for n_tokens in (41, 41, 41, 300):
+        if n_tokens == 300:
+            before = {key: entry[0] for key, entry in graphed._graphs.items()}  # kept: no id can be reused
+        tokens = rng.integers(3, 512, n_tokens)
+        for all_logits in (True, False):
+            want = eager.forward(tokens, all_logits=all_logits)
+            replay = n_tokens == 41 and len(graphed._graphs) >= (3 if all_logits else 6)
+            native.dispatch_reset()
+            got = graphed.forward(tokens, all_logits=all_logits, graph=True)
+            gemms = sum(native.dispatch_counts().values())
+            assert np.array_equal(got, want), f"{n_tokens} tokens, all_logits={all_logits}: graph != eager"
+            if replay:
+                assert gemms == 0, f"a replayed prefill dispatched {gemms} GEMMs: it did not replay"
+    assert graphed.graph_error is None, graphed.graph_error
+    # 300 tokens outgrew the 256-position cache: every graph of the 41-token prompts was dropped, none replayed
+    assert graphed.kv_cache[0][0].shape[0] == 512 and before
+    assert all(entry[0] is not before.get(key) and before[key]._handle is None for key, entry in graphed._graphs.items()
+               if key in before)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("semantics", ["fast", "llamacpp", "exact"])
+def test_cuda_graph_prefill_equals_eager_gemma(semantics, native_lib, gemma_full, rng):
+    """The same on Gemma 3 270M's real weights, whose Q5_0/Q8_0 tensors take the q32 GEMM (fast, llamacpp) or bf16
+    cuBLAS (exact, with its own workspace inside the graph): 77 tokens in micro-batches of 32, twice (the second
+    call replays), all logits, bit for bit with eager."""
+    from ggml_ciq.engine import make_ops
+
+    if native.device_count() == 0:
+        pytest.skip("needs a CUDA device and libggml_ciq built with CUDA")
+    eager = Transformer(gemma_full, ops=make_ops("cuda", semantics), n_ctx=256, n_ubatch=32)
+    graphed = Transformer(gemma_full, ops=make_ops("cuda", semantics), n_ctx=256, n_ubatch=32)
+    for _ in range(2):
+        tokens = rng.integers(3, 262144, 77)
+        native.dispatch_reset()
+        got = graphed.forward(tokens, all_logits=True, graph=True)
+        replayed = sum(native.dispatch_counts().values()) == 0
+        assert np.array_equal(got, eager.forward(tokens, all_logits=True))
+    assert replayed and graphed.graph_error is None, graphed.graph_error

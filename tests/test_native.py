@@ -88,7 +88,8 @@ CDEF_SHA256 = {2: "4a2d9f159019c7458ae310183d425a220dd7d0e41cd353f738031334d4b9a
                4: "e558c50d8b8456a5a87d6221b46e9207a1e610f4aaae1d5eecab2a4359f99694",  # 4: plan.offload by weight size
                5: "be65c30c6795f2df5298de1c63ba3dd9910828e0f13c9be339a987fd5735c9e5",  # 5: ciq_op_order, rms_norm's add, mma_llamacpp
                6: "6ee20139fc68bd47f71e9b3017c51492c809be16b0b7fadebbf08b74fe711588",  # 6: mma_llamacpp is llama.cpp's flash attention bit for bit (stream-k)
-               7: "311d8cfe8ceb2fda7f8d0c6db3afbc0c48cfd8cfc942089fffd349a75209a99d"}  # 7: ciq_rms_norm_rope (llama.cpp CUDA's fused RMS_NORM + MUL + ROPE)
+               7: "311d8cfe8ceb2fda7f8d0c6db3afbc0c48cfd8cfc942089fffd349a75209a99d",  # 7: ciq_rms_norm_rope (llama.cpp CUDA's fused RMS_NORM + MUL + ROPE)
+               8: "047ad557a4298d947da685667e9c88193cfd5d73ffa9a767e7534ac70d2cad67"}  # 8: CUDA graphs (ciq_graph_capture_begin .. ciq_graph_free)
 
 
 def cdef_sha256() -> str:

@@ -19,6 +19,7 @@
 #   tools/gpu_run.sh ops-vs-llamacpp  our llama.cpp-order ops vs llama.cpp CUDA's; our GEMMs vs MMQ split / unsplit (wait)
 #   tools/gpu_run.sh diff-prompt  GEMMs on llama.cpp CUDA's captured Gemma activations, hidden state per layer (stage, wait)
 #   tools/gpu_run.sh layer-trace  per layer and op: where ours (llamacpp semantics) first differs from llama.cpp CUDA (stage, wait)
+#   tools/gpu_run.sh graph-bench  issue 16: our Gemma prefill eager vs CUDA graphs at 512 and 4096 tokens (stage)
 #   tools/gpu_run.sh compare    engine vs llama.cpp CUDA and the float64 reference: Gemma 3 270M at 512 and 4096
 #                               tokens; synthetic Llama-3-8B at 512 and 2048 (speed) -> $OUT (needs stage, wait)
 #   tools/gpu_run.sh bench      bench/results/h200 set (llama3-8b n=512/2048, seed6) as JSON under $OUT (plot them
@@ -49,8 +50,10 @@
 #   then: wait ; test tests/test_cuda.py tests/test_plugin.py ; plugin-check ; plugin-bench ; memory ; compare ; and
 #           end every call that writes more than 8 files under $OUT with `pack NAME` (a call returns at most 8 files,
 #           named in letters, digits, '.', '_' and '-')
-# What the open issues still need on the GPU: issue 16's kernels once written (bench gemm sets, compare at 512..8192,
-# sanitize); issue 18, next lease (after a5b6b57: the engine's last layer as llama.cpp's out_ids, not yet on a GPU):
+# What the open issues still need on the GPU: issue 16: the CUDA graph path (API v8, never run on a GPU yet): `test
+# tests/test_engine.py -k graph` (bit for bit with eager, replays dispatching no GEMM), `sanitize engine` (it replays a
+# graph), `graph-bench`, then `GRAPH=1 compare` (our arms timed as graphs: ours against llama.cpp in one process); its
+# kernels once written (bench gemm sets, compare at 512..8192, sanitize); issue 18, next lease (after a5b6b57: the engine's last layer as llama.cpp's out_ids, not yet on a GPU):
 # `layer-trace` (every row should show 0 differing values but "attention q" / "q chain", which differ only in the sign
 # of zero), then `compare` (LIMIT=560 gives the 4096 run room: 206 s at 76fd922), where ours `llamacpp` should equal
 # llama.cpp CUDA: KLD 0, top-1 100% at 512 and 4096. Plan it as: setup (call 1), stage (6 calls), `sanitize engine`
@@ -146,7 +149,8 @@ case "${1:-}" in
     plugin=; [ -f $LLAMA_BUILD/bin/libggml-cuda.so ] && [ -f $PLUGIN ] && plugin=--plugin
     for n in ${TOKENS:-512 4096}; do
       GGML_CIQ_OFFLOAD=all timeout ${LIMIT:-280} python3 -m ggml_ciq.cli compare "$(gemma_path)" --tokens $n --device cuda \
-        --repeat 5 $plugin --json "$OUT/compare-gemma3-270m-$n.json" --plot "$OUT/compare-gemma3-270m-$n.png" 2>&1 \
+        --repeat 5 $plugin ${GRAPH:+--cuda-graph} --json "$OUT/compare-gemma3-270m-$n${GRAPH:+-graph}.json" \
+        --plot "$OUT/compare-gemma3-270m-$n${GRAPH:+-graph}.png" 2>&1 \
         | tail -n 40
     done ;;
   attention-diff)  # issue 18: every FLASH_ATTN_EXT node of llama.cpp CUDA's Gemma prefill (512 and 4096 tokens) through
@@ -168,6 +172,13 @@ case "${1:-}" in
                 # for bit: ours end to end, and each op of ours on llama.cpp's own captured inputs (tools/layer_trace.py)
     timeout ${LIMIT:-120} python3 tools/layer_trace.py "$(gemma_path)" --tokens ${TOKENS:-512} \
       --json "$OUT/layer-trace-gemma3-270m-${TOKENS:-512}.json" 2>&1 | grep -E "differs|sign of zero|first differing|every row" | head -n 40 ;;
+  graph-bench)  # issue 16: the engine's prefill eager and as CUDA graphs (median of 5 after a warm-up; the same process
+                # per pair of runs is not needed: ours against ours), Gemma 3 270M at 512 and 4096 tokens, fast and
+                # llamacpp semantics -> $OUT/prefill-gemma3-270m-N-SEMANTICS[-graph].json (8 files)
+    for n in 512 4096; do for s in fast llamacpp; do for g in "" --cuda-graph; do
+      timeout 120 python3 -m ggml_ciq.cli prefill "$(gemma_path)" --tokens $n --device cuda --semantics $s --repeat 5 $g \
+        --json "$OUT/prefill-gemma3-270m-$n-$s${g:+-graph}.json" 2>&1 | grep -E "tokens/s|rror" | head -n 2
+    done; done; done ;;
   compare-8b)  # speed only (no reference: 64 GB in float64): the synthetic Llama-3-8B at 512 and 2048 tokens
     for n in 512 2048; do
       python3 -m ggml_ciq.cli compare llama3-8b-synthetic --tokens $n --device cuda --repeat 5 --reference off \
@@ -289,5 +300,5 @@ case "${1:-}" in
     gemma=$(gemma_path) || exit 1
     step sanitizer-plugin-memcheck 500 env GGML_BACKEND_PATH=$PLUGIN GGML_CIQ_OFFLOAD=all compute-sanitizer --tool memcheck \
       --error-exitcode 9 $LLAMA_BUILD/bin/llama-bench -m "$gemma" -ngl 99 -dev CIQ0/CUDA0 -ts 0/1 -p 77 -n 0 -r 1 -fa 1 ;;
-  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|pack|all|bench|bench-pdl|offload-sweep|memory|stage|compare|compare-8b|layer-trace|plugin-splits|breakdown|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize" >&2; exit 2 ;;
+  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|pack|all|bench|bench-pdl|offload-sweep|memory|stage|compare|compare-8b|layer-trace|graph-bench|plugin-splits|breakdown|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize" >&2; exit 2 ;;
 esac

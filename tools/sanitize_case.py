@@ -86,7 +86,10 @@ def engine_case():
                 engine = Transformer(model, ops=make_ops("cuda", semantics), n_ubatch=16)
                 logits = engine.forward(rng.integers(3, 512, 41), all_logits=True)
                 last = engine.forward(rng.integers(3, 512, 41))  # the last layer on one row (llama.cpp's out_ids)
-                print(f"engine {arch} {semantics}: finite={np.isfinite(logits).all() and np.isfinite(last).all()}")
+                for _ in range(2):  # CUDA graphs: eager + capture, then a replay with other tokens
+                    graphed = engine.forward(rng.integers(3, 512, 41), graph=True)
+                print(f"engine {arch} {semantics}: finite={np.isfinite(logits).all() and np.isfinite(last).all()}"
+                      f" graph finite={np.isfinite(graphed).all()}")
             for t in model.tensors.values():
                 if t.ggml_type in GET_ROWS_TYPES and len(t.shape) == 2:
                     ops.get_rows(t, [0, t.rows - 1]).numpy()

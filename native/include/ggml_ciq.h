@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-#define GGML_CIQ_API_VERSION 7
+#define GGML_CIQ_API_VERSION 8
 
 /* CDEF-BEGIN */
 typedef enum { CIQ_DEVICE_CPU = -1 } ciq_device_index; /* the host as a device; GPUs are 0..n-1 */
@@ -178,6 +178,19 @@ ciq_status ciq_gemm_dense_bf16(int device, const void *weight, int64_t rows, int
 ciq_status ciq_timer_start(int device, void **timer);
 ciq_status ciq_timer_mark(void *timer);
 ciq_status ciq_timer_stop(void *timer, float *milliseconds);
+
+/* CUDA graphs of a sequence of GPU calls. Between ciq_graph_capture_begin and ciq_graph_capture_end this thread's
+ * calls on that GPU are recorded into a graph, not run (on a stream of the thread's own; other threads are not
+ * captured). Inside a capture: no ciq_memory_upload/download and no timers (they would fail or end the capture), and
+ * every GEMM must have run once with the same shapes before (its scratch buffer cannot grow in a capture). The graph
+ * keeps every address it was captured with: the caller keeps those buffers alive and fills its inputs before each
+ * ciq_graph_launch, which replays it after the work already issued on the legacy default stream (and before any
+ * issued after). A launch fails as stale once the library's scratch buffers have moved (capture it again). CPU:
+ * CIQ_ERR_UNSUPPORTED. */
+ciq_status ciq_graph_capture_begin(int device);
+ciq_status ciq_graph_capture_end(int device, void **graph);
+ciq_status ciq_graph_launch(void *graph);
+ciq_status ciq_graph_free(void *graph);
 
 /* Transformer ops for the prefill engine. Tensors are contiguous and row-major (rows first, features last), all
  * float math is float32, f16 is IEEE half (the K/V cache), bf16 the upper half of a float32. out may equal an

@@ -119,7 +119,7 @@ struct HandleSet {
         return live.count(p) == 1;
     }
 };
-HandleSet g_host_blocks, g_timers;
+HandleSet g_host_blocks, g_timers, g_graphs;
 }  // namespace
 
 ciq_status ciq_memory_alloc(int device, size_t nbytes, void **ptr) {
@@ -268,4 +268,59 @@ ciq_status ciq_timer_stop(void *timer, float *milliseconds) {
     g_timers.remove(t);
     delete t;
     return status;
+}
+
+// ---------------------------------------------------------------------------------------------
+// CUDA graphs
+
+static ciq_status graph_device(const char *what, int device) {
+    CIQ_TRY(ciq_check_device(device));
+    if (device == CIQ_DEVICE_CPU) return ciq_fail(CIQ_ERR_UNSUPPORTED, "%s: graphs are CUDA graphs: they need a GPU", what);
+    return CIQ_OK;
+}
+
+ciq_status ciq_graph_capture_begin(int device) {
+    CIQ_TRY(graph_device("ciq_graph_capture_begin", device));
+#ifdef GGML_CIQ_WITH_CUDA
+    return ciq_cuda_graph_begin(device);
+#else
+    return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_graph_capture_begin: this build has no CUDA");
+#endif
+}
+
+ciq_status ciq_graph_capture_end(int device, void **graph) {
+    if (graph == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_graph_capture_end: graph is NULL");
+    *graph = nullptr;
+    CIQ_TRY(graph_device("ciq_graph_capture_end", device));
+#ifdef GGML_CIQ_WITH_CUDA
+    CIQ_TRY(ciq_cuda_graph_end(device, graph));
+    g_graphs.add(*graph);
+    return CIQ_OK;
+#else
+    return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_graph_capture_end: this build has no CUDA");
+#endif
+}
+
+ciq_status ciq_graph_launch(void *graph) {
+    if (graph == nullptr || !g_graphs.contains(graph)) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_graph_launch: %p is not a captured graph (freed already?)", graph);
+    }
+#ifdef GGML_CIQ_WITH_CUDA
+    return ciq_cuda_graph_launch(graph);
+#else
+    return CIQ_ERR_UNSUPPORTED;
+#endif
+}
+
+ciq_status ciq_graph_free(void *graph) {
+    if (graph == nullptr) return CIQ_OK;
+    if (!g_graphs.contains(graph)) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_graph_free: %p is not a captured graph (freed already?)", graph);
+    }
+    g_graphs.remove(graph);
+#ifdef GGML_CIQ_WITH_CUDA
+    return ciq_cuda_graph_free(graph);
+#else
+    return CIQ_OK;
+#endif
 }

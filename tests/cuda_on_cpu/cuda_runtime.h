@@ -116,9 +116,14 @@ inline int min(int a, int b) { return a < b ? a : b; }
 inline long long min(long long a, long long b) { return a < b ? a : b; }
 inline long min(long a, long b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
+inline long long max(long long a, long long b) { return a > b ? a : b; }
+inline long max(long a, long b) { return a > b ? a : b; }
+inline float min(float a, float b) { return a < b ? a : b; }  // CUDA's float overloads (ops_llamacpp.cu's YaRN ramp)
+inline float max(float a, float b) { return a > b ? a : b; }
 
 // ---- runtime API (what the host code of ops.cu / attention.cu / common.cuh calls) ----
 typedef int cudaError_t;
+typedef void *cudaStream_t;  // the launches' fourth argument (ciq_stream(): driver.cpp gives nullptr)
 constexpr cudaError_t cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorLaunchFailure = 4;
 constexpr int cudaFuncAttributeMaxDynamicSharedMemorySize = 8;
 namespace ciq_emu {
@@ -349,6 +354,7 @@ inline void ldmatrix_x2(int &r0, int &r1, uint32_t address) {
 struct Config {
     dim3 grid, block;
     size_t smem = 0;
+    cudaStream_t stream = nullptr;  // one stream here: launches run in order
 };
 
 template <class... Params, class... Args> void launch(void (*kernel)(Params...), Config config, Args... args) {

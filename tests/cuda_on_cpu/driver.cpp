@@ -1,6 +1,8 @@
 // The C entry points tests/test_cuda_emulation.py calls: the CUDA backend's host functions of ops.cu,
 // ops_llamacpp.cu, attention.cu, attention_llamacpp.cu, gemm_q32.cu and gemm_mma.cu (compiled for the CPU emulation); errors are recorded by the library's status.cpp.
-#include "cuda/cuda_backend.h"
+#include "cuda/common.cuh"
+
+cudaStream_t ciq_stream() { return nullptr; }  // runtime.cu's, which the emulation does not build: one stream
 
 extern "C" {
 const char *emu_last_error(void) { return ciq_last_error(); }
@@ -19,6 +21,11 @@ int emu_rms_norm(int order, const float *x, const float *weight, const float *ad
 int emu_rope(int order, int mode, const float *x, const int32_t *positions, int64_t tokens, int64_t heads,
              int64_t head_dim, float base, float *out) {
     return ciq_cuda_rope((ciq_op_order)order, (ciq_rope_mode)mode, x, positions, tokens, heads, head_dim, base, out);
+}
+int emu_rms_norm_rope(int order, int mode, const float *x, const float *weight, float eps, const int32_t *positions,
+                      int64_t tokens, int64_t heads, int64_t head_dim, float base, float *out) {
+    return ciq_cuda_rms_norm_rope((ciq_op_order)order, (ciq_rope_mode)mode, x, weight, eps, positions, tokens, heads,
+                                  head_dim, base, out);
 }
 int emu_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values) {
     return ciq_cuda_kv_store(cache, start, x, tokens, row_values);

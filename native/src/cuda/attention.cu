@@ -305,7 +305,7 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
 template <int D> ciq_status launch_mma(dim3 grid, const AttentionArgs &args) {
     ciq_status status = ciq_raise_smem_limit<attention_mma_kernel<D>>((int)MmaSmem<D>::BYTES, "attention (mma)");
     if (status != CIQ_OK) return status;
-    attention_mma_kernel<D><<<grid, 128, MmaSmem<D>::BYTES>>>(args);
+    attention_mma_kernel<D><<<grid, 128, MmaSmem<D>::BYTES, ciq_stream()>>>(args);
     CIQ_CUDA_LAUNCH_CHECK("attention (mma)");
     return CIQ_OK;
 }
@@ -320,7 +320,7 @@ template <int D> ciq_status launch(ciq_attention_kernel kernel, const AttentionA
 #else
     (void)kernel;
 #endif
-    attention_simt_kernel<D><<<grid, 256, SimtSmem<D>::BYTES>>>(args);
+    attention_simt_kernel<D><<<grid, 256, SimtSmem<D>::BYTES, ciq_stream()>>>(args);
     CIQ_CUDA_LAUNCH_CHECK("attention (simt)");
     return CIQ_OK;
 }

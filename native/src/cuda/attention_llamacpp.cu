@@ -246,7 +246,7 @@ template <int D> ciq_status launch_llamacpp(const LcArgs &args) {
     ciq_status status = ciq_raise_smem_limit<attention_llamacpp_kernel<D>>((int)LcSmem<D>::BYTES, what);
     if (status != CIQ_OK) return status;
     const dim3 grid(args.iter_j, args.iter_z * args.heads_kv);
-    attention_llamacpp_kernel<D><<<grid, LC_THREADS, LcSmem<D>::BYTES>>>(args);
+    attention_llamacpp_kernel<D><<<grid, LC_THREADS, LcSmem<D>::BYTES, ciq_stream()>>>(args);
     CIQ_CUDA_LAUNCH_CHECK(what);
     return CIQ_OK;
 }

@@ -6,6 +6,10 @@
 #include <algorithm>
 #include <atomic>
 
+// The stream every kernel of this library launches on (<<<grid, block, smem, ciq_stream()>>>): the legacy default
+// stream, except on a thread that is capturing a CUDA graph (ciq_graph_capture_begin): then its capture stream.
+cudaStream_t ciq_stream();
+
 #define CIQ_CUDA_LAUNCH_CHECK(what)                                                                   \
     do {                                                                                              \
         cudaError_t err_ = cudaGetLastError();                                                        \

@@ -67,12 +67,12 @@ ciq_status ciq_cuda_convert_f16(const float *x, void *out, int64_t tokens, int64
     float *scales = (float *)((uint8_t *)out + ciq_f16_scale_offset(tokens, k));
     const int64_t per_thread = (k + 1023) / 1024;  // float4 per thread when the row stays in registers
     const unsigned grid = (unsigned)tokens;
-    if ((uintptr_t)x % 16 != 0 || per_thread > 16) convert_f16_kernel<0><<<grid, 256>>>(x, k, xh, scales);
-    else if (per_thread <= 1) convert_f16_kernel<1><<<grid, 256>>>(x, k, xh, scales);
-    else if (per_thread <= 2) convert_f16_kernel<2><<<grid, 256>>>(x, k, xh, scales);
-    else if (per_thread <= 4) convert_f16_kernel<4><<<grid, 256>>>(x, k, xh, scales);
-    else if (per_thread <= 8) convert_f16_kernel<8><<<grid, 256>>>(x, k, xh, scales);
-    else convert_f16_kernel<16><<<grid, 256>>>(x, k, xh, scales);
+    if ((uintptr_t)x % 16 != 0 || per_thread > 16) convert_f16_kernel<0><<<grid, 256, 0, ciq_stream()>>>(x, k, xh, scales);
+    else if (per_thread <= 1) convert_f16_kernel<1><<<grid, 256, 0, ciq_stream()>>>(x, k, xh, scales);
+    else if (per_thread <= 2) convert_f16_kernel<2><<<grid, 256, 0, ciq_stream()>>>(x, k, xh, scales);
+    else if (per_thread <= 4) convert_f16_kernel<4><<<grid, 256, 0, ciq_stream()>>>(x, k, xh, scales);
+    else if (per_thread <= 8) convert_f16_kernel<8><<<grid, 256, 0, ciq_stream()>>>(x, k, xh, scales);
+    else convert_f16_kernel<16><<<grid, 256, 0, ciq_stream()>>>(x, k, xh, scales);
     CIQ_CUDA_LAUNCH_CHECK("convert_f16");
     return CIQ_OK;
 }

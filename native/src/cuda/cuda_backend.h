@@ -17,6 +17,12 @@ ciq_status ciq_cuda_memset(int device, void *dst, int value, size_t nbytes);
 ciq_status ciq_cuda_synchronize(int device);
 #define CIQ_SCRATCH_SLOTS 1  // 0: quantized activations (ciq_gemm)
 ciq_status ciq_cuda_scratch(int device, int slot, size_t nbytes, void **ptr);  // per-device buffers, grown on demand
+// CUDA graphs (runtime.cu): this thread's calls between begin and end are captured, not run; the graph is replayed by
+// launch (on the thread's graph stream) and fails as stale once a scratch buffer has moved.
+ciq_status ciq_cuda_graph_begin(int device);
+ciq_status ciq_cuda_graph_end(int device, void **graph);
+ciq_status ciq_cuda_graph_launch(void *graph);
+ciq_status ciq_cuda_graph_free(void *graph);
 ciq_status ciq_cuda_event_record(int device, void **event);  // creates and records an event
 ciq_status ciq_cuda_event_elapsed(void *start, void *stop, float *milliseconds);  // syncs stop, frees both (stop NULL: frees start)
 

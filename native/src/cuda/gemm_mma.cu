@@ -349,10 +349,10 @@ static ciq_status launch_mma(const void *weight, int64_t rows, int64_t k, const 
     }
     const dim3 grid((unsigned)((rows + CIQ_MMA_ROWS - 1) / CIQ_MMA_ROWS), (unsigned)((tokens + cfg.tokens - 1) / cfg.tokens));
     if (use_split) {
-        split<<<grid, CIQ_MMA_THREADS, smem_split>>>((const uint8_t *)weight, rows, (int)(k / QK_K), (const uint8_t *)x,
+        split<<<grid, CIQ_MMA_THREADS, smem_split, ciq_stream()>>>((const uint8_t *)weight, rows, (int)(k / QK_K), (const uint8_t *)x,
                                                tokens, out, out_type, mmq);
     } else {
-        kernel<<<grid, CIQ_MMA_THREADS, smem>>>((const uint8_t *)weight, rows, (int)(k / QK_K), (const uint8_t *)x,
+        kernel<<<grid, CIQ_MMA_THREADS, smem, ciq_stream()>>>((const uint8_t *)weight, rows, (int)(k / QK_K), (const uint8_t *)x,
                                                 tokens, out, out_type, mmq);
     }
     CIQ_CUDA_LAUNCH_CHECK("ciq_cuda_gemm_mma");

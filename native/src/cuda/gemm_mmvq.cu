@@ -204,7 +204,7 @@ void launch_mmvq(const void *weight, int64_t rows, int64_t k, const void *x, flo
     constexpr int NWARPS = NCOLS <= 4 ? 4 : 2, ROWS = NCOLS == 1 ? 1 : 2;
     const dim3 grid((unsigned)((rows + ROWS - 1) / ROWS)), block(MMVQ_WARP, NWARPS);
     const auto kernel = gemm_mmvq_kernel<TYPE, NCOLS>;
-    kernel<<<grid, block>>>((const uint8_t *)weight, rows, k, (const block_q8_1 *)x, out);
+    kernel<<<grid, block, 0, ciq_stream()>>>((const uint8_t *)weight, rows, k, (const block_q8_1 *)x, out);
 }
 
 template <int TYPE>
@@ -264,7 +264,7 @@ ciq_status ciq_cuda_quantize_q8_1(const float *x, void *out, int64_t tokens, int
     const int64_t blocks = tokens * (k / 32);
     if (blocks == 0) return CIQ_OK;
     const unsigned grid = (unsigned)((blocks + QUANTIZE_WARPS - 1) / QUANTIZE_WARPS);
-    quantize_q8_1_kernel<<<grid, QUANTIZE_WARPS * MMVQ_WARP>>>(x, (block_q8_1 *)out, blocks);
+    quantize_q8_1_kernel<<<grid, QUANTIZE_WARPS * MMVQ_WARP, 0, ciq_stream()>>>(x, (block_q8_1 *)out, blocks);
     CIQ_CUDA_LAUNCH_CHECK("quantize_q8_1");
     return CIQ_OK;
 }

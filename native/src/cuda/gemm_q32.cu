@@ -165,11 +165,11 @@ ciq_status ciq_cuda_gemm_q32(int type, const void *weight, int64_t rows, int64_t
     if (status != CIQ_OK) return status;
     const MmqStreamK mmq = mmq_stream_k(rows, k / 32, 8, tokens, sms);  // 8 blocks of 32 values an iteration
     if (type == 2) {
-        gemm_q32_kernel<2><<<grid, Q32_THREADS>>>(w, rows, k, xq, tokens, out, mmq);
+        gemm_q32_kernel<2><<<grid, Q32_THREADS, 0, ciq_stream()>>>(w, rows, k, xq, tokens, out, mmq);
     } else if (type == 6) {
-        gemm_q32_kernel<6><<<grid, Q32_THREADS>>>(w, rows, k, xq, tokens, out, mmq);
+        gemm_q32_kernel<6><<<grid, Q32_THREADS, 0, ciq_stream()>>>(w, rows, k, xq, tokens, out, mmq);
     } else {
-        gemm_q32_kernel<8><<<grid, Q32_THREADS>>>(w, rows, k, xq, tokens, out, mmq);
+        gemm_q32_kernel<8><<<grid, Q32_THREADS, 0, ciq_stream()>>>(w, rows, k, xq, tokens, out, mmq);
     }
     CIQ_CUDA_LAUNCH_CHECK("gemm_q32");
     return CIQ_OK;

@@ -475,6 +475,7 @@ static void wgmma_launch_config(cudaLaunchConfig_t &config, cudaLaunchAttribute 
     constexpr wgmma_tile_config cfg = k_wgmma_configs[C];
     config = {};
     config.gridDim = grid;
+    config.stream = ciq_stream();
     config.blockDim = dim3(128 * (cfg.producers + 2));
     config.dynamicSmemBytes = wgmma_smem_bytes(T, cfg.bn, TMA_W ? cfg.stages_w : cfg.stages, TMA_W);
     config.attrs = attrs;

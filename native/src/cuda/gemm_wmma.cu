@@ -438,7 +438,7 @@ ciq_status ciq_cuda_gemm_wmma(ciq_variant variant, ciq_type type, const void *we
         const int64_t launch_tokens = tokens - first < tokens_per_launch ? tokens - first : tokens_per_launch;
         const dim3 grid((unsigned)((rows + rows_per_block - 1) / rows_per_block),
                         (unsigned)((launch_tokens + shape.tokens_per_block - 1) / shape.tokens_per_block));
-        shape.kernel<<<grid, shape.warps * CIQ_WARP_SIZE, shape.shared_bytes>>>(
+        shape.kernel<<<grid, shape.warps * CIQ_WARP_SIZE, shape.shared_bytes, ciq_stream()>>>(
             static_cast<const uint8_t *>(weight), rows, row_bytes, superblocks,
             static_cast<const uint8_t *>(x_q8_K) + first * superblocks * Q8_K_BLOCK_BYTES, launch_tokens,
             static_cast<char *>(out) + first * rows * out_elem_bytes, out_type);

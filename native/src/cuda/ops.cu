@@ -136,7 +136,7 @@ ciq_status ciq_cuda_rms_norm(ciq_op_order order, const float *x, const float *we
     if (order == CIQ_ORDER_LLAMACPP_CUDA) return ciq_cuda_llamacpp_rms_norm(x, weight, add, eps, n, d, out);
     for (int64_t row = 0; row < n; row += 65535) {  // grid.x limit per launch
         const int64_t rows = std::min<int64_t>(n - row, 65535);
-        rms_norm_kernel<<<(unsigned)rows, OPS_THREADS>>>(x + row * d, weight, add ? add + row * d : nullptr, eps, d,
+        rms_norm_kernel<<<(unsigned)rows, OPS_THREADS, 0, ciq_stream()>>>(x + row * d, weight, add ? add + row * d : nullptr, eps, d,
                                                          out + row * d);
         CIQ_CUDA_LAUNCH_CHECK("rms_norm");
     }
@@ -147,7 +147,7 @@ ciq_status ciq_cuda_rope(ciq_op_order order, ciq_rope_mode mode, const float *x,
                          int64_t tokens, int64_t heads, int64_t head_dim, float base, float *out) {
     if (order == CIQ_ORDER_LLAMACPP_CUDA) return ciq_cuda_llamacpp_rope(mode, x, positions, tokens, heads, head_dim, base, out);
     const float theta_scale = std::pow(base, -2.0f / (float)head_dim);  // on the host, as the CPU path computes it
-    rope_kernel<<<ciq_grid_for(tokens * head_dim / 2), OPS_THREADS>>>(x, positions, tokens, heads, head_dim, theta_scale,
+    rope_kernel<<<ciq_grid_for(tokens * head_dim / 2), OPS_THREADS, 0, ciq_stream()>>>(x, positions, tokens, heads, head_dim, theta_scale,
                                                                   mode == CIQ_ROPE_NEOX, out);
     CIQ_CUDA_LAUNCH_CHECK("rope");
     return CIQ_OK;
@@ -167,7 +167,7 @@ ciq_status ciq_cuda_rms_norm_rope(ciq_op_order order, ciq_rope_mode mode, const 
 }
 
 ciq_status ciq_cuda_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values) {
-    kv_store_kernel<<<ciq_grid_for(tokens * row_values), OPS_THREADS>>>(cache + start * row_values, x, tokens * row_values);
+    kv_store_kernel<<<ciq_grid_for(tokens * row_values), OPS_THREADS, 0, ciq_stream()>>>(cache + start * row_values, x, tokens * row_values);
     CIQ_CUDA_LAUNCH_CHECK("kv_store");
     return CIQ_OK;
 }
@@ -175,38 +175,38 @@ ciq_status ciq_cuda_kv_store(uint16_t *cache, int64_t start, const float *x, int
 ciq_status ciq_cuda_glu(ciq_op_order order, ciq_glu_kind kind, const float *gate, const float *up, int64_t n,
                         float *out) {
     if (order == CIQ_ORDER_LLAMACPP_CUDA) return ciq_cuda_llamacpp_glu(kind, gate, up, n, out);
-    glu_kernel<<<ciq_grid_for(n), OPS_THREADS>>>(kind == CIQ_GLU_GELU, gate, up, n, out);
+    glu_kernel<<<ciq_grid_for(n), OPS_THREADS, 0, ciq_stream()>>>(kind == CIQ_GLU_GELU, gate, up, n, out);
     CIQ_CUDA_LAUNCH_CHECK("glu");
     return CIQ_OK;
 }
 
 ciq_status ciq_cuda_add(const float *a, int64_t n, const float *b, int64_t b_n, float *out) {
-    add_kernel<<<ciq_grid_for(n), OPS_THREADS>>>(a, n, b, b_n, out);
+    add_kernel<<<ciq_grid_for(n), OPS_THREADS, 0, ciq_stream()>>>(a, n, b, b_n, out);
     CIQ_CUDA_LAUNCH_CHECK("add");
     return CIQ_OK;
 }
 
 ciq_status ciq_cuda_scale(const float *x, float s, int64_t n, float *out) {
-    scale_kernel<<<ciq_grid_for(n), OPS_THREADS>>>(x, s, n, out);
+    scale_kernel<<<ciq_grid_for(n), OPS_THREADS, 0, ciq_stream()>>>(x, s, n, out);
     CIQ_CUDA_LAUNCH_CHECK("scale");
     return CIQ_OK;
 }
 
 ciq_status ciq_cuda_get_rows(int type, const void *table, int64_t table_rows, int64_t k, const int32_t *ids, int64_t n,
                              float *out) {
-    get_rows_kernel<<<ciq_grid_for(n * k), OPS_THREADS>>>(type, (const uint8_t *)table, table_rows, k, ids, n, out);
+    get_rows_kernel<<<ciq_grid_for(n * k), OPS_THREADS, 0, ciq_stream()>>>(type, (const uint8_t *)table, table_rows, k, ids, n, out);
     CIQ_CUDA_LAUNCH_CHECK("get_rows");
     return CIQ_OK;
 }
 
 ciq_status ciq_cuda_dequantize_bf16(int type, const void *data, int64_t rows, int64_t k, void *out) {
-    dequantize_bf16_kernel<<<ciq_grid_for(rows * k), OPS_THREADS>>>(type, (const uint8_t *)data, rows, k, (uint16_t *)out);
+    dequantize_bf16_kernel<<<ciq_grid_for(rows * k), OPS_THREADS, 0, ciq_stream()>>>(type, (const uint8_t *)data, rows, k, (uint16_t *)out);
     CIQ_CUDA_LAUNCH_CHECK("dequantize_bf16");
     return CIQ_OK;
 }
 
 ciq_status ciq_cuda_convert_bf16(const float *x, int64_t n, void *out) {
-    convert_bf16_kernel<<<ciq_grid_for(n), OPS_THREADS>>>(x, n, (uint16_t *)out);
+    convert_bf16_kernel<<<ciq_grid_for(n), OPS_THREADS, 0, ciq_stream()>>>(x, n, (uint16_t *)out);
     CIQ_CUDA_LAUNCH_CHECK("convert_bf16");
     return CIQ_OK;
 }

@@ -193,9 +193,9 @@ ciq_status ciq_cuda_llamacpp_rms_norm(const float *x, const float *weight, const
         const int64_t rows = std::min<int64_t>(n - row, 65535);
         const float *add_rows = add ? add + row * d : nullptr;
         if (d < 1024) {
-            rms_norm_llamacpp_kernel<256><<<(unsigned)rows, 256>>>(x + row * d, weight, add_rows, eps, (int)d, out + row * d);
+            rms_norm_llamacpp_kernel<256><<<(unsigned)rows, 256, 0, ciq_stream()>>>(x + row * d, weight, add_rows, eps, (int)d, out + row * d);
         } else {
-            rms_norm_llamacpp_kernel<1024><<<(unsigned)rows, 1024>>>(x + row * d, weight, add_rows, eps, (int)d, out + row * d);
+            rms_norm_llamacpp_kernel<1024><<<(unsigned)rows, 1024, 0, ciq_stream()>>>(x + row * d, weight, add_rows, eps, (int)d, out + row * d);
         }
         CIQ_CUDA_LAUNCH_CHECK("rms_norm (llama.cpp order)");
     }
@@ -205,7 +205,7 @@ ciq_status ciq_cuda_llamacpp_rms_norm(const float *x, const float *weight, const
 ciq_status ciq_cuda_llamacpp_rope(ciq_rope_mode mode, const float *x, const int32_t *positions, int64_t tokens,
                                   int64_t heads, int64_t head_dim, float base, float *out) {
     const float theta_scale = powf(base, -2.0f / (float)head_dim);  // on the host, as llama.cpp's launcher
-    rope_llamacpp_kernel<<<ciq_grid_for(tokens * heads * (head_dim / 2)), ELEMENTWISE_THREADS>>>(
+    rope_llamacpp_kernel<<<ciq_grid_for(tokens * heads * (head_dim / 2)), ELEMENTWISE_THREADS, 0, ciq_stream()>>>(
         x, positions, tokens, heads, (int)head_dim, theta_scale, mode == CIQ_ROPE_NEOX, out);
     CIQ_CUDA_LAUNCH_CHECK("rope (llama.cpp order)");
     return CIQ_OK;
@@ -222,10 +222,10 @@ ciq_status ciq_cuda_llamacpp_rms_norm_rope(ciq_rope_mode mode, const float *x, c
     for (int64_t row = 0; row < n; row += 65535) {  // grid.x limit per launch
         const int64_t rows = std::min<int64_t>(n - row, 65535);
         if (head_dim < 1024) {
-            rms_norm_rope_llamacpp_kernel<256><<<(unsigned)rows, 256>>>(x, out, row, (int)head_dim, eps, weight, heads,
+            rms_norm_rope_llamacpp_kernel<256><<<(unsigned)rows, 256, 0, ciq_stream()>>>(x, out, row, (int)head_dim, eps, weight, heads,
                 positions, freq_scale, ext_factor, attn_factor, corr0, corr1, theta_scale, neox);
         } else {
-            rms_norm_rope_llamacpp_kernel<1024><<<(unsigned)rows, 1024>>>(x, out, row, (int)head_dim, eps, weight, heads,
+            rms_norm_rope_llamacpp_kernel<1024><<<(unsigned)rows, 1024, 0, ciq_stream()>>>(x, out, row, (int)head_dim, eps, weight, heads,
                 positions, freq_scale, ext_factor, attn_factor, corr0, corr1, theta_scale, neox);
         }
         CIQ_CUDA_LAUNCH_CHECK("rms_norm + rope (llama.cpp's fused order)");
@@ -235,9 +235,9 @@ ciq_status ciq_cuda_llamacpp_rms_norm_rope(ciq_rope_mode mode, const float *x, c
 
 ciq_status ciq_cuda_llamacpp_glu(ciq_glu_kind kind, const float *gate, const float *up, int64_t n, float *out) {
     if (kind == CIQ_GLU_GELU) {
-        glu_llamacpp_kernel<true><<<ciq_grid_for(n), ELEMENTWISE_THREADS>>>(gate, up, n, out);
+        glu_llamacpp_kernel<true><<<ciq_grid_for(n), ELEMENTWISE_THREADS, 0, ciq_stream()>>>(gate, up, n, out);
     } else {
-        glu_llamacpp_kernel<false><<<ciq_grid_for(n), ELEMENTWISE_THREADS>>>(gate, up, n, out);
+        glu_llamacpp_kernel<false><<<ciq_grid_for(n), ELEMENTWISE_THREADS, 0, ciq_stream()>>>(gate, up, n, out);
     }
     CIQ_CUDA_LAUNCH_CHECK("glu (llama.cpp order)");
     return CIQ_OK;

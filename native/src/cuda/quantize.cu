@@ -177,7 +177,7 @@ ciq_status ciq_cuda_quantize_q8_K(const float *x, void *out, int64_t tokens, int
     const int64_t blocks = tokens * (k / QK_K);
     if (blocks == 0) return CIQ_OK;
     const int64_t grid = (blocks + QUANTIZE_WARPS_PER_BLOCK - 1) / QUANTIZE_WARPS_PER_BLOCK;
-    quantize_q8_K_kernel<<<(unsigned)grid, QUANTIZE_WARPS_PER_BLOCK * CIQ_WARP_SIZE>>>(
+    quantize_q8_K_kernel<<<(unsigned)grid, QUANTIZE_WARPS_PER_BLOCK * CIQ_WARP_SIZE, 0, ciq_stream()>>>(
         x, static_cast<uint8_t *>(out), blocks, is_aligned16(x));
     CIQ_CUDA_LAUNCH_CHECK("quantize_q8_K");
     return CIQ_OK;
@@ -188,7 +188,7 @@ ciq_status ciq_cuda_quantize_q8_1_mmq(bool ds4, const float *x, void *out, int64
     const int64_t chunks = tokens * chunks_per_token;
     if (chunks == 0) return CIQ_OK;
     const int64_t grid = (chunks + QUANTIZE_WARPS_PER_BLOCK - 1) / QUANTIZE_WARPS_PER_BLOCK;
-    quantize_q8_1_mmq_kernel<<<(unsigned)grid, QUANTIZE_WARPS_PER_BLOCK * CIQ_WARP_SIZE>>>(
+    quantize_q8_1_mmq_kernel<<<(unsigned)grid, QUANTIZE_WARPS_PER_BLOCK * CIQ_WARP_SIZE, 0, ciq_stream()>>>(
         x, static_cast<uint8_t *>(out), tokens, chunks_per_token, ds4, is_aligned16(x));
     CIQ_CUDA_LAUNCH_CHECK("quantize_q8_1_mmq");
     return CIQ_OK;

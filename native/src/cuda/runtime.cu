@@ -1,9 +1,28 @@
-// CUDA device management for the C API: enumeration, memory, and growable scratch buffers per device.
+// CUDA device management for the C API: enumeration, memory, growable scratch buffers per device, and CUDA graphs of
+// a thread's calls: captured on a non-blocking stream of the thread's own per device (so the capture does not tie up
+// the legacy default stream of other threads and libraries), replayed on the legacy default stream, where every call
+// outside a capture runs: uploads before a replay and downloads after it are ordered with it.
 #include "common.cuh"
 
 #include <cstdio>
 #include <mutex>
 #include <vector>
+
+namespace {
+thread_local cudaStream_t t_stream = nullptr;             // ciq_stream(): nullptr is the legacy default stream
+thread_local std::vector<cudaStream_t> t_capture_streams;  // this thread's capture stream per GPU, created once
+thread_local int t_capture_device = -1;                   // the GPU this thread is capturing on, -1: none
+thread_local uint64_t t_capture_generation = 0;           // the scratch generation when the capture began
+std::atomic<uint64_t> g_scratch_generation{0};            // raised whenever a scratch buffer has moved
+}  // namespace
+
+// Calls that would run eagerly on the legacy stream (not into the graph) are refused while this thread captures.
+static ciq_status refuse_in_capture(const char *what) {
+    if (t_capture_device < 0) return CIQ_OK;
+    return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s cannot run inside a graph capture (it would not be captured)", what);
+}
+
+cudaStream_t ciq_stream() { return t_stream; }
 
 #define CIQ_CUDA_CHECK(call, what)                                                                     \
     do {                                                                                               \
@@ -63,12 +82,14 @@ ciq_status ciq_cuda_malloc(int device, size_t nbytes, void **ptr) {
 }
 
 ciq_status ciq_cuda_free(int device, void *ptr) {
+    CIQ_TRY(refuse_in_capture("freeing device memory"));
     CIQ_CUDA_CHECK(cudaSetDevice(device), "cudaSetDevice");
     CIQ_CUDA_CHECK(cudaFree(ptr), "cudaFree");
     return CIQ_OK;
 }
 
 ciq_status ciq_cuda_memcpy(int device, void *dst, const void *src, size_t nbytes, bool to_device) {
+    CIQ_TRY(refuse_in_capture(to_device ? "an upload" : "a download"));
     CIQ_CUDA_CHECK(cudaSetDevice(device), "cudaSetDevice");
     CIQ_CUDA_CHECK(cudaMemcpy(dst, src, nbytes, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost), "cudaMemcpy");
     return CIQ_OK;
@@ -76,11 +97,12 @@ ciq_status ciq_cuda_memcpy(int device, void *dst, const void *src, size_t nbytes
 
 ciq_status ciq_cuda_memset(int device, void *dst, int value, size_t nbytes) {
     CIQ_CUDA_CHECK(cudaSetDevice(device), "cudaSetDevice");
-    CIQ_CUDA_CHECK(cudaMemset(dst, value, nbytes), "cudaMemset");
+    CIQ_CUDA_CHECK(cudaMemsetAsync(dst, value, nbytes, ciq_stream()), "cudaMemsetAsync");  // captured in a graph
     return CIQ_OK;
 }
 
 ciq_status ciq_cuda_synchronize(int device) {
+    CIQ_TRY(refuse_in_capture("a device synchronize"));
     CIQ_CUDA_CHECK(cudaSetDevice(device), "cudaSetDevice");
     CIQ_CUDA_CHECK(cudaDeviceSynchronize(), "kernel execution");
     return CIQ_OK;
@@ -95,8 +117,13 @@ ciq_status ciq_cuda_scratch(int device, int slot, size_t nbytes, void **ptr) {
     auto &buffer = buffers[index];
     CIQ_CUDA_CHECK(cudaSetDevice(device), "cudaSetDevice");
     if (buffer.second < nbytes) {
+        if (t_capture_device >= 0) {  // cudaFree cannot run in a capture, and a graph would keep the old address
+            return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "a GEMM in this graph capture needs %zu bytes of scratch, %zu "
+                            "are allocated: run the same calls once before capturing them", nbytes, buffer.second);
+        }
         if (buffer.first) CIQ_CUDA_CHECK(cudaFree(buffer.first), "cudaFree");  // implicit sync: prior users done
         buffer = {nullptr, 0};
+        g_scratch_generation.fetch_add(1);  // the old address is gone: graphs that baked it are stale
         if (ciq_cuda_malloc(device, nbytes, &buffer.first) != CIQ_OK) return CIQ_ERR_OUT_OF_MEMORY;
         buffer.second = nbytes;
     }
@@ -105,6 +132,7 @@ ciq_status ciq_cuda_scratch(int device, int slot, size_t nbytes, void **ptr) {
 }
 
 ciq_status ciq_cuda_event_record(int device, void **event) {
+    if (t_capture_device >= 0) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "timers do not run inside a graph capture");
     CIQ_CUDA_CHECK(cudaSetDevice(device), "cudaSetDevice");
     cudaEvent_t e;
     CIQ_CUDA_CHECK(cudaEventCreate(&e), "cudaEventCreate");
@@ -126,3 +154,94 @@ ciq_status ciq_cuda_event_elapsed(void *start, void *stop, float *milliseconds) 
     if (err != cudaSuccess) return ciq_fail(CIQ_ERR_BACKEND, "timer: %s", cudaGetErrorString(err));
     return CIQ_OK;
 }
+
+#if !defined(GGML_CIQ_HIP)
+namespace {
+struct Graph {
+    cudaGraphExec_t exec;
+    int device;
+    uint64_t scratch_generation;
+};
+}  // namespace
+
+static ciq_status capture_stream(int device, cudaStream_t *stream) {
+    if ((int)t_capture_streams.size() <= device) t_capture_streams.resize(device + 1, nullptr);
+    if (t_capture_streams[device] == nullptr) {
+        CIQ_CUDA_CHECK(cudaStreamCreateWithFlags(&t_capture_streams[device], cudaStreamNonBlocking), "cudaStreamCreate");
+    }
+    *stream = t_capture_streams[device];
+    return CIQ_OK;
+}
+
+ciq_status ciq_cuda_graph_begin(int device) {
+    if (t_capture_device >= 0) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "this thread is already capturing a graph (on GPU %d)", t_capture_device);
+    }
+    CIQ_CUDA_CHECK(cudaSetDevice(device), "cudaSetDevice");
+    cudaStream_t stream;
+    CIQ_TRY(capture_stream(device, &stream));
+    // Relaxed: the thread may still allocate (the pool's buffers; a graph keeps their addresses, its owner keeps them)
+    CIQ_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
+    t_stream = stream;
+    t_capture_device = device;
+    t_capture_generation = g_scratch_generation.load();
+    return CIQ_OK;
+}
+
+ciq_status ciq_cuda_graph_end(int device, void **graph) {
+    if (t_capture_device < 0) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_graph_capture_end: no capture is open");
+    if (device != t_capture_device) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_graph_capture_end on GPU %d, the capture is on GPU %d", device,
+                        t_capture_device);
+    }
+    const cudaStream_t stream = t_stream;
+    t_stream = nullptr;
+    t_capture_device = -1;
+    CIQ_CUDA_CHECK(cudaSetDevice(device), "cudaSetDevice");
+    cudaGraph_t g = nullptr;
+    cudaError_t err = cudaStreamEndCapture(stream, &g);  // fails if a call inside broke the capture
+    cudaGraphExec_t exec = nullptr;
+    if (err == cudaSuccess) err = cudaGraphInstantiate(&exec, g, 0);
+    if (g) cudaGraphDestroy(g);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        return ciq_fail(CIQ_ERR_BACKEND, "graph capture: %s", cudaGetErrorString(err));
+    }
+    const uint64_t generation = g_scratch_generation.load();
+    if (generation != t_capture_generation) {  // another thread moved a scratch buffer during the capture
+        cudaGraphExecDestroy(exec);
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "this graph is stale: the library's scratch buffers moved during its "
+                        "capture: capture it again");
+    }
+    *graph = new Graph{exec, device, generation};
+    return CIQ_OK;
+}
+
+ciq_status ciq_cuda_graph_launch(void *graph) {
+    const Graph *g = (const Graph *)graph;
+    CIQ_TRY(refuse_in_capture("a graph launch"));
+    if (g->scratch_generation != g_scratch_generation.load()) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "this graph is stale: the library's scratch buffers moved after its "
+                        "capture (a larger GEMM ran since): capture it again");
+    }
+    CIQ_CUDA_CHECK(cudaSetDevice(g->device), "cudaSetDevice");
+    CIQ_CUDA_CHECK(cudaGraphLaunch(g->exec, nullptr), "cudaGraphLaunch");  // the legacy stream: ordered with all calls
+    return CIQ_OK;
+}
+
+ciq_status ciq_cuda_graph_free(void *graph) {
+    Graph *g = (Graph *)graph;
+    cudaSetDevice(g->device);
+    cudaError_t err = cudaGraphExecDestroy(g->exec);
+    delete g;
+    if (err != cudaSuccess) return ciq_fail(CIQ_ERR_BACKEND, "cudaGraphExecDestroy: %s", cudaGetErrorString(err));
+    return CIQ_OK;
+}
+#else
+ciq_status ciq_cuda_graph_begin(int) { return ciq_fail(CIQ_ERR_UNSUPPORTED, "graphs are CUDA-only in this build"); }
+ciq_status ciq_cuda_graph_end(int, void **) {
+    return ciq_fail(CIQ_ERR_UNSUPPORTED, "graphs are CUDA-only in this build");
+}
+ciq_status ciq_cuda_graph_launch(void *) { return ciq_fail(CIQ_ERR_UNSUPPORTED, "graphs are CUDA-only in this build"); }
+ciq_status ciq_cuda_graph_free(void *) { return CIQ_OK; }
+#endif

@@ -28,6 +28,8 @@
 #define cudaMemcpyHostToDevice hipMemcpyHostToDevice
 #define cudaMemcpyDeviceToHost hipMemcpyDeviceToHost
 #define cudaMemset hipMemset
+#define cudaMemsetAsync hipMemsetAsync
+#define cudaStream_t hipStream_t
 #define cudaDeviceSynchronize hipDeviceSynchronize
 #define cudaFuncSetAttribute hipFuncSetAttribute
 #define cudaEvent_t hipEvent_t
