@@ -378,21 +378,32 @@ class Transformer:
         layer_outputs = [[] for _ in self.layers] if hidden_states is not None else None
         out = None  # float32 [tokens or 1, vocab], filled micro-batch by micro-batch
         every_row = all_logits or hidden_states is not None
-        for start in range(0, n, self.n_ubatch):
-            ids = tokens[start:start + self.n_ubatch]
-            final = start + len(ids) == n
-            step = (start, len(ids), final, every_row, all_logits)
+        steps = [(tokens[start:start + self.n_ubatch], (start, min(self.n_ubatch, n - start),
+                                                        start + self.n_ubatch >= n, every_row, all_logits))
+                 for start in range(0, n, self.n_ubatch)]
+        uploaded = set()
+        if graph:  # every replay's token ids first: no copy between two replays waits for the one before
+            for ids, step in steps:
+                entry = self._graphs.get(step)
+                if entry is not None and entry[0] is not None:
+                    ops.upload(entry[1], ids)
+                    uploaded.add(step)
+        results = []
+        for ids, step in steps:
             if graph:
-                logits = self._graph_step(ids, step)
+                logits = self._graph_step(ids, step, step in uploaded)
             else:
-                positions = ops.asarray(np.arange(start, start + len(ids), dtype=np.int32))
+                positions = ops.asarray(np.arange(step[0], step[0] + step[1], dtype=np.int32))
                 logits = self._step(ids, positions, step, layer_outputs)
+                logits = None if logits is None else ops.numpy(logits)  # eager: each micro-batch's buffers free again
             if logits is not None:
-                logits = ops.numpy(logits)
-                if out is None:
-                    out = np.empty((n if all_logits else 1, logits.shape[-1]), np.float32)
-                first = start if all_logits else 0
-                out[first:first + len(logits)] = logits
+                results.append((step[0], logits))
+        for start, logits in results:  # graphs: read after the last replay (each graph's outputs are its own)
+            logits = ops.numpy(logits)
+            if out is None:
+                out = np.empty((n if all_logits else 1, logits.shape[-1]), np.float32)
+            first = start if all_logits else 0
+            out[first:first + len(logits)] = logits
         self.n_past = n
         if layer_outputs is not None:
             hidden_states.extend(np.concatenate(parts) for parts in layer_outputs)
@@ -425,10 +436,10 @@ class Transformer:
         rows = x if all_logits or not every_row else _rows(x, count - 1, count)
         return self._linear(self.output, ops.rms_norm(rows, self.output_norm, hp.rms_eps))
 
-    def _graph_step(self, ids, step: tuple):
+    def _graph_step(self, ids, step: tuple, uploaded: bool = False):
         """_step as a CUDA graph: the first time a step comes, it runs eagerly (sizing every buffer) and is then
         captured with its token ids and positions in fixed device buffers; later it is replayed after new ids are
-        copied in. A graph gone stale (the library's scratch moved) is captured again."""
+        copied in (already, when uploaded). A graph gone stale (the library's scratch moved) is captured again."""
         ops = self.ops
         start, count = step[0], step[1]
         entry = self._graphs.get(step)
@@ -436,7 +447,8 @@ class Transformer:
             return self._step(ids, ops.asarray(np.arange(start, start + count, dtype=np.int32)), step)
         if entry is not None:
             g, ids_dev = entry
-            ops.upload(ids_dev, ids)
+            if not uploaded:
+                ops.upload(ids_dev, ids)
             try:
                 g.launch()
                 return g.outputs

@@ -80,8 +80,10 @@ def emulated(tmp_path_factory):
     assert "<<<" not in text, "a launch was not rewritten"
     source = tmp / "src" / "cuda" / "gemm_mmvq.cpp"
     source.write_text(text)
-    return _build(tmp, [source], ["-std=c++20", "-pthread", "-DGGML_CIQ_WITH_CUDA", "-DCIQ_CUDA_ON_CPU",
-                                  f"-I{EMULATION}", f"-I{tmp / 'src'}"], "ciq_cuda")
+    stream = tmp / "stream.cpp"  # runtime.cu's ciq_stream(), not built here: the emulation's one stream
+    stream.write_text('#include "cuda/common.cuh"\ncudaStream_t ciq_stream() { return nullptr; }\n')
+    return _build(tmp, [source, stream], ["-std=c++20", "-pthread", "-DGGML_CIQ_WITH_CUDA", "-DCIQ_CUDA_ON_CPU",
+                                          f"-I{EMULATION}", f"-I{tmp / 'src'}"], "ciq_cuda")
 
 
 def call(lib, name, *args):
