@@ -393,8 +393,7 @@ class Transformer:
             if graph:
                 logits = self._graph_step(ids, step, step in uploaded)
             else:
-                positions = ops.asarray(np.arange(step[0], step[0] + step[1], dtype=np.int32))
-                logits = self._step(ids, positions, step, layer_outputs)
+                logits = self._step(ids, self._positions(step), step, layer_outputs)
                 logits = None if logits is None else ops.numpy(logits)  # eager: each micro-batch's buffers free again
             if logits is not None:
                 results.append((step[0], logits))
@@ -436,6 +435,10 @@ class Transformer:
         rows = x if all_logits or not every_row else _rows(x, count - 1, count)
         return self._linear(self.output, ops.rms_norm(rows, self.output_norm, hp.rms_eps))
 
+    def _positions(self, step: tuple):
+        """The micro-batch's positions, int32 on the ops' device."""
+        return self.ops.asarray(np.arange(step[0], step[0] + step[1], dtype=np.int32))
+
     def _graph_step(self, ids, step: tuple, uploaded: bool = False):
         """_step as a CUDA graph: the first time a step comes, it runs eagerly (sizing every buffer) and is then
         captured with its token ids and positions in fixed device buffers; later it is replayed after new ids are
@@ -444,7 +447,7 @@ class Transformer:
         start, count = step[0], step[1]
         entry = self._graphs.get(step)
         if entry is not None and entry[0] is None:  # its capture failed: eager (self.graph_error says why)
-            return self._step(ids, ops.asarray(np.arange(start, start + count, dtype=np.int32)), step)
+            return self._step(ids, self._positions(step), step)
         if entry is not None:
             g, ids_dev = entry
             if not uploaded:
@@ -457,7 +460,7 @@ class Transformer:
                     raise
                 self.drop_graphs()
         ids_dev = ops.asarray(np.asarray(ids, np.int32))
-        positions = ops.asarray(np.arange(start, start + count, dtype=np.int32))
+        positions = self._positions(step)
         logits = self._step(ids_dev, positions, step)  # this call's result, and the warm-up of every buffer size
         if self._graph_arena is None:
             self._graph_arena = ops.graph_arena()  # one for all of them: they never run at the same time

@@ -32,16 +32,11 @@ __device__ __forceinline__ float warp_reduce_sum(float x) {
     return x;
 }
 
-template <int BLOCK>
-__global__ void __launch_bounds__(BLOCK)
-rms_norm_llamacpp_kernel(const float *x, const float *weight, const float *add, const float eps, const int ncols,
-                         float *dst) {
+// llama.cpp's block_reduce of the row's squares (norm.cu, and rope.cu's fused kernel): per thread `tmp += x*x` over
+// columns tid, tid + BLOCK, ..., a warp butterfly, the warps' sums through shared memory into a second butterfly.
+template <int BLOCK> __device__ __forceinline__ float sum_of_squares(const float *x, const int ncols) {
     __shared__ float s_sum[LLAMA_WARP];
     const int tid = threadIdx.x;
-    x += (int64_t)blockIdx.x * ncols;
-    dst += (int64_t)blockIdx.x * ncols;
-    if (add) add += (int64_t)blockIdx.x * ncols;
-
     float tmp = 0.0f;
     for (int col = tid; col < ncols; col += BLOCK) {
         const float xi = x[col];
@@ -56,6 +51,19 @@ rms_norm_llamacpp_kernel(const float *x, const float *weight, const float *add, 
         if (lane_id < BLOCK / LLAMA_WARP) tmp = s_sum[lane_id];
         tmp = warp_reduce_sum(tmp);
     }
+    return tmp;
+}
+
+template <int BLOCK>
+__global__ void __launch_bounds__(BLOCK)
+rms_norm_llamacpp_kernel(const float *x, const float *weight, const float *add, const float eps, const int ncols,
+                         float *dst) {
+    const int tid = threadIdx.x;
+    x += (int64_t)blockIdx.x * ncols;
+    dst += (int64_t)blockIdx.x * ncols;
+    if (add) add += (int64_t)blockIdx.x * ncols;
+
+    const float tmp = sum_of_squares<BLOCK>(x, ncols);
     const float mean = tmp / ncols;
     const float scale = rsqrtf(mean + eps);
 
@@ -122,26 +130,12 @@ rms_norm_rope_llamacpp_kernel(const float *x, float *dst, const int64_t row0, co
                               const float *mul, const int64_t heads, const int32_t *pos, const float freq_scale, const float ext_factor,
                               const float attn_factor, const float corr0, const float corr1, const float theta_scale,
                               const bool is_neox) {
-    __shared__ float s_sum[LLAMA_WARP];
     const int64_t row = row0 + blockIdx.x;
     const int tid = threadIdx.x;
     x += row * ncols;
     dst += row * ncols;
 
-    float tmp = 0.0f;
-    for (int col = tid; col < ncols; col += BLOCK) {
-        const float xi = x[col];
-        tmp += xi * xi;
-    }
-    tmp = warp_reduce_sum(tmp);
-    if (BLOCK > LLAMA_WARP) {
-        const int warp_id = tid / LLAMA_WARP, lane_id = tid % LLAMA_WARP;
-        if (lane_id == 0) s_sum[warp_id] = tmp;
-        __syncthreads();
-        tmp = 0.0f;
-        if (lane_id < BLOCK / LLAMA_WARP) tmp = s_sum[lane_id];
-        tmp = warp_reduce_sum(tmp);
-    }
+    const float tmp = sum_of_squares<BLOCK>(x, ncols);
     const float scale = rsqrtf(tmp / ncols + eps);
     const int n_dims = ncols;  // every dimension rotates
 
