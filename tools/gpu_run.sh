@@ -179,6 +179,11 @@ case "${1:-}" in
       timeout 120 python3 -m ggml_ciq.cli prefill "$(gemma_path)" --tokens $n --device cuda --semantics $s --repeat 5 $g \
         --json "$OUT/prefill-gemma3-270m-$n-$s${g:+-graph}.json" 2>&1 | grep -E "tokens/s|rror" | head -n 2
     done; done; done ;;
+  sass)  # a kernel's SASS from llama.cpp's CUDA build (after wait), e.g. `sass rms_norm_mul_rope_f32ILi256ELb0Ef`: how
+         # nvcc contracted it (the issue 18 finding, docs/SEMANTICS.md); cuobjdump over the whole library takes ~2 min
+    timeout ${LIMIT:-300} cuobjdump -sass $LLAMA_BUILD/bin/libggml-cuda.so 2>/dev/null | awk -v f="${2:?kernel name}" \
+      '$0 ~ "Function : .*"f {p=1} /Function :/ && $0 !~ f {p=0} p' | gzip > "$OUT/sass-llamacpp-$2.txt.gz"
+    ls -la "$OUT/sass-llamacpp-$2.txt.gz" ;;
   compare-8b)  # speed only (no reference: 64 GB in float64): the synthetic Llama-3-8B at 512 and 2048 tokens
     for n in 512 2048; do
       python3 -m ggml_ciq.cli compare llama3-8b-synthetic --tokens $n --device cuda --repeat 5 --reference off \
@@ -300,5 +305,5 @@ case "${1:-}" in
     gemma=$(gemma_path) || exit 1
     step sanitizer-plugin-memcheck 500 env GGML_BACKEND_PATH=$PLUGIN GGML_CIQ_OFFLOAD=all compute-sanitizer --tool memcheck \
       --error-exitcode 9 $LLAMA_BUILD/bin/llama-bench -m "$gemma" -ngl 99 -dev CIQ0/CUDA0 -ts 0/1 -p 77 -n 0 -r 1 -fa 1 ;;
-  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|pack|all|bench|bench-pdl|offload-sweep|memory|stage|compare|compare-8b|layer-trace|graph-bench|plugin-splits|breakdown|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize" >&2; exit 2 ;;
+  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|pack|all|bench|bench-pdl|offload-sweep|memory|stage|compare|compare-8b|layer-trace|graph-bench|sass|plugin-splits|breakdown|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize" >&2; exit 2 ;;
 esac
