@@ -19,6 +19,7 @@
 #   tools/gpu_run.sh ops-vs-llamacpp  our llama.cpp-order ops vs llama.cpp CUDA's; our GEMMs vs MMQ split / unsplit (wait)
 #   tools/gpu_run.sh diff-prompt  GEMMs on llama.cpp CUDA's captured Gemma activations, hidden state per layer (stage, wait)
 #   tools/gpu_run.sh layer-trace  per layer and op: where ours (llamacpp semantics) first differs from llama.cpp CUDA (stage, wait)
+#   tools/gpu_run.sh kernel-profile  issue 16: a Gemma prefill (CUDA graphs) kernel by kernel under ncu (stage)
 #   tools/gpu_run.sh graph-bench  issue 16: our Gemma prefill eager vs CUDA graphs at 512 and 4096 tokens (stage)
 #   tools/gpu_run.sh compare    engine vs llama.cpp CUDA and the float64 reference: Gemma 3 270M at 512 and 4096
 #                               tokens; synthetic Llama-3-8B at 512 and 2048 (speed) -> $OUT (needs stage, wait)
@@ -179,6 +180,19 @@ case "${1:-}" in
       timeout 120 python3 -m ggml_ciq.cli prefill "$(gemma_path)" --tokens $n --device cuda --semantics $s --repeat 5 $g \
         --json "$OUT/prefill-gemma3-270m-$n-$s${g:+-graph}.json" 2>&1 | grep -E "tokens/s|rror" | head -n 2
     done; done; done ;;
+  kernel-profile)  # issue 16: one engine prefill of Gemma 3 270M as CUDA graphs under Nsight Compute, each kernel
+                   # timed alone (tools/kernel_profile.py): where the GPU time goes, and how much of the wall time no
+                   # kernel runs. SETS="512:fast 4096:fast 512:exact" by default -> $OUT/kernel-profile-N-S.{csv,json}
+    for set in ${SETS:-512:fast 4096:fast 512:exact}; do
+      n=${set%%:*} s=${set##*:} f="$OUT/kernel-profile-gemma3-270m-$n-$s"
+      timeout ${LIMIT:-200} ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv \
+        --log-file "$f.csv" python3 tools/kernel_profile.py run "$(gemma_path)" --tokens $n --semantics $s --cuda-graph \
+        > "$f.txt" 2>&1
+      echo "$set: exit $? $(grep wall_ms "$f.txt")"
+      python3 tools/kernel_profile.py summarize "$f.csv" --wall-ms "$(grep -o 'wall_ms [0-9.]*' "$f.txt" | cut -d' ' -f2)" \
+        --json "$f.json" 2>&1 | head -n 16
+      gzip -f "$f.csv"
+    done ;;
   sass)  # a kernel's SASS from llama.cpp's CUDA build (after wait), e.g. `sass rms_norm_mul_rope_f32ILi256ELb0Ef`: how
          # nvcc contracted it (the issue 18 finding, docs/SEMANTICS.md); cuobjdump over the whole library takes ~2 min
     timeout ${LIMIT:-300} cuobjdump -sass $LLAMA_BUILD/bin/libggml-cuda.so 2>/dev/null | awk -v f="${2:?kernel name}" \
@@ -305,5 +319,5 @@ case "${1:-}" in
     gemma=$(gemma_path) || exit 1
     step sanitizer-plugin-memcheck 500 env GGML_BACKEND_PATH=$PLUGIN GGML_CIQ_OFFLOAD=all compute-sanitizer --tool memcheck \
       --error-exitcode 9 $LLAMA_BUILD/bin/llama-bench -m "$gemma" -ngl 99 -dev CIQ0/CUDA0 -ts 0/1 -p 77 -n 0 -r 1 -fa 1 ;;
-  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|pack|all|bench|bench-pdl|offload-sweep|memory|stage|compare|compare-8b|layer-trace|graph-bench|sass|plugin-splits|breakdown|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize" >&2; exit 2 ;;
+  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|pack|all|bench|bench-pdl|offload-sweep|memory|stage|compare|compare-8b|layer-trace|graph-bench|kernel-profile|sass|plugin-splits|breakdown|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize" >&2; exit 2 ;;
 esac

@@ -1,0 +1,109 @@
+"""Where one engine prefill spends its GPU time, kernel by kernel (issue 16).
+
+Two modes:
+  run:        python3 tools/kernel_profile.py run MODEL --tokens N --semantics S [--cuda-graph]
+              Two warm prefills, then one more between cuProfilerStart and cuProfilerStop, timed apart (wall, after a
+              device sync) in a fourth run. Meant to run under Nsight Compute with the profiler off at the start:
+                ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv \
+                    --log-file OUT.csv python3 tools/kernel_profile.py run ...
+              (ncu serializes the kernels and times each alone: the sum is the GPU's busy time without overlap or
+              the gaps between kernels; the unprofiled run's wall time is what the prefill takes).
+  summarize:  python3 tools/kernel_profile.py summarize OUT.csv [--wall-ms W] [--json J]
+              The kernels of that one prefill grouped by name: count, total and share of the busy time; with the
+              prefill's wall time, the time no kernel ran.
+"""
+
+import argparse
+import csv
+import ctypes
+import json
+import re
+import sys
+import time
+from collections import defaultdict
+
+
+def run(args) -> None:
+    import numpy as np
+
+    from ggml_ciq.engine import Transformer
+    from ggml_ciq.model import ModelFile
+
+    engine = Transformer(ModelFile(args.model), device="cuda", semantics=args.semantics)
+    tokens = np.random.default_rng(0).integers(0, engine.hp.n_vocab, args.tokens).tolist()  # as `prefill` draws them
+    for _ in range(2):
+        engine.forward(tokens, graph=args.cuda_graph)
+    cuda = ctypes.CDLL("libcuda.so.1")
+    cuda.cuCtxSynchronize()
+    cuda.cuProfilerStart()
+    engine.forward(tokens, graph=args.cuda_graph)
+    cuda.cuCtxSynchronize()
+    cuda.cuProfilerStop()
+    t0 = time.perf_counter()
+    engine.forward(tokens, graph=args.cuda_graph)  # forward returns host logits: the device is done
+    wall_ms = (time.perf_counter() - t0) * 1e3
+    print(f"wall_ms {wall_ms:.3f} (one unprofiled prefill of {len(tokens)} tokens, {args.semantics}"
+          f"{', CUDA graphs' if args.cuda_graph else ''})")
+
+
+def kernel_family(name: str) -> str:
+    """A demangled kernel name without its arguments, template parameters kept short: gemm_q32_kernel<6>."""
+    name = re.sub(r"\(anonymous namespace\)::", "", name.strip())
+    name = re.sub(r"\(.*\)$", "", name)
+    name = re.sub(r"^(void|static)\s+", "", name)
+    if len(name) > 90:
+        name = name[:87] + "..."
+    return name
+
+
+def summarize(args) -> None:
+    rows = []
+    with open(args.csv, newline="") as f:
+        lines = [line for line in f if line.startswith('"')]  # ncu's own log lines are not CSV
+    for row in csv.DictReader(lines):
+        if row.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        value = float(row["Metric Value"].replace(",", ""))
+        unit = row.get("Metric Unit", "nsecond")
+        ns = value * {"nsecond": 1, "ns": 1, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6}.get(unit, 1)
+        rows.append((kernel_family(row["Kernel Name"]), ns, row.get("Grid Size", ""), row.get("Block Size", "")))
+    if not rows:
+        sys.exit(f"{args.csv}: no gpu__time_duration.sum rows (was ncu run with --csv and that metric?)")
+    by = defaultdict(lambda: [0, 0.0, set()])
+    for name, ns, grid, block in rows:
+        by[name][0] += 1
+        by[name][1] += ns
+        by[name][2].add(grid)
+    busy = sum(v[1] for v in by.values())
+    print(f"{len(rows)} kernels, busy {busy / 1e6:.3f} ms"
+          + (f", wall {args.wall_ms:.3f} ms: no kernel running {max(0.0, args.wall_ms - busy / 1e6):.3f} ms"
+             if args.wall_ms else ""))
+    print(f"{'kernel':92s} {'count':>6s} {'ms':>8s} {'share':>6s} {'us each':>8s}")
+    table = []
+    for name, (count, ns, grids) in sorted(by.items(), key=lambda kv: -kv[1][1]):
+        print(f"{name:92s} {count:6d} {ns / 1e6:8.3f} {100 * ns / busy:5.1f}% {ns / count / 1e3:8.2f}")
+        table.append({"kernel": name, "count": count, "ms": ns / 1e6, "grids": sorted(grids)[:8]})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"kernels": len(rows), "busy_ms": busy / 1e6, "wall_ms": args.wall_ms, "by_kernel": table}, f,
+                      indent=1)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="mode", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("model")
+    r.add_argument("--tokens", type=int, default=512)
+    r.add_argument("--semantics", default="fast", choices=("fast", "exact", "llamacpp"))
+    r.add_argument("--cuda-graph", action="store_true")
+    s = sub.add_parser("summarize")
+    s.add_argument("csv")
+    s.add_argument("--wall-ms", type=float, default=None)
+    s.add_argument("--json")
+    args = p.parse_args(argv)
+    run(args) if args.mode == "run" else summarize(args)
+
+
+if __name__ == "__main__":
+    main()
