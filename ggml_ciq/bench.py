@@ -297,10 +297,11 @@ def _llamacpp_cuda():
 
 
 def runs(variant: str, shape: Shape, tokens: int) -> bool:
-    """Whether a variant multiplies this shape's weight type at this token count (mmvq: 1..8 tokens; q32: the
-    32-block types; the others: the K-quants)."""
+    """Whether a variant multiplies this shape's weight type at this token count and K (mmvq: 1..8 tokens; q32: the
+    32-block types; wgmma: every type, the 32-block ones at K a multiple of 64; the others: the K-quants)."""
     info = native.variant_info(variant)
-    return info.min_tokens <= tokens <= info.max_tokens and shape.ggml_type in info.weight_types
+    return (info.min_tokens <= tokens <= info.max_tokens and shape.ggml_type in info.weight_types
+            and shape.k % info.k_multiple == 0)
 
 
 def bench_gpu(shapes: list[Shape], tokens_list: list[int], variants: list[str], repeat: int = 5,

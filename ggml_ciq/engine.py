@@ -116,10 +116,12 @@ def make_ops(device="cpu", semantics: str = "llamacpp"):
       above 8 tokens (keep-quant `mma`, Q4_0/Q5_0/Q8_0 through the q32 variant), MMVQ's at 1..8 (`mmvq`); its flash
       attention's arithmetic (`mma_llamacpp`: f16 P V accumulation) and its norm/RoPE/GLU float order
       (op order llamacpp_cuda: its kernels' expressions under -use_fast_math). GPU, exact: K-quants in f16 semantics (`wgmma`; `mma` where the GPU has no
-      wgmma), Q4_0/Q5_0/Q8_0 dequantized to bf16 (cuBLAS; 30-100x closer to float64 than q8_1 on Gemma 3 270M's
-      real activations), float32 SIMT attention (q and p not rounded to f16).
-    - fast: the fastest measured kernel per op, the path the speed claims are about (STATUS.md). GPU: AUTO keep-quant
-      GEMMs (`wgmma` above 8 tokens on Hopper, `mmvq` at 1..8), the q32 variant for Q4_0/Q5_0/Q8_0, mma attention.
+      wgmma), Q4_0/Q5_0/Q8_0 in f16 semantics too where wgmma takes them (Hopper, K a multiple of 64), else
+      dequantized to bf16 (cuBLAS), float32 SIMT attention (q and p not rounded to f16).
+    - fast: the fastest measured kernel per op, the path the speed claims are about (STATUS.md). GPU: AUTO GEMMs
+      (`wgmma` above 8 tokens on Hopper, for Q4_0/Q5_0/Q8_0 too where K is a multiple of 64: 6x the q32 variant on
+      Gemma 3 270M's, bench/results/h200/profile-04ab8d8/; `mmvq` for the K-quants at 1..8 tokens, q32 for the
+      32-block types there), mma attention.
       CPU: llama.cpp's arithmetic (NumpyOps; the exact float orders are also the fastest host paths we have)."""
     if semantics not in SEMANTICS:
         raise InvalidArgumentError(f"unknown semantics {semantics!r} (choose {' or '.join(SEMANTICS)})")
@@ -231,12 +233,12 @@ class Transformer:
         return y
 
     def _linears(self, lins: list[Linear], x) -> list:
-        """Several weights on one input: with keep-quant weights only and ops that offer linear_group, the input is
-        quantized once for all of them."""
-        group = getattr(self.ops, "linear_group", None)
-        if group is None or any(lin.op_class != "keep-quant GEMM" for lin in lins):
+        """Several weights on one input: where the ops offer linear_group and it takes these weights (ops.groups), the
+        input is quantized once for all of them."""
+        group, groups = getattr(self.ops, "linear_group", None), getattr(self.ops, "groups", None)
+        if group is None or groups is None or not groups([lin.weight for lin in lins]):
             return [self._linear(lin, x) for lin in lins]
-        with self.ops.timer("keep-quant GEMM"):
+        with self.ops.timer(lins[0].op_class):
             ys = group([lin.weight for lin in lins], x)
         return [y if lin.bias is None else self.ops.add(y, lin.bias) for lin, y in zip(lins, ys)]
 

@@ -19,7 +19,7 @@ from .resources import Closeable
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _SOURCE_HEADER = _PACKAGE_DIR.parent / "native" / "include" / "ggml_ciq.h"
 _LIBRARY_NAMES = ("libggml_ciq.so", "libggml_ciq.dylib", "ggml_ciq.dll")
-API_VERSION = 8  # GGML_CIQ_API_VERSION of the header this package's code is written against
+API_VERSION = 9  # GGML_CIQ_API_VERSION of the header this package's code is written against
 
 def _header_path() -> Path:
     for candidate in (_PACKAGE_DIR / "include" / "ggml_ciq.h", _SOURCE_HEADER):
@@ -126,6 +126,7 @@ class VariantInfo:
     weight_types: tuple[int, ...]     # ggml type ids it multiplies
     min_tokens: int
     max_tokens: int
+    k_multiple: int                   # K must be a multiple of this too (beyond the weight type's block)
     description: str
 
 
@@ -143,7 +144,8 @@ def variants() -> tuple[VariantInfo, ...]:
             tuple(s for i, s in enumerate(names) if info.host_semantics >> i & 1),
             tuple(s for i, s in enumerate(names) if info.gpu_semantics >> i & 1),
             tuple(int(info.weight_types[i]) for i in range(info.weight_type_count)),
-            int(info.min_tokens), int(info.max_tokens), n.ffi.string(info.description).decode()))
+            int(info.min_tokens), int(info.max_tokens), int(info.k_multiple),
+            n.ffi.string(info.description).decode()))
     return tuple(out)
 
 

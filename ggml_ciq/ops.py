@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import native, quants
-from .errors import InvalidArgumentError, ShapeError, UnsupportedTypeError
+from .errors import CiqError, InvalidArgumentError, ShapeError, UnsupportedTypeError
 from .model import Tensor
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int32))
@@ -190,7 +190,8 @@ class Graph:
 @dataclass
 class Weight:
     """A weight matrix [rows, k] ready for ``linear``: raw Q4_K/Q6_K blocks ("keep-quant"), raw Q4_0/Q5_0/Q8_0
-    blocks (GPU, "q32"), or dequantized once to bf16 (GPU, "bf16") or float32 (CPU, "f32")."""
+    blocks (GPU, "q32": the q32 variant in MMQ's semantics, or with f16/any semantics whatever the registry picks -
+    wgmma on Hopper above 8 tokens), or dequantized once to bf16 (GPU, "bf16") or float32 (CPU, "f32")."""
 
     name: str
     ggml_type: int
@@ -547,14 +548,14 @@ class NativeOps:
 
     # -- GEMMs --------------------------------------------------------------------------------------------------
     def load_weight(self, tensor: Tensor) -> Weight:
-        """Q4_K/Q6_K: raw blocks for the keep-quant GEMM; on a GPU Q4_0/Q5_0/Q8_0 (K a multiple of 128) raw blocks
-        for the q32 variant (llama.cpp CUDA MMQ's semantics); other types dequantized once (bf16 on a GPU, float32 on
-        the CPU)."""
+        """Q4_K/Q6_K: raw blocks for the keep-quant GEMM; on a GPU Q4_0/Q5_0/Q8_0 raw blocks where a kernel of these
+        ops' semantics multiplies them (_block32_raw); other types dequantized once (bf16 on a GPU, float32 on the
+        CPU)."""
         if len(tensor.shape) != 2:
             raise ShapeError(f"{tensor.name}: a weight must be 2-D, got shape {tensor.shape}")
         if tensor.is_keep_quant:
             return Weight(tensor.name, tensor.ggml_type, tensor.rows, tensor.k, "keep-quant", self._upload_raw(tensor))
-        if self.device >= 0 and self.q32_kernel and tensor.ggml_type in quants.Q32_TYPES and tensor.k % 128 == 0:
+        if self.device >= 0 and tensor.ggml_type in quants.Q32_TYPES and self._block32_raw(tensor):
             return Weight(tensor.name, tensor.ggml_type, tensor.rows, tensor.k, "q32", self._raw(tensor))
         if tensor.ggml_type not in GET_ROWS_TYPES:
             raise UnsupportedTypeError(f"{tensor.name}: weight type {tensor.type_name} is not supported")
@@ -569,13 +570,26 @@ class NativeOps:
         self.trim()  # the raw blocks are not needed again: no cached copy of them
         return Weight(tensor.name, tensor.ggml_type, tensor.rows, tensor.k, "bf16", dense)
 
+    def _block32_raw(self, tensor: Tensor) -> bool:
+        """Whether a Q4_0/Q5_0/Q8_0 weight stays in its blocks on this GPU: in f16 semantics where the registry has a
+        kernel for it (wgmma: Hopper, K a multiple of 64), else (bf16 then) never; otherwise where the q32 variant
+        takes it (q32_kernel, K a multiple of 128: its q8_1-mmq activations). With semantics "any" the registry then
+        picks per token count (wgmma above 8 tokens where it runs this K, q32 at 1..8 and elsewhere)."""
+        if self.semantics == "f16":
+            try:
+                native.plan("auto", self.device, "f16", tensor.ggml_type, tensor.rows, tensor.k, 9)
+            except CiqError:
+                return False
+            return True
+        return self.q32_kernel and tensor.k % 128 == 0
+
     def _kernel(self, weight: Weight, tokens: int) -> tuple[int, int]:
         """(variant, semantics) ids of a quantized weight's GEMM at this token count."""
         lib = self.native.lib
         if self._compute_capability and quants.llamacpp_cuda_uses_mmvq(weight.ggml_type, tokens,
                                                                         self._compute_capability):
             return lib.CIQ_VARIANT_MMVQ, lib.CIQ_SEMANTICS_MMVQ
-        if weight.kind == "q32":  # llama.cpp CUDA MMQ's semantics
+        if weight.kind == "q32" and self.semantics not in ("any", "f16"):  # llama.cpp CUDA MMQ's semantics
             return lib.CIQ_VARIANT_Q32, lib.CIQ_SEMANTICS_MMQ
         return lib.CIQ_VARIANT_AUTO, self._semantics_id
 
@@ -602,14 +616,20 @@ class NativeOps:
             np.matmul(self._host_view(x).reshape(tokens, weight.k), dense.T, out=self._host_view(out))
         return out
 
+    def groups(self, weights: list[Weight]) -> bool:
+        """Whether linear_group takes these weights: blocks our GEMMs read (keep-quant, and 32-block ones unless in
+        MMQ's semantics, where the engine keeps llama.cpp's one quantization per GEMM), all of one K."""
+        kinds = ("keep-quant", "q32") if self.semantics in ("any", "f16") else ("keep-quant",)
+        return all(w.kind in kinds and w.k == weights[0].k for w in weights)
+
     def linear_group(self, weights: list[Weight], x) -> list[DeviceArray]:
-        """``linear`` of several keep-quant weights on one input x[n, k]: each GEMM is planned once
+        """``linear`` of several quantized weights on one input x[n, k] (``groups``): each GEMM is planned once
         (ciq_gemm_plan), x is quantized (or converted) once per activation layout the plans name
         (ciq_activations_quantize), then each GEMM runs its plan on those bytes (ciq_gemm_quantized): the same
         kernels and bytes as separate ``linear`` calls."""
         x = self._f32(x, "linear input")
-        if any(w.kind != "keep-quant" or w.k != weights[0].k for w in weights) or x.shape[-1] != weights[0].k:
-            raise ShapeError("linear_group: keep-quant weights of one K, and inputs of that K")
+        if not self.groups(weights) or x.shape[-1] != weights[0].k:
+            raise ShapeError("linear_group: quantized weights of one K (groups()), and inputs of that K")
         n, k = self.native, weights[0].k
         tokens = x.size // k
         plans = []

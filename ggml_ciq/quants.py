@@ -382,8 +382,9 @@ def gemm_q32_mmq_quantized(ggml_type: int, data, rows: int, k: int, xq: np.ndarr
 
 
 def convert_f16(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """f16 semantics' activations: (f16 [tokens, K] of x * 2^-e, scale [tokens] = 2^e), e putting amax in [2^14, 2^15)."""
-    x = _check_activations(x, QK_K)
+    """f16 semantics' activations: (f16 [tokens, K] of x * 2^-e, scale [tokens] = 2^e), e putting amax in [2^14, 2^15);
+    K a multiple of 64 (wgmma's pipeline stage)."""
+    x = _check_activations(x, 64)
     e = np.maximum(np.frexp(np.abs(x).max(-1))[1], -100)
     up = np.ldexp(np.float32(1.0), 15 - e).astype(np.float32)
     with np.errstate(over="ignore"):
@@ -399,7 +400,12 @@ def f16_layout(x: np.ndarray) -> np.ndarray:
 
 
 def dequantize_f16(weight_type: int, data, rows: int, k: int) -> np.ndarray:
-    """f16 semantics' weights, one rounding each: Q4_K fma(q, half(d*sc), -half(dmin*m)), Q6_K (q-32)*half(d*sc)."""
+    """f16 semantics' weights, one rounding each: Q4_K fma(q, half(d*sc), -half(dmin*m)), Q6_K (q-32)*half(d*sc);
+    Q4_0 / Q5_0 / Q8_0 q*d (q their signed values, d the block's fp16 scale: the product is exact before the
+    rounding)."""
+    if weight_type in (Q4_0, Q5_0, Q8_0):
+        q, d = q32_fields(weight_type, data, rows, k)
+        return (d.astype(np.float64)[..., None] * q).astype(np.float16).reshape(rows, k)
     if weight_type == Q4_K:
         d, dmin, sc, m, q = q4_K_fields(data, rows, k)
         a = (d[..., None] * sc.astype(np.float32)).astype(np.float16).astype(np.float64)
@@ -409,7 +415,7 @@ def dequantize_f16(weight_type: int, data, rows: int, k: int) -> np.ndarray:
         d, sc, q = q6_K_fields(data, rows, k)
         s = (d[..., None] * sc.astype(np.float32)).astype(np.float16).astype(np.float64)
         return (s[..., None] * q.reshape(rows, -1, 16, 16)).astype(np.float16).reshape(rows, k)
-    raise UnsupportedTypeError(f"keep-quant GEMM supports Q4_K and Q6_K, not {type_name(weight_type)}")
+    raise UnsupportedTypeError(f"f16 semantics cover Q4_K, Q6_K, Q4_0, Q5_0 and Q8_0, not {type_name(weight_type)}")
 
 
 def gemm_f16_semantics(weight_type: int, data, rows: int, k: int, x: np.ndarray) -> np.ndarray:

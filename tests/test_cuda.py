@@ -8,6 +8,7 @@ import pytest
 
 from ggml_ciq import native
 from ggml_ciq import quants as Q
+from ggml_ciq.errors import CiqError
 
 TAIL_TOKENS = (1, 15, 17, 128, 131, 512)
 
@@ -160,6 +161,69 @@ def test_wgmma_programmatic_launch_same_values(weight_type, wgmma, rng, monkeypa
         assert not np.array_equal(stale, plain)
         monkeypatch.setenv("GGML_CIQ_WGMMA_PDL", "1")
         assert np.array_equal(run_checked(data, x, "wgmma", ggml_type=weight_type, rows=rows, k=k), plain), (rows, k)
+
+
+def block32_weights(rng, ggml_type: int, rows: int, k: int) -> np.ndarray:
+    """Raw Q4_0/Q5_0/Q8_0 blocks: random quants (every bit pattern, Q5_0's high bits included) and fp16 scales of
+    either sign spread over 2^-14 .. 2^-2 (f16 products from subnormal to large)."""
+    values, nbytes = Q.BLOCK_LAYOUT[ggml_type]
+    blocks = rng.integers(0, 256, (rows * k // values, nbytes), dtype=np.uint8)
+    d = (rng.choice([-1.0, 1.0], len(blocks)) * np.exp2(rng.uniform(-14, -2, len(blocks)))).astype(np.float16)
+    blocks[:, 0:2] = d.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(-1)
+
+
+BLOCK32_SHAPES = ((2048, 640, 512), (1000, 640, 3), (4097, 2048, 131), (129, 64, 1), (300, 2112, 257),
+                  (300, 2176, 131), (256, 640, 2047), (1024, 4096, 64), (262144 // 64, 640, 77))
+
+
+@pytest.mark.parametrize("weight_type", [Q.Q4_0, Q.Q5_0, Q.Q8_0])
+def test_wgmma_block32_tiles_splits_and_tails(weight_type, wgmma, rng):
+    """wgmma on the 32-value block types (two blocks a pipeline stage, read from global memory): every tile width and
+    split-K factor the planner picks, K = 64 (one stage) to 4096, K = 2112 and 2176 (33 and 34 stages: neither a
+    multiple of one of the raw rings, 2 and 3 sets), odd row and token counts, activations from 1e-3 to 3e4 (f16 range) - against the numpy f16 semantics
+    (q * d rounded once to f16), NaN-poisoned outputs, the dispatch counter naming wgmma."""
+    for rows, k, tokens in BLOCK32_SHAPES:
+        data = block32_weights(rng, weight_type, rows, k)
+        x = (rng.standard_normal((tokens, k)) * rng.choice([1e-3, 1.0, 3e4], size=(tokens, 1))).astype(np.float32)
+        out = run_checked(data, x, "wgmma", ggml_type=weight_type, rows=rows, k=k)
+        ref = Q.gemm_f16_semantics(weight_type, data, rows, k, x)
+        assert Q.nmse(out, ref) <= 1e-10, (rows, k, tokens)
+        # and the f16 weights are within one f16 rounding of ggml's own dequantization
+        exact = Q.gemm_f64(weight_type, data, rows, k, x)
+        assert Q.nmse(out, exact) <= 1e-5, (rows, k, tokens, Q.nmse(out, exact))
+
+
+@pytest.mark.parametrize("weight_type", [Q.Q5_0, Q.Q8_0])
+def test_wgmma_block32_programmatic_launch_same_values(weight_type, wgmma, rng, monkeypatch):
+    """GGML_CIQ_WGMMA_PDL on and off give the same bits on the 32-value block path (whose producers prefetch weights
+    before waiting on the activation conversion), on a split-K shape, a tail and a multi-wave one."""
+    for rows, k, tokens in ((1024, 640, 512), (4097, 2112, 131), (14336, 4096, 512)):
+        data = block32_weights(rng, weight_type, rows, k)
+        x, other = (rng.standard_normal((2, tokens, k)) * [[[1.0]], [[3e3]]]).astype(np.float32)
+        monkeypatch.setenv("GGML_CIQ_WGMMA_PDL", "0")
+        plain = run_checked(data, x, "wgmma", ggml_type=weight_type, rows=rows, k=k)
+        stale = run_checked(data, other, "wgmma", ggml_type=weight_type, rows=rows, k=k)
+        assert not np.array_equal(stale, plain)
+        monkeypatch.setenv("GGML_CIQ_WGMMA_PDL", "1")
+        assert np.array_equal(run_checked(data, x, "wgmma", ggml_type=weight_type, rows=rows, k=k), plain), (rows, k)
+
+
+def test_auto_picks_wgmma_for_block32_where_k_allows(wgmma):
+    """AUTO on Hopper: the 32-block types on wgmma above 8 tokens where K is a multiple of 64 (Gemma's 640), q32 at
+    1..8 tokens; at K = 96 no GPU kernel takes them (q32's q8_1-mmq activations need K % 128, wgmma K % 64): an error
+    naming the multiple, not a wrong kernel."""
+    assert native.resolve_variant("auto", "cuda", "any", Q.Q5_0, 2048, 640, 512) == "wgmma"
+    assert native.resolve_variant("auto", "cuda", "any", Q.Q8_0, 262144, 640, 9) == "wgmma"
+    assert native.resolve_variant("auto", "cuda", "any", Q.Q8_0, 262144, 640, 8) == "q32"
+    assert native.resolve_variant("auto", "cuda", "any", Q.Q4_0, 512, 384, 512) == "wgmma"
+    with pytest.raises(CiqError, match="multiple of 128, got 96"):
+        native.resolve_variant("auto", "cuda", "any", Q.Q5_0, 512, 96, 512)
+    assert native.resolve_variant("auto", "cuda", "f16", Q.Q5_0, 512, 640, 1) == "wgmma"
+    with pytest.raises(CiqError, match=r"f16 semantics for Q8_0 weights at K = 96 \(wgmma needs a multiple of 64\)"):
+        native.resolve_variant("auto", "cuda", "f16", Q.Q8_0, 512, 96, 512)
+    with pytest.raises(CiqError, match="kernel variant wgmma needs K a multiple of 64, got 96"):
+        native.resolve_variant("wgmma", "cuda", "f16", Q.Q8_0, 512, 96, 512)
 
 
 def test_auto_picks_wgmma_on_hopper_for_prefill(wgmma):

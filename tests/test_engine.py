@@ -334,9 +334,9 @@ def test_cuda_graph_prefill_equals_eager(architecture, semantics, native_lib, rn
 @pytest.mark.gpu
 @pytest.mark.parametrize("semantics", ["fast", "llamacpp", "exact"])
 def test_cuda_graph_prefill_equals_eager_gemma(semantics, native_lib, gemma_full, rng):
-    """The same on Gemma 3 270M's real weights, whose Q5_0/Q8_0 tensors take the q32 GEMM (fast, llamacpp) or bf16
-    cuBLAS (exact, with its own workspace inside the graph): 77 tokens in micro-batches of 32, twice (the second
-    call replays), all logits, bit for bit with eager."""
+    """The same on Gemma 3 270M's real weights, whose Q5_0/Q8_0 tensors take wgmma (fast and exact on Hopper; fast
+    on q32 at 1..8 tokens) or the q32 GEMM (llamacpp): 77 tokens in micro-batches of 32 (a tail of 13), twice (the
+    second call replays), all logits, bit for bit with eager."""
     from ggml_ciq.engine import make_ops
 
     if native.device_count() == 0:
@@ -350,3 +350,32 @@ def test_cuda_graph_prefill_equals_eager_gemma(semantics, native_lib, gemma_full
         replayed = sum(native.dispatch_counts().values()) == 0
         assert np.array_equal(got, eager.forward(tokens, all_logits=True))
     assert replayed and graphed.graph_error is None, graphed.graph_error
+
+
+@pytest.mark.gpu
+def test_gemma_block32_weights_on_wgmma(native_lib, gemma_full, rng):
+    """Gemma 3 270M's Q5_0/Q8_0 weights (K = 640) in the fast and exact semantics on Hopper: kept in their blocks (no
+    bf16 copy), every GEMM of a 77-token prompt (all logits: the output too) on wgmma, q32 never; both within f16
+    rounding of the float64 reference ("the model the file defines"): the bars leave a broken op (KLD ~1) no room;
+    the printout gives the measured distances."""
+    from ggml_ciq.compare import logits_agreement
+    from ggml_ciq.engine import make_ops
+
+    if native.device_count() == 0 or not native.variant_available("cuda", "wgmma"):
+        pytest.skip("needs a Hopper GPU and a build with sm_90a (wgmma)")
+    tokens = rng.integers(3, 262144, 77)
+    reference = Transformer(gemma_full, device="reference", n_ctx=128).forward(tokens, all_logits=True)
+    for semantics in ("fast", "exact"):
+        engine = Transformer(gemma_full, ops=make_ops("cuda", semantics), n_ctx=128, n_ubatch=128)
+        kinds = {lin.weight.kind for layer in engine.layers for lin in layer.values() if hasattr(lin, "weight")
+                 if lin.tensor.ggml_type in Q.Q32_TYPES} | {engine.output.weight.kind}
+        assert kinds == {"q32"}, kinds  # raw 32-value blocks, no bf16 copy
+        native.dispatch_reset()
+        ours = engine.forward(tokens, all_logits=True)
+        counts = native.dispatch_counts()
+        assert counts[("wgmma", "Q5_0")] == 81 and counts[("wgmma", "Q8_0")] == 10, counts
+        assert not any(n for (variant, _), n in counts.items() if variant == "q32"), counts
+        a = logits_agreement(ours, reference)
+        print(f"gemma {semantics} vs float64 reference: top-1 {a['top1']:.4f}, KLD mean {a['kld_mean']:.2e}, "
+              f"max {a['kld_max']:.2e}")
+        assert np.isfinite(ours).all() and a["top1"] >= 0.95 and a["kld_mean"] <= 5e-3

@@ -89,7 +89,8 @@ CDEF_SHA256 = {2: "4a2d9f159019c7458ae310183d425a220dd7d0e41cd353f738031334d4b9a
                5: "be65c30c6795f2df5298de1c63ba3dd9910828e0f13c9be339a987fd5735c9e5",  # 5: ciq_op_order, rms_norm's add, mma_llamacpp
                6: "6ee20139fc68bd47f71e9b3017c51492c809be16b0b7fadebbf08b74fe711588",  # 6: mma_llamacpp is llama.cpp's flash attention bit for bit (stream-k)
                7: "311d8cfe8ceb2fda7f8d0c6db3afbc0c48cfd8cfc942089fffd349a75209a99d",  # 7: ciq_rms_norm_rope (llama.cpp CUDA's fused RMS_NORM + MUL + ROPE)
-               8: "047ad557a4298d947da685667e9c88193cfd5d73ffa9a767e7534ac70d2cad67"}  # 8: CUDA graphs (ciq_graph_capture_begin .. ciq_graph_free)
+               8: "047ad557a4298d947da685667e9c88193cfd5d73ffa9a767e7534ac70d2cad67",  # 8: CUDA graphs (ciq_graph_capture_begin .. ciq_graph_free)
+               9: "f609c6c4f2d31727cd6d23763b58fe7dbcf913d8fa16e7031038bd69cd79aa70"}  # 9: wgmma on the 32-block types, ciq_variant_info.k_multiple
 
 
 def cdef_sha256() -> str:
@@ -315,6 +316,27 @@ def test_f16_layout_on_the_host_matches_numpy(native_lib, rng):
               (rng.standard_normal((3, 256)) * 1e5).astype(np.float32),
               (rng.standard_normal((3, 256)) * 1e-30).astype(np.float32)):
         assert np.array_equal(native.quantize_activations(x, "f16", Q.Q4_K, "cpu"), Q.f16_layout(x))
+
+
+def test_f16_layout_of_block32_weights(native_lib, rng):
+    """The f16 layout (wgmma's activations) at K a multiple of 64, as Gemma's 640 for its Q5_0/Q8_0 weights: the host
+    bytes equal numpy's; K = 96 fails with the multiple named."""
+    for weight_type in (Q.Q4_0, Q.Q5_0, Q.Q8_0):
+        x = (rng.standard_normal((5, 640)) * rng.choice([1e-3, 1.0, 3e4], size=(5, 1))).astype(np.float32)
+        assert np.array_equal(native.quantize_activations(x, "f16", weight_type, "cpu"), Q.f16_layout(x))
+    with pytest.raises(InvalidArgumentError, match="K must be a positive multiple of 64, got 96"):
+        native.quantize_activations(np.zeros((2, 96), np.float32), "f16", Q.Q8_0, "cpu")
+
+
+def test_wgmma_registry_row(native_lib):
+    """One table says what wgmma multiplies: every weight type, the 32-value block types at K a multiple of 64 (the
+    only variant with a K multiple beyond its types' blocks); on the CPU it is not available, and AUTO never names it."""
+    info = native.variant_info("wgmma")
+    assert set(info.weight_types) == {Q.Q4_K, Q.Q6_K, Q.Q4_0, Q.Q5_0, Q.Q8_0} and info.k_multiple == 64
+    assert info.gpu_semantics == ("f16",) and not info.host_semantics
+    assert all(v.k_multiple == 1 for v in native.variants() if v.name != "wgmma")
+    assert not native.variant_available("cpu", "wgmma")
+    assert native.resolve_variant("auto", "cpu", "any", Q.Q5_0, 2048, 640, 512) == "q32"
 
 
 def test_f16_semantics_need_the_gpu_kernel(native_lib, rng):

@@ -144,3 +144,22 @@ def test_quantizers_round_trip(rows, blocks, scale, seed):
     x = (np.random.default_rng(seed).standard_normal((rows, 256 * blocks)) * scale).astype(np.float32)
     assert Q.nmse(Q.dequantize_q4_K(Q.quantize_q4_K(x), rows, 256 * blocks), x) < 2e-2
     assert Q.nmse(Q.dequantize_q6_K(Q.quantize_q6_K(x), rows, 256 * blocks), x) < 2e-3
+
+
+@pytest.mark.parametrize("weight_type", [Q.Q4_0, Q.Q5_0, Q.Q8_0])
+def test_f16_semantics_of_block32_weights(weight_type):
+    """wgmma's f16 weights of the 32-value block types are ggml's own dequantized values rounded once to f16 (q * d
+    is exact in float32), and the f16-semantics GEMM stays within f16 rounding of float64."""
+    rng = np.random.default_rng(32)
+    values, nbytes = Q.BLOCK_LAYOUT[weight_type]
+    rows, k = 24, 640
+    blocks = rng.integers(0, 256, (rows * k // values, nbytes), dtype=np.uint8)
+    blocks[:, 0:2] = (rng.choice([-1.0, 1.0], len(blocks)) * np.exp2(rng.uniform(-14, -2, len(blocks)))).astype(
+        np.float16).view(np.uint8).reshape(-1, 2)
+    data = blocks.reshape(-1)
+    w16 = Q.dequantize_f16(weight_type, data, rows, k)
+    assert w16.dtype == np.float16 and np.array_equal(w16, Q.dequantize(weight_type, data, rows, k).astype(np.float16))
+    x = rng.standard_normal((7, k)).astype(np.float32)
+    assert Q.nmse(Q.gemm_f16_semantics(weight_type, data, rows, k, x), Q.gemm_f64(weight_type, data, rows, k, x)) < 1e-6
+    with pytest.raises(ShapeError, match="K % 64"):
+        Q.convert_f16(np.zeros((2, 96), np.float32))

@@ -51,14 +51,13 @@
 #   then: wait ; test tests/test_cuda.py tests/test_plugin.py ; plugin-check ; plugin-bench ; memory ; compare ; and
 #           end every call that writes more than 8 files under $OUT with `pack NAME` (a call returns at most 8 files,
 #           named in letters, digits, '.', '_' and '-')
-# What the open issues still need on the GPU: issue 16: the CUDA graph path (API v8, never run on a GPU yet): `test
-# tests/test_engine.py -k graph` (bit for bit with eager, replays dispatching no GEMM), `sanitize engine` (it replays a
-# graph), `graph-bench`, then `GRAPH=1 compare` (our arms timed as graphs: ours against llama.cpp in one process); its
-# kernels once written (bench gemm sets, compare at 512..8192, sanitize); issue 18, next lease (after a5b6b57: the engine's last layer as llama.cpp's out_ids, not yet on a GPU):
-# `layer-trace` (every row should show 0 differing values but "attention q" / "q chain", which differ only in the sign
-# of zero), then `compare` (LIMIT=560 gives the 4096 run room: 206 s at 76fd922), where ours `llamacpp` should equal
-# llama.cpp CUDA: KLD 0, top-1 100% at 512 and 4096. Plan it as: setup (call 1), stage (6 calls), `sanitize engine`
-# while llama.cpp builds, wait, layer-trace, compare.
+# What the open issue (16) still needs on the GPU: wgmma on the 32-value block types (API v9, measured by a reviewer's
+# run only): `test tests/test_cuda.py tests/test_native.py -k "block32 or wgmma_registry or auto_picks"`, `sanitize
+# wgmma-block32`, then (staged) `test tests/test_engine.py -k "block32 or gemma"`, `graph-bench`, `SETS=512:fast
+# kernel-profile`, and with llama.cpp built `GRAPH=1 TOKENS=512 compare` and GRAPH=1 TOKENS=4096 with
+# --reference off (ours against llama.cpp in one process: the Gemma bar is 2.0x at both lengths); the 8B with graphs
+# at 2048 and 8192 (`compare llama3-8b-synthetic --cuda-graph --reference off`); the kernels of deliverables 3-5
+# once written (bench gemm sets, compare at 512..8192, sanitize).
 # plugin-sanitize after ac2ab62's change to the plugin's waits. Run one-off scripts as
 # `gpu_run.sh py tools/X.py` (its PYTHONPATH), and fire the next call within 30 s.
 # /tmp survives between calls while the machine stays warm, so setup runs once per lease.
@@ -181,16 +180,20 @@ case "${1:-}" in
         --json "$OUT/prefill-gemma3-270m-$n-$s${g:+-graph}.json" 2>&1 | grep -E "tokens/s|rror" | head -n 2
     done; done; done ;;
   kernel-profile)  # issue 16: one engine prefill of Gemma 3 270M as CUDA graphs under Nsight Compute, each kernel
-                   # timed alone (tools/kernel_profile.py): where the GPU time goes, and how much of the wall time no
-                   # kernel runs. SETS="512:fast 4096:fast 512:exact" by default -> $OUT/kernel-profile-N-S.{csv,json}
+                   # timed alone (tools/kernel_profile.py), next to the prefill's wall time without ncu (median of 5):
+                   # where the GPU time goes, and how long no kernel runs. SETS="512:fast 4096:fast 512:exact" by
+                   # default -> $OUT/kernel-profile-gemma3-270m-N-S{.csv.gz,.json,-summary.txt,-prefill.json}
     for set in ${SETS:-512:fast 4096:fast 512:exact}; do
       n=${set%%:*} s=${set##*:} f="$OUT/kernel-profile-gemma3-270m-$n-$s"
+      timeout 120 python3 -m ggml_ciq.cli prefill "$(gemma_path)" --tokens $n --device cuda --semantics $s --repeat 5 \
+        --cuda-graph --json "$f-prefill.json" 2>&1 | grep -E "tokens/s|rror" | head -n 2
+      wall=$(python3 -c "import json, statistics; print(1e3 * statistics.median(json.load(open('$f-prefill.json'))['runs_seconds']))")
       timeout ${LIMIT:-200} ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv \
         --log-file "$f.csv" python3 tools/kernel_profile.py run "$(gemma_path)" --tokens $n --semantics $s --cuda-graph \
         > "$f.txt" 2>&1
-      echo "$set: exit $? $(grep wall_ms "$f.txt")"
-      python3 tools/kernel_profile.py summarize "$f.csv" --wall-ms "$(grep -o 'wall_ms [0-9.]*' "$f.txt" | cut -d' ' -f2)" \
-        --json "$f.json" 2>&1 | head -n 16
+      echo "$set: ncu exit $?, wall $wall ms"
+      python3 tools/kernel_profile.py summarize "$f.csv" --wall-ms "$wall" --json "$f.json" > "$f-summary.txt" 2>&1
+      head -n 14 "$f-summary.txt"
       gzip -f "$f.csv"
     done ;;
   sass)  # a kernel's SASS from llama.cpp's CUDA build (after wait), e.g. `sass rms_norm_mul_rope_f32ILi256ELb0Ef`: how

@@ -2,15 +2,16 @@
 
 Two modes:
   run:        python3 tools/kernel_profile.py run MODEL --tokens N --semantics S [--cuda-graph]
-              Two warm prefills, then one more between cuProfilerStart and cuProfilerStop, timed apart (wall, after a
-              device sync) in a fourth run. Meant to run under Nsight Compute with the profiler off at the start:
+              Two warm prefills, then one more between cuProfilerStart and cuProfilerStop. Meant to run under Nsight
+              Compute with the profiler off at the start:
                 ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv \
                     --log-file OUT.csv python3 tools/kernel_profile.py run ...
               (ncu serializes the kernels and times each alone: the sum is the GPU's busy time without overlap or
-              the gaps between kernels; the unprofiled run's wall time is what the prefill takes).
+              the gaps between kernels. Under ncu every launch is intercepted, so the prefill's own wall time comes
+              from `ggml-ciq prefill --repeat 5` without it: tools/gpu_run.sh kernel-profile runs both.)
   summarize:  python3 tools/kernel_profile.py summarize OUT.csv [--wall-ms W] [--json J]
               The kernels of that one prefill grouped by name: count, total and share of the busy time; with the
-              prefill's wall time, the time no kernel ran.
+              prefill's wall time (measured without ncu), the time no kernel ran.
 """
 
 import argparse
@@ -19,7 +20,6 @@ import ctypes
 import json
 import re
 import sys
-import time
 from collections import defaultdict
 
 
@@ -39,11 +39,7 @@ def run(args) -> None:
     engine.forward(tokens, graph=args.cuda_graph)
     cuda.cuCtxSynchronize()
     cuda.cuProfilerStop()
-    t0 = time.perf_counter()
-    engine.forward(tokens, graph=args.cuda_graph)  # forward returns host logits: the device is done
-    wall_ms = (time.perf_counter() - t0) * 1e3
-    print(f"wall_ms {wall_ms:.3f} (one unprofiled prefill of {len(tokens)} tokens, {args.semantics}"
-          f"{', CUDA graphs' if args.cuda_graph else ''})")
+    print(f"profiled one prefill of {len(tokens)} tokens, {args.semantics}{', CUDA graphs' if args.cuda_graph else ''}")
 
 
 def kernel_family(name: str) -> str:
@@ -75,18 +71,19 @@ def summarize(args) -> None:
         by[name][1] += ns
         by[name][2].add(grid)
     busy = sum(v[1] for v in by.values())
+    table = [{"kernel": name, "count": count, "ms": ns / 1e6, "grids": sorted(grids)[:8]}
+             for name, (count, ns, grids) in sorted(by.items(), key=lambda kv: -kv[1][1])]
+    if args.json:  # first: a reader that stops early (| head) must not cost the file
+        with open(args.json, "w") as f:
+            json.dump({"kernels": len(rows), "busy_ms": busy / 1e6, "wall_ms": args.wall_ms, "by_kernel": table}, f,
+                      indent=1)
     print(f"{len(rows)} kernels, busy {busy / 1e6:.3f} ms"
           + (f", wall {args.wall_ms:.3f} ms: no kernel running {max(0.0, args.wall_ms - busy / 1e6):.3f} ms"
              if args.wall_ms else ""))
     print(f"{'kernel':92s} {'count':>6s} {'ms':>8s} {'share':>6s} {'us each':>8s}")
-    table = []
-    for name, (count, ns, grids) in sorted(by.items(), key=lambda kv: -kv[1][1]):
-        print(f"{name:92s} {count:6d} {ns / 1e6:8.3f} {100 * ns / busy:5.1f}% {ns / count / 1e3:8.2f}")
-        table.append({"kernel": name, "count": count, "ms": ns / 1e6, "grids": sorted(grids)[:8]})
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"kernels": len(rows), "busy_ms": busy / 1e6, "wall_ms": args.wall_ms, "by_kernel": table}, f,
-                      indent=1)
+    for row in table:
+        ms, count = row["ms"], row["count"]
+        print(f"{row['kernel']:92s} {count:6d} {ms:8.3f} {100 * ms * 1e6 / busy:5.1f}% {ms * 1e3 / count:8.2f}")
 
 
 def main(argv=None) -> None:

@@ -1,8 +1,9 @@
 """One small tail-shaped run of every GPU kernel (quantizers, the engine's ops and attention kernels included), for
 compute-sanitizer.
 
-Usage: compute-sanitizer --tool memcheck python3 tools/sanitize_case.py [variant ... | engine]
-(mmvq: every type at 1..8 tokens, mmvq_case; mma and q32: also MMQ's stream-k seams, mmq_seams_case)
+Usage: compute-sanitizer --tool memcheck python3 tools/sanitize_case.py [variant ... | wgmma-block32 | engine]
+(mmvq: every type at 1..8 tokens, mmvq_case; mma and q32: also MMQ's stream-k seams, mmq_seams_case; wgmma-block32:
+wgmma on Q4_0/Q5_0/Q8_0, wgmma_block32_case)
 """
 
 import itertools
@@ -146,9 +147,28 @@ def mmq_seams_case(variants):
             print(f"{variant:13s} {Q.type_name(weight_type)} 640 x {k} tokens={tokens:4d} finite={np.isfinite(out).all()}")
 
 
+def wgmma_block32_case():
+    """wgmma on the 32-value block types: the three tile widths (3, 131 and 512 tokens), a split-K shape (K 2112: 33
+    stages, no multiple of the 2-set raw ring; 1000 + 13 rows: a row tail) and Gemma's K = 640."""
+    rng = np.random.default_rng(3)
+    for weight_type, (rows, k) in itertools.product((Q.Q4_0, Q.Q5_0, Q.Q8_0), ((1013, 2112), (2048, 640))):
+        values, nbytes = Q.BLOCK_LAYOUT[weight_type]
+        raw = rng.integers(0, 256, (rows * k // values, nbytes), dtype=np.uint8)
+        raw[:, 0:2] = rng.uniform(-0.1, 0.1, (len(raw), 1)).astype(np.float16).view(np.uint8)
+        for tokens in (3, 131, 512):
+            x = rng.standard_normal((tokens, k)).astype(np.float32)
+            out = native.gemm(raw.reshape(-1), x, variant="wgmma", device="cuda", semantics="f16",
+                              ggml_type=weight_type, rows=rows, k=k)
+            err = Q.nmse(out, Q.gemm_f16_semantics(weight_type, raw.reshape(-1), rows, k, x))
+            print(f"wgmma {Q.type_name(weight_type)} {rows} x {k} tokens={tokens:4d} nmse={err:.2e}")
+
+
 def main(variants):
     if variants == ["engine"]:
         return engine_case()
+    if "wgmma-block32" in variants:
+        wgmma_block32_case()
+        variants = [v for v in variants if v != "wgmma-block32"]
     if "mmvq" in variants:
         mmvq_case()
     if "mma" in variants or "q32" in variants:
@@ -173,6 +193,6 @@ def main(variants):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or list(native.GPU_VARIANTS) + ["mmvq", "q32"])  # GPU_VARIANTS: the ones for every token count
+    main(sys.argv[1:] or list(native.GPU_VARIANTS) + ["mmvq", "q32", "wgmma-block32"])  # GPU_VARIANTS: every token count
     if len(sys.argv) == 1:
         engine_case()

@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-#define GGML_CIQ_API_VERSION 8
+#define GGML_CIQ_API_VERSION 9
 
 /* CDEF-BEGIN */
 typedef enum { CIQ_DEVICE_CPU = -1 } ciq_device_index; /* the host as a device; GPUs are 0..n-1 */
@@ -103,6 +103,8 @@ typedef struct {
     ciq_type      weight_types[8];  /* the weight types it multiplies */
     int64_t       min_tokens;       /* the token range it runs */
     int64_t       max_tokens;
+    int64_t       k_multiple;       /* K must be a multiple of this too (beyond the weight type's block); AUTO skips the
+                                       variant where it is not */
     const char   *description;      /* one line */
 } ciq_variant_info;
 
@@ -137,7 +139,7 @@ ciq_status ciq_device_synchronize(int device);
 ciq_status ciq_threads_set(int threads); /* CPU kernels; <= 0 means all cores */
 
 /* Activations. The layout a semantics uses for a weight type; its size; X quantized (or converted) into it.
- * K must be a multiple of 256 (Q8_K, f16), 128 (q8_1-mmq) or 32 (q8_0 host only, q8_1). */
+ * K must be a multiple of 256 (Q8_K), 128 (q8_1-mmq), 64 (f16) or 32 (q8_0 host only, q8_1). */
 ciq_status ciq_activations_layout(ciq_semantics semantics, ciq_type type, ciq_layout *layout);
 ciq_status ciq_activations_size(ciq_layout layout, int64_t tokens, int64_t k, size_t *bytes);
 ciq_status ciq_activations_quantize(int device, ciq_layout layout, const float *x, void *out, int64_t tokens, int64_t k);

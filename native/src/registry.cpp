@@ -88,7 +88,8 @@ static ciq_status launch_wgmma(int device, ciq_variant, ciq_semantics, ciq_type 
 #define SEM(s) (1u << CIQ_SEMANTICS_##s)
 #define K_QUANTS 2, {CIQ_TYPE_Q4_K, CIQ_TYPE_Q6_K}
 #define BLOCK32 3, {CIQ_TYPE_Q4_0, CIQ_TYPE_Q5_0, CIQ_TYPE_Q8_0}
-#define ANY_TOKENS 1, INT64_MAX
+#define ANY_TOKENS 1, INT64_MAX, 1
+#define ANY_TOKENS_K64 1, INT64_MAX, 64
 #define ALL_TYPES 5, {CIQ_TYPE_Q4_K, CIQ_TYPE_Q6_K, CIQ_TYPE_Q4_0, CIQ_TYPE_Q5_0, CIQ_TYPE_Q8_0}
 
 static const ciq_variant_row k_variants[CIQ_VARIANT_COUNT] = {
@@ -120,15 +121,15 @@ static const ciq_variant_row k_variants[CIQ_VARIANT_COUNT] = {
       "MMQ-class 128-row tile, mma.sync m16n8k32 (CUDA only)"},
      on_gpu_sm80, launch_mma},
     {CIQ_VARIANT_WGMMA,
-     {"wgmma", CIQ_SEMANTICS_F16, 0, SEM(F16), K_QUANTS, ANY_TOKENS,
-      "Hopper sm_90a: TMA + warp-specialized wgmma on f16"},
+     {"wgmma", CIQ_SEMANTICS_F16, 0, SEM(F16), ALL_TYPES, ANY_TOKENS_K64,
+      "Hopper sm_90a: TMA + warp-specialized wgmma on f16 (32-value block types: K a multiple of 64)"},
      on_hopper_90a, launch_wgmma},
     {CIQ_VARIANT_Q32,
      {"q32", CIQ_SEMANTICS_CPU, SEM(CPU) | SEM(MMQ), SEM(MMQ), BLOCK32, ANY_TOKENS,
       "32-block types: host tinyBLAS lanes (cpu) or MMQ's formula (mmq); GPU 64-row tile (mmq)"},
      on_host_or_gpu_wmma, launch_q32},
     {CIQ_VARIANT_MMVQ,
-     {"mmvq", CIQ_SEMANTICS_MMVQ, SEM(MMVQ), SEM(MMVQ), ALL_TYPES, 1, 8,
+     {"mmvq", CIQ_SEMANTICS_MMVQ, SEM(MMVQ), SEM(MMVQ), ALL_TYPES, 1, 8, 1,
       "llama.cpp CUDA's mul_mat_vec_q in its float order: host twin and GPU kernel, 1..8 tokens"},
      on_host_or_gpu_wmma, launch_mmvq},
 };
@@ -146,6 +147,8 @@ static const LayoutChoice k_layouts[] = {
     {CIQ_SEMANTICS_MMQ, CIQ_TYPE_Q6_K, CIQ_LAYOUT_Q8_1_MMQ_D4}, {CIQ_SEMANTICS_MMQ, CIQ_TYPE_Q4_0, CIQ_LAYOUT_Q8_1_MMQ_DS4},
     {CIQ_SEMANTICS_MMQ, CIQ_TYPE_Q5_0, CIQ_LAYOUT_Q8_1_MMQ_D4}, {CIQ_SEMANTICS_MMQ, CIQ_TYPE_Q8_0, CIQ_LAYOUT_Q8_1_MMQ_D4},
     {CIQ_SEMANTICS_F16, CIQ_TYPE_Q4_K, CIQ_LAYOUT_F16},         {CIQ_SEMANTICS_F16, CIQ_TYPE_Q6_K, CIQ_LAYOUT_F16},
+    {CIQ_SEMANTICS_F16, CIQ_TYPE_Q4_0, CIQ_LAYOUT_F16},         {CIQ_SEMANTICS_F16, CIQ_TYPE_Q5_0, CIQ_LAYOUT_F16},
+    {CIQ_SEMANTICS_F16, CIQ_TYPE_Q8_0, CIQ_LAYOUT_F16},
     {CIQ_SEMANTICS_MMVQ, CIQ_TYPE_Q4_K, CIQ_LAYOUT_Q8_1},       {CIQ_SEMANTICS_MMVQ, CIQ_TYPE_Q6_K, CIQ_LAYOUT_Q8_1},
     {CIQ_SEMANTICS_MMVQ, CIQ_TYPE_Q4_0, CIQ_LAYOUT_Q8_1},       {CIQ_SEMANTICS_MMVQ, CIQ_TYPE_Q5_0, CIQ_LAYOUT_Q8_1},
     {CIQ_SEMANTICS_MMVQ, CIQ_TYPE_Q8_0, CIQ_LAYOUT_Q8_1},
@@ -385,8 +388,8 @@ static ciq_status variant_from_name(const char *name, ciq_variant *variant) {
     return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "GGML_CIQ_VARIANT=%s is not a kernel variant", name);
 }
 
-static ciq_status resolve_auto(const ciq_device_facts &facts, ciq_semantics semantics, ciq_type type, int64_t tokens,
-                               ciq_variant *resolved) {
+static ciq_status resolve_auto(const ciq_device_facts &facts, ciq_semantics semantics, ciq_type type, int64_t k,
+                               int64_t tokens, ciq_variant *resolved) {
     const char *env = std::getenv("GGML_CIQ_VARIANT");
     if (!facts.host && env != nullptr && *env != '\0') return variant_from_name(env, resolved);
     const AutoChoice *table = k_auto_host;
@@ -398,13 +401,22 @@ static ciq_status resolve_auto(const ciq_device_facts &facts, ciq_semantics sema
         table = k_auto_cuda;
         entries = sizeof(k_auto_cuda) / sizeof(k_auto_cuda[0]);
     }
+    const ciq_variant_row *k_rejected = nullptr;  // a variant that would have run but for K
     for (size_t i = 0; i < entries; ++i) {
         const ciq_variant_row &row = k_variants[table[i].variant];
         if (table[i].semantics == semantics && tokens <= table[i].max_tokens && ciq_registry_covers(row, type) &&
             row.runs_on(facts) && row.launch != nullptr) {
-            *resolved = table[i].variant;
-            return CIQ_OK;
+            if (k % row.info.k_multiple == 0) {
+                *resolved = table[i].variant;
+                return CIQ_OK;
+            }
+            if (k_rejected == nullptr) k_rejected = &row;
         }
+    }
+    if (k_rejected != nullptr) {
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "no kernel of this build runs %s semantics for %s weights at K = %lld (%s "
+                        "needs a multiple of %lld)", ciq_semantics_name(semantics), ciq_type_name(type), (long long)k,
+                        k_rejected->info.name, (long long)k_rejected->info.k_multiple);
     }
     uint32_t implemented = 0;  // by any variant of the registry for this weight type and kind of device
     for (const ciq_variant_row &row : k_variants) {
@@ -463,7 +475,7 @@ ciq_status ciq_gemm_plan(int device, ciq_variant variant, ciq_semantics semantic
     ciq_device_facts facts;
     CIQ_TRY(ciq_device_facts_get(device, &facts));
     ciq_variant resolved = variant;
-    if (variant == CIQ_VARIANT_AUTO) CIQ_TRY(resolve_auto(facts, semantics, type, tokens, &resolved));
+    if (variant == CIQ_VARIANT_AUTO) CIQ_TRY(resolve_auto(facts, semantics, type, k, tokens, &resolved));
     row = &k_variants[resolved];
     if (!row->runs_on(facts) || row->launch == nullptr) {
         return ciq_fail(CIQ_ERR_UNSUPPORTED, "kernel variant %s is not available on %s", row->info.name,
@@ -472,6 +484,10 @@ ciq_status ciq_gemm_plan(int device, ciq_variant variant, ciq_semantics semantic
     if (!ciq_registry_covers(*row, type)) {
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "kernel variant %s does not multiply %s weights", row->info.name,
                         ciq_type_name(type));
+    }
+    if (k % row->info.k_multiple != 0) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "kernel variant %s needs K a multiple of %lld, got %lld",
+                        row->info.name, (long long)row->info.k_multiple, (long long)k);
     }
     const uint32_t implemented = facts.host ? row->info.host_semantics : row->info.gpu_semantics;
     ciq_semantics resolved_semantics = semantics;

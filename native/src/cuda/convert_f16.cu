@@ -7,7 +7,7 @@
 #if !defined(GGML_CIQ_HIP)
 // Activations -> f16 layout: one CTA per token finds amax, picks 2^e with amax * 2^-e in [2^14, 2^15) and writes
 // f16(x * 2^-e) and scale_t = 2^e. NV > 0: the row is read once, NV float4 per thread held in registers (K <= 1024 NV,
-// x 16-byte aligned); NV == 0: any K % 256 == 0 and alignment, the row is read twice.
+// x 16-byte aligned); NV == 0: any even K and alignment, the row is read twice.
 static __device__ __forceinline__ float block_max_256(float v) {
     __shared__ float warp_max[8];
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFF, v, o));

@@ -6,7 +6,10 @@
 //   W16 = the GGUF blocks dequantized in the kernel, one f16 rounding per weight:
 //         Q4_K  fma(q, half(d*sc), -half(dmin*m))   (MMQ's fp16 sub-block scale and min)
 //         Q6_K  (q - 32) * half(d*sc)
-// so the super-block scales are applied while dequantizing and nothing is rescaled per sub-block.
+//         Q4_0 (q - 8) * d, Q5_0 (q - 16) * d, Q8_0 q * d   (the 32-value blocks: d their fp16 scale)
+// so the block scales are applied while dequantizing and nothing is rescaled per sub-block.
+// A weight "unit" is what one split-K share counts in: a K-quant super-block (256 values, 4 pipeline stages) or a
+// pair of 32-value blocks (64 values, one stage; K a multiple of 64).
 //
 // One CTA = PW producer + 2 consumer warpgroups computes a 128-row x BN-token tile over a range of super-blocks
 // (split-K when there are fewer tiles than SMs: the CTAs of one tile form a cluster and reduce through distributed
@@ -16,7 +19,8 @@
 //     past the last token); all 128*PW threads dequantize the A tile from the raw GGUF blocks, which either
 //     - TMA_W: thread 0 stages in shared memory, one super-block x 128 rows per box, WSLOTS super-blocks ahead
 //       (every Q4_K matrix; Q6_K when its 210 B rows have a 16-byte pitch, K % 2048 == 0), or
-//     - each thread loads from global memory into registers, PREFETCH stages ahead (other Q6_K matrices).
+//     - each thread loads from global memory into registers, PREFETCH stages ahead (other Q6_K matrices, and
+//       the 32-value block types, whose 18/22/34-byte blocks no TMA box fits).
 //   consumers: rows 64c .. +63, 4 x wgmma m64nBNk16 per stage, one group in flight.
 // Epilogue: the accumulators go through shared memory (the ring, reused) so that rows are stored coalesced.
 // Barriers: full[s] (128*PW + 1 arrivals: the producers after their A stores + the TMA thread's expect_tx, plus the
@@ -45,6 +49,15 @@ static constexpr __host__ __device__ int wgmma_stage_bytes(int BN) { return CIQ_
 // A staged weight row: one GGUF block in a TMA box of 16-byte multiples. TMA boxes start at 16-byte multiples, so a
 // Q6_K block (210 B) lands at offset (210 kb) % 16 <= 14 of its 224-byte box row.
 static constexpr __host__ __device__ int wgmma_wbox(ciq_type T) { return T == CIQ_TYPE_Q4_K ? 144 : 224; }
+// Pipeline stages (64 K values each) per weight unit, and a unit's bytes in one row.
+static constexpr __host__ __device__ bool wgmma_kquant(ciq_type T) { return T == CIQ_TYPE_Q4_K || T == CIQ_TYPE_Q6_K; }
+static constexpr __host__ __device__ int wgmma_unit_stages(ciq_type T) { return wgmma_kquant(T) ? 4 : 1; }
+static constexpr __host__ __device__ int wgmma_block32_bytes(ciq_type T) {
+    return T == CIQ_TYPE_Q4_0 ? 18 : T == CIQ_TYPE_Q5_0 ? 22 : 34;
+}
+static constexpr __host__ __device__ int wgmma_unit_bytes(ciq_type T) {
+    return T == CIQ_TYPE_Q4_K ? Q4_K_BLOCK_BYTES : T == CIQ_TYPE_Q6_K ? Q6_K_BLOCK_BYTES : 2 * wgmma_block32_bytes(T);
+}
 static constexpr __host__ __device__ int wgmma_smem_bytes(ciq_type T, int BN, int stages, bool tma_w) {
     return 1024 + stages * wgmma_stage_bytes(BN) + (tma_w ? WSLOTS * CIQ_WGMMA_ROWS * wgmma_wbox(T) : 0) +
            (2 * stages + WSLOTS) * 8;
@@ -223,6 +236,72 @@ template <int R, bool SMEM> struct raw_stage<CIQ_TYPE_Q6_K, R, SMEM> {
     }
 };
 
+// The 32-value block types, read from global memory: a stage is blocks b = 0, 1 of the unit; chunk i of the stage
+// (values 8i .. 8i+7 of block 0) and chunk i + 4 (the same of block 1). Per row p and block b: the 8 quant bytes,
+// Q5_0's high-bit byte and the fp16 d. Bytes become f16 (1024 + byte) less a bias (exact small integers), times d:
+// one f16 rounding of q * d, as dequantize_f16 in ggml_ciq/quants.py.
+//   Q8_0 {d, qs[32]}: value j = int8 qs[j]                          (byte ^ 0x80 less 1152)
+//   Q4_0 {d, qs[16]}: value j = nibble j of qs (low: j < 16) - 8     (less 1032)
+//   Q5_0 {d, qh[4], qs[16]}: the same nibble | bit j of qh << 4, - 16 (less 1040)
+// 8 bytes at a 2-byte-aligned address as four 16-bit loads: never a byte past them (ldg8_a2's three aligned words
+// may read up to 4 bytes past, beyond a buffer that ends with the block: a Q4_0/Q5_0/Q8_0 block's last chunk is its
+// last 8 bytes).
+static __device__ __forceinline__ uint2 ldg8_u16(const uint8_t *p) {
+    const uint16_t *h = (const uint16_t *)p;
+    return make_uint2(__ldg(h) | (uint32_t)__ldg(h + 1) << 16, __ldg(h + 2) | (uint32_t)__ldg(h + 3) << 16);
+}
+
+template <ciq_type T, int R> struct raw_stage_block32 {
+    static constexpr int RSTEP = CIQ_WGMMA_ROWS / R, BYTES = wgmma_block32_bytes(T);
+    static constexpr int QS = T == CIQ_TYPE_Q5_0 ? 6 : 2;  // offset of qs in the block
+    uint2 q[R][2];
+    uint16_t d[R][2];
+    uint8_t h[R][2];  // Q5_0: qh byte i (the high bits of chunk i's 8 values)
+    __device__ __forceinline__ void load(const uint8_t *const (&blk)[R], int, int i) {
+#pragma unroll
+        for (int p = 0; p < R; ++p)
+#pragma unroll
+            for (int b = 0; b < 2; ++b) {
+                const uint8_t *bp = blk[p] + BYTES * b;
+                q[p][b] = ldg8_u16(bp + QS + (T == CIQ_TYPE_Q8_0 ? 8 * i : 8 * (i & 1)));
+                d[p][b] = __ldg((const uint16_t *)bp);
+                if constexpr (T == CIQ_TYPE_Q5_0) h[p][b] = __ldg(bp + 2 + i);
+            }
+    }
+    // Bit n of the 4 bits hb4 to bit 4 of byte n.
+    static __device__ __forceinline__ uint32_t spread4(uint32_t hb4) {
+        return (hb4 & 1) << 4 | (hb4 & 2) << 11 | (hb4 & 4) << 18 | (hb4 & 8) << 25;
+    }
+    __device__ __forceinline__ void dequant(uint8_t *a_tile, int, int i, int r0) const {
+        const __half2 bias = __half2half2(__ushort_as_half(T == CIQ_TYPE_Q8_0 ? 0x6480 : T == CIQ_TYPE_Q5_0 ? 0x6410 : 0x6408));
+        const int shift = T == CIQ_TYPE_Q8_0 ? 0 : 4 * (i >> 1);  // chunks 2, 3: the high nibbles
+#pragma unroll
+        for (int p = 0; p < R; ++p) {
+            uint32_t o[2][4];
+#pragma unroll
+            for (int b = 0; b < 2; ++b) {
+                const __half2 d2 = __half2half2(__ushort_as_half(d[p][b]));
+#pragma unroll
+                for (int w = 0; w < 2; ++w) {
+                    const uint32_t word = w ? q[p][b].y : q[p][b].x;
+                    uint32_t v;
+                    if constexpr (T == CIQ_TYPE_Q8_0) v = word ^ 0x80808080u;
+                    else v = (word >> shift) & 0x0F0F0F0Fu;
+                    if constexpr (T == CIQ_TYPE_Q5_0) v |= spread4((uint32_t)(h[p][b] >> (4 * w)) & 0xF);
+                    __half2 v0, v1;
+                    bytes_to_half2(v, bias, v0, v1);
+                    o[b][2 * w] = h2u(__hmul2(v0, d2));
+                    o[b][2 * w + 1] = h2u(__hmul2(v1, d2));
+                }
+            }
+            store_pair(a_tile, r0 + RSTEP * p, i, o);
+        }
+    }
+};
+template <int R> struct raw_stage<CIQ_TYPE_Q4_0, R, false> : raw_stage_block32<CIQ_TYPE_Q4_0, R> {};
+template <int R> struct raw_stage<CIQ_TYPE_Q5_0, R, false> : raw_stage_block32<CIQ_TYPE_Q5_0, R> {};
+template <int R> struct raw_stage<CIQ_TYPE_Q8_0, R, false> : raw_stage_block32<CIQ_TYPE_Q8_0, R> {};
+
 // ---- the kernel: produce, consume, epilogue ----------------------------------------------------------------------
 // Shared memory of one CTA (1024-byte aligned): the ring of STAGES stages (A tile, then B tile), then TMA_W's WSLOTS
 // staged weight slots, then the barriers full[STAGES], empty[STAGES], wfull[WSLOTS].
@@ -235,7 +314,8 @@ static __device__ __forceinline__ void wgmma_produce(const CUtensorMap &xmap, co
                                                      uint8_t *smem, uint8_t *wraw, uint64_t *full, uint64_t *empty,
                                                      uint64_t *wfull, int kb0, int iters, int64_t row0, int tok0) {
     constexpr int A_BYTES = CIQ_WGMMA_ROWS * 128, STAGE = wgmma_stage_bytes(BN);
-    constexpr int block_bytes = T == CIQ_TYPE_Q4_K ? Q4_K_BLOCK_BYTES : Q6_K_BLOCK_BYTES;
+    constexpr int block_bytes = wgmma_unit_bytes(T), SPU = wgmma_unit_stages(T);
+    static_assert(wgmma_kquant(T) || !TMA_W, "32-value blocks are read from global memory");
     constexpr int R = 4 / PW;  // rows per thread, 128 / R apart
     // Thread t: 8-byte column group i = t % 4 of rows r0 + (128 / R) p. The 8 threads of a 128-bit store phase
     // take rows r and r + 4 (row swizzles differing in bit 2), so their chunks fall in 8 distinct bank groups.
@@ -247,7 +327,9 @@ static __device__ __forceinline__ void wgmma_produce(const CUtensorMap &xmap, co
         uint8_t *a_tile = smem + slot * STAGE;
         if (t == 0) {
             mbar_arrive_expect_tx(&full[slot], BN * 128);
-            tma_load_2d(a_tile + A_BYTES, &xmap, (kb0 + it / 4) * QK_K + CIQ_WGMMA_KSTAGE * c, tok0, &full[slot]);
+            // K of this stage: the same value either way; the K-quants' expression kept (their SASS unchanged)
+            const int kx = SPU == 4 ? (kb0 + it / 4) * QK_K + CIQ_WGMMA_KSTAGE * c : (kb0 + it) * CIQ_WGMMA_KSTAGE;
+            tma_load_2d(a_tile + A_BYTES, &xmap, kx, tok0, &full[slot]);
         }
         raw.dequant(a_tile, c, i, r0);
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // A stores -> visible to wgmma
@@ -284,8 +366,10 @@ static __device__ __forceinline__ void wgmma_produce(const CUtensorMap &xmap, co
             }
         }
     } else {  // raw blocks from global memory into registers, PREFETCH stages ahead
-        // 2, except Q6_K with one producer warpgroup (4 rows per thread), whose third raw set spills (ptxas -v).
-        constexpr int PREFETCH = T == CIQ_TYPE_Q6_K && PW == 1 ? 1 : 2;
+        // 2, except Q6_K and Q5_0 with one producer warpgroup (4 rows per thread), whose third raw set spills
+        // (ptxas -v; cuobjdump --dump-resource-usage: Q5_0 at 168 registers and an 8-byte stack with 2).
+        constexpr int PREFETCH = (T == CIQ_TYPE_Q6_K || T == CIQ_TYPE_Q5_0) && PW == 1 ? 1 : 2;
+        static_assert(SPU == 4 || SPU == 1, "K-quant super-blocks (4 stages) or 32-value block pairs (1)");
         const int64_t row_bytes = (int64_t)nb * block_bytes;
         const uint8_t *rowp[R];
 #pragma unroll
@@ -293,20 +377,24 @@ static __device__ __forceinline__ void wgmma_produce(const CUtensorMap &xmap, co
         auto load = [&](raw_stage<T, R, false> &raw, int it) {
             const uint8_t *blk[R];
 #pragma unroll
-            for (int p = 0; p < R; ++p) blk[p] = rowp[p] + (int64_t)(kb0 + it / 4) * block_bytes;
-            raw.load(blk, it % 4, i);
+            for (int p = 0; p < R; ++p) blk[p] = rowp[p] + (int64_t)(kb0 + it / SPU) * block_bytes;
+            raw.load(blk, it % SPU, i);
         };
-        constexpr int RING = 4 % (PREFETCH + 1) == 0 ? PREFETCH + 1 : 4;  // divides 4: slots are compile-time
-        raw_stage<T, R, false> raw[RING];  // stage c of a super-block lives in raw[c % RING]
+        // Raw sets in a ring whose slots are compile-time: K-quants unroll a super-block (RING divides its 4 stages),
+        // the 32-value types PREFETCH + 1 stages at a time (iters need not be a multiple).
+        constexpr int RING = SPU == 1 ? PREFETCH + 1 : 4 % (PREFETCH + 1) == 0 ? PREFETCH + 1 : 4;
+        constexpr int UNROLL = SPU == 1 ? RING : 4;
+        raw_stage<T, R, false> raw[RING];  // stage it lives in raw[it % UNROLL % RING]
 #pragma unroll
         for (int c = 0; c < PREFETCH; ++c)
             if (c < iters) load(raw[c], c);
         wait_for_previous_grid();
-        for (int it0 = 0; it0 < iters; it0 += 4) {  // one super-block: the stage index c is a constant
+        for (int it0 = 0; it0 < iters; it0 += UNROLL) {  // the stage index c is a constant
 #pragma unroll
-            for (int c = 0; c < 4; ++c) {
+            for (int c = 0; c < UNROLL; ++c) {
+                if (SPU == 1 && it0 + c >= iters) break;
                 if (it0 + c + PREFETCH < iters) load(raw[(c + PREFETCH) % RING], it0 + c + PREFETCH);
-                stage(raw[c % RING], it0 + c, c);
+                stage(raw[c % RING], it0 + c, c % SPU);
             }
         }
     }
@@ -402,7 +490,7 @@ __global__ void __launch_bounds__(128 * (PW + 2), 1)
     uint64_t *full = (uint64_t *)(wraw + (TMA_W ? WSLOTS * CIQ_WGMMA_ROWS * wgmma_wbox(T) : 0)), *empty = full + STAGES,
              *wfull = empty + STAGES;
 
-    const int kb0 = blockIdx.z * kb_per_split, iters = 4 * (min(nb, kb0 + kb_per_split) - kb0);
+    const int kb0 = blockIdx.z * kb_per_split, iters = wgmma_unit_stages(T) * (min(nb, kb0 + kb_per_split) - kb0);
     const int64_t row0 = (int64_t)blockIdx.x * CIQ_WGMMA_ROWS;
     const int tok0 = blockIdx.y * BN;
     if (threadIdx.x == 0) {
@@ -527,13 +615,15 @@ template <ciq_type T, bool TMA_W> static wgmma_plan pick_plan(int64_t rows, int6
         if (pinned >= 0 && pinned < k_wgmma_config_count && c != pinned) continue;
         const int bn = k_wgmma_configs[c].bn;
         const int64_t tiles = row_tiles * ((tokens + bn - 1) / bn);
-        const double sb_s = 2.0 * CIQ_WGMMA_ROWS * bn * QK_K / (3.4e12 * k_wgmma_efficiency[c]);
+        // seconds per K value of a tile; a unit is 64 values per stage, and pipeline fill + epilogue one super-block
+        const double value_s = 2.0 * CIQ_WGMMA_ROWS * bn / (3.4e12 * k_wgmma_efficiency[c]);
+        constexpr int unit_values = CIQ_WGMMA_KSTAGE * wgmma_unit_stages(T);
         for (int splits = 1; splits <= CIQ_WGMMA_MAX_SPLITS && splits <= nb; ++splits) {
             const int per = (nb + splits - 1) / splits, used = (nb + per - 1) / per;
             const int wave = used == splits ? k_wave_ctas[c](splits, sms) : -1;
             if (wave <= 0) continue;
             const int64_t waves = (tiles * splits + wave - 1) / wave;
-            double s = waves * (per + 1) * sb_s;
+            double s = waves * ((double)per * unit_values + QK_K) * value_s;
             if (splits > 1) s += waves * 4.0 * CIQ_WGMMA_ROWS * bn / 1.0e11;
             if (s < best_s * 0.999) {
                 best_s = s;
@@ -583,12 +673,14 @@ template <ciq_type T>
 static ciq_status run_wgmma(encode_tiled_fn encode, const void *x_f16, int64_t k, const void *weight, int64_t row_bytes,
                             int64_t rows, int nb, const float *scales, int64_t tokens, int sms, void *out,
                             ciq_out_type out_type) {
-    // Q4_K rows (144 B blocks, 16-byte-aligned weights) always allow it; Q6_K rows (210 B) when K % 2048 == 0.
-    const bool tma_w = (uintptr_t)weight % 16 == 0 && row_bytes % 16 == 0;
+    // Q4_K rows (144 B blocks, 16-byte-aligned weights) always allow it; Q6_K rows (210 B) when K % 2048 == 0; the
+    // 32-value block types never (their blocks straddle any 16-byte box).
+    const bool tma_w = wgmma_kquant(T) && (uintptr_t)weight % 16 == 0 && row_bytes % 16 == 0;
     sms = sms > 0 ? sms : 132;
     wgmma_plan plan;
     if constexpr (T == CIQ_TYPE_Q6_K) plan = tma_w ? pick_plan<T, true>(rows, tokens, nb, sms) : pick_plan<T, false>(rows, tokens, nb, sms);
-    else plan = pick_plan<T, true>(rows, tokens, nb, sms);
+    else if constexpr (T == CIQ_TYPE_Q4_K) plan = pick_plan<T, true>(rows, tokens, nb, sms);
+    else plan = pick_plan<T, false>(rows, tokens, nb, sms);
 
     CUtensorMap xmap, wmap;
     {  // activations: 64 K values x BN tokens per box, 128-byte swizzle, zeros past the last token
@@ -600,17 +692,19 @@ static ciq_status run_wgmma(encode_tiled_fn encode, const void *x_f16, int64_t k
         if (res != CUDA_SUCCESS)
             return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: cuTensorMapEncodeTiled (activations) error %d", (int)res);
     }
-    if (tma_w) {  // weights as bytes: one block (WBOX bytes) x 128 rows per box, zeros past the last row
-        const cuuint64_t dims[2] = {(cuuint64_t)row_bytes, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)row_bytes};
-        const cuuint32_t box[2] = {(cuuint32_t)wgmma_wbox(T), CIQ_WGMMA_ROWS}, unit[2] = {1, 1};
-        const CUresult res = encode(&wmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(weight), dims, strides,
-                                    box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (res != CUDA_SUCCESS)
-            return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: cuTensorMapEncodeTiled (weights) error %d", (int)res);
-        return dispatch_wgmma<T, true>(xmap, wmap, weight, rows, nb, scales, tokens, plan, out, out_type);
+    if constexpr (wgmma_kquant(T)) {
+        if (tma_w) {  // weights as bytes: one block (WBOX bytes) x 128 rows per box, zeros past the last row
+            const cuuint64_t dims[2] = {(cuuint64_t)row_bytes, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)row_bytes};
+            const cuuint32_t box[2] = {(cuuint32_t)wgmma_wbox(T), CIQ_WGMMA_ROWS}, unit[2] = {1, 1};
+            const CUresult res = encode(&wmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(weight), dims, strides,
+                                        box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+            if (res != CUDA_SUCCESS)
+                return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: cuTensorMapEncodeTiled (weights) error %d", (int)res);
+            return dispatch_wgmma<T, true>(xmap, wmap, weight, rows, nb, scales, tokens, plan, out, out_type);
+        }
     }
-    if constexpr (T == CIQ_TYPE_Q6_K) {
+    if constexpr (T != CIQ_TYPE_Q4_K) {
         return dispatch_wgmma<T, false>(xmap, xmap, weight, rows, nb, scales, tokens, plan, out, out_type);
     } else {
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma: Q4_K weights must be 16-byte aligned");
@@ -619,24 +713,40 @@ static ciq_status run_wgmma(encode_tiled_fn encode, const void *x_f16, int64_t k
 
 ciq_status ciq_cuda_gemm_wgmma(int device, ciq_type type, const void *weight, int64_t rows, int64_t k,
                                const void *x_f16, int64_t tokens, void *out, ciq_out_type out_type) {
-    if (type != CIQ_TYPE_Q4_K && type != CIQ_TYPE_Q6_K)
+    if (type != CIQ_TYPE_Q4_K && type != CIQ_TYPE_Q6_K && type != CIQ_TYPE_Q4_0 && type != CIQ_TYPE_Q5_0 &&
+        type != CIQ_TYPE_Q8_0)
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma: unknown weight type %d", (int)type);
+    const int64_t unit_values = type == CIQ_TYPE_Q4_K || type == CIQ_TYPE_Q6_K ? QK_K : CIQ_WGMMA_KSTAGE;
+    if (k % unit_values != 0)  // whole super-blocks; the 32-value blocks two to a stage
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma: K must be a multiple of %lld for weight type %d, "
+                        "got %lld", (long long)unit_values, (int)type, (long long)k);
     if (tokens > INT32_MAX / 2 || k > INT32_MAX / 2 || (tokens + 63) / 64 > 65535)
         return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma: problem too large (k %lld, tokens %lld)",
                         (long long)k, (long long)tokens);
     if ((uintptr_t)x_f16 % 16 != 0 || (uintptr_t)weight % (type == CIQ_TYPE_Q4_K ? 16 : 2) != 0)
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT,
-                        "ciq_cuda_gemm_wgmma: activations (and Q4_K weights) must be 16-byte aligned, Q6_K 2-byte");
+                        "ciq_cuda_gemm_wgmma: activations (and Q4_K weights) must be 16-byte aligned, other weights "
+                        "2-byte");
     encode_tiled_fn encode;
     if (tensor_map_encoder(&encode) != CIQ_OK) return CIQ_ERR_BACKEND;
     int sms = 0;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    const int nb = (int)(k / QK_K);
-    const int64_t row_bytes = (int64_t)nb * (type == CIQ_TYPE_Q4_K ? Q4_K_BLOCK_BYTES : Q6_K_BLOCK_BYTES);
     const float *scales = (const float *)((const uint8_t *)x_f16 + ciq_f16_scale_offset(tokens, k));
-    return type == CIQ_TYPE_Q4_K
-               ? run_wgmma<CIQ_TYPE_Q4_K>(encode, x_f16, k, weight, row_bytes, rows, nb, scales, tokens, sms, out, out_type)
-               : run_wgmma<CIQ_TYPE_Q6_K>(encode, x_f16, k, weight, row_bytes, rows, nb, scales, tokens, sms, out, out_type);
+    switch (type) {  // nb: weight units per row (super-blocks, or pairs of 32-value blocks)
+#define CIQ_WGMMA_RUN(T)                                                                                             \
+    case T: {                                                                                                         \
+        const int nb = (int)(k / (CIQ_WGMMA_KSTAGE * wgmma_unit_stages(T)));                                          \
+        return run_wgmma<T>(encode, x_f16, k, weight, (int64_t)nb * wgmma_unit_bytes(T), rows, nb, scales, tokens,   \
+                            sms, out, out_type);                                                                      \
+    }
+        CIQ_WGMMA_RUN(CIQ_TYPE_Q4_K)
+        CIQ_WGMMA_RUN(CIQ_TYPE_Q6_K)
+        CIQ_WGMMA_RUN(CIQ_TYPE_Q4_0)
+        CIQ_WGMMA_RUN(CIQ_TYPE_Q5_0)
+        CIQ_WGMMA_RUN(CIQ_TYPE_Q8_0)
+#undef CIQ_WGMMA_RUN
+        default: return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma: unknown weight type %d", (int)type);
+    }
 }
 
 #else  // HIP: no wgmma
