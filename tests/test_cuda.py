@@ -145,24 +145,6 @@ def test_wgmma_tiles_splits_and_tails(weight_type, wgmma, rng):
         assert Q.nmse(out, Q.gemm_f16_semantics(weight_type, data, rows, k, x)) <= 1e-10, (rows, k, tokens)
 
 
-@pytest.mark.parametrize("weight_type", [Q.Q4_K, Q.Q6_K])
-def test_wgmma_programmatic_launch_same_values(weight_type, wgmma, rng, monkeypatch):
-    """GGML_CIQ_WGMMA_PDL=1 (the GEMM launched while the activation conversion still runs, waiting on it): the same
-    bits as the ordinary launch, on a split-K shape, a multi-wave one, a tail and (Q6_K, K = 2304) weights read into
-    registers. The conversion's scratch holds another input's bytes before each PDL run, so a GEMM reading it
-    before the conversion is done gets other values."""
-    quantize = Q.quantize_q4_K if weight_type == Q.Q4_K else Q.quantize_q6_K
-    for rows, k, tokens in ((1024, 4096, 512), (4097, 2048, 131), (14336, 4096, 512), (300, 2304, 257)):
-        data = quantize((rng.standard_normal((rows, k)) * 0.02).astype(np.float32))
-        x, other = (rng.standard_normal((2, tokens, k)) * [[[1.0]], [[3e3]]]).astype(np.float32)
-        monkeypatch.setenv("GGML_CIQ_WGMMA_PDL", "0")
-        plain = run_checked(data, x, "wgmma", ggml_type=weight_type, rows=rows, k=k)
-        stale = run_checked(data, other, "wgmma", ggml_type=weight_type, rows=rows, k=k)
-        assert not np.array_equal(stale, plain)
-        monkeypatch.setenv("GGML_CIQ_WGMMA_PDL", "1")
-        assert np.array_equal(run_checked(data, x, "wgmma", ggml_type=weight_type, rows=rows, k=k), plain), (rows, k)
-
-
 def block32_weights(rng, ggml_type: int, rows: int, k: int) -> np.ndarray:
     """Raw Q4_0/Q5_0/Q8_0 blocks: random quants (every bit pattern, Q5_0's high bits included) and fp16 scales of
     either sign spread over 2^-14 .. 2^-2 (f16 products from subnormal to large)."""
@@ -194,12 +176,20 @@ def test_wgmma_block32_tiles_splits_and_tails(weight_type, wgmma, rng):
         assert Q.nmse(out, exact) <= 1e-5, (rows, k, tokens, Q.nmse(out, exact))
 
 
-@pytest.mark.parametrize("weight_type", [Q.Q5_0, Q.Q8_0])
-def test_wgmma_block32_programmatic_launch_same_values(weight_type, wgmma, rng, monkeypatch):
-    """GGML_CIQ_WGMMA_PDL on and off give the same bits on the 32-value block path (whose producers prefetch weights
-    before waiting on the activation conversion), on a split-K shape, a tail and a multi-wave one."""
-    for rows, k, tokens in ((1024, 640, 512), (4097, 2112, 131), (14336, 4096, 512)):
-        data = block32_weights(rng, weight_type, rows, k)
+@pytest.mark.parametrize("weight_type", [Q.Q4_K, Q.Q6_K, Q.Q5_0, Q.Q8_0])
+def test_wgmma_programmatic_launch_same_values(weight_type, wgmma, rng, monkeypatch):
+    """GGML_CIQ_WGMMA_PDL=1 (the GEMM launched while the activation conversion still runs, waiting on it): the same
+    bits as the ordinary launch, on a split-K shape, a multi-wave one and a tail; K-quants also with (Q6_K, K = 2304)
+    weights read into registers, the 32-value block types (whose producers prefetch weights before waiting on the
+    conversion) at Gemma's K = 640 and K = 2112. The conversion's scratch holds another input's bytes before each PDL
+    run, so a GEMM reading it before the conversion is done gets other values."""
+    block32 = weight_type in Q.Q32_TYPES
+    shapes = (((1024, 640, 512), (4097, 2112, 131), (14336, 4096, 512)) if block32 else
+              ((1024, 4096, 512), (4097, 2048, 131), (14336, 4096, 512), (300, 2304, 257)))
+    quantize = Q.quantize_q4_K if weight_type == Q.Q4_K else Q.quantize_q6_K
+    for rows, k, tokens in shapes:
+        data = (block32_weights(rng, weight_type, rows, k) if block32 else
+                quantize((rng.standard_normal((rows, k)) * 0.02).astype(np.float32)))
         x, other = (rng.standard_normal((2, tokens, k)) * [[[1.0]], [[3e3]]]).astype(np.float32)
         monkeypatch.setenv("GGML_CIQ_WGMMA_PDL", "0")
         plain = run_checked(data, x, "wgmma", ggml_type=weight_type, rows=rows, k=k)

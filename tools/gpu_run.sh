@@ -57,7 +57,10 @@
 # kernel-profile`, and with llama.cpp built `GRAPH=1 TOKENS=512 compare` and GRAPH=1 TOKENS=4096 with
 # --reference off (ours against llama.cpp in one process: the Gemma bar is 2.0x at both lengths); the 8B with graphs
 # at 2048 and 8192 (`compare llama3-8b-synthetic --cuda-graph --reference off`); the kernels of deliverables 3-5
-# once written (bench gemm sets, compare at 512..8192, sanitize).
+# once written (bench gemm sets, compare at 512..8192, sanitize). The output row at 1 token (Gemma's Q8_0
+# 262144 x 640: q32 275 us, wgmma 188 us in 8306a9d's profiles, where reading its 178 MB once takes ~45 us): `py -m
+# ggml_ciq.cli bench gemm --backend ciq-cuda --shape Q8_0:262144:640 --tokens 1,8 --variants q32,mmvq,wgmma` against
+# llama.cpp's MMVQ (after wait), then AUTO's choice at 1..8 tokens for the 32-block types by that measurement.
 # plugin-sanitize after ac2ab62's change to the plugin's waits. Run one-off scripts as
 # `gpu_run.sh py tools/X.py` (its PYTHONPATH), and fire the next call within 30 s.
 # /tmp survives between calls while the machine stays warm, so setup runs once per lease.
