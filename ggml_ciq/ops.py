@@ -220,6 +220,8 @@ class NativeOps:
             raise InvalidArgumentError(f"GPU {self.device} requested but {native.device_count()} found")
         self.semantics = semantics or ("cpu" if self.device < 0 else "any")
         self._semantics_id = native.semantics_id(self.semantics)
+        # Q4_0/Q5_0/Q8_0 blocks through AUTO in these semantics (wgmma where it runs them), not pinned to q32/MMQ
+        self._block32_auto = self.semantics in ("any", "f16")
         kernels = native.enum_names("ciq_attention_kernel", "CIQ_ATTENTION_")
         if attention_kernel not in kernels:
             raise InvalidArgumentError(f"unknown attention kernel {attention_kernel!r} (choose from "
@@ -589,7 +591,7 @@ class NativeOps:
         if self._compute_capability and quants.llamacpp_cuda_uses_mmvq(weight.ggml_type, tokens,
                                                                         self._compute_capability):
             return lib.CIQ_VARIANT_MMVQ, lib.CIQ_SEMANTICS_MMVQ
-        if weight.kind == "q32" and self.semantics not in ("any", "f16"):  # llama.cpp CUDA MMQ's semantics
+        if weight.kind == "q32" and not self._block32_auto:  # llama.cpp CUDA MMQ's semantics
             return lib.CIQ_VARIANT_Q32, lib.CIQ_SEMANTICS_MMQ
         return lib.CIQ_VARIANT_AUTO, self._semantics_id
 
@@ -619,7 +621,7 @@ class NativeOps:
     def groups(self, weights: list[Weight]) -> bool:
         """Whether linear_group takes these weights: blocks our GEMMs read (keep-quant, and 32-block ones unless in
         MMQ's semantics, where the engine keeps llama.cpp's one quantization per GEMM), all of one K."""
-        kinds = ("keep-quant", "q32") if self.semantics in ("any", "f16") else ("keep-quant",)
+        kinds = ("keep-quant", "q32") if self._block32_auto else ("keep-quant",)
         return all(w.kind in kinds and w.k == weights[0].k for w in weights)
 
     def linear_group(self, weights: list[Weight], x) -> list[DeviceArray]:

@@ -381,10 +381,13 @@ def gemm_q32_mmq_quantized(ggml_type: int, data, rows: int, k: int, xq: np.ndarr
     return xf @ (dw.astype(np.float64)[..., None] * qw).reshape(rows, k).T
 
 
+F16_K_UNIT = 64  # the f16 layout's K multiple (native/src/blocks.h; the wgmma row's k_multiple)
+
+
 def convert_f16(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """f16 semantics' activations: (f16 [tokens, K] of x * 2^-e, scale [tokens] = 2^e), e putting amax in [2^14, 2^15);
-    K a multiple of 64 (wgmma's pipeline stage)."""
-    x = _check_activations(x, 64)
+    K a multiple of F16_K_UNIT (wgmma's pipeline stage)."""
+    x = _check_activations(x, F16_K_UNIT)
     e = np.maximum(np.frexp(np.abs(x).max(-1))[1], -100)
     up = np.ldexp(np.float32(1.0), 15 - e).astype(np.float32)
     with np.errstate(over="ignore"):

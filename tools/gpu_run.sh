@@ -51,16 +51,15 @@
 #   then: wait ; test tests/test_cuda.py tests/test_plugin.py ; plugin-check ; plugin-bench ; memory ; compare ; and
 #           end every call that writes more than 8 files under $OUT with `pack NAME` (a call returns at most 8 files,
 #           named in letters, digits, '.', '_' and '-')
-# What the open issue (16) still needs on the GPU: wgmma on the 32-value block types (API v9, measured by a reviewer's
-# run only): `test tests/test_cuda.py tests/test_native.py -k "block32 or wgmma_registry or auto_picks"`, `sanitize
-# wgmma-block32`, then (staged) `test tests/test_engine.py -k "block32 or gemma"`, `graph-bench`, `SETS=512:fast
-# kernel-profile`, and with llama.cpp built `GRAPH=1 TOKENS=512 compare` and GRAPH=1 TOKENS=4096 with
-# --reference off (ours against llama.cpp in one process: the Gemma bar is 2.0x at both lengths); the 8B with graphs
-# at 2048 and 8192 (`compare llama3-8b-synthetic --cuda-graph --reference off`); the kernels of deliverables 3-5
-# once written (bench gemm sets, compare at 512..8192, sanitize). The output row at 1 token (Gemma's Q8_0
-# 262144 x 640: q32 275 us, wgmma 188 us in 8306a9d's profiles, where reading its 178 MB once takes ~45 us): `py -m
-# ggml_ciq.cli bench gemm --backend ciq-cuda --shape Q8_0:262144:640 --tokens 1,8 --variants q32,mmvq,wgmma` against
-# llama.cpp's MMVQ (after wait), then AUTO's choice at 1..8 tokens for the 32-block types by that measurement.
+# What the open issue (16) still needs on the GPU (wgmma on the 32-block types, API v9, tested at 8306a9d): with
+# llama.cpp built (setup without NO_LLAMA, then wait) and Gemma staged, ours against llama.cpp in one process (the
+# Gemma bar is 2.0x at both lengths): `GRAPH=1 TOKENS=512 compare`, `GRAPH=1 REFERENCE=off TOKENS=4096 compare`; the
+# 8B with graphs: `GRAPH=1 TOKENS="2048 8192" LIMIT=280 compare-8b`; `test tests/test_plugin.py` (its offload-all
+# expectations changed with API v9); the kernels of deliverables 3-5 once written (bench gemm sets, compare at
+# 512..8192, sanitize, kernel-profile). The output row at 1 token (Gemma's Q8_0 262144 x 640: q32 275 us, wgmma
+# 188 us in 8306a9d's profiles, where reading its 178 MB once at 4 TB/s would take ~45 us): `py -m ggml_ciq.cli bench gemm --backend
+# ciq-cuda --shape Q8_0:262144:640 --tokens 1,8 --variants q32,mmvq,wgmma` against llama.cpp's MMVQ (after wait),
+# then AUTO's choice at 1..8 tokens for the 32-block types by that measurement.
 # plugin-sanitize after ac2ab62's change to the plugin's waits. Run one-off scripts as
 # `gpu_run.sh py tools/X.py` (its PYTHONPATH), and fire the next call within 30 s.
 # /tmp survives between calls while the machine stays warm, so setup runs once per lease.
@@ -149,10 +148,11 @@ case "${1:-}" in
   compare)  # issue 18's H200 runs: Gemma 3 270M at 512 and 4096 tokens, every arm (llama.cpp FA on and its FA-off
             # spread, ours llamacpp, exact and fast, the float64 reference on the host CPU) and, with the plugin built,
             # the plugin arm with every weight MUL_MAT offloaded (GGML_CIQ_OFFLOAD=all: the table takes none of Gemma's)
+            # GRAPH=1: our arms as CUDA graphs; REFERENCE=off: no float64 arm (speed runs: 4096 tokens fit a call)
     plugin=; [ -f $LLAMA_BUILD/bin/libggml-cuda.so ] && [ -f $PLUGIN ] && plugin=--plugin
     for n in ${TOKENS:-512 4096}; do
       GGML_CIQ_OFFLOAD=all timeout ${LIMIT:-280} python3 -m ggml_ciq.cli compare "$(gemma_path)" --tokens $n --device cuda \
-        --repeat 5 $plugin ${GRAPH:+--cuda-graph} --json "$OUT/compare-gemma3-270m-$n${GRAPH:+-graph}.json" \
+        --repeat 5 $plugin ${GRAPH:+--cuda-graph} ${REFERENCE:+--reference $REFERENCE} --json "$OUT/compare-gemma3-270m-$n${GRAPH:+-graph}.json" \
         --plot "$OUT/compare-gemma3-270m-$n${GRAPH:+-graph}.png" 2>&1 \
         | tail -n 40
     done ;;
@@ -204,10 +204,12 @@ case "${1:-}" in
     timeout ${LIMIT:-300} cuobjdump -sass $LLAMA_BUILD/bin/libggml-cuda.so 2>/dev/null | awk -v f="${2:?kernel name}" \
       '$0 ~ "Function : .*"f {p=1} /Function :/ && $0 !~ f {p=0} p' | gzip > "$OUT/sass-llamacpp-$2.txt.gz"
     ls -la "$OUT/sass-llamacpp-$2.txt.gz" ;;
-  compare-8b)  # speed only (no reference: 64 GB in float64): the synthetic Llama-3-8B at 512 and 2048 tokens
-    for n in 512 2048; do
-      python3 -m ggml_ciq.cli compare llama3-8b-synthetic --tokens $n --device cuda --repeat 5 --reference off \
-        --json "$OUT/prefill-llama3-8b-synthetic-n$n.json" 2>&1 | tail -n 30
+  compare-8b)  # speed only (no reference: 64 GB in float64): the synthetic Llama-3-8B at TOKENS (512 2048), GRAPH=1:
+              # our arms as CUDA graphs
+    for n in ${TOKENS:-512 2048}; do
+      timeout ${LIMIT:-400} python3 -m ggml_ciq.cli compare llama3-8b-synthetic --tokens $n --device cuda --repeat 5 \
+        --reference off ${GRAPH:+--cuda-graph} --json "$OUT/prefill-llama3-8b-synthetic-n$n${GRAPH:+-graph}.json" 2>&1 \
+        | tail -n 30
     done ;;
   sanitize)
     shift

@@ -22,6 +22,8 @@ import re
 import sys
 from collections import defaultdict
 
+from ggml_ciq.errors import CiqError
+
 
 def run(args) -> None:
     import numpy as np
@@ -54,8 +56,12 @@ def kernel_family(name: str) -> str:
 
 def summarize(args) -> None:
     rows = []
-    with open(args.csv, newline="") as f:
-        lines = [line for line in f if line.startswith('"')]  # ncu's own log lines are not CSV
+    try:
+        with open(args.csv, newline="") as f:
+            lines = [line for line in f if line.startswith('"')]  # ncu's own log lines are not CSV
+    except OSError as exc:
+        print(f"kernel_profile: cannot read {args.csv}: {exc.strerror}", file=sys.stderr)
+        sys.exit(2)
     for row in csv.DictReader(lines):
         if row.get("Metric Name") != "gpu__time_duration.sum":
             continue
@@ -64,7 +70,9 @@ def summarize(args) -> None:
         ns = value * {"nsecond": 1, "ns": 1, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6}.get(unit, 1)
         rows.append((kernel_family(row["Kernel Name"]), ns, row.get("Grid Size", ""), row.get("Block Size", "")))
     if not rows:
-        sys.exit(f"{args.csv}: no gpu__time_duration.sum rows (was ncu run with --csv and that metric?)")
+        print(f"kernel_profile: {args.csv} has no gpu__time_duration.sum rows (was ncu run with --csv and that "
+              "metric?)", file=sys.stderr)
+        sys.exit(2)
     by = defaultdict(lambda: [0, 0.0, set()])
     for name, ns, grid, block in rows:
         by[name][0] += 1
@@ -99,7 +107,11 @@ def main(argv=None) -> None:
     s.add_argument("--wall-ms", type=float, default=None)
     s.add_argument("--json")
     args = p.parse_args(argv)
-    run(args) if args.mode == "run" else summarize(args)
+    try:
+        run(args) if args.mode == "run" else summarize(args)
+    except CiqError as exc:  # a bad model path, no GPU: one line
+        print(f"kernel_profile: {exc}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ ciq_status ciq_activations_size(ciq_layout layout, int64_t tokens, int64_t k, si
     int64_t unit = 0;
     switch (layout) {
         case CIQ_LAYOUT_Q8_K: unit = QK_K; break;
-        case CIQ_LAYOUT_F16: unit = 64; break;  // wgmma's pipeline stage
+        case CIQ_LAYOUT_F16: unit = F16_K_UNIT; break;
         case CIQ_LAYOUT_Q8_1_MMQ_DS4: case CIQ_LAYOUT_Q8_1_MMQ_D4: unit = Q8_1_MMQ_VALUES; break;
         case CIQ_LAYOUT_Q8_0: case CIQ_LAYOUT_Q8_1: unit = 32; break;
         default: return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "unknown activation layout %d", (int)layout);

@@ -12,6 +12,7 @@
 #define Q8_K_BLOCK_BYTES 292
 #define Q8_1_MMQ_VALUES 128
 #define Q8_1_MMQ_BLOCK_BYTES 144
+#define F16_K_UNIT 64  // the f16 layout's K multiple: wgmma's pipeline stage (two 32-value blocks)
 
 // Block layouts, identical to ggml's (ggml-common.h). Scales are IEEE half bit patterns.
 struct block_q4_K {

@@ -89,7 +89,7 @@ static ciq_status launch_wgmma(int device, ciq_variant, ciq_semantics, ciq_type 
 #define K_QUANTS 2, {CIQ_TYPE_Q4_K, CIQ_TYPE_Q6_K}
 #define BLOCK32 3, {CIQ_TYPE_Q4_0, CIQ_TYPE_Q5_0, CIQ_TYPE_Q8_0}
 #define ANY_TOKENS 1, INT64_MAX, 1
-#define ANY_TOKENS_K64 1, INT64_MAX, 64
+#define ANY_TOKENS_K64 1, INT64_MAX, F16_K_UNIT
 #define ALL_TYPES 5, {CIQ_TYPE_Q4_K, CIQ_TYPE_Q6_K, CIQ_TYPE_Q4_0, CIQ_TYPE_Q5_0, CIQ_TYPE_Q8_0}
 
 static const ciq_variant_row k_variants[CIQ_VARIANT_COUNT] = {

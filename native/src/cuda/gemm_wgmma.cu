@@ -39,6 +39,7 @@
 
 #define CIQ_WGMMA_ROWS 128
 #define CIQ_WGMMA_KSTAGE 64  // K values per pipeline stage (one 128-byte swizzle atom of f16)
+static_assert(CIQ_WGMMA_KSTAGE == F16_K_UNIT, "the f16 layout's K multiple (blocks.h) is one stage");
 
 #define RED_STRIDE (CIQ_WGMMA_ROWS + 4)  // floats per token row of the epilogue's red[] (bank-conflict-free stores)
 #define CIQ_WGMMA_MAX_SPLITS 8          // split-K runs inside one cluster (portable cluster size)
