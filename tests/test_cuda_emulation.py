@@ -106,9 +106,9 @@ def emu(tmp_path_factory):
         pytest.skip("no g++ for the CUDA-on-CPU emulation")
     build = tmp_path_factory.mktemp("cuda_on_cpu")
     shutil.copytree(ROOT / "native" / "src", build / "src")
-    expected = {"ops.cu": {"launch": 9, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
+    expected = {"ops.cu": {"launch": 10, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
                 "ops_llamacpp.cu": {"launch": 7, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
-                "attention.cu": {"launch": 2, "mma": 0, "ldmatrix": 0, "extern_shared": 2},
+                "attention.cu": {"launch": 3, "mma": 0, "ldmatrix": 0, "extern_shared": 2},
                 "attention_llamacpp.cu": {"launch": 1, "mma": 0, "ldmatrix": 0, "extern_shared": 1},
                 "mma_sync.cuh": {"launch": 0, "mma": 2, "ldmatrix": 1, "extern_shared": 0},
                 "gemm_q32.cu": {"launch": 3, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
@@ -177,6 +177,32 @@ def test_attention_emulated(emu, rng, kernel, tokens, heads_kv, group, head_dim,
         assert nmse(out, attention_ref(q, k, v, n_past, scale, window, round_q=True)) <= 1e-6
     else:
         assert nmse(out, attention_ref(q, k, v, n_past, scale, window)) <= 1e-10
+
+
+# (tokens, heads_kv, group, head_dim, n_past, window): one query over 301 keys in 16 heads (16 CTAs on the emulated
+# H200's 132 SMs: 5 chunks of 64 keys, flash-decoding's case), and a windowed prefill whose tile 0 is cut into 2
+# chunks with rows that see no key of the second (m = -inf there, weight 0 in the combine).
+SPLIT_CASES = [(1, 8, 2, 128, 300, 0), (131, 1, 4, 64, 100, 7), (100, 1, 4, 256, 200, 0)]
+
+
+@pytest.mark.parametrize("kernel", ["simt", "mma"])
+def test_attention_emulated_split(emu, rng, monkeypatch, kernel):
+    """attention.cu's split over the keys: other float32 folds than one CTA per query tile (not the same bits, so the
+    split ran), each within the kernel's bar of float64 (a chunk combined with a wrong max, twice, or not at all fails
+    it); GGML_CIQ_ATTENTION_SPLIT=0 turns it off."""
+    for tokens, heads_kv, group, head_dim, n_past, window in SPLIT_CASES:
+        q, k, v = _attention_inputs(rng, tokens, heads_kv, group, head_dim, n_past)
+        heads, scale = heads_kv * group, 1.0 / np.sqrt(head_dim)
+        reference = attention_ref(q, k, v, n_past, scale, window, round_q=kernel == "mma")
+        outs = []
+        for split in ("1", "0"):
+            monkeypatch.setenv("GGML_CIQ_ATTENTION_SPLIT", split)
+            out = poisoned((tokens, heads * head_dim))
+            call(emu, "emu_attention", {"simt": SIMT, "mma": MMA}[kernel], q, k.view(np.uint16), v.view(np.uint16),
+                 tokens, heads, heads_kv, head_dim, n_past, scale, window, out)
+            assert nmse(out, reference) <= (1e-6 if kernel == "mma" else 1e-10)
+            outs.append(out)
+        assert not np.array_equal(*outs), (tokens, heads_kv, group, head_dim, n_past, window)
 
 
 def test_attention_emulated_llamacpp_is_not_mma(emu, rng):

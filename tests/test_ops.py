@@ -346,6 +346,31 @@ def test_attention(attention_ops, rng, tokens, heads_kv, group, head_dim, n_past
         assert nmse(out, attention_ref(q, k, v, n_past, scale, window)) <= 1e-10
 
 
+@pytest.mark.parametrize("kernel", ["simt", "mma"])
+@pytest.mark.parametrize("tokens, heads_kv, group, head_dim, n_past, window",
+                         [(512, 1, 4, 256, 0, 512), (512, 1, 4, 256, 3584, 0), (512, 1, 4, 256, 3584, 512),
+                          (1, 8, 4, 128, 4000, 0), (131, 1, 4, 64, 100, 7), (512, 8, 4, 128, 0, 0)])
+def test_attention_split_over_keys(native_lib, rng, monkeypatch, kernel, tokens, heads_kv, group, head_dim, n_past,
+                                   window):
+    """attention.cu's split over the keys on the GPU, at Gemma 3 270M's micro-batches (512 queries, 4 heads on 1 kv
+    head: 32 CTAs; global and sliding layers after 3584 cached keys), a decode row over 4000 keys, a window cutting
+    rows out of a chunk and Llama-3-8B's 32 heads (2 chunks): within the kernel's bar of float64, not the unsplit
+    bits (GGML_CIQ_ATTENTION_SPLIT=0), and the same bits on a second call."""
+    _gpu_or_skip()
+    ops = PoisonedOps("cuda", attention_kernel=kernel)
+    q, k, v = _attention_inputs(rng, tokens, heads_kv, group, head_dim, n_past)
+    scale = 1.0 / np.sqrt(head_dim)
+    qd, kd, vd = ops.asarray(q), ops.asarray(k), ops.asarray(v)
+    split = ops.attention(qd, kd, vd, n_past, scale, window).numpy()
+    assert np.array_equal(split, ops.attention(qd, kd, vd, n_past, scale, window).numpy())
+    monkeypatch.setenv("GGML_CIQ_ATTENTION_SPLIT", "0")
+    whole = ops.attention(qd, kd, vd, n_past, scale, window).numpy()
+    reference = attention_ref(q, k, v, n_past, scale, window, round_q=kernel == "mma")
+    for out in (split, whole):
+        assert nmse(out, reference) <= (1e-6 if kernel == "mma" else 1e-10)
+    assert not np.array_equal(split, whole)
+
+
 def test_attention_ggml_same_values_on_every_isa(native_lib, rng, monkeypatch):
     """The ggml kernel's AVX2 dot products and its scalar ones are the same eight fma lanes: bit-identical outputs
     (windows, n_past, head_dim 96 and 256 included)."""

@@ -186,13 +186,15 @@ case "${1:-}" in
                    # timed alone (tools/kernel_profile.py), next to the prefill's wall time without ncu (median of 5):
                    # where the GPU time goes, and how long no kernel runs. SETS="512:fast 4096:fast 512:exact" by
                    # default -> $OUT/kernel-profile-gemma3-270m-N-S{.csv.gz,.json,-summary.txt,-prefill.json}
+                   # MODEL=llama3-8b-synthetic profiles the synthetic 8B instead (files named for it)
+    model=${MODEL:-$(gemma_path)} name=${MODEL:-gemma3-270m}
     for set in ${SETS:-512:fast 4096:fast 512:exact}; do
-      n=${set%%:*} s=${set##*:} f="$OUT/kernel-profile-gemma3-270m-$n-$s"
-      timeout 120 python3 -m ggml_ciq.cli prefill "$(gemma_path)" --tokens $n --device cuda --semantics $s --repeat 5 \
+      n=${set%%:*} s=${set##*:} f="$OUT/kernel-profile-$name-$n-$s"
+      timeout 120 python3 -m ggml_ciq.cli prefill "$model" --tokens $n --device cuda --semantics $s --repeat 5 \
         --cuda-graph --json "$f-prefill.json" 2>&1 | grep -E "tokens/s|rror" | head -n 2
       wall=$(python3 -c "import json, statistics; print(1e3 * statistics.median(json.load(open('$f-prefill.json'))['runs_seconds']))")
       timeout ${LIMIT:-200} ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv \
-        --log-file "$f.csv" python3 tools/kernel_profile.py run "$(gemma_path)" --tokens $n --semantics $s --cuda-graph \
+        --log-file "$f.csv" python3 tools/kernel_profile.py run "$model" --tokens $n --semantics $s --cuda-graph \
         > "$f.txt" 2>&1
       echo "$set: ncu exit $?, wall $wall ms"
       python3 tools/kernel_profile.py summarize "$f.csv" --wall-ms "$wall" --json "$f.json" > "$f-summary.txt" 2>&1

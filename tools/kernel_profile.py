@@ -28,10 +28,11 @@ from ggml_ciq.errors import CiqError
 def run(args) -> None:
     import numpy as np
 
+    from ggml_ciq import catalog
     from ggml_ciq.engine import Transformer
     from ggml_ciq.model import ModelFile
 
-    engine = Transformer(ModelFile(args.model), device="cuda", semantics=args.semantics)
+    engine = Transformer(ModelFile(catalog.resolve_model(args.model)), device="cuda", semantics=args.semantics)
     tokens = np.random.default_rng(0).integers(0, engine.hp.n_vocab, args.tokens).tolist()  # as `prefill` draws them
     for _ in range(2):
         engine.forward(tokens, graph=args.cuda_graph)

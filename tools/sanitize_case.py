@@ -1,9 +1,10 @@
 """One small tail-shaped run of every GPU kernel (quantizers, the engine's ops and attention kernels included), for
 compute-sanitizer.
 
-Usage: compute-sanitizer --tool memcheck python3 tools/sanitize_case.py [variant ... | wgmma-block32 | engine]
+Usage: compute-sanitizer --tool memcheck python3 tools/sanitize_case.py [variant ... | wgmma-block32 | engine |
+attention-split]
 (mmvq: every type at 1..8 tokens, mmvq_case; mma and q32: also MMQ's stream-k seams, mmq_seams_case; wgmma-block32:
-wgmma on Q4_0/Q5_0/Q8_0, wgmma_block32_case)
+wgmma on Q4_0/Q5_0/Q8_0, wgmma_block32_case; attention-split: attention_split_case)
 """
 
 import itertools
@@ -163,9 +164,33 @@ def wgmma_block32_case():
             print(f"wgmma {Q.type_name(weight_type)} {rows} x {k} tokens={tokens:4d} nmse={err:.2e}")
 
 
+def attention_split_case():
+    """attention.cu's split over the keys (simt and mma): a decode row over 700 cached keys (chunks of 64), 100 queries
+    after 300 keys with and without a window (rows that see no key of a chunk), Gemma's 4 heads on 1 kv head at
+    D = 256, a 32-head D = 128 case (2 chunks) and the same calls unsplit (GGML_CIQ_ATTENTION_SPLIT=0)."""
+    from ggml_ciq.ops import NativeOps
+
+    rng = np.random.default_rng(4)
+    for kernel, split in itertools.product(("simt", "mma"), ("1", "0")):
+        os.environ["GGML_CIQ_ATTENTION_SPLIT"] = split
+        ops = NativeOps("cuda", attention_kernel=kernel)
+        for t, n_past, heads, hkv, d, window in ((1, 700, 8, 2, 128, 0), (100, 300, 4, 1, 256, 0),
+                                                  (100, 300, 4, 1, 256, 37), (130, 0, 32, 8, 128, 0)):
+            q = rng.standard_normal((t, heads, d)).astype(np.float32)
+            k, v = ops.zeros((n_past + t + 3, hkv, d), np.float16), ops.zeros((n_past + t + 3, hkv, d), np.float16)
+            ops.kv_store(k, 0, rng.standard_normal((n_past + t, hkv, d)).astype(np.float32))
+            ops.kv_store(v, 0, rng.standard_normal((n_past + t, hkv, d)).astype(np.float32))
+            out = ops.attention(q, k, v, n_past, d ** -0.5, window).numpy()
+            print(f"attention {kernel} split={split} t={t} n_past={n_past} heads={heads}/{hkv} D={d} "
+                  f"window={window}: finite={np.isfinite(out).all()}")
+    del os.environ["GGML_CIQ_ATTENTION_SPLIT"]
+
+
 def main(variants):
     if variants == ["engine"]:
         return engine_case()
+    if variants == ["attention-split"]:
+        return attention_split_case()
     if "wgmma-block32" in variants:
         wgmma_block32_case()
         variants = [v for v in variants if v != "wgmma-block32"]

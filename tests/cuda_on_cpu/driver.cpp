@@ -2,7 +2,18 @@
 // ops_llamacpp.cu, attention.cu, attention_llamacpp.cu, gemm_q32.cu and gemm_mma.cu (compiled for the CPU emulation); errors are recorded by the library's status.cpp.
 #include "cuda/common.cuh"
 
+#include <vector>
+
 cudaStream_t ciq_stream() { return nullptr; }  // runtime.cu's, which the emulation does not build: one stream
+
+// runtime.cu's scratch buffers (attention's split over the keys): host memory, grown on demand, kept per slot.
+ciq_status ciq_cuda_scratch(int, int slot, size_t nbytes, void **ptr) {
+    static std::vector<std::vector<unsigned char>> buffers(CIQ_SCRATCH_SLOTS);
+    if (slot < 0 || slot >= CIQ_SCRATCH_SLOTS) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "scratch slot %d", slot);
+    if (buffers[slot].size() < nbytes) buffers[slot].resize(nbytes);
+    *ptr = buffers[slot].data();
+    return CIQ_OK;
+}
 
 extern "C" {
 const char *emu_last_error(void) { return ciq_last_error(); }

@@ -19,12 +19,23 @@
 //         D <= 128 the loads are pipelined through registers: V of tile t lands during S = Q K^T, K of tile t+1
 //         during O += P V (three barriers per tile); D = 256 loads K and V at the top of each tile.
 //   mma_llamacpp: attention_llamacpp.cu (llama.cpp CUDA's own flash attention, operation for operation).
+//
+// Split over the keys (simt and mma; GGML_CIQ_ATTENTION_SPLIT=0 turns it off): where the (query tile, head) CTAs are
+// too few to fill the GPU (Gemma 3 270M: 8 x 4 at 512 tokens on 132 SMs), each CTA's key range is cut into chunks of
+// chunk_keys (a multiple of 64 from `first`) and grid.z runs one chunk per CTA. A chunk's CTA writes its rows'
+// unnormalized O and (m, l) to scratch slot 1:
+//   partial  : float32 [chunk][query tile][head] slots of PARTIAL_SLOT(D) floats: O [64][D], then (m, l) [64][2].
+// A CTA whose chunk starts past the range writes nothing; attention_combine_kernel merges the chunks a row has:
+//   out = sum_c O_c exp(m_c - M) / sum_c l_c exp(m_c - M), M = max_c m_c (a chunk where the row saw no key: m = -inf,
+// weight 0; every row sees its own position, so M is finite). The split is a function of (tokens, heads, the key
+// ranges): the same call splits the same way every time, eager or in a graph.
 #include "common.cuh"
 #include "mma_sync.cuh"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 namespace {
@@ -38,13 +49,33 @@ struct AttentionArgs {
     float *out;
     int tokens, heads, heads_kv, n_past, window;
     float scale;
+    float *partial;  // split over the keys: the chunks' partial results (nullptr: one CTA per tile, out written)
+    int chunk_keys;  // keys per chunk, a multiple of ATTN_KEYS (with partial)
 };
+
+__host__ __device__ constexpr int64_t partial_slot(int64_t d) { return ATTN_QUERIES * (d + 2); }  // floats: O [64][D], (m, l) [64][2]
 
 // The key range [first, end) the CTA's queries can see.
 __device__ __forceinline__ void key_range(const AttentionArgs &a, int q0, int *first, int *end) {
     const int last_query = min(q0 + ATTN_QUERIES, a.tokens) - 1;
     *end = a.n_past + last_query + 1;
     *first = a.window > 0 ? max(0, a.n_past + q0 - a.window + 1) : 0;
+}
+
+// The keys [*start, *stop) this CTA walks: the whole range, or its chunk blockIdx.z of it. False: the chunk starts past
+// the range (the CTA has nothing to do and writes nothing).
+__device__ __forceinline__ bool chunk_range(const AttentionArgs &a, int first, int end, int *start, int *stop) {
+    *start = first;
+    *stop = end;
+    if (a.partial == nullptr) return true;
+    *start = first + (int)blockIdx.z * a.chunk_keys;
+    *stop = min(end, *start + a.chunk_keys);
+    return *start < end;
+}
+
+// The chunk's slot in the partial buffer (the query tile's rows for this head).
+__device__ __forceinline__ float *partial_at(const AttentionArgs &a, int64_t d) {
+    return a.partial + (((int64_t)blockIdx.z * gridDim.x + blockIdx.x) * a.heads + blockIdx.y) * partial_slot(d);
 }
 
 __device__ __forceinline__ bool visible(const AttentionArgs &a, int query_pos, int key, int end) {
@@ -70,19 +101,20 @@ __global__ void __launch_bounds__(256) attention_simt_kernel(AttentionArgs a) {
 
     const int q0 = blockIdx.x * ATTN_QUERIES, h = blockIdx.y, hkv = h / (a.heads / a.heads_kv);
     const int tid = threadIdx.x, row = tid / 4, sub = tid % 4;
+    int first, end, start, stop;
+    key_range(a, q0, &first, &end);
+    if (!chunk_range(a, first, end, &start, &stop)) return;  // the whole CTA: blockIdx only
     for (int i = tid; i < ATTN_QUERIES * D; i += 256) {
         const int r = i / D, e = i % D;
         qs[r * S::Q_STRIDE + e] = q0 + r < a.tokens ? a.q[((int64_t)(q0 + r) * a.heads + h) * D + e] : 0.0f;
     }
-    int first, end;
-    key_range(a, q0, &first, &end);
     const int query_pos = a.n_past + q0 + row;
 
     float m = -INFINITY, l = 0.0f, o[D / 4];
 #pragma unroll
     for (int i = 0; i < D / 4; ++i) o[i] = 0.0f;
 
-    for (int kt = first; kt < end; kt += ATTN_KEYS) {
+    for (int kt = start; kt < stop; kt += ATTN_KEYS) {
         const uint16_t *sources[2] = {a.k, a.v};
         float s[ATTN_KEYS / 4];
         float correction = 1.0f;
@@ -143,6 +175,20 @@ __global__ void __launch_bounds__(256) attention_simt_kernel(AttentionArgs a) {
     }
     l += __shfl_xor_sync(0xFFFFFFFF, l, 1);
     l += __shfl_xor_sync(0xFFFFFFFF, l, 2);
+    if (a.partial != nullptr) {
+        if (q0 + row >= a.tokens) return;
+        float *slot = partial_at(a, D), *po = slot + row * D;
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+            po[2 * sub + 8 * i] = o[2 * i];
+            po[2 * sub + 8 * i + 1] = o[2 * i + 1];
+        }
+        if (sub == 0) {
+            slot[ATTN_QUERIES * D + 2 * row] = m;
+            slot[ATTN_QUERIES * D + 2 * row + 1] = l;
+        }
+        return;
+    }
     if (q0 + row < a.tokens) {
         float *out = a.out + (int64_t)(q0 + row) * a.heads * D + h * D;
 #pragma unroll
@@ -169,12 +215,13 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
 
     const int q0 = blockIdx.x * ATTN_QUERIES, h = blockIdx.y, hkv = h / (a.heads / a.heads_kv);
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tig = lane % 4;
+    int first, end, start, stop;
+    key_range(a, q0, &first, &end);
+    if (!chunk_range(a, first, end, &start, &stop)) return;  // the whole CTA: blockIdx only
     for (int i = tid; i < ATTN_QUERIES * D; i += 128) {
         const int r = i / D, e = i % D;
         qs[r * S::STRIDE + e] = __float2half_rn(q0 + r < a.tokens ? a.q[((int64_t)(q0 + r) * a.heads + h) * D + e] : 0.0f);
     }
-    int first, end;
-    key_range(a, q0, &first, &end);
     const int row0 = 16 * warp;  // the warp's rows: row0 + g and row0 + g + 8
     const int pos[2] = {a.n_past + q0 + row0 + g, a.n_past + q0 + row0 + g + 8};
 
@@ -206,12 +253,12 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
         }
     };
     if constexpr (PIPELINED) {
-        if (first < end) {
-            fetch(a.k, first);
+        if (start < stop) {
+            fetch(a.k, start);
             put(ks);
         }
     }
-    for (int kt = first; kt < end; kt += ATTN_KEYS) {
+    for (int kt = start; kt < stop; kt += ATTN_KEYS) {
         if constexpr (PIPELINED) {
             __syncthreads();     // ks holds tile kt; every warp is done with the previous V tile
             fetch(a.v, kt);      // lands while S is computed
@@ -272,19 +319,32 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
         if constexpr (PIPELINED) {
             put(vs);
             __syncthreads();  // vs holds tile kt; every warp is done with ks
-            if (kt + ATTN_KEYS < end) fetch(a.k, kt + ATTN_KEYS);  // lands while O += P V runs
+            if (kt + ATTN_KEYS < stop) fetch(a.k, kt + ATTN_KEYS);  // lands while O += P V runs
         }
 
         // O += P V (P: the S accumulators rounded to f16), float32 accumulators.
         warp_pv<D, ATTN_KEYS, S::STRIDE>(o, s, vs, lane);
         if constexpr (PIPELINED) {
-            if (kt + ATTN_KEYS < end) put(ks);  // every warp passed the barrier above: none reads ks any more
+            if (kt + ATTN_KEYS < stop) put(ks);  // every warp passed the barrier above: none reads ks any more
         }
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         l[r] += __shfl_xor_sync(0xFFFFFFFF, l[r], 1);
         l[r] += __shfl_xor_sync(0xFFFFFFFF, l[r], 2);
+    }
+    if (a.partial != nullptr) {
+        float *slot = partial_at(a, D);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = row0 + g + 8 * r;
+            if (q0 + row >= a.tokens) continue;
+            float *po = slot + row * D + 2 * tig;
+#pragma unroll
+            for (int n = 0; n < D / 8; ++n) *(float2 *)(po + 8 * n) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
+            if (tig == 0) *(float2 *)(slot + ATTN_QUERIES * D + 2 * row) = make_float2(m[r], l[r]);
+        }
+        return;
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -301,27 +361,100 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
 
 #endif  // !GGML_CIQ_HIP
 
+// ---- the split's combine --------------------------------------------------------------------------------------
+// One CTA of 64 threads per (token, head); thread i owns dims i, i + 64, ... The chunks a row has: those starting
+// inside its query tile's key range (the same key_range and chunk_keys as the chunks' CTAs).
+template <int D>
+__global__ void __launch_bounds__(64) attention_combine_kernel(AttentionArgs a) {
+    const int t = blockIdx.x, h = blockIdx.y, tile = t / ATTN_QUERIES, row = t % ATTN_QUERIES;
+    const int tiles = (a.tokens + ATTN_QUERIES - 1) / ATTN_QUERIES;
+    int first, end;
+    key_range(a, tile * ATTN_QUERIES, &first, &end);
+    const int chunks = (end - first + a.chunk_keys - 1) / a.chunk_keys;
+    auto slot = [&](int c) { return a.partial + (((int64_t)c * tiles + tile) * a.heads + h) * partial_slot(D); };
+    float big = -INFINITY;
+    for (int c = 0; c < chunks; ++c) big = fmaxf(big, slot(c)[ATTN_QUERIES * D + 2 * row]);
+    float sum = 0.0f;
+    for (int c = 0; c < chunks; ++c) {
+        const float *ml = slot(c) + ATTN_QUERIES * D + 2 * row;
+        sum += ml[1] * expf(ml[0] - big);
+    }
+    float *out = a.out + ((int64_t)t * a.heads + h) * D;
+    for (int e = threadIdx.x; e < D; e += 64) {
+        float acc = 0.0f;
+        for (int c = 0; c < chunks; ++c) {
+            const float *s = slot(c);
+            acc += s[row * D + e] * expf(s[ATTN_QUERIES * D + 2 * row] - big);
+        }
+        out[e] = acc / sum;
+    }
+}
+
+template <int D> ciq_status launch_simt(dim3 grid, const AttentionArgs &args) {
 #if !defined(GGML_CIQ_HIP)
+    ciq_status status = ciq_raise_smem_limit<attention_simt_kernel<D>>((int)SimtSmem<D>::BYTES, "attention (simt)");
+    if (status != CIQ_OK) return status;
+#endif
+    attention_simt_kernel<D><<<grid, 256, SimtSmem<D>::BYTES, ciq_stream()>>>(args);
+    CIQ_CUDA_LAUNCH_CHECK("attention (simt)");
+    return CIQ_OK;
+}
+
 template <int D> ciq_status launch_mma(dim3 grid, const AttentionArgs &args) {
+#if !defined(GGML_CIQ_HIP)
     ciq_status status = ciq_raise_smem_limit<attention_mma_kernel<D>>((int)MmaSmem<D>::BYTES, "attention (mma)");
     if (status != CIQ_OK) return status;
     attention_mma_kernel<D><<<grid, 128, MmaSmem<D>::BYTES, ciq_stream()>>>(args);
     CIQ_CUDA_LAUNCH_CHECK("attention (mma)");
     return CIQ_OK;
-}
-#endif
-
-template <int D> ciq_status launch(ciq_attention_kernel kernel, const AttentionArgs &args) {
-    const dim3 grid((args.tokens + ATTN_QUERIES - 1) / ATTN_QUERIES, args.heads);
-#if !defined(GGML_CIQ_HIP)
-    if (kernel == CIQ_ATTENTION_MMA) return launch_mma<D>(grid, args);
-    ciq_status status = ciq_raise_smem_limit<attention_simt_kernel<D>>((int)SimtSmem<D>::BYTES, "attention (simt)");
-    if (status != CIQ_OK) return status;
 #else
-    (void)kernel;
+    (void)grid;
+    (void)args;
+    return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention (mma) is not built for HIP");
 #endif
-    attention_simt_kernel<D><<<grid, 256, SimtSmem<D>::BYTES, ciq_stream()>>>(args);
-    CIQ_CUDA_LAUNCH_CHECK("attention (simt)");
+}
+
+// The split over the keys for this call: chunks (grid.z) and keys per chunk, or 1 chunk (no split). A function of
+// (tokens, heads, n_past, window) and the GPU's SMs only. Splits = enough CTAs for about 3 a SM, at most
+// MAX_SPLITS; the chunk = the longest key range / splits, rounded up to whole 64-key tiles. The scratch it needs,
+// splits_cap(...) slots, depends on (tokens, heads, D) only: the micro-batches of a prefill share one size.
+constexpr int MAX_SPLITS = 16;
+
+int splits_cap(int64_t tiles, int64_t heads, int sms) {
+    if (const char *v = std::getenv("GGML_CIQ_ATTENTION_SPLIT"); v != nullptr && std::strcmp(v, "0") == 0) return 1;
+    const int64_t ctas = tiles * heads;
+    return (int)std::min<int64_t>(MAX_SPLITS, std::max<int64_t>(1, (3 * (int64_t)sms + ctas - 1) / ctas));
+}
+
+template <int D> ciq_status launch(ciq_attention_kernel kernel, AttentionArgs args) {
+    const int64_t tiles = (args.tokens + ATTN_QUERIES - 1) / ATTN_QUERIES;
+    int chunks = 1;
+    int device = 0, sms = 0;
+    ciq_status status = ciq_current_gpu_sms("attention", &device, &sms);
+    if (status != CIQ_OK) return status;
+    const int cap = splits_cap(tiles, args.heads, sms);
+    if (cap > 1) {
+        int longest = 0;  // the longest key range of a query tile, in 64-key tiles
+        for (int64_t t = 0; t < tiles; ++t) {
+            const int last = (int)std::min<int64_t>((t + 1) * ATTN_QUERIES, args.tokens) - 1;
+            const int first = args.window > 0 ? std::max(0, args.n_past + (int)t * ATTN_QUERIES - args.window + 1) : 0;
+            longest = std::max(longest, (args.n_past + last + 1 - first + ATTN_KEYS - 1) / ATTN_KEYS);
+        }
+        const int per_chunk = (longest + cap - 1) / cap;
+        chunks = (longest + per_chunk - 1) / per_chunk;
+        args.chunk_keys = per_chunk * ATTN_KEYS;
+    }
+    if (chunks > 1) {
+        void *scratch = nullptr;
+        status = ciq_cuda_scratch(device, 1, sizeof(float) * cap * tiles * args.heads * partial_slot(D), &scratch);
+        if (status != CIQ_OK) return status;
+        args.partial = (float *)scratch;
+    }
+    const dim3 grid((unsigned)tiles, args.heads, chunks);
+    status = kernel == CIQ_ATTENTION_MMA ? launch_mma<D>(grid, args) : launch_simt<D>(grid, args);
+    if (status != CIQ_OK || chunks == 1) return status;
+    attention_combine_kernel<D><<<dim3(args.tokens, args.heads), 64, 0, ciq_stream()>>>(args);
+    CIQ_CUDA_LAUNCH_CHECK("attention (combine)");
     return CIQ_OK;
 }
 
@@ -367,7 +500,7 @@ ciq_status ciq_cuda_attention(ciq_attention_kernel kernel, const float *q, const
     }
 #endif
     const AttentionArgs args{q, k_cache, v_cache, out, (int)tokens, (int)heads, (int)heads_kv, (int)n_past,
-                             (int)std::min<int64_t>(window, INT32_MAX), scale};
+                             (int)std::min<int64_t>(window, INT32_MAX), scale, nullptr, 0};
     switch (head_dim) {
         case 64: return launch<64>(kernel, args);
         case 96: return launch<96>(kernel, args);

@@ -2,7 +2,9 @@
 // host's float order (CIQ_ORDER_HOST); llama.cpp CUDA's order of the norm, RoPE and GLU is ops_llamacpp.cu.
 //
 // Float order, where it differs from the host (cpu/ops.cpp):
-//   rms_norm : squares summed in float32 (per-thread strided sums, then a warp/block tree), mean = sum / d in float;
+//   rms_norm : squares summed in float32 (rows of d <= 1024: a warp a row, per-lane sums strided by 32 then the xor
+//              butterfly; wider rows: a block a row, per-thread sums strided by 256, then the warp/block tree), mean =
+//              sum / d in float;
 //              then 1/sqrtf(mean + eps), (x * scale) * weight as on the host (IEEE division and square root), then
 //              + add in its own rounding.
 //   rope     : the host's order exactly (theta stepped by the same float products, separate roundings), but CUDA's
@@ -45,6 +47,31 @@ rms_norm_kernel(const float *x, const float *__restrict__ weight, const float *a
     float *o = out + (int64_t)blockIdx.x * d;
     const float *ar = add ? add + (int64_t)blockIdx.x * d : nullptr;
     for (int64_t i = threadIdx.x; i < d; i += OPS_THREADS) {
+        const float v = __fmul_rn(xr[i], scale);
+        const float w = weight ? __fmul_rn(v, weight[i]) : v;
+        o[i] = ar ? __fadd_rn(w, ar[i]) : w;
+    }
+}
+
+// Rows of d <= RMS_NORM_WARP_MAX values: a warp per row, OPS_THREADS / warp rows per block (q/k norms over 256-value
+// heads and 640..1024-value hidden rows fill the GPU in one wave, where a block per row left most threads idle).
+constexpr int64_t RMS_NORM_WARP_MAX = 1024;
+
+__global__ void __launch_bounds__(OPS_THREADS) rms_norm_warp_kernel(const float *x, const float *__restrict__ weight,
+                                                                    const float *add, float eps, int64_t n, int64_t d,
+                                                                    float *out) {
+    const int64_t row = (int64_t)blockIdx.x * (OPS_THREADS / CIQ_WARP_SIZE) + threadIdx.x / CIQ_WARP_SIZE;
+    if (row >= n) return;  // a whole warp
+    const int lane = threadIdx.x % CIQ_WARP_SIZE;
+    const float *xr = x + row * d;
+    float sum = 0.0f;
+    for (int64_t i = lane; i < d; i += CIQ_WARP_SIZE) sum = __fadd_rn(sum, __fmul_rn(xr[i], xr[i]));
+#pragma unroll
+    for (int offset = CIQ_WARP_SIZE / 2; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xFFFFFFFF, sum, offset);
+    const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum, (float)d), eps)));
+    float *o = out + row * d;
+    const float *ar = add ? add + row * d : nullptr;
+    for (int64_t i = lane; i < d; i += CIQ_WARP_SIZE) {  // out may be x or add: each lane rewrites what it read
         const float v = __fmul_rn(xr[i], scale);
         const float w = weight ? __fmul_rn(v, weight[i]) : v;
         o[i] = ar ? __fadd_rn(w, ar[i]) : w;
@@ -134,6 +161,17 @@ __global__ void __launch_bounds__(OPS_THREADS) convert_bf16_kernel(const float *
 ciq_status ciq_cuda_rms_norm(ciq_op_order order, const float *x, const float *weight, const float *add, float eps,
                              int64_t n, int64_t d, float *out) {
     if (order == CIQ_ORDER_LLAMACPP_CUDA) return ciq_cuda_llamacpp_rms_norm(x, weight, add, eps, n, d, out);
+    if (d <= RMS_NORM_WARP_MAX) {
+        constexpr int64_t rows_per_block = OPS_THREADS / CIQ_WARP_SIZE, per_launch = rows_per_block << 30;
+        for (int64_t row = 0; row < n; row += per_launch) {  // grid.x < 2^31
+            const int64_t rows = std::min<int64_t>(n - row, per_launch);
+            rms_norm_warp_kernel<<<(unsigned)((rows + rows_per_block - 1) / rows_per_block), OPS_THREADS, 0,
+                                   ciq_stream()>>>(x + row * d, weight, add ? add + row * d : nullptr, eps, rows, d,
+                                                   out + row * d);
+            CIQ_CUDA_LAUNCH_CHECK("rms_norm");
+        }
+        return CIQ_OK;
+    }
     for (int64_t row = 0; row < n; row += 65535) {  // grid.x limit per launch
         const int64_t rows = std::min<int64_t>(n - row, 65535);
         rms_norm_kernel<<<(unsigned)rows, OPS_THREADS, 0, ciq_stream()>>>(x + row * d, weight, add ? add + row * d : nullptr, eps, d,

@@ -118,7 +118,7 @@ ciq_status ciq_cuda_scratch(int device, int slot, size_t nbytes, void **ptr) {
     CIQ_CUDA_CHECK(cudaSetDevice(device), "cudaSetDevice");
     if (buffer.second < nbytes) {
         if (t_capture_device >= 0) {  // cudaFree cannot run in a capture, and a graph would keep the old address
-            return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "a GEMM in this graph capture needs %zu bytes of scratch, %zu "
+            return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "a call in this graph capture needs %zu bytes of scratch, %zu "
                             "are allocated: run the same calls once before capturing them", nbytes, buffer.second);
         }
         if (buffer.first) CIQ_CUDA_CHECK(cudaFree(buffer.first), "cudaFree");  // implicit sync: prior users done
