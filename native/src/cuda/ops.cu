@@ -2,9 +2,9 @@
 // host's float order (CIQ_ORDER_HOST); llama.cpp CUDA's order of the norm, RoPE and GLU is ops_llamacpp.cu.
 //
 // Float order, where it differs from the host (cpu/ops.cpp):
-//   rms_norm : squares summed in float32 (rows of d <= 1024: a warp a row, per-lane sums strided by 32 then the xor
-//              butterfly; wider rows: a block a row, per-thread sums strided by 256, then the warp/block tree), mean =
-//              sum / d in float;
+//   rms_norm : squares summed in float32 (rows of d <= 1024, d % 4 == 0, 16-byte aligned: a warp a row, lane j's
+//              float4s j, j + 32, ... summed in order, then the xor butterfly; other rows: a block a row, per-thread
+//              sums strided by 256, then the warp/block tree), mean = sum / d in float;
 //              then 1/sqrtf(mean + eps), (x * scale) * weight as on the host (IEEE division and square root), then
 //              + add in its own rounding.
 //   rope     : the host's order exactly (theta stepped by the same float products, separate roundings), but CUDA's
@@ -53,29 +53,71 @@ rms_norm_kernel(const float *x, const float *__restrict__ weight, const float *a
     }
 }
 
-// Rows of d <= RMS_NORM_WARP_MAX values: a warp per row, OPS_THREADS / warp rows per block (q/k norms over 256-value
-// heads and 640..1024-value hidden rows fill the GPU in one wave, where a block per row left most threads idle).
+// Rows of d <= RMS_NORM_WARP_MAX values, d a multiple of 4, 16-byte aligned rows: a warp per row, RMS_NORM_ROWS rows per
+// block. Lane j holds float4 j, j + 32, ... (V of them) in registers: every load is issued before the first add, then
+// squares summed per lane in that order, the xor butterfly, and the outputs from the registers (out may be x or
+// add: each lane rewrites what it read). q/k norms over 256-value heads and 640..1024-value hidden rows: one wave.
 constexpr int64_t RMS_NORM_WARP_MAX = 1024;
+constexpr int RMS_NORM_ROWS = 4;
 
-__global__ void __launch_bounds__(OPS_THREADS) rms_norm_warp_kernel(const float *x, const float *__restrict__ weight,
-                                                                    const float *add, float eps, int64_t n, int64_t d,
-                                                                    float *out) {
-    const int64_t row = (int64_t)blockIdx.x * (OPS_THREADS / CIQ_WARP_SIZE) + threadIdx.x / CIQ_WARP_SIZE;
+template <int V>
+__global__ void __launch_bounds__(RMS_NORM_ROWS * CIQ_WARP_SIZE)
+rms_norm_warp_kernel(const float *x, const float *__restrict__ weight, const float *add, float eps, int64_t n, int d,
+                     float *out) {
+    const int64_t row = (int64_t)blockIdx.x * RMS_NORM_ROWS + threadIdx.x / CIQ_WARP_SIZE;
     if (row >= n) return;  // a whole warp
-    const int lane = threadIdx.x % CIQ_WARP_SIZE;
-    const float *xr = x + row * d;
+    const int lane = threadIdx.x % CIQ_WARP_SIZE, d4 = d / 4;
+    const float4 *xr = reinterpret_cast<const float4 *>(x + row * d);
+    float4 v[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+        const int i = lane + CIQ_WARP_SIZE * j;
+        v[j] = i < d4 ? xr[i] : float4{0.0f, 0.0f, 0.0f, 0.0f};
+    }
     float sum = 0.0f;
-    for (int64_t i = lane; i < d; i += CIQ_WARP_SIZE) sum = __fadd_rn(sum, __fmul_rn(xr[i], xr[i]));
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+        sum = __fadd_rn(sum, __fmul_rn(v[j].x, v[j].x));
+        sum = __fadd_rn(sum, __fmul_rn(v[j].y, v[j].y));
+        sum = __fadd_rn(sum, __fmul_rn(v[j].z, v[j].z));
+        sum = __fadd_rn(sum, __fmul_rn(v[j].w, v[j].w));
+    }
 #pragma unroll
     for (int offset = CIQ_WARP_SIZE / 2; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xFFFFFFFF, sum, offset);
     const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum, (float)d), eps)));
-    float *o = out + row * d;
-    const float *ar = add ? add + row * d : nullptr;
-    for (int64_t i = lane; i < d; i += CIQ_WARP_SIZE) {  // out may be x or add: each lane rewrites what it read
-        const float v = __fmul_rn(xr[i], scale);
-        const float w = weight ? __fmul_rn(v, weight[i]) : v;
-        o[i] = ar ? __fadd_rn(w, ar[i]) : w;
+    const float4 *w4 = reinterpret_cast<const float4 *>(weight);
+    const float4 *a4 = add ? reinterpret_cast<const float4 *>(add + row * d) : nullptr;
+    float4 *o4 = reinterpret_cast<float4 *>(out + row * d);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+        const int i = lane + CIQ_WARP_SIZE * j;
+        if (i >= d4) break;
+        float4 r = {__fmul_rn(v[j].x, scale), __fmul_rn(v[j].y, scale), __fmul_rn(v[j].z, scale),
+                    __fmul_rn(v[j].w, scale)};
+        if (weight) {
+            const float4 w = w4[i];
+            r = {__fmul_rn(r.x, w.x), __fmul_rn(r.y, w.y), __fmul_rn(r.z, w.z), __fmul_rn(r.w, w.w)};
+        }
+        if (a4) {
+            const float4 a = a4[i];
+            r = {__fadd_rn(r.x, a.x), __fadd_rn(r.y, a.y), __fadd_rn(r.z, a.z), __fadd_rn(r.w, a.w)};
+        }
+        o4[i] = r;
     }
+}
+
+template <int V>
+ciq_status launch_rms_norm_warp(const float *x, const float *weight, const float *add, float eps, int64_t n, int d,
+                                float *out) {
+    constexpr int64_t per_launch = (int64_t)RMS_NORM_ROWS << 30;  // grid.x < 2^31
+    for (int64_t row = 0; row < n; row += per_launch) {
+        const int64_t rows = std::min<int64_t>(n - row, per_launch);
+        rms_norm_warp_kernel<V><<<(unsigned)((rows + RMS_NORM_ROWS - 1) / RMS_NORM_ROWS), RMS_NORM_ROWS * CIQ_WARP_SIZE,
+                                  0, ciq_stream()>>>(x + row * d, weight, add ? add + row * d : nullptr, eps, rows, d,
+                                                     out + row * d);
+        CIQ_CUDA_LAUNCH_CHECK("rms_norm");
+    }
+    return CIQ_OK;
 }
 
 // One thread per (token, dimension pair i): theta_i = pos * theta_scale^i by the host's chain of float products.
@@ -161,16 +203,13 @@ __global__ void __launch_bounds__(OPS_THREADS) convert_bf16_kernel(const float *
 ciq_status ciq_cuda_rms_norm(ciq_op_order order, const float *x, const float *weight, const float *add, float eps,
                              int64_t n, int64_t d, float *out) {
     if (order == CIQ_ORDER_LLAMACPP_CUDA) return ciq_cuda_llamacpp_rms_norm(x, weight, add, eps, n, d, out);
-    if (d <= RMS_NORM_WARP_MAX) {
-        constexpr int64_t rows_per_block = OPS_THREADS / CIQ_WARP_SIZE, per_launch = rows_per_block << 30;
-        for (int64_t row = 0; row < n; row += per_launch) {  // grid.x < 2^31
-            const int64_t rows = std::min<int64_t>(n - row, per_launch);
-            rms_norm_warp_kernel<<<(unsigned)((rows + rows_per_block - 1) / rows_per_block), OPS_THREADS, 0,
-                                   ciq_stream()>>>(x + row * d, weight, add ? add + row * d : nullptr, eps, rows, d,
-                                                   out + row * d);
-            CIQ_CUDA_LAUNCH_CHECK("rms_norm");
-        }
-        return CIQ_OK;
+    const bool aligned = ((uintptr_t)x | (uintptr_t)weight | (uintptr_t)add | (uintptr_t)out) % 16 == 0;
+    if (d <= RMS_NORM_WARP_MAX && d % 4 == 0 && aligned) {  // float4 j of a row is values 4j..4j+3
+        const int per_lane = (int)((d / 4 + CIQ_WARP_SIZE - 1) / CIQ_WARP_SIZE);
+        if (per_lane <= 2) return launch_rms_norm_warp<2>(x, weight, add, eps, n, (int)d, out);
+        if (per_lane <= 4) return launch_rms_norm_warp<4>(x, weight, add, eps, n, (int)d, out);
+        if (per_lane <= 6) return launch_rms_norm_warp<6>(x, weight, add, eps, n, (int)d, out);
+        return launch_rms_norm_warp<8>(x, weight, add, eps, n, (int)d, out);
     }
     for (int64_t row = 0; row < n; row += 65535) {  // grid.x limit per launch
         const int64_t rows = std::min<int64_t>(n - row, 65535);
