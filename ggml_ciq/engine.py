@@ -10,7 +10,8 @@ caches float16):
   rope(x[T, H, D], positions, base, neox), attention(q[T, H, D], k_cache[C, Hkv, D], v_cache, n_past, scale,
   window) -> [T, H*D], kv_store(cache, start, x), glu(gate, up, "silu" | "gelu"), add(a, b of a's shape or one
   row), scale(x, s), load_weight(tensor), linear(weight, x[n, k]) -> [n, rows], timer(op_class), timings (complete
-  after settle_timings()), memory_bytes().
+  after settle_timings()), memory_bytes(). Optional, used where present: linear_group/groups (one input, several
+  weights), rms_norm_rope, glu_linear(weight, gate, up, kind) (= linear(weight, glu(gate, up, kind))).
 Prefill runs in micro-batches of n_ubatch tokens through a K/V cache, as llama.cpp does.
 """
 
@@ -285,8 +286,15 @@ class Transformer:
         return float(np.float32(1.0) / np.sqrt(np.float32(dim)))
 
     def _ffn(self, layer: dict, h):
+        """gate/up on one input, their GLU, down: the GLU fused into down's activation conversion where the ops offer it
+        (glu_linear: the same values; its time counts to down's GEMM class then)."""
         gate, up = self._linears([layer["gate"], layer["up"]], h)
-        return self._linear(layer["down"], self.ops.glu(gate, up, "gelu" if self.arch.gemma else "silu"))
+        kind, down = "gelu" if self.arch.gemma else "silu", layer["down"]
+        fused = getattr(self.ops, "glu_linear", None)
+        if fused is None or down.bias is not None:
+            return self._linear(down, self.ops.glu(gate, up, kind))
+        with self.ops.timer(down.op_class):
+            return fused(down.weight, gate, up, kind)
 
     def _norm_add(self, x, weight, residual, fused: bool = True):
         """rms_norm(x) * weight + residual: one op where the ops offer it and llama.cpp's graph lets ggml-cuda fuse

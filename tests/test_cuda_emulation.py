@@ -106,7 +106,7 @@ def emu(tmp_path_factory):
         pytest.skip("no g++ for the CUDA-on-CPU emulation")
     build = tmp_path_factory.mktemp("cuda_on_cpu")
     shutil.copytree(ROOT / "native" / "src", build / "src")
-    expected = {"ops.cu": {"launch": 10, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
+    expected = {"ops.cu": {"launch": 13, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
                 "ops_llamacpp.cu": {"launch": 7, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
                 "attention.cu": {"launch": 3, "mma": 0, "ldmatrix": 0, "extern_shared": 2},
                 "attention_llamacpp.cu": {"launch": 1, "mma": 0, "ldmatrix": 0, "extern_shared": 1},
@@ -259,7 +259,7 @@ def test_attention_emulated_head_dims(emu):
 
 
 @pytest.mark.parametrize("order", [HOST, LLAMACPP_CUDA], ids=["host", "llamacpp_cuda"])
-@pytest.mark.parametrize("n, d", [(3, 64), (17, 640), (5, 100), (2, 1030)])
+@pytest.mark.parametrize("n, d", [(3, 64), (17, 640), (5, 100), (2, 1030), (3, 1028), (2, 4096), (2, 8196)])
 def test_rms_norm_emulated(emu, rng, order, n, d):
     """Both float orders (llama.cpp's: 256 threads below 1024 columns, 1024 from there), with and without the add."""
     x = (rng.standard_normal((n, d)) * 10).astype(np.float32)
@@ -290,6 +290,15 @@ def test_rope_emulated(emu, rng, order, neox):
     positions = rng.integers(0, 4096, 17).astype(np.int32)
     out = poisoned(x.shape)
     call(emu, "emu_rope", order, 2 if neox else 0, x, positions, 17, 4, 128, 500000.0, out)
+    # 6 heads: ops.cu's groups of 4 heads a thread and a group of 2; each head's values as when it is alone
+    x6 = rng.standard_normal((17, 6, 128)).astype(np.float32)
+    out6 = poisoned(x6.shape)
+    call(emu, "emu_rope", order, 2 if neox else 0, x6, positions, 17, 6, 128, 500000.0, out6)
+    for h in range(6):
+        alone = poisoned((17, 1, 128))
+        call(emu, "emu_rope", order, 2 if neox else 0, np.ascontiguousarray(x6[:, h:h + 1]), positions, 17, 1, 128,
+             500000.0, alone)
+        assert np.array_equal(alone[:, 0], out6[:, h]), h
     # Host order: the kernel's chain of float products for theta, as the host reference. llama.cpp's: powf per pair
     # (the host's here, as cosf/sinf are the host libm's; on the GPU the fast-math intrinsics), so a few float ulps
     # of angle away from that chain at positions up to 4096: measured 3.4e-10 and 4.1e-10; against float64 angles
@@ -343,9 +352,18 @@ def test_elementwise_emulated(emu, rng):
         in_place = gate.copy()  # out may be an input
         call(emu, "emu_glu", order, 1, in_place, up, n, in_place)
         assert np.array_equal(in_place, out)
+    for order in (HOST, LLAMACPP_CUDA):  # 4096 values: ops.cu's float4 kernels, the scalar ones' values
+        for kind in (0, 1):
+            whole, vec = poisoned(n), poisoned(4096)
+            call(emu, "emu_glu", order, kind, gate, up, n, whole)
+            call(emu, "emu_glu", order, kind, gate[:4096], up[:4096], 4096, vec)
+            assert np.array_equal(vec, whole[:4096]), (order, kind)
     out = poisoned(n)
     call(emu, "emu_add", gate, n, up, n, out)
     assert np.array_equal(out, gate + up)
+    vec = poisoned(4096)
+    call(emu, "emu_add", gate[:4096], 4096, up[:4096], 4096, vec)
+    assert np.array_equal(vec, gate[:4096] + up[:4096])
     call(emu, "emu_add", gate[:4096], 4096, up[:64], 64, out)
     assert np.array_equal(out[:4096], (gate[:4096].reshape(64, 64) + up[:64]).reshape(-1))
     call(emu, "emu_scale", gate, np.float32(0.3), n, out)

@@ -353,6 +353,30 @@ def test_cuda_graph_prefill_equals_eager_gemma(semantics, native_lib, gemma_full
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("semantics", ["fast", "exact"])
+def test_glu_fused_into_down_equals_apart(semantics, native_lib, rng, tmp_path, monkeypatch):
+    """The FFN's GLU fused into down's f16 activation conversion (NativeOps.glu_linear, ciq_glu_activations) against
+    glu then linear: the same logits bit for bit, on a SwiGLU (llama) and a GEGLU (gemma3) model, 41 tokens in
+    micro-batches of 16."""
+    from ggml_ciq.engine import make_ops
+    from ggml_ciq.ops import NativeOps
+
+    if native.device_count() == 0:
+        pytest.skip("needs a CUDA device and libggml_ciq built with CUDA")
+    for architecture in ("llama", "gemma3"):
+        path = catalog.write_small_model(tmp_path / f"{architecture}.gguf", architecture)
+        tokens = rng.integers(3, 512, 41)
+        calls = []
+        fused = NativeOps.glu_linear
+        monkeypatch.setattr(NativeOps, "glu_linear", lambda self, *a: calls.append(1) or fused(self, *a))
+        got = Transformer(ModelFile(path), ops=make_ops("cuda", semantics), n_ubatch=16).forward(tokens, all_logits=True)
+        monkeypatch.setattr(NativeOps, "glu_linear", None)
+        want = Transformer(ModelFile(path), ops=make_ops("cuda", semantics), n_ubatch=16).forward(tokens,
+                                                                                                 all_logits=True)
+        assert calls and np.array_equal(got, want), architecture
+
+
+@pytest.mark.gpu
 def test_gemma_block32_weights_on_wgmma(native_lib, gemma_full, rng):
     """Gemma 3 270M's Q5_0/Q8_0 weights (K = 640) in the fast and exact semantics on Hopper: kept in their blocks (no
     bf16 copy), every GEMM of a 77-token prompt (all logits: the output too) on wgmma, q32 never; both within f16

@@ -90,7 +90,8 @@ CDEF_SHA256 = {2: "4a2d9f159019c7458ae310183d425a220dd7d0e41cd353f738031334d4b9a
                6: "6ee20139fc68bd47f71e9b3017c51492c809be16b0b7fadebbf08b74fe711588",  # 6: mma_llamacpp is llama.cpp's flash attention bit for bit (stream-k)
                7: "311d8cfe8ceb2fda7f8d0c6db3afbc0c48cfd8cfc942089fffd349a75209a99d",  # 7: ciq_rms_norm_rope (llama.cpp CUDA's fused RMS_NORM + MUL + ROPE)
                8: "047ad557a4298d947da685667e9c88193cfd5d73ffa9a767e7534ac70d2cad67",  # 8: CUDA graphs (ciq_graph_capture_begin .. ciq_graph_free)
-               9: "f609c6c4f2d31727cd6d23763b58fe7dbcf913d8fa16e7031038bd69cd79aa70"}  # 9: wgmma on the 32-block types, ciq_variant_info.k_multiple
+               9: "f609c6c4f2d31727cd6d23763b58fe7dbcf913d8fa16e7031038bd69cd79aa70",  # 9: wgmma on the 32-block types, ciq_variant_info.k_multiple
+               10: "9ab6f24a4b9f06a660a9ce3204c58b1a5579041721cb357f8913137e6a3ab98b"}  # 10: ciq_glu_activations (the GLU fused into the f16 activation conversion)
 
 
 def cdef_sha256() -> str:

@@ -154,7 +154,57 @@ def test_rope_pairing_is_checked(native_lib, rng):
     assert nmse(ops.rope(x, positions, 10000.0, neox=True).numpy(), rope_ref(x, positions, 10000.0, False)) > 1e-3
 
 
-@pytest.mark.parametrize("n", [1, 17, 4099])
+@pytest.mark.parametrize("kind", ["silu", "gelu"])
+@pytest.mark.parametrize("tokens, k", [(1, 256), (7, 640), (130, 2048), (3, 14336), (2, 16640)])
+def test_glu_activations(ops, rng, kind, tokens, k):
+    """ciq_glu_activations: the bytes of ciq_glu then ciq_activations_quantize. On a GPU the f16 layout, fused (one
+    pass with the row in registers up to K = 16384, the two-pass kernel above: 16640); on the host every layout that
+    takes this K."""
+    n, lib = ops.native, ops.native.lib
+    gate = (rng.standard_normal((tokens, k)) * 6).astype(np.float32)
+    up = rng.standard_normal((tokens, k)).astype(np.float32)
+    g, u = ops.asarray(gate), ops.asarray(up)
+    kind_id = lib.CIQ_GLU_SILU if kind == "silu" else lib.CIQ_GLU_GELU
+    h = ops.glu(g, u, kind)
+    checked = 0
+    for layout in native.enum_names("ciq_layout", "CIQ_LAYOUT_"):
+        layout_id = getattr(lib, f"CIQ_LAYOUT_{layout.upper()}")
+        size = n.ffi.new("size_t *")
+        if lib.ciq_activations_size(layout_id, tokens, k, size) != lib.CIQ_OK:
+            continue  # this K is not a multiple of the layout's unit
+        fused, apart = ops.empty((size[0],), np.uint8), ops.empty((size[0],), np.uint8)  # poisoned: 0xFF
+        status = lib.ciq_glu_activations(ops.device, lib.CIQ_ORDER_HOST, kind_id, ops._fp(g), ops._fp(u), tokens, k,
+                                         layout_id, fused.ptr)
+        if ops.device >= 0 and layout != "f16":
+            assert status == lib.CIQ_ERR_UNSUPPORTED, layout
+            continue
+        n.check(status)
+        n.check(lib.ciq_activations_quantize(ops.device, layout_id, ops._fp(h), apart.ptr, tokens, k))
+        assert np.array_equal(fused.numpy(), apart.numpy()), layout
+        checked += 1
+    assert checked == (1 if ops.device >= 0 else len([u for u in (256, 128, 128, 64, 32, 32) if k % u == 0]))
+
+
+def test_glu_activations_bad_input(native_lib):
+    """NULL pointers, an unknown kind or layout, a K the layout does not take, llama.cpp CUDA's order on the host:
+    each one error naming the problem; nothing is written."""
+    n = native.load()
+    lib, ffi = n.lib, n.ffi
+    x = ffi.new("float[]", 2 * 256)
+    out = ffi.new("uint8_t[]", 4096)
+    cases = [((None, x), lib.CIQ_LAYOUT_F16, lib.CIQ_GLU_SILU, 256, lib.CIQ_ORDER_HOST, "NULL pointer"),
+             ((x, x), lib.CIQ_LAYOUT_F16, 7, 256, lib.CIQ_ORDER_HOST, "unknown kind 7"),
+             ((x, x), 99, lib.CIQ_GLU_SILU, 256, lib.CIQ_ORDER_HOST, "unknown activation layout 99"),
+             ((x, x), lib.CIQ_LAYOUT_F16, lib.CIQ_GLU_SILU, 100, lib.CIQ_ORDER_HOST, "multiple of 64"),
+             ((x, x), lib.CIQ_LAYOUT_F16, lib.CIQ_GLU_SILU, 256, lib.CIQ_ORDER_LLAMACPP_CUDA, "")]
+    for (gate, up), layout, kind, k, order, message in cases:
+        status = lib.ciq_glu_activations(lib.CIQ_DEVICE_CPU, order, kind, gate if gate is not None else ffi.NULL, up,
+                                         1, k, layout, out)
+        assert status != lib.CIQ_OK and message in ffi.string(lib.ciq_last_error()).decode()
+    assert bytes(out) == bytes(4096)
+
+
+@pytest.mark.parametrize("n", [1, 17, 4096, 4099])
 def test_glu_silu(ops, rng, n):
     gate = (rng.standard_normal(n) * 6).astype(np.float32)
     up = rng.standard_normal(n).astype(np.float32)
@@ -163,7 +213,7 @@ def test_glu_silu(ops, rng, n):
     assert nmse(out, ref) <= 1e-12  # same order; expf vs numpy's float32 exp (<= 1 ulp apart)
 
 
-@pytest.mark.parametrize("n", [1, 17, 4099])
+@pytest.mark.parametrize("n", [1, 17, 4096, 4099])
 def test_glu_gelu(ops, rng, n):
     gate = (rng.standard_normal(n) * 5).astype(np.float32)
     if n >= 3:
@@ -347,15 +397,18 @@ def test_attention(attention_ops, rng, tokens, heads_kv, group, head_dim, n_past
 
 
 @pytest.mark.parametrize("kernel", ["simt", "mma"])
-@pytest.mark.parametrize("tokens, heads_kv, group, head_dim, n_past, window",
-                         [(512, 1, 4, 256, 0, 512), (512, 1, 4, 256, 3584, 0), (512, 1, 4, 256, 3584, 512),
-                          (1, 8, 4, 128, 4000, 0), (131, 1, 4, 64, 100, 7), (512, 8, 4, 128, 0, 0)])
+@pytest.mark.parametrize("tokens, heads_kv, group, head_dim, n_past, window, splits",
+                         [(512, 1, 4, 256, 0, 512, True), (512, 1, 4, 256, 3584, 0, True),
+                          (512, 1, 4, 256, 3584, 512, True), (1, 8, 4, 128, 4000, 0, True),
+                          (131, 1, 4, 64, 100, 7, True), (64, 8, 4, 128, 1000, 0, True),
+                          (512, 8, 4, 128, 0, 0, False)])
 def test_attention_split_over_keys(native_lib, rng, monkeypatch, kernel, tokens, heads_kv, group, head_dim, n_past,
-                                   window):
+                                   window, splits):
     """attention.cu's split over the keys on the GPU, at Gemma 3 270M's micro-batches (512 queries, 4 heads on 1 kv
     head: 32 CTAs; global and sliding layers after 3584 cached keys), a decode row over 4000 keys, a window cutting
-    rows out of a chunk and Llama-3-8B's 32 heads (2 chunks): within the kernel's bar of float64, not the unsplit
-    bits (GGML_CIQ_ATTENTION_SPLIT=0), and the same bits on a second call."""
+    rows out of a chunk and Llama-3-8B's 32 heads at 64 queries: within the kernel's bar of float64, not the unsplit
+    bits (GGML_CIQ_ATTENTION_SPLIT=0), and the same bits on a second call. Llama-3-8B at 512 queries is 256 CTAs, more
+    than the H200's 132 SMs: not split (the unsplit bits)."""
     _gpu_or_skip()
     ops = PoisonedOps("cuda", attention_kernel=kernel)
     q, k, v = _attention_inputs(rng, tokens, heads_kv, group, head_dim, n_past)
@@ -368,7 +421,7 @@ def test_attention_split_over_keys(native_lib, rng, monkeypatch, kernel, tokens,
     reference = attention_ref(q, k, v, n_past, scale, window, round_q=kernel == "mma")
     for out in (split, whole):
         assert nmse(out, reference) <= (1e-6 if kernel == "mma" else 1e-10)
-    assert not np.array_equal(split, whole)
+    assert np.array_equal(split, whole) != splits
 
 
 def test_attention_ggml_same_values_on_every_isa(native_lib, rng, monkeypatch):

@@ -161,12 +161,12 @@ def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all
     keep_quant = {t: sum(n for (variant, wt), n in counts.items() if wt == t and variant != "cpu")
                   for t in ("Q4_K", "Q6_K")}
     assert keep_quant == {"Q4_K": 27, "Q6_K": 9}
-    # the 32-block types: every prompt-sized GEMM on the registry's AUTO pick (wgmma on Hopper: K = 640 is a multiple
-    # of 64), the output's one row (llama.cpp's out_ids) on its pick for 1 token (q32)
+    # the 32-block types: every GEMM on the registry's AUTO pick for the prompt's length (wgmma on Hopper: K = 640 is
+    # a multiple of 64), the tied output's too (prefill asks for every position's logits: no out_ids row cut)
     block32 = Counter()
     for name, rows, n in (("Q5_0", 2048, 81), ("Q8_0", 256, 9), ("Q8_0", 262144, 1)):
-        block32[(native.resolve_variant("auto", "cuda", "any", getattr(quants, name), rows, 640,
-                                        len(tokens) if n > 1 else 1), name)] += n
+        block32[(native.resolve_variant("auto", "cuda", "any", getattr(quants, name), rows, 640, len(tokens)),
+                 name)] += n
     assert {key: counts[key] for key in block32} == dict(block32), counts
     agreement = logits_agreement(logits, reference)
     print(f"plugin vs CUDA0: top-1 {agreement['top1']:.4f}, mean KLD {agreement['kld_mean']:.2e}, "

@@ -2,9 +2,9 @@
 compute-sanitizer.
 
 Usage: compute-sanitizer --tool memcheck python3 tools/sanitize_case.py [variant ... | wgmma-block32 | engine |
-attention-split]
+attention-split | ops]
 (mmvq: every type at 1..8 tokens, mmvq_case; mma and q32: also MMQ's stream-k seams, mmq_seams_case; wgmma-block32:
-wgmma on Q4_0/Q5_0/Q8_0, wgmma_block32_case; attention-split: attention_split_case)
+wgmma on Q4_0/Q5_0/Q8_0, wgmma_block32_case; attention-split: attention_split_case; ops: ops_case)
 """
 
 import itertools
@@ -167,7 +167,7 @@ def wgmma_block32_case():
 def attention_split_case():
     """attention.cu's split over the keys (simt and mma): a decode row over 700 cached keys (chunks of 64), 100 queries
     after 300 keys with and without a window (rows that see no key of a chunk), Gemma's 4 heads on 1 kv head at
-    D = 256, a 32-head D = 128 case (2 chunks) and the same calls unsplit (GGML_CIQ_ATTENTION_SPLIT=0)."""
+    D = 256, a 32-head D = 128 case (3 chunks) and the same calls unsplit (GGML_CIQ_ATTENTION_SPLIT=0)."""
     from ggml_ciq.ops import NativeOps
 
     rng = np.random.default_rng(4)
@@ -186,11 +186,46 @@ def attention_split_case():
     del os.environ["GGML_CIQ_ATTENTION_SPLIT"]
 
 
+def ops_case():
+    """The vectorized ops (ops.cu) and the fused GLU conversion (convert_f16.cu): rms_norm a warp a row (d 256, 640,
+    100), a block a row with registers (d 4096, 1028) and the plain kernel (d 8196), in place too; glu and add on
+    float4s and a tail; rope with 6 heads (a group of 4 and one of 2); ciq_glu_activations at K 640, 14336 (the row
+    in registers) and 16640 (two passes), 1 and 37 tokens."""
+    from ggml_ciq.ops import NativeOps
+
+    rng = np.random.default_rng(5)
+    ops = NativeOps("cuda")
+    for t, d in ((37, 256), (37, 640), (5, 100), (9, 4096), (9, 1028), (3, 8196)):
+        x, w = rng.standard_normal((t, d)).astype(np.float32), rng.standard_normal(d).astype(np.float32)
+        xd = ops.asarray(x)
+        out = ops.rms_norm(xd, w, 1e-6).numpy()
+        ops.native.check(ops.native.lib.ciq_rms_norm(ops.device, 0, ops._fp(xd), ops._fp(ops.asarray(w)), ops._fp(xd),
+                                                     1e-6, t, d, ops._fp(xd)))
+        print(f"rms_norm {t} x {d}: finite={np.isfinite(out).all()} in place={np.isfinite(xd.numpy()).all()}")
+    for size in (4096, 4099):
+        g, u = rng.standard_normal(size).astype(np.float32), rng.standard_normal(size).astype(np.float32)
+        print(f"glu/add {size}: finite={np.isfinite(ops.glu(g, u, 'gelu').numpy()).all()} "
+              f"{np.isfinite(ops.add(g, u).numpy()).all()}")
+    x = rng.standard_normal((17, 6, 128)).astype(np.float32)
+    print(f"rope 6 heads: finite={np.isfinite(ops.rope(x, np.arange(17, dtype=np.int32), 1e4, True).numpy()).all()}")
+    n, lib = ops.native, ops.native.lib
+    for t, k in ((1, 640), (37, 640), (37, 14336), (3, 16640)):
+        g, u = (ops.asarray(rng.standard_normal((t, k)).astype(np.float32)) for _ in range(2))
+        size = n.ffi.new("size_t *")
+        n.check(lib.ciq_activations_size(lib.CIQ_LAYOUT_F16, t, k, size))
+        out = ops.empty((size[0],), np.uint8)
+        n.check(lib.ciq_glu_activations(ops.device, lib.CIQ_ORDER_HOST, lib.CIQ_GLU_SILU, ops._fp(g), ops._fp(u), t, k,
+                                        lib.CIQ_LAYOUT_F16, out.ptr))
+        print(f"glu_activations {t} x {k}: {out.numpy().size} bytes")
+
+
 def main(variants):
     if variants == ["engine"]:
         return engine_case()
     if variants == ["attention-split"]:
         return attention_split_case()
+    if variants == ["ops"]:
+        return ops_case()
     if "wgmma-block32" in variants:
         wgmma_block32_case()
         variants = [v for v in variants if v != "wgmma-block32"]

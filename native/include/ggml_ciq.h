@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-#define GGML_CIQ_API_VERSION 9
+#define GGML_CIQ_API_VERSION 10
 
 /* CDEF-BEGIN */
 typedef enum { CIQ_DEVICE_CPU = -1 } ciq_device_index; /* the host as a device; GPUs are 0..n-1 */
@@ -254,6 +254,12 @@ ciq_status ciq_kv_store(int device, uint16_t *cache, int64_t start, const float 
 /* out[i] = act(gate[i]) * up[i] for n values. */
 ciq_status ciq_glu(int device, ciq_op_order order, ciq_glu_kind kind, const float *gate, const float *up,
                    int64_t n, float *out);
+/* ciq_glu of gate, up [tokens][k] then ciq_activations_quantize of its output into layout, in one call: the same
+ * bytes as the two calls. A GPU fuses the two for the host order and CIQ_LAYOUT_F16 (one kernel: no float32
+ * intermediate; the layout of f16-semantics GEMMs such as a down projection after its gate/up GLU) and runs no other
+ * combination (CIQ_ERR_UNSUPPORTED); the host runs the two in turn for every layout it makes. */
+ciq_status ciq_glu_activations(int device, ciq_op_order order, ciq_glu_kind kind, const float *gate, const float *up,
+                               int64_t tokens, int64_t k, ciq_layout layout, void *out);
 /* out[i] = a[i] + b[i % b_n] for n values (b_n divides n: a bias row repeated over rows). */
 ciq_status ciq_add(int device, const float *a, int64_t n, const float *b, int64_t b_n, float *out);
 ciq_status ciq_scale(int device, const float *x, float s, int64_t n, float *out);       /* out = x * s */

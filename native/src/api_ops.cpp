@@ -4,6 +4,8 @@
 #include "dequantize.h"
 
 #include <atomic>
+#include <new>
+#include <vector>
 
 static std::atomic<uint64_t> g_attention_dispatch[CIQ_ATTENTION_MMA_LLAMACPP + 1];
 
@@ -195,6 +197,41 @@ ciq_status ciq_glu(int device, ciq_op_order order, ciq_glu_kind kind, const floa
     CIQ_TRY(ciq_check_device(device));
     CIQ_TRY(check_order("ciq_glu", device, order));
     CIQ_ROUTE(device, ciq_cpu_glu(kind, gate, up, n, out), ciq_cuda_glu(order, kind, gate, up, n, out));
+}
+
+ciq_status ciq_glu_activations(int device, ciq_op_order order, ciq_glu_kind kind, const float *gate, const float *up,
+                               int64_t tokens, int64_t k, ciq_layout layout, void *out) {
+    if (gate == nullptr || up == nullptr || out == nullptr) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_glu_activations: NULL pointer");
+    }
+    if (kind != CIQ_GLU_SILU && kind != CIQ_GLU_GELU) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_glu_activations: unknown kind %d (SILU 0, GELU 1)", (int)kind);
+    }
+    size_t bytes = 0;
+    CIQ_TRY(ciq_activations_size(layout, tokens, k, &bytes));  // the layout, tokens and K (its multiple) checked
+    CIQ_TRY(ciq_check_device(device));
+    CIQ_TRY(check_order("ciq_glu_activations", device, order));
+    if (device == CIQ_DEVICE_CPU) {
+        std::vector<float> values;
+        try {
+            values.resize((size_t)tokens * (size_t)k);
+        } catch (const std::bad_alloc &) {
+            return ciq_fail(CIQ_ERR_OUT_OF_MEMORY, "ciq_glu_activations: %lld x %lld float32 values", (long long)tokens,
+                            (long long)k);
+        }
+        CIQ_TRY(ciq_cpu_glu(kind, gate, up, tokens * k, values.data()));
+        return ciq_activations_quantize(device, layout, values.data(), out, tokens, k);
+    }
+#ifdef GGML_CIQ_WITH_CUDA
+    if (layout != CIQ_LAYOUT_F16 || order != CIQ_ORDER_HOST) {
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_glu_activations: a GPU fuses the host order into the f16 layout only "
+                        "(layout %d, order %d asked): run ciq_glu then ciq_activations_quantize", (int)layout, (int)order);
+    }
+    CIQ_TRY(ciq_cuda_set_device(device));
+    return ciq_cuda_glu_convert_f16(kind == CIQ_GLU_GELU, gate, up, out, tokens, k);
+#else
+    return CIQ_ERR_UNSUPPORTED;
+#endif
 }
 
 ciq_status ciq_add(int device, const float *a, int64_t n, const float *b, int64_t b_n, float *out) {

@@ -47,6 +47,19 @@ static inline ciq_status ciq_current_gpu_sms(const char *what, int *device, int 
     return CIQ_OK;
 }
 
+// The GLU of one value in the host's float order (CIQ_ORDER_HOST: ciq_glu on a GPU, and the activation conversion
+// that fuses it, convert_f16.cu): silu(g) = g / (1 + expf(-g)); gelu as llama.cpp CUDA's ggml_cuda_op_gelu_single
+// (tanh GELU in float, no fp16 table); times up.
+static __device__ __forceinline__ float ciq_gelu_float(float x) {
+    const float inner = __fmul_rn(__fmul_rn(0.79788456080286535587989211986876f, x),
+                                  __fadd_rn(1.0f, __fmul_rn(__fmul_rn(0.044715f, x), x)));
+    return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(inner)));
+}
+static __device__ __forceinline__ float ciq_glu_value(bool gelu, float g, float u) {
+    const float act = gelu ? ciq_gelu_float(g) : __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
+    return __fmul_rn(act, u);
+}
+
 // Elementwise kernels (ops.cu, ops_llamacpp.cu): blocks of CIQ_ELEMENTWISE_THREADS, a grid-stride loop over int64
 // indices from ciq_first_index() in steps of ciq_index_stride(), at most 8 x 65535 blocks.
 constexpr int CIQ_ELEMENTWISE_THREADS = 256;

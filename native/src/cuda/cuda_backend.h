@@ -35,6 +35,8 @@ ciq_status ciq_cuda_dense_gemm_bf16(int device, const void *weight, int64_t rows
                                     int64_t tokens, void *out, ciq_out_type out_type);
 // f16 semantics: x -> the f16 activation layout (ciq_activations_size); the wgmma GEMM reads it (sm_90a).
 ciq_status ciq_cuda_convert_f16(const float *x, void *out, int64_t tokens, int64_t k);
+// ciq_glu (host order) then ciq_cuda_convert_f16 in one kernel: the same bytes.
+ciq_status ciq_cuda_glu_convert_f16(bool gelu, const float *gate, const float *up, void *out, int64_t tokens, int64_t k);
 ciq_status ciq_cuda_gemm_wgmma(int device, ciq_type type, const void *weight, int64_t rows, int64_t k,
                                const void *x_f16, int64_t tokens, void *out, ciq_out_type out_type);
 // Transformer ops (cuda/ops.cu, cuda/attention.cu); arguments checked by the C API. get_rows writes NaN rows for ids

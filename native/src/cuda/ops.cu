@@ -3,8 +3,9 @@
 //
 // Float order, where it differs from the host (cpu/ops.cpp):
 //   rms_norm : squares summed in float32 (rows of d <= 1024, d % 4 == 0, 16-byte aligned: a warp a row, lane j's
-//              float4s j, j + 32, ... summed in order, then the xor butterfly; other rows: a block a row, per-thread
-//              sums strided by 256, then the warp/block tree), mean = sum / d in float;
+//              float4s j, j + 32, ... summed in order, then the xor butterfly; such rows up to 8192: a block a row,
+//              thread j's float4s j, j + 256, ...; other rows: a block a row, per-thread sums strided by 256; a
+//              block's warp trees then its 8 warp sums in order), mean = sum / d in float;
 //              then 1/sqrtf(mean + eps), (x * scale) * weight as on the host (IEEE division and square root), then
 //              + add in its own rounding.
 //   rope     : the host's order exactly (theta stepped by the same float products, separate roundings), but CUDA's
@@ -106,6 +107,70 @@ rms_norm_warp_kernel(const float *x, const float *__restrict__ weight, const flo
     }
 }
 
+// Rows of RMS_NORM_WARP_MAX < d <= 8192 values (d % 4 == 0, 16-byte aligned): a block of OPS_THREADS per row, thread
+// j holding float4 j, j + OPS_THREADS, ... (V of them) in registers; the per-thread sums (float4s in order), the
+// warp trees and the 8 warp sums in order as rms_norm_kernel.
+template <int V>
+__global__ void __launch_bounds__(OPS_THREADS)
+rms_norm_block4_kernel(const float *x, const float *__restrict__ weight, const float *add, float eps, int d, float *out) {
+    __shared__ float warp_sums[OPS_THREADS / CIQ_WARP_SIZE];
+    const int d4 = d / 4;
+    const float4 *xr = reinterpret_cast<const float4 *>(x + (int64_t)blockIdx.x * d);
+    float4 v[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+        const int i = threadIdx.x + OPS_THREADS * j;
+        v[j] = i < d4 ? xr[i] : float4{0.0f, 0.0f, 0.0f, 0.0f};
+    }
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+        sum = __fadd_rn(sum, __fmul_rn(v[j].x, v[j].x));
+        sum = __fadd_rn(sum, __fmul_rn(v[j].y, v[j].y));
+        sum = __fadd_rn(sum, __fmul_rn(v[j].z, v[j].z));
+        sum = __fadd_rn(sum, __fmul_rn(v[j].w, v[j].w));
+    }
+#pragma unroll
+    for (int offset = CIQ_WARP_SIZE / 2; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xFFFFFFFF, sum, offset);
+    if (threadIdx.x % CIQ_WARP_SIZE == 0) warp_sums[threadIdx.x / CIQ_WARP_SIZE] = sum;
+    __syncthreads();
+    sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < OPS_THREADS / CIQ_WARP_SIZE; ++w) sum += warp_sums[w];
+    const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum, (float)d), eps)));
+    const float4 *w4 = reinterpret_cast<const float4 *>(weight);
+    const float4 *a4 = add ? reinterpret_cast<const float4 *>(add + (int64_t)blockIdx.x * d) : nullptr;
+    float4 *o4 = reinterpret_cast<float4 *>(out + (int64_t)blockIdx.x * d);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+        const int i = threadIdx.x + OPS_THREADS * j;
+        if (i >= d4) break;
+        float4 r = {__fmul_rn(v[j].x, scale), __fmul_rn(v[j].y, scale), __fmul_rn(v[j].z, scale),
+                    __fmul_rn(v[j].w, scale)};
+        if (weight) {
+            const float4 w = w4[i];
+            r = {__fmul_rn(r.x, w.x), __fmul_rn(r.y, w.y), __fmul_rn(r.z, w.z), __fmul_rn(r.w, w.w)};
+        }
+        if (a4) {
+            const float4 a = a4[i];
+            r = {__fadd_rn(r.x, a.x), __fadd_rn(r.y, a.y), __fadd_rn(r.z, a.z), __fadd_rn(r.w, a.w)};
+        }
+        o4[i] = r;
+    }
+}
+
+template <int V>
+ciq_status launch_rms_norm_block4(const float *x, const float *weight, const float *add, float eps, int64_t n, int d,
+                                  float *out) {
+    for (int64_t row = 0; row < n; row += 65535) {  // grid.x limit per launch
+        const int64_t rows = std::min<int64_t>(n - row, 65535);
+        rms_norm_block4_kernel<V><<<(unsigned)rows, OPS_THREADS, 0, ciq_stream()>>>(
+            x + row * d, weight, add ? add + row * d : nullptr, eps, d, out + row * d);
+        CIQ_CUDA_LAUNCH_CHECK("rms_norm");
+    }
+    return CIQ_OK;
+}
+
 template <int V>
 ciq_status launch_rms_norm_warp(const float *x, const float *weight, const float *add, float eps, int64_t n, int d,
                                 float *out) {
@@ -120,18 +185,21 @@ ciq_status launch_rms_norm_warp(const float *x, const float *weight, const float
     return CIQ_OK;
 }
 
-// One thread per (token, dimension pair i): theta_i = pos * theta_scale^i by the host's chain of float products.
+// One thread per (token, group of ROPE_HEADS heads, dimension pair i), i fastest: theta_i = pos * theta_scale^i by the
+// host's chain of float products (each group's thread computes it again: the same value), then the group's heads.
+constexpr int64_t ROPE_HEADS = 4;
+
 __global__ void __launch_bounds__(OPS_THREADS)
 rope_kernel(const float *__restrict__ x, const int32_t *__restrict__ positions, int64_t tokens, int64_t heads,
             int64_t head_dim, float theta_scale, bool neox, float *__restrict__ out) {
-    const int64_t half = head_dim / 2;
-    for (int64_t idx = ciq_first_index(); idx < tokens * half; idx += ciq_index_stride()) {
-        const int64_t t = idx / half, i = idx % half;
+    const int64_t half = head_dim / 2, groups = (heads + ROPE_HEADS - 1) / ROPE_HEADS;
+    for (int64_t idx = ciq_first_index(); idx < tokens * groups * half; idx += ciq_index_stride()) {
+        const int64_t t = idx / (groups * half), group = idx / half % groups, i = idx % half;
         float theta = (float)positions[t];
         for (int64_t j = 0; j < i; ++j) theta = __fmul_rn(theta, theta_scale);
         const float c = cosf(theta), s = sinf(theta);
         const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-        for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t h = group * ROPE_HEADS; h < min(heads, (group + 1) * ROPE_HEADS); ++h) {
             const int64_t base = (t * heads + h) * head_dim;
             const float x0 = x[base + a], x1 = x[base + b];
             out[base + a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
@@ -145,18 +213,32 @@ kv_store_kernel(uint16_t *__restrict__ dst, const float *__restrict__ x, int64_t
     for (int64_t i = ciq_first_index(); i < n; i += ciq_index_stride()) dst[i] = __half_as_ushort(__float2half_rn(x[i]));
 }
 
-__device__ __forceinline__ float gelu_float(float x) {  // llama.cpp CUDA's ggml_cuda_op_gelu_single
-    const float inner = __fmul_rn(__fmul_rn(0.79788456080286535587989211986876f, x),
-                                  __fadd_rn(1.0f, __fmul_rn(__fmul_rn(0.044715f, x), x)));
-    return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(inner)));
-}
-
 __global__ void __launch_bounds__(OPS_THREADS)
 glu_kernel(bool gelu, const float *__restrict__ gate, const float *__restrict__ up, int64_t n, float *__restrict__ out) {
     for (int64_t i = ciq_first_index(); i < n; i += ciq_index_stride()) {
-        const float g = gate[i];
-        const float act = gelu ? gelu_float(g) : __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
-        out[i] = __fmul_rn(act, up[i]);
+        out[i] = ciq_glu_value(gelu, gate[i], up[i]);
+    }
+}
+
+// glu on float4s (n % 4 == 0, 16-byte aligned): the same per-value expression, a quarter of the memory instructions.
+__global__ void __launch_bounds__(OPS_THREADS)
+glu4_kernel(bool gelu, const float4 *__restrict__ gate, const float4 *__restrict__ up, int64_t n4,
+            float4 *__restrict__ out) {
+    for (int64_t i = ciq_first_index(); i < n4; i += ciq_index_stride()) {
+        const float4 g = gate[i], u = up[i];
+        const float gv[4] = {g.x, g.y, g.z, g.w}, uv[4] = {u.x, u.y, u.z, u.w};
+        float r[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) r[e] = ciq_glu_value(gelu, gv[e], uv[e]);
+        out[i] = float4{r[0], r[1], r[2], r[3]};
+    }
+}
+
+__global__ void __launch_bounds__(OPS_THREADS)
+add4_kernel(const float4 *__restrict__ a, const float4 *__restrict__ b, int64_t n4, float4 *__restrict__ out) {
+    for (int64_t i = ciq_first_index(); i < n4; i += ciq_index_stride()) {
+        const float4 x = a[i], y = b[i];
+        out[i] = float4{__fadd_rn(x.x, y.x), __fadd_rn(x.y, y.y), __fadd_rn(x.z, y.z), __fadd_rn(x.w, y.w)};
     }
 }
 
@@ -211,6 +293,12 @@ ciq_status ciq_cuda_rms_norm(ciq_op_order order, const float *x, const float *we
         if (per_lane <= 6) return launch_rms_norm_warp<6>(x, weight, add, eps, n, (int)d, out);
         return launch_rms_norm_warp<8>(x, weight, add, eps, n, (int)d, out);
     }
+    if (d <= 8 * 4 * OPS_THREADS && d % 4 == 0 && aligned) {
+        const int per_thread = (int)((d / 4 + OPS_THREADS - 1) / OPS_THREADS);
+        if (per_thread <= 2) return launch_rms_norm_block4<2>(x, weight, add, eps, n, (int)d, out);
+        if (per_thread <= 4) return launch_rms_norm_block4<4>(x, weight, add, eps, n, (int)d, out);
+        return launch_rms_norm_block4<8>(x, weight, add, eps, n, (int)d, out);
+    }
     for (int64_t row = 0; row < n; row += 65535) {  // grid.x limit per launch
         const int64_t rows = std::min<int64_t>(n - row, 65535);
         rms_norm_kernel<<<(unsigned)rows, OPS_THREADS, 0, ciq_stream()>>>(x + row * d, weight, add ? add + row * d : nullptr, eps, d,
@@ -224,7 +312,8 @@ ciq_status ciq_cuda_rope(ciq_op_order order, ciq_rope_mode mode, const float *x,
                          int64_t tokens, int64_t heads, int64_t head_dim, float base, float *out) {
     if (order == CIQ_ORDER_LLAMACPP_CUDA) return ciq_cuda_llamacpp_rope(mode, x, positions, tokens, heads, head_dim, base, out);
     const float theta_scale = std::pow(base, -2.0f / (float)head_dim);  // on the host, as the CPU path computes it
-    rope_kernel<<<ciq_grid_for(tokens * head_dim / 2), OPS_THREADS, 0, ciq_stream()>>>(x, positions, tokens, heads, head_dim, theta_scale,
+    const int64_t groups = (heads + ROPE_HEADS - 1) / ROPE_HEADS;
+    rope_kernel<<<ciq_grid_for(tokens * groups * (head_dim / 2)), OPS_THREADS, 0, ciq_stream()>>>(x, positions, tokens, heads, head_dim, theta_scale,
                                                                   mode == CIQ_ROPE_NEOX, out);
     CIQ_CUDA_LAUNCH_CHECK("rope");
     return CIQ_OK;
@@ -252,12 +341,24 @@ ciq_status ciq_cuda_kv_store(uint16_t *cache, int64_t start, const float *x, int
 ciq_status ciq_cuda_glu(ciq_op_order order, ciq_glu_kind kind, const float *gate, const float *up, int64_t n,
                         float *out) {
     if (order == CIQ_ORDER_LLAMACPP_CUDA) return ciq_cuda_llamacpp_glu(kind, gate, up, n, out);
+    if (n % 4 == 0 && ((uintptr_t)gate | (uintptr_t)up | (uintptr_t)out) % 16 == 0) {
+        glu4_kernel<<<ciq_grid_for(n / 4), OPS_THREADS, 0, ciq_stream()>>>(kind == CIQ_GLU_GELU, (const float4 *)gate,
+                                                                          (const float4 *)up, n / 4, (float4 *)out);
+        CIQ_CUDA_LAUNCH_CHECK("glu");
+        return CIQ_OK;
+    }
     glu_kernel<<<ciq_grid_for(n), OPS_THREADS, 0, ciq_stream()>>>(kind == CIQ_GLU_GELU, gate, up, n, out);
     CIQ_CUDA_LAUNCH_CHECK("glu");
     return CIQ_OK;
 }
 
 ciq_status ciq_cuda_add(const float *a, int64_t n, const float *b, int64_t b_n, float *out) {
+    if (b_n == n && n % 4 == 0 && ((uintptr_t)a | (uintptr_t)b | (uintptr_t)out) % 16 == 0) {
+        add4_kernel<<<ciq_grid_for(n / 4), OPS_THREADS, 0, ciq_stream()>>>((const float4 *)a, (const float4 *)b, n / 4,
+                                                                          (float4 *)out);
+        CIQ_CUDA_LAUNCH_CHECK("add");
+        return CIQ_OK;
+    }
     add_kernel<<<ciq_grid_for(n), OPS_THREADS, 0, ciq_stream()>>>(a, n, b, b_n, out);
     CIQ_CUDA_LAUNCH_CHECK("add");
     return CIQ_OK;

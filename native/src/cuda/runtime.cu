@@ -222,7 +222,7 @@ ciq_status ciq_cuda_graph_launch(void *graph) {
     CIQ_TRY(refuse_in_capture("a graph launch"));
     if (g->scratch_generation != g_scratch_generation.load()) {
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "this graph is stale: the library's scratch buffers moved after its "
-                        "capture (a larger GEMM ran since): capture it again");
+                        "capture (a larger GEMM or split attention ran since): capture it again");
     }
     CIQ_CUDA_CHECK(cudaSetDevice(g->device), "cudaSetDevice");
     CIQ_CUDA_CHECK(cudaGraphLaunch(g->exec, nullptr), "cudaGraphLaunch");  // the legacy stream: ordered with all calls
