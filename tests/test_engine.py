@@ -363,11 +363,11 @@ def test_glu_fused_into_down_equals_apart(semantics, native_lib, rng, tmp_path, 
 
     if native.device_count() == 0:
         pytest.skip("needs a CUDA device and libggml_ciq built with CUDA")
+    fused = NativeOps.glu_linear
     for architecture in ("llama", "gemma3"):
         path = catalog.write_small_model(tmp_path / f"{architecture}.gguf", architecture)
         tokens = rng.integers(3, 512, 41)
         calls = []
-        fused = NativeOps.glu_linear
         monkeypatch.setattr(NativeOps, "glu_linear", lambda self, *a: calls.append(1) or fused(self, *a))
         got = Transformer(ModelFile(path), ops=make_ops("cuda", semantics), n_ubatch=16).forward(tokens, all_logits=True)
         monkeypatch.setattr(NativeOps, "glu_linear", None)
