@@ -447,11 +447,13 @@ template <int D> ciq_status launch(ciq_attention_kernel kernel, AttentionArgs ar
         chunks = (longest + per_chunk - 1) / per_chunk;
         args.chunk_keys = per_chunk * ATTN_KEYS;
     }
-    if (chunks > 1) {
+    if (cap > 1) {  // sized wherever a split may come, split or not: a prefill's first micro-batch (n_past 0, often
+                    // one chunk) sizes it for the later ones, so their eager runs move no scratch under the graphs
+                    // captured before them (ciq_cuda_scratch: a moved buffer makes every earlier graph stale)
         void *scratch = nullptr;
         status = ciq_cuda_scratch(device, 1, sizeof(float) * cap * tiles * args.heads * partial_slot(D), &scratch);
         if (status != CIQ_OK) return status;
-        args.partial = (float *)scratch;
+        if (chunks > 1) args.partial = (float *)scratch;
     }
     const dim3 grid((unsigned)tiles, args.heads, chunks);
     status = kernel == CIQ_ATTENTION_MMA ? launch_mma<D>(grid, args) : launch_simt<D>(grid, args);
