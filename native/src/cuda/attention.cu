@@ -419,7 +419,7 @@ template <int D> ciq_status launch_mma(dim3 grid, const AttentionArgs &args) {
 // (measured on the H200 at 512 tokens: Gemma 3 270M's 32 CTAs, attention 76 -> 28 + 14 us a layer and the prefill
 // 1.17x; Llama-3-8B's 256 CTAs split in 2 made its prefill 3% slower): splits = enough CTAs for about 3 a SM, at
 // most MAX_SPLITS; the chunk = the longest key range / splits, rounded up to whole 64-key tiles. The scratch it
-// needs, splits_cap(...) slots, depends on (tokens, heads, D) only: the micro-batches of a prefill share one size.
+// needs, fewer than 4 x SMs slots, is allocated at that size for every D: the micro-batches of a prefill share it.
 constexpr int MAX_SPLITS = 16;
 
 int splits_cap(int64_t tiles, int64_t heads, int sms) {
@@ -447,11 +447,13 @@ template <int D> ciq_status launch(ciq_attention_kernel kernel, AttentionArgs ar
         chunks = (longest + per_chunk - 1) / per_chunk;
         args.chunk_keys = per_chunk * ATTN_KEYS;
     }
-    if (cap > 1) {  // sized wherever a split may come, split or not: a prefill's first micro-batch (n_past 0, often
-                    // one chunk) sizes it for the later ones, so their eager runs move no scratch under the graphs
-                    // captured before them (ciq_cuda_scratch: a moved buffer makes every earlier graph stale)
+    if (cap > 1) {  // sized wherever a split may come, split or not, and for any (tokens, heads) of this D: a
+                    // prefill's first micro-batch (n_past 0, often one chunk) sizes it for the later ones, so their
+                    // eager runs move no scratch under the graphs captured before them (ciq_cuda_scratch: a moved
+                    // buffer makes every earlier graph stale). Slots used: cap * ctas <= ceil(3 sms / ctas) * ctas
+                    // < 3 sms + ctas < 4 sms (ctas < sms where cap > 1).
         void *scratch = nullptr;
-        status = ciq_cuda_scratch(device, 1, sizeof(float) * cap * tiles * args.heads * partial_slot(D), &scratch);
+        status = ciq_cuda_scratch(device, 1, sizeof(float) * 4 * sms * partial_slot(D), &scratch);
         if (status != CIQ_OK) return status;
         if (chunks > 1) args.partial = (float *)scratch;
     }
