@@ -6,7 +6,8 @@
 #                               /tmp/llama/llama_cpp is the sdist's Python package with lib/ -> that build
 #                               (GGML_CIQ_LLAMACPP_LIB: the Python bridge uses the same libraries as the tools)
 #   tools/gpu_run.sh test       GPU test suite (pytest tests/test_cuda.py + the rest)
-#   tools/gpu_run.sh sanitize   compute-sanitizer memcheck + racecheck on every kernel -> $OUT
+#   tools/gpu_run.sh sanitize [CASE]  compute-sanitizer memcheck + racecheck on every kernel, or one of
+#                               tools/sanitize_case.py's cases (engine, attention-split, ops, wgmma-block32, a variant) -> $OUT
 #   tools/gpu_run.sh wait       wait for the llama.cpp CUDA build
 #   tools/gpu_run.sh py ARGS    python3 ARGS with this environment (e.g. py -m ggml_ciq.cli bench gemm ...)
 #   tools/gpu_run.sh pack NAME  everything under $OUT into $OUT/NAME.tgz (a call returns at most 8 files)
@@ -51,15 +52,14 @@
 #   then: wait ; test tests/test_cuda.py tests/test_plugin.py ; plugin-check ; plugin-bench ; memory ; compare ; and
 #           end every call that writes more than 8 files under $OUT with `pack NAME` (a call returns at most 8 files,
 #           named in letters, digits, '.', '_' and '-')
-# What the open issue (16) still needs on the GPU (wgmma on the 32-block types, API v9, tested at 8306a9d): with
-# llama.cpp built (setup without NO_LLAMA, then wait) and Gemma staged, ours against llama.cpp in one process (the
-# Gemma bar is 2.0x at both lengths): `GRAPH=1 TOKENS=512 compare`, `GRAPH=1 REFERENCE=off TOKENS=4096 compare`; the
-# 8B with graphs: `GRAPH=1 TOKENS="2048 8192" LIMIT=280 compare-8b`; `test tests/test_plugin.py` (its offload-all
-# expectations changed with API v9); the kernels of deliverables 3-5 once written (bench gemm sets, compare at
-# 512..8192, sanitize, kernel-profile). The output row at 1 token (Gemma's Q8_0 262144 x 640: q32 275 us, wgmma
-# 188 us in 8306a9d's profiles, where reading its 178 MB once at 4 TB/s would take ~45 us): `py -m ggml_ciq.cli bench gemm --backend
-# ciq-cuda --shape Q8_0:262144:640 --tokens 1,8 --variants q32,mmvq,wgmma` against llama.cpp's MMVQ (after wait),
-# then AUTO's choice at 1..8 tokens for the 32-block types by that measurement.
+# What the open issue (16) still needs on the GPU (Gemma's bars met at 3367ca4; since then API v10: the GLU fused into
+# down's f16 conversion, float4 ops, the attention split only below one CTA a SM, its scratch one size per head_dim):
+# with llama.cpp built (setup without NO_LLAMA, then wait: ~5.5 min, and never idle 30 s meanwhile) and Gemma staged,
+# `GRAPH=1 TOKENS="512 2048 8192" LIMIT=200 compare-8b` (the 8B's bars 2.7x / 2.7x / 2.5x), `GRAPH=1 TOKENS=512
+# compare` and `GRAPH=1 REFERENCE=off TOKENS=4096 compare`; `test tests/test_engine.py -k gemma` (the scratch fix:
+# its graph test replays on the second call) and `test tests/test_plugin.py`; `MODEL=llama3-8b-synthetic SETS=512:fast
+# kernel-profile`; the kernels of deliverables 3-5 once written (bench gemm sets, sanitize, kernel-profile). Prepare
+# every edit before the lease: the machine goes back 30 s after a call, with /tmp.
 # plugin-sanitize after ac2ab62's change to the plugin's waits. Run one-off scripts as
 # `gpu_run.sh py tools/X.py` (its PYTHONPATH), and fire the next call within 30 s.
 # /tmp survives between calls while the machine stays warm, so setup runs once per lease.
