@@ -30,13 +30,13 @@ __device__ __forceinline__ uint16_t float_to_bf16_bits(float f) {  // round to n
     return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
-// One block per row.
-__global__ void __launch_bounds__(OPS_THREADS)
-rms_norm_kernel(const float *x, const float *__restrict__ weight, const float *add, float eps, int64_t d, float *out) {
-    __shared__ float warp_sums[OPS_THREADS / CIQ_WARP_SIZE];
-    const float *xr = x + (int64_t)blockIdx.x * d;
-    float sum = 0.0f;
-    for (int64_t i = threadIdx.x; i < d; i += OPS_THREADS) sum = __fadd_rn(sum, __fmul_rn(xr[i], xr[i]));
+// 1 / sqrt(mean + eps) from a row's sum of squares, IEEE division and square root (the host's order).
+__device__ __forceinline__ float rms_scale(float sum, int64_t d, float eps) {
+    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum, (float)d), eps)));
+}
+
+// A block's sum of its threads' sums: each warp's xor tree, then the warp sums in warp order (every thread gets it).
+__device__ __forceinline__ float block_sum(float sum, float *warp_sums) {
 #pragma unroll
     for (int offset = CIQ_WARP_SIZE / 2; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xFFFFFFFF, sum, offset);
     if (threadIdx.x % CIQ_WARP_SIZE == 0) warp_sums[threadIdx.x / CIQ_WARP_SIZE] = sum;
@@ -44,7 +44,17 @@ rms_norm_kernel(const float *x, const float *__restrict__ weight, const float *a
     sum = 0.0f;
 #pragma unroll
     for (int w = 0; w < OPS_THREADS / CIQ_WARP_SIZE; ++w) sum += warp_sums[w];
-    const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum, (float)d), eps)));
+    return sum;
+}
+
+// One block per row.
+__global__ void __launch_bounds__(OPS_THREADS)
+rms_norm_kernel(const float *x, const float *__restrict__ weight, const float *add, float eps, int64_t d, float *out) {
+    __shared__ float warp_sums[OPS_THREADS / CIQ_WARP_SIZE];
+    const float *xr = x + (int64_t)blockIdx.x * d;
+    float sum = 0.0f;
+    for (int64_t i = threadIdx.x; i < d; i += OPS_THREADS) sum = __fadd_rn(sum, __fmul_rn(xr[i], xr[i]));
+    const float scale = rms_scale(block_sum(sum, warp_sums), d, eps);
     float *o = out + (int64_t)blockIdx.x * d;
     const float *ar = add ? add + (int64_t)blockIdx.x * d : nullptr;
     for (int64_t i = threadIdx.x; i < d; i += OPS_THREADS) {
@@ -61,6 +71,52 @@ rms_norm_kernel(const float *x, const float *__restrict__ weight, const float *a
 constexpr int64_t RMS_NORM_WARP_MAX = 1024;
 constexpr int RMS_NORM_ROWS = 4;
 
+// A row held as float4s in registers, V a thread: float4 first + step * j (the row's float4 j... are values 4j..4j+3).
+template <int V> struct Row4 {
+    float4 v[V];
+    __device__ __forceinline__ void load(const float *x, int first, int step, int d4) {
+        const float4 *x4 = reinterpret_cast<const float4 *>(x);
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+            const int i = first + step * j;
+            v[j] = i < d4 ? x4[i] : float4{0.0f, 0.0f, 0.0f, 0.0f};
+        }
+    }
+    __device__ __forceinline__ float sum_squares() const {  // the float4s in order, x y z w each
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+            sum = __fadd_rn(sum, __fmul_rn(v[j].x, v[j].x));
+            sum = __fadd_rn(sum, __fmul_rn(v[j].y, v[j].y));
+            sum = __fadd_rn(sum, __fmul_rn(v[j].z, v[j].z));
+            sum = __fadd_rn(sum, __fmul_rn(v[j].w, v[j].w));
+        }
+        return sum;
+    }
+    // out = (v * scale) * weight (unless NULL) + add (unless NULL), rms_norm_kernel's roundings.
+    __device__ __forceinline__ void store(float scale, const float *weight, const float *add, float *out, int first,
+                                          int step, int d4) const {
+        const float4 *w4 = reinterpret_cast<const float4 *>(weight), *a4 = reinterpret_cast<const float4 *>(add);
+        float4 *o4 = reinterpret_cast<float4 *>(out);
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+            const int i = first + step * j;
+            if (i >= d4) break;
+            float4 r = {__fmul_rn(v[j].x, scale), __fmul_rn(v[j].y, scale), __fmul_rn(v[j].z, scale),
+                        __fmul_rn(v[j].w, scale)};
+            if (w4) {
+                const float4 w = w4[i];
+                r = {__fmul_rn(r.x, w.x), __fmul_rn(r.y, w.y), __fmul_rn(r.z, w.z), __fmul_rn(r.w, w.w)};
+            }
+            if (a4) {
+                const float4 a = a4[i];
+                r = {__fadd_rn(r.x, a.x), __fadd_rn(r.y, a.y), __fadd_rn(r.z, a.z), __fadd_rn(r.w, a.w)};
+            }
+            o4[i] = r;
+        }
+    }
+};
+
 template <int V>
 __global__ void __launch_bounds__(RMS_NORM_ROWS * CIQ_WARP_SIZE)
 rms_norm_warp_kernel(const float *x, const float *__restrict__ weight, const float *add, float eps, int64_t n, int d,
@@ -68,43 +124,12 @@ rms_norm_warp_kernel(const float *x, const float *__restrict__ weight, const flo
     const int64_t row = (int64_t)blockIdx.x * RMS_NORM_ROWS + threadIdx.x / CIQ_WARP_SIZE;
     if (row >= n) return;  // a whole warp
     const int lane = threadIdx.x % CIQ_WARP_SIZE, d4 = d / 4;
-    const float4 *xr = reinterpret_cast<const float4 *>(x + row * d);
-    float4 v[V];
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-        const int i = lane + CIQ_WARP_SIZE * j;
-        v[j] = i < d4 ? xr[i] : float4{0.0f, 0.0f, 0.0f, 0.0f};
-    }
-    float sum = 0.0f;
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-        sum = __fadd_rn(sum, __fmul_rn(v[j].x, v[j].x));
-        sum = __fadd_rn(sum, __fmul_rn(v[j].y, v[j].y));
-        sum = __fadd_rn(sum, __fmul_rn(v[j].z, v[j].z));
-        sum = __fadd_rn(sum, __fmul_rn(v[j].w, v[j].w));
-    }
+    Row4<V> r;
+    r.load(x + row * d, lane, CIQ_WARP_SIZE, d4);
+    float sum = r.sum_squares();
 #pragma unroll
     for (int offset = CIQ_WARP_SIZE / 2; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xFFFFFFFF, sum, offset);
-    const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum, (float)d), eps)));
-    const float4 *w4 = reinterpret_cast<const float4 *>(weight);
-    const float4 *a4 = add ? reinterpret_cast<const float4 *>(add + row * d) : nullptr;
-    float4 *o4 = reinterpret_cast<float4 *>(out + row * d);
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-        const int i = lane + CIQ_WARP_SIZE * j;
-        if (i >= d4) break;
-        float4 r = {__fmul_rn(v[j].x, scale), __fmul_rn(v[j].y, scale), __fmul_rn(v[j].z, scale),
-                    __fmul_rn(v[j].w, scale)};
-        if (weight) {
-            const float4 w = w4[i];
-            r = {__fmul_rn(r.x, w.x), __fmul_rn(r.y, w.y), __fmul_rn(r.z, w.z), __fmul_rn(r.w, w.w)};
-        }
-        if (a4) {
-            const float4 a = a4[i];
-            r = {__fadd_rn(r.x, a.x), __fadd_rn(r.y, a.y), __fadd_rn(r.z, a.z), __fadd_rn(r.w, a.w)};
-        }
-        o4[i] = r;
-    }
+    r.store(rms_scale(sum, d, eps), weight, add ? add + row * d : nullptr, out + row * d, lane, CIQ_WARP_SIZE, d4);
 }
 
 // Rows of RMS_NORM_WARP_MAX < d <= 8192 values (d % 4 == 0, 16-byte aligned): a block of OPS_THREADS per row, thread
@@ -115,48 +140,10 @@ __global__ void __launch_bounds__(OPS_THREADS)
 rms_norm_block4_kernel(const float *x, const float *__restrict__ weight, const float *add, float eps, int d, float *out) {
     __shared__ float warp_sums[OPS_THREADS / CIQ_WARP_SIZE];
     const int d4 = d / 4;
-    const float4 *xr = reinterpret_cast<const float4 *>(x + (int64_t)blockIdx.x * d);
-    float4 v[V];
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-        const int i = threadIdx.x + OPS_THREADS * j;
-        v[j] = i < d4 ? xr[i] : float4{0.0f, 0.0f, 0.0f, 0.0f};
-    }
-    float sum = 0.0f;
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-        sum = __fadd_rn(sum, __fmul_rn(v[j].x, v[j].x));
-        sum = __fadd_rn(sum, __fmul_rn(v[j].y, v[j].y));
-        sum = __fadd_rn(sum, __fmul_rn(v[j].z, v[j].z));
-        sum = __fadd_rn(sum, __fmul_rn(v[j].w, v[j].w));
-    }
-#pragma unroll
-    for (int offset = CIQ_WARP_SIZE / 2; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xFFFFFFFF, sum, offset);
-    if (threadIdx.x % CIQ_WARP_SIZE == 0) warp_sums[threadIdx.x / CIQ_WARP_SIZE] = sum;
-    __syncthreads();
-    sum = 0.0f;
-#pragma unroll
-    for (int w = 0; w < OPS_THREADS / CIQ_WARP_SIZE; ++w) sum += warp_sums[w];
-    const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum, (float)d), eps)));
-    const float4 *w4 = reinterpret_cast<const float4 *>(weight);
-    const float4 *a4 = add ? reinterpret_cast<const float4 *>(add + (int64_t)blockIdx.x * d) : nullptr;
-    float4 *o4 = reinterpret_cast<float4 *>(out + (int64_t)blockIdx.x * d);
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-        const int i = threadIdx.x + OPS_THREADS * j;
-        if (i >= d4) break;
-        float4 r = {__fmul_rn(v[j].x, scale), __fmul_rn(v[j].y, scale), __fmul_rn(v[j].z, scale),
-                    __fmul_rn(v[j].w, scale)};
-        if (weight) {
-            const float4 w = w4[i];
-            r = {__fmul_rn(r.x, w.x), __fmul_rn(r.y, w.y), __fmul_rn(r.z, w.z), __fmul_rn(r.w, w.w)};
-        }
-        if (a4) {
-            const float4 a = a4[i];
-            r = {__fadd_rn(r.x, a.x), __fadd_rn(r.y, a.y), __fadd_rn(r.z, a.z), __fadd_rn(r.w, a.w)};
-        }
-        o4[i] = r;
-    }
+    const int64_t row = blockIdx.x;
+    Row4<V> r;
+    r.load(x + row * d, threadIdx.x, OPS_THREADS, d4);
+    r.store(rms_scale(block_sum(r.sum_squares(), warp_sums), d, eps), weight, add ? add + row * d : nullptr, out + row * d, threadIdx.x, OPS_THREADS, d4);
 }
 
 template <int V>
