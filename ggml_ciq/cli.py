@@ -213,6 +213,23 @@ def _shape(text: str):
     return bench.parse_shape(text)
 
 
+def _attention_case(text: str):
+    from . import attention_bench
+
+    return attention_bench.parse_case(text)
+
+
+def _attention_kernels(text: str) -> list[str]:
+    from . import native
+
+    kernels = [k.strip() for k in text.split(",")]
+    known = [k for k in native.enum_names("ciq_attention_kernel", "CIQ_ATTENTION_") if k != "auto"]
+    for k in kernels:
+        if k not in known:
+            raise CiqError(f"unknown attention kernel {k!r} (choose from {', '.join(known)})")
+    return kernels
+
+
 def _used(args, *flags: str) -> list[str]:
     """The flags among `flags` the user gave (not at their defaults)."""
     return [flag for flag in flags if getattr(args, flag.lstrip("-").replace("-", "_")) not in (None, False, "auto")]
@@ -244,6 +261,26 @@ def _check_diff(args) -> None:
 def _check_bench(args) -> None:
     from . import bench
 
+    attention_flags = ("--case", "--cases", "--kernels")
+    if args.op == "attention":
+        stray = _used(args, "--model", "--shape", "--shapes", "--tokens", "--variants", "--ab", "--no-ceiling", "--plot")
+        if stray:
+            raise CiqError(f"{', '.join(stray)} belong to bench gemm (bench attention takes --case, --cases, "
+                           f"--kernels)")
+        args.backend = args.backend or "ciq-cpu"
+        args.repeat = 5 if args.repeat is None else args.repeat
+        if args.json:
+            args.json = _as_check(_output_file(), "--json", args.json)
+        if args.cases:
+            from . import attention_bench
+
+            attention_bench.case_set(args.cases)
+        if args.backend == "ciq-cuda" and args.threads is not None:
+            raise CiqError("--threads sets the CPU threads; --backend ciq-cuda runs on the GPU")
+        return
+    stray = _used(args, *attention_flags)
+    if stray:
+        raise CiqError(f"{', '.join(stray)} belong to bench attention")
     if args.op == "plot":
         stray = _used(args, "--backend", "--model", "--shape", "--shapes", "--tokens", "--variants", "--ab",
                       "--threads", "--repeat", "--no-llamacpp", "--no-ceiling")
@@ -676,6 +713,8 @@ def cmd_bench(args) -> int:
     from . import bench, catalog
     from .model import ModelFile
 
+    if args.op == "attention":
+        return _bench_attention(args)
     if args.op == "plot":
         try:
             saved = json.loads(Path(args.json).read_text())
@@ -701,6 +740,52 @@ def cmd_bench(args) -> int:
     n, shape = max(((n, s) for n in tokens for s in shapes), key=lambda c: c[0] * (16 * c[1].k + 8 * c[1].rows))
     _check_host_memory(n * (16 * shape.k + 8 * shape.rows), f"bench gemm at {n} tokens on {shape.rows} x {shape.k}")
     return (_bench_cpu if args.backend == "ciq-cpu" else _bench_cuda)(args, shapes, tokens)
+
+
+def _bench_attention(args) -> int:
+    from . import attention_bench, bench, native
+
+    device = "cuda" if args.backend == "ciq-cuda" else "cpu"
+    if device == "cuda" and native.device_count() == 0:
+        raise CiqError("bench attention --backend ciq-cuda: no CUDA device (or libggml_ciq built without CUDA)")
+    cases = list(args.case or [])
+    if args.cases or not cases:
+        cases += attention_bench.case_set(args.cases or "gemma3-270m")
+    for c in cases:  # q, the K/V caches and both outputs, float32 on the host
+        _check_host_memory(4 * (3 * c.tokens * c.heads * c.head_dim + 2 * (c.n_past + c.tokens) * c.heads_kv *
+                                c.head_dim), f"bench attention on {c.label}")
+    kernels = args.kernels or attention_bench.default_kernels(device)
+    threads = args.threads or (os.cpu_count() or 1) if device == "cpu" else None
+    console = _console()
+    with _progress(console) as progress:
+        task = progress.add_task("bench", total=len(cases) * len(kernels))
+        rows = attention_bench.bench_attention(cases, device, kernels, repeat=args.repeat,
+                                               llamacpp=not args.no_llamacpp, threads=threads,
+                                               progress=lambda: progress.advance(task))
+    unrun = [k for k in (args.kernels or []) if not any(r.kernel == k for r in rows)]
+    if unrun:
+        raise CiqError(f"attention kernel {', '.join(unrun)} runs none of these cases on the {device.upper()} "
+                       f"(ggml-ciq info lists each kernel's device)")
+    env = (bench.gpu_environment(llamacpp=not args.no_llamacpp) if device == "cuda"
+           else bench.cpu_environment(threads))
+    _print_table(console, f"ciq attention vs llama.cpp FLASH_ATTN_EXT ({env['device']})",
+                 [(col, "text" if col == "kernel" else "number")
+                  for col in ("tokens", "n_past", "heads", "kv heads", "D", "window", "kernel", "us", "TFLOP/s",
+                              "llama.cpp us", "speedup", "NMSE vs llama.cpp")],
+                 [[str(r.tokens), str(r.n_past), str(r.heads), str(r.heads_kv), str(r.head_dim), str(r.window),
+                   r.kernel, f"{r.us:.1f}", f"{r.tflops:.2f}", _fmt(r.llamacpp_us, ".1f"), _fmt(r.speedup, ".2f"),
+                   _fmt(r.nmse_vs_llamacpp)] for r in rows],
+                 stacks=[((0, 1), "tokens\nn_past"), ((2, 3, 4, 5), "heads\nkv\nD\nwindow"),
+                         ((9, 10), "llama.cpp us\nspeedup")])
+    by_kernel = {k: bench.geomean(r.speedup for r in rows if r.kernel == k and r.speedup)
+                 for k in dict.fromkeys(r.kernel for r in rows)}
+    for k, value in by_kernel.items():
+        if value == value:  # not NaN: llama.cpp was timed
+            console.print(f"geomean speedup over llama.cpp FLASH_ATTN_EXT, {k}: {value:.2f}x")
+    if args.json:
+        _write_json(args.json, {"schema": "docs/BENCH_JSON.md", "bench": "attention", "environment": env,
+                                "rows": attention_bench.rows_to_json(rows), "geomean_speedup": by_kernel})
+    return 0
 
 
 def _bench_cpu(args, shapes, tokens) -> int:
@@ -811,8 +896,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --prompt: llama.cpp's flash attention (auto: on for CUDA, off on the CPU)")
     p.set_defaults(func=cmd_diff)
 
-    p = sub.add_parser("bench", help="benchmarks: gemm, or plot a saved --json file")
-    p.add_argument("op", choices=("gemm", "plot"), help="gemm | plot")
+    p = sub.add_parser("bench", help="benchmarks: gemm, attention, or plot a saved --json file")
+    p.add_argument("op", choices=("gemm", "attention", "plot"), help="gemm | attention | plot")
     p.add_argument("--backend", choices=("ciq-cpu", "ciq-cuda"), default=None, help="ciq-cpu (default) or ciq-cuda")
     p.add_argument("--model", help="GGUF path or catalog name whose weight shapes to time")
     p.add_argument("--shape", type=_from_library(_shape), action="append", help="TYPE:ROWS:K (repeatable)")
@@ -828,7 +913,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", help="write grouped TFLOP/s bars (PNG; needs matplotlib)")
     p.add_argument("--threads", type=_whole(1, MAX_THREADS), default=None)
     p.add_argument("--repeat", type=_whole(1), default=None, help="timed runs per case (default 5)")
-    p.add_argument("--json", help="gemm: write the results here; plot: the saved results to draw")
+    p.add_argument("--case", type=_from_library(_attention_case), action="append",
+                   help="attention: TOKENS:N_PAST:HEADS:HEADS_KV:HEAD_DIM[:WINDOW] (repeatable)")
+    p.add_argument("--cases", help="attention: case set gemma3-270m (default) or llama3-8b")
+    p.add_argument("--kernels", type=_from_library(_attention_kernels),
+                   help="attention: comma-separated kernels (default: GPU simt,mma,mma_llamacpp; CPU cpu,ggml)")
+    p.add_argument("--json", help="gemm, attention: write the results here; plot: the saved results to draw")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("prefill", help="run a prompt through a GGUF model: tokens/s, next tokens, time by op class")

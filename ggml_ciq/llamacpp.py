@@ -69,6 +69,11 @@ struct ggml_tensor * ggml_rope_ext(struct ggml_context * ctx, struct ggml_tensor
                                    struct ggml_tensor * c, int n_dims, int mode, int n_ctx_orig, float freq_base,
                                    float freq_scale, float ext_factor, float attn_factor, float beta_fast,
                                    float beta_slow);
+struct ggml_tensor * ggml_permute(struct ggml_context * ctx, struct ggml_tensor * a, int axis0, int axis1, int axis2,
+                                  int axis3);
+struct ggml_tensor * ggml_flash_attn_ext(struct ggml_context * ctx, struct ggml_tensor * q, struct ggml_tensor * k,
+                                         struct ggml_tensor * v, struct ggml_tensor * mask, float scale,
+                                         float max_bias, float logit_softcap);
 size_t ggml_nbytes(const struct ggml_tensor * tensor);
 struct ggml_cgraph * ggml_new_graph_custom(struct ggml_context * ctx, size_t size, bool grads);
 void ggml_build_forward_expand(struct ggml_cgraph * cgraph, struct ggml_tensor * tensor);
@@ -324,6 +329,14 @@ class _Graph(Closeable):
         self._ctx = self._backend = self._buffer = None
 
 
+def _set_threads(lib, dev, backend, threads) -> None:
+    """A CPU backend's thread count (threads, else every core); other backends have no such function."""
+    set_threads = lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_dev_backend_reg(dev),
+                                                        b"ggml_backend_set_n_threads")
+    if set_threads != ffi.NULL:
+        ffi.cast("void (*)(struct ggml_backend *, int)", set_threads)(backend, threads or os.cpu_count() or 1)
+
+
 class MulMatGraph(_Graph):
     """A ggml graph of `copies` mul_mats W_i[rows, k] x x[tokens, k] on one device: each with its
     own weight tensor, all sharing one activation tensor. Allocated once, computed many times."""
@@ -364,11 +377,7 @@ class MulMatGraph(_Graph):
             if self._buffer == ffi.NULL:
                 raise BackendError(f"cannot allocate {copies} x {self.weight_nbytes} weight bytes "
                                    f"+ activations on {device}")
-            set_threads = lib.ggml_backend_reg_get_proc_address(
-                lib.ggml_backend_dev_backend_reg(dev), b"ggml_backend_set_n_threads")
-            if set_threads != ffi.NULL:
-                ffi.cast("void (*)(struct ggml_backend *, int)", set_threads)(
-                    self._backend, threads or os.cpu_count() or 1)
+            _set_threads(lib, dev, self._backend, threads)
         except BaseException:
             self.close()
             raise
@@ -509,4 +518,85 @@ class OpGraph(_Graph):
             raise BackendError(f"ggml_backend_graph_compute on {self.device} failed (status {status})")
         out = np.empty(self.shape, np.float32)
         self._lib.ggml_backend_tensor_get(self._out, ffi.from_buffer(out), 0, out.nbytes)
+        return out
+
+
+class AttentionGraph(_Graph):
+    """llama.cpp's FLASH_ATTN_EXT as its graphs build it (llama-graph.cpp build_attn_mha): q [tokens, heads, d] float32
+    permuted to [d, tokens, heads], K and V caches [n_kv, heads_kv, d] f16 (n_kv = n_past + tokens) permuted likewise,
+    a float16 mask [tokens, n_kv] (0 where query t at position n_past + t sees key p: p <= n_past + t and, with a
+    window, n_past + t - p < window; -inf elsewhere), max_bias 0, no softcap. `copies` FLASH_ATTN_EXT nodes on the
+    same inputs in one graph (each its own output): compute() runs them all, for timing per node. Output: float32
+    [tokens, heads * d], ours' layout."""
+
+    def __init__(self, bridge, device, tokens, heads, heads_kv, d, n_past, scale, window=0, copies=1, threads=None):
+        _positive(tokens=tokens, heads=heads, heads_kv=heads_kv, head_dim=d, copies=copies)
+        if heads % heads_kv or n_past < 0 or window < 0:
+            raise ShapeError(f"attention: {heads} heads over {heads_kv} kv heads, n_past {n_past}, window {window}")
+        self._lib = lib = bridge._lib
+        self._ctx = self._backend = self._buffer = None
+        self.device, self.tokens, self.heads, self.heads_kv, self.d = device, tokens, heads, heads_kv, d
+        self.n_past, self.window, self.copies = n_past, window, copies
+        n_kv = n_past + tokens
+        dev = bridge._device(device)
+        try:
+            mem = (8 + 2 * copies) * lib.ggml_tensor_overhead() + lib.ggml_graph_overhead_custom(copies + 8, False)
+            self._ctx = ctx = lib.ggml_init(ffi.new("struct ggml_init_params *", [mem, ffi.NULL, True])[0])
+            if ctx == ffi.NULL:
+                raise BackendError("ggml_init failed")
+            q = lib.ggml_new_tensor_3d(ctx, F32, d, heads, tokens)
+            k = lib.ggml_new_tensor_3d(ctx, F16, d, heads_kv, n_kv)
+            v = lib.ggml_new_tensor_3d(ctx, F16, d, heads_kv, n_kv)
+            mask = lib.ggml_new_tensor_2d(ctx, F16, n_kv, tokens)
+            self._inputs = {"q": q, "k": k, "v": v, "mask": mask}
+            qp, kp, vp = (lib.ggml_permute(ctx, t, 0, 2, 1, 3) for t in (q, k, v))
+            self._out = [lib.ggml_flash_attn_ext(ctx, qp, kp, vp, mask, float(scale), 0.0, 0.0) for _ in range(copies)]
+            self._graph = lib.ggml_new_graph_custom(ctx, copies + 8, False)
+            for out in self._out:
+                lib.ggml_build_forward_expand(self._graph, out)
+            self._backend = lib.ggml_backend_dev_init(dev, ffi.NULL)
+            if self._backend == ffi.NULL:
+                raise BackendError(f"cannot initialize a ggml backend on {device}")
+            if not lib.ggml_backend_supports_op(self._backend, self._out[0]):
+                raise UnsupportedTypeError(f"{device} does not support FLASH_ATTN_EXT at head_dim {d}")
+            self._buffer = lib.ggml_backend_alloc_ctx_tensors(ctx, self._backend)
+            if self._buffer == ffi.NULL:
+                raise BackendError(f"cannot allocate the attention graph's tensors on {device}")
+            _set_threads(lib, dev, self._backend, threads)
+        except BaseException:
+            self.close()
+            raise
+
+    def mask(self) -> np.ndarray:
+        """The float16 [tokens, n_kv] mask of this causal (windowed) attention."""
+        pos = self.n_past + np.arange(self.tokens)[:, None]
+        key = np.arange(self.n_past + self.tokens)[None, :]
+        seen = (key <= pos) & ((pos - key < self.window) if self.window else True)
+        return np.where(seen, 0.0, -np.inf).astype(np.float16)
+
+    def set_inputs(self, q, k, v) -> None:
+        """q float32 [tokens, heads, d]; k, v float16 [n_kv or more rows, heads_kv, d] (the first n_kv rows are used)."""
+        if self._ctx is None:
+            raise BackendError("AttentionGraph is closed")
+        n_kv = self.n_past + self.tokens
+        arrays = {"q": np.ascontiguousarray(q, np.float32), "k": np.ascontiguousarray(np.asarray(k)[:n_kv], np.float16),
+                  "v": np.ascontiguousarray(np.asarray(v)[:n_kv], np.float16), "mask": self.mask()}
+        for name, tensor in self._inputs.items():
+            a = arrays[name]
+            if a.nbytes != self._lib.ggml_nbytes(tensor):
+                raise ShapeError(f"attention: {name} has shape {a.shape}, the graph's tensor "
+                                 f"{self._lib.ggml_nbytes(tensor)} bytes")
+            self._lib.ggml_backend_tensor_set(tensor, ffi.from_buffer(a), 0, a.nbytes)
+        self._ready = True
+
+    def compute(self) -> None:
+        if self._ctx is None or not getattr(self, "_ready", False):
+            raise BackendError("AttentionGraph: set_inputs() before compute()")
+        status = self._lib.ggml_backend_graph_compute(self._backend, self._graph)
+        if status != 0:
+            raise BackendError(f"ggml_backend_graph_compute on {self.device} failed (status {status})")
+
+    def output(self) -> np.ndarray:
+        out = np.empty((self.tokens, self.heads * self.d), np.float32)
+        self._lib.ggml_backend_tensor_get(self._out[0], ffi.from_buffer(out), 0, out.nbytes)
         return out

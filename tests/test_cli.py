@@ -75,6 +75,23 @@ def test_bench_cpu(llama, native_lib, tmp_path):
                                                                                            "Q5_0"}
 
 
+def test_bench_attention_cpu(llama, native_lib, tmp_path):
+    """bench attention on the CPU: our host kernels and llama.cpp CPU's FLASH_ATTN_EXT on the same q and f16 caches,
+    a windowed case and GQA, with the NMSE between the two outputs (a wrong mask or head mapping on either side gives
+    ~1); a GPU-only kernel asked for on the CPU is one line."""
+    rc, out, err = ggml_ciq("bench", "attention", "--case", "17:5:4:1:64", "--case", "70:30:8:2:128:16", "--kernels",
+                            "cpu,ggml", "--repeat", 2, "--threads", 2, "--json", tmp_path / "a.json")
+    assert rc == 0, err
+    saved = json.loads((tmp_path / "a.json").read_text())
+    rows = saved["rows"]
+    assert [(r["tokens"], r["window"], r["kernel"]) for r in rows] == [(17, 0, "cpu"), (17, 0, "ggml"), (70, 16, "cpu"),
+                                                                       (70, 16, "ggml")]
+    assert all(r["us"] > 0 and r["llamacpp_us"] > 0 and r["nmse_vs_llamacpp"] <= 1e-5 for r in rows), rows
+    assert saved["bench"] == "attention" and set(saved["geomean_speedup"]) == {"cpu", "ggml"}
+    rc, _, err = ggml_ciq("bench", "attention", "--case", "17:5:4:1:64", "--kernels", "mma", "--repeat", 1)
+    assert_one_line_error(rc, err, "mma runs none of these cases on the CPU")
+
+
 def test_info(native_lib):
     rc, out, err = ggml_ciq("info")
     assert rc == 0, err
