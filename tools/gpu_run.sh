@@ -11,6 +11,7 @@
 #   tools/gpu_run.sh wait       wait for the llama.cpp CUDA build
 #   tools/gpu_run.sh py ARGS    python3 ARGS with this environment (e.g. py -m ggml_ciq.cli bench gemm ...)
 #   tools/gpu_run.sh pack NAME  everything under $OUT into $OUT/NAME.tgz (a call returns at most 8 files)
+#   tools/gpu_run.sh bench-attention  our attention kernels vs llama.cpp's FLASH_ATTN_EXT, Gemma and 8B cases (wait)
 #   tools/gpu_run.sh bench-pdl | offload-sweep | memory   wgmma PDL A/B; wgmma vs llama.cpp at 16..128 tokens (the
 #                               offload thresholds, TOKENS="..." to choose); device memory under repetition
 #   tools/gpu_run.sh all        setup, test, sanitize, wait, llama.cpp-CUDA tests and diffs; logs under $OUT
@@ -55,7 +56,8 @@
 # What the open issue (16) still needs on the GPU (Gemma's bars met at 3367ca4; since then API v10: the GLU fused into
 # down's f16 conversion, float4 ops, the attention split only below one CTA a SM, its scratch one size per head_dim):
 # with llama.cpp built (setup without NO_LLAMA, then wait: ~5.5 min, and never idle 30 s meanwhile) and Gemma staged,
-# `GRAPH=1 TOKENS="512 2048 8192" LIMIT=200 compare-8b` (the 8B's bars 2.7x / 2.7x / 2.5x), `GRAPH=1 TOKENS=512
+# `bench-attention` (new: never run on a GPU), `GRAPH=1 TOKENS="512 2048 8192" LIMIT=200 compare-8b` (the 8B's bars
+# 2.7x / 2.7x / 2.5x), `GRAPH=1 TOKENS=512
 # compare` and `GRAPH=1 REFERENCE=off TOKENS=4096 compare`; `test tests/test_engine.py -k gemma` (the scratch fix:
 # its graph test replays on the second call) and `test tests/test_plugin.py`; `MODEL=llama3-8b-synthetic SETS=512:fast
 # kernel-profile`; the kernels of deliverables 3-5 once written (bench gemm sets, sanitize, kernel-profile). Prepare
@@ -245,6 +247,12 @@ case "${1:-}" in
       python3 -m ggml_ciq.cli bench gemm --backend ciq-cuda --shapes $1 --tokens $2 --repeat ${REPEAT:-5} --variants ${VARIANTS:-mma,wgmma} \
         --json "$OUT/$3.json" 2>&1 | tail -n 16
     done ;;
+  bench-attention)  # issue 16 deliverable 4's yardstick: our attention kernels against llama.cpp's FLASH_ATTN_EXT
+                    # (CUDA0) in one process, Gemma 3 270M's and Llama-3-8B's micro-batches, split on and off (wait)
+    for set in gemma3-270m llama3-8b; do for split in 1 0; do
+      GGML_CIQ_ATTENTION_SPLIT=$split timeout ${LIMIT:-200} python3 -m ggml_ciq.cli bench attention --backend ciq-cuda \
+        --cases $set --repeat ${REPEAT:-5} --json "$OUT/attention-$set-split$split.json" 2>&1 | tail -n 12
+    done; done ;;
   bench-pdl)  # wgmma's programmatic dependent launch A/B at 512 tokens (on by default; GGML_CIQ_WGMMA_PDL=0 off)
     for pdl in 1 0; do
       GGML_CIQ_WGMMA_PDL=$pdl python3 -m ggml_ciq.cli bench gemm --backend ciq-cuda --shapes llama3-8b --tokens 512 \
@@ -329,5 +337,5 @@ case "${1:-}" in
     gemma=$(gemma_path) || exit 1
     step sanitizer-plugin-memcheck 500 env GGML_BACKEND_PATH=$PLUGIN GGML_CIQ_OFFLOAD=all compute-sanitizer --tool memcheck \
       --error-exitcode 9 $LLAMA_BUILD/bin/llama-bench -m "$gemma" -ngl 99 -dev CIQ0/CUDA0 -ts 0/1 -p 77 -n 0 -r 1 -fa 1 ;;
-  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|pack|all|bench|bench-pdl|offload-sweep|memory|stage|compare|compare-8b|layer-trace|graph-bench|kernel-profile|sass|plugin-splits|breakdown|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize" >&2; exit 2 ;;
+  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|pack|all|bench|bench-pdl|offload-sweep|memory|stage|compare|compare-8b|layer-trace|graph-bench|kernel-profile|sass|plugin-splits|breakdown|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize|bench-attention" >&2; exit 2 ;;
 esac
