@@ -17,7 +17,7 @@ import numpy as np
 
 from . import native, quants
 from .bench import _median_us, _time_gpu_us
-from .errors import CiqError, InvalidArgumentError
+from .errors import CiqError, InvalidArgumentError, UnsupportedTypeError
 
 GPU_COPIES = 10  # calls per timed batch on a GPU (launch overhead amortized on both sides)
 
@@ -94,9 +94,12 @@ def default_kernels(device: str) -> list[str]:
 
 
 def bench_attention(cases: list[AttentionCase], device: str, kernels: list[str], repeat: int = 5,
-                    llamacpp: bool = True, threads: int | None = None, progress=None) -> list[AttentionRow]:
-    """Every kernel and llama.cpp's FLASH_ATTN_EXT on every case; a kernel that does not run a case's head_dim on
-    this device is left out of that case."""
+                    llamacpp: bool = True, threads: int | None = None, progress=None,
+                    skipped: list | None = None) -> list[AttentionRow]:
+    """Every kernel and llama.cpp's FLASH_ATTN_EXT on every case. A kernel that does not run a case (its head_dim on
+    this device) has no row there, and llama.cpp's columns stay empty where its device refuses the case: each such
+    (case, who, why) is appended to `skipped`."""
+    skipped = [] if skipped is None else skipped
     from .ops import NativeOps
 
     llama = None
@@ -123,20 +126,24 @@ def bench_attention(cases: list[AttentionCase], device: str, kernels: list[str],
             from .llamacpp import AttentionGraph
 
             copies = GPU_COPIES if device == "cuda" else 1
-            with AttentionGraph(llama, ggml_device, case.tokens, case.heads, case.heads_kv, case.head_dim,
-                                case.n_past, scale, case.window, copies=copies, threads=threads) as g:
-                g.set_inputs(q, k, v)
-                llama_us = _median_us(g.compute, 2, repeat) / copies
-                reference = g.output()
+            try:
+                with AttentionGraph(llama, ggml_device, case.tokens, case.heads, case.heads_kv, case.head_dim,
+                                    case.n_past, scale, case.window, copies=copies, threads=threads) as g:
+                    g.set_inputs(q, k, v)
+                    llama_us = _median_us(g.compute, 2, repeat) / copies
+                    reference = g.output()
+            except UnsupportedTypeError as exc:
+                skipped.append((case.label, "llama.cpp", str(exc)))
         for kernel in kernels:
             ops = NativeOps(device, attention_kernel=kernel)
             try:
                 ops.attention_kernel_name(case.head_dim)
-            except CiqError:
+                us, out = _time_ours(ops, case, q, k, v, scale, repeat)
+            except CiqError as exc:  # this kernel does not run this case here: printed and saved, not silent
+                skipped.append((case.label, kernel, str(exc)))
                 if progress:
                     progress()
                 continue
-            us, out = _time_ours(ops, case, q, k, v, scale, repeat)
             rows.append(AttentionRow(case.tokens, case.n_past, case.heads, case.heads_kv, case.head_dim, case.window,
                                      kernel, us, case.flops / us * 1e-6, llama_us,
                                      None if llama_us is None else llama_us / us,

@@ -757,11 +757,12 @@ def _bench_attention(args) -> int:
     kernels = args.kernels or attention_bench.default_kernels(device)
     threads = args.threads or (os.cpu_count() or 1) if device == "cpu" else None
     console = _console()
+    skipped = []
     with _progress(console) as progress:
         task = progress.add_task("bench", total=len(cases) * len(kernels))
         rows = attention_bench.bench_attention(cases, device, kernels, repeat=args.repeat,
                                                llamacpp=not args.no_llamacpp, threads=threads,
-                                               progress=lambda: progress.advance(task))
+                                               progress=lambda: progress.advance(task), skipped=skipped)
     unrun = [k for k in (args.kernels or []) if not any(r.kernel == k for r in rows)]
     if unrun:
         raise CiqError(f"attention kernel {', '.join(unrun)} runs none of these cases on the {device.upper()} "
@@ -777,14 +778,16 @@ def _bench_attention(args) -> int:
                    _fmt(r.nmse_vs_llamacpp)] for r in rows],
                  stacks=[((0, 1), "tokens\nn_past"), ((2, 3, 4, 5), "heads\nkv\nD\nwindow"),
                          ((9, 10), "llama.cpp us\nspeedup")])
+    for label, who, why in skipped:
+        console.print(f"not run: {label} on {who}: {why}")
     by_kernel = {k: bench.geomean(r.speedup for r in rows if r.kernel == k and r.speedup)
-                 for k in dict.fromkeys(r.kernel for r in rows)}
+                 for k in dict.fromkeys(r.kernel for r in rows if r.speedup)}
     for k, value in by_kernel.items():
-        if value == value:  # not NaN: llama.cpp was timed
-            console.print(f"geomean speedup over llama.cpp FLASH_ATTN_EXT, {k}: {value:.2f}x")
+        console.print(f"geomean speedup over llama.cpp FLASH_ATTN_EXT, {k}: {value:.2f}x")
     if args.json:
         _write_json(args.json, {"schema": "docs/BENCH_JSON.md", "bench": "attention", "environment": env,
-                                "rows": attention_bench.rows_to_json(rows), "geomean_speedup": by_kernel})
+                                "rows": attention_bench.rows_to_json(rows), "geomean_speedup": by_kernel,
+                                "skipped": [{"case": c, "who": w, "why": y} for c, w, y in skipped]})
     return 0
 
 

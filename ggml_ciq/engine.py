@@ -287,14 +287,13 @@ class Transformer:
 
     def _ffn(self, layer: dict, h):
         """gate/up on one input, their GLU, down: the GLU fused into down's activation conversion where the ops offer it
-        (glu_linear: the same values; its time counts to down's GEMM class then)."""
+        (glu_linear: the same values; the GLU's time counts to down's GEMM class where it is fused in)."""
         gate, up = self._linears([layer["gate"], layer["up"]], h)
         kind, down = "gelu" if self.arch.gemma else "silu", layer["down"]
         fused = getattr(self.ops, "glu_linear", None)
         if fused is None or down.bias is not None:
             return self._linear(down, self.ops.glu(gate, up, kind))
-        with self.ops.timer(down.op_class):
-            return fused(down.weight, gate, up, kind)
+        return fused(down.weight, gate, up, kind, down.op_class)
 
     def _norm_add(self, x, weight, residual, fused: bool = True):
         """rms_norm(x) * weight + residual: one op where the ops offer it and llama.cpp's graph lets ggml-cuda fuse

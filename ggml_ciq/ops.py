@@ -533,31 +533,39 @@ class NativeOps:
                                       self._fp(gate), self._fp(up), gate.size, self._fp(out)))
         return out
 
-    def glu_linear(self, weight: Weight, gate, up, kind: str) -> DeviceArray:
+    def glu_linear(self, weight: Weight, gate, up, kind: str, op_class: str | None = None) -> DeviceArray:
         """linear(weight, glu(gate, up, kind)), the same values: where the weight's GEMM reads the f16 layout on a GPU
         and the GLU follows the host order, the GLU is fused into that conversion (ciq_glu_activations: one kernel
-        fewer and no float32 intermediate); elsewhere the two ops in turn."""
+        fewer and no float32 intermediate); elsewhere the two ops in turn. op_class: the timer class of the GEMM
+        (with the GLU where fused into it; the GLU apart is left out of it, as an op of its own)."""
+        timer = self.timer(op_class) if op_class else contextlib.nullcontext()
         if kind not in ("silu", "gelu"):
             raise InvalidArgumentError(f"glu: unknown kind {kind!r} (silu or gelu)")
         gate, up = self._f32(gate, "glu gate"), self._f32(up, "glu up")
         self._same_size("glu", gate, up)
         if (self.device < 0 or self.op_order != "host" or weight.kind not in ("keep-quant", "q32")
                 or gate.shape[-1] != weight.k):
-            return self.linear(weight, self.glu(gate, up, kind))
+            h = self.glu(gate, up, kind)
+            with timer:
+                return self.linear(weight, h)
         n, tokens = self.native, gate.size // weight.k
         plan = n.ffi.new("ciq_plan *")
         n.check(n.lib.ciq_gemm_plan(self.device, *self._kernel(weight, tokens), weight.ggml_type, weight.rows,
                                     weight.k, tokens, plan))
         if plan.activation_layout != n.lib.CIQ_LAYOUT_F16:
-            return self.linear(weight, self.glu(gate, up, kind))
+            h = self.glu(gate, up, kind)
+            with timer:
+                return self.linear(weight, h)
         activations = self.empty((plan.activation_bytes,), np.uint8)
-        n.check(n.lib.ciq_glu_activations(self.device, self._op_order_id,
-                                          n.lib.CIQ_GLU_SILU if kind == "silu" else n.lib.CIQ_GLU_GELU,
-                                          self._fp(gate), self._fp(up), tokens, weight.k, plan.activation_layout,
-                                          activations.ptr))
         out = self.empty((tokens, weight.rows))
-        n.check(n.lib.ciq_gemm_quantized(self.device, plan, weight.ggml_type, weight.data.ptr, weight.data.nbytes,
-                                         weight.rows, weight.k, activations.ptr, tokens, out.ptr, n.lib.CIQ_OUT_F32))
+        with timer:
+            n.check(n.lib.ciq_glu_activations(self.device, self._op_order_id,
+                                              n.lib.CIQ_GLU_SILU if kind == "silu" else n.lib.CIQ_GLU_GELU,
+                                              self._fp(gate), self._fp(up), tokens, weight.k, plan.activation_layout,
+                                              activations.ptr))
+            n.check(n.lib.ciq_gemm_quantized(self.device, plan, weight.ggml_type, weight.data.ptr,
+                                             weight.data.nbytes, weight.rows, weight.k, activations.ptr, tokens,
+                                             out.ptr, n.lib.CIQ_OUT_F32))
         return out
 
     def add(self, a, b) -> DeviceArray:

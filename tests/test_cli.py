@@ -90,6 +90,15 @@ def test_bench_attention_cpu(llama, native_lib, tmp_path):
     assert saved["bench"] == "attention" and set(saved["geomean_speedup"]) == {"cpu", "ggml"}
     rc, _, err = ggml_ciq("bench", "attention", "--case", "17:5:4:1:64", "--kernels", "mma", "--repeat", 1)
     assert_one_line_error(rc, err, "mma runs none of these cases on the CPU")
+    # a kernel that does not run a case (ggml: head_dim a multiple of 8) is named, not dropped silently; without
+    # llama.cpp the file has no speedups and stays strict JSON (no NaN)
+    rc, out, err = ggml_ciq("bench", "attention", "--case", "5:0:2:1:12", "--repeat", 1, "--no-llamacpp", "--json",
+                            tmp_path / "b.json")
+    assert rc == 0, err
+    assert "not run: 5:0:2:1:12:0 on ggml" in out
+    saved = json.loads((tmp_path / "b.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+    assert [r["kernel"] for r in saved["rows"]] == ["cpu"] and saved["geomean_speedup"] == {}
+    assert saved["skipped"][0]["who"] == "ggml" and "multiple of 8" in saved["skipped"][0]["why"]
 
 
 def test_info(native_lib):

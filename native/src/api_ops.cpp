@@ -212,10 +212,14 @@ ciq_status ciq_glu_activations(int device, ciq_op_order order, ciq_glu_kind kind
     CIQ_TRY(ciq_check_device(device));
     CIQ_TRY(check_order("ciq_glu_activations", device, order));
     if (device == CIQ_DEVICE_CPU) {
+        if (tokens > INT64_MAX / k) {
+            return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_glu_activations: %lld x %lld values overflow",
+                            (long long)tokens, (long long)k);
+        }
         std::vector<float> values;
         try {
             values.resize((size_t)tokens * (size_t)k);
-        } catch (const std::bad_alloc &) {
+        } catch (const std::exception &) {  // bad_alloc, or length_error past the vector's max_size
             return ciq_fail(CIQ_ERR_OUT_OF_MEMORY, "ciq_glu_activations: %lld x %lld float32 values", (long long)tokens,
                             (long long)k);
         }

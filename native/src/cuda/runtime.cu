@@ -121,9 +121,11 @@ ciq_status ciq_cuda_scratch(int device, int slot, size_t nbytes, void **ptr) {
             return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "a call in this graph capture needs %zu bytes of scratch, %zu "
                             "are allocated: run the same calls once before capturing them", nbytes, buffer.second);
         }
-        if (buffer.first) CIQ_CUDA_CHECK(cudaFree(buffer.first), "cudaFree");  // implicit sync: prior users done
+        if (buffer.first) {  // the old address goes: graphs that baked it are stale (a first allocation moves nothing)
+            CIQ_CUDA_CHECK(cudaFree(buffer.first), "cudaFree");  // implicit sync: prior users done
+            g_scratch_generation.fetch_add(1);
+        }
         buffer = {nullptr, 0};
-        g_scratch_generation.fetch_add(1);  // the old address is gone: graphs that baked it are stale
         if (ciq_cuda_malloc(device, nbytes, &buffer.first) != CIQ_OK) return CIQ_ERR_OUT_OF_MEMORY;
         buffer.second = nbytes;
     }
