@@ -258,6 +258,14 @@ def _check_diff(args) -> None:
         raise CiqError(f"--variant {args.variant} is a GPU kernel; --backend {args.backend} does not run it")
 
 
+def _bench_defaults(args) -> None:
+    """bench gemm's and bench attention's: the CPU backend, 5 timed runs, --json a writable file."""
+    args.backend = args.backend or "ciq-cpu"
+    args.repeat = 5 if args.repeat is None else args.repeat
+    if args.json:
+        args.json = _as_check(_output_file(), "--json", args.json)
+
+
 def _check_bench(args) -> None:
     from . import bench
 
@@ -267,10 +275,7 @@ def _check_bench(args) -> None:
         if stray:
             raise CiqError(f"{', '.join(stray)} belong to bench gemm (bench attention takes --case, --cases, "
                            f"--kernels)")
-        args.backend = args.backend or "ciq-cpu"
-        args.repeat = 5 if args.repeat is None else args.repeat
-        if args.json:
-            args.json = _as_check(_output_file(), "--json", args.json)
+        _bench_defaults(args)
         if args.cases:
             from . import attention_bench
 
@@ -292,10 +297,7 @@ def _check_bench(args) -> None:
             raise CiqError(f"bench plot: no saved results at {args.json}")
         args.plot = _as_check(_output_file(".png", ".svg", ".pdf"), "--plot", args.plot)
         return
-    args.backend = args.backend or "ciq-cpu"
-    args.repeat = 5 if args.repeat is None else args.repeat
-    if args.json:
-        args.json = _as_check(_output_file(), "--json", args.json)
+    _bench_defaults(args)
     if args.shapes:
         bench.shape_set(args.shapes)
     if args.backend == "ciq-cpu":

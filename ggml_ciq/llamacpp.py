@@ -328,6 +328,23 @@ class _Graph(Closeable):
             self._lib.ggml_free(self._ctx)
         self._ctx = self._backend = self._buffer = None
 
+    def _finish(self, outputs, graph_size, dev, device, unsupported: str, allocation: str) -> None:
+        """The graph over `outputs` in self._ctx, a backend on `dev` that runs the first output's op (else
+        UnsupportedTypeError(unsupported)), the context's tensors in its default buffer type (plain layout: no CPU
+        repacking; BackendError naming `allocation` when that fails)."""
+        lib = self._lib
+        self._graph = lib.ggml_new_graph_custom(self._ctx, graph_size, False)
+        for out in outputs:
+            lib.ggml_build_forward_expand(self._graph, out)
+        self._backend = lib.ggml_backend_dev_init(dev, ffi.NULL)
+        if self._backend == ffi.NULL:
+            raise BackendError(f"cannot initialize a ggml backend on {device}")
+        if not lib.ggml_backend_supports_op(self._backend, outputs[0]):
+            raise UnsupportedTypeError(unsupported)
+        self._buffer = lib.ggml_backend_alloc_ctx_tensors(self._ctx, self._backend)
+        if self._buffer == ffi.NULL:
+            raise BackendError(f"cannot allocate {allocation} on {device}")
+
 
 def _set_threads(lib, dev, backend, threads) -> None:
     """A CPU backend's thread count (threads, else every core); other backends have no such function."""
@@ -363,20 +380,9 @@ class MulMatGraph(_Graph):
             self._w = [lib.ggml_new_tensor_2d(self._ctx, ggml_type, k, rows) for _ in range(copies)]
             self._x = lib.ggml_new_tensor_2d(self._ctx, F32, k, tokens)
             self._out = [lib.ggml_mul_mat(self._ctx, w, self._x) for w in self._w]
-            self._graph = lib.ggml_new_graph_custom(self._ctx, graph_size, False)
-            for out in self._out:
-                lib.ggml_build_forward_expand(self._graph, out)
-            self._backend = lib.ggml_backend_dev_init(dev, ffi.NULL)
-            if self._backend == ffi.NULL:
-                raise BackendError(f"cannot initialize a ggml backend on {device}")
-            if not lib.ggml_backend_supports_op(self._backend, self._out[0]):
-                raise UnsupportedTypeError(f"{device} does not support mul_mat with "
-                                           f"{bridge.type_name(ggml_type)} weights")
-            # The backend's default buffer type: plain layout (no CPU repacking).
-            self._buffer = lib.ggml_backend_alloc_ctx_tensors(self._ctx, self._backend)
-            if self._buffer == ffi.NULL:
-                raise BackendError(f"cannot allocate {copies} x {self.weight_nbytes} weight bytes "
-                                   f"+ activations on {device}")
+            self._finish(self._out, graph_size, dev, device,
+                         f"{device} does not support mul_mat with {bridge.type_name(ggml_type)} weights",
+                         f"{copies} x {self.weight_nbytes} weight bytes + activations")
             _set_threads(lib, dev, self._backend, threads)
         except BaseException:
             self.close()
@@ -551,17 +557,8 @@ class AttentionGraph(_Graph):
             self._inputs = {"q": q, "k": k, "v": v, "mask": mask}
             qp, kp, vp = (lib.ggml_permute(ctx, t, 0, 2, 1, 3) for t in (q, k, v))
             self._out = [lib.ggml_flash_attn_ext(ctx, qp, kp, vp, mask, float(scale), 0.0, 0.0) for _ in range(copies)]
-            self._graph = lib.ggml_new_graph_custom(ctx, copies + 8, False)
-            for out in self._out:
-                lib.ggml_build_forward_expand(self._graph, out)
-            self._backend = lib.ggml_backend_dev_init(dev, ffi.NULL)
-            if self._backend == ffi.NULL:
-                raise BackendError(f"cannot initialize a ggml backend on {device}")
-            if not lib.ggml_backend_supports_op(self._backend, self._out[0]):
-                raise UnsupportedTypeError(f"{device} does not support FLASH_ATTN_EXT at head_dim {d}")
-            self._buffer = lib.ggml_backend_alloc_ctx_tensors(ctx, self._backend)
-            if self._buffer == ffi.NULL:
-                raise BackendError(f"cannot allocate the attention graph's tensors on {device}")
+            self._finish(self._out, copies + 8, dev, device, f"{device} does not support FLASH_ATTN_EXT at head_dim {d}",
+                         "the attention graph's tensors")
             _set_threads(lib, dev, self._backend, threads)
         except BaseException:
             self.close()
