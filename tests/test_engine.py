@@ -363,17 +363,27 @@ def test_glu_fused_into_down_equals_apart(semantics, native_lib, rng, tmp_path, 
 
     if native.device_count() == 0:
         pytest.skip("needs a CUDA device and libggml_ciq built with CUDA")
-    fused = NativeOps.glu_linear
+    fused, glu = NativeOps.glu_linear, NativeOps.glu
     for architecture in ("llama", "gemma3"):
         path = catalog.write_small_model(tmp_path / f"{architecture}.gguf", architecture)
         tokens = rng.integers(3, 512, 41)
-        calls = []
+        calls, glus = [], {"fused": 0, "apart": 0}
+        run = "fused"
+
+        def counted_glu(self, *a):
+            glus[run] += 1
+            return glu(self, *a)
+
+        monkeypatch.setattr(NativeOps, "glu", counted_glu)
         monkeypatch.setattr(NativeOps, "glu_linear", lambda self, *a: calls.append(1) or fused(self, *a))
         got = Transformer(ModelFile(path), ops=make_ops("cuda", semantics), n_ubatch=16).forward(tokens, all_logits=True)
         monkeypatch.setattr(NativeOps, "glu_linear", None)
+        run = "apart"
         want = Transformer(ModelFile(path), ops=make_ops("cuda", semantics), n_ubatch=16).forward(tokens,
                                                                                                  all_logits=True)
         assert calls and np.array_equal(got, want), architecture
+        # the fused conversion ran (ciq_glu_activations, not glu then the conversion) for at least one FFN
+        assert glus["fused"] < glus["apart"], (architecture, glus)
 
 
 @pytest.mark.gpu

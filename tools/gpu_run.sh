@@ -12,6 +12,8 @@
 #   tools/gpu_run.sh py ARGS    python3 ARGS with this environment (e.g. py -m ggml_ciq.cli bench gemm ...)
 #   tools/gpu_run.sh pack NAME  everything under $OUT into $OUT/NAME.tgz (a call returns at most 8 files)
 #   tools/gpu_run.sh bench-attention  our attention kernels vs llama.cpp's FLASH_ATTN_EXT, Gemma and 8B cases (wait)
+#   tools/gpu_run.sh split-ab | ops-timing | output-row   the attention split's A/B (Gemma, the 8B); the elementwise ops
+#                               old vs new; Gemma's output row at 1 and 8 tokens against llama.cpp's MMVQ
 #   tools/gpu_run.sh bench-pdl | offload-sweep | memory   wgmma PDL A/B; wgmma vs llama.cpp at 16..128 tokens (the
 #                               offload thresholds, TOKENS="..." to choose); device memory under repetition
 #   tools/gpu_run.sh all        setup, test, sanitize, wait, llama.cpp-CUDA tests and diffs; logs under $OUT
@@ -247,6 +249,21 @@ case "${1:-}" in
       python3 -m ggml_ciq.cli bench gemm --backend ciq-cuda --shapes $1 --tokens $2 --repeat ${REPEAT:-5} --variants ${VARIANTS:-mma,wgmma} \
         --json "$OUT/$3.json" 2>&1 | tail -n 16
     done ;;
+  split-ab)  # the attention split's A/B (GGML_CIQ_ATTENTION_SPLIT=1|0): our prefill as graphs, Gemma at 512 and 4096
+             # tokens (stage), the synthetic 8B at 512 (its weights need llama.cpp: wait) -> $OUT/prefill-*-splitS.json
+    for s in 1 0; do
+      for n in 512 4096; do
+        GGML_CIQ_ATTENTION_SPLIT=$s timeout 100 python3 -m ggml_ciq.cli prefill "$(gemma_path)" --tokens $n --device cuda \
+          --semantics fast --repeat 5 --cuda-graph --json "$OUT/prefill-gemma3-270m-$n-fast-graph-split$s.json" 2>&1 | grep -E "tokens/s|rror"
+      done
+      GGML_CIQ_ATTENTION_SPLIT=$s timeout 200 python3 -m ggml_ciq.cli prefill llama3-8b-synthetic --tokens 512 --device cuda \
+        --semantics fast --repeat 5 --cuda-graph --json "$OUT/prefill-llama3-8b-512-fast-graph-split$s.json" 2>&1 | grep -E "tokens/s|rror"
+    done ;;
+  ops-timing)  # the elementwise ops and the fused GLU conversion, new kernels against the old in one process
+    python3 tools/ops_timing.py --json "$OUT/ops-timing.json" ;;
+  output-row)  # Gemma's tied Q8_0 output (262144 x 640) at 1 and 8 tokens: q32, mmvq, wgmma against llama.cpp's MMVQ (wait)
+    python3 -m ggml_ciq.cli bench gemm --backend ciq-cuda --shape Q8_0:262144:640 --tokens 1,8 --variants q32,mmvq,wgmma \
+      --repeat 5 --no-ceiling --json "$OUT/output-row-q8_0.json" 2>&1 | tail -n 12 ;;
   bench-attention)  # issue 16 deliverable 4's yardstick: our attention kernels against llama.cpp's FLASH_ATTN_EXT
                     # (CUDA0) in one process, Gemma 3 270M's and Llama-3-8B's micro-batches, split on and off (wait)
     for set in gemma3-270m llama3-8b; do for split in 1 0; do
@@ -337,5 +354,5 @@ case "${1:-}" in
     gemma=$(gemma_path) || exit 1
     step sanitizer-plugin-memcheck 500 env GGML_BACKEND_PATH=$PLUGIN GGML_CIQ_OFFLOAD=all compute-sanitizer --tool memcheck \
       --error-exitcode 9 $LLAMA_BUILD/bin/llama-bench -m "$gemma" -ngl 99 -dev CIQ0/CUDA0 -ts 0/1 -p 77 -n 0 -r 1 -fa 1 ;;
-  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|pack|all|bench|bench-pdl|offload-sweep|memory|stage|compare|compare-8b|layer-trace|graph-bench|kernel-profile|sass|plugin-splits|breakdown|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize|bench-attention" >&2; exit 2 ;;
+  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|pack|all|bench|bench-pdl|offload-sweep|memory|stage|compare|compare-8b|layer-trace|graph-bench|kernel-profile|sass|plugin-splits|breakdown|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize|bench-attention|split-ab|ops-timing|output-row" >&2; exit 2 ;;
 esac
