@@ -11,7 +11,7 @@ TFLOP/s counts the visible (query, key) pairs only: 4 * head_dim * heads flops e
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -158,8 +158,7 @@ def _time_ours(ops, case: AttentionCase, q, k, v, scale: float, repeat: int) -> 
     n = ops.native
     qd, kd, vd = ops.asarray(q), ops.asarray(k, np.float16), ops.asarray(v, np.float16)
     out = ops.empty((case.tokens, case.heads * case.head_dim))
-    kernel_id = native.enum_names("ciq_attention_kernel", "CIQ_ATTENTION_").index(ops.attention_kernel)
-    args = (ops.device, kernel_id, ops._fp(qd), ops._u16(kd), ops._u16(vd), case.tokens, case.heads, case.heads_kv,
+    args = (ops.device, ops._attention_kernel_id, ops._fp(qd), ops._u16(kd), ops._u16(vd), case.tokens, case.heads, case.heads_kv,
             case.head_dim, k.shape[0], case.n_past, float(scale), case.window, ops._fp(out))
 
     def call(_=None):
@@ -170,7 +169,3 @@ def _time_ours(ops, case: AttentionCase, q, k, v, scale: float, repeat: int) -> 
     else:
         us = _median_us(call, 1, repeat)
     return us, out.numpy()
-
-
-def rows_to_json(rows: list[AttentionRow]) -> list[dict]:
-    return [asdict(r) for r in rows]

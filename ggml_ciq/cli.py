@@ -788,7 +788,7 @@ def _bench_attention(args) -> int:
         console.print(f"geomean speedup over llama.cpp FLASH_ATTN_EXT, {k}: {value:.2f}x")
     if args.json:
         _write_json(args.json, {"schema": "docs/BENCH_JSON.md", "bench": "attention", "environment": env,
-                                "rows": attention_bench.rows_to_json(rows), "geomean_speedup": by_kernel,
+                                "rows": bench.rows_to_json(rows), "geomean_speedup": by_kernel,
                                 "skipped": [{"case": c, "who": w, "why": y} for c, w, y in skipped]})
     return 0
 

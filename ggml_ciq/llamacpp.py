@@ -328,10 +328,20 @@ class _Graph(Closeable):
             self._lib.ggml_free(self._ctx)
         self._ctx = self._backend = self._buffer = None
 
-    def _finish(self, outputs, graph_size, dev, device, unsupported: str, allocation: str) -> None:
+    def _open(self):
+        if self._ctx is None:
+            raise BackendError(f"{type(self).__name__} is closed")
+
+    def _compute(self):
+        """Run the graph; returns when the results are ready."""
+        status = self._lib.ggml_backend_graph_compute(self._backend, self._graph)
+        if status != 0:
+            raise BackendError(f"ggml_backend_graph_compute on {self.device} failed (status {status})")
+
+    def _finish(self, outputs, graph_size, dev, device, unsupported: str | None, allocation: str) -> None:
         """The graph over `outputs` in self._ctx, a backend on `dev` that runs the first output's op (else
-        UnsupportedTypeError(unsupported)), the context's tensors in its default buffer type (plain layout: no CPU
-        repacking; BackendError naming `allocation` when that fails)."""
+        UnsupportedTypeError(unsupported); None: not asked), the context's tensors in its default buffer type (plain
+        layout: no CPU repacking; BackendError naming `allocation` when that fails)."""
         lib = self._lib
         self._graph = lib.ggml_new_graph_custom(self._ctx, graph_size, False)
         for out in outputs:
@@ -339,7 +349,7 @@ class _Graph(Closeable):
         self._backend = lib.ggml_backend_dev_init(dev, ffi.NULL)
         if self._backend == ffi.NULL:
             raise BackendError(f"cannot initialize a ggml backend on {device}")
-        if not lib.ggml_backend_supports_op(self._backend, outputs[0]):
+        if unsupported is not None and not lib.ggml_backend_supports_op(self._backend, outputs[0]):
             raise UnsupportedTypeError(unsupported)
         self._buffer = lib.ggml_backend_alloc_ctx_tensors(self._ctx, self._backend)
         if self._buffer == ffi.NULL:
@@ -388,10 +398,6 @@ class MulMatGraph(_Graph):
             self.close()
             raise
 
-    def _open(self):
-        if self._ctx is None:
-            raise BackendError("MulMatGraph is closed")
-
     def set_weights(self, weights):
         """Raw weight blocks: one bytes-like for all copies, or a list of `copies` of them."""
         self._open()
@@ -422,9 +428,7 @@ class MulMatGraph(_Graph):
         self._open()
         if len(self._weights_set) != self.copies or not self._input_set:
             raise BackendError("set_weights() and set_input() must be called before compute()")
-        status = self._lib.ggml_backend_graph_compute(self._backend, self._graph)
-        if status != 0:
-            raise BackendError(f"ggml_backend_graph_compute on {self.device} failed (status {status})")
+        self._compute()
 
     def output(self, i=0):
         """Result of mul_mat `i`, float32 [tokens, rows]."""
@@ -495,22 +499,14 @@ class OpGraph(_Graph):
                 else:
                     out = lib.ggml_scale(ctx, x, float(s))
             self._out = out
-            self._graph = lib.ggml_new_graph_custom(ctx, 16, False)
-            lib.ggml_build_forward_expand(self._graph, out)
-            self._backend = lib.ggml_backend_dev_init(dev, ffi.NULL)
-            if self._backend == ffi.NULL:
-                raise BackendError(f"cannot initialize a ggml backend on {device}")
-            self._buffer = lib.ggml_backend_alloc_ctx_tensors(ctx, self._backend)
-            if self._buffer == ffi.NULL:
-                raise BackendError(f"cannot allocate the {kind} graph's tensors on {device}")
+            self._finish([out], 16, dev, device, None, f"the {kind} graph's tensors")
         except BaseException:
             self.close()
             raise
 
     def run(self, **inputs) -> np.ndarray:
         """Set every input (float32; positions int32), compute, return the output in the input's shape."""
-        if self._ctx is None:
-            raise BackendError("OpGraph is closed")
+        self._open()
         if set(inputs) != set(self._inputs):
             raise ShapeError(f"{self.kind} takes {sorted(self._inputs)}, got {sorted(inputs)}")
         for name, tensor in self._inputs.items():
@@ -519,9 +515,7 @@ class OpGraph(_Graph):
                 raise ShapeError(f"{self.kind}: {name} has {a.nbytes} bytes, the graph's tensor "
                                  f"{self._lib.ggml_nbytes(tensor)}")
             self._lib.ggml_backend_tensor_set(tensor, ffi.from_buffer(a), 0, a.nbytes)
-        status = self._lib.ggml_backend_graph_compute(self._backend, self._graph)
-        if status != 0:
-            raise BackendError(f"ggml_backend_graph_compute on {self.device} failed (status {status})")
+        self._compute()
         out = np.empty(self.shape, np.float32)
         self._lib.ggml_backend_tensor_get(self._out, ffi.from_buffer(out), 0, out.nbytes)
         return out
@@ -573,8 +567,7 @@ class AttentionGraph(_Graph):
 
     def set_inputs(self, q, k, v) -> None:
         """q float32 [tokens, heads, d]; k, v float16 [n_kv or more rows, heads_kv, d] (the first n_kv rows are used)."""
-        if self._ctx is None:
-            raise BackendError("AttentionGraph is closed")
+        self._open()
         n_kv = self.n_past + self.tokens
         arrays = {"q": np.ascontiguousarray(q, np.float32), "k": np.ascontiguousarray(np.asarray(k)[:n_kv], np.float16),
                   "v": np.ascontiguousarray(np.asarray(v)[:n_kv], np.float16), "mask": self.mask()}
@@ -587,13 +580,13 @@ class AttentionGraph(_Graph):
         self._ready = True
 
     def compute(self) -> None:
-        if self._ctx is None or not getattr(self, "_ready", False):
+        self._open()
+        if not getattr(self, "_ready", False):
             raise BackendError("AttentionGraph: set_inputs() before compute()")
-        status = self._lib.ggml_backend_graph_compute(self._backend, self._graph)
-        if status != 0:
-            raise BackendError(f"ggml_backend_graph_compute on {self.device} failed (status {status})")
+        self._compute()
 
     def output(self) -> np.ndarray:
+        self._open()
         out = np.empty((self.tokens, self.heads * self.d), np.float32)
         self._lib.ggml_backend_tensor_get(self._out[0], ffi.from_buffer(out), 0, out.nbytes)
         return out

@@ -521,16 +521,21 @@ class NativeOps:
         n.check(n.lib.ciq_kv_store(self.device, self._u16(cache), int(start), self._fp(x), x.shape[0],
                                    x.size // x.shape[0]))
 
-    def glu(self, gate, up, kind: str) -> DeviceArray:
-        """act(gate) * up; kind "silu" or "gelu" (tanh GELU: ggml's fp16 table on the CPU, float on a GPU)."""
+    def _glu_inputs(self, gate, up, kind: str):
+        """(gate, up as float32 device arrays of one size, the ciq_glu_kind of `kind`)."""
         if kind not in ("silu", "gelu"):
             raise InvalidArgumentError(f"glu: unknown kind {kind!r} (silu or gelu)")
         gate, up = self._f32(gate, "glu gate"), self._f32(up, "glu up")
         self._same_size("glu", gate, up)
-        out = self.empty(gate.shape)
         lib = self.native.lib
-        self.native.check(lib.ciq_glu(self.device, self._op_order_id, lib.CIQ_GLU_SILU if kind == "silu" else lib.CIQ_GLU_GELU,
-                                      self._fp(gate), self._fp(up), gate.size, self._fp(out)))
+        return gate, up, lib.CIQ_GLU_SILU if kind == "silu" else lib.CIQ_GLU_GELU
+
+    def glu(self, gate, up, kind: str) -> DeviceArray:
+        """act(gate) * up; kind "silu" or "gelu" (tanh GELU: ggml's fp16 table on the CPU, float on a GPU)."""
+        gate, up, kind_id = self._glu_inputs(gate, up, kind)
+        out = self.empty(gate.shape)
+        self.native.check(self.native.lib.ciq_glu(self.device, self._op_order_id, kind_id, self._fp(gate),
+                                                  self._fp(up), gate.size, self._fp(out)))
         return out
 
     def glu_linear(self, weight: Weight, gate, up, kind: str, op_class: str | None = None) -> DeviceArray:
@@ -539,33 +544,40 @@ class NativeOps:
         fewer and no float32 intermediate); elsewhere the two ops in turn. op_class: the timer class of the GEMM
         (with the GLU where fused into it; the GLU apart is left out of it, as an op of its own)."""
         timer = self.timer(op_class) if op_class else contextlib.nullcontext()
-        if kind not in ("silu", "gelu"):
-            raise InvalidArgumentError(f"glu: unknown kind {kind!r} (silu or gelu)")
-        gate, up = self._f32(gate, "glu gate"), self._f32(up, "glu up")
-        self._same_size("glu", gate, up)
+        gate, up, kind_id = self._glu_inputs(gate, up, kind)
         if (self.device < 0 or self.op_order != "host" or weight.kind not in ("keep-quant", "q32")
                 or gate.shape[-1] != weight.k):
             h = self.glu(gate, up, kind)
             with timer:
                 return self.linear(weight, h)
         n, tokens = self.native, gate.size // weight.k
+        plan = self._plan(weight, tokens)
+        activations = self.empty((plan.activation_bytes,), np.uint8)
+        if plan.activation_layout != n.lib.CIQ_LAYOUT_F16:  # glu, then linear's conversion and GEMM on this plan
+            h = self.glu(gate, up, kind)
+            with timer:
+                n.check(n.lib.ciq_activations_quantize(self.device, plan.activation_layout, self._fp(h),
+                                                       activations.ptr, tokens, weight.k))
+                return self._gemm_planned(weight, plan, activations, tokens)
+        with timer:
+            n.check(n.lib.ciq_glu_activations(self.device, self._op_order_id, kind_id, self._fp(gate), self._fp(up),
+                                              tokens, weight.k, plan.activation_layout, activations.ptr))
+            return self._gemm_planned(weight, plan, activations, tokens)
+
+    def _plan(self, weight: Weight, tokens: int):
+        """The ciq_plan of a quantized weight's GEMM at this token count (_kernel's variant and semantics)."""
+        n = self.native
         plan = n.ffi.new("ciq_plan *")
         n.check(n.lib.ciq_gemm_plan(self.device, *self._kernel(weight, tokens), weight.ggml_type, weight.rows,
                                     weight.k, tokens, plan))
-        if plan.activation_layout != n.lib.CIQ_LAYOUT_F16:
-            h = self.glu(gate, up, kind)
-            with timer:
-                return self.linear(weight, h)
-        activations = self.empty((plan.activation_bytes,), np.uint8)
+        return plan
+
+    def _gemm_planned(self, weight: Weight, plan, activations: DeviceArray, tokens: int) -> DeviceArray:
+        """[tokens, rows] float32: the plan's GEMM on activations already in its layout (ciq_gemm_quantized)."""
+        n = self.native
         out = self.empty((tokens, weight.rows))
-        with timer:
-            n.check(n.lib.ciq_glu_activations(self.device, self._op_order_id,
-                                              n.lib.CIQ_GLU_SILU if kind == "silu" else n.lib.CIQ_GLU_GELU,
-                                              self._fp(gate), self._fp(up), tokens, weight.k, plan.activation_layout,
-                                              activations.ptr))
-            n.check(n.lib.ciq_gemm_quantized(self.device, plan, weight.ggml_type, weight.data.ptr,
-                                             weight.data.nbytes, weight.rows, weight.k, activations.ptr, tokens,
-                                             out.ptr, n.lib.CIQ_OUT_F32))
+        n.check(n.lib.ciq_gemm_quantized(self.device, plan, weight.ggml_type, weight.data.ptr, weight.data.nbytes,
+                                         weight.rows, weight.k, activations.ptr, tokens, out.ptr, n.lib.CIQ_OUT_F32))
         return out
 
     def add(self, a, b) -> DeviceArray:
@@ -614,7 +626,8 @@ class NativeOps:
         picks per token count (wgmma above 8 tokens where it runs this K, q32 at 1..8 and elsewhere)."""
         if self.semantics == "f16":
             try:
-                native.plan("auto", self.device, "f16", tensor.ggml_type, tensor.rows, tensor.k, 9)
+                native.plan("auto", self.device, "f16", tensor.ggml_type, tensor.rows, tensor.k,
+                            native.variant_info("mmvq").max_tokens + 1)  # above the small batches
             except CiqError:
                 return False
             return True
@@ -669,25 +682,14 @@ class NativeOps:
             raise ShapeError("linear_group: quantized weights of one K (groups()), and inputs of that K")
         n, k = self.native, weights[0].k
         tokens = x.size // k
-        plans = []
-        for w in weights:
-            plan = n.ffi.new("ciq_plan *")
-            n.check(n.lib.ciq_gemm_plan(self.device, *self._kernel(w, tokens), w.ggml_type, w.rows, k, tokens, plan))
-            plans.append(plan)
+        plans = [self._plan(w, tokens) for w in weights]
         layouts = {}
         for plan in plans:
             if plan.activation_layout not in layouts:
                 buf = layouts[plan.activation_layout] = self.empty((plan.activation_bytes,), np.uint8)
                 n.check(n.lib.ciq_activations_quantize(self.device, plan.activation_layout, self._fp(x), buf.ptr,
                                                        tokens, k))
-        outs = []
-        for w, plan in zip(weights, plans):
-            out = self.empty((tokens, w.rows))
-            n.check(n.lib.ciq_gemm_quantized(self.device, plan, w.ggml_type, w.data.ptr, w.data.nbytes, w.rows, k,
-                                             layouts[plan.activation_layout].ptr, tokens, out.ptr,
-                                             n.lib.CIQ_OUT_F32))
-            outs.append(out)
-        return outs
+        return [self._gemm_planned(w, plan, layouts[plan.activation_layout], tokens) for w, plan in zip(weights, plans)]
 
     # -- helpers ------------------------------------------------------------------------------------------------
     def _bf16(self, values: int) -> DeviceArray:

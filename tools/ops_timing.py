@@ -17,6 +17,7 @@ import sys
 import numpy as np
 
 from ggml_ciq import native
+from ggml_ciq.bench import _time_gpu_us
 from ggml_ciq.errors import CiqError
 
 
@@ -52,20 +53,9 @@ def run(repeat: int) -> list[dict]:
     ops = NativeOps("cuda")
     n, lib, ffi = ops.native, ops.native.lib, ops.native.ffi
     rng = np.random.default_rng(0)
-    handle, ms = ffi.new("void **"), ffi.new("float *")
 
-    def timed(call) -> float:
-        for _ in range(5):
-            call()
-        runs = []
-        for _ in range(7):
-            n.check(lib.ciq_timer_start(0, handle))
-            for _ in range(repeat):
-                call()
-            n.check(lib.ciq_timer_mark(handle[0]))
-            n.check(lib.ciq_timer_stop(handle[0], ms))
-            runs.append(ms[0] * 1000.0 / repeat)
-        return statistics.median(runs)
+    def timed(call) -> float:  # bench gemm's timing: events around `repeat` calls, 5 warm-up calls, 7 batches
+        return statistics.median(_time_gpu_us(lambda i: call(), repeat, 0, 5, 7))
 
     def buffer(values: int):  # one extra float: the same values 4 bytes further (a misaligned view)
         return ops.asarray((rng.standard_normal(values + 1) * 2).astype(np.float32))
@@ -91,10 +81,8 @@ def run(repeat: int) -> list[dict]:
             us = timed(lambda: n.check(lib.ciq_glu(0, lib.CIQ_ORDER_HOST, lib.CIQ_GLU_SILU, at(g, offset), at(u, offset),
                                                    t * d, at(out, offset))))
             record(f"glu silu {what} ({kernel})", f"{t}x{d}", us, 12 * t * d)
-        size = ffi.new("size_t *")
-        n.check(lib.ciq_activations_size(lib.CIQ_LAYOUT_F16, t, d, size))
-        act = ops.empty((size[0],), np.uint8)
-        us = timed(lambda: n.check(lib.ciq_activations_quantize(0, lib.CIQ_LAYOUT_F16, at(out, 0), act.ptr, t, d)))
+        act = ops.empty((native.activation_bytes("f16", t, d),), np.uint8)
+        us = timed(lambda: native.quantize_into(0, "f16", at(out, 0), act.ptr, t, d))
         record(f"convert_f16 {what}", f"{t}x{d}", us, 6 * t * d)
         us = timed(lambda: n.check(lib.ciq_glu_activations(0, lib.CIQ_ORDER_HOST, lib.CIQ_GLU_SILU, at(g, 0), at(u, 0),
                                                            t, d, lib.CIQ_LAYOUT_F16, act.ptr)))

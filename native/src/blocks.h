@@ -7,6 +7,9 @@
 #include <cstdint>
 
 #define QK_K 256
+#define Q4_0_BLOCK_BYTES 18   // the 32-value block types: half d, then their quants
+#define Q5_0_BLOCK_BYTES 22
+#define Q8_0_BLOCK_BYTES 34
 #define Q4_K_BLOCK_BYTES 144
 #define Q6_K_BLOCK_BYTES 210
 #define Q8_K_BLOCK_BYTES 292

@@ -36,12 +36,12 @@ CIQ_HOST_DEVICE int ciq_block_bytes(int type) {
     switch (type) {
         case CIQ_GGML_F32: return 4;
         case CIQ_GGML_F16: case CIQ_GGML_BF16: return 2;
-        case CIQ_GGML_Q4_0: return 18;
-        case CIQ_GGML_Q5_0: return 22;
-        case CIQ_GGML_Q8_0: return 34;
-        case CIQ_GGML_Q4_K: return 144;
+        case CIQ_GGML_Q4_0: return Q4_0_BLOCK_BYTES;
+        case CIQ_GGML_Q5_0: return Q5_0_BLOCK_BYTES;
+        case CIQ_GGML_Q8_0: return Q8_0_BLOCK_BYTES;
+        case CIQ_GGML_Q4_K: return Q4_K_BLOCK_BYTES;
         case CIQ_GGML_Q5_K: return 176;
-        case CIQ_GGML_Q6_K: return 210;
+        case CIQ_GGML_Q6_K: return Q6_K_BLOCK_BYTES;
         default: return 0;
     }
 }

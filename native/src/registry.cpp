@@ -247,9 +247,9 @@ int ciq_type_block_values(ciq_type type) {
 
 int ciq_type_block_bytes(ciq_type type) {
     switch (type) {
-        case CIQ_TYPE_Q4_0: return 18;
-        case CIQ_TYPE_Q5_0: return 22;
-        case CIQ_TYPE_Q8_0: return 34;
+        case CIQ_TYPE_Q4_0: return Q4_0_BLOCK_BYTES;
+        case CIQ_TYPE_Q5_0: return Q5_0_BLOCK_BYTES;
+        case CIQ_TYPE_Q8_0: return Q8_0_BLOCK_BYTES;
         case CIQ_TYPE_Q4_K: return Q4_K_BLOCK_BYTES;
         case CIQ_TYPE_Q6_K: return Q6_K_BLOCK_BYTES;
         default: return 0;

@@ -42,6 +42,7 @@ namespace {
 
 constexpr int ATTN_QUERIES = 64;  // queries per CTA
 constexpr int ATTN_KEYS = 64;     // keys per shared-memory tile
+constexpr int MAX_SPLITS = 16;    // chunks a query tile's keys are split into at most (splits_cap)
 
 struct AttentionArgs {
     const float *q;
@@ -55,11 +56,12 @@ struct AttentionArgs {
 
 __host__ __device__ constexpr int64_t partial_slot(int64_t d) { return ATTN_QUERIES * (d + 2); }  // floats: O [64][D], (m, l) [64][2]
 
-// The key range [first, end) the CTA's queries can see.
-__device__ __forceinline__ void key_range(const AttentionArgs &a, int q0, int *first, int *end) {
-    const int last_query = min(q0 + ATTN_QUERIES, a.tokens) - 1;
+// The key range [first, end) the queries of the tile from q0 can see (the kernels', and the host's split plan).
+__host__ __device__ __forceinline__ void key_range(const AttentionArgs &a, int q0, int *first, int *end) {
+    const int last_query = (q0 + ATTN_QUERIES < a.tokens ? q0 + ATTN_QUERIES : a.tokens) - 1;
+    const int window_first = a.n_past + q0 - a.window + 1;
     *end = a.n_past + last_query + 1;
-    *first = a.window > 0 ? max(0, a.n_past + q0 - a.window + 1) : 0;
+    *first = a.window > 0 && window_first > 0 ? window_first : 0;
 }
 
 // The keys [*start, *stop) this CTA walks: the whole range, or its chunk blockIdx.z of it. False: the chunk starts past
@@ -73,9 +75,15 @@ __device__ __forceinline__ bool chunk_range(const AttentionArgs &a, int first, i
     return *start < end;
 }
 
-// The chunk's slot in the partial buffer (the query tile's rows for this head).
+// Chunk `chunk`'s slot of query tile `tile` (of `tiles`) and head `head` in the partial buffer.
+__device__ __forceinline__ float *partial_slot_at(const AttentionArgs &a, int chunk, int tiles, int tile, int head,
+                                                  int64_t d) {
+    return a.partial + (((int64_t)chunk * tiles + tile) * a.heads + head) * partial_slot(d);
+}
+
+// This CTA's slot (its chunk blockIdx.z, tile blockIdx.x, head blockIdx.y).
 __device__ __forceinline__ float *partial_at(const AttentionArgs &a, int64_t d) {
-    return a.partial + (((int64_t)blockIdx.z * gridDim.x + blockIdx.x) * a.heads + blockIdx.y) * partial_slot(d);
+    return partial_slot_at(a, blockIdx.z, gridDim.x, blockIdx.x, blockIdx.y, d);
 }
 
 __device__ __forceinline__ bool visible(const AttentionArgs &a, int query_pos, int key, int end) {
@@ -370,22 +378,19 @@ __global__ void __launch_bounds__(64) attention_combine_kernel(AttentionArgs a) 
     const int tiles = (a.tokens + ATTN_QUERIES - 1) / ATTN_QUERIES;
     int first, end;
     key_range(a, tile * ATTN_QUERIES, &first, &end);
-    const int chunks = (end - first + a.chunk_keys - 1) / a.chunk_keys;
-    auto slot = [&](int c) { return a.partial + (((int64_t)c * tiles + tile) * a.heads + h) * partial_slot(D); };
+    const int chunks = (end - first + a.chunk_keys - 1) / a.chunk_keys;  // <= MAX_SPLITS
+    auto slot = [&](int c) { return partial_slot_at(a, c, tiles, tile, h, D); };
+    __shared__ float weight[MAX_SPLITS];  // exp(m_c - M) per chunk, computed once
     float big = -INFINITY;
     for (int c = 0; c < chunks; ++c) big = fmaxf(big, slot(c)[ATTN_QUERIES * D + 2 * row]);
+    if (threadIdx.x < chunks) weight[threadIdx.x] = expf(slot(threadIdx.x)[ATTN_QUERIES * D + 2 * row] - big);
+    __syncthreads();
     float sum = 0.0f;
-    for (int c = 0; c < chunks; ++c) {
-        const float *ml = slot(c) + ATTN_QUERIES * D + 2 * row;
-        sum += ml[1] * expf(ml[0] - big);
-    }
+    for (int c = 0; c < chunks; ++c) sum += slot(c)[ATTN_QUERIES * D + 2 * row + 1] * weight[c];
     float *out = a.out + ((int64_t)t * a.heads + h) * D;
     for (int e = threadIdx.x; e < D; e += 64) {
         float acc = 0.0f;
-        for (int c = 0; c < chunks; ++c) {
-            const float *s = slot(c);
-            acc += s[row * D + e] * expf(s[ATTN_QUERIES * D + 2 * row] - big);
-        }
+        for (int c = 0; c < chunks; ++c) acc += slot(c)[row * D + e] * weight[c];
         out[e] = acc / sum;
     }
 }
@@ -420,8 +425,6 @@ template <int D> ciq_status launch_mma(dim3 grid, const AttentionArgs &args) {
 // 1.17x; Llama-3-8B's 256 CTAs split in 2 made its prefill 3% slower): splits = enough CTAs for about 3 a SM, at
 // most MAX_SPLITS; the chunk = the longest key range / splits, rounded up to whole 64-key tiles. The scratch it
 // needs, fewer than 4 x SMs slots, is allocated at that size for every D: the micro-batches of a prefill share it.
-constexpr int MAX_SPLITS = 16;
-
 int splits_cap(int64_t tiles, int64_t heads, int sms) {
     if (const char *v = std::getenv("GGML_CIQ_ATTENTION_SPLIT"); v != nullptr && std::strcmp(v, "0") == 0) return 1;
     const int64_t ctas = tiles * heads;
@@ -439,9 +442,9 @@ template <int D> ciq_status launch(ciq_attention_kernel kernel, AttentionArgs ar
     if (cap > 1) {
         int longest = 0;  // the longest key range of a query tile, in 64-key tiles
         for (int64_t t = 0; t < tiles; ++t) {
-            const int last = (int)std::min<int64_t>((t + 1) * ATTN_QUERIES, args.tokens) - 1;
-            const int first = args.window > 0 ? std::max(0, args.n_past + (int)t * ATTN_QUERIES - args.window + 1) : 0;
-            longest = std::max(longest, (args.n_past + last + 1 - first + ATTN_KEYS - 1) / ATTN_KEYS);
+            int first, end;
+            key_range(args, (int)t * ATTN_QUERIES, &first, &end);
+            longest = std::max(longest, (end - first + ATTN_KEYS - 1) / ATTN_KEYS);
         }
         const int per_chunk = (longest + cap - 1) / cap;
         chunks = (longest + per_chunk - 1) / per_chunk;

@@ -32,11 +32,11 @@ struct block_q8_1 {
 static_assert(sizeof(block_q8_1) == 36, "block_q8_1");
 
 template <int TYPE> struct mmvq_traits;
-template <> struct mmvq_traits<2> { static constexpr int qk = 32, bytes = 18, tpb = 2; };    // Q4_0
-template <> struct mmvq_traits<6> { static constexpr int qk = 32, bytes = 22, tpb = 2; };    // Q5_0
-template <> struct mmvq_traits<8> { static constexpr int qk = 32, bytes = 34, tpb = 4; };    // Q8_0
-template <> struct mmvq_traits<12> { static constexpr int qk = 256, bytes = 144, tpb = 16; }; // Q4_K
-template <> struct mmvq_traits<14> { static constexpr int qk = 256, bytes = 210, tpb = 32; }; // Q6_K
+template <> struct mmvq_traits<2> { static constexpr int qk = 32, bytes = Q4_0_BLOCK_BYTES, tpb = 2; };  // Q4_0
+template <> struct mmvq_traits<6> { static constexpr int qk = 32, bytes = Q5_0_BLOCK_BYTES, tpb = 2; };  // Q5_0
+template <> struct mmvq_traits<8> { static constexpr int qk = 32, bytes = Q8_0_BLOCK_BYTES, tpb = 4; };  // Q8_0
+template <> struct mmvq_traits<12> { static constexpr int qk = 256, bytes = Q4_K_BLOCK_BYTES, tpb = 16; };  // Q4_K
+template <> struct mmvq_traits<14> { static constexpr int qk = 256, bytes = Q6_K_BLOCK_BYTES, tpb = 32; };  // Q6_K
 
 __device__ __forceinline__ int load_b2(const uint8_t *p, int i32) {  // 32 bits at a 2-byte aligned address
     const uint16_t *p16 = reinterpret_cast<const uint16_t *>(p);

@@ -59,7 +59,7 @@ template <int TYPE>
 __global__ void __launch_bounds__(Q32_THREADS)
 gemm_q32_kernel(const uint8_t *__restrict__ w, int64_t rows, int64_t k, const uint8_t *__restrict__ xq,
                 int64_t tokens, float *__restrict__ out, MmqStreamK mmq) {
-    constexpr int block_bytes = TYPE == 2 ? 18 : TYPE == 6 ? 22 : 34;
+    constexpr int block_bytes = TYPE == 2 ? Q4_0_BLOCK_BYTES : TYPE == 6 ? Q5_0_BLOCK_BYTES : Q8_0_BLOCK_BYTES;
     __shared__ uint32_t wq[Q32_ROWS * Q32_STRIDE];
     __shared__ uint32_t xs[Q32_TOKENS * Q32_STRIDE];
     __shared__ float wd[Q32_ROWS][4], xd[Q32_TOKENS][4];

@@ -54,7 +54,7 @@ static constexpr __host__ __device__ int wgmma_wbox(ciq_type T) { return T == CI
 static constexpr __host__ __device__ bool wgmma_kquant(ciq_type T) { return T == CIQ_TYPE_Q4_K || T == CIQ_TYPE_Q6_K; }
 static constexpr __host__ __device__ int wgmma_unit_stages(ciq_type T) { return wgmma_kquant(T) ? 4 : 1; }
 static constexpr __host__ __device__ int wgmma_block32_bytes(ciq_type T) {
-    return T == CIQ_TYPE_Q4_0 ? 18 : T == CIQ_TYPE_Q5_0 ? 22 : 34;
+    return T == CIQ_TYPE_Q4_0 ? Q4_0_BLOCK_BYTES : T == CIQ_TYPE_Q5_0 ? Q5_0_BLOCK_BYTES : Q8_0_BLOCK_BYTES;
 }
 static constexpr __host__ __device__ int wgmma_unit_bytes(ciq_type T) {
     return T == CIQ_TYPE_Q4_K ? Q4_K_BLOCK_BYTES : T == CIQ_TYPE_Q6_K ? Q6_K_BLOCK_BYTES : 2 * wgmma_block32_bytes(T);
