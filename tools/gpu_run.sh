@@ -58,7 +58,8 @@
 # What the open issue (16) still needs on the GPU (Gemma's bars met at 3367ca4; since then API v10: the GLU fused into
 # down's f16 conversion, float4 ops, the attention split only below one CTA a SM, its scratch one size per head_dim):
 # with llama.cpp built (setup without NO_LLAMA, then wait: ~5.5 min, and never idle 30 s meanwhile) and Gemma staged,
-# `bench-attention` (new: never run on a GPU), `GRAPH=1 TOKENS="512 2048 8192" LIMIT=200 compare-8b` (the 8B's bars
+# first the GPU tests and sanitizers of what changed after the last lease (`test tests/test_ops.py tests/test_engine.py`,
+# `sanitize attention-split`, `sanitize ops`, `sanitize engine`), `bench-attention` (new: never run on a GPU), `GRAPH=1 TOKENS="512 2048 8192" LIMIT=200 compare-8b` (the 8B's bars
 # 2.7x / 2.7x / 2.5x), `GRAPH=1 TOKENS=512
 # compare` and `GRAPH=1 REFERENCE=off TOKENS=4096 compare`; `test tests/test_engine.py -k gemma` (the scratch fix:
 # its graph test replays on the second call) and `test tests/test_plugin.py`; `MODEL=llama3-8b-synthetic SETS=512:fast
