@@ -10,8 +10,10 @@ caches float16):
   rope(x[T, H, D], positions, base, neox), attention(q[T, H, D], k_cache[C, Hkv, D], v_cache, n_past, scale,
   window) -> [T, H*D], kv_store(cache, start, x), glu(gate, up, "silu" | "gelu"), add(a, b of a's shape or one
   row), scale(x, s), load_weight(tensor), linear(weight, x[n, k]) -> [n, rows], timer(op_class), timings (complete
-  after settle_timings()), memory_bytes(). Optional, used where present: linear_group/groups (one input, several
-  weights), rms_norm_rope, glu_linear(weight, gate, up, kind) (= linear(weight, glu(gate, up, kind))).
+  after settle_timings()), memory_bytes(). Optional, used where present: linear_group(weights, x, norm=(weight,
+  eps))/groups (one input, several weights, the input's norm fused in), rms_norm_rope, glu_linear(weight, gate, up,
+  kind, op_class, add=) (= linear(weight, glu(gate, up, kind)) + add), stack_weights(tensors) (q/k/v, gate/up as one
+  weight: LinearSet), and with `fuse` true linear(weight, x, add) (the residual add from the GEMM's epilogue).
 Prefill runs in micro-batches of n_ubatch tokens through a K/V cache, as llama.cpp does.
 """
 
@@ -97,6 +99,31 @@ class Linear:
         self.bias = None if bias is None else ops.asarray(bias.dequantize().reshape(-1))  # uploaded once
 
 
+class LinearSet:
+    """Weights on one input (q/k/v, gate/up): runs of consecutive matrices the ops stack into one weight
+    (ops.stack_weights: one GEMM launch, the outputs apart; no biases), the rest one Linear each. ``parts`` lists
+    what runs, in order: a Linear, or (stacked weight, op class) whose outputs are the run's matrices'."""
+
+    def __init__(self, ops, pairs: list[tuple[Tensor, Tensor | None]]):
+        stack = getattr(ops, "stack_weights", None)
+        self.parts: list = []
+        i = 0
+        while i < len(pairs):
+            j = i + 1
+            while (stack is not None and j < len(pairs) and pairs[j][0].ggml_type == pairs[i][0].ggml_type
+                   and pairs[j][0].k == pairs[i][0].k):
+                j += 1
+            run = pairs[i:j]
+            stacked = None
+            if len(run) > 1 and all(bias is None for _, bias in run):
+                stacked = stack([t for t, _ in run])
+            if stacked is None:
+                self.parts += [Linear(ops, t, b) for t, b in run]
+            else:
+                self.parts.append((stacked, "keep-quant GEMM" if run[0][0].is_keep_quant else "other GEMM"))
+            i = j
+
+
 def _rows(x, start: int, stop: int):
     return x.rows(start, stop) if hasattr(x, "rows") else x[start:stop]
 
@@ -145,7 +172,7 @@ def make_ops(device="cpu", semantics: str = "llamacpp"):
         return NativeOps(device, semantics="mmq", llamacpp_small_batches=True, attention_kernel="mma_llamacpp",
                          op_order="llamacpp_cuda")
     if semantics == "fast":
-        return NativeOps(device)
+        return NativeOps(device, fuse=True)
     try:  # f16 semantics (the most exact keep-quant arithmetic) where the registry has a kernel for it on this device
         keep_quant = native.plan("auto", device, "f16", quants.Q4_K, 1, 256, 9).semantics
     except CiqError:
@@ -207,12 +234,18 @@ class Transformer:
         self.layers = []
         for i in range(hp.n_layer):
             p = f"blk.{i}"
-            gate = linear(f"{p}.ffn_gate", None, e)
-            ff = gate.tensor.rows
-            layer = dict(attn_norm=norm(f"{p}.attn_norm.weight"), q=linear(f"{p}.attn_q", q_rows, e),
-                         k=linear(f"{p}.attn_k", kv_rows, e), v=linear(f"{p}.attn_v", kv_rows, e),
+            gate = (tensor(f"{p}.ffn_gate.weight", None, e), optional(f"{p}.ffn_gate.bias", None))
+            ff = gate[0].rows
+
+            def pair(name, rows, cols):
+                return tensor(f"{name}.weight", rows, cols), optional(f"{name}.bias", rows)
+
+            layer = dict(attn_norm=norm(f"{p}.attn_norm.weight"),
+                         qkv=LinearSet(ops, [pair(f"{p}.attn_q", q_rows, e), pair(f"{p}.attn_k", kv_rows, e),
+                                             pair(f"{p}.attn_v", kv_rows, e)]),
                          o=linear(f"{p}.attn_output", e, q_rows), ffn_norm=norm(f"{p}.ffn_norm.weight"),
-                         gate=gate, up=linear(f"{p}.ffn_up", ff, e), down=linear(f"{p}.ffn_down", e, ff))
+                         gate_up=LinearSet(ops, [gate, pair(f"{p}.ffn_up", ff, e)]),
+                         down=linear(f"{p}.ffn_down", e, ff))
             if self.arch.qk_norm:
                 layer.update(q_norm=norm(f"{p}.attn_q_norm.weight", hp.head_dim),
                              k_norm=norm(f"{p}.attn_k_norm.weight", hp.head_dim))
@@ -226,22 +259,38 @@ class Transformer:
         self.output = Linear(ops, output, optional("output.bias", hp.n_vocab))
 
     # -- building blocks ----------------------------------------------------------------------------------------
-    def _linear(self, lin: Linear, x):
+    def _linear(self, lin: Linear, x, add=None):
+        """lin(x) (+ its bias) (+ add, the residual): the add from the GEMM's epilogue where the ops fuse it (no
+        bias between), else an add of its own; the same values."""
+        fused = add is not None and lin.bias is None and getattr(self.ops, "fuse", False)
         with self.ops.timer(lin.op_class):
-            y = self.ops.linear(lin.weight, x)
+            y = self.ops.linear(lin.weight, x, add) if fused else self.ops.linear(lin.weight, x)
         if lin.bias is not None:  # ggml_add broadcasts the bias over rows
             y = self.ops.add(y, lin.bias)
-        return y
+        return y if add is None or fused else self.ops.add(y, add)
 
-    def _linears(self, lins: list[Linear], x) -> list:
-        """Several weights on one input: where the ops offer linear_group and it takes these weights (ops.groups), the
-        input is quantized once for all of them."""
-        group, groups = getattr(self.ops, "linear_group", None), getattr(self.ops, "groups", None)
-        if group is None or groups is None or not groups([lin.weight for lin in lins]):
-            return [self._linear(lin, x) for lin in lins]
-        with self.ops.timer(lins[0].op_class):
-            ys = group([lin.weight for lin in lins], x)
-        return [y if lin.bias is None else self.ops.add(y, lin.bias) for lin, y in zip(lins, ys)]
+    def _linears(self, lins: LinearSet | list, x, norm=None) -> list:
+        """Several weights on one input (a LinearSet's outputs in order), of rms_norm(x) * norm where norm is given:
+        where the ops offer linear_group and it takes these weights (ops.groups), the input is quantized once for
+        all of them, with the norm fused into that conversion where the ops fuse (the same values)."""
+        ops, eps = self.ops, self.hp.rms_eps
+        parts = lins.parts if isinstance(lins, LinearSet) else lins
+        weights = [p.weight if isinstance(p, Linear) else p[0] for p in parts]
+        group, groups = getattr(ops, "linear_group", None), getattr(ops, "groups", None)
+        if group is None or groups is None or not groups(weights):
+            h = x if norm is None else ops.rms_norm(x, norm, eps)
+            return [self._linear(p, h) for p in parts]  # stacked weights come from ops that group them
+        op_class = parts[0].op_class if isinstance(parts[0], Linear) else parts[0][1]
+        with ops.timer(op_class):
+            ys = group(weights, x) if norm is None else group(weights, x, norm=(norm, eps))
+        ys, out = iter(ys), []
+        for p in parts:
+            if isinstance(p, Linear):
+                y = next(ys)
+                out.append(y if p.bias is None else ops.add(y, p.bias))
+            else:
+                out += [next(ys) for _ in p[0].parts]
+        return out
 
     def _heads(self, x, n_heads: int):
         return _view(x, (x.shape[0], n_heads, self.hp.head_dim))
@@ -250,12 +299,13 @@ class Transformer:
         t, h, d = x.shape
         return _view(self.ops.rms_norm(_view(x, (t * h, d)), weight, self.hp.rms_eps), (t, h, d))
 
-    def _attention(self, layer: dict, il: int, h, positions, n_past: int):
-        """Self-attention of one micro-batch: q/k/v, their norms and RoPE, the K/V cache, the output projection."""
+    def _attention(self, layer: dict, il: int, x, positions, n_past: int, residual=None):
+        """Self-attention of one micro-batch on the layer input x: its norm, q/k/v, their norms and RoPE, the K/V
+        cache, the output projection (+ residual where given)."""
         ops, hp = self.ops, self.hp
         sliding = hp.is_sliding(il)
         base = hp.rope_base_sliding if sliding else hp.rope_base
-        q, k, v = self._linears([layer["q"], layer["k"], layer["v"]], h)
+        q, k, v = self._linears(layer["qkv"], x, norm=layer["attn_norm"])
         q, k, v = self._heads(q, hp.n_head), self._heads(k, hp.n_head_kv), self._heads(v, hp.n_head_kv)
         q, k = self._rope(layer, q, positions, base, "q_norm"), self._rope(layer, k, positions, base, "k_norm")
         if self.arch.gemma:  # gemma scales q itself (f_attention_scale) and attends with scale 1
@@ -267,7 +317,7 @@ class Transformer:
         ops.kv_store(v_cache, n_past, v)
         with ops.timer("attention"):
             attn = ops.attention(q, k_cache, v_cache, n_past, scale, hp.sliding_window if sliding else 0)
-        return self._linear(layer["o"], attn)
+        return self._linear(layer["o"], attn, residual)
 
     def _rope(self, layer: dict, x, positions, base: float, norm: str):
         """RoPE of q or k [T, heads, D], after its per-head RMS norm where the architecture has one: one op where the
@@ -285,15 +335,19 @@ class Transformer:
         dim = hp.n_embd // hp.n_head if hp.n_layer == 62 else hp.head_dim  # Gemma 3 27B: n_embd / n_head
         return float(np.float32(1.0) / np.sqrt(np.float32(dim)))
 
-    def _ffn(self, layer: dict, h):
-        """gate/up on one input, their GLU, down: the GLU fused into down's activation conversion where the ops offer it
-        (glu_linear: the same values; the GLU's time counts to down's GEMM class where it is fused in)."""
-        gate, up = self._linears([layer["gate"], layer["up"]], h)
+    def _ffn(self, layer: dict, x, residual=None):
+        """The layer's FFN on x: its norm, gate/up, their GLU, down (+ residual where given): the GLU fused into
+        down's activation conversion where the ops offer it (glu_linear: the same values; the GLU's time counts to
+        down's GEMM class where it is fused in), the residual into down's epilogue where they fuse."""
+        gate, up = self._linears(layer["gate_up"], x, norm=layer["ffn_norm"])
         kind, down = "gelu" if self.arch.gemma else "silu", layer["down"]
         fused = getattr(self.ops, "glu_linear", None)
         if fused is None or down.bias is not None:
-            return self._linear(down, self.ops.glu(gate, up, kind))
-        return fused(down.weight, gate, up, kind, down.op_class)
+            return self._linear(down, self.ops.glu(gate, up, kind), residual)
+        if residual is not None and getattr(self.ops, "fuse", False):
+            return fused(down.weight, gate, up, kind, down.op_class, add=residual)
+        y = fused(down.weight, gate, up, kind, down.op_class)
+        return y if residual is None else self.ops.add(y, residual)
 
     def _norm_add(self, x, weight, residual, fused: bool = True):
         """rms_norm(x) * weight + residual: one op where the ops offer it and llama.cpp's graph lets ggml-cuda fuse
@@ -306,20 +360,19 @@ class Transformer:
     def _block(self, layer: dict, il: int, x, positions, n_past: int, out_rows: tuple | None = None):
         """One layer. out_rows (the last layer only): llama.cpp's out_ids, the rows whose logits are wanted, taken
         after the attention (its ggml_get_rows of cur and the residual); (a, a) leaves no row: None is returned."""
-        ops, eps = self.ops, self.hp.rms_eps
-        attn = self._attention(layer, il, ops.rms_norm(x, layer["attn_norm"], eps), positions, n_past)
+        gemma = self.arch.gemma
+        # llama: attn + x, the residual added as the o projection's (values as an add after it, on every row)
+        attn = self._attention(layer, il, x, positions, n_past, residual=None if gemma else x)
         last = out_rows is not None
         if last:
             if out_rows[0] == out_rows[1]:
                 return None
             attn, x = _rows(attn, *out_rows), _rows(x, *out_rows)
-        if self.arch.gemma:
+        if gemma:
             # In the last layer llama.cpp's graph has the residual's GET_ROWS between MUL and ADD: not fused there.
             x = self._norm_add(attn, layer["post_attention_norm"], x, fused=not last)
-            ffn = self._ffn(layer, ops.rms_norm(x, layer["ffn_norm"], eps))
-            return self._norm_add(ffn, layer["post_ffw_norm"], x)
-        x = ops.add(attn, x)
-        return ops.add(self._ffn(layer, ops.rms_norm(x, layer["ffn_norm"], eps)), x)
+            return self._norm_add(self._ffn(layer, x), layer["post_ffw_norm"], x)
+        return self._ffn(layer, attn, residual=attn)
 
     # -- prefill --------------------------------------------------------------------------------------------------
     def reserve(self, n_tokens: int) -> None:
@@ -442,7 +495,7 @@ class Transformer:
             return None
         # every row of the micro-batch, or its last: out_rows took it, or (hidden states wanted) take it here
         rows = x if all_logits or not every_row else _rows(x, count - 1, count)
-        return self._linear(self.output, ops.rms_norm(rows, self.output_norm, hp.rms_eps))
+        return self._linears([self.output], rows, norm=self.output_norm)[0]
 
     def _positions(self, step: tuple):
         """The micro-batch's positions, int32 on the ops' device."""

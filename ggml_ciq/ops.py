@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+import os
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -199,6 +200,7 @@ class Weight:
     k: int
     kind: str
     data: DeviceArray
+    parts: tuple = ()  # stack_weights: the rows of each stacked matrix, in order (their outputs are returned apart)
 
 
 class NativeOps:
@@ -210,11 +212,18 @@ class NativeOps:
     ``llamacpp_small_batches`` (GPU, with semantics "mmq"): where llama.cpp CUDA multiplies by mul_mat_vec_q (1..8
     tokens, quants.llamacpp_cuda_uses_mmvq), every quantized weight runs the `mmvq` variant in its semantics, as
     llama.cpp does. ``op_order`` is whose float order rms_norm, rope and glu follow: "host" (llama.cpp CPU's, either
-    device) or "llamacpp_cuda" (llama.cpp CUDA's kernels, GPU only; ggml_ciq.h ciq_op_order)."""
+    device) or "llamacpp_cuda" (llama.cpp CUDA's kernels, GPU only; ggml_ciq.h ciq_op_order). ``fuse`` (host order;
+    the engine's "fast" semantics): stacked weights and fused norms and residual adds, the same values
+    (stack_weights, linear_group's norm, linear's add; GGML_CIQ_FUSE=0 in the environment turns it off)."""
 
     def __init__(self, device="cpu", semantics: str | None = None, attention_kernel: str = "auto",
-                 q32_kernel: bool = True, llamacpp_small_batches: bool = False, op_order: str = "host"):
+                 q32_kernel: bool = True, llamacpp_small_batches: bool = False, op_order: str = "host",
+                 fuse: bool = False):
         self.device = native.parse_device(device)
+        # host op order: weights stacked (stack_weights), norms and residual adds fused into the GEMMs' activation
+        # conversion and epilogue (linear_group's norm, linear's add; one kernel each on a GPU, the same values);
+        # GGML_CIQ_FUSE=0 turns it off for A/B runs
+        self.fuse = fuse and op_order == "host" and os.environ.get("GGML_CIQ_FUSE", "1") != "0"
         self.native = native.load()
         if self.device >= 0 and self.device >= native.device_count():
             raise InvalidArgumentError(f"GPU {self.device} requested but {native.device_count()} found")
@@ -538,18 +547,19 @@ class NativeOps:
                                                   self._fp(up), gate.size, self._fp(out)))
         return out
 
-    def glu_linear(self, weight: Weight, gate, up, kind: str, op_class: str | None = None) -> DeviceArray:
-        """linear(weight, glu(gate, up, kind)), the same values: where the weight's GEMM reads the f16 layout on a GPU
-        and the GLU follows the host order, the GLU is fused into that conversion (ciq_glu_activations: one kernel
-        fewer and no float32 intermediate); elsewhere the two ops in turn. op_class: the timer class of the GEMM
-        (with the GLU where fused into it; the GLU apart is left out of it, as an op of its own)."""
+    def glu_linear(self, weight: Weight, gate, up, kind: str, op_class: str | None = None,
+                   add=None) -> DeviceArray:
+        """linear(weight, glu(gate, up, kind), add), the same values: where the weight's GEMM reads the f16 layout on
+        a GPU and the GLU follows the host order, the GLU is fused into that conversion (ciq_glu_activations: one
+        kernel fewer and no float32 intermediate); elsewhere the two ops in turn. op_class: the timer class of the
+        GEMM (with the GLU where fused into it; the GLU apart is left out of it, as an op of its own)."""
         timer = self.timer(op_class) if op_class else contextlib.nullcontext()
         gate, up, kind_id = self._glu_inputs(gate, up, kind)
         if (self.device < 0 or self.op_order != "host" or weight.kind not in ("keep-quant", "q32")
                 or gate.shape[-1] != weight.k):
             h = self.glu(gate, up, kind)
             with timer:
-                return self.linear(weight, h)
+                return self.linear(weight, h, add)
         n, tokens = self.native, gate.size // weight.k
         plan = self._plan(weight, tokens)
         activations = self.empty((plan.activation_bytes,), np.uint8)
@@ -558,11 +568,11 @@ class NativeOps:
             with timer:
                 n.check(n.lib.ciq_activations_quantize(self.device, plan.activation_layout, self._fp(h),
                                                        activations.ptr, tokens, weight.k))
-                return self._gemm_planned(weight, plan, activations, tokens)
+                return self._gemm_planned(weight, plan, activations, tokens, add)[0]
         with timer:
             n.check(n.lib.ciq_glu_activations(self.device, self._op_order_id, kind_id, self._fp(gate), self._fp(up),
                                               tokens, weight.k, plan.activation_layout, activations.ptr))
-            return self._gemm_planned(weight, plan, activations, tokens)
+            return self._gemm_planned(weight, plan, activations, tokens, add)[0]
 
     def _plan(self, weight: Weight, tokens: int):
         """The ciq_plan of a quantized weight's GEMM at this token count (_kernel's variant and semantics)."""
@@ -572,13 +582,31 @@ class NativeOps:
                                     weight.k, tokens, plan))
         return plan
 
-    def _gemm_planned(self, weight: Weight, plan, activations: DeviceArray, tokens: int) -> DeviceArray:
-        """[tokens, rows] float32: the plan's GEMM on activations already in its layout (ciq_gemm_quantized)."""
+    def _gemm_planned(self, weight: Weight, plan, activations: DeviceArray, tokens: int,
+                      add=None) -> list[DeviceArray]:
+        """[tokens, rows] float32 per stacked part (one for a plain weight): the plan's GEMM on activations already
+        in its layout (ciq_gemm_quantized), plus add [tokens, rows] where given (a plain weight only; the values of
+        add() after it, from wgmma's epilogue: ciq_gemm_quantized_outputs)."""
         n = self.native
-        out = self.empty((tokens, weight.rows))
-        n.check(n.lib.ciq_gemm_quantized(self.device, plan, weight.ggml_type, weight.data.ptr, weight.data.nbytes,
-                                         weight.rows, weight.k, activations.ptr, tokens, out.ptr, n.lib.CIQ_OUT_F32))
-        return out
+        parts = weight.parts or (weight.rows,)
+        outs = [self.empty((tokens, rows)) for rows in parts]
+        if add is not None:
+            add = self._f32(add, "linear add")
+            if len(parts) > 1 or add.shape != (tokens, weight.rows):
+                raise ShapeError(f"{weight.name}: add {add.shape} for an output of {(tokens, weight.rows)}")
+        if len(parts) == 1 and add is None:
+            n.check(n.lib.ciq_gemm_quantized(self.device, plan, weight.ggml_type, weight.data.ptr, weight.data.nbytes,
+                                             weight.rows, weight.k, activations.ptr, tokens, outs[0].ptr,
+                                             n.lib.CIQ_OUT_F32))
+            return outs
+        outputs = n.ffi.new("ciq_gemm_output[]", len(parts))
+        for o, rows, out in zip(outputs, parts, outs):
+            o.rows, o.out = rows, out.ptr
+            o.add = self._fp(add) if add is not None else n.ffi.NULL
+        n.check(n.lib.ciq_gemm_quantized_outputs(self.device, plan, weight.ggml_type, weight.data.ptr,
+                                                 weight.data.nbytes, weight.rows, weight.k, activations.ptr, tokens,
+                                                 outputs, len(parts), n.lib.CIQ_OUT_F32))
+        return outs
 
     def add(self, a, b) -> DeviceArray:
         """a + b; b of a's shape, or a row of a's last axis (a bias) added to every row."""
@@ -643,14 +671,21 @@ class NativeOps:
             return lib.CIQ_VARIANT_Q32, lib.CIQ_SEMANTICS_MMQ
         return lib.CIQ_VARIANT_AUTO, self._semantics_id
 
-    def linear(self, weight: Weight, x) -> DeviceArray:
-        """x[n, k] @ W^T -> [n, rows] float32."""
+    def linear(self, weight: Weight, x, add=None) -> DeviceArray:
+        """x[n, k] @ W^T (+ add [n, rows]: add()'s values; from the GEMM's epilogue where the kernel fuses it) ->
+        [n, rows] float32. A stacked weight (stack_weights) goes through linear_group."""
         x = self._f32(x, "linear input")
         if x.shape[-1] != weight.k:
             raise ShapeError(f"{weight.name}: input rows of {x.shape[-1]} values, the weight takes {weight.k}")
+        if weight.parts:
+            raise InvalidArgumentError(f"{weight.name}: a stacked weight's outputs come from linear_group")
         tokens = x.size // weight.k
+        if add is not None and weight.kind in ("keep-quant", "q32"):
+            return self.linear_group([weight], x, adds=[add])[0]
         out = self.empty((tokens, weight.rows))
         n = self.native
+        if add is not None:  # dense weights: the GEMM, then the add
+            return self.add(self.linear(weight, x), add)
         if weight.kind in ("keep-quant", "q32"):
             variant, semantics = self._kernel(weight, tokens)
             n.check(n.lib.ciq_gemm(self.device, variant, semantics, weight.ggml_type, weight.data.ptr,
@@ -672,24 +707,63 @@ class NativeOps:
         kinds = ("keep-quant", "q32") if self._block32_auto else ("keep-quant",)
         return all(w.kind in kinds and w.k == weights[0].k for w in weights)
 
-    def linear_group(self, weights: list[Weight], x) -> list[DeviceArray]:
+    def linear_group(self, weights: list[Weight], x, norm: tuple | None = None,
+                     adds: list | None = None) -> list[DeviceArray]:
         """``linear`` of several quantized weights on one input x[n, k] (``groups``): each GEMM is planned once
         (ciq_gemm_plan), x is quantized (or converted) once per activation layout the plans name
         (ciq_activations_quantize), then each GEMM runs its plan on those bytes (ciq_gemm_quantized): the same
-        kernels and bytes as separate ``linear`` calls."""
+        kernels and bytes as separate ``linear`` calls. A stacked weight (stack_weights) gives one output per part.
+        norm (weight, eps): the inputs are rms_norm(x) * weight, with the norm fused into the f16 conversion where
+        the ops fuse (ciq_rms_norm_activations: the same bytes); adds: per weight None or its addend (linear's add)."""
         x = self._f32(x, "linear input")
         if not self.groups(weights) or x.shape[-1] != weights[0].k:
             raise ShapeError("linear_group: quantized weights of one K (groups()), and inputs of that K")
         n, k = self.native, weights[0].k
         tokens = x.size // k
         plans = [self._plan(w, tokens) for w in weights]
-        layouts = {}
+        layouts, normed = {}, None
         for plan in plans:
-            if plan.activation_layout not in layouts:
-                buf = layouts[plan.activation_layout] = self.empty((plan.activation_bytes,), np.uint8)
-                n.check(n.lib.ciq_activations_quantize(self.device, plan.activation_layout, self._fp(x), buf.ptr,
-                                                       tokens, k))
-        return [self._gemm_planned(w, plan, layouts[plan.activation_layout], tokens) for w, plan in zip(weights, plans)]
+            layout = plan.activation_layout
+            if layout in layouts:
+                continue
+            buf = layouts[layout] = self.empty((plan.activation_bytes,), np.uint8)
+            # fused: the GPU's f16 conversion (one kernel); the host runs the two in turn for any layout
+            if norm is not None and self.fuse and (layout == n.lib.CIQ_LAYOUT_F16 or self.device < 0):
+                w = self._f32(norm[0], "rms_norm weight")
+                if w.size != k:
+                    raise ShapeError(f"rms_norm: weight of {w.size} values for rows of {k}")
+                n.check(n.lib.ciq_rms_norm_activations(self.device, self._op_order_id, self._fp(x), self._fp(w),
+                                                       float(norm[1]), tokens, k, layout, buf.ptr))
+                continue
+            if norm is not None and normed is None:
+                normed = self.rms_norm(x, norm[0], norm[1])
+            source = x if norm is None else normed
+            n.check(n.lib.ciq_activations_quantize(self.device, layout, self._fp(source), buf.ptr, tokens, k))
+        adds = adds or [None] * len(weights)
+        outs = []
+        for w, plan, add in zip(weights, plans, adds):
+            outs += self._gemm_planned(w, plan, layouts[plan.activation_layout], tokens, add)
+        return outs
+
+    def stack_weights(self, tensors: list[Tensor]) -> Weight | None:
+        """One weight of these matrices' rows stacked (q/k/v, gate/up: one GEMM launch, its outputs apart through
+        ciq_gemm_quantized_outputs), where these ops fuse (``fuse``) and the tensors are quantized blocks of one type
+        and K that our GEMMs read (as load_weight would keep them); None otherwise (load them apart)."""
+        if not self.fuse or len(tensors) < 2:
+            return None
+        first = tensors[0]
+        if any(len(t.shape) != 2 or t.ggml_type != first.ggml_type or t.k != first.k for t in tensors):
+            return None
+        if not (first.is_keep_quant or (self._block32_auto and first.ggml_type in quants.Q32_TYPES
+                                         and self._block32_raw(first))):
+            return None
+        raw = np.concatenate([np.ascontiguousarray(t.raw()).reshape(-1) for t in tensors])
+        data = self.empty((raw.size,), np.uint8)
+        n = self.native
+        n.check(n.lib.ciq_memory_upload(self.device, data.ptr, n.ffi.from_buffer(raw), raw.nbytes))
+        kind = "keep-quant" if first.is_keep_quant else "q32"
+        return Weight("+".join(t.name for t in tensors), first.ggml_type, sum(t.rows for t in tensors), first.k, kind,
+                      data, tuple(t.rows for t in tensors))
 
     # -- helpers ------------------------------------------------------------------------------------------------
     def _bf16(self, values: int) -> DeviceArray:

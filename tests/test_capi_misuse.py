@@ -21,15 +21,16 @@ VALID = {
     "cache_rows": 4, "table_rows": 1, "b_n": 1, "n_past": 0, "window": 0, "start": 0, "row_values": 1,
     "ggml_type": 12, "type": 12, "layout_for": 12, "semantics": 0, "variant": 1, "kernel": 1, "mode": 0, "kind": 0,
     "out_type": 0, "layout": 0, "base": 10000.0, "eps": 1e-6, "scale": 1.0, "s": 1.0, "value": 0, "threads": 1,
-    "buffer_size": 64, "nbytes": 64, "weight_nbytes": 144, "order": 0,
+    "buffer_size": 64, "nbytes": 64, "weight_nbytes": 144, "order": 0, "n_outputs": 1,
 }
 # Per-function valid values where the shared ones do not fit.
 VALID_FOR = {"ciq_activations_size": {"layout": 0}}
 # Pointer parameters that are handles the library made: a valid call needs a real one.
 HANDLES = {("ciq_memory_free", "ptr"): "malloc", ("ciq_timer_mark", "timer"): "timer", ("ciq_timer_stop", "timer"): "timer",
-           ("ciq_gemm_quantized", "plan"): "plan"}
+           ("ciq_gemm_quantized", "plan"): "plan", ("ciq_gemm_quantized_outputs", "plan"): "plan",
+           ("ciq_gemm_quantized_outputs", "outputs"): "outputs"}
 # Pointer parameters that may legitimately be NULL.
-MAY_BE_NULL = {("ciq_rms_norm", "weight"), ("ciq_rms_norm", "add"), ("ciq_memory_free", "ptr"), ("ciq_graph_free", "graph")}
+MAY_BE_NULL = {("ciq_rms_norm", "weight"), ("ciq_rms_norm", "add"), ("ciq_rms_norm_activations", "weight"), ("ciq_memory_free", "ptr"), ("ciq_graph_free", "graph")}
 # Functions whose valid call needs what the CPU does not have (a GPU) or that take no misusable argument.
 NOT_ON_CPU = {"ciq_gemm_dense_bf16", "ciq_graph_capture_begin", "ciq_graph_capture_end", "ciq_graph_launch",
               "ciq_graph_free"}
@@ -59,12 +60,21 @@ except LibraryNotFoundError:  # the native_lib fixture then skips, or fails wher
     DECLARATIONS = {"ciq_api_version": []}
 
 
+_KEEP = []  # buffers a handle points into
+
+
 def _handle(n, kind):
     if kind == "plan":  # the valid plan for VALID's problem: the host K-quant kernel, cpu semantics, Q4_K
         plan = n.ffi.new("ciq_plan *")
         assert n.lib.ciq_gemm_plan(n.lib.CIQ_DEVICE_CPU, n.lib.CIQ_VARIANT_CPU, n.lib.CIQ_SEMANTICS_CPU,
                                    n.lib.CIQ_TYPE_Q4_K, 1, 256, 1, plan) == n.lib.CIQ_OK
         return plan
+    if kind == "outputs":  # one output of VALID's one row, no addend: a 64-byte buffer kept with the array
+        outputs = n.ffi.new("ciq_gemm_output[1]")
+        buf = n.ffi.new("char[]", 64)
+        outputs[0].rows, outputs[0].out = 1, buf
+        _KEEP.append(buf)
+        return outputs
     out = n.ffi.new("void **")
     status = n.lib.ciq_memory_alloc(-1, 64, out) if kind == "malloc" else n.lib.ciq_timer_start(-1, out)
     assert status == n.lib.CIQ_OK

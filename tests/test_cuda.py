@@ -145,6 +145,30 @@ def test_wgmma_tiles_splits_and_tails(weight_type, wgmma, rng):
         assert Q.nmse(out, Q.gemm_f16_semantics(weight_type, data, rows, k, x)) <= 1e-10, (rows, k, tokens)
 
 
+@pytest.mark.parametrize("weight_type", [Q.Q4_K, Q.Q6_K, Q.Q5_0])
+def test_wgmma_tail_split(weight_type, wgmma, rng, monkeypatch):
+    """The planner's tail (whole waves unsplit, the last partial wave's tiles split-K in a second launch) on shapes
+    where it applies (a stacked gate/up at 512 tokens: 448 tiles of 256 tokens on 132 SMs; 140 and 141 row tiles,
+    odd rows and tokens; K-quants staged by TMA and read into registers, a 32-value type): against the numpy f16
+    semantics as every wgmma plan, and not the same bits as GGML_CIQ_WGMMA_TAIL=0 (the split ran: its float32 sums
+    fold in another order), NaN-poisoned outputs."""
+    shapes = ((28672, 2048, 512), (17920, 1024, 200), (140 * 128 + 5, 2304 if weight_type == Q.Q6_K else 1024, 251))
+    for rows, k, tokens in shapes:
+        if weight_type in Q.Q32_TYPES:
+            data = block32_weights(rng, weight_type, rows, k)
+        else:
+            quantize = Q.quantize_q4_K if weight_type == Q.Q4_K else Q.quantize_q6_K
+            data = quantize((rng.standard_normal((rows, k)) * 0.02).astype(np.float32))
+        x = (rng.standard_normal((tokens, k)) * rng.choice([1e-3, 1.0, 3e4], size=(tokens, 1))).astype(np.float32)
+        ref = Q.gemm_f16_semantics(weight_type, data, rows, k, x)
+        monkeypatch.setenv("GGML_CIQ_WGMMA_TAIL", "0")
+        whole_waves = run_checked(data, x, "wgmma", ggml_type=weight_type, rows=rows, k=k)
+        monkeypatch.setenv("GGML_CIQ_WGMMA_TAIL", "1")
+        tail = run_checked(data, x, "wgmma", ggml_type=weight_type, rows=rows, k=k)
+        assert Q.nmse(tail, ref) <= 1e-10 and Q.nmse(whole_waves, ref) <= 1e-10, (rows, k, tokens)
+        assert not np.array_equal(tail, whole_waves), (rows, k, tokens)
+
+
 def block32_weights(rng, ggml_type: int, rows: int, k: int) -> np.ndarray:
     """Raw Q4_0/Q5_0/Q8_0 blocks: random quants (every bit pattern, Q5_0's high bits included) and fp16 scales of
     either sign spread over 2^-14 .. 2^-2 (f16 products from subnormal to large)."""

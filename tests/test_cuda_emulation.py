@@ -36,6 +36,7 @@ int emu_attention(int kernel, const float *q, const uint16_t *k, const uint16_t 
                   int64_t heads_kv, int64_t head_dim, int64_t n_past, float scale, int64_t window, float *out);
 int emu_rms_norm(int order, const float *x, const float *weight, const float *add, float eps, int64_t n, int64_t d,
                  float *out);
+int emu_rms_norm_f16(const float *x, const float *weight, float eps, int64_t tokens, int64_t k, void *out);
 int emu_rope(int order, int mode, const float *x, const int32_t *positions, int64_t tokens, int64_t heads,
              int64_t head_dim, float base, float *out);
 int emu_rms_norm_rope(int order, int mode, const float *x, const float *weight, float eps, const int32_t *positions,
@@ -106,7 +107,7 @@ def emu(tmp_path_factory):
         pytest.skip("no g++ for the CUDA-on-CPU emulation")
     build = tmp_path_factory.mktemp("cuda_on_cpu")
     shutil.copytree(ROOT / "native" / "src", build / "src")
-    expected = {"ops.cu": {"launch": 13, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
+    expected = {"ops.cu": {"launch": 15, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
                 "ops_llamacpp.cu": {"launch": 7, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
                 "attention.cu": {"launch": 3, "mma": 0, "ldmatrix": 0, "extern_shared": 2},
                 "attention_llamacpp.cu": {"launch": 1, "mma": 0, "ldmatrix": 0, "extern_shared": 1},
@@ -251,6 +252,33 @@ def test_attention_emulated_llamacpp_max_offset(emu):
          out)
     # p is __expf(-3 * 0.6931) = 0.12502 in the float row sum but 0.125 in f16 for P V: 29995.75, finite.
     assert np.isfinite(out).all() and np.allclose(out, 30000, rtol=2e-4)
+
+
+@pytest.mark.parametrize("tokens, k", [(3, 64), (5, 768), (2, 1088), (3, 4096), (2, 8192), (2, 8256)])
+@pytest.mark.parametrize("aligned", [True, False])
+def test_rms_norm_f16_emulated(emu, rng, tokens, k, aligned):
+    """ops.cu's rms_norm fused into the f16 activation layout (ciq_rms_norm_activations on a GPU) against its own
+    rms_norm then the layout's conversion in numpy (each token's largest |value| in [2^14, 2^15): f16 of value * 2^-e,
+    scale 2^e at the 256-byte boundary): the same bytes, with and without the weight, through the warp (K <= 1024),
+    block (<= 8192) and strided (8256, and any K from an unaligned row) kernels; tokens scaled 2^-30 .. 2^30."""
+    x = (rng.standard_normal((tokens, k)) * np.exp2(rng.integers(-30, 30, (tokens, 1)))).astype(np.float32)
+    if not aligned:  # the rows 4 bytes past a 16-byte boundary
+        buf = np.empty(tokens * k + 8, np.float32)
+        start = next(i for i in range(8) if (buf.ctypes.data + 4 * i) % 16 == 4)
+        buf[start:start + tokens * k] = x.reshape(-1)
+        x = buf[start:start + tokens * k].reshape(tokens, k)
+        assert x.ctypes.data % 16 == 4
+    w = (rng.standard_normal(k) + 1).astype(np.float32)
+    offset = (tokens * k * 2 + 255) // 256 * 256
+    for weight in (w, None):
+        normed = poisoned((tokens, k))
+        call(emu, "emu_rms_norm", HOST, x, weight, None, 1e-6, tokens, k, normed)
+        e = np.maximum(np.frexp(np.abs(normed).max(axis=1))[1], -100)
+        want = (normed * np.exp2(15 - e)[:, None].astype(np.float32)).astype(np.float16)
+        out = poisoned(offset + 4 * tokens, np.uint8)
+        call(emu, "emu_rms_norm_f16", x, weight, 1e-6, tokens, k, out)
+        assert np.array_equal(out[:tokens * k * 2].view(np.float16).reshape(tokens, k).view(np.uint16), want.view(np.uint16))
+        assert np.array_equal(out[offset:].view(np.float32), np.exp2(e - 15).astype(np.float32))
 
 
 def test_attention_emulated_head_dims(emu):

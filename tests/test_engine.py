@@ -375,7 +375,7 @@ def test_glu_fused_into_down_equals_apart(semantics, native_lib, rng, tmp_path, 
             return glu(self, *a)
 
         monkeypatch.setattr(NativeOps, "glu", counted_glu)
-        monkeypatch.setattr(NativeOps, "glu_linear", lambda self, *a: calls.append(1) or fused(self, *a))
+        monkeypatch.setattr(NativeOps, "glu_linear", lambda self, *a, **kw: calls.append(1) or fused(self, *a, **kw))
         got = Transformer(ModelFile(path), ops=make_ops("cuda", semantics), n_ubatch=16).forward(tokens, all_logits=True)
         monkeypatch.setattr(NativeOps, "glu_linear", None)
         run = "apart"
@@ -384,6 +384,73 @@ def test_glu_fused_into_down_equals_apart(semantics, native_lib, rng, tmp_path, 
         assert calls and np.array_equal(got, want), architecture
         # the fused conversion ran (ciq_glu_activations, not glu then the conversion) for at least one FFN
         assert glus["fused"] < glus["apart"], (architecture, glus)
+
+
+def _gemm_weights(layer: dict) -> list:
+    """The ops' weights of a layer's GEMMs, a stacked weight once."""
+    from ggml_ciq.engine import Linear, LinearSet
+
+    out = []
+    for value in layer.values():
+        if isinstance(value, Linear):
+            out.append(value.weight)
+        elif isinstance(value, LinearSet):
+            out += [p.weight if isinstance(p, Linear) else p[0] for p in value.parts]
+    return out
+
+
+@pytest.mark.parametrize("architecture", catalog.SMALL_ARCHITECTURES)
+def test_fused_engine_equals_apart_cpu(architecture, native_lib, rng, tmp_path):
+    """NativeOps with fuse (stacked q/k/v and gate/up, norms fused into the activation conversion, residual adds into
+    the GEMMs) against the same ops apart, on the CPU: the same logits bit for bit (41 tokens in micro-batches of 16,
+    every position), and the stacking seen: fewer GEMM launches (qwen2's q/k/v biases keep those apart, its gate/up
+    stack)."""
+    from ggml_ciq.ops import NativeOps
+
+    path = catalog.write_small_model(tmp_path / f"{architecture}.gguf", architecture)
+    tokens = rng.integers(3, 512, 41)
+    runs = {}
+    for fuse in (True, False):
+        engine = Transformer(ModelFile(path), ops=NativeOps("cpu", fuse=fuse), n_ubatch=16)
+        native.dispatch_reset()
+        runs[fuse] = engine.forward(tokens, all_logits=True), sum(native.dispatch_counts().values())
+        stacked = [len(w.parts) for layer in engine.layers for w in _gemm_weights(layer) if w.parts]
+        assert stacked == ([] if not fuse else [2, 2] if architecture == "qwen2" else [2, 2, 2, 2]), stacked  # q+k (v is Q6_K), gate+up
+    (fused, n_fused), (apart, n_apart) = runs[True], runs[False]
+    assert np.isfinite(fused).all() and np.array_equal(fused, apart)
+    assert n_fused < n_apart, (n_fused, n_apart)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("architecture", catalog.SMALL_ARCHITECTURES)
+def test_fused_engine_gpu(architecture, native_lib, rng, tmp_path, monkeypatch):
+    """The fast semantics fused (stacked q/k/v and gate/up from one wgmma launch, the norms in the f16 conversion, the
+    residuals from wgmma's epilogue) against GGML_CIQ_FUSE=0 on a GPU: 41 tokens in micro-batches of 16, every
+    position. The stacked GEMMs run other split-K plans than the matrices apart (float32 sums in another order), so
+    not the same bits: NMSE <= 1e-9 and the same top-1 everywhere (a wrong output or a lost residual is ~1); the
+    launches: one per stacked weight."""
+    from ggml_ciq.engine import make_ops
+
+    if native.device_count() == 0 or not native.variant_available("cuda", "wgmma"):
+        pytest.skip("needs a Hopper GPU and a build with sm_90a (wgmma)")
+    path = catalog.write_small_model(tmp_path / f"{architecture}.gguf", architecture)
+    tokens = rng.integers(3, 512, 41)
+    runs = {}
+    for fuse in ("1", "0"):
+        monkeypatch.setenv("GGML_CIQ_FUSE", fuse)
+        engine = Transformer(ModelFile(path), ops=make_ops("cuda", "fast"), n_ubatch=16)
+        native.dispatch_reset()
+        logits = engine.forward(tokens, all_logits=True)
+        launches = sum(n for (variant, _), n in native.dispatch_counts().items() if variant == "wgmma")
+        weights = [w for layer in engine.layers for w in _gemm_weights(layer)]
+        runs[fuse] = logits, launches, weights
+    (fused, n_fused, w_fused), (apart, n_apart, w_apart) = runs["1"], runs["0"]
+    steps = 3  # micro-batches of 16, 16, 9 tokens: every one above MMVQ's 8 (wgmma)
+    assert n_fused == steps * len(w_fused) and n_apart == steps * len(w_apart), (n_fused, n_apart)
+    assert len(w_fused) < len(w_apart)
+    top1, kl, err = agreement(fused, apart)
+    print(f"{architecture} fused vs apart: NMSE {err:.2e}, top-1 {top1:.4f}, KL {kl:.2e}")
+    assert np.isfinite(fused).all() and err <= 1e-9 and top1 == 1.0
 
 
 @pytest.mark.gpu
@@ -401,13 +468,16 @@ def test_gemma_block32_weights_on_wgmma(native_lib, gemma_full, rng):
     reference = Transformer(gemma_full, device="reference", n_ctx=128).forward(tokens, all_logits=True)
     for semantics in ("fast", "exact"):
         engine = Transformer(gemma_full, ops=make_ops("cuda", semantics), n_ctx=128, n_ubatch=128)
-        kinds = {lin.weight.kind for layer in engine.layers for lin in layer.values() if hasattr(lin, "weight")
-                 if lin.tensor.ggml_type in Q.Q32_TYPES} | {engine.output.weight.kind}
+        weights = [engine.output.weight] + [w for layer in engine.layers for w in _gemm_weights(layer)]
+        kinds = {w.kind for w in weights if w.ggml_type in Q.Q32_TYPES}
         assert kinds == {"q32"}, kinds  # raw 32-value blocks, no bf16 copy
         native.dispatch_reset()
         ours = engine.forward(tokens, all_logits=True)
         counts = native.dispatch_counts()
-        assert counts[("wgmma", "Q5_0")] == 81 and counts[("wgmma", "Q8_0")] == 10, counts
+        # one launch per weight; fast stacks q/k(/v) and gate/up (2 Q5_0 launches a layer, 4-5 apart)
+        want = {t: sum(w.ggml_type == t for w in weights) for t in (Q.Q5_0, Q.Q8_0)}
+        assert want[Q.Q5_0] == (36 if semantics == "fast" else 81) and want[Q.Q8_0] == 10, want
+        assert counts[("wgmma", "Q5_0")] == want[Q.Q5_0] and counts[("wgmma", "Q8_0")] == 10, counts
         assert not any(n for (variant, _), n in counts.items() if variant == "q32"), counts
         a = logits_agreement(ours, reference)
         print(f"gemma {semantics} vs float64 reference: top-1 {a['top1']:.4f}, KLD mean {a['kld_mean']:.2e}, "

@@ -204,6 +204,165 @@ def test_glu_activations_bad_input(native_lib):
     assert bytes(out) == bytes(4096)
 
 
+@pytest.mark.parametrize("tokens, k", [(1, 256), (7, 640), (130, 2048), (3, 4096), (5, 9216)])
+def test_rms_norm_activations(ops, rng, tokens, k):
+    """ciq_rms_norm_activations: the bytes of ciq_rms_norm (with a weight, and without) then
+    ciq_activations_quantize. On a GPU the f16 layout, fused along ciq_rms_norm's three row kernels (a warp a row at
+    K <= 1024, a block with the row in registers to 8192, the strided two-pass kernel at 9216); on the host every
+    layout that takes this K. Rows scaled over 2^-30 .. 2^30 (each token's own power of two)."""
+    n, lib = ops.native, ops.native.lib
+    x = (rng.standard_normal((tokens, k)) * np.exp2(rng.integers(-30, 30, (tokens, 1)))).astype(np.float32)
+    weight = (rng.standard_normal(k) + 1).astype(np.float32)
+    xd, wd = ops.asarray(x), ops.asarray(weight)
+    checked = 0
+    for w in (wd, None):
+        h = ops.rms_norm(xd, w, 1e-6)
+        for layout in native.enum_names("ciq_layout", "CIQ_LAYOUT_"):
+            layout_id = getattr(lib, f"CIQ_LAYOUT_{layout.upper()}")
+            size = n.ffi.new("size_t *")
+            if lib.ciq_activations_size(layout_id, tokens, k, size) != lib.CIQ_OK:
+                continue
+            fused, apart = ops.empty((size[0],), np.uint8), ops.empty((size[0],), np.uint8)  # poisoned: 0xFF
+            status = lib.ciq_rms_norm_activations(ops.device, lib.CIQ_ORDER_HOST, ops._fp(xd),
+                                                  ops._fp(w) if w is not None else n.ffi.NULL, 1e-6, tokens, k,
+                                                  layout_id, fused.ptr)
+            if ops.device >= 0 and layout != "f16":
+                assert status == lib.CIQ_ERR_UNSUPPORTED, layout
+                continue
+            n.check(status)
+            n.check(lib.ciq_activations_quantize(ops.device, layout_id, ops._fp(h), apart.ptr, tokens, k))
+            assert np.array_equal(fused.numpy(), apart.numpy()), (layout, w is None)
+            checked += 1
+    per_weight = 1 if ops.device >= 0 else len([u for u in (256, 128, 128, 64, 32, 32) if k % u == 0])
+    assert checked == 2 * per_weight
+
+
+def test_rms_norm_activations_bad_input(native_lib):
+    """NULL pointers, an unknown layout, a K the layout does not take, llama.cpp CUDA's order on the host: each one
+    error naming the problem; nothing is written."""
+    n = native.load()
+    lib, ffi = n.lib, n.ffi
+    x = ffi.new("float[]", 2 * 256)
+    out = ffi.new("uint8_t[]", 4096)
+    cases = [(ffi.NULL, lib.CIQ_LAYOUT_F16, 256, lib.CIQ_ORDER_HOST, "NULL pointer"),
+             (x, 99, 256, lib.CIQ_ORDER_HOST, "unknown activation layout 99"),
+             (x, lib.CIQ_LAYOUT_F16, 100, lib.CIQ_ORDER_HOST, "multiple of 64"),
+             (x, lib.CIQ_LAYOUT_F16, 256, lib.CIQ_ORDER_LLAMACPP_CUDA, "")]
+    for xp, layout, k, order, message in cases:
+        status = lib.ciq_rms_norm_activations(lib.CIQ_DEVICE_CPU, order, xp, ffi.NULL, 1e-6, 1, k, layout, out)
+        assert status != lib.CIQ_OK and message in ffi.string(lib.ciq_last_error()).decode()
+    assert bytes(out) == bytes(4096)
+
+
+def _q4k_tensor(rng, name, rows, k):
+    return Tensor(name, Q.Q4_K, (rows, k), Q.quantize_q4_K(rng.standard_normal((rows, k)).astype(np.float32)))
+
+
+@pytest.mark.parametrize("tokens", [1, 8, 9, 37, 300])
+@pytest.mark.parametrize("parts", [(256, 128, 136), (96, 40, 41)], ids=["tiles", "tails"])
+def test_stacked_weight_outputs(ops, rng, tokens, parts):
+    """A stacked weight (NativeOps.stack_weights: q/k/v-like matrices of one type, ciq_gemm_quantized_outputs): each
+    output is its rows of the whole stacked product bit for bit (one ciq_gemm_quantized of one weight of those rows),
+    counted as one launch, at token counts either side of llama.cpp's MMVQ/MMQ switch (8/9) and past a 256-token
+    tile. "tiles": every output but the last a multiple of 128 rows (wgmma writes them from its epilogue); "tails":
+    not (the whole product is copied out). Outputs NaN-poisoned."""
+    k = 512
+    tensors = [_q4k_tensor(rng, f"blk.0.w{i}.weight", rows, k) for i, rows in enumerate(parts)]
+    fusing = PoisonedOps(ops.device, fuse=True)
+    stacked = fusing.stack_weights(tensors)
+    assert stacked is not None and stacked.parts == parts and stacked.rows == sum(parts)
+    whole = Tensor("whole", Q.Q4_K, (sum(parts), k), np.concatenate([t.raw() for t in tensors]))
+    x = fusing.asarray(rng.standard_normal((tokens, k)).astype(np.float32))
+    native.dispatch_reset()
+    outs = [y.numpy() for y in fusing.linear_group([stacked], x)]
+    assert sum(native.dispatch_counts().values()) == 1
+    want = fusing.linear(fusing.load_weight(whole), x).numpy()
+    assert np.isfinite(want).all() and len(outs) == len(parts)
+    first = 0
+    for out, rows in zip(outs, parts):
+        assert out.shape == (tokens, rows) and np.array_equal(out, want[:, first:first + rows]), (rows, first)
+        first += rows
+    assert NativeOps(ops.device).stack_weights(tensors) is None  # fuse off: loaded apart
+    with pytest.raises(InvalidArgumentError, match="linear_group"):
+        fusing.linear(stacked, x)
+
+
+@pytest.mark.parametrize("tokens", [1, 9, 37, 300])
+@pytest.mark.parametrize("rows", [256, 4099])
+def test_linear_add_equals_add_after(ops, rng, tokens, rows):
+    """linear(weight, x, add) (the residual from the GEMM's epilogue where wgmma runs, ciq_gemm_quantized_outputs)
+    against linear then add: the same bits, odd rows included (the epilogue's scalar tail); the addend spans 2^-20 ..
+    2^20 so a lost or doubled rounding shows."""
+    k = 512
+    tensor = _q4k_tensor(rng, "blk.0.attn_output.weight", rows, k)
+    w = ops.load_weight(tensor)
+    x = ops.asarray(rng.standard_normal((tokens, k)).astype(np.float32))
+    residual = (rng.standard_normal((tokens, rows)) * np.exp2(rng.integers(-20, 20, (tokens, rows)))).astype(np.float32)
+    r = ops.asarray(residual)
+    native.dispatch_reset()
+    fused = ops.linear(w, x, r).numpy()
+    assert sum(native.dispatch_counts().values()) == 1
+    apart = ops.add(ops.linear(w, x), r).numpy()
+    assert np.isfinite(fused).all() and np.array_equal(fused, apart)
+    assert np.array_equal(r.numpy(), residual)  # the addend is read, not written
+    with pytest.raises(ShapeError, match="add"):
+        ops.linear(w, x, ops.asarray(residual[:, :-1].copy()))
+
+
+@pytest.mark.parametrize("k", [512, 768, 2048, 9216])
+def test_linear_group_norm_fused_equals_apart(ops, rng, k):
+    """linear_group(weights, x, norm=(weight, eps)) with the norm fused into the conversion (fuse: on a GPU one
+    kernel, ciq_rms_norm_activations) against rms_norm then linear_group: the same bits (37 tokens; K through the
+    norm's three row kernels)."""
+    tensors = [_q4k_tensor(rng, f"blk.0.w{i}.weight", rows, k) for i, rows in enumerate((128, 72))]
+    norm = ops.asarray((rng.standard_normal(k) + 1).astype(np.float32))
+    x = ops.asarray((rng.standard_normal((37, k)) * 3).astype(np.float32))
+    fusing = PoisonedOps(ops.device, fuse=True)
+    weights = [fusing.load_weight(t) for t in tensors]
+    fused = [y.numpy() for y in fusing.linear_group(weights, x, norm=(norm, 1e-5))]
+    apart = [y.numpy() for y in ops.linear_group(weights, ops.rms_norm(x, norm, 1e-5))]
+    assert all(np.isfinite(a).all() and np.array_equal(a, b) for a, b in zip(fused, apart))
+
+
+def test_gemm_outputs_bad_input(native_lib, rng):
+    """ciq_gemm_quantized_outputs: no outputs or too many, outputs whose rows do not add up to the weight's, a NULL
+    output, an addend with bf16 output or overlapping its output: each one error naming the problem, nothing
+    written."""
+    n = native.load()
+    lib, ffi = n.lib, n.ffi
+    rows, k, tokens = 64, 256, 3
+    raw = Q.quantize_q4_K(rng.standard_normal((rows, k)).astype(np.float32))
+    plan = ffi.new("ciq_plan *")
+    n.check(lib.ciq_gemm_plan(lib.CIQ_DEVICE_CPU, lib.CIQ_VARIANT_AUTO, lib.CIQ_SEMANTICS_ANY, Q.Q4_K, rows, k, tokens,
+                              plan))
+    xq = ffi.new("uint8_t[]", plan.activation_bytes)
+    n.check(lib.ciq_activations_quantize(lib.CIQ_DEVICE_CPU, plan.activation_layout,
+                                         ffi.from_buffer("float[]", rng.standard_normal((tokens, k)).astype(np.float32)),
+                                         xq, tokens, k))
+    a = ffi.new("float[]", tokens * rows)
+    b = ffi.new("float[]", tokens * rows)
+
+    def run(specs, out_type=lib.CIQ_OUT_F32, count=None):
+        outputs = ffi.new("ciq_gemm_output[]", max(1, len(specs)))
+        for o, (r, out, add) in zip(outputs, specs):
+            o.rows, o.out, o.add = r, out, add
+        return lib.ciq_gemm_quantized_outputs(lib.CIQ_DEVICE_CPU, plan, Q.Q4_K, ffi.from_buffer(raw), len(raw), rows,
+                                              k, xq, tokens, outputs, len(specs) if count is None else count, out_type)
+
+    cases = [([], lib.CIQ_OUT_F32, 0, "0 outputs"),
+             ([(16, a, ffi.NULL)] * 5, lib.CIQ_OUT_F32, None, "5 outputs"),
+             ([(32, a, ffi.NULL), (16, b, ffi.NULL)], lib.CIQ_OUT_F32, None, "the outputs have 48 rows, the weight 64"),
+             ([(32, a, ffi.NULL), (40, b, ffi.NULL)], lib.CIQ_OUT_F32, None, "output 1 has 40 rows, 32 of"),
+             ([(32, a, ffi.NULL), (32, ffi.NULL, ffi.NULL)], lib.CIQ_OUT_F32, None, "output 1 is NULL"),
+             ([(64, a, b)], lib.CIQ_OUT_BF16, None, "needs float32 output"),
+             ([(64, a, a + 5)], lib.CIQ_OUT_F32, None, "output 0 overlaps its addend")]
+    for specs, out_type, count, message in cases:
+        status = run(specs, out_type, count)
+        assert status == lib.CIQ_ERR_INVALID_ARGUMENT and message in ffi.string(lib.ciq_last_error()).decode(), message
+    assert bytes(ffi.buffer(a)) == bytes(tokens * rows * 4) and bytes(ffi.buffer(b)) == bytes(tokens * rows * 4)
+    assert run([(32, a, ffi.NULL), (32, b, ffi.NULL)]) == lib.CIQ_OK  # the same call, well formed
+
+
 @pytest.mark.parametrize("n", [1, 17, 4096, 4099])
 def test_glu_silu(ops, rng, n):
     gate = (rng.standard_normal(n) * 6).astype(np.float32)

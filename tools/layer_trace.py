@@ -46,14 +46,15 @@ class Recorder:
         self.ops, self.inputs, self.attention = ops, {}, []
         linear, group, attention = ops.linear, getattr(ops, "linear_group", None), ops.attention
 
-        def rec_linear(weight, x):
+        def rec_linear(weight, x, add=None):
             self.inputs.setdefault(weight.name, []).append(ops.numpy(x))
-            return linear(weight, x)
+            return linear(weight, x, add)
 
-        def rec_group(weights, x):
+        def rec_group(weights, x, norm=None, adds=None):
+            h = ops.numpy(x if norm is None else ops.rms_norm(x, norm[0], norm[1]))  # what the GEMMs multiply
             for w in weights:
-                self.inputs.setdefault(w.name, []).append(ops.numpy(x))
-            return group(weights, x)
+                self.inputs.setdefault(w.name, []).append(h)
+            return group(weights, x, norm=norm, adds=adds)
 
         def rec_attention(q, k_cache, v_cache, n_past, scale, window=0):
             out = attention(q, k_cache, v_cache, n_past, scale, window)

@@ -2,9 +2,10 @@
 compute-sanitizer.
 
 Usage: compute-sanitizer --tool memcheck python3 tools/sanitize_case.py [variant ... | wgmma-block32 | engine |
-attention-split | ops]
+attention-split | ops | fusion]
 (mmvq: every type at 1..8 tokens, mmvq_case; mma and q32: also MMQ's stream-k seams, mmq_seams_case; wgmma-block32:
-wgmma on Q4_0/Q5_0/Q8_0, wgmma_block32_case; attention-split: attention_split_case; ops: ops_case)
+wgmma on Q4_0/Q5_0/Q8_0, wgmma_block32_case; attention-split: attention_split_case; ops: ops_case; fusion:
+fusion_case)
 """
 
 import itertools
@@ -219,9 +220,49 @@ def ops_case():
         print(f"glu_activations {t} x {k}: {out.numpy().size} bytes")
 
 
+def fusion_case():
+    """API v11: stacked weights' outputs (ciq_gemm_quantized_outputs: from wgmma's epilogue where the outputs' rows
+    allow, copied out where not; residual addends, odd rows), rms_norm fused into the f16 conversion (its warp, block
+    and strided kernels), and wgmma's tail split (whole waves, then the partial wave split-K in a second launch)."""
+    from ggml_ciq.model import Tensor
+    from ggml_ciq.ops import NativeOps
+
+    rng = np.random.default_rng(6)
+    ops = NativeOps("cuda", fuse=True)
+    k = 512
+    for parts in ((256, 128, 136), (96, 40, 41)):
+        tensors = [Tensor(f"w{i}", Q.Q4_K, (r, k), Q.quantize_q4_K(rng.standard_normal((r, k)).astype(np.float32)))
+                   for i, r in enumerate(parts)]
+        stacked = ops.stack_weights(tensors)
+        for tokens in (5, 37, 300):
+            x = rng.standard_normal((tokens, k)).astype(np.float32)
+            outs = [y.numpy() for y in ops.linear_group([stacked], x)]
+            w = ops.load_weight(tensors[-1])
+            added = ops.linear(w, x, rng.standard_normal((tokens, parts[-1])).astype(np.float32)).numpy()
+            print(f"outputs {parts} tokens={tokens}: finite={all(np.isfinite(o).all() for o in outs)} "
+                  f"add finite={np.isfinite(added).all()}")
+    n, lib = ops.native, ops.native.lib
+    for t, d in ((37, 640), (9, 4096), (3, 9216)):
+        x, w = ops.asarray(rng.standard_normal((t, d)).astype(np.float32)), ops.asarray(rng.standard_normal(d).astype(np.float32))
+        size = n.ffi.new("size_t *")
+        n.check(lib.ciq_activations_size(lib.CIQ_LAYOUT_F16, t, d, size))
+        out = ops.empty((size[0],), np.uint8)
+        n.check(lib.ciq_rms_norm_activations(ops.device, lib.CIQ_ORDER_HOST, ops._fp(x), ops._fp(w), 1e-6, t, d,
+                                             lib.CIQ_LAYOUT_F16, out.ptr))
+        print(f"rms_norm_activations {t} x {d}: {out.numpy().size} bytes")
+    for weight_type, quantize, (rows, kk, tokens) in ((Q.Q4_K, Q.quantize_q4_K, (17920, 1024, 200)),
+                                                      (Q.Q6_K, Q.quantize_q6_K, (140 * 128 + 5, 2304, 251))):
+        data = quantize((rng.standard_normal((rows, kk)) * 0.02).astype(np.float32))
+        x = rng.standard_normal((tokens, kk)).astype(np.float32)
+        out = native.gemm(data, x, variant="wgmma", device="cuda", semantics="f16", ggml_type=weight_type, rows=rows, k=kk)
+        print(f"wgmma tail {Q.type_name(weight_type)} {rows} x {kk} tokens={tokens}: finite={np.isfinite(out).all()}")
+
+
 def main(variants):
     if variants == ["engine"]:
         return engine_case()
+    if variants == ["fusion"]:
+        return fusion_case()
     if variants == ["attention-split"]:
         return attention_split_case()
     if variants == ["ops"]:

@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-#define GGML_CIQ_API_VERSION 10
+#define GGML_CIQ_API_VERSION 11
 
 /* CDEF-BEGIN */
 typedef enum { CIQ_DEVICE_CPU = -1 } ciq_device_index; /* the host as a device; GPUs are 0..n-1 */
@@ -164,6 +164,21 @@ ciq_status ciq_gemm(int device, ciq_variant variant, ciq_semantics semantics, ci
 ciq_status ciq_gemm_quantized(int device, const ciq_plan *plan, ciq_type type, const void *weight,
                               size_t weight_nbytes, int64_t rows, int64_t k, const void *x_quantized,
                               int64_t tokens, void *out, ciq_out_type out_type);
+/* One output of ciq_gemm_quantized_outputs: the next `rows` rows of the product. */
+typedef struct {
+    int64_t      rows;
+    void        *out;  /* [tokens][rows] of the call's out_type */
+    const float *add;  /* NULL, or float32 [tokens][rows] added to the product (CIQ_OUT_F32 only; no overlap with out) */
+} ciq_gemm_output;
+/* ciq_gemm_quantized of one weight whose rows are several matrices of one type and K stacked (q/k/v, gate/up),
+ * its product split among n_outputs (1..4) outputs, each plus an optional addend (a residual): the values of
+ * ciq_gemm_quantized of the whole weight, then ciq_add. wgmma writes the outputs and adds from its epilogue (one
+ * launch, counted once) where every output but the last has a multiple of 128 rows; elsewhere the whole product goes
+ * to internal scratch, is copied out and added (the same values). The outputs' rows sum to rows. */
+ciq_status ciq_gemm_quantized_outputs(int device, const ciq_plan *plan, ciq_type type, const void *weight,
+                                      size_t weight_nbytes, int64_t rows, int64_t k, const void *x_quantized,
+                                      int64_t tokens, const ciq_gemm_output *outputs, int n_outputs,
+                                      ciq_out_type out_type);
 /* Launches per resolved variant and weight type since the last reset (every variant, q32 included). */
 ciq_status ciq_dispatch_count(ciq_variant variant, ciq_type type, uint64_t *count);
 /* Zeroes every dispatch counter: GEMM and attention. */
@@ -260,6 +275,11 @@ ciq_status ciq_glu(int device, ciq_op_order order, ciq_glu_kind kind, const floa
  * combination (CIQ_ERR_UNSUPPORTED); the host runs the two in turn for every layout it makes. */
 ciq_status ciq_glu_activations(int device, ciq_op_order order, ciq_glu_kind kind, const float *gate, const float *up,
                                int64_t tokens, int64_t k, ciq_layout layout, void *out);
+/* ciq_rms_norm of x [tokens][k] (times weight unless NULL, no add) then ciq_activations_quantize of its output into
+ * layout, in one call: the same bytes as the two calls. Fused on a GPU as ciq_glu_activations is (the host order, the
+ * f16 layout; other combinations CIQ_ERR_UNSUPPORTED); the host runs the two in turn. */
+ciq_status ciq_rms_norm_activations(int device, ciq_op_order order, const float *x, const float *weight, float eps,
+                                    int64_t tokens, int64_t k, ciq_layout layout, void *out);
 /* out[i] = a[i] + b[i % b_n] for n values (b_n divides n: a bias row repeated over rows). */
 ciq_status ciq_add(int device, const float *a, int64_t n, const float *b, int64_t b_n, float *out);
 ciq_status ciq_scale(int device, const float *x, float s, int64_t n, float *out);       /* out = x * s */

@@ -2,6 +2,7 @@
 // ciq_gemm_quantized (run a plan), the dense bf16 ceiling. Variant facts and resolution: registry.cpp.
 #include "registry.h"
 
+#include <cstring>
 #include <string>
 
 ciq_status ciq_activations_size(ciq_layout layout, int64_t tokens, int64_t k, size_t *bytes) {
@@ -60,12 +61,9 @@ ciq_status ciq_activations_quantize(int device, ciq_layout layout, const float *
 #endif
 }
 
-ciq_status ciq_gemm_quantized(int device, const ciq_plan *plan, ciq_type type, const void *weight,
-                              size_t weight_nbytes, int64_t rows, int64_t k, const void *x_quantized, int64_t tokens,
-                              void *out, ciq_out_type out_type) {
-    if (plan == nullptr || weight == nullptr || x_quantized == nullptr || out == nullptr) {
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_quantized: NULL pointer");
-    }
+// The checks of a plan's run (ciq_gemm_quantized and ciq_gemm_quantized_outputs): the variant's row on success.
+static ciq_status check_run(int device, const ciq_plan *plan, ciq_type type, size_t weight_nbytes, int64_t rows,
+                            int64_t k, int64_t tokens, ciq_out_type out_type, const ciq_variant_row **run) {
     CIQ_TRY(ciq_check_device(device));
     const ciq_variant_row *row = ciq_registry_row(plan->variant);
     if (row == nullptr || row->launch == nullptr || !ciq_registry_covers(*row, type)) {
@@ -105,10 +103,114 @@ ciq_status ciq_gemm_quantized(int device, const ciq_plan *plan, ciq_type type, c
 #ifdef GGML_CIQ_WITH_CUDA
     if (device != CIQ_DEVICE_CPU) CIQ_TRY(ciq_cuda_set_device(device));
 #endif
+    *run = row;
+    return CIQ_OK;
+}
+
+ciq_status ciq_gemm_quantized(int device, const ciq_plan *plan, ciq_type type, const void *weight,
+                              size_t weight_nbytes, int64_t rows, int64_t k, const void *x_quantized, int64_t tokens,
+                              void *out, ciq_out_type out_type) {
+    if (plan == nullptr || weight == nullptr || x_quantized == nullptr || out == nullptr) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_quantized: NULL pointer");
+    }
+    const ciq_variant_row *row = nullptr;
+    CIQ_TRY(check_run(device, plan, type, weight_nbytes, rows, k, tokens, out_type, &row));
     const ciq_status status = row->launch(device, plan->variant, plan->semantics, type, weight, rows, k, x_quantized,
                                           tokens, out, out_type);
     if (status == CIQ_OK) ciq_registry_count(plan->variant, type);
     return status;
+}
+
+static bool overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes) {
+    const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y + b_bytes && y < x + a_bytes;
+}
+
+ciq_status ciq_gemm_quantized_outputs(int device, const ciq_plan *plan, ciq_type type, const void *weight,
+                                      size_t weight_nbytes, int64_t rows, int64_t k, const void *x_quantized,
+                                      int64_t tokens, const ciq_gemm_output *outputs, int n_outputs,
+                                      ciq_out_type out_type) {
+    if (plan == nullptr || weight == nullptr || x_quantized == nullptr || outputs == nullptr) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_quantized_outputs: NULL pointer");
+    }
+    if (n_outputs < 1 || n_outputs > CIQ_GEMM_OUTPUTS_MAX) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_quantized_outputs: %d outputs (1..%d)", n_outputs,
+                        CIQ_GEMM_OUTPUTS_MAX);
+    }
+    const ciq_variant_row *row = nullptr;
+    CIQ_TRY(check_run(device, plan, type, weight_nbytes, rows, k, tokens, out_type, &row));
+    const size_t esize = out_type == CIQ_OUT_F32 ? sizeof(float) : 2;
+    int64_t sum = 0;
+    for (int s = 0; s < n_outputs; ++s) {
+        const ciq_gemm_output &o = outputs[s];
+        if (o.out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_quantized_outputs: output %d is NULL", s);
+        if (o.rows < 1 || o.rows > rows - sum) {
+            return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_quantized_outputs: output %d has %lld rows, %lld of "
+                            "the weight's %lld are left", s, (long long)o.rows, (long long)(rows - sum), (long long)rows);
+        }
+        if (o.add != nullptr) {
+            if (out_type != CIQ_OUT_F32) {
+                return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_quantized_outputs: an addend needs float32 output");
+            }
+            const size_t bytes = (size_t)tokens * (size_t)o.rows * sizeof(float);
+            if (overlap(o.out, bytes, o.add, bytes)) {
+                return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_quantized_outputs: output %d overlaps its addend", s);
+            }
+        }
+        sum += o.rows;
+    }
+    if (sum != rows) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_quantized_outputs: the outputs have %lld rows, the weight "
+                        "%lld", (long long)sum, (long long)rows);
+    }
+#ifdef GGML_CIQ_WITH_CUDA
+    if (device != CIQ_DEVICE_CPU && plan->variant == CIQ_VARIANT_WGMMA) {  // one launch, from the epilogue
+        const ciq_status status = ciq_cuda_gemm_wgmma_outputs(device, type, weight, rows, k, x_quantized, tokens,
+                                                              outputs, n_outputs, out_type);
+        if (status == CIQ_OK) ciq_registry_count(plan->variant, type);
+        if (status != CIQ_ERR_UNSUPPORTED) return status;  // unsupported: the outputs' rows; copied out below
+    }
+#endif
+    if (n_outputs == 1 && outputs[0].add == nullptr) {
+        return ciq_gemm_quantized(device, plan, type, weight, weight_nbytes, rows, k, x_quantized, tokens,
+                                  outputs[0].out, out_type);
+    }
+    // The whole product, then each output's columns copied out and its addend added (ciq_add's values).
+    const size_t row_bytes = (size_t)rows * esize, whole_bytes = (size_t)tokens * row_bytes;
+    void *whole = nullptr;
+    std::string host_whole;
+    if (device == CIQ_DEVICE_CPU) {
+        try {
+            host_whole.resize(whole_bytes);
+        } catch (const std::exception &) {
+            return ciq_fail(CIQ_ERR_OUT_OF_MEMORY, "ciq_gemm_quantized_outputs: %zu bytes of product", whole_bytes);
+        }
+        whole = &host_whole[0];
+#ifdef GGML_CIQ_WITH_CUDA
+    } else {
+        CIQ_TRY(ciq_cuda_scratch(device, 2, whole_bytes, &whole));
+#endif
+    }
+    CIQ_TRY(ciq_gemm_quantized(device, plan, type, weight, weight_nbytes, rows, k, x_quantized, tokens, whole, out_type));
+    size_t first = 0;  // bytes into a product row
+    for (int s = 0; s < n_outputs; ++s) {
+        const ciq_gemm_output &o = outputs[s];
+        const size_t width = (size_t)o.rows * esize;
+        if (device == CIQ_DEVICE_CPU) {
+            for (int64_t t = 0; t < tokens; ++t)
+                std::memcpy((uint8_t *)o.out + t * width, (const uint8_t *)whole + t * row_bytes + first, width);
+#ifdef GGML_CIQ_WITH_CUDA
+        } else {
+            CIQ_TRY(ciq_cuda_copy_2d(o.out, width, (const uint8_t *)whole + first, row_bytes, width, (size_t)tokens));
+#endif
+        }
+        if (o.add != nullptr) {
+            const int64_t n = tokens * o.rows;
+            CIQ_TRY(ciq_add(device, (const float *)o.out, n, o.add, n, (float *)o.out));
+        }
+        first += width;
+    }
+    return CIQ_OK;
 }
 
 ciq_status ciq_gemm(int device, ciq_variant variant, ciq_semantics semantics, ciq_type type, const void *weight,

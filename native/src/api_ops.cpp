@@ -238,6 +238,42 @@ ciq_status ciq_glu_activations(int device, ciq_op_order order, ciq_glu_kind kind
 #endif
 }
 
+ciq_status ciq_rms_norm_activations(int device, ciq_op_order order, const float *x, const float *weight, float eps,
+                                    int64_t tokens, int64_t k, ciq_layout layout, void *out) {
+    if (x == nullptr || out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rms_norm_activations: NULL pointer");
+    size_t bytes = 0;
+    CIQ_TRY(ciq_activations_size(layout, tokens, k, &bytes));  // the layout, tokens and K (its multiple) checked
+    if (k > INT32_MAX) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rms_norm_activations: k %lld exceeds 2^31 - 1", (long long)k);
+    CIQ_TRY(ciq_check_device(device));
+    CIQ_TRY(check_order("ciq_rms_norm_activations", device, order));
+    if (device == CIQ_DEVICE_CPU) {
+        if (tokens > INT64_MAX / k) {
+            return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rms_norm_activations: %lld x %lld values overflow",
+                            (long long)tokens, (long long)k);
+        }
+        std::vector<float> values;
+        try {
+            values.resize((size_t)tokens * (size_t)k);
+        } catch (const std::exception &) {
+            return ciq_fail(CIQ_ERR_OUT_OF_MEMORY, "ciq_rms_norm_activations: %lld x %lld float32 values",
+                            (long long)tokens, (long long)k);
+        }
+        CIQ_TRY(ciq_cpu_rms_norm(x, weight, nullptr, eps, tokens, k, values.data()));
+        return ciq_activations_quantize(device, layout, values.data(), out, tokens, k);
+    }
+#ifdef GGML_CIQ_WITH_CUDA
+    if (layout != CIQ_LAYOUT_F16 || order != CIQ_ORDER_HOST) {
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_rms_norm_activations: a GPU fuses the host order into the f16 layout "
+                        "only (layout %d, order %d asked): run ciq_rms_norm then ciq_activations_quantize", (int)layout,
+                        (int)order);
+    }
+    CIQ_TRY(ciq_cuda_set_device(device));
+    return ciq_cuda_rms_norm_convert_f16(x, weight, eps, out, tokens, k);
+#else
+    return CIQ_ERR_UNSUPPORTED;
+#endif
+}
+
 ciq_status ciq_add(int device, const float *a, int64_t n, const float *b, int64_t b_n, float *out) {
     if (a == nullptr || b == nullptr || out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_add: NULL pointer");
     CIQ_TRY(ciq_check_count("ciq_add", "n", n));

@@ -29,6 +29,9 @@ int emu_rms_norm(int order, const float *x, const float *weight, const float *ad
                  float *out) {
     return ciq_cuda_rms_norm((ciq_op_order)order, x, weight, add, eps, n, d, out);
 }
+int emu_rms_norm_f16(const float *x, const float *weight, float eps, int64_t tokens, int64_t k, void *out) {
+    return ciq_cuda_rms_norm_convert_f16(x, weight, eps, out, tokens, k);
+}
 int emu_rope(int order, int mode, const float *x, const int32_t *positions, int64_t tokens, int64_t heads,
              int64_t head_dim, float base, float *out) {
     return ciq_cuda_rope((ciq_op_order)order, (ciq_rope_mode)mode, x, positions, tokens, heads, head_dim, base, out);

@@ -92,6 +92,27 @@ static __device__ __forceinline__ void ciq_store_out(void *out, int64_t index, f
     }
 }
 
+// The f16 activation layout's scale (blocks.h ciq_f16_scale_offset): 2^e with amax * 2^-e in [2^14, 2^15) (e >= -100
+// for amax 0); writes 2^e to *scale unless NULL and returns the factor 2^-e the values are multiplied by.
+// Lets the grid launched after this one as a programmatic dependent (wgmma's PDL) start now; it waits for this
+// grid's completion before reading its output (griddepcontrol.wait). sm_90 nvcc only: a no-op elsewhere.
+static __device__ __forceinline__ void ciq_launch_dependents() {
+#if defined(__CUDACC__) && !defined(GGML_CIQ_HIP) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+// CUDA only, as the f16 layout.
+#if !defined(GGML_CIQ_HIP)
+static __device__ __forceinline__ float ciq_f16_up_scale(float amax, float *scale) {
+    int e = 0;
+    frexpf(amax, &e);  // amax in [2^(e-1), 2^e)
+    e = max(e, -100);
+    if (scale) *scale = ldexpf(1.0f, e - 15);
+    return ldexpf(1.0f, 15 - e);
+}
+#endif
+
 // c + the dot product of a's and b's four signed bytes (dp4a; a loop on HIP).
 static __device__ __forceinline__ int ciq_dot4(int a, int b, int c) {
 #if defined(GGML_CIQ_HIP)

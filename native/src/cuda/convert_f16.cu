@@ -2,7 +2,8 @@
 //   xh[t][k] = f16(x[t][k] * 2^-e_t), then at ciq_f16_scale_offset float scale[t] = 2^e_t, with e_t putting the
 //   token's largest |x| in [2^14, 2^15) (no f16 overflow, 11-bit mantissa).
 // One CTA of 256 threads per token. The kernel releases a programmatic dependent launch of the GEMM after it.
-// ciq_glu_activations' fused form reads gate and up and converts act(gate) * up (ciq_glu_value, the host order).
+// ciq_glu_activations' fused form reads gate and up and converts act(gate) * up (ciq_glu_value, the host order);
+// ciq_rms_norm_activations' is in ops.cu (the norm's row kernels). The scale: ciq_f16_up_scale (common.cuh).
 #include "wgmma_ptx.cuh"
 
 #if !defined(GGML_CIQ_HIP)
@@ -20,13 +21,6 @@ static __device__ __forceinline__ float block_max_256(float v) {
     return v;
 }
 
-static __device__ __forceinline__ float f16_up_scale(float amax, float *scale) {
-    int e = 0;
-    frexpf(amax, &e);  // amax in [2^(e-1), 2^e)
-    e = max(e, -100);
-    if (threadIdx.x == 0) *scale = ldexpf(1.0f, e - 15);
-    return ldexpf(1.0f, 15 - e);
-}
 
 // GLU: x = ciq_glu_value(gate, up) (ciq_glu_activations: the GLU fused in, no float32 intermediate); the same
 // values as ciq_glu then this conversion.
@@ -56,7 +50,7 @@ __global__ void __launch_bounds__(256) convert_f16_kernel(const float *__restric
             }
             amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[n].x), fabsf(v[n].y)), fmaxf(fabsf(v[n].z), fabsf(v[n].w))));
         }
-        const float upscale = f16_up_scale(block_max_256(amax), scales + tok);
+        const float upscale = ciq_f16_up_scale(block_max_256(amax), threadIdx.x == 0 ? scales + tok : nullptr);
 #pragma unroll
         for (int n = 0; n < NV; ++n) {
             const int64_t c = 4 * (threadIdx.x + 256 * n);
@@ -67,7 +61,7 @@ __global__ void __launch_bounds__(256) convert_f16_kernel(const float *__restric
     } else {  // the values are computed twice (the GLU's: the same both times)
         float amax = 0.0f;
         for (int64_t c = threadIdx.x; c < k; c += 256) amax = fmaxf(amax, fabsf(value(c)));
-        const float upscale = f16_up_scale(block_max_256(amax), scales + tok);
+        const float upscale = ciq_f16_up_scale(block_max_256(amax), threadIdx.x == 0 ? scales + tok : nullptr);
         for (int64_t c = 2 * threadIdx.x; c < k; c += 512)
             *(uint32_t *)(hr + c) = h2u(__floats2half2_rn(value(c) * upscale, value(c + 1) * upscale));
     }

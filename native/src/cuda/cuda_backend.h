@@ -5,6 +5,8 @@
 #include "../blocks.h"
 #include "../status.h"
 
+#define CIQ_GEMM_OUTPUTS_MAX 4  // ciq_gemm_quantized_outputs' n_outputs (ggml_ciq.h says 1..4)
+
 #ifdef GGML_CIQ_WITH_CUDA
 ciq_status ciq_cuda_device_count(int *count);
 ciq_status ciq_cuda_set_device(int device);
@@ -15,7 +17,8 @@ ciq_status ciq_cuda_free(int device, void *ptr);
 ciq_status ciq_cuda_memcpy(int device, void *dst, const void *src, size_t nbytes, bool to_device);
 ciq_status ciq_cuda_memset(int device, void *dst, int value, size_t nbytes);
 ciq_status ciq_cuda_synchronize(int device);
-#define CIQ_SCRATCH_SLOTS 2  // 0: quantized activations (ciq_gemm); 1: attention's split over the keys
+#define CIQ_SCRATCH_SLOTS 3  // 0: quantized activations (ciq_gemm); 1: attention's split over the keys; 2: the
+                             // whole product of ciq_gemm_quantized_outputs where it is copied out
 ciq_status ciq_cuda_scratch(int device, int slot, size_t nbytes, void **ptr);  // per-device buffers, grown on demand
 // CUDA graphs (runtime.cu): this thread's calls between begin and end are captured, not run; the graph is replayed by
 // launch (on the thread's graph stream) and fails as stale once a scratch buffer has moved.
@@ -37,8 +40,20 @@ ciq_status ciq_cuda_dense_gemm_bf16(int device, const void *weight, int64_t rows
 ciq_status ciq_cuda_convert_f16(const float *x, void *out, int64_t tokens, int64_t k);
 // ciq_glu (host order) then ciq_cuda_convert_f16 in one kernel: the same bytes.
 ciq_status ciq_cuda_glu_convert_f16(bool gelu, const float *gate, const float *up, void *out, int64_t tokens, int64_t k);
+// ciq_rms_norm (host order, weight or NULL, no add) then ciq_cuda_convert_f16 in one kernel: the same bytes.
+ciq_status ciq_cuda_rms_norm_convert_f16(const float *x, const float *weight, float eps, void *out, int64_t tokens,
+                                         int64_t k);
 ciq_status ciq_cuda_gemm_wgmma(int device, ciq_type type, const void *weight, int64_t rows, int64_t k,
                                const void *x_f16, int64_t tokens, void *out, ciq_out_type out_type);
+// The same with the product's rows split among outputs, each plus an optional float32 addend (ciq_gemm_output; the
+// API checked them): one launch where every output but the last has a multiple of 128 rows (CIQ_ERR_UNSUPPORTED
+// otherwise, for the caller's fallback).
+ciq_status ciq_cuda_gemm_wgmma_outputs(int device, ciq_type type, const void *weight, int64_t rows, int64_t k,
+                                       const void *x_f16, int64_t tokens, const ciq_gemm_output *outputs,
+                                       int n_outputs, ciq_out_type out_type);
+// dst[r][0 .. width) = src[r][0 .. width) for height rows of the given byte pitches (device to device, queued).
+ciq_status ciq_cuda_copy_2d(void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width,
+                            size_t height);
 // Transformer ops (cuda/ops.cu, cuda/attention.cu); arguments checked by the C API. get_rows writes NaN rows for ids
 // outside [0, table_rows).
 // order: CIQ_ORDER_HOST in ops.cu, CIQ_ORDER_LLAMACPP_CUDA in ops_llamacpp.cu (built as llama.cpp builds its kernels).

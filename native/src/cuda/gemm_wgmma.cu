@@ -13,7 +13,8 @@
 //
 // One CTA = PW producer + 2 consumer warpgroups computes a 128-row x BN-token tile over a range of super-blocks
 // (split-K when there are fewer tiles than SMs: the CTAs of one tile form a cluster and reduce through distributed
-// shared memory). A pipeline stage is 64 K values: A = 128 x 64 f16 (16 KB), B = BN x 64 f16, both in wgmma's
+// shared memory). Tiles are numbered row tile first, grid.x from a first tile: a plan may run whole waves unsplit
+// and the last, partial wave's tiles split-K in a second launch (wgmma_plan's tail). A pipeline stage is 64 K values: A = 128 x 64 f16 (16 KB), B = BN x 64 f16, both in wgmma's
 // 128-byte-swizzled K-major layout (row r at r*128 B, 16-byte chunk j at (j ^ r%8)*16), STAGES deep.
 //   producers (warpgroups 0 .. PW-1): thread 0 issues the TMA copy of the B tile (cp.async.bulk.tensor, zero-filled
 //     past the last token); all 128*PW threads dequantize the A tile from the raw GGUF blocks, which either
@@ -22,12 +23,13 @@
 //     - each thread loads from global memory into registers, PREFETCH stages ahead (other Q6_K matrices, and
 //       the 32-value block types, whose 18/22/34-byte blocks no TMA box fits).
 //   consumers: rows 64c .. +63, 4 x wgmma m64nBNk16 per stage, one group in flight.
-// Epilogue: the accumulators go through shared memory (the ring, reused) so that rows are stored coalesced.
+// Epilogue: the accumulators go through shared memory (the ring, reused) so that rows are stored coalesced, into
+// the tile's output (wgmma_outputs: a stacked weight's rows split among outputs, each with an optional addend).
 // Barriers: full[s] (128*PW + 1 arrivals: the producers after their A stores + the TMA thread's expect_tx, plus the
 // TMA bytes), empty[s] (one arrival per consumer warp once its wgmma reading slot s retired), wfull[w] (staged
 // weights' TMA bytes); producer-only named barrier 2 before a weight slot is refilled.
 // Files: the PTX wrappers in wgmma_ptx.cuh; here the tile constants, the producer's dequantizer (raw_stage), the
-// kernel as wgmma_produce / wgmma_consume / wgmma_epilogue, and the host planner (pick_config) and launch.
+// kernel as wgmma_produce / wgmma_consume / wgmma_epilogue, and the host planner (pick_plan) and launch.
 #include "wgmma_ptx.cuh"
 
 #include <atomic>
@@ -80,6 +82,17 @@ static_assert(wgmma_smem_bytes(CIQ_TYPE_Q6_K, 64, 7, true) <= 232448 && wgmma_sm
 static_assert(256 * RED_STRIDE * 4 <= 3 * wgmma_stage_bytes(256) && 128 * RED_STRIDE * 4 <= 5 * wgmma_stage_bytes(128) &&
                   64 * RED_STRIDE * 4 <= 7 * wgmma_stage_bytes(64),
               "the epilogue's red[BN][RED_STRIDE] reuses the pipeline ring");
+
+// Where the epilogue stores: the product's rows split among up to CIQ_GEMM_OUTPUTS_MAX outputs (ciq_gemm_output),
+// output s holding rows row_end[s-1] .. row_end[s]-1 as [tokens][its rows], each plus an optional float32 addend. Every
+// boundary but the last is a multiple of CIQ_WGMMA_ROWS, so a tile writes to one output. vec bit s: float4 stores
+// (float32, rows % 4 == 0, out and add 16-byte aligned).
+struct wgmma_outputs {
+    int n, vec;
+    int64_t row_end[CIQ_GEMM_OUTPUTS_MAX];
+    void *out[CIQ_GEMM_OUTPUTS_MAX];
+    const float *add[CIQ_GEMM_OUTPUTS_MAX];
+};
 
 #ifdef CIQ_WGMMA_DEVICE
 // ---- producer: raw blocks -> f16 A tile -------------------------------------------------------------------------
@@ -436,11 +449,18 @@ static __device__ __forceinline__ void wgmma_consume(uint8_t *smem, uint64_t *fu
         for (int e = 0; e < 4; ++e) red[(8 * j + 2 * (lane % 4) + e % 2) * RED_STRIDE + rl + 8 * (e / 2)] = acc[4 * j + e];
 }
 
-// Epilogue, every thread: red[] summed over the split-K cluster, times the token scale, stored as rows.
+// Epilogue, every thread: red[] summed over the split-K cluster, times the token scale, plus the addend where the
+// output has one (one more rounding: the values of ciq_add after the GEMM), stored as rows of the tile's output.
 template <int BN>
-static __device__ __forceinline__ void wgmma_epilogue(uint8_t *smem, int64_t rows, const float *tscale, int tokens,
-                                                      void *out, ciq_out_type out_type,
+static __device__ __forceinline__ void wgmma_epilogue(uint8_t *smem, const float *tscale, int tokens,
+                                                      const wgmma_outputs &outs, ciq_out_type out_type,
                                                       int64_t row0, int tok0) {
+    int s = 0;  // the tile's output (CTA-uniform)
+    while (s + 1 < outs.n && row0 >= outs.row_end[s]) ++s;
+    const int64_t first = s ? outs.row_end[s - 1] : 0, rows = outs.row_end[s] - first;
+    void *out = outs.out[s];
+    const float *add = outs.add[s];
+    const bool vec = (outs.vec >> s) & 1;
     // Split-K over the cluster's CTAs (blockIdx.z = cluster rank): each CTA sums its share of the tile's tokens over
     // every CTA's red[] through distributed shared memory, in rank order (deterministic), then stores coalesced rows.
     const int splits = gridDim.z, rank = blockIdx.z;
@@ -448,7 +468,6 @@ static __device__ __forceinline__ void wgmma_epilogue(uint8_t *smem, int64_t row
     else __syncthreads();
     const uint32_t red_addr = smem_u32(smem);
     const int my_tokens = (BN - rank + splits - 1) / splits;
-    const bool vec = out_type == CIQ_OUT_F32 && rows % 4 == 0;
     for (int idx = threadIdx.x; idx < my_tokens * 32; idx += blockDim.x) {
         const int tl = rank + splits * (idx / 32), rl = 4 * (idx % 32), tok = tok0 + tl;
         if (tok >= tokens) break;
@@ -461,14 +480,22 @@ static __device__ __forceinline__ void wgmma_epilogue(uint8_t *smem, int64_t row
             sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
         }
         const float ts = __ldg(tscale + tok);
-        const int64_t r = row0 + rl, base = (int64_t)tok * rows + r;
+        const int64_t r = row0 - first + rl, base = (int64_t)tok * rows + r;
         if (vec && r + 3 < rows) {
-            *(float4 *)((float *)out + base) = make_float4(sum.x * ts, sum.y * ts, sum.z * ts, sum.w * ts);
+            float4 o = make_float4(sum.x * ts, sum.y * ts, sum.z * ts, sum.w * ts);
+            if (add) {  // __fadd_rn: never contracted with the product's rounding
+                const float4 a = __ldg((const float4 *)(add + base));
+                o = make_float4(__fadd_rn(a.x, o.x), __fadd_rn(a.y, o.y), __fadd_rn(a.z, o.z), __fadd_rn(a.w, o.w));
+            }
+            *(float4 *)((float *)out + base) = o;
         } else {
             const float v4[4] = {sum.x, sum.y, sum.z, sum.w};
 #pragma unroll
             for (int n = 0; n < 4; ++n)
-                if (r + n < rows) ciq_store_out(out, base + n, v4[n] * ts, out_type);
+                if (r + n < rows) {
+                    const float v = v4[n] * ts;
+                    ciq_store_out(out, base + n, add ? __fadd_rn(__ldg(add + base + n), v) : v, out_type);
+                }
         }
     }
     if (splits > 1) cluster_sync();  // peers may still be reading this CTA's red[]
@@ -480,8 +507,8 @@ template <ciq_type T, int BN, int STAGES, int PW, bool TMA_W>
 __global__ void __launch_bounds__(128 * (PW + 2), 1)
     gemm_wgmma_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap,
                       const uint8_t *__restrict__ w, int64_t rows, int nb,
-                      const float *__restrict__ tscale, int tokens, int kb_per_split, void *__restrict__ out,
-                      ciq_out_type out_type) {
+                      const float *__restrict__ tscale, int tokens, int kb_per_split, int tile0, int row_tiles,
+                      const __grid_constant__ wgmma_outputs outs, ciq_out_type out_type) {
 #ifdef CIQ_WGMMA_DEVICE
     constexpr int STAGE = wgmma_stage_bytes(BN);
     extern __shared__ uint8_t smem_raw[];
@@ -492,8 +519,9 @@ __global__ void __launch_bounds__(128 * (PW + 2), 1)
              *wfull = empty + STAGES;
 
     const int kb0 = blockIdx.z * kb_per_split, iters = wgmma_unit_stages(T) * (min(nb, kb0 + kb_per_split) - kb0);
-    const int64_t row0 = (int64_t)blockIdx.x * CIQ_WGMMA_ROWS;
-    const int tok0 = blockIdx.y * BN;
+    const int tile = tile0 + (int)blockIdx.x;  // tiles row tile first (the launch's grid.x; wgmma_plan)
+    const int64_t row0 = (int64_t)(tile % row_tiles) * CIQ_WGMMA_ROWS;
+    const int tok0 = tile / row_tiles * BN;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(&full[s], 128 * PW + 1);
@@ -512,7 +540,7 @@ __global__ void __launch_bounds__(128 * (PW + 2), 1)
         float acc[BN / 2];
         wgmma_consume<BN, STAGES, PW>(smem, full, empty, iters, acc);
     }
-    wgmma_epilogue<BN>(smem, rows, tscale, tokens, out, out_type, row0, tok0);
+    wgmma_epilogue<BN>(smem, tscale, tokens, outs, out_type, row0, tok0);
 #else
     __trap();
 #endif
@@ -543,8 +571,13 @@ static ciq_status tensor_map_encoder(encode_tiled_fn *fn) {
 // plus, for split-K, each CTA reading its share of the cluster's partial tiles (128 x BN floats) at ~100 GB/s.
 static constexpr float k_wgmma_efficiency[k_wgmma_config_count] = {0.4f, 0.69f, 1.0f};
 
+// A plan: tile config, and the tiles (row tile fastest) as `main` tiles split `splits` ways (kb_per_split units
+// each), then the rest - the last, partial wave of an unsplit plan - split tail_splits ways (tail_kb_per_split): a
+// second launch whose split-K CTAs fill the SMs the partial wave would leave idle.
 struct wgmma_plan {
     int config, splits, kb_per_split;
+    int64_t main = -1;  // tiles of the first launch (-1: all)
+    int tail_splits = 1, tail_kb_per_split = 0;
 };
 
 template <ciq_type T, int C, bool TMA_W> static constexpr auto wgmma_kernel() {
@@ -602,6 +635,11 @@ template <ciq_type T, int C, bool TMA_W> static int wave_ctas(int splits, int sm
     return n;
 }
 
+static bool wgmma_tail_split() {
+    const char *v = std::getenv("GGML_CIQ_WGMMA_TAIL");
+    return !(v && *v && std::atoi(v) == 0);
+}
+
 // GGML_CIQ_WGMMA_CONFIG=c (an index of k_wgmma_configs) pins the tile shape, for A/B runs of the table.
 template <ciq_type T, bool TMA_W> static wgmma_plan pick_plan(int64_t rows, int64_t tokens, int nb, int sms) {
     static constexpr int (*k_wave_ctas[])(int, int) = {wave_ctas<T, 0, TMA_W>, wave_ctas<T, 1, TMA_W>,
@@ -619,16 +657,34 @@ template <ciq_type T, bool TMA_W> static wgmma_plan pick_plan(int64_t rows, int6
         // seconds per K value of a tile; a unit is 64 values per stage, and pipeline fill + epilogue one super-block
         const double value_s = 2.0 * CIQ_WGMMA_ROWS * bn / (3.4e12 * k_wgmma_efficiency[c]);
         constexpr int unit_values = CIQ_WGMMA_KSTAGE * wgmma_unit_stages(T);
+        // seconds of one wave of CTAs that each run `per` units (+ the split-K reduction's reads)
+        auto wave_s = [&](int splits, int per) {
+            return ((double)per * unit_values + QK_K) * value_s + (splits > 1 ? 4.0 * CIQ_WGMMA_ROWS * bn / 1.0e11 : 0.0);
+        };
         for (int splits = 1; splits <= CIQ_WGMMA_MAX_SPLITS && splits <= nb; ++splits) {
             const int per = (nb + splits - 1) / splits, used = (nb + per - 1) / per;
             const int wave = used == splits ? k_wave_ctas[c](splits, sms) : -1;
             if (wave <= 0) continue;
             const int64_t waves = (tiles * splits + wave - 1) / wave;
-            double s = waves * ((double)per * unit_values + QK_K) * value_s;
-            if (splits > 1) s += waves * 4.0 * CIQ_WGMMA_ROWS * bn / 1.0e11;
+            const double s = waves * wave_s(splits, per);
             if (s < best_s * 0.999) {
                 best_s = s;
                 best = {c, splits, per};
+            }
+        }
+        // Full unsplit waves, then the partial wave's tiles split so that they fill one wave (GGML_CIQ_WGMMA_TAIL=0:
+        // never; the switch for A/B runs)
+        const int64_t wave1 = k_wave_ctas[c](1, sms), main = tiles / wave1 * wave1, rest = tiles - main;
+        if (main > 0 && rest > 0 && wgmma_tail_split()) {
+            for (int splits = 2; splits <= CIQ_WGMMA_MAX_SPLITS && splits <= nb; ++splits) {
+                const int per = (nb + splits - 1) / splits, used = (nb + per - 1) / per;
+                const int wave = used == splits ? k_wave_ctas[c](splits, sms) : -1;
+                if (wave <= 0 || rest * splits > wave) continue;
+                const double s = main / wave1 * wave_s(1, nb) + wave_s(splits, per);
+                if (s < best_s * 0.999) {
+                    best_s = s;
+                    best = {c, 1, nb, main, splits, per};
+                }
             }
         }
     }
@@ -637,32 +693,39 @@ template <ciq_type T, bool TMA_W> static wgmma_plan pick_plan(int64_t rows, int6
 
 template <ciq_type T, int C, bool TMA_W>
 static ciq_status launch_wgmma(const CUtensorMap &xmap, const CUtensorMap &wmap, const void *weight, int64_t rows,
-                               int nb, const float *scales, int64_t tokens, const wgmma_plan &plan, void *out,
-                               ciq_out_type out_type) {
+                               int nb, const float *scales, int64_t tokens, const wgmma_plan &plan,
+                               const wgmma_outputs &outs, ciq_out_type out_type) {
     constexpr auto kernel = wgmma_kernel<T, C, TMA_W>();
-    cudaLaunchConfig_t config;
-    cudaLaunchAttribute attrs[2];
-    wgmma_launch_config<T, C, TMA_W>(
-        config, attrs,
-        dim3((unsigned)((rows + CIQ_WGMMA_ROWS - 1) / CIQ_WGMMA_ROWS),
-             (unsigned)((tokens + k_wgmma_configs[C].bn - 1) / k_wgmma_configs[C].bn), (unsigned)plan.splits),
-        wgmma_pdl());
-    const ciq_status status = ciq_raise_smem_limit<kernel>((int)config.dynamicSmemBytes, "ciq_cuda_gemm_wgmma");
+    const ciq_status status = ciq_raise_smem_limit<kernel>(
+        wgmma_smem_bytes(T, k_wgmma_configs[C].bn, TMA_W ? k_wgmma_configs[C].stages_w : k_wgmma_configs[C].stages, TMA_W),
+        "ciq_cuda_gemm_wgmma");
     if (status != CIQ_OK) return status;
-    const cudaError_t err = cudaLaunchKernelEx(&config, kernel, xmap, wmap, (const uint8_t *)weight, rows, nb, scales,
-                                               (int)tokens, plan.kb_per_split, out, out_type);
-    if (err != cudaSuccess) return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: %s", cudaGetErrorString(err));
+    const int row_tiles = (int)((rows + CIQ_WGMMA_ROWS - 1) / CIQ_WGMMA_ROWS);
+    const int64_t tiles = (int64_t)row_tiles * ((tokens + k_wgmma_configs[C].bn - 1) / k_wgmma_configs[C].bn);
+    const int64_t main = plan.main < 0 ? tiles : plan.main;
+    // the main tiles, then (a tail plan) the rest as a second launch, a programmatic dependent of the first
+    for (int part = 0; part < 2; ++part) {
+        const int64_t first = part ? main : 0, count = part ? tiles - main : main;
+        if (count <= 0) continue;
+        const int splits = part ? plan.tail_splits : plan.splits, per = part ? plan.tail_kb_per_split : plan.kb_per_split;
+        cudaLaunchConfig_t config;
+        cudaLaunchAttribute attrs[2];
+        wgmma_launch_config<T, C, TMA_W>(config, attrs, dim3((unsigned)count, 1, (unsigned)splits), wgmma_pdl());
+        const cudaError_t err = cudaLaunchKernelEx(&config, kernel, xmap, wmap, (const uint8_t *)weight, rows, nb,
+                                                   scales, (int)tokens, per, (int)first, row_tiles, outs, out_type);
+        if (err != cudaSuccess) return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: %s", cudaGetErrorString(err));
+    }
     return CIQ_OK;
 }
 
 template <ciq_type T, bool TMA_W, int C = 0>
 static ciq_status dispatch_wgmma(const CUtensorMap &xmap, const CUtensorMap &wmap, const void *weight, int64_t rows,
-                                 int nb, const float *scales, int64_t tokens, const wgmma_plan &plan, void *out,
-                                 ciq_out_type out_type) {
+                                 int nb, const float *scales, int64_t tokens, const wgmma_plan &plan,
+                                 const wgmma_outputs &outs, ciq_out_type out_type) {
     if constexpr (C < k_wgmma_config_count) {
         if (plan.config == C)
-            return launch_wgmma<T, C, TMA_W>(xmap, wmap, weight, rows, nb, scales, tokens, plan, out, out_type);
-        return dispatch_wgmma<T, TMA_W, C + 1>(xmap, wmap, weight, rows, nb, scales, tokens, plan, out, out_type);
+            return launch_wgmma<T, C, TMA_W>(xmap, wmap, weight, rows, nb, scales, tokens, plan, outs, out_type);
+        return dispatch_wgmma<T, TMA_W, C + 1>(xmap, wmap, weight, rows, nb, scales, tokens, plan, outs, out_type);
     } else {
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma: bad tile config %d", plan.config);
     }
@@ -672,8 +735,8 @@ static ciq_status dispatch_wgmma(const CUtensorMap &xmap, const CUtensorMap &wma
 // every Q4_K matrix, Q6_K with K a multiple of 2048); otherwise the producers read them into registers.
 template <ciq_type T>
 static ciq_status run_wgmma(encode_tiled_fn encode, const void *x_f16, int64_t k, const void *weight, int64_t row_bytes,
-                            int64_t rows, int nb, const float *scales, int64_t tokens, int sms, void *out,
-                            ciq_out_type out_type) {
+                            int64_t rows, int nb, const float *scales, int64_t tokens, int sms,
+                            const wgmma_outputs &outs, ciq_out_type out_type) {
     // Q4_K rows (144 B blocks, 16-byte-aligned weights) always allow it; Q6_K rows (210 B) when K % 2048 == 0; the
     // 32-value block types never (their blocks straddle any 16-byte box).
     const bool tma_w = wgmma_kquant(T) && (uintptr_t)weight % 16 == 0 && row_bytes % 16 == 0;
@@ -702,18 +765,18 @@ static ciq_status run_wgmma(encode_tiled_fn encode, const void *x_f16, int64_t k
                                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
             if (res != CUDA_SUCCESS)
                 return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: cuTensorMapEncodeTiled (weights) error %d", (int)res);
-            return dispatch_wgmma<T, true>(xmap, wmap, weight, rows, nb, scales, tokens, plan, out, out_type);
+            return dispatch_wgmma<T, true>(xmap, wmap, weight, rows, nb, scales, tokens, plan, outs, out_type);
         }
     }
     if constexpr (T != CIQ_TYPE_Q4_K) {
-        return dispatch_wgmma<T, false>(xmap, xmap, weight, rows, nb, scales, tokens, plan, out, out_type);
+        return dispatch_wgmma<T, false>(xmap, xmap, weight, rows, nb, scales, tokens, plan, outs, out_type);
     } else {
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma: Q4_K weights must be 16-byte aligned");
     }
 }
 
-ciq_status ciq_cuda_gemm_wgmma(int device, ciq_type type, const void *weight, int64_t rows, int64_t k,
-                               const void *x_f16, int64_t tokens, void *out, ciq_out_type out_type) {
+static ciq_status gemm_wgmma(int device, ciq_type type, const void *weight, int64_t rows, int64_t k,
+                             const void *x_f16, int64_t tokens, const wgmma_outputs &outs, ciq_out_type out_type) {
     if (type != CIQ_TYPE_Q4_K && type != CIQ_TYPE_Q6_K && type != CIQ_TYPE_Q4_0 && type != CIQ_TYPE_Q5_0 &&
         type != CIQ_TYPE_Q8_0)
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma: unknown weight type %d", (int)type);
@@ -721,7 +784,8 @@ ciq_status ciq_cuda_gemm_wgmma(int device, ciq_type type, const void *weight, in
     if (k % unit_values != 0)  // whole super-blocks; the 32-value blocks two to a stage
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma: K must be a multiple of %lld for weight type %d, "
                         "got %lld", (long long)unit_values, (int)type, (long long)k);
-    if (tokens > INT32_MAX / 2 || k > INT32_MAX / 2 || (tokens + 63) / 64 > 65535)
+    if (tokens > INT32_MAX / 2 || k > INT32_MAX / 2 ||
+        (rows + CIQ_WGMMA_ROWS - 1) / CIQ_WGMMA_ROWS * ((tokens + 63) / 64) > INT32_MAX)  // tiles: an int grid.x
         return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma: problem too large (k %lld, tokens %lld)",
                         (long long)k, (long long)tokens);
     if ((uintptr_t)x_f16 % 16 != 0 || (uintptr_t)weight % (type == CIQ_TYPE_Q4_K ? 16 : 2) != 0)
@@ -738,7 +802,7 @@ ciq_status ciq_cuda_gemm_wgmma(int device, ciq_type type, const void *weight, in
     case T: {                                                                                                         \
         const int nb = (int)(k / (CIQ_WGMMA_KSTAGE * wgmma_unit_stages(T)));                                          \
         return run_wgmma<T>(encode, x_f16, k, weight, (int64_t)nb * wgmma_unit_bytes(T), rows, nb, scales, tokens,   \
-                            sms, out, out_type);                                                                      \
+                            sms, outs, out_type);                                                                     \
     }
         CIQ_WGMMA_RUN(CIQ_TYPE_Q4_K)
         CIQ_WGMMA_RUN(CIQ_TYPE_Q6_K)
@@ -750,10 +814,50 @@ ciq_status ciq_cuda_gemm_wgmma(int device, ciq_type type, const void *weight, in
     }
 }
 
+static bool aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
+
+ciq_status ciq_cuda_gemm_wgmma(int device, ciq_type type, const void *weight, int64_t rows, int64_t k,
+                               const void *x_f16, int64_t tokens, void *out, ciq_out_type out_type) {
+    wgmma_outputs outs{};
+    outs.n = 1;
+    outs.vec = out_type == CIQ_OUT_F32 && rows % 4 == 0 && aligned16(out);
+    outs.row_end[0] = rows;
+    outs.out[0] = out;
+    return gemm_wgmma(device, type, weight, rows, k, x_f16, tokens, outs, out_type);
+}
+
+ciq_status ciq_cuda_gemm_wgmma_outputs(int device, ciq_type type, const void *weight, int64_t rows, int64_t k,
+                                       const void *x_f16, int64_t tokens, const ciq_gemm_output *outputs,
+                                       int n_outputs, ciq_out_type out_type) {
+    if (n_outputs < 1 || n_outputs > CIQ_GEMM_OUTPUTS_MAX)
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma_outputs: %d outputs", n_outputs);
+    wgmma_outputs outs{};
+    outs.n = n_outputs;
+    int64_t end = 0;
+    for (int s = 0; s < n_outputs; ++s) {
+        const ciq_gemm_output &o = outputs[s];
+        if (s + 1 < n_outputs && o.rows % CIQ_WGMMA_ROWS != 0)  // a tile would straddle two outputs
+            return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma_outputs: output %d has %lld rows, not a multiple "
+                            "of %d", s, (long long)o.rows, CIQ_WGMMA_ROWS);
+        end += o.rows;
+        outs.row_end[s] = end;
+        outs.out[s] = o.out;
+        outs.add[s] = o.add;
+        if (out_type == CIQ_OUT_F32 && o.rows % 4 == 0 && aligned16(o.out) && aligned16(o.add)) outs.vec |= 1 << s;
+    }
+    if (end != rows) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma_outputs: outputs of %lld rows for %lld",
+                                     (long long)end, (long long)rows);
+    return gemm_wgmma(device, type, weight, rows, k, x_f16, tokens, outs, out_type);
+}
+
 #else  // HIP: no wgmma
 
 ciq_status ciq_cuda_gemm_wgmma(int, ciq_type, const void *, int64_t, int64_t, const void *, int64_t, void *,
                                ciq_out_type) {
+    return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma: the wgmma kernel is CUDA-only");
+}
+ciq_status ciq_cuda_gemm_wgmma_outputs(int, ciq_type, const void *, int64_t, int64_t, const void *, int64_t,
+                                       const ciq_gemm_output *, int, ciq_out_type) {
     return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma: the wgmma kernel is CUDA-only");
 }
 #endif

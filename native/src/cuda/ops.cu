@@ -93,6 +93,26 @@ template <int V> struct Row4 {
         }
         return sum;
     }
+    // v = (v * scale) * weight (unless NULL) in place: store's roundings without the add.
+    __device__ __forceinline__ void normalize(float scale, const float *weight, int first, int step, int d4) {
+        const float4 *w4 = reinterpret_cast<const float4 *>(weight);
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+            const int i = first + step * j;
+            if (i >= d4) break;
+            v[j] = {__fmul_rn(v[j].x, scale), __fmul_rn(v[j].y, scale), __fmul_rn(v[j].z, scale), __fmul_rn(v[j].w, scale)};
+            if (w4) {
+                const float4 w = w4[i];
+                v[j] = {__fmul_rn(v[j].x, w.x), __fmul_rn(v[j].y, w.y), __fmul_rn(v[j].z, w.z), __fmul_rn(v[j].w, w.w)};
+            }
+        }
+    }
+    __device__ __forceinline__ float abs_max() const {  // past the row: zeros (load's padding)
+        float m = 0.0f;
+#pragma unroll
+        for (int j = 0; j < V; ++j) m = fmaxf(m, fmaxf(fmaxf(fabsf(v[j].x), fabsf(v[j].y)), fmaxf(fabsf(v[j].z), fabsf(v[j].w))));
+        return m;
+    }
     // out = (v * scale) * weight (unless NULL) + add (unless NULL), rms_norm_kernel's roundings.
     __device__ __forceinline__ void store(float scale, const float *weight, const float *add, float *out, int first,
                                           int step, int d4) const {
@@ -171,6 +191,100 @@ ciq_status launch_rms_norm_warp(const float *x, const float *weight, const float
     }
     return CIQ_OK;
 }
+
+// ---- rms_norm into the f16 activation layout (ciq_rms_norm_activations; CUDA only, as the f16 layout) ------------
+#if !defined(GGML_CIQ_HIP)
+// The norm's values as ciq_cuda_rms_norm computes them for the row's shape (the warp, block4 or strided kernel's
+// order, weight and no add), then convert_f16.cu's conversion: the token's largest |value| picks 2^e (ciq_f16_up_scale),
+// xh = f16(value * 2^-e), scales[row] = 2^e. No float32 intermediate in memory.
+__device__ __forceinline__ float warp_max(float m) {
+#pragma unroll
+    for (int offset = CIQ_WARP_SIZE / 2; offset > 0; offset >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFF, m, offset));
+    return m;
+}
+
+__device__ __forceinline__ float block_max(float m, float *warp_maxes) {  // every thread gets it
+    m = warp_max(m);
+    if (threadIdx.x % CIQ_WARP_SIZE == 0) warp_maxes[threadIdx.x / CIQ_WARP_SIZE] = m;
+    __syncthreads();
+    m = 0.0f;
+#pragma unroll
+    for (int w = 0; w < OPS_THREADS / CIQ_WARP_SIZE; ++w) m = fmaxf(m, warp_maxes[w]);
+    return m;
+}
+
+// WARP: a warp per row (rms_norm_warp_kernel's order, RMS_NORM_ROWS rows a block); else a block per row
+// (rms_norm_block4_kernel's).
+template <int V, bool WARP>
+__global__ void __launch_bounds__(WARP ? RMS_NORM_ROWS * CIQ_WARP_SIZE : OPS_THREADS)
+rms_norm_f16_kernel(const float *x, const float *__restrict__ weight, float eps, int64_t n, int d, __half *xh,
+                    float *scales) {
+    ciq_launch_dependents();  // the GEMM after it (convert_f16.cu's kernel does the same)
+    __shared__ float warp_sums[OPS_THREADS / CIQ_WARP_SIZE], warp_maxes[OPS_THREADS / CIQ_WARP_SIZE];
+    const int64_t row = WARP ? (int64_t)blockIdx.x * RMS_NORM_ROWS + threadIdx.x / CIQ_WARP_SIZE : (int64_t)blockIdx.x;
+    if (WARP && row >= n) return;  // a whole warp (no block-wide barrier in the warp form)
+    const int d4 = d / 4, first = WARP ? (int)threadIdx.x % CIQ_WARP_SIZE : (int)threadIdx.x;
+    const int step = WARP ? CIQ_WARP_SIZE : OPS_THREADS;
+    Row4<V> r;
+    r.load(x + row * d, first, step, d4);
+    float sum = r.sum_squares();
+    if constexpr (WARP) {
+#pragma unroll
+        for (int offset = CIQ_WARP_SIZE / 2; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xFFFFFFFF, sum, offset);
+    } else {
+        sum = block_sum(sum, warp_sums);
+    }
+    r.normalize(rms_scale(sum, d, eps), weight, first, step, d4);
+    const float amax = WARP ? warp_max(r.abs_max()) : block_max(r.abs_max(), warp_maxes);
+    const float up = ciq_f16_up_scale(amax, first == 0 ? scales + row : nullptr);
+    __half *h = xh + row * d;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+        const int i = first + step * j;
+        if (i >= d4) break;
+        const __half2 lo = __floats2half2_rn(r.v[j].x * up, r.v[j].y * up), hi = __floats2half2_rn(r.v[j].z * up, r.v[j].w * up);
+        *reinterpret_cast<__half2 *>(h + 4 * i) = lo;
+        *reinterpret_cast<__half2 *>(h + 4 * i + 2) = hi;
+    }
+}
+
+// Other rows (unaligned, or d > 8192): a block per row, rms_norm_kernel's strided sums; the values computed twice.
+__global__ void __launch_bounds__(OPS_THREADS)
+rms_norm_f16_strided_kernel(const float *x, const float *__restrict__ weight, float eps, int64_t d, __half *xh,
+                            float *scales) {
+    ciq_launch_dependents();
+    __shared__ float warp_sums[OPS_THREADS / CIQ_WARP_SIZE], warp_maxes[OPS_THREADS / CIQ_WARP_SIZE];
+    const int64_t row = blockIdx.x;
+    const float *xr = x + row * d;
+    float sum = 0.0f;
+    for (int64_t i = threadIdx.x; i < d; i += OPS_THREADS) sum = __fadd_rn(sum, __fmul_rn(xr[i], xr[i]));
+    const float scale = rms_scale(block_sum(sum, warp_sums), d, eps);
+    auto value = [&](int64_t i) {
+        const float v = __fmul_rn(xr[i], scale);
+        return weight ? __fmul_rn(v, weight[i]) : v;
+    };
+    float m = 0.0f;
+    for (int64_t i = threadIdx.x; i < d; i += OPS_THREADS) m = fmaxf(m, fabsf(value(i)));
+    const float up = ciq_f16_up_scale(block_max(m, warp_maxes), threadIdx.x == 0 ? scales + row : nullptr);
+    __half *h = xh + row * d;
+    for (int64_t i = 2 * threadIdx.x; i < d; i += 2 * OPS_THREADS)
+        *reinterpret_cast<__half2 *>(h + i) = __floats2half2_rn(value(i) * up, value(i + 1) * up);
+}
+
+template <int V, bool WARP>
+ciq_status launch_rms_norm_f16(const float *x, const float *weight, float eps, int64_t n, int d, __half *xh,
+                               float *scales) {
+    constexpr int64_t per_launch = WARP ? (int64_t)RMS_NORM_ROWS * 65535 : 65535;
+    for (int64_t row = 0; row < n; row += per_launch) {
+        const int64_t rows = std::min<int64_t>(n - row, per_launch);
+        const unsigned grid = (unsigned)(WARP ? (rows + RMS_NORM_ROWS - 1) / RMS_NORM_ROWS : rows);
+        rms_norm_f16_kernel<V, WARP><<<grid, WARP ? RMS_NORM_ROWS * CIQ_WARP_SIZE : OPS_THREADS, 0, ciq_stream()>>>(
+            x + row * d, weight, eps, rows, d, xh + row * d, scales + row);
+        CIQ_CUDA_LAUNCH_CHECK("rms_norm + convert_f16");
+    }
+    return CIQ_OK;
+}
+#endif  // !GGML_CIQ_HIP
 
 // One thread per (token, group of ROPE_HEADS heads, dimension pair i), i fastest: theta_i = pos * theta_scale^i by the
 // host's chain of float products (each group's thread computes it again: the same value), then the group's heads.
@@ -294,6 +408,40 @@ ciq_status ciq_cuda_rms_norm(ciq_op_order order, const float *x, const float *we
     }
     return CIQ_OK;
 }
+
+#if defined(GGML_CIQ_HIP)
+ciq_status ciq_cuda_rms_norm_convert_f16(const float *, const float *, float, void *, int64_t, int64_t) {
+    return ciq_fail(CIQ_ERR_UNSUPPORTED, "f16 semantics (the wgmma kernel) are CUDA-only");
+}
+#else
+ciq_status ciq_cuda_rms_norm_convert_f16(const float *x, const float *weight, float eps, void *out, int64_t tokens,
+                                         int64_t k) {
+    __half *xh = (__half *)out;
+    float *scales = (float *)((uint8_t *)out + ciq_f16_scale_offset(tokens, k));
+    const int64_t n = tokens, d = k;
+    const bool aligned = ((uintptr_t)x | (uintptr_t)weight) % 16 == 0 && (uintptr_t)out % 16 == 0;
+    if (d <= RMS_NORM_WARP_MAX && d % 4 == 0 && aligned) {  // ciq_cuda_rms_norm's choice of kernel, row for row
+        const int per_lane = (int)((d / 4 + CIQ_WARP_SIZE - 1) / CIQ_WARP_SIZE);
+        if (per_lane <= 2) return launch_rms_norm_f16<2, true>(x, weight, eps, n, (int)d, xh, scales);
+        if (per_lane <= 4) return launch_rms_norm_f16<4, true>(x, weight, eps, n, (int)d, xh, scales);
+        if (per_lane <= 6) return launch_rms_norm_f16<6, true>(x, weight, eps, n, (int)d, xh, scales);
+        return launch_rms_norm_f16<8, true>(x, weight, eps, n, (int)d, xh, scales);
+    }
+    if (d <= 8 * 4 * OPS_THREADS && d % 4 == 0 && aligned) {
+        const int per_thread = (int)((d / 4 + OPS_THREADS - 1) / OPS_THREADS);
+        if (per_thread <= 2) return launch_rms_norm_f16<2, false>(x, weight, eps, n, (int)d, xh, scales);
+        if (per_thread <= 4) return launch_rms_norm_f16<4, false>(x, weight, eps, n, (int)d, xh, scales);
+        return launch_rms_norm_f16<8, false>(x, weight, eps, n, (int)d, xh, scales);
+    }
+    for (int64_t row = 0; row < n; row += 65535) {
+        const int64_t rows = std::min<int64_t>(n - row, 65535);
+        rms_norm_f16_strided_kernel<<<(unsigned)rows, OPS_THREADS, 0, ciq_stream()>>>(x + row * d, weight, eps, d,
+                                                                                     xh + row * d, scales + row);
+        CIQ_CUDA_LAUNCH_CHECK("rms_norm + convert_f16");
+    }
+    return CIQ_OK;
+}
+#endif
 
 ciq_status ciq_cuda_rope(ciq_op_order order, ciq_rope_mode mode, const float *x, const int32_t *positions,
                          int64_t tokens, int64_t heads, int64_t head_dim, float base, float *out) {

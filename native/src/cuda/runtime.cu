@@ -101,6 +101,13 @@ ciq_status ciq_cuda_memset(int device, void *dst, int value, size_t nbytes) {
     return CIQ_OK;
 }
 
+ciq_status ciq_cuda_copy_2d(void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width,
+                            size_t height) {
+    CIQ_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height, cudaMemcpyDeviceToDevice,
+                                     ciq_stream()), "cudaMemcpy2DAsync");  // captured in a graph
+    return CIQ_OK;
+}
+
 ciq_status ciq_cuda_synchronize(int device) {
     CIQ_TRY(refuse_in_capture("a device synchronize"));
     CIQ_CUDA_CHECK(cudaSetDevice(device), "cudaSetDevice");
