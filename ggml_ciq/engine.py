@@ -13,7 +13,8 @@ caches float16):
   after settle_timings()), memory_bytes(). Optional, used where present: linear_group(weights, x, norm=(weight,
   eps))/groups (one input, several weights, the input's norm fused in), rms_norm_rope, glu_linear(weight, gate, up,
   kind, op_class, add=) (= linear(weight, glu(gate, up, kind)) + add), stack_weights(tensors) (q/k/v, gate/up as one
-  weight: LinearSet), and with `fuse` true linear(weight, x, add) (the residual add from the GEMM's epilogue).
+  weight: LinearSet), and with `fuse` true linear(weight, x, add) (the residual add from the GEMM's epilogue) and
+  rope_kv_store(q, k, v, positions, base, neox, k_cache, v_cache, start) (= rope q, rope k, kv_store k and v).
 Prefill runs in micro-batches of n_ubatch tokens through a K/V cache, as llama.cpp does.
 """
 
@@ -278,8 +279,14 @@ class Transformer:
         weights = [p.weight if isinstance(p, Linear) else p[0] for p in parts]
         group, groups = getattr(ops, "linear_group", None), getattr(ops, "groups", None)
         if group is None or groups is None or not groups(weights):
-            h = x if norm is None else ops.rms_norm(x, norm, eps)
-            return [self._linear(p, h) for p in parts]  # stacked weights come from ops that group them
+            h, out = (x if norm is None else ops.rms_norm(x, norm, eps)), []
+            for p in parts:  # a stacked weight (ops that stack group it alone) beside one they do not group
+                if isinstance(p, Linear):
+                    out.append(self._linear(p, h))
+                else:
+                    with ops.timer(p[1]):
+                        out += group([p[0]], h)
+            return out
         op_class = parts[0].op_class if isinstance(parts[0], Linear) else parts[0][1]
         with ops.timer(op_class):
             ys = group(weights, x) if norm is None else group(weights, x, norm=(norm, eps))
@@ -307,14 +314,18 @@ class Transformer:
         base = hp.rope_base_sliding if sliding else hp.rope_base
         q, k, v = self._linears(layer["qkv"], x, norm=layer["attn_norm"])
         q, k, v = self._heads(q, hp.n_head), self._heads(k, hp.n_head_kv), self._heads(v, hp.n_head_kv)
-        q, k = self._rope(layer, q, positions, base, "q_norm"), self._rope(layer, k, positions, base, "k_norm")
+        k_cache, v_cache = self.kv_cache[il]
+        rope_kv = getattr(ops, "rope_kv_store", None) if getattr(ops, "fuse", False) else None
+        if rope_kv is not None and not self.arch.qk_norm:  # q/k roped and k/v stored in one op: the same values
+            q = rope_kv(q, k, v, positions, base, self.arch.rope_neox, k_cache, v_cache, n_past)
+        else:
+            q, k = self._rope(layer, q, positions, base, "q_norm"), self._rope(layer, k, positions, base, "k_norm")
+            ops.kv_store(k_cache, n_past, k)
+            ops.kv_store(v_cache, n_past, v)
         if self.arch.gemma:  # gemma scales q itself (f_attention_scale) and attends with scale 1
             q, scale = ops.scale(q, self._gemma_query_scale()), 1.0
         else:
             scale = 1.0 / float(np.sqrt(np.float32(hp.head_dim)))
-        k_cache, v_cache = self.kv_cache[il]
-        ops.kv_store(k_cache, n_past, k)
-        ops.kv_store(v_cache, n_past, v)
         with ops.timer("attention"):
             attn = ops.attention(q, k_cache, v_cache, n_past, scale, hp.sliding_window if sliding else 0)
         return self._linear(layer["o"], attn, residual)

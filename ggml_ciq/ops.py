@@ -213,16 +213,17 @@ class NativeOps:
     tokens, quants.llamacpp_cuda_uses_mmvq), every quantized weight runs the `mmvq` variant in its semantics, as
     llama.cpp does. ``op_order`` is whose float order rms_norm, rope and glu follow: "host" (llama.cpp CPU's, either
     device) or "llamacpp_cuda" (llama.cpp CUDA's kernels, GPU only; ggml_ciq.h ciq_op_order). ``fuse`` (host order;
-    the engine's "fast" semantics): stacked weights and fused norms and residual adds, the same values
-    (stack_weights, linear_group's norm, linear's add; GGML_CIQ_FUSE=0 in the environment turns it off)."""
+    the engine's "fast" semantics): stacked weights (one GEMM's values over the stacked rows: stack_weights), norms,
+    residual adds and q/k RoPE with the K/V stores fused (linear_group's norm, linear's add, rope_kv_store: the same
+    values); GGML_CIQ_FUSE=0 in the environment turns it off."""
 
     def __init__(self, device="cpu", semantics: str | None = None, attention_kernel: str = "auto",
                  q32_kernel: bool = True, llamacpp_small_batches: bool = False, op_order: str = "host",
                  fuse: bool = False):
         self.device = native.parse_device(device)
         # host op order: weights stacked (stack_weights), norms and residual adds fused into the GEMMs' activation
-        # conversion and epilogue (linear_group's norm, linear's add; one kernel each on a GPU, the same values);
-        # GGML_CIQ_FUSE=0 turns it off for A/B runs
+        # conversion and epilogue (linear_group's norm, linear's add), RoPE and the K/V stores in one kernel
+        # (rope_kv_store); GGML_CIQ_FUSE=0 turns it off for A/B runs
         self.fuse = fuse and op_order == "host" and os.environ.get("GGML_CIQ_FUSE", "1") != "0"
         self.native = native.load()
         if self.device >= 0 and self.device >= native.device_count():
@@ -530,6 +531,33 @@ class NativeOps:
         n.check(n.lib.ciq_kv_store(self.device, self._u16(cache), int(start), self._fp(x), x.shape[0],
                                    x.size // x.shape[0]))
 
+    def rope_kv_store(self, q, k, v, positions, base: float, neox: bool, k_cache, v_cache, start: int) -> DeviceArray:
+        """rope(q) returned, rope(k) and v (None: not stored) stored into the caches at row start, in one op
+        (ciq_rope_kv_store: one kernel on a GPU in the host order): the values of rope, rope and kv_store."""
+        q, k = self._f32(q, "rope input"), self._f32(k, "rope input")
+        if len(q.shape) != 3 or len(k.shape) != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+            raise ShapeError(f"rope_kv_store: q {q.shape} and k {k.shape} must be [tokens, heads, head_dim] alike")
+        for cache, x in ((k_cache, k), (v_cache, v)):
+            if x is None:
+                continue
+            if not isinstance(cache, DeviceArray) or cache.dtype != np.float16 or cache.device != self.device:
+                raise InvalidArgumentError("rope_kv_store: the caches must be float16 DeviceArrays on this device")
+            if tuple(x.shape[1:]) != tuple(cache.shape[1:]) or x.shape[0] != k.shape[0] or start < 0 \
+                    or start + x.shape[0] > cache.shape[0]:
+                raise ShapeError(f"rope_kv_store: {x.shape} at row {start} into a {cache.shape} cache")
+        v = None if v is None else self._f32(v, "kv_store input")
+        positions = self.asarray(positions, None if isinstance(positions, DeviceArray) else np.int32)
+        if positions.dtype != np.int32 or positions.size != q.shape[0]:
+            raise ShapeError(f"rope: positions must be int32[{q.shape[0]}], got {positions.dtype}{positions.shape}")
+        out = self.empty(q.shape)
+        n = self.native
+        n.check(n.lib.ciq_rope_kv_store(self.device, self._op_order_id,
+                                        n.lib.CIQ_ROPE_NEOX if neox else n.lib.CIQ_ROPE_NORM, self._fp(q), self._fp(k),
+                                        self._fp(v) if v is not None else n.ffi.NULL, self._i32(positions), q.shape[0],
+                                        q.shape[1], k.shape[1], q.shape[2], float(base), int(start), self._fp(out),
+                                        self._u16(k_cache), self._u16(v_cache) if v is not None else n.ffi.NULL))
+        return out
+
     def _glu_inputs(self, gate, up, kind: str):
         """(gate, up as float32 device arrays of one size, the ciq_glu_kind of `kind`)."""
         if kind not in ("silu", "gelu"):
@@ -680,12 +708,12 @@ class NativeOps:
         if weight.parts:
             raise InvalidArgumentError(f"{weight.name}: a stacked weight's outputs come from linear_group")
         tokens = x.size // weight.k
-        if add is not None and weight.kind in ("keep-quant", "q32"):
-            return self.linear_group([weight], x, adds=[add])[0]
+        if add is not None:  # from the epilogue where linear_group takes the weight; else the GEMM, then the add
+            if self.groups([weight]):
+                return self.linear_group([weight], x, adds=[add])[0]
+            return self.add(self.linear(weight, x), add)
         out = self.empty((tokens, weight.rows))
         n = self.native
-        if add is not None:  # dense weights: the GEMM, then the add
-            return self.add(self.linear(weight, x), add)
         if weight.kind in ("keep-quant", "q32"):
             variant, semantics = self._kernel(weight, tokens)
             n.check(n.lib.ciq_gemm(self.device, variant, semantics, weight.ggml_type, weight.data.ptr,
@@ -729,10 +757,11 @@ class NativeOps:
             buf = layouts[layout] = self.empty((plan.activation_bytes,), np.uint8)
             # fused: the GPU's f16 conversion (one kernel); the host runs the two in turn for any layout
             if norm is not None and self.fuse and (layout == n.lib.CIQ_LAYOUT_F16 or self.device < 0):
-                w = self._f32(norm[0], "rms_norm weight")
-                if w.size != k:
+                w = None if norm[0] is None else self._f32(norm[0], "rms_norm weight")
+                if w is not None and w.size != k:
                     raise ShapeError(f"rms_norm: weight of {w.size} values for rows of {k}")
-                n.check(n.lib.ciq_rms_norm_activations(self.device, self._op_order_id, self._fp(x), self._fp(w),
+                n.check(n.lib.ciq_rms_norm_activations(self.device, self._op_order_id, self._fp(x),
+                                                       self._fp(w) if w is not None else n.ffi.NULL,
                                                        float(norm[1]), tokens, k, layout, buf.ptr))
                 continue
             if norm is not None and normed is None:
@@ -740,6 +769,8 @@ class NativeOps:
             source = x if norm is None else normed
             n.check(n.lib.ciq_activations_quantize(self.device, layout, self._fp(source), buf.ptr, tokens, k))
         adds = adds or [None] * len(weights)
+        if len(adds) != len(weights):
+            raise ShapeError(f"linear_group: {len(adds)} addends for {len(weights)} weights")
         outs = []
         for w, plan, add in zip(weights, plans, adds):
             outs += self._gemm_planned(w, plan, layouts[plan.activation_layout], tokens, add)
@@ -748,7 +779,9 @@ class NativeOps:
     def stack_weights(self, tensors: list[Tensor]) -> Weight | None:
         """One weight of these matrices' rows stacked (q/k/v, gate/up: one GEMM launch, its outputs apart through
         ciq_gemm_quantized_outputs), where these ops fuse (``fuse``) and the tensors are quantized blocks of one type
-        and K that our GEMMs read (as load_weight would keep them); None otherwise (load them apart)."""
+        and K that our GEMMs read (as load_weight would keep them); None otherwise (load them apart). Its outputs are
+        the values of one GEMM over the stacked rows: the same semantics as the matrices apart, but the kernel may
+        plan the bigger problem otherwise (wgmma: another split-K, float32 sums in another order)."""
         if not self.fuse or len(tensors) < 2:
             return None
         first = tensors[0]

@@ -30,7 +30,8 @@ HANDLES = {("ciq_memory_free", "ptr"): "malloc", ("ciq_timer_mark", "timer"): "t
            ("ciq_gemm_quantized", "plan"): "plan", ("ciq_gemm_quantized_outputs", "plan"): "plan",
            ("ciq_gemm_quantized_outputs", "outputs"): "outputs"}
 # Pointer parameters that may legitimately be NULL.
-MAY_BE_NULL = {("ciq_rms_norm", "weight"), ("ciq_rms_norm", "add"), ("ciq_rms_norm_activations", "weight"), ("ciq_memory_free", "ptr"), ("ciq_graph_free", "graph")}
+MAY_BE_NULL = {("ciq_rms_norm", "weight"), ("ciq_rms_norm", "add"), ("ciq_rms_norm_activations", "weight"),
+               ("ciq_rope_kv_store", "v"), ("ciq_memory_free", "ptr"), ("ciq_graph_free", "graph")}
 # Functions whose valid call needs what the CPU does not have (a GPU) or that take no misusable argument.
 NOT_ON_CPU = {"ciq_gemm_dense_bf16", "ciq_graph_capture_begin", "ciq_graph_capture_end", "ciq_graph_launch",
               "ciq_graph_free"}

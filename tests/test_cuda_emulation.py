@@ -41,6 +41,9 @@ int emu_rope(int order, int mode, const float *x, const int32_t *positions, int6
              int64_t head_dim, float base, float *out);
 int emu_rms_norm_rope(int order, int mode, const float *x, const float *weight, float eps, const int32_t *positions,
                       int64_t tokens, int64_t heads, int64_t head_dim, float base, float *out);
+int emu_rope_kv_store(int mode, const float *q, const float *k, const float *v, const int32_t *positions,
+                      int64_t tokens, int64_t heads, int64_t heads_kv, int64_t head_dim, float base, int64_t start,
+                      float *q_out, uint16_t *k_cache, uint16_t *v_cache);
 int emu_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values);
 int emu_glu(int order, int kind, const float *gate, const float *up, int64_t n, float *out);
 int emu_add(const float *a, int64_t n, const float *b, int64_t b_n, float *out);
@@ -107,7 +110,7 @@ def emu(tmp_path_factory):
         pytest.skip("no g++ for the CUDA-on-CPU emulation")
     build = tmp_path_factory.mktemp("cuda_on_cpu")
     shutil.copytree(ROOT / "native" / "src", build / "src")
-    expected = {"ops.cu": {"launch": 15, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
+    expected = {"ops.cu": {"launch": 16, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
                 "ops_llamacpp.cu": {"launch": 7, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
                 "attention.cu": {"launch": 3, "mma": 0, "ldmatrix": 0, "extern_shared": 2},
                 "attention_llamacpp.cu": {"launch": 1, "mma": 0, "ldmatrix": 0, "extern_shared": 1},
@@ -279,6 +282,36 @@ def test_rms_norm_f16_emulated(emu, rng, tokens, k, aligned):
         call(emu, "emu_rms_norm_f16", x, weight, 1e-6, tokens, k, out)
         assert np.array_equal(out[:tokens * k * 2].view(np.float16).reshape(tokens, k).view(np.uint16), want.view(np.uint16))
         assert np.array_equal(out[offset:].view(np.float32), np.exp2(e - 15).astype(np.float32))
+
+
+@pytest.mark.parametrize("mode", [0, 2], ids=["norm", "neox"])
+@pytest.mark.parametrize("tokens, heads, heads_kv, head_dim", [(5, 32, 8, 128), (3, 6, 3, 64), (2, 4, 1, 256)])
+def test_rope_kv_store_emulated(emu, rng, mode, tokens, heads, heads_kv, head_dim):
+    """ops.cu's fused rope + kv_store (q roped in float32, k roped and v rounded into f16 cache rows from start)
+    against its own rope then kv_store: the same bits; head counts that are not multiples of the 4-head groups, rows
+    before start left alone, with and without v, q roped in place."""
+    q = (rng.standard_normal((tokens, heads, head_dim)) * 4).astype(np.float32)
+    k = (rng.standard_normal((tokens, heads_kv, head_dim)) * 4).astype(np.float32)
+    v = rng.standard_normal((tokens, heads_kv, head_dim)).astype(np.float32)
+    positions = (np.arange(tokens) + 500).astype(np.int32)
+    start, rows = 3, 3 + tokens + 2
+    q_want, k_roped = poisoned(q.shape), poisoned(k.shape)
+    call(emu, "emu_rope", HOST, mode, q, positions, tokens, heads, head_dim, 1e6, q_want)
+    call(emu, "emu_rope", HOST, mode, k, positions, tokens, heads_kv, head_dim, 1e6, k_roped)
+    k_want, v_want = np.full((rows, heads_kv, head_dim), 0x7E00, np.uint16), np.full((rows, heads_kv, head_dim), 0x7E00, np.uint16)
+    call(emu, "emu_kv_store", k_want, start, k_roped, tokens, heads_kv * head_dim)
+    call(emu, "emu_kv_store", v_want, start, v, tokens, heads_kv * head_dim)
+    for with_v in (True, False):
+        q_out = poisoned(q.shape)
+        k_cache, v_cache = np.full_like(k_want, 0x7E00), np.full_like(v_want, 0x7E00)
+        call(emu, "emu_rope_kv_store", mode, q, k, v if with_v else None, positions, tokens, heads, heads_kv, head_dim,
+             1e6, start, q_out, k_cache, v_cache if with_v else None)
+        assert np.array_equal(q_out, q_want) and np.array_equal(k_cache, k_want)
+        assert np.array_equal(v_cache, v_want if with_v else np.full_like(v_want, 0x7E00))
+    in_place = q.copy()
+    call(emu, "emu_rope_kv_store", mode, in_place, k, v, positions, tokens, heads, heads_kv, head_dim, 1e6, start,
+         in_place, np.full_like(k_want, 0x7E00), np.full_like(v_want, 0x7E00))
+    assert np.array_equal(in_place, q_want)
 
 
 def test_attention_emulated_head_dims(emu):

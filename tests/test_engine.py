@@ -421,6 +421,34 @@ def test_fused_engine_equals_apart_cpu(architecture, native_lib, rng, tmp_path):
     assert n_fused < n_apart, (n_fused, n_apart)
 
 
+def test_linear_set_beside_a_weight_not_grouped(native_lib, rng):
+    """A LinearSet whose q/k stack (Q4_K) beside a v the ops do not group (Q8_0, float32 on the CPU): the engine's
+    _linears runs the stacked part alone and the other apart, each output as linear on the normed input."""
+    import types
+
+    from ggml_ciq.engine import Linear, LinearSet
+    from ggml_ciq.model import Tensor
+    from ggml_ciq.ops import NativeOps
+
+    k, tokens = 512, 9
+    ops = NativeOps("cpu", fuse=True)
+    tensors = [Tensor(f"blk.0.attn_{n}.weight", Q.Q4_K, (rows, k),
+                      Q.quantize_q4_K(rng.standard_normal((rows, k)).astype(np.float32))) for n, rows in (("q", 64), ("k", 32))]
+    v = rng.integers(0, 256, (32 * k // 32, 34), dtype=np.uint8)  # Q8_0 blocks: fp16 d, 32 int8
+    v[:, 0:2] = rng.uniform(-0.1, 0.1, (len(v), 1)).astype(np.float16).view(np.uint8)
+    tensors.append(Tensor("blk.0.attn_v.weight", Q.Q8_0, (32, k), v.reshape(-1)))
+    lset = LinearSet(ops, [(t, None) for t in tensors])
+    assert isinstance(lset.parts[0], tuple) and isinstance(lset.parts[1], Linear) and not ops.groups(
+        [lset.parts[0][0], lset.parts[1].weight])
+    engine = types.SimpleNamespace(ops=ops, hp=types.SimpleNamespace(rms_eps=1e-6))
+    engine._linear = types.MethodType(Transformer._linear, engine)
+    x, norm = rng.standard_normal((tokens, k)).astype(np.float32), (rng.standard_normal(k) + 1).astype(np.float32)
+    got = [y.numpy() for y in Transformer._linears(engine, lset, ops.asarray(x), norm=ops.asarray(norm))]
+    h = ops.rms_norm(ops.asarray(x), ops.asarray(norm), 1e-6)
+    want = [ops.linear(ops.load_weight(t), h).numpy() for t in tensors]
+    assert len(got) == 3 and all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("architecture", catalog.SMALL_ARCHITECTURES)
 def test_fused_engine_gpu(architecture, native_lib, rng, tmp_path, monkeypatch):

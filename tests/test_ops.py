@@ -14,7 +14,7 @@ import pytest
 
 from ggml_ciq import native
 from ggml_ciq import quants as Q
-from ggml_ciq.errors import BackendError, InvalidArgumentError, OutOfMemoryError, ShapeError, UnsupportedTypeError
+from ggml_ciq.errors import BackendError, CiqError, InvalidArgumentError, OutOfMemoryError, ShapeError, UnsupportedTypeError
 from ggml_ciq.model import Tensor
 from ggml_ciq.numpy_ops import NumpyOps
 from ggml_ciq.numpy_ops import rms_norm as rms_norm_ref
@@ -254,6 +254,37 @@ def test_rms_norm_activations_bad_input(native_lib):
     assert bytes(out) == bytes(4096)
 
 
+@pytest.mark.parametrize("neox", [False, True])
+def test_rope_kv_store_equals_apart(ops, rng, neox):
+    """rope_kv_store (ciq_rope_kv_store: one kernel on a GPU) against rope, rope, kv_store, kv_store: the same q bits
+    and cache bytes (8B's 32/8 heads of 128 and odd ones: 6/3 of 64, 37 tokens from row 5); cache rows outside the
+    stored ones untouched; without v, v's cache untouched; llama.cpp CUDA's order refused on a GPU."""
+    for heads, heads_kv, d in ((32, 8, 128), (6, 3, 64)):
+        t, start = 37, 5
+        q = rng.standard_normal((t, heads, d)).astype(np.float32)
+        k, v = (rng.standard_normal((2, t, heads_kv, d)) * 3).astype(np.float32)
+        positions = np.arange(start, start + t, dtype=np.int32)
+        want = {}
+        for name in ("k", "v"):
+            want[name] = ops.zeros((start + t + 4, heads_kv, d), np.float16)
+        ops.kv_store(want["k"], start, ops.rope(k, positions, 5e5, neox))
+        ops.kv_store(want["v"], start, v)
+        q_want = ops.rope(q, positions, 5e5, neox).numpy()
+        for with_v in (True, False):
+            kc, vc = (ops.zeros((start + t + 4, heads_kv, d), np.float16) for _ in range(2))
+            q_out = ops.rope_kv_store(q, k, v if with_v else None, positions, 5e5, neox, kc, vc, start).numpy()
+            assert np.array_equal(q_out, q_want) and np.array_equal(kc.numpy().view(np.uint16),
+                                                                      want["k"].numpy().view(np.uint16))
+            v_want = want["v"].numpy() if with_v else np.zeros_like(want["v"].numpy())
+            assert np.array_equal(vc.numpy().view(np.uint16), v_want.view(np.uint16)), with_v
+    with pytest.raises(ShapeError, match="cache"):
+        ops.rope_kv_store(q, k, v, positions, 5e5, neox, kc, vc, start + 10)
+    if ops.device >= 0:
+        other = NativeOps(ops.device, op_order="llamacpp_cuda")
+        with pytest.raises(CiqError, match="host order only"):
+            other.rope_kv_store(q, k, v, positions, 5e5, neox, kc, vc, start)
+
+
 def _q4k_tensor(rng, name, rows, k):
     return Tensor(name, Q.Q4_K, (rows, k), Q.quantize_q4_K(rng.standard_normal((rows, k)).astype(np.float32)))
 
@@ -326,8 +357,8 @@ def test_linear_group_norm_fused_equals_apart(ops, rng, k):
 
 def test_gemm_outputs_bad_input(native_lib, rng):
     """ciq_gemm_quantized_outputs: no outputs or too many, outputs whose rows do not add up to the weight's, a NULL
-    output, an addend with bf16 output or overlapping its output: each one error naming the problem, nothing
-    written."""
+    output, an addend with bf16 output, an output overlapping an addend (its own or another's) or another output:
+    each one error naming the problem, nothing written."""
     n = native.load()
     lib, ffi = n.lib, n.ffi
     rows, k, tokens = 64, 256, 3
@@ -355,7 +386,9 @@ def test_gemm_outputs_bad_input(native_lib, rng):
              ([(32, a, ffi.NULL), (40, b, ffi.NULL)], lib.CIQ_OUT_F32, None, "output 1 has 40 rows, 32 of"),
              ([(32, a, ffi.NULL), (32, ffi.NULL, ffi.NULL)], lib.CIQ_OUT_F32, None, "output 1 is NULL"),
              ([(64, a, b)], lib.CIQ_OUT_BF16, None, "needs float32 output"),
-             ([(64, a, a + 5)], lib.CIQ_OUT_F32, None, "output 0 overlaps its addend")]
+             ([(64, a, a + 5)], lib.CIQ_OUT_F32, None, "output 0 overlaps the addend of output 0"),
+             ([(32, a, ffi.NULL), (32, b, a + 40)], lib.CIQ_OUT_F32, None, "output 0 overlaps the addend of output 1"),
+             ([(32, a, ffi.NULL), (32, a + 90, ffi.NULL)], lib.CIQ_OUT_F32, None, "outputs 0 and 1 overlap")]
     for specs, out_type, count, message in cases:
         status = run(specs, out_type, count)
         assert status == lib.CIQ_ERR_INVALID_ARGUMENT and message in ffi.string(lib.ciq_last_error()).decode(), message

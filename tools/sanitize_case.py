@@ -223,7 +223,8 @@ def ops_case():
 def fusion_case():
     """API v11: stacked weights' outputs (ciq_gemm_quantized_outputs: from wgmma's epilogue where the outputs' rows
     allow, copied out where not; residual addends, odd rows), rms_norm fused into the f16 conversion (its warp, block
-    and strided kernels), and wgmma's tail split (whole waves, then the partial wave split-K in a second launch)."""
+    and strided kernels), rope + kv_store in one kernel (ciq_rope_kv_store), and wgmma's tail split (whole waves,
+    then the partial wave split-K in a second launch)."""
     from ggml_ciq.model import Tensor
     from ggml_ciq.ops import NativeOps
 
@@ -250,6 +251,15 @@ def fusion_case():
         n.check(lib.ciq_rms_norm_activations(ops.device, lib.CIQ_ORDER_HOST, ops._fp(x), ops._fp(w), 1e-6, t, d,
                                              lib.CIQ_LAYOUT_F16, out.ptr))
         print(f"rms_norm_activations {t} x {d}: {out.numpy().size} bytes")
+    for heads, heads_kv, d in ((32, 8, 128), (6, 3, 64)):  # rope + kv_store fused: with v and without
+        t = 37
+        kc, vc = (ops.zeros((t + 8, heads_kv, d), np.float16) for _ in range(2))
+        q = rng.standard_normal((t, heads, d)).astype(np.float32)
+        k, v = rng.standard_normal((2, t, heads_kv, d)).astype(np.float32)
+        pos = np.arange(5, 5 + t, dtype=np.int32)
+        out = ops.rope_kv_store(q, k, v, pos, 1e4, True, kc, vc, 5).numpy()
+        ops.rope_kv_store(q, k, None, pos, 1e4, False, kc, vc, 8).numpy()
+        print(f"rope_kv_store {heads}/{heads_kv} x {d}: finite={np.isfinite(out).all()}")
     for weight_type, quantize, (rows, kk, tokens) in ((Q.Q4_K, Q.quantize_q4_K, (17920, 1024, 200)),
                                                       (Q.Q6_K, Q.quantize_q6_K, (140 * 128 + 5, 2304, 251))):
         data = quantize((rng.standard_normal((rows, kk)) * 0.02).astype(np.float32))

@@ -168,7 +168,8 @@ ciq_status ciq_gemm_quantized(int device, const ciq_plan *plan, ciq_type type, c
 typedef struct {
     int64_t      rows;
     void        *out;  /* [tokens][rows] of the call's out_type */
-    const float *add;  /* NULL, or float32 [tokens][rows] added to the product (CIQ_OUT_F32 only; no overlap with out) */
+    const float *add;  /* NULL, or float32 [tokens][rows] added to the product (CIQ_OUT_F32 only; no output may
+                          overlap an addend or another output) */
 } ciq_gemm_output;
 /* ciq_gemm_quantized of one weight whose rows are several matrices of one type and K stacked (q/k/v, gate/up),
  * its product split among n_outputs (1..4) outputs, each plus an optional addend (a residual): the values of
@@ -263,6 +264,14 @@ ciq_status ciq_attention_resolve(int device, ciq_attention_kernel kernel, int64_
                                  ciq_attention_kernel *resolved);
 /* ciq_attention launches per resolved kernel since ciq_dispatch_reset. */
 ciq_status ciq_attention_dispatch_count(ciq_attention_kernel kernel, uint64_t *count);
+/* ciq_rope of q [tokens][heads][head_dim] into q_out (may be q), of k [tokens][heads_kv][head_dim] into rows start..
+ * of k_cache as ciq_kv_store stores, and v (NULL: none) stored into v_cache likewise, in one call: the values of those
+ * calls. A GPU fuses them in the host order (one kernel, no float32 roped k; llama.cpp CUDA's order
+ * CIQ_ERR_UNSUPPORTED); the host runs them in turn. */
+ciq_status ciq_rope_kv_store(int device, ciq_op_order order, ciq_rope_mode mode, const float *q, const float *k,
+                             const float *v, const int32_t *positions, int64_t tokens, int64_t heads, int64_t heads_kv,
+                             int64_t head_dim, float base, int64_t start, float *q_out, uint16_t *k_cache,
+                             uint16_t *v_cache);
 /* cache[start + t][:] = x[t][:] rounded to f16 (nearest even); row_values = heads_kv * head_dim. */
 ciq_status ciq_kv_store(int device, uint16_t *cache, int64_t start, const float *x, int64_t tokens,
                         int64_t row_values);

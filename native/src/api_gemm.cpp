@@ -148,16 +148,24 @@ ciq_status ciq_gemm_quantized_outputs(int device, const ciq_plan *plan, ciq_type
             return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_quantized_outputs: output %d has %lld rows, %lld of "
                             "the weight's %lld are left", s, (long long)o.rows, (long long)(rows - sum), (long long)rows);
         }
-        if (o.add != nullptr) {
-            if (out_type != CIQ_OUT_F32) {
-                return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_quantized_outputs: an addend needs float32 output");
-            }
-            const size_t bytes = (size_t)tokens * (size_t)o.rows * sizeof(float);
-            if (overlap(o.out, bytes, o.add, bytes)) {
-                return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_quantized_outputs: output %d overlaps its addend", s);
-            }
+        if (o.add != nullptr && out_type != CIQ_OUT_F32) {
+            return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_quantized_outputs: an addend needs float32 output");
         }
         sum += o.rows;
+    }
+    for (int s = 0; s < n_outputs; ++s) {  // an output overlapping an addend or another output: a race, refused
+        const size_t bytes = (size_t)tokens * (size_t)outputs[s].rows * esize;
+        for (int t = 0; t < n_outputs; ++t) {
+            const ciq_gemm_output &o = outputs[t];
+            const size_t other = (size_t)tokens * (size_t)o.rows * (o.add ? sizeof(float) : esize);
+            if (o.add != nullptr && overlap(outputs[s].out, bytes, o.add, other)) {
+                return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_quantized_outputs: output %d overlaps the addend of "
+                                "output %d", s, t);
+            }
+            if (t != s && overlap(outputs[s].out, bytes, o.out, (size_t)tokens * (size_t)o.rows * esize)) {
+                return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_quantized_outputs: outputs %d and %d overlap", s, t);
+            }
+        }
     }
     if (sum != rows) {
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_quantized_outputs: the outputs have %lld rows, the weight "
@@ -204,7 +212,7 @@ ciq_status ciq_gemm_quantized_outputs(int device, const ciq_plan *plan, ciq_type
             CIQ_TRY(ciq_cuda_copy_2d(o.out, width, (const uint8_t *)whole + first, row_bytes, width, (size_t)tokens));
 #endif
         }
-        if (o.add != nullptr) {
+        if (o.add != nullptr) {  // in place (out is a): each value read, then written, by one thread
             const int64_t n = tokens * o.rows;
             CIQ_TRY(ciq_add(device, (const float *)o.out, n, o.add, n, (float *)o.out));
         }

@@ -187,6 +187,59 @@ ciq_status ciq_kv_store(int device, uint16_t *cache, int64_t start, const float 
               ciq_cuda_kv_store(cache, start, x, tokens, row_values));
 }
 
+ciq_status ciq_rope_kv_store(int device, ciq_op_order order, ciq_rope_mode mode, const float *q, const float *k,
+                             const float *v, const int32_t *positions, int64_t tokens, int64_t heads, int64_t heads_kv,
+                             int64_t head_dim, float base, int64_t start, float *q_out, uint16_t *k_cache,
+                             uint16_t *v_cache) {
+    if (q == nullptr || k == nullptr || positions == nullptr || q_out == nullptr || k_cache == nullptr ||
+        (v != nullptr && v_cache == nullptr)) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rope_kv_store: NULL pointer");
+    }
+    if (mode != CIQ_ROPE_NORM && mode != CIQ_ROPE_NEOX) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rope_kv_store: unknown mode %d (NORM 0, NEOX 2)", (int)mode);
+    }
+    CIQ_TRY(ciq_check_count("ciq_rope_kv_store", "tokens", tokens));
+    CIQ_TRY(ciq_check_count("ciq_rope_kv_store", "heads", heads));
+    CIQ_TRY(ciq_check_count("ciq_rope_kv_store", "heads_kv", heads_kv));
+    if (head_dim < 2 || head_dim % 2) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rope_kv_store: head_dim must be even and >= 2, got %lld",
+                        (long long)head_dim);
+    }
+    if (!(base > 0.0f)) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rope_kv_store: base must be > 0, got %g", (double)base);
+    if (start < 0) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rope_kv_store: start must be >= 0, got %lld", (long long)start);
+    const int64_t row = heads_kv * head_dim;  // both counted (ciq_check_count bounds each)
+    if (row / head_dim != heads_kv || tokens > INT64_MAX / row) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rope_kv_store: %lld tokens of %lld x %lld values overflow",
+                        (long long)tokens, (long long)heads_kv, (long long)head_dim);
+    }
+    CIQ_TRY(ciq_check_device(device));
+    CIQ_TRY(check_order("ciq_rope_kv_store", device, order));
+    if (device == CIQ_DEVICE_CPU) {  // the calls in turn
+        std::vector<float> roped;
+        try {
+            roped.resize((size_t)(tokens * row));
+        } catch (const std::exception &) {
+            return ciq_fail(CIQ_ERR_OUT_OF_MEMORY, "ciq_rope_kv_store: %lld x %lld float32 values", (long long)tokens,
+                            (long long)row);
+        }
+        CIQ_TRY(ciq_cpu_rope(mode, k, positions, tokens, heads_kv, head_dim, base, roped.data()));
+        CIQ_TRY(ciq_cpu_rope(mode, q, positions, tokens, heads, head_dim, base, q_out));
+        CIQ_TRY(ciq_cpu_kv_store(k_cache, start, roped.data(), tokens, row));
+        return v ? ciq_cpu_kv_store(v_cache, start, v, tokens, row) : CIQ_OK;
+    }
+#ifdef GGML_CIQ_WITH_CUDA
+    if (order != CIQ_ORDER_HOST) {
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_rope_kv_store: a GPU fuses the host order only: run ciq_rope and "
+                        "ciq_kv_store");
+    }
+    CIQ_TRY(ciq_cuda_set_device(device));
+    return ciq_cuda_rope_kv_store(mode, q, k, v, positions, tokens, heads, heads_kv, head_dim, base, start, q_out,
+                                  k_cache, v_cache);
+#else
+    return CIQ_ERR_UNSUPPORTED;
+#endif
+}
+
 ciq_status ciq_glu(int device, ciq_op_order order, ciq_glu_kind kind, const float *gate, const float *up, int64_t n,
                    float *out) {
     if (gate == nullptr || up == nullptr || out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_glu: NULL pointer");

@@ -41,6 +41,12 @@ int emu_rms_norm_rope(int order, int mode, const float *x, const float *weight, 
     return ciq_cuda_rms_norm_rope((ciq_op_order)order, (ciq_rope_mode)mode, x, weight, eps, positions, tokens, heads,
                                   head_dim, base, out);
 }
+int emu_rope_kv_store(int mode, const float *q, const float *k, const float *v, const int32_t *positions,
+                      int64_t tokens, int64_t heads, int64_t heads_kv, int64_t head_dim, float base, int64_t start,
+                      float *q_out, uint16_t *k_cache, uint16_t *v_cache) {
+    return ciq_cuda_rope_kv_store((ciq_rope_mode)mode, q, k, v, positions, tokens, heads, heads_kv, head_dim, base,
+                                  start, q_out, k_cache, v_cache);
+}
 int emu_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values) {
     return ciq_cuda_kv_store(cache, start, x, tokens, row_values);
 }

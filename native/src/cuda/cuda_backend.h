@@ -74,6 +74,12 @@ ciq_status ciq_cuda_attention_llamacpp(const float *q, const uint16_t *k_cache, 
                                        int64_t heads, int64_t heads_kv, int64_t head_dim, int64_t n_past, float scale,
                                        int64_t window, float *out);
 ciq_status ciq_cuda_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values);
+// ciq_cuda_rope (host order) of q, and of k stored as ciq_cuda_kv_store at row start of k_cache, v (or NULL) stored
+// in v_cache: one kernel, the same values.
+ciq_status ciq_cuda_rope_kv_store(ciq_rope_mode mode, const float *q, const float *k, const float *v,
+                                  const int32_t *positions, int64_t tokens, int64_t heads, int64_t heads_kv,
+                                  int64_t head_dim, float base, int64_t start, float *q_out, uint16_t *k_cache,
+                                  uint16_t *v_cache);
 ciq_status ciq_cuda_glu(ciq_op_order order, ciq_glu_kind kind, const float *gate, const float *up, int64_t n,
                         float *out);
 ciq_status ciq_cuda_llamacpp_rms_norm(const float *x, const float *weight, const float *add, float eps, int64_t n,

@@ -290,28 +290,78 @@ ciq_status launch_rms_norm_f16(const float *x, const float *weight, float eps, i
 // host's chain of float products (each group's thread computes it again: the same value), then the group's heads.
 constexpr int64_t ROPE_HEADS = 4;
 
+// The angle of dimension pair i at a position: the host's chain of float products.
+__device__ __forceinline__ float rope_theta(int32_t position, int64_t i, float theta_scale) {
+    float theta = (float)position;
+    for (int64_t j = 0; j < i; ++j) theta = __fmul_rn(theta, theta_scale);
+    return theta;
+}
+
+// One pair (x0, x1) rotated by the angle whose cosine and sine are c, s: the host's roundings.
+__device__ __forceinline__ float2 rope_pair(float x0, float x1, float c, float s) {
+    return float2{__fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)), __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c))};
+}
+
+__device__ __forceinline__ uint16_t f16_bits(float x) { return __half_as_ushort(__float2half_rn(x)); }
+
 __global__ void __launch_bounds__(OPS_THREADS)
 rope_kernel(const float *__restrict__ x, const int32_t *__restrict__ positions, int64_t tokens, int64_t heads,
             int64_t head_dim, float theta_scale, bool neox, float *__restrict__ out) {
     const int64_t half = head_dim / 2, groups = (heads + ROPE_HEADS - 1) / ROPE_HEADS;
     for (int64_t idx = ciq_first_index(); idx < tokens * groups * half; idx += ciq_index_stride()) {
         const int64_t t = idx / (groups * half), group = idx / half % groups, i = idx % half;
-        float theta = (float)positions[t];
-        for (int64_t j = 0; j < i; ++j) theta = __fmul_rn(theta, theta_scale);
+        const float theta = rope_theta(positions[t], i, theta_scale);
         const float c = cosf(theta), s = sinf(theta);
         const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
         for (int64_t h = group * ROPE_HEADS; h < min(heads, (group + 1) * ROPE_HEADS); ++h) {
             const int64_t base = (t * heads + h) * head_dim;
-            const float x0 = x[base + a], x1 = x[base + b];
-            out[base + a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-            out[base + b] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+            const float2 r = rope_pair(x[base + a], x[base + b], c, s);
+            out[base + a] = r.x;
+            out[base + b] = r.y;
+        }
+    }
+}
+
+// rope_kernel over q's head groups and then k's, a token's q and k groups from one angle computation each: q into
+// q_out (float32; may be q), k rounded to f16 into k_out (its cache rows), v (unless NULL) rounded into v_out.
+__global__ void __launch_bounds__(OPS_THREADS)
+rope_kv_kernel(const float *q, const float *__restrict__ k, const float *__restrict__ v,
+               const int32_t *__restrict__ positions, int64_t tokens, int64_t heads, int64_t heads_kv,
+               int64_t head_dim, float theta_scale, bool neox, float *q_out, uint16_t *__restrict__ k_out,
+               uint16_t *__restrict__ v_out) {
+    const int64_t half = head_dim / 2, groups_q = (heads + ROPE_HEADS - 1) / ROPE_HEADS;
+    const int64_t groups = groups_q + (heads_kv + ROPE_HEADS - 1) / ROPE_HEADS;
+    for (int64_t idx = ciq_first_index(); idx < tokens * groups * half; idx += ciq_index_stride()) {
+        const int64_t t = idx / (groups * half), group = idx / half % groups, i = idx % half;
+        const float theta = rope_theta(positions[t], i, theta_scale);
+        const float c = cosf(theta), s = sinf(theta);
+        const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        if (group < groups_q) {
+            for (int64_t h = group * ROPE_HEADS; h < min(heads, (group + 1) * ROPE_HEADS); ++h) {
+                const int64_t base = (t * heads + h) * head_dim;
+                const float2 r = rope_pair(q[base + a], q[base + b], c, s);
+                q_out[base + a] = r.x;
+                q_out[base + b] = r.y;
+            }
+        } else {
+            const int64_t g = group - groups_q;
+            for (int64_t h = g * ROPE_HEADS; h < min(heads_kv, (g + 1) * ROPE_HEADS); ++h) {
+                const int64_t base = (t * heads_kv + h) * head_dim;
+                const float2 r = rope_pair(k[base + a], k[base + b], c, s);
+                k_out[base + a] = f16_bits(r.x);
+                k_out[base + b] = f16_bits(r.y);
+                if (v) {
+                    v_out[base + a] = f16_bits(v[base + a]);
+                    v_out[base + b] = f16_bits(v[base + b]);
+                }
+            }
         }
     }
 }
 
 __global__ void __launch_bounds__(OPS_THREADS)
 kv_store_kernel(uint16_t *__restrict__ dst, const float *__restrict__ x, int64_t n) {
-    for (int64_t i = ciq_first_index(); i < n; i += ciq_index_stride()) dst[i] = __half_as_ushort(__float2half_rn(x[i]));
+    for (int64_t i = ciq_first_index(); i < n; i += ciq_index_stride()) dst[i] = f16_bits(x[i]);
 }
 
 __global__ void __launch_bounds__(OPS_THREADS)
@@ -419,8 +469,10 @@ ciq_status ciq_cuda_rms_norm_convert_f16(const float *x, const float *weight, fl
     __half *xh = (__half *)out;
     float *scales = (float *)((uint8_t *)out + ciq_f16_scale_offset(tokens, k));
     const int64_t n = tokens, d = k;
-    const bool aligned = ((uintptr_t)x | (uintptr_t)weight) % 16 == 0 && (uintptr_t)out % 16 == 0;
-    if (d <= RMS_NORM_WARP_MAX && d % 4 == 0 && aligned) {  // ciq_cuda_rms_norm's choice of kernel, row for row
+    // ciq_cuda_rms_norm's choice of kernel, row for row (on x and weight: out's __half2 stores need 4 bytes, and
+    // the f16 layout's K, a multiple of 64, keeps every row so)
+    const bool aligned = ((uintptr_t)x | (uintptr_t)weight) % 16 == 0;
+    if (d <= RMS_NORM_WARP_MAX && d % 4 == 0 && aligned) {
         const int per_lane = (int)((d / 4 + CIQ_WARP_SIZE - 1) / CIQ_WARP_SIZE);
         if (per_lane <= 2) return launch_rms_norm_f16<2, true>(x, weight, eps, n, (int)d, xh, scales);
         if (per_lane <= 4) return launch_rms_norm_f16<4, true>(x, weight, eps, n, (int)d, xh, scales);
@@ -470,6 +522,20 @@ ciq_status ciq_cuda_rms_norm_rope(ciq_op_order order, ciq_rope_mode mode, const 
 ciq_status ciq_cuda_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values) {
     kv_store_kernel<<<ciq_grid_for(tokens * row_values), OPS_THREADS, 0, ciq_stream()>>>(cache + start * row_values, x, tokens * row_values);
     CIQ_CUDA_LAUNCH_CHECK("kv_store");
+    return CIQ_OK;
+}
+
+ciq_status ciq_cuda_rope_kv_store(ciq_rope_mode mode, const float *q, const float *k, const float *v,
+                                  const int32_t *positions, int64_t tokens, int64_t heads, int64_t heads_kv,
+                                  int64_t head_dim, float base, int64_t start, float *q_out, uint16_t *k_cache,
+                                  uint16_t *v_cache) {
+    const float theta_scale = std::pow(base, -2.0f / (float)head_dim);  // ciq_cuda_rope's
+    const int64_t groups = (heads + ROPE_HEADS - 1) / ROPE_HEADS + (heads_kv + ROPE_HEADS - 1) / ROPE_HEADS;
+    const int64_t row = heads_kv * head_dim;
+    rope_kv_kernel<<<ciq_grid_for(tokens * groups * (head_dim / 2)), OPS_THREADS, 0, ciq_stream()>>>(
+        q, k, v, positions, tokens, heads, heads_kv, head_dim, theta_scale, mode == CIQ_ROPE_NEOX, q_out,
+        k_cache + start * row, v ? v_cache + start * row : nullptr);
+    CIQ_CUDA_LAUNCH_CHECK("rope + kv_store");
     return CIQ_OK;
 }
 
