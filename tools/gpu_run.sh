@@ -219,11 +219,12 @@ case "${1:-}" in
         --reference off ${GRAPH:+--cuda-graph} --json "$OUT/prefill-llama3-8b-synthetic-n$n${GRAPH:+-graph}.json" 2>&1 \
         | tail -n 30
     done ;;
-  sanitize)
+  sanitize)  # TOOLS="memcheck racecheck" by default; LIMIT seconds per tool (default 500); -> $OUT/sanitizer-TOOL[-CASE].txt
     shift
-    for tool in memcheck racecheck; do
-      compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_case.py "$@" > "$OUT/sanitizer-$tool.txt" 2>&1
-      echo "$tool exit=$? $(tail -n 1 "$OUT/sanitizer-$tool.txt")"
+    for tool in ${TOOLS:-memcheck racecheck}; do
+      f="$OUT/sanitizer-$tool${1:+-$1}.txt"
+      timeout ${LIMIT:-500} compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_case.py "$@" > "$f" 2>&1
+      echo "$tool $* exit=$? $(tail -n 1 "$f")"
     done ;;
   wait) while [ -f /tmp/llama.building ]; do sleep 5; done; tail -n 2 /tmp/llama-build.log; ls /tmp/llama/llama_cpp/lib/ | grep -E 'lib|test-backend|llama-' ;;
   py) shift; python3 "$@" ;;
