@@ -52,7 +52,7 @@
 #   call 1, carry .device: setup (llama.cpp builds in the background, ~5 min; keep the CPU free meanwhile) ; GPU tests
 #           that need no llama.cpp (test tests/test_ops.py tests/test_engine.py ...)
 #   calls 2-8, each carry one .device-parts/gemma3-270m.gguf.partNN + .device-parts/SHA256SUMS: stage (the seventh
-#           joins and checks the whole file; 40 MiB parts since the tracked tree passed 14 MB)
+#           joins and checks the whole file; 36 MiB parts, 7 of them, since the tracked tree passed 26 MB)
 #   then: wait ; test tests/test_cuda.py tests/test_plugin.py ; plugin-check ; plugin-bench ; memory ; compare ; and
 #           end every call that writes more than 8 files under $OUT with `pack NAME` (a call returns at most 8 files,
 #           named in letters, digits, '.', '_' and '-')
