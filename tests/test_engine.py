@@ -473,8 +473,8 @@ def test_fused_engine_gpu(architecture, native_lib, rng, tmp_path, monkeypatch):
         weights = [w for layer in engine.layers for w in _gemm_weights(layer)]
         runs[fuse] = logits, launches, weights
     (fused, n_fused, w_fused), (apart, n_apart, w_apart) = runs["1"], runs["0"]
-    steps = 3  # micro-batches of 16, 16, 9 tokens: every one above MMVQ's 8 (wgmma)
-    assert n_fused == steps * len(w_fused) and n_apart == steps * len(w_apart), (n_fused, n_apart)
+    steps = 3  # micro-batches of 16, 16, 9 tokens: every one above MMVQ's 8 (wgmma); all logits: the output's too
+    assert n_fused == steps * (len(w_fused) + 1) and n_apart == steps * (len(w_apart) + 1), (n_fused, n_apart)
     assert len(w_fused) < len(w_apart)
     top1, kl, err = agreement(fused, apart)
     print(f"{architecture} fused vs apart: NMSE {err:.2e}, top-1 {top1:.4f}, KL {kl:.2e}")

@@ -791,8 +791,14 @@ def test_linear_dense(ops, rng, ggml_type):
     w = Q.dequantize(ggml_type, raw, rows, k)
     if ops.device < 0:
         assert np.array_equal(out, x @ w.T)  # float32 numpy matmul on the dequantized weight
-    elif ggml_type in Q.Q32_TYPES:  # on a GPU: the q32 variant, llama.cpp CUDA MMQ's semantics
-        assert np.array_equal(out, native.gemm_q32(raw, x, ggml_type, rows, k, ops.device))
+    elif ggml_type in Q.Q32_TYPES:  # on a GPU: what AUTO runs in these ops' semantics ("any": wgmma's f16 semantics
+        # on Hopper, K a multiple of 64; elsewhere the q32 variant, llama.cpp CUDA MMQ's), the same bits
+        native.dispatch_reset()
+        want = native.gemm(raw, x, variant="auto", device=ops.device, semantics=ops.semantics, ggml_type=ggml_type,
+                           rows=rows, k=k)
+        ran = {variant for (variant, _), count in native.dispatch_counts().items() if count}
+        assert np.array_equal(out, want)
+        assert ran == ({"wgmma"} if native.variant_available(ops.device, "wgmma") else {"q32"}), ran
     else:
         as_bf16 = lambda a: (bf16_bits(a).astype(np.uint32) << 16).view(np.float32).astype(np.float64)  # noqa: E731
         # bf16 x and W (exact products), float32 accumulation in cuBLAS.
