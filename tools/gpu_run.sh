@@ -52,20 +52,19 @@
 #   call 1, carry .device: setup (llama.cpp builds in the background, ~5 min; keep the CPU free meanwhile) ; GPU tests
 #           that need no llama.cpp (test tests/test_ops.py tests/test_engine.py ...)
 #   calls 2-8, each carry one .device-parts/gemma3-270m.gguf.partNN + .device-parts/SHA256SUMS: stage (the seventh
-#           joins and checks the whole file; 36 MiB parts, 7 of them, since the tracked tree passed 26 MB)
+#           joins and checks the whole file; 36 MiB parts, 7 of them, since the tracked tree passed 26 MB); the last
+#           also carries .device-extra (the 8B's vocabulary, which no longer fits beside .device in call 1)
 #   then: wait ; test tests/test_cuda.py tests/test_plugin.py ; plugin-check ; plugin-bench ; memory ; compare ; and
 #           end every call that writes more than 8 files under $OUT with `pack NAME` (a call returns at most 8 files,
 #           named in letters, digits, '.', '_' and '-')
-# What the open issue (16) still needs on the GPU (Gemma's bars met at 3367ca4; since then API v10: the GLU fused into
-# down's f16 conversion, float4 ops, the attention split only below one CTA a SM, its scratch one size per head_dim):
-# with llama.cpp built (setup without NO_LLAMA, then wait: ~5.5 min, and never idle 30 s meanwhile) and Gemma staged,
-# first the GPU tests and sanitizers of what changed after the last lease (`test tests/test_ops.py tests/test_engine.py`,
-# `sanitize attention-split`, `sanitize ops`, `sanitize engine`), `bench-attention` (new: never run on a GPU), `GRAPH=1 TOKENS="512 2048 8192" LIMIT=200 compare-8b` (the 8B's bars
-# 2.7x / 2.7x / 2.5x), `GRAPH=1 TOKENS=512
-# compare` and `GRAPH=1 REFERENCE=off TOKENS=4096 compare`; `test tests/test_engine.py -k gemma` (the scratch fix:
-# its graph test replays on the second call) and `test tests/test_plugin.py`; `MODEL=llama3-8b-synthetic SETS=512:fast
-# kernel-profile`; the kernels of deliverables 3-5 once written (bench gemm sets, sanitize, kernel-profile). Prepare
-# every edit before the lease: the machine goes back 30 s after a call, with /tmp.
+# What the open issue (16) still needs on the GPU (at 7c5ac0a, bench/results/h200/fusion-7c5ac0a: the 8B 2.83x / 2.66x /
+# 2.52x / 2.27x at 512 / 2048 / 4096 / 8192, Gemma 3.03x / 3.06x; bench gemm 2.56x / 2.83x at 512): the kernels of
+# deliverables 4-5 once written (a Hopper attention kernel: `bench-attention` is its yardstick, where our mma kernel
+# ran at 0.75x llama.cpp's FLASH_ATTN_EXT on the 8B's shapes; the 1024-row GEMMs), then `GRAPH=1 TOKENS="512 2048"
+# compare-8b`, `GRAPH=1 TOKENS=8192 LIMIT=400 compare-8b` (one call each), `bench`, `sanitize fusion` and the case of
+# the new kernel. `test tests/test_engine.py -k last_token` fails there against the device's llama.cpp CPU backend
+# (GGML_NATIVE=OFF: other CPU kernels than the CI's build it matches bit for bit). Prepare every edit before the lease:
+# the machine goes back 30 s after a call, with /tmp.
 # plugin-sanitize after ac2ab62's change to the plugin's waits. Run one-off scripts as
 # `gpu_run.sh py tools/X.py` (its PYTHONPATH), and fire the next call within 30 s.
 # /tmp survives between calls while the machine stays warm, so setup runs once per lease.
@@ -144,6 +143,7 @@ case "${1:-}" in
   setup) setup ;;
   test) shift; python3 -m pytest -q -rs -p no:cacheprovider "$@" ;;
   stage)
+    [ -d .device-extra ] && mkdir -p $DEV && cp .device-extra/* $DEV/  # the 8B's vocabulary (prepare_device.sh)
     mkdir -p /tmp/parts && cp .device-parts/* /tmp/parts/ 2>/dev/null
     if (cd /tmp/parts && grep part SHA256SUMS | sha256sum --quiet -c - 2>/dev/null); then
       cat /tmp/parts/gemma3-270m.gguf.part* > /tmp/gemma3-270m.gguf.tmp

