@@ -166,6 +166,16 @@ def test_glu_activations(ops, rng, kind, tokens, k):
     g, u = ops.asarray(gate), ops.asarray(up)
     kind_id = lib.CIQ_GLU_SILU if kind == "silu" else lib.CIQ_GLU_GELU
     h = ops.glu(g, u, kind)
+    checked = _fused_activations_checked(ops, tokens, k, h, lambda layout, out: lib.ciq_glu_activations(
+        ops.device, lib.CIQ_ORDER_HOST, kind_id, ops._fp(g), ops._fp(u), tokens, k, layout, out))
+    assert checked == (1 if ops.device >= 0 else len([u for u in (256, 128, 128, 64, 32, 32) if k % u == 0]))
+
+
+def _fused_activations_checked(ops, tokens, k, h, fused_call) -> int:
+    """For every layout that takes this K: fused_call(layout, out) (an op fused into ciq_activations_quantize) writes
+    the bytes of ciq_activations_quantize of h, into NaN-poisoned buffers; on a GPU only the f16 layout is fused (the
+    others CIQ_ERR_UNSUPPORTED). Returns how many layouts were compared."""
+    n, lib = ops.native, ops.native.lib
     checked = 0
     for layout in native.enum_names("ciq_layout", "CIQ_LAYOUT_"):
         layout_id = getattr(lib, f"CIQ_LAYOUT_{layout.upper()}")
@@ -173,8 +183,7 @@ def test_glu_activations(ops, rng, kind, tokens, k):
         if lib.ciq_activations_size(layout_id, tokens, k, size) != lib.CIQ_OK:
             continue  # this K is not a multiple of the layout's unit
         fused, apart = ops.empty((size[0],), np.uint8), ops.empty((size[0],), np.uint8)  # poisoned: 0xFF
-        status = lib.ciq_glu_activations(ops.device, lib.CIQ_ORDER_HOST, kind_id, ops._fp(g), ops._fp(u), tokens, k,
-                                         layout_id, fused.ptr)
+        status = fused_call(layout_id, fused.ptr)
         if ops.device >= 0 and layout != "f16":
             assert status == lib.CIQ_ERR_UNSUPPORTED, layout
             continue
@@ -182,7 +191,7 @@ def test_glu_activations(ops, rng, kind, tokens, k):
         n.check(lib.ciq_activations_quantize(ops.device, layout_id, ops._fp(h), apart.ptr, tokens, k))
         assert np.array_equal(fused.numpy(), apart.numpy()), layout
         checked += 1
-    assert checked == (1 if ops.device >= 0 else len([u for u in (256, 128, 128, 64, 32, 32) if k % u == 0]))
+    return checked
 
 
 def test_glu_activations_bad_input(native_lib):
@@ -216,23 +225,9 @@ def test_rms_norm_activations(ops, rng, tokens, k):
     xd, wd = ops.asarray(x), ops.asarray(weight)
     checked = 0
     for w in (wd, None):
-        h = ops.rms_norm(xd, w, 1e-6)
-        for layout in native.enum_names("ciq_layout", "CIQ_LAYOUT_"):
-            layout_id = getattr(lib, f"CIQ_LAYOUT_{layout.upper()}")
-            size = n.ffi.new("size_t *")
-            if lib.ciq_activations_size(layout_id, tokens, k, size) != lib.CIQ_OK:
-                continue
-            fused, apart = ops.empty((size[0],), np.uint8), ops.empty((size[0],), np.uint8)  # poisoned: 0xFF
-            status = lib.ciq_rms_norm_activations(ops.device, lib.CIQ_ORDER_HOST, ops._fp(xd),
-                                                  ops._fp(w) if w is not None else n.ffi.NULL, 1e-6, tokens, k,
-                                                  layout_id, fused.ptr)
-            if ops.device >= 0 and layout != "f16":
-                assert status == lib.CIQ_ERR_UNSUPPORTED, layout
-                continue
-            n.check(status)
-            n.check(lib.ciq_activations_quantize(ops.device, layout_id, ops._fp(h), apart.ptr, tokens, k))
-            assert np.array_equal(fused.numpy(), apart.numpy()), (layout, w is None)
-            checked += 1
+        wp = ops._fp(w) if w is not None else n.ffi.NULL
+        checked += _fused_activations_checked(ops, tokens, k, ops.rms_norm(xd, w, 1e-6), lambda layout, out: (
+            lib.ciq_rms_norm_activations(ops.device, lib.CIQ_ORDER_HOST, ops._fp(xd), wp, 1e-6, tokens, k, layout, out)))
     per_weight = 1 if ops.device >= 0 else len([u for u in (256, 128, 128, 64, 32, 32) if k % u == 0])
     assert checked == 2 * per_weight
 

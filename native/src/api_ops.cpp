@@ -33,6 +33,21 @@ static ciq_status check_order(const char *what, int device, ciq_op_order order) 
     return CIQ_OK;
 }
 
+// Host float32 scratch of tokens x k values (an op run before the next on the host): overflow and want of memory
+// reported in `what`'s name.
+static ciq_status host_values(const char *what, int64_t tokens, int64_t k, std::vector<float> &values) {
+    if (tokens > INT64_MAX / k) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: %lld x %lld values overflow", what, (long long)tokens,
+                        (long long)k);
+    }
+    try {
+        values.resize((size_t)tokens * (size_t)k);
+    } catch (const std::exception &) {  // bad_alloc, or length_error past the vector's max_size
+        return ciq_fail(CIQ_ERR_OUT_OF_MEMORY, "%s: %lld x %lld float32 values", what, (long long)tokens, (long long)k);
+    }
+    return CIQ_OK;
+}
+
 ciq_status ciq_rms_norm(int device, ciq_op_order order, const float *x, const float *weight, const float *add,
                         float eps, int64_t n, int64_t d, float *out) {
     if (x == nullptr || out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rms_norm: NULL pointer");
@@ -216,12 +231,7 @@ ciq_status ciq_rope_kv_store(int device, ciq_op_order order, ciq_rope_mode mode,
     CIQ_TRY(check_order("ciq_rope_kv_store", device, order));
     if (device == CIQ_DEVICE_CPU) {  // the calls in turn
         std::vector<float> roped;
-        try {
-            roped.resize((size_t)(tokens * row));
-        } catch (const std::exception &) {
-            return ciq_fail(CIQ_ERR_OUT_OF_MEMORY, "ciq_rope_kv_store: %lld x %lld float32 values", (long long)tokens,
-                            (long long)row);
-        }
+        CIQ_TRY(host_values("ciq_rope_kv_store", tokens, row, roped));
         CIQ_TRY(ciq_cpu_rope(mode, k, positions, tokens, heads_kv, head_dim, base, roped.data()));
         CIQ_TRY(ciq_cpu_rope(mode, q, positions, tokens, heads, head_dim, base, q_out));
         CIQ_TRY(ciq_cpu_kv_store(k_cache, start, roped.data(), tokens, row));
@@ -265,17 +275,8 @@ ciq_status ciq_glu_activations(int device, ciq_op_order order, ciq_glu_kind kind
     CIQ_TRY(ciq_check_device(device));
     CIQ_TRY(check_order("ciq_glu_activations", device, order));
     if (device == CIQ_DEVICE_CPU) {
-        if (tokens > INT64_MAX / k) {
-            return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_glu_activations: %lld x %lld values overflow",
-                            (long long)tokens, (long long)k);
-        }
         std::vector<float> values;
-        try {
-            values.resize((size_t)tokens * (size_t)k);
-        } catch (const std::exception &) {  // bad_alloc, or length_error past the vector's max_size
-            return ciq_fail(CIQ_ERR_OUT_OF_MEMORY, "ciq_glu_activations: %lld x %lld float32 values", (long long)tokens,
-                            (long long)k);
-        }
+        CIQ_TRY(host_values("ciq_glu_activations", tokens, k, values));
         CIQ_TRY(ciq_cpu_glu(kind, gate, up, tokens * k, values.data()));
         return ciq_activations_quantize(device, layout, values.data(), out, tokens, k);
     }
@@ -300,17 +301,8 @@ ciq_status ciq_rms_norm_activations(int device, ciq_op_order order, const float 
     CIQ_TRY(ciq_check_device(device));
     CIQ_TRY(check_order("ciq_rms_norm_activations", device, order));
     if (device == CIQ_DEVICE_CPU) {
-        if (tokens > INT64_MAX / k) {
-            return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rms_norm_activations: %lld x %lld values overflow",
-                            (long long)tokens, (long long)k);
-        }
         std::vector<float> values;
-        try {
-            values.resize((size_t)tokens * (size_t)k);
-        } catch (const std::exception &) {
-            return ciq_fail(CIQ_ERR_OUT_OF_MEMORY, "ciq_rms_norm_activations: %lld x %lld float32 values",
-                            (long long)tokens, (long long)k);
-        }
+        CIQ_TRY(host_values("ciq_rms_norm_activations", tokens, k, values));
         CIQ_TRY(ciq_cpu_rms_norm(x, weight, nullptr, eps, tokens, k, values.data()));
         return ciq_activations_quantize(device, layout, values.data(), out, tokens, k);
     }
