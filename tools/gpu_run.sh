@@ -62,8 +62,8 @@
 # deliverables 4-5 once written (a Hopper attention kernel: `bench-attention` is its yardstick, where our mma kernel
 # ran at 0.75x llama.cpp's FLASH_ATTN_EXT on the 8B's shapes; the 1024-row GEMMs), then `GRAPH=1 TOKENS="512 2048"
 # compare-8b`, `GRAPH=1 TOKENS=8192 LIMIT=400 compare-8b` (one call each), `bench`, `sanitize fusion` and the case of
-# the new kernel. `test tests/test_engine.py -k last_token` fails there against the device's llama.cpp CPU backend
-# (GGML_NATIVE=OFF: other CPU kernels than the CI's build it matches bit for bit). Prepare every edit before the lease:
+# the new kernel. `test tests/test_engine.py -k last_token` fails there against the CUDA build's CPU device (it
+# passes in CI against a CPU-only build; not explained yet). Prepare every edit before the lease:
 # the machine goes back 30 s after a call, with /tmp.
 # plugin-sanitize after ac2ab62's change to the plugin's waits. Run one-off scripts as
 # `gpu_run.sh py tools/X.py` (its PYTHONPATH), and fire the next call within 30 s.
