@@ -9,7 +9,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-from .errors import CiqError
+from .errors import CiqError, InvalidArgumentError
 
 _GPU_QUERY = "name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu"
 
@@ -58,11 +58,36 @@ def cpu_model() -> str:
         return platform.processor() or platform.machine()
 
 
+# The environment variables that choose kernels, plans or fusions (the A/B switches): a result records those set.
+SWITCHES = ("GGML_CIQ_VARIANT", "GGML_CIQ_OFFLOAD", "GGML_CIQ_CPU_ISA", "GGML_CIQ_FUSE", "GGML_CIQ_WGMMA_TAIL",
+            "GGML_CIQ_WGMMA_PDL", "GGML_CIQ_WGMMA_CONFIG", "GGML_CIQ_ATTENTION_SPLIT",
+            "GGML_CIQ_LLAMACPP_FA_BLOCKS_PER_SM")
+
+
+def switches() -> dict:
+    """The SWITCHES set in this process's environment, name -> value."""
+    return {name: os.environ[name] for name in SWITCHES if os.environ.get(name)}
+
+
+def switch(name: str, default: bool = True) -> bool:
+    """An on/off environment variable: 1/on/true/yes or 0/off/false/no (any case); unset or empty: default; anything
+    else an InvalidArgumentError naming it (never a silent guess)."""
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value in ("1", "on", "true", "yes"):
+        return True
+    if value in ("0", "off", "false", "no"):
+        return False
+    raise InvalidArgumentError(f"{name}={os.environ[name]!r}: expected 1 or 0 (on/off)")
+
+
 def describe() -> dict:
-    """Everything above in one record (llama.cpp's part only where its libraries load)."""
+    """Everything above in one record (llama.cpp's part only where its libraries load), with the switches set."""
     env = {"ggml_ciq_commit": ciq_commit(), "ggml_ciq": _build_info() or None, "gpus": gpus(), "cpu": cpu_model(),
            "cores": os.cpu_count(), "python": platform.python_version(),
-           "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+           "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "switches": switches()}
     try:
         from .llamacpp import LlamaCpp
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
-import os
 import re
 from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import native, quants
+from . import environment, native, quants
 from .errors import CiqError, InvalidArgumentError, ShapeError, UnsupportedTypeError
 from .model import Tensor
 
@@ -224,7 +223,7 @@ class NativeOps:
         # host op order: weights stacked (stack_weights), norms and residual adds fused into the GEMMs' activation
         # conversion and epilogue (linear_group's norm, linear's add), RoPE and the K/V stores in one kernel
         # (rope_kv_store); GGML_CIQ_FUSE=0 turns it off for A/B runs
-        self.fuse = fuse and op_order == "host" and os.environ.get("GGML_CIQ_FUSE", "1") != "0"
+        self.fuse = fuse and op_order == "host" and environment.switch("GGML_CIQ_FUSE")
         self.native = native.load()
         if self.device >= 0 and self.device >= native.device_count():
             raise InvalidArgumentError(f"GPU {self.device} requested but {native.device_count()} found")

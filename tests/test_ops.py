@@ -280,6 +280,25 @@ def test_rope_kv_store_equals_apart(ops, rng, neox):
             other.rope_kv_store(q, k, v, positions, 5e5, neox, kc, vc, start)
 
 
+@pytest.mark.parametrize("value, on", [("", True), ("1", True), ("on", True), ("TRUE", True), ("0", False),
+                                       ("off", False), ("No", False)])
+def test_fuse_switch(native_lib, monkeypatch, value, on):
+    """GGML_CIQ_FUSE turns the fusions of NativeOps(fuse=True) off (never on where fuse is not asked), and the result
+    files' environment records it."""
+    from ggml_ciq import environment
+
+    monkeypatch.setenv("GGML_CIQ_FUSE", value)
+    assert NativeOps("cpu", fuse=True).fuse is on and NativeOps("cpu").fuse is False
+    assert environment.switches().get("GGML_CIQ_FUSE") == (value or None)
+
+
+def test_fuse_switch_bad_value(native_lib, monkeypatch):
+    """A value that is neither on nor off is an error naming the variable, not a guess."""
+    monkeypatch.setenv("GGML_CIQ_FUSE", "maybe")
+    with pytest.raises(InvalidArgumentError, match="GGML_CIQ_FUSE='maybe': expected 1 or 0"):
+        NativeOps("cpu", fuse=True)
+
+
 def _q4k_tensor(rng, name, rows, k):
     return Tensor(name, Q.Q4_K, (rows, k), Q.quantize_q4_K(rng.standard_normal((rows, k)).astype(np.float32)))
 
