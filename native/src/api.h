@@ -21,6 +21,8 @@ ciq_status ciq_check_count(const char *what, const char *name, int64_t value);
         }                                         \
         return cpu_call;                          \
     } while (0)
+#define CIQ_GPU_CALL(cuda_call) (cuda_call)
 #else
 #define CIQ_ROUTE(device, cpu_call, cuda_call) return cpu_call
+#define CIQ_GPU_CALL(cuda_call) CIQ_ERR_UNSUPPORTED  // a build without the CUDA backend: its calls are not declared
 #endif

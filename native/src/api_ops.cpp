@@ -262,6 +262,35 @@ ciq_status ciq_glu(int device, ciq_op_order order, ciq_glu_kind kind, const floa
     CIQ_ROUTE(device, ciq_cpu_glu(kind, gate, up, n, out), ciq_cuda_glu(order, kind, gate, up, n, out));
 }
 
+// An op fused into ciq_activations_quantize (`apart` names the op it fuses): the host runs the op into float32
+// scratch, then the conversion, for every layout; a GPU runs the fused kernel (gpu) for the host order and the f16
+// layout only.
+template <class Host, class Gpu>
+static ciq_status fused_activations(const char *what, const char *apart, int device, ciq_op_order order,
+                                    ciq_layout layout, int64_t tokens, int64_t k, void *out, Host host, Gpu gpu) {
+    size_t bytes = 0;
+    CIQ_TRY(ciq_activations_size(layout, tokens, k, &bytes));  // the layout, tokens and K (its multiple) checked
+    CIQ_TRY(ciq_check_device(device));
+    CIQ_TRY(check_order(what, device, order));
+    if (device == CIQ_DEVICE_CPU) {
+        std::vector<float> values;
+        CIQ_TRY(host_values(what, tokens, k, values));
+        CIQ_TRY(host(values.data()));
+        return ciq_activations_quantize(device, layout, values.data(), out, tokens, k);
+    }
+#ifdef GGML_CIQ_WITH_CUDA
+    if (layout != CIQ_LAYOUT_F16 || order != CIQ_ORDER_HOST) {
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "%s: a GPU fuses the host order into the f16 layout only (layout %d, order "
+                        "%d asked): run %s then ciq_activations_quantize", what, (int)layout, (int)order, apart);
+    }
+    CIQ_TRY(ciq_cuda_set_device(device));
+    return gpu();
+#else
+    (void)gpu;
+    return CIQ_ERR_UNSUPPORTED;
+#endif
+}
+
 ciq_status ciq_glu_activations(int device, ciq_op_order order, ciq_glu_kind kind, const float *gate, const float *up,
                                int64_t tokens, int64_t k, ciq_layout layout, void *out) {
     if (gate == nullptr || up == nullptr || out == nullptr) {
@@ -270,53 +299,20 @@ ciq_status ciq_glu_activations(int device, ciq_op_order order, ciq_glu_kind kind
     if (kind != CIQ_GLU_SILU && kind != CIQ_GLU_GELU) {
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_glu_activations: unknown kind %d (SILU 0, GELU 1)", (int)kind);
     }
-    size_t bytes = 0;
-    CIQ_TRY(ciq_activations_size(layout, tokens, k, &bytes));  // the layout, tokens and K (its multiple) checked
-    CIQ_TRY(ciq_check_device(device));
-    CIQ_TRY(check_order("ciq_glu_activations", device, order));
-    if (device == CIQ_DEVICE_CPU) {
-        std::vector<float> values;
-        CIQ_TRY(host_values("ciq_glu_activations", tokens, k, values));
-        CIQ_TRY(ciq_cpu_glu(kind, gate, up, tokens * k, values.data()));
-        return ciq_activations_quantize(device, layout, values.data(), out, tokens, k);
-    }
-#ifdef GGML_CIQ_WITH_CUDA
-    if (layout != CIQ_LAYOUT_F16 || order != CIQ_ORDER_HOST) {
-        return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_glu_activations: a GPU fuses the host order into the f16 layout only "
-                        "(layout %d, order %d asked): run ciq_glu then ciq_activations_quantize", (int)layout, (int)order);
-    }
-    CIQ_TRY(ciq_cuda_set_device(device));
-    return ciq_cuda_glu_convert_f16(kind == CIQ_GLU_GELU, gate, up, out, tokens, k);
-#else
-    return CIQ_ERR_UNSUPPORTED;
-#endif
+    return fused_activations(
+        "ciq_glu_activations", "ciq_glu", device, order, layout, tokens, k, out,
+        [&](float *values) { return ciq_cpu_glu(kind, gate, up, tokens * k, values); },
+        [&] { return CIQ_GPU_CALL(ciq_cuda_glu_convert_f16(kind == CIQ_GLU_GELU, gate, up, out, tokens, k)); });
 }
 
 ciq_status ciq_rms_norm_activations(int device, ciq_op_order order, const float *x, const float *weight, float eps,
                                     int64_t tokens, int64_t k, ciq_layout layout, void *out) {
     if (x == nullptr || out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rms_norm_activations: NULL pointer");
-    size_t bytes = 0;
-    CIQ_TRY(ciq_activations_size(layout, tokens, k, &bytes));  // the layout, tokens and K (its multiple) checked
     if (k > INT32_MAX) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rms_norm_activations: k %lld exceeds 2^31 - 1", (long long)k);
-    CIQ_TRY(ciq_check_device(device));
-    CIQ_TRY(check_order("ciq_rms_norm_activations", device, order));
-    if (device == CIQ_DEVICE_CPU) {
-        std::vector<float> values;
-        CIQ_TRY(host_values("ciq_rms_norm_activations", tokens, k, values));
-        CIQ_TRY(ciq_cpu_rms_norm(x, weight, nullptr, eps, tokens, k, values.data()));
-        return ciq_activations_quantize(device, layout, values.data(), out, tokens, k);
-    }
-#ifdef GGML_CIQ_WITH_CUDA
-    if (layout != CIQ_LAYOUT_F16 || order != CIQ_ORDER_HOST) {
-        return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_rms_norm_activations: a GPU fuses the host order into the f16 layout "
-                        "only (layout %d, order %d asked): run ciq_rms_norm then ciq_activations_quantize", (int)layout,
-                        (int)order);
-    }
-    CIQ_TRY(ciq_cuda_set_device(device));
-    return ciq_cuda_rms_norm_convert_f16(x, weight, eps, out, tokens, k);
-#else
-    return CIQ_ERR_UNSUPPORTED;
-#endif
+    return fused_activations(
+        "ciq_rms_norm_activations", "ciq_rms_norm", device, order, layout, tokens, k, out,
+        [&](float *values) { return ciq_cpu_rms_norm(x, weight, nullptr, eps, tokens, k, values); },
+        [&] { return CIQ_GPU_CALL(ciq_cuda_rms_norm_convert_f16(x, weight, eps, out, tokens, k)); });
 }
 
 ciq_status ciq_add(int device, const float *a, int64_t n, const float *b, int64_t b_n, float *out) {

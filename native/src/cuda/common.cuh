@@ -92,8 +92,6 @@ static __device__ __forceinline__ void ciq_store_out(void *out, int64_t index, f
     }
 }
 
-// The f16 activation layout's scale (blocks.h ciq_f16_scale_offset): 2^e with amax * 2^-e in [2^14, 2^15) (e >= -100
-// for amax 0); writes 2^e to *scale unless NULL and returns the factor 2^-e the values are multiplied by.
 // Lets the grid launched after this one as a programmatic dependent (wgmma's PDL) start now; it waits for this
 // grid's completion before reading its output (griddepcontrol.wait). sm_90 nvcc only: a no-op elsewhere.
 static __device__ __forceinline__ void ciq_launch_dependents() {
@@ -102,7 +100,33 @@ static __device__ __forceinline__ void ciq_launch_dependents() {
 #endif
 }
 
-// CUDA only, as the f16 layout.
+// A warp's xor-butterfly sum and maximum (every lane gets it).
+static __device__ __forceinline__ float ciq_warp_sum(float v) {
+#pragma unroll
+    for (int offset = CIQ_WARP_SIZE / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xFFFFFFFF, v, offset);
+    return v;
+}
+static __device__ __forceinline__ float ciq_warp_max(float v) {
+#pragma unroll
+    for (int offset = CIQ_WARP_SIZE / 2; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFF, v, offset));
+    return v;
+}
+// The maximum over a block of CIQ_ELEMENTWISE_THREADS threads (every thread gets it); once per kernel (its shared
+// slots are not fenced for a second call).
+static __device__ __forceinline__ float ciq_block_max(float v) {
+    __shared__ float warp_max[CIQ_ELEMENTWISE_THREADS / CIQ_WARP_SIZE];
+    v = ciq_warp_max(v);
+    if (threadIdx.x % CIQ_WARP_SIZE == 0) warp_max[threadIdx.x / CIQ_WARP_SIZE] = v;
+    __syncthreads();
+    v = warp_max[0];
+#pragma unroll
+    for (int w = 1; w < CIQ_ELEMENTWISE_THREADS / CIQ_WARP_SIZE; ++w) v = fmaxf(v, warp_max[w]);
+    return v;
+}
+
+// The f16 activation layout's scale (blocks.h ciq_f16_scale_offset): 2^e with amax * 2^-e in [2^14, 2^15) (e >= -100
+// for amax 0); writes 2^e to *scale unless NULL and returns the factor 2^-e the values are multiplied by. CUDA only,
+// as the f16 layout.
 #if !defined(GGML_CIQ_HIP)
 static __device__ __forceinline__ float ciq_f16_up_scale(float amax, float *scale) {
     int e = 0;

@@ -10,27 +10,13 @@
 // Activations -> f16 layout: one CTA per token finds amax, picks 2^e with amax * 2^-e in [2^14, 2^15) and writes
 // f16(x * 2^-e) and scale_t = 2^e. NV > 0: the row is read once, NV float4 per thread held in registers (K <= 1024 NV,
 // x 16-byte aligned); NV == 0: any even K and alignment, the row is read twice.
-static __device__ __forceinline__ float block_max_256(float v) {
-    __shared__ float warp_max[8];
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFF, v, o));
-    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = v;
-    __syncthreads();
-    v = warp_max[0];
-#pragma unroll
-    for (int wi = 1; wi < 8; ++wi) v = fmaxf(v, warp_max[wi]);
-    return v;
-}
-
-
 // GLU: x = ciq_glu_value(gate, up) (ciq_glu_activations: the GLU fused in, no float32 intermediate); the same
 // values as ciq_glu then this conversion.
 template <int NV, bool GLU>
 __global__ void __launch_bounds__(256) convert_f16_kernel(const float *__restrict__ x, const float *__restrict__ up,
                                                           bool gelu, int64_t k, __half *__restrict__ xh,
                                                           float *__restrict__ scales) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;");  // the GEMM after it may start (it waits for this grid)
-#endif
+    ciq_launch_dependents();  // the GEMM after it may start (it waits for this grid)
     const int64_t tok = blockIdx.x;
     const float *xr = x + tok * k;
     const float *ur = GLU ? up + tok * k : nullptr;
@@ -50,7 +36,7 @@ __global__ void __launch_bounds__(256) convert_f16_kernel(const float *__restric
             }
             amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[n].x), fabsf(v[n].y)), fmaxf(fabsf(v[n].z), fabsf(v[n].w))));
         }
-        const float upscale = ciq_f16_up_scale(block_max_256(amax), threadIdx.x == 0 ? scales + tok : nullptr);
+        const float upscale = ciq_f16_up_scale(ciq_block_max(amax), threadIdx.x == 0 ? scales + tok : nullptr);
 #pragma unroll
         for (int n = 0; n < NV; ++n) {
             const int64_t c = 4 * (threadIdx.x + 256 * n);
@@ -61,7 +47,7 @@ __global__ void __launch_bounds__(256) convert_f16_kernel(const float *__restric
     } else {  // the values are computed twice (the GLU's: the same both times)
         float amax = 0.0f;
         for (int64_t c = threadIdx.x; c < k; c += 256) amax = fmaxf(amax, fabsf(value(c)));
-        const float upscale = ciq_f16_up_scale(block_max_256(amax), threadIdx.x == 0 ? scales + tok : nullptr);
+        const float upscale = ciq_f16_up_scale(ciq_block_max(amax), threadIdx.x == 0 ? scales + tok : nullptr);
         for (int64_t c = 2 * threadIdx.x; c < k; c += 512)
             *(uint32_t *)(hr + c) = h2u(__floats2half2_rn(value(c) * upscale, value(c + 1) * upscale));
     }

@@ -37,8 +37,7 @@ __device__ __forceinline__ float rms_scale(float sum, int64_t d, float eps) {
 
 // A block's sum of its threads' sums: each warp's xor tree, then the warp sums in warp order (every thread gets it).
 __device__ __forceinline__ float block_sum(float sum, float *warp_sums) {
-#pragma unroll
-    for (int offset = CIQ_WARP_SIZE / 2; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xFFFFFFFF, sum, offset);
+    sum = ciq_warp_sum(sum);
     if (threadIdx.x % CIQ_WARP_SIZE == 0) warp_sums[threadIdx.x / CIQ_WARP_SIZE] = sum;
     __syncthreads();
     sum = 0.0f;
@@ -71,6 +70,20 @@ rms_norm_kernel(const float *x, const float *__restrict__ weight, const float *a
 constexpr int64_t RMS_NORM_WARP_MAX = 1024;
 constexpr int RMS_NORM_ROWS = 4;
 
+// Which row kernel the host-order norm takes for rows of d (and so its float order), one choice for ciq_rms_norm and
+// its f16 form: a warp a row (warp, v float4s a lane: 2, 4, 6, 8), a block a row with the row in registers (v float4s a
+// thread: 2, 4, 8), or (v == 0) the strided kernel (other alignments, d % 4 != 0, d > 8192).
+struct RmsRows {
+    bool warp;
+    int v;
+};
+RmsRows rms_rows(int64_t d, bool aligned) {
+    if (!aligned || d % 4 != 0 || d > 8 * 4 * OPS_THREADS) return {false, 0};
+    const bool warp = d <= RMS_NORM_WARP_MAX;
+    const int64_t lanes = warp ? CIQ_WARP_SIZE : OPS_THREADS, per = (d / 4 + lanes - 1) / lanes;
+    return {warp, per <= 2 ? 2 : per <= 4 ? 4 : warp && per <= 6 ? 6 : 8};
+}
+
 // A row held as float4s in registers, V a thread: float4 first + step * j (the row's float4 j... are values 4j..4j+3).
 template <int V> struct Row4 {
     float4 v[V];
@@ -93,18 +106,22 @@ template <int V> struct Row4 {
         }
         return sum;
     }
-    // v = (v * scale) * weight (unless NULL) in place: store's roundings without the add.
+    // (v[j] * scale) * weight's float4 i (unless NULL): the norm's roundings.
+    __device__ __forceinline__ float4 scaled(int j, int i, float scale, const float4 *w4) const {
+        float4 r = {__fmul_rn(v[j].x, scale), __fmul_rn(v[j].y, scale), __fmul_rn(v[j].z, scale), __fmul_rn(v[j].w, scale)};
+        if (w4) {
+            const float4 w = w4[i];
+            r = {__fmul_rn(r.x, w.x), __fmul_rn(r.y, w.y), __fmul_rn(r.z, w.z), __fmul_rn(r.w, w.w)};
+        }
+        return r;
+    }
+    // v = scaled(v) in place (store's values without the add).
     __device__ __forceinline__ void normalize(float scale, const float *weight, int first, int step, int d4) {
-        const float4 *w4 = reinterpret_cast<const float4 *>(weight);
 #pragma unroll
         for (int j = 0; j < V; ++j) {
             const int i = first + step * j;
             if (i >= d4) break;
-            v[j] = {__fmul_rn(v[j].x, scale), __fmul_rn(v[j].y, scale), __fmul_rn(v[j].z, scale), __fmul_rn(v[j].w, scale)};
-            if (w4) {
-                const float4 w = w4[i];
-                v[j] = {__fmul_rn(v[j].x, w.x), __fmul_rn(v[j].y, w.y), __fmul_rn(v[j].z, w.z), __fmul_rn(v[j].w, w.w)};
-            }
+            v[j] = scaled(j, i, scale, reinterpret_cast<const float4 *>(weight));
         }
     }
     __device__ __forceinline__ float abs_max() const {  // past the row: zeros (load's padding)
@@ -122,12 +139,7 @@ template <int V> struct Row4 {
         for (int j = 0; j < V; ++j) {
             const int i = first + step * j;
             if (i >= d4) break;
-            float4 r = {__fmul_rn(v[j].x, scale), __fmul_rn(v[j].y, scale), __fmul_rn(v[j].z, scale),
-                        __fmul_rn(v[j].w, scale)};
-            if (w4) {
-                const float4 w = w4[i];
-                r = {__fmul_rn(r.x, w.x), __fmul_rn(r.y, w.y), __fmul_rn(r.z, w.z), __fmul_rn(r.w, w.w)};
-            }
+            float4 r = scaled(j, i, scale, w4);
             if (a4) {
                 const float4 a = a4[i];
                 r = {__fadd_rn(r.x, a.x), __fadd_rn(r.y, a.y), __fadd_rn(r.z, a.z), __fadd_rn(r.w, a.w)};
@@ -146,10 +158,7 @@ rms_norm_warp_kernel(const float *x, const float *__restrict__ weight, const flo
     const int lane = threadIdx.x % CIQ_WARP_SIZE, d4 = d / 4;
     Row4<V> r;
     r.load(x + row * d, lane, CIQ_WARP_SIZE, d4);
-    float sum = r.sum_squares();
-#pragma unroll
-    for (int offset = CIQ_WARP_SIZE / 2; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xFFFFFFFF, sum, offset);
-    r.store(rms_scale(sum, d, eps), weight, add ? add + row * d : nullptr, out + row * d, lane, CIQ_WARP_SIZE, d4);
+    r.store(rms_scale(ciq_warp_sum(r.sum_squares()), d, eps), weight, add ? add + row * d : nullptr, out + row * d, lane, CIQ_WARP_SIZE, d4);
 }
 
 // Rows of RMS_NORM_WARP_MAX < d <= 8192 values (d % 4 == 0, 16-byte aligned): a block of OPS_THREADS per row, thread
@@ -197,22 +206,6 @@ ciq_status launch_rms_norm_warp(const float *x, const float *weight, const float
 // The norm's values as ciq_cuda_rms_norm computes them for the row's shape (the warp, block4 or strided kernel's
 // order, weight and no add), then convert_f16.cu's conversion: the token's largest |value| picks 2^e (ciq_f16_up_scale),
 // xh = f16(value * 2^-e), scales[row] = 2^e. No float32 intermediate in memory.
-__device__ __forceinline__ float warp_max(float m) {
-#pragma unroll
-    for (int offset = CIQ_WARP_SIZE / 2; offset > 0; offset >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFF, m, offset));
-    return m;
-}
-
-__device__ __forceinline__ float block_max(float m, float *warp_maxes) {  // every thread gets it
-    m = warp_max(m);
-    if (threadIdx.x % CIQ_WARP_SIZE == 0) warp_maxes[threadIdx.x / CIQ_WARP_SIZE] = m;
-    __syncthreads();
-    m = 0.0f;
-#pragma unroll
-    for (int w = 0; w < OPS_THREADS / CIQ_WARP_SIZE; ++w) m = fmaxf(m, warp_maxes[w]);
-    return m;
-}
-
 // WARP: a warp per row (rms_norm_warp_kernel's order, RMS_NORM_ROWS rows a block); else a block per row
 // (rms_norm_block4_kernel's).
 template <int V, bool WARP>
@@ -220,22 +213,16 @@ __global__ void __launch_bounds__(WARP ? RMS_NORM_ROWS * CIQ_WARP_SIZE : OPS_THR
 rms_norm_f16_kernel(const float *x, const float *__restrict__ weight, float eps, int64_t n, int d, __half *xh,
                     float *scales) {
     ciq_launch_dependents();  // the GEMM after it (convert_f16.cu's kernel does the same)
-    __shared__ float warp_sums[OPS_THREADS / CIQ_WARP_SIZE], warp_maxes[OPS_THREADS / CIQ_WARP_SIZE];
+    __shared__ float warp_sums[OPS_THREADS / CIQ_WARP_SIZE];
     const int64_t row = WARP ? (int64_t)blockIdx.x * RMS_NORM_ROWS + threadIdx.x / CIQ_WARP_SIZE : (int64_t)blockIdx.x;
     if (WARP && row >= n) return;  // a whole warp (no block-wide barrier in the warp form)
     const int d4 = d / 4, first = WARP ? (int)threadIdx.x % CIQ_WARP_SIZE : (int)threadIdx.x;
     const int step = WARP ? CIQ_WARP_SIZE : OPS_THREADS;
     Row4<V> r;
     r.load(x + row * d, first, step, d4);
-    float sum = r.sum_squares();
-    if constexpr (WARP) {
-#pragma unroll
-        for (int offset = CIQ_WARP_SIZE / 2; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xFFFFFFFF, sum, offset);
-    } else {
-        sum = block_sum(sum, warp_sums);
-    }
+    const float sum = WARP ? ciq_warp_sum(r.sum_squares()) : block_sum(r.sum_squares(), warp_sums);
     r.normalize(rms_scale(sum, d, eps), weight, first, step, d4);
-    const float amax = WARP ? warp_max(r.abs_max()) : block_max(r.abs_max(), warp_maxes);
+    const float amax = WARP ? ciq_warp_max(r.abs_max()) : ciq_block_max(r.abs_max());
     const float up = ciq_f16_up_scale(amax, first == 0 ? scales + row : nullptr);
     __half *h = xh + row * d;
 #pragma unroll
@@ -253,7 +240,7 @@ __global__ void __launch_bounds__(OPS_THREADS)
 rms_norm_f16_strided_kernel(const float *x, const float *__restrict__ weight, float eps, int64_t d, __half *xh,
                             float *scales) {
     ciq_launch_dependents();
-    __shared__ float warp_sums[OPS_THREADS / CIQ_WARP_SIZE], warp_maxes[OPS_THREADS / CIQ_WARP_SIZE];
+    __shared__ float warp_sums[OPS_THREADS / CIQ_WARP_SIZE];
     const int64_t row = blockIdx.x;
     const float *xr = x + row * d;
     float sum = 0.0f;
@@ -265,7 +252,7 @@ rms_norm_f16_strided_kernel(const float *x, const float *__restrict__ weight, fl
     };
     float m = 0.0f;
     for (int64_t i = threadIdx.x; i < d; i += OPS_THREADS) m = fmaxf(m, fabsf(value(i)));
-    const float up = ciq_f16_up_scale(block_max(m, warp_maxes), threadIdx.x == 0 ? scales + row : nullptr);
+    const float up = ciq_f16_up_scale(ciq_block_max(m), threadIdx.x == 0 ? scales + row : nullptr);
     __half *h = xh + row * d;
     for (int64_t i = 2 * threadIdx.x; i < d; i += 2 * OPS_THREADS)
         *reinterpret_cast<__half2 *>(h + i) = __floats2half2_rn(value(i) * up, value(i + 1) * up);
@@ -290,11 +277,19 @@ ciq_status launch_rms_norm_f16(const float *x, const float *weight, float eps, i
 // host's chain of float products (each group's thread computes it again: the same value), then the group's heads.
 constexpr int64_t ROPE_HEADS = 4;
 
-// The angle of dimension pair i at a position: the host's chain of float products.
-__device__ __forceinline__ float rope_theta(int32_t position, int64_t i, float theta_scale) {
-    float theta = (float)position;
+// Grid index idx of a RoPE launch over `groups` head groups a token: its token t, head group, the dimension pair's
+// indices a, b (NORM: 2i, 2i + 1; NEOX: i, i + D/2) and the angle's cosine and sine, the angle position * theta_scale^i
+// by the host's chain of float products.
+struct RopeSlot {
+    int64_t t, group, a, b;
+    float c, s;
+};
+__device__ __forceinline__ RopeSlot rope_slot(int64_t idx, int64_t groups, int64_t half, const int32_t *positions,
+                                              float theta_scale, bool neox) {
+    const int64_t t = idx / (groups * half), group = idx / half % groups, i = idx % half;
+    float theta = (float)positions[t];
     for (int64_t j = 0; j < i; ++j) theta = __fmul_rn(theta, theta_scale);
-    return theta;
+    return {t, group, neox ? i : 2 * i, neox ? i + half : 2 * i + 1, cosf(theta), sinf(theta)};
 }
 
 // One pair (x0, x1) rotated by the angle whose cosine and sine are c, s: the host's roundings.
@@ -309,15 +304,12 @@ rope_kernel(const float *__restrict__ x, const int32_t *__restrict__ positions, 
             int64_t head_dim, float theta_scale, bool neox, float *__restrict__ out) {
     const int64_t half = head_dim / 2, groups = (heads + ROPE_HEADS - 1) / ROPE_HEADS;
     for (int64_t idx = ciq_first_index(); idx < tokens * groups * half; idx += ciq_index_stride()) {
-        const int64_t t = idx / (groups * half), group = idx / half % groups, i = idx % half;
-        const float theta = rope_theta(positions[t], i, theta_scale);
-        const float c = cosf(theta), s = sinf(theta);
-        const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-        for (int64_t h = group * ROPE_HEADS; h < min(heads, (group + 1) * ROPE_HEADS); ++h) {
-            const int64_t base = (t * heads + h) * head_dim;
-            const float2 r = rope_pair(x[base + a], x[base + b], c, s);
-            out[base + a] = r.x;
-            out[base + b] = r.y;
+        const RopeSlot p = rope_slot(idx, groups, half, positions, theta_scale, neox);
+        for (int64_t h = p.group * ROPE_HEADS; h < min(heads, (p.group + 1) * ROPE_HEADS); ++h) {
+            const int64_t base = (p.t * heads + h) * head_dim;
+            const float2 r = rope_pair(x[base + p.a], x[base + p.b], p.c, p.s);
+            out[base + p.a] = r.x;
+            out[base + p.b] = r.y;
         }
     }
 }
@@ -332,22 +324,20 @@ rope_kv_kernel(const float *q, const float *__restrict__ k, const float *__restr
     const int64_t half = head_dim / 2, groups_q = (heads + ROPE_HEADS - 1) / ROPE_HEADS;
     const int64_t groups = groups_q + (heads_kv + ROPE_HEADS - 1) / ROPE_HEADS;
     for (int64_t idx = ciq_first_index(); idx < tokens * groups * half; idx += ciq_index_stride()) {
-        const int64_t t = idx / (groups * half), group = idx / half % groups, i = idx % half;
-        const float theta = rope_theta(positions[t], i, theta_scale);
-        const float c = cosf(theta), s = sinf(theta);
-        const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-        if (group < groups_q) {
-            for (int64_t h = group * ROPE_HEADS; h < min(heads, (group + 1) * ROPE_HEADS); ++h) {
-                const int64_t base = (t * heads + h) * head_dim;
-                const float2 r = rope_pair(q[base + a], q[base + b], c, s);
+        const RopeSlot p = rope_slot(idx, groups, half, positions, theta_scale, neox);
+        const int64_t a = p.a, b = p.b;
+        if (p.group < groups_q) {
+            for (int64_t h = p.group * ROPE_HEADS; h < min(heads, (p.group + 1) * ROPE_HEADS); ++h) {
+                const int64_t base = (p.t * heads + h) * head_dim;
+                const float2 r = rope_pair(q[base + a], q[base + b], p.c, p.s);
                 q_out[base + a] = r.x;
                 q_out[base + b] = r.y;
             }
         } else {
-            const int64_t g = group - groups_q;
+            const int64_t g = p.group - groups_q;
             for (int64_t h = g * ROPE_HEADS; h < min(heads_kv, (g + 1) * ROPE_HEADS); ++h) {
-                const int64_t base = (t * heads_kv + h) * head_dim;
-                const float2 r = rope_pair(k[base + a], k[base + b], c, s);
+                const int64_t base = (p.t * heads_kv + h) * head_dim;
+                const float2 r = rope_pair(k[base + a], k[base + b], p.c, p.s);
                 k_out[base + a] = f16_bits(r.x);
                 k_out[base + b] = f16_bits(r.y);
                 if (v) {
@@ -436,18 +426,16 @@ __global__ void __launch_bounds__(OPS_THREADS) convert_bf16_kernel(const float *
 ciq_status ciq_cuda_rms_norm(ciq_op_order order, const float *x, const float *weight, const float *add, float eps,
                              int64_t n, int64_t d, float *out) {
     if (order == CIQ_ORDER_LLAMACPP_CUDA) return ciq_cuda_llamacpp_rms_norm(x, weight, add, eps, n, d, out);
-    const bool aligned = ((uintptr_t)x | (uintptr_t)weight | (uintptr_t)add | (uintptr_t)out) % 16 == 0;
-    if (d <= RMS_NORM_WARP_MAX && d % 4 == 0 && aligned) {  // float4 j of a row is values 4j..4j+3
-        const int per_lane = (int)((d / 4 + CIQ_WARP_SIZE - 1) / CIQ_WARP_SIZE);
-        if (per_lane <= 2) return launch_rms_norm_warp<2>(x, weight, add, eps, n, (int)d, out);
-        if (per_lane <= 4) return launch_rms_norm_warp<4>(x, weight, add, eps, n, (int)d, out);
-        if (per_lane <= 6) return launch_rms_norm_warp<6>(x, weight, add, eps, n, (int)d, out);
+    const RmsRows rows = rms_rows(d, ((uintptr_t)x | (uintptr_t)weight | (uintptr_t)add | (uintptr_t)out) % 16 == 0);
+    if (rows.warp) {  // float4 j of a row is values 4j..4j+3
+        if (rows.v == 2) return launch_rms_norm_warp<2>(x, weight, add, eps, n, (int)d, out);
+        if (rows.v == 4) return launch_rms_norm_warp<4>(x, weight, add, eps, n, (int)d, out);
+        if (rows.v == 6) return launch_rms_norm_warp<6>(x, weight, add, eps, n, (int)d, out);
         return launch_rms_norm_warp<8>(x, weight, add, eps, n, (int)d, out);
     }
-    if (d <= 8 * 4 * OPS_THREADS && d % 4 == 0 && aligned) {
-        const int per_thread = (int)((d / 4 + OPS_THREADS - 1) / OPS_THREADS);
-        if (per_thread <= 2) return launch_rms_norm_block4<2>(x, weight, add, eps, n, (int)d, out);
-        if (per_thread <= 4) return launch_rms_norm_block4<4>(x, weight, add, eps, n, (int)d, out);
+    if (rows.v) {
+        if (rows.v == 2) return launch_rms_norm_block4<2>(x, weight, add, eps, n, (int)d, out);
+        if (rows.v == 4) return launch_rms_norm_block4<4>(x, weight, add, eps, n, (int)d, out);
         return launch_rms_norm_block4<8>(x, weight, add, eps, n, (int)d, out);
     }
     for (int64_t row = 0; row < n; row += 65535) {  // grid.x limit per launch
@@ -469,20 +457,18 @@ ciq_status ciq_cuda_rms_norm_convert_f16(const float *x, const float *weight, fl
     __half *xh = (__half *)out;
     float *scales = (float *)((uint8_t *)out + ciq_f16_scale_offset(tokens, k));
     const int64_t n = tokens, d = k;
-    // ciq_cuda_rms_norm's choice of kernel, row for row (on x and weight: out's __half2 stores need 4 bytes, and
-    // the f16 layout's K, a multiple of 64, keeps every row so)
-    const bool aligned = ((uintptr_t)x | (uintptr_t)weight) % 16 == 0;
-    if (d <= RMS_NORM_WARP_MAX && d % 4 == 0 && aligned) {
-        const int per_lane = (int)((d / 4 + CIQ_WARP_SIZE - 1) / CIQ_WARP_SIZE);
-        if (per_lane <= 2) return launch_rms_norm_f16<2, true>(x, weight, eps, n, (int)d, xh, scales);
-        if (per_lane <= 4) return launch_rms_norm_f16<4, true>(x, weight, eps, n, (int)d, xh, scales);
-        if (per_lane <= 6) return launch_rms_norm_f16<6, true>(x, weight, eps, n, (int)d, xh, scales);
+    // ciq_cuda_rms_norm's kernel, row for row (chosen on x and weight: out's __half2 stores need 4 bytes, and the f16
+    // layout's K, a multiple of 64, keeps every row so)
+    const RmsRows rows = rms_rows(d, ((uintptr_t)x | (uintptr_t)weight) % 16 == 0);
+    if (rows.warp) {
+        if (rows.v == 2) return launch_rms_norm_f16<2, true>(x, weight, eps, n, (int)d, xh, scales);
+        if (rows.v == 4) return launch_rms_norm_f16<4, true>(x, weight, eps, n, (int)d, xh, scales);
+        if (rows.v == 6) return launch_rms_norm_f16<6, true>(x, weight, eps, n, (int)d, xh, scales);
         return launch_rms_norm_f16<8, true>(x, weight, eps, n, (int)d, xh, scales);
     }
-    if (d <= 8 * 4 * OPS_THREADS && d % 4 == 0 && aligned) {
-        const int per_thread = (int)((d / 4 + OPS_THREADS - 1) / OPS_THREADS);
-        if (per_thread <= 2) return launch_rms_norm_f16<2, false>(x, weight, eps, n, (int)d, xh, scales);
-        if (per_thread <= 4) return launch_rms_norm_f16<4, false>(x, weight, eps, n, (int)d, xh, scales);
+    if (rows.v) {
+        if (rows.v == 2) return launch_rms_norm_f16<2, false>(x, weight, eps, n, (int)d, xh, scales);
+        if (rows.v == 4) return launch_rms_norm_f16<4, false>(x, weight, eps, n, (int)d, xh, scales);
         return launch_rms_norm_f16<8, false>(x, weight, eps, n, (int)d, xh, scales);
     }
     for (int64_t row = 0; row < n; row += 65535) {
