@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from . import native, quants
-from .environment import ciq_commit, cpu_model, gpus, switches
+from .environment import ciq_commit, cpu_model, gpus
 from .errors import InvalidArgumentError
 from .model import ModelFile
 
@@ -132,7 +132,7 @@ def cpu_environment(threads: int) -> dict:
     llama = LlamaCpp.load()
     return {"device": f"CPU: {cpu_model()}", "threads": threads, "ggml_ciq_commit": ciq_commit(),
             "ggml_ciq": native.build_info(), "llamacpp_version": llama.version, "llamacpp_commit": llama.commit,
-            "llamacpp_lib": str(llama.lib_dir), "switches": switches()}
+            "llamacpp_lib": str(llama.lib_dir)}
 
 
 def rows_to_json(rows) -> list[dict]:
@@ -425,7 +425,7 @@ def plot_json(json_path: str, png_path: str) -> None:
 
 def gpu_environment(device: int = 0, llamacpp: bool = True) -> dict:
     env = {"device": native.device_name(device), "ggml_ciq_commit": ciq_commit(), "ggml_ciq": native.build_info(),
-           "rotation_bytes": ROTATION_BYTES, "switches": switches()}
+           "rotation_bytes": ROTATION_BYTES}
     env["nvidia_smi"] = gpus()
     if llamacpp:
         from .llamacpp import LlamaCpp

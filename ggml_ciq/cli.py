@@ -220,10 +220,10 @@ def _attention_case(text: str):
 
 
 def _attention_kernels(text: str) -> list[str]:
-    from . import native
+    from . import ops
 
     kernels = [k.strip() for k in text.split(",")]
-    known = [k for k in native.enum_names("ciq_attention_kernel", "CIQ_ATTENTION_") if k != "auto"]
+    known = [k for k in ops.ATTENTION_KERNELS if k != "auto"]
     for k in kernels:
         if k not in known:
             raise CiqError(f"unknown attention kernel {k!r} (choose from {', '.join(known)})")
@@ -270,8 +270,9 @@ def _check_bench(args) -> None:
     from . import bench
 
     attention_flags = ("--case", "--cases", "--kernels")
+    gemm_flags = ("--model", "--shape", "--shapes", "--tokens", "--variants", "--ab", "--no-ceiling")  # bench gemm's own
     if args.op == "attention":
-        stray = _used(args, "--model", "--shape", "--shapes", "--tokens", "--variants", "--ab", "--no-ceiling", "--plot")
+        stray = _used(args, *gemm_flags, "--plot")
         if stray:
             raise CiqError(f"{', '.join(stray)} belong to bench gemm (bench attention takes --case, --cases, "
                            f"--kernels)")
@@ -287,8 +288,7 @@ def _check_bench(args) -> None:
     if stray:
         raise CiqError(f"{', '.join(stray)} belong to bench attention")
     if args.op == "plot":
-        stray = _used(args, "--backend", "--model", "--shape", "--shapes", "--tokens", "--variants", "--ab",
-                      "--threads", "--repeat", "--no-llamacpp", "--no-ceiling")
+        stray = _used(args, "--backend", *gemm_flags, "--threads", "--repeat", "--no-llamacpp")
         if stray:
             raise CiqError(f"bench plot redraws a saved file (--json, --plot); {', '.join(stray)} belong to bench gemm")
         if not args.json or not args.plot:

@@ -20,6 +20,7 @@ Prefill runs in micro-batches of n_ubatch tokens through a K/V cache, as llama.c
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -92,37 +93,29 @@ class Hyperparameters:
 
 
 class Linear:
-    """One weight matrix (+ optional bias): the ops' own weight, and the op class its time counts under."""
+    """One weight matrix (+ optional bias): the ops' own weight (loaded here unless given: a stacked one, whose
+    ``outputs`` are its matrices'), and the op class its time counts under."""
 
-    def __init__(self, ops, tensor: Tensor, bias: Tensor | None = None):
-        self.tensor, self.weight = tensor, ops.load_weight(tensor)
+    def __init__(self, ops, tensor: Tensor, bias: Tensor | None = None, weight=None):
+        self.tensor, self.weight = tensor, ops.load_weight(tensor) if weight is None else weight
         self.op_class = "keep-quant GEMM" if tensor.is_keep_quant else "other GEMM"
         self.bias = None if bias is None else ops.asarray(bias.dequantize().reshape(-1))  # uploaded once
+        self.outputs = len(getattr(self.weight, "parts", ())) or 1
 
 
 class LinearSet:
-    """Weights on one input (q/k/v, gate/up): runs of consecutive matrices the ops stack into one weight
-    (ops.stack_weights: one GEMM launch, the outputs apart; no biases), the rest one Linear each. ``parts`` lists
-    what runs, in order: a Linear, or (stacked weight, op class) whose outputs are the run's matrices'."""
+    """Weights on one input (q/k/v, gate/up): runs of consecutive matrices of one type and K that the ops stack into
+    one weight (ops.stack_weights: one GEMM launch, the outputs apart; no biases), the rest one Linear each. ``parts``
+    lists the Linears in order, a stacked one with ``outputs`` > 1."""
 
     def __init__(self, ops, pairs: list[tuple[Tensor, Tensor | None]]):
         stack = getattr(ops, "stack_weights", None)
-        self.parts: list = []
-        i = 0
-        while i < len(pairs):
-            j = i + 1
-            while (stack is not None and j < len(pairs) and pairs[j][0].ggml_type == pairs[i][0].ggml_type
-                   and pairs[j][0].k == pairs[i][0].k):
-                j += 1
-            run = pairs[i:j]
-            stacked = None
-            if len(run) > 1 and all(bias is None for _, bias in run):
-                stacked = stack([t for t, _ in run])
-            if stacked is None:
-                self.parts += [Linear(ops, t, b) for t, b in run]
-            else:
-                self.parts.append((stacked, "keep-quant GEMM" if run[0][0].is_keep_quant else "other GEMM"))
-            i = j
+        self.parts: list[Linear] = []
+        for _, run in itertools.groupby(pairs, key=lambda p: (p[0].ggml_type, p[0].k) if stack else id(p)):
+            run = list(run)
+            stacked = stack([t for t, _ in run]) if len(run) > 1 and all(b is None for _, b in run) else None
+            self.parts += ([Linear(ops, run[0][0], weight=stacked)] if stacked is not None else
+                           [Linear(ops, t, b) for t, b in run])
 
 
 def _rows(x, start: int, stop: int):
@@ -224,8 +217,12 @@ class Transformer:
         def optional(name, *shape):
             return tensor(name, *shape) if name in model.tensors else None
 
+        def pair(name, rows, cols):
+            """(weight tensor, its bias or None) of a linear layer."""
+            return tensor(f"{name}.weight", rows, cols), optional(f"{name}.bias", rows)
+
         def linear(name, rows, cols):
-            return Linear(ops, tensor(f"{name}.weight", rows, cols), optional(f"{name}.bias", rows))
+            return Linear(ops, *pair(name, rows, cols))
 
         def norm(name, n=hp.n_embd):
             return ops.asarray(tensor(name, n).dequantize().reshape(-1))
@@ -235,12 +232,8 @@ class Transformer:
         self.layers = []
         for i in range(hp.n_layer):
             p = f"blk.{i}"
-            gate = (tensor(f"{p}.ffn_gate.weight", None, e), optional(f"{p}.ffn_gate.bias", None))
+            gate = pair(f"{p}.ffn_gate", None, e)
             ff = gate[0].rows
-
-            def pair(name, rows, cols):
-                return tensor(f"{name}.weight", rows, cols), optional(f"{name}.bias", rows)
-
             layer = dict(attn_norm=norm(f"{p}.attn_norm.weight"),
                          qkv=LinearSet(ops, [pair(f"{p}.attn_q", q_rows, e), pair(f"{p}.attn_k", kv_rows, e),
                                              pair(f"{p}.attn_v", kv_rows, e)]),
@@ -276,27 +269,23 @@ class Transformer:
         all of them, with the norm fused into that conversion where the ops fuse (the same values)."""
         ops, eps = self.ops, self.hp.rms_eps
         parts = lins.parts if isinstance(lins, LinearSet) else lins
-        weights = [p.weight if isinstance(p, Linear) else p[0] for p in parts]
         group, groups = getattr(ops, "linear_group", None), getattr(ops, "groups", None)
-        if group is None or groups is None or not groups(weights):
+        if group is None or groups is None or not groups([p.weight for p in parts]):
             h, out = (x if norm is None else ops.rms_norm(x, norm, eps)), []
             for p in parts:  # a stacked weight (ops that stack group it alone) beside one they do not group
-                if isinstance(p, Linear):
+                if p.outputs == 1:
                     out.append(self._linear(p, h))
                 else:
-                    with ops.timer(p[1]):
-                        out += group([p[0]], h)
+                    with ops.timer(p.op_class):
+                        out += group([p.weight], h)
             return out
-        op_class = parts[0].op_class if isinstance(parts[0], Linear) else parts[0][1]
-        with ops.timer(op_class):
-            ys = group(weights, x) if norm is None else group(weights, x, norm=(norm, eps))
+        with ops.timer(parts[0].op_class):
+            ys = group([p.weight for p in parts], x, **({} if norm is None else {"norm": (norm, eps)}))
         ys, out = iter(ys), []
         for p in parts:
-            if isinstance(p, Linear):
-                y = next(ys)
-                out.append(y if p.bias is None else ops.add(y, p.bias))
-            else:
-                out += [next(ys) for _ in p[0].parts]
+            out += [next(ys) for _ in range(p.outputs)]
+            if p.bias is not None:  # one output: a bias only stays on a weight apart
+                out[-1] = ops.add(out[-1], p.bias)
         return out
 
     def _heads(self, x, n_heads: int):
@@ -352,13 +341,12 @@ class Transformer:
         down's GEMM class where it is fused in), the residual into down's epilogue where they fuse."""
         gate, up = self._linears(layer["gate_up"], x, norm=layer["ffn_norm"])
         kind, down = "gelu" if self.arch.gemma else "silu", layer["down"]
-        fused = getattr(self.ops, "glu_linear", None)
-        if fused is None or down.bias is not None:
+        glu_linear = getattr(self.ops, "glu_linear", None)
+        if glu_linear is None or down.bias is not None:
             return self._linear(down, self.ops.glu(gate, up, kind), residual)
-        if residual is not None and getattr(self.ops, "fuse", False):
-            return fused(down.weight, gate, up, kind, down.op_class, add=residual)
-        y = fused(down.weight, gate, up, kind, down.op_class)
-        return y if residual is None else self.ops.add(y, residual)
+        fused = residual is not None and getattr(self.ops, "fuse", False)  # as _linear's add
+        y = glu_linear(down.weight, gate, up, kind, down.op_class, add=residual if fused else None)
+        return y if residual is None or fused else self.ops.add(y, residual)
 
     def _norm_add(self, x, weight, residual, fused: bool = True):
         """rms_norm(x) * weight + residual: one op where the ops offer it and llama.cpp's graph lets ggml-cuda fuse

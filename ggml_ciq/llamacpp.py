@@ -338,6 +338,15 @@ class _Graph(Closeable):
         if status != 0:
             raise BackendError(f"ggml_backend_graph_compute on {self.device} failed (status {status})")
 
+    def _set_tensors(self, arrays: dict, what: str) -> None:
+        """Each input tensor from its array (its bytes checked against the tensor's)."""
+        for name, tensor in self._inputs.items():
+            a = arrays[name]
+            if a.nbytes != self._lib.ggml_nbytes(tensor):
+                raise ShapeError(f"{what}: {name} has {a.nbytes} bytes, the graph's tensor "
+                                 f"{self._lib.ggml_nbytes(tensor)}")
+            self._lib.ggml_backend_tensor_set(tensor, ffi.from_buffer(a), 0, a.nbytes)
+
     def _finish(self, outputs, graph_size, dev, device, unsupported: str | None, allocation: str) -> None:
         """The graph over `outputs` in self._ctx, a backend on `dev` that runs the first output's op (else
         UnsupportedTypeError(unsupported); None: not asked), the context's tensors in its default buffer type (plain
@@ -509,12 +518,8 @@ class OpGraph(_Graph):
         self._open()
         if set(inputs) != set(self._inputs):
             raise ShapeError(f"{self.kind} takes {sorted(self._inputs)}, got {sorted(inputs)}")
-        for name, tensor in self._inputs.items():
-            a = np.ascontiguousarray(inputs[name], np.int32 if name == "positions" else np.float32)
-            if a.nbytes != self._lib.ggml_nbytes(tensor):
-                raise ShapeError(f"{self.kind}: {name} has {a.nbytes} bytes, the graph's tensor "
-                                 f"{self._lib.ggml_nbytes(tensor)}")
-            self._lib.ggml_backend_tensor_set(tensor, ffi.from_buffer(a), 0, a.nbytes)
+        self._set_tensors({name: np.ascontiguousarray(a, np.int32 if name == "positions" else np.float32)
+                           for name, a in inputs.items()}, self.kind)
         self._compute()
         out = np.empty(self.shape, np.float32)
         self._lib.ggml_backend_tensor_get(self._out, ffi.from_buffer(out), 0, out.nbytes)
@@ -537,6 +542,7 @@ class AttentionGraph(_Graph):
         self._ctx = self._backend = self._buffer = None
         self.device, self.tokens, self.heads, self.heads_kv, self.d = device, tokens, heads, heads_kv, d
         self.n_past, self.window, self.copies = n_past, window, copies
+        self._ready = False  # set_inputs() before compute()
         n_kv = n_past + tokens
         dev = bridge._device(device)
         try:
@@ -571,17 +577,12 @@ class AttentionGraph(_Graph):
         n_kv = self.n_past + self.tokens
         arrays = {"q": np.ascontiguousarray(q, np.float32), "k": np.ascontiguousarray(np.asarray(k)[:n_kv], np.float16),
                   "v": np.ascontiguousarray(np.asarray(v)[:n_kv], np.float16), "mask": self.mask()}
-        for name, tensor in self._inputs.items():
-            a = arrays[name]
-            if a.nbytes != self._lib.ggml_nbytes(tensor):
-                raise ShapeError(f"attention: {name} has shape {a.shape}, the graph's tensor "
-                                 f"{self._lib.ggml_nbytes(tensor)} bytes")
-            self._lib.ggml_backend_tensor_set(tensor, ffi.from_buffer(a), 0, a.nbytes)
+        self._set_tensors(arrays, "attention")
         self._ready = True
 
     def compute(self) -> None:
         self._open()
-        if not getattr(self, "_ready", False):
+        if not self._ready:
             raise BackendError("AttentionGraph: set_inputs() before compute()")
         self._compute()
 

@@ -426,7 +426,10 @@ class NativeOps:
         return table
 
     def _upload_raw(self, tensor: Tensor) -> DeviceArray:
-        raw = np.ascontiguousarray(tensor.raw())
+        return self._upload_bytes(tensor.raw())
+
+    def _upload_bytes(self, raw: np.ndarray) -> DeviceArray:
+        raw = np.ascontiguousarray(raw).reshape(-1)
         out = self.empty((raw.size,), np.uint8)
         n = self.native
         n.check(n.lib.ciq_memory_upload(self.device, out.ptr, n.ffi.from_buffer(raw), raw.nbytes))
@@ -441,11 +444,7 @@ class NativeOps:
         order, inside one FMA in llama.cpp CUDA's (its fused RMS_NORM + MUL + ADD)."""
         x = self._f32(x, "rms_norm input")
         d = x.shape[-1]
-        w = None
-        if weight is not None:
-            w = self._f32(weight, "rms_norm weight")
-            if w.size != d:
-                raise ShapeError(f"rms_norm: weight of {w.size} values for rows of {d}")
+        w = self._norm_weight(weight, d)
         if add is not None:
             add = self._f32(add, "rms_norm add")
             if add.shape != x.shape:
@@ -458,14 +457,35 @@ class NativeOps:
                                    self._fp(out)))
         return out
 
+    def _norm_weight(self, weight, d: int):
+        """rms_norm's weight as float32 on this device (None: none), checked against rows of d."""
+        if weight is None:
+            return None
+        w = self._f32(weight, "rms_norm weight")
+        if w.size != d:
+            raise ShapeError(f"rms_norm: weight of {w.size} values for rows of {d}")
+        return w
+
+    def _positions(self, positions, tokens: int, what: str) -> DeviceArray:
+        """RoPE positions as int32[tokens] on this device."""
+        positions = self.asarray(positions, None if isinstance(positions, DeviceArray) else np.int32)
+        if positions.dtype != np.int32 or positions.size != tokens:
+            raise ShapeError(f"{what}: positions must be int32[{tokens}], got {positions.dtype}{positions.shape}")
+        return positions
+
+    def _check_cache(self, cache, start: int, x, what: str) -> None:
+        """A float16 K/V cache of this device that x[T, Hkv, D] fits from row start."""
+        if not isinstance(cache, DeviceArray) or cache.dtype != np.float16 or cache.device != self.device:
+            raise InvalidArgumentError(f"{what}: the cache must be a float16 DeviceArray on this device")
+        if tuple(x.shape[1:]) != tuple(cache.shape[1:]) or start < 0 or start + x.shape[0] > cache.shape[0]:
+            raise ShapeError(f"{what}: {x.shape} at row {start} into a {cache.shape} cache")
+
     def rope(self, x, positions, base: float, neox: bool = False) -> DeviceArray:
         """ggml RoPE (NORM or NEOX) of x[T, H, D] over all D dims at positions[T]."""
         x = self._f32(x, "rope input")
         if len(x.shape) != 3:
             raise ShapeError(f"rope: x must be [tokens, heads, head_dim], got {x.shape}")
-        positions = self.asarray(positions, None if isinstance(positions, DeviceArray) else np.int32)
-        if positions.dtype != np.int32 or positions.size != x.shape[0]:
-            raise ShapeError(f"rope: positions must be int32[{x.shape[0]}], got {positions.dtype}{positions.shape}")
+        positions = self._positions(positions, x.shape[0], "rope")
         out = self.empty(x.shape)
         n = self.native
         n.check(n.lib.ciq_rope(self.device, self._op_order_id, n.lib.CIQ_ROPE_NEOX if neox else n.lib.CIQ_ROPE_NORM,
@@ -484,9 +504,7 @@ class NativeOps:
         w = self._f32(weight, "rms_norm_rope weight")
         if w.size != d:
             raise ShapeError(f"rms_norm_rope: weight of {w.size} values for heads of {d}")
-        positions = self.asarray(positions, None if isinstance(positions, DeviceArray) else np.int32)
-        if positions.dtype != np.int32 or positions.size != t:
-            raise ShapeError(f"rms_norm_rope: positions must be int32[{t}], got {positions.dtype}{positions.shape}")
+        positions = self._positions(positions, t, "rms_norm_rope")
         out = self.empty(x.shape)
         n = self.native
         n.check(n.lib.ciq_rms_norm_rope(self.device, self._op_order_id,
@@ -521,11 +539,8 @@ class NativeOps:
 
     def kv_store(self, cache, start: int, x) -> None:
         """cache[start:start+T] = x[T, Hkv, D] rounded to f16."""
-        if not isinstance(cache, DeviceArray) or cache.dtype != np.float16 or cache.device != self.device:
-            raise InvalidArgumentError("kv_store: the cache must be a float16 DeviceArray on this device")
         x = self._f32(x, "kv_store input")
-        if x.shape[1:] != cache.shape[1:] or start < 0 or start + x.shape[0] > cache.shape[0]:
-            raise ShapeError(f"kv_store: {x.shape} at row {start} into a {cache.shape} cache")
+        self._check_cache(cache, start, x, "kv_store")
         n = self.native
         n.check(n.lib.ciq_kv_store(self.device, self._u16(cache), int(start), self._fp(x), x.shape[0],
                                    x.size // x.shape[0]))
@@ -536,18 +551,13 @@ class NativeOps:
         q, k = self._f32(q, "rope input"), self._f32(k, "rope input")
         if len(q.shape) != 3 or len(k.shape) != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
             raise ShapeError(f"rope_kv_store: q {q.shape} and k {k.shape} must be [tokens, heads, head_dim] alike")
-        for cache, x in ((k_cache, k), (v_cache, v)):
-            if x is None:
-                continue
-            if not isinstance(cache, DeviceArray) or cache.dtype != np.float16 or cache.device != self.device:
-                raise InvalidArgumentError("rope_kv_store: the caches must be float16 DeviceArrays on this device")
-            if tuple(x.shape[1:]) != tuple(cache.shape[1:]) or x.shape[0] != k.shape[0] or start < 0 \
-                    or start + x.shape[0] > cache.shape[0]:
-                raise ShapeError(f"rope_kv_store: {x.shape} at row {start} into a {cache.shape} cache")
         v = None if v is None else self._f32(v, "kv_store input")
-        positions = self.asarray(positions, None if isinstance(positions, DeviceArray) else np.int32)
-        if positions.dtype != np.int32 or positions.size != q.shape[0]:
-            raise ShapeError(f"rope: positions must be int32[{q.shape[0]}], got {positions.dtype}{positions.shape}")
+        self._check_cache(k_cache, start, k, "rope_kv_store")
+        if v is not None:
+            if v.shape != k.shape:
+                raise ShapeError(f"rope_kv_store: v {v.shape} for k {k.shape}")
+            self._check_cache(v_cache, start, v, "rope_kv_store")
+        positions = self._positions(positions, q.shape[0], "rope_kv_store")
         out = self.empty(q.shape)
         n = self.native
         n.check(n.lib.ciq_rope_kv_store(self.device, self._op_order_id,
@@ -581,25 +591,13 @@ class NativeOps:
         kernel fewer and no float32 intermediate); elsewhere the two ops in turn. op_class: the timer class of the
         GEMM (with the GLU where fused into it; the GLU apart is left out of it, as an op of its own)."""
         timer = self.timer(op_class) if op_class else contextlib.nullcontext()
-        gate, up, kind_id = self._glu_inputs(gate, up, kind)
-        if (self.device < 0 or self.op_order != "host" or weight.kind not in ("keep-quant", "q32")
-                or gate.shape[-1] != weight.k):
-            h = self.glu(gate, up, kind)
-            with timer:
-                return self.linear(weight, h, add)
-        n, tokens = self.native, gate.size // weight.k
-        plan = self._plan(weight, tokens)
-        activations = self.empty((plan.activation_bytes,), np.uint8)
-        if plan.activation_layout != n.lib.CIQ_LAYOUT_F16:  # glu, then linear's conversion and GEMM on this plan
-            h = self.glu(gate, up, kind)
-            with timer:
-                n.check(n.lib.ciq_activations_quantize(self.device, plan.activation_layout, self._fp(h),
-                                                       activations.ptr, tokens, weight.k))
-                return self._gemm_planned(weight, plan, activations, tokens, add)[0]
+        gate, up, _ = self._glu_inputs(gate, up, kind)
+        if self.device >= 0 and self.op_order == "host" and gate.shape[-1] == weight.k and self.groups([weight]):
+            with timer:  # linear_group's glu prologue: fused where the plan reads the f16 layout
+                return self.linear_group([weight], gate, glu=(up, kind), adds=[add])[0]
+        h = self.glu(gate, up, kind)
         with timer:
-            n.check(n.lib.ciq_glu_activations(self.device, self._op_order_id, kind_id, self._fp(gate), self._fp(up),
-                                              tokens, weight.k, plan.activation_layout, activations.ptr))
-            return self._gemm_planned(weight, plan, activations, tokens, add)[0]
+            return self.linear(weight, h, add)
 
     def _plan(self, weight: Weight, tokens: int):
         """The ciq_plan of a quantized weight's GEMM at this token count (_kernel's variant and semantics)."""
@@ -657,10 +655,11 @@ class NativeOps:
         CPU)."""
         if len(tensor.shape) != 2:
             raise ShapeError(f"{tensor.name}: a weight must be 2-D, got shape {tensor.shape}")
-        if tensor.is_keep_quant:
-            return Weight(tensor.name, tensor.ggml_type, tensor.rows, tensor.k, "keep-quant", self._upload_raw(tensor))
-        if self.device >= 0 and tensor.ggml_type in quants.Q32_TYPES and self._block32_raw(tensor):
-            return Weight(tensor.name, tensor.ggml_type, tensor.rows, tensor.k, "q32", self._raw(tensor))
+        kind = self._block_kind(tensor)
+        if kind == "keep-quant":
+            return Weight(tensor.name, tensor.ggml_type, tensor.rows, tensor.k, kind, self._upload_raw(tensor))
+        if kind == "q32":
+            return Weight(tensor.name, tensor.ggml_type, tensor.rows, tensor.k, kind, self._raw(tensor))
         if tensor.ggml_type not in GET_ROWS_TYPES:
             raise UnsupportedTypeError(f"{tensor.name}: weight type {tensor.type_name} is not supported")
         if self.device < 0:
@@ -673,6 +672,15 @@ class NativeOps:
         del raw
         self.trim()  # the raw blocks are not needed again: no cached copy of them
         return Weight(tensor.name, tensor.ggml_type, tensor.rows, tensor.k, "bf16", dense)
+
+    def _block_kind(self, tensor: Tensor) -> str | None:
+        """The Weight kind that keeps this tensor in its GGUF blocks on these ops: "keep-quant" (Q4_K/Q6_K), "q32"
+        (Q4_0/Q5_0/Q8_0 on a GPU where _block32_raw), else None (dequantized)."""
+        if tensor.is_keep_quant:
+            return "keep-quant"
+        if self.device >= 0 and tensor.ggml_type in quants.Q32_TYPES and self._block32_raw(tensor):
+            return "q32"
+        return None
 
     def _block32_raw(self, tensor: Tensor) -> bool:
         """Whether a Q4_0/Q5_0/Q8_0 weight stays in its blocks on this GPU: in f16 semantics where the registry has a
@@ -734,38 +742,45 @@ class NativeOps:
         kinds = ("keep-quant", "q32") if self._block32_auto else ("keep-quant",)
         return all(w.kind in kinds and w.k == weights[0].k for w in weights)
 
-    def linear_group(self, weights: list[Weight], x, norm: tuple | None = None,
-                     adds: list | None = None) -> list[DeviceArray]:
+    def linear_group(self, weights: list[Weight], x, norm: tuple | None = None, adds: list | None = None,
+                     glu: tuple | None = None) -> list[DeviceArray]:
         """``linear`` of several quantized weights on one input x[n, k] (``groups``): each GEMM is planned once
         (ciq_gemm_plan), x is quantized (or converted) once per activation layout the plans name
         (ciq_activations_quantize), then each GEMM runs its plan on those bytes (ciq_gemm_quantized): the same
         kernels and bytes as separate ``linear`` calls. A stacked weight (stack_weights) gives one output per part.
         norm (weight, eps): the inputs are rms_norm(x) * weight, with the norm fused into the f16 conversion where
-        the ops fuse (ciq_rms_norm_activations: the same bytes); adds: per weight None or its addend (linear's add)."""
+        the ops fuse (ciq_rms_norm_activations: the same bytes); glu (up, kind): the inputs are glu(x, up, kind), fused
+        into a GPU's f16 conversion in the host order (ciq_glu_activations: the same bytes); adds: per weight None or
+        its addend (linear's add)."""
         x = self._f32(x, "linear input")
         if not self.groups(weights) or x.shape[-1] != weights[0].k:
             raise ShapeError("linear_group: quantized weights of one K (groups()), and inputs of that K")
         n, k = self.native, weights[0].k
         tokens = x.size // k
         plans = [self._plan(w, tokens) for w in weights]
-        layouts, normed = {}, None
+        norm_w = self._norm_weight(norm[0], k) if norm is not None else None
+        f16_gpu = self.device >= 0 and self.op_order == "host"
+        layouts, source = {}, None
         for plan in plans:
             layout = plan.activation_layout
             if layout in layouts:
                 continue
             buf = layouts[layout] = self.empty((plan.activation_bytes,), np.uint8)
-            # fused: the GPU's f16 conversion (one kernel); the host runs the two in turn for any layout
-            if norm is not None and self.fuse and (layout == n.lib.CIQ_LAYOUT_F16 or self.device < 0):
-                w = None if norm[0] is None else self._f32(norm[0], "rms_norm weight")
-                if w is not None and w.size != k:
-                    raise ShapeError(f"rms_norm: weight of {w.size} values for rows of {k}")
+            f16 = layout == n.lib.CIQ_LAYOUT_F16
+            # fused prologues: a GPU's f16 conversion (one kernel); the host runs the norm's two in turn for any layout
+            if norm is not None and self.fuse and (f16 or self.device < 0):
                 n.check(n.lib.ciq_rms_norm_activations(self.device, self._op_order_id, self._fp(x),
-                                                       self._fp(w) if w is not None else n.ffi.NULL,
+                                                       self._fp(norm_w) if norm_w is not None else n.ffi.NULL,
                                                        float(norm[1]), tokens, k, layout, buf.ptr))
                 continue
-            if norm is not None and normed is None:
-                normed = self.rms_norm(x, norm[0], norm[1])
-            source = x if norm is None else normed
+            if glu is not None and f16 and f16_gpu:
+                gate, up, kind_id = self._glu_inputs(x, glu[0], glu[1])
+                n.check(n.lib.ciq_glu_activations(self.device, self._op_order_id, kind_id, self._fp(gate), self._fp(up),
+                                                  tokens, k, layout, buf.ptr))
+                continue
+            if source is None:  # the prologue apart, once for every other layout
+                source = (self.rms_norm(x, norm_w, norm[1]) if norm is not None else
+                          self.glu(x, glu[0], glu[1]) if glu is not None else x)
             n.check(n.lib.ciq_activations_quantize(self.device, layout, self._fp(source), buf.ptr, tokens, k))
         adds = adds or [None] * len(weights)
         if len(adds) != len(weights):
@@ -786,14 +801,10 @@ class NativeOps:
         first = tensors[0]
         if any(len(t.shape) != 2 or t.ggml_type != first.ggml_type or t.k != first.k for t in tensors):
             return None
-        if not (first.is_keep_quant or (self._block32_auto and first.ggml_type in quants.Q32_TYPES
-                                         and self._block32_raw(first))):
+        kind = self._block_kind(first)
+        if kind is None or (kind == "q32" and not self._block32_auto):  # what linear_group (groups) takes
             return None
-        raw = np.concatenate([np.ascontiguousarray(t.raw()).reshape(-1) for t in tensors])
-        data = self.empty((raw.size,), np.uint8)
-        n = self.native
-        n.check(n.lib.ciq_memory_upload(self.device, data.ptr, n.ffi.from_buffer(raw), raw.nbytes))
-        kind = "keep-quant" if first.is_keep_quant else "q32"
+        data = self._upload_bytes(np.concatenate([np.ascontiguousarray(t.raw()).reshape(-1) for t in tensors]))
         return Weight("+".join(t.name for t in tensors), first.ggml_type, sum(t.rows for t in tensors), first.k, kind,
                       data, tuple(t.rows for t in tensors))
 

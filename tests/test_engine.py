@@ -395,7 +395,7 @@ def _gemm_weights(layer: dict) -> list:
         if isinstance(value, Linear):
             out.append(value.weight)
         elif isinstance(value, LinearSet):
-            out += [p.weight if isinstance(p, Linear) else p[0] for p in value.parts]
+            out += [p.weight for p in value.parts]
     return out
 
 
@@ -426,7 +426,7 @@ def test_linear_set_beside_a_weight_not_grouped(native_lib, rng):
     _linears runs the stacked part alone and the other apart, each output as linear on the normed input."""
     import types
 
-    from ggml_ciq.engine import Linear, LinearSet
+    from ggml_ciq.engine import LinearSet
     from ggml_ciq.model import Tensor
     from ggml_ciq.ops import NativeOps
 
@@ -438,8 +438,8 @@ def test_linear_set_beside_a_weight_not_grouped(native_lib, rng):
     v[:, 0:2] = rng.uniform(-0.1, 0.1, (len(v), 1)).astype(np.float16).view(np.uint8)
     tensors.append(Tensor("blk.0.attn_v.weight", Q.Q8_0, (32, k), v.reshape(-1)))
     lset = LinearSet(ops, [(t, None) for t in tensors])
-    assert isinstance(lset.parts[0], tuple) and isinstance(lset.parts[1], Linear) and not ops.groups(
-        [lset.parts[0][0], lset.parts[1].weight])
+    assert lset.parts[0].outputs == 2 and lset.parts[1].outputs == 1 and not ops.groups(  # q+k stacked, v apart
+        [lset.parts[0].weight, lset.parts[1].weight])
     engine = types.SimpleNamespace(ops=ops, hp=types.SimpleNamespace(rms_eps=1e-6))
     engine._linear = types.MethodType(Transformer._linear, engine)
     x, norm = rng.standard_normal((tokens, k)).astype(np.float32), (rng.standard_normal(k) + 1).astype(np.float32)

@@ -212,9 +212,7 @@ def ops_case():
     n, lib = ops.native, ops.native.lib
     for t, k in ((1, 640), (37, 640), (37, 14336), (3, 16640)):
         g, u = (ops.asarray(rng.standard_normal((t, k)).astype(np.float32)) for _ in range(2))
-        size = n.ffi.new("size_t *")
-        n.check(lib.ciq_activations_size(lib.CIQ_LAYOUT_F16, t, k, size))
-        out = ops.empty((size[0],), np.uint8)
+        out = ops.empty((native.activation_bytes("f16", t, k),), np.uint8)
         n.check(lib.ciq_glu_activations(ops.device, lib.CIQ_ORDER_HOST, lib.CIQ_GLU_SILU, ops._fp(g), ops._fp(u), t, k,
                                         lib.CIQ_LAYOUT_F16, out.ptr))
         print(f"glu_activations {t} x {k}: {out.numpy().size} bytes")
@@ -245,9 +243,7 @@ def fusion_case():
     n, lib = ops.native, ops.native.lib
     for t, d in ((37, 640), (9, 4096), (3, 9216)):
         x, w = ops.asarray(rng.standard_normal((t, d)).astype(np.float32)), ops.asarray(rng.standard_normal(d).astype(np.float32))
-        size = n.ffi.new("size_t *")
-        n.check(lib.ciq_activations_size(lib.CIQ_LAYOUT_F16, t, d, size))
-        out = ops.empty((size[0],), np.uint8)
+        out = ops.empty((native.activation_bytes("f16", t, d),), np.uint8)
         n.check(lib.ciq_rms_norm_activations(ops.device, lib.CIQ_ORDER_HOST, ops._fp(x), ops._fp(w), 1e-6, t, d,
                                              lib.CIQ_LAYOUT_F16, out.ptr))
         print(f"rms_norm_activations {t} x {d}: {out.numpy().size} bytes")
