@@ -13,6 +13,7 @@
 #   tools/gpu_run.sh pack NAME  everything under $OUT into $OUT/NAME.tgz (a call returns at most 8 files)
 #   tools/gpu_run.sh bench-attention  our attention kernels vs llama.cpp's FLASH_ATTN_EXT, Gemma and 8B cases (wait)
 #   tools/gpu_run.sh fuse-ab    GGML_CIQ_FUSE x GGML_CIQ_WGMMA_TAIL on our 8B (TOKENS) and Gemma 512 prefills (graphs)
+#   tools/gpu_run.sh tail-ab    the tail split on/off in bench gemm (8B shapes, 512 tokens)
 #   tools/gpu_run.sh split-ab | ops-timing | output-row   the attention split's A/B (Gemma, the 8B); the elementwise ops
 #                               old vs new; Gemma's output row at 1 and 8 tokens against llama.cpp's MMVQ
 #   tools/gpu_run.sh bench-pdl | offload-sweep | memory   wgmma PDL A/B; wgmma vs llama.cpp at 16..128 tokens (the
@@ -350,10 +351,18 @@ case "${1:-}" in
         -ts 0/1 -fa 1 -r 1 -p 512 -n 0 -v 2>&1 | grep "## SPLIT" > "$OUT/sched-splits-gemma3-270m-${devs%%/*}.txt"
       echo "$devs: $(awk '{print $4}' "$OUT/sched-splits-gemma3-270m-${devs%%/*}.txt" | sort | uniq -c | paste -sd' ')"
     done ;;
-  breakdown)  # one engine prefill of Gemma 3 270M (fast semantics) at 512 and 4096 tokens with its op-class times
-    for n in 512 4096; do
-      timeout 100 python3 -m ggml_ciq.cli prefill "$(gemma_path)" --tokens $n --device cuda --semantics fast \
-        --json "$OUT/prefill-breakdown-gemma3-270m-$n.json" 2>&1 | tail -n 12
+  breakdown)  # one engine prefill (fast semantics, eager) with its op-class times: Gemma 3 270M at 512 and 4096 tokens,
+             # or MODEL=llama3-8b-synthetic (after wait: its weights need llama.cpp) at TOKENS (512 2048)
+    model=${MODEL:-$(gemma_path)} name=${MODEL:-gemma3-270m}
+    for n in ${TOKENS:-$([ -n "${MODEL:-}" ] && echo 512 2048 || echo 512 4096)}; do
+      timeout 100 python3 -m ggml_ciq.cli prefill "$model" --tokens $n --device cuda --semantics fast --repeat 3 \
+        --json "$OUT/prefill-breakdown-$name-$n.json" 2>&1 | tail -n 12
+    done ;;
+  tail-ab)  # wgmma's tail split on and off (GGML_CIQ_WGMMA_TAIL), bench gemm's Llama-3-8B shapes at 512 tokens, wgmma
+            # only (after wait) -> $OUT/llama3-8b-n512-tail{0,1}.json
+    for t in 0 1; do
+      GGML_CIQ_WGMMA_TAIL=$t timeout 100 python3 -m ggml_ciq.cli bench gemm --backend ciq-cuda --shapes llama3-8b \
+        --tokens 512 --repeat 5 --variants wgmma --json "$OUT/llama3-8b-n512-tail$t.json" 2>&1 | tail -n 3
     done ;;
   plugin-kld)  # base logits of CUDA0 alone (fa off, fa on), then each run against them. (llama-bench separates a
                 # configuration's devices with "/", the common tools with ",")
@@ -371,5 +380,5 @@ case "${1:-}" in
     gemma=$(gemma_path) || exit 1
     step sanitizer-plugin-memcheck 500 env GGML_BACKEND_PATH=$PLUGIN GGML_CIQ_OFFLOAD=all compute-sanitizer --tool memcheck \
       --error-exitcode 9 $LLAMA_BUILD/bin/llama-bench -m "$gemma" -ngl 99 -dev CIQ0/CUDA0 -ts 0/1 -p 77 -n 0 -r 1 -fa 1 ;;
-  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|pack|all|bench|bench-pdl|fuse-ab|offload-sweep|memory|stage|compare|compare-8b|layer-trace|graph-bench|kernel-profile|sass|plugin-splits|breakdown|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize|bench-attention|split-ab|ops-timing|output-row" >&2; exit 2 ;;
+  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|pack|all|bench|bench-pdl|fuse-ab|tail-ab|offload-sweep|memory|stage|compare|compare-8b|layer-trace|graph-bench|kernel-profile|sass|plugin-splits|breakdown|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize|bench-attention|split-ab|ops-timing|output-row" >&2; exit 2 ;;
 esac
