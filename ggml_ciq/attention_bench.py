@@ -90,7 +90,7 @@ class AttentionRow:
 
 
 def default_kernels(device: str) -> list[str]:
-    return ["simt", "mma", "mma_llamacpp"] if device == "cuda" else ["cpu", "ggml"]
+    return ["simt", "mma", "mma_llamacpp", "wgmma"] if device == "cuda" else ["cpu", "ggml"]
 
 
 def bench_attention(cases: list[AttentionCase], device: str, kernels: list[str], repeat: int = 5,

@@ -922,7 +922,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="attention: TOKENS:N_PAST:HEADS:HEADS_KV:HEAD_DIM[:WINDOW] (repeatable)")
     p.add_argument("--cases", help="attention: case set gemma3-270m (default) or llama3-8b")
     p.add_argument("--kernels", type=_from_library(_attention_kernels),
-                   help="attention: comma-separated kernels (default: GPU simt,mma,mma_llamacpp; CPU cpu,ggml)")
+                   help="attention: comma-separated kernels (default: GPU simt,mma,mma_llamacpp,wgmma; CPU cpu,ggml)")
     p.add_argument("--json", help="gemm, attention: write the results here; plot: the saved results to draw")
     p.set_defaults(func=cmd_bench)
 

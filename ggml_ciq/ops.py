@@ -537,6 +537,12 @@ class NativeOps:
         n.check(n.lib.ciq_attention_resolve(self.device, self._attention_kernel_id, head_dim, out))
         return native.enum_names("ciq_attention_kernel", "CIQ_ATTENTION_")[out[0]]
 
+    def attention_runs(self, head_dim: int) -> bool:
+        """Whether ``attention`` runs for this head_dim on this device (attention_kernel_name's question, as a bool)."""
+        n = self.native
+        out = n.ffi.new("ciq_attention_kernel *")
+        return n.lib.ciq_attention_resolve(self.device, self._attention_kernel_id, head_dim, out) == 0
+
     def kv_store(self, cache, start: int, x) -> None:
         """cache[start:start+T] = x[T, Hkv, D] rounded to f16."""
         x = self._f32(x, "kv_store input")

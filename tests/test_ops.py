@@ -571,9 +571,17 @@ def _attention_inputs(rng, tokens, heads_kv, group, head_dim, n_past):
     return q, k, v
 
 
-@pytest.fixture(params=["cpu", "ggml", "simt", "mma", "mma_llamacpp"])
+def _wgmma_attention_or_skip():
+    _gpu_or_skip()
+    if not NativeOps("cuda", attention_kernel="wgmma").attention_runs(128):
+        pytest.skip("attention wgmma needs a Hopper GPU (sm_90) and a build with sm_90a code")
+
+
+@pytest.fixture(params=["cpu", "ggml", "simt", "mma", "mma_llamacpp", "wgmma"])
 def attention_ops(request, native_lib):
-    if request.param not in ("cpu", "ggml"):
+    if request.param == "wgmma":
+        _wgmma_attention_or_skip()
+    elif request.param not in ("cpu", "ggml"):
         _gpu_or_skip()
     return PoisonedOps("cpu" if request.param in ("cpu", "ggml") else "cuda", attention_kernel=request.param)
 
@@ -582,6 +590,10 @@ def attention_ops(request, native_lib):
 def test_attention(attention_ops, rng, tokens, heads_kv, group, head_dim, n_past, window):
     ops = attention_ops
     kernel = ops.attention_kernel
+    if kernel == "wgmma" and head_dim not in (64, 128, 256):
+        with pytest.raises(BackendError, match="does not run head_dim"):
+            ops.attention_kernel_name(head_dim)  # asked for by name: an error, never another kernel
+        return
     assert ops.attention_kernel_name(head_dim) == kernel  # the kernel asked for is the one that runs
     q, k, v = _attention_inputs(rng, tokens, heads_kv, group, head_dim, n_past)
     scale = 1.0 / np.sqrt(head_dim)
@@ -591,10 +603,10 @@ def test_attention(attention_ops, rng, tokens, heads_kv, group, head_dim, n_past
         # f16. Against float64 on those q: 2.0e-8 to 7.7e-7 in the emulation (tests/test_cuda_emulation.py).
         q16 = (q.astype(np.float16) * np.float16(scale)).astype(np.float32)
         assert nmse(out, attention_ref(q16, k, v, n_past, 1.0, window)) <= 1e-5
-    elif kernel in ("mma", "ggml"):
+    elif kernel in ("mma", "wgmma", "ggml"):
         # q and the softmax weights rounded to f16 (mma: for the tensor cores, as llama.cpp's CUDA FlashAttention;
         # ggml: as llama.cpp CPU's f16 K/V products); the reference rounds q too, the weights' rounding (2^-12)
-        # remains. mma measured 1.2e-9 to 1.6e-8 (emulation and H200).
+        # remains. mma measured 1.2e-9 to 1.6e-8 (emulation and H200); wgmma (the same roundings) is held to mma's bar.
         assert nmse(out, attention_ref(q, k, v, n_past, scale, window, round_q=True)) <= 1e-6
     else:
         # Float32 running sums (keys and dims ascending on the CPU, tiled on the GPU) against float64, so not the
@@ -602,7 +614,7 @@ def test_attention(attention_ops, rng, tokens, heads_kv, group, head_dim, n_past
         assert nmse(out, attention_ref(q, k, v, n_past, scale, window)) <= 1e-10
 
 
-@pytest.mark.parametrize("kernel", ["simt", "mma"])
+@pytest.mark.parametrize("kernel", ["simt", "mma", "wgmma"])
 @pytest.mark.parametrize("tokens, heads_kv, group, head_dim, n_past, window, splits",
                          [(512, 1, 4, 256, 0, 512, True), (512, 1, 4, 256, 3584, 0, True),
                           (512, 1, 4, 256, 3584, 512, True), (1, 8, 4, 128, 4000, 0, True),
@@ -614,7 +626,10 @@ def test_attention_split_over_keys(native_lib, rng, monkeypatch, kernel, tokens,
     head: 32 CTAs; global and sliding layers after 3584 cached keys), a decode row over 4000 keys, a window cutting
     rows out of a chunk and Llama-3-8B's 32 heads at 64 queries: within the kernel's bar of float64, not the unsplit
     bits (GGML_CIQ_ATTENTION_SPLIT=0), and the same bits on a second call. Llama-3-8B at 512 queries is 256 CTAs, more
-    than the H200's 132 SMs: not split (the unsplit bits)."""
+    than the H200's 132 SMs: not split (the unsplit bits). wgmma (128 queries a CTA) splits below half the SMs: the
+    same cases split (the 8B at 512 queries: 128 CTAs, not split)."""
+    if kernel == "wgmma":
+        _wgmma_attention_or_skip()
     _gpu_or_skip()
     ops = PoisonedOps("cuda", attention_kernel=kernel)
     q, k, v = _attention_inputs(rng, tokens, heads_kv, group, head_dim, n_past)
@@ -624,9 +639,9 @@ def test_attention_split_over_keys(native_lib, rng, monkeypatch, kernel, tokens,
     assert np.array_equal(split, ops.attention(qd, kd, vd, n_past, scale, window).numpy())
     monkeypatch.setenv("GGML_CIQ_ATTENTION_SPLIT", "0")
     whole = ops.attention(qd, kd, vd, n_past, scale, window).numpy()
-    reference = attention_ref(q, k, v, n_past, scale, window, round_q=kernel == "mma")
+    reference = attention_ref(q, k, v, n_past, scale, window, round_q=kernel != "simt")
     for out in (split, whole):
-        assert nmse(out, reference) <= (1e-6 if kernel == "mma" else 1e-10)
+        assert nmse(out, reference) <= (1e-10 if kernel == "simt" else 1e-6)
     assert np.array_equal(split, whole) != splits
 
 
@@ -645,12 +660,46 @@ def test_attention_ggml_same_values_on_every_isa(native_lib, rng, monkeypatch):
         assert np.array_equal(fast, slow), (tokens, heads_kv, group, head_dim, n_past, window)
 
 
-def test_attention_auto_is_mma_on_gpu(native_lib):
+def test_attention_auto_on_gpu(native_lib, monkeypatch):
+    """AUTO: wgmma where it runs (Hopper, sm_90a code, head_dim 64/128/256), else mma; GGML_CIQ_ATTENTION_WGMMA=0
+    passes over wgmma."""
     _gpu_or_skip()
     ops = NativeOps("cuda")
+    hopper = NativeOps("cuda", attention_kernel="wgmma").attention_runs(128)
+    best = "wgmma" if hopper else "mma"
+    assert [ops.attention_kernel_name(d) for d in (64, 96, 128, 256)] == [best, "mma", best, best]
+    monkeypatch.setenv("GGML_CIQ_ATTENTION_WGMMA", "0")
     assert [ops.attention_kernel_name(d) for d in (64, 96, 128, 256)] == ["mma"] * 4
     with pytest.raises(BackendError):
         ops.attention_kernel_name(80)  # no kernel built for head_dim 80
+
+
+# (tokens, n_past, heads, heads_kv, head_dim, window): 128-query tiles with tails, key tiles (128 keys; 64 at D 256)
+# crossing the diagonal, the window's start and the cache's last filled row, GQA groups of 1..4, decode rows.
+WGMMA_ATTENTION_CASES = [
+    (300, 1000, 6, 2, 128, 0), (300, 1000, 6, 2, 128, 700), (129, 0, 4, 1, 64, 0), (255, 77, 8, 8, 64, 33),
+    (200, 300, 4, 1, 256, 0), (200, 300, 4, 1, 256, 512), (1, 4095, 8, 2, 128, 0), (7, 130, 2, 2, 256, 5),
+]
+
+
+@pytest.mark.parametrize("tokens, n_past, heads, heads_kv, head_dim, window", WGMMA_ATTENTION_CASES)
+def test_attention_wgmma_against_float64(native_lib, rng, tokens, n_past, heads, heads_kv, head_dim, window):
+    """attention_wgmma.cu on longer key ranges than ATTENTION_CASES: within mma's bar of float64 (q rounded to f16 in
+    the reference), poisoned outputs overwritten, NaN cache rows past the filled ones never read, the same bits on a
+    second call, and the launch counted as wgmma's."""
+    _wgmma_attention_or_skip()
+    ops = PoisonedOps("cuda", attention_kernel="wgmma")
+    q, k, v = _attention_inputs(rng, tokens, heads_kv, heads // heads_kv, head_dim, n_past)
+    q *= 2  # larger scores: a sharper softmax, rows whose maximum moves between key tiles
+    scale = 1.0 / np.sqrt(head_dim)
+    qd, kd, vd = ops.asarray(q), ops.asarray(k), ops.asarray(v)
+    native.dispatch_reset()
+    out = ops.attention(qd, kd, vd, n_past, scale, window).numpy()
+    counts = native.attention_dispatch_counts()
+    assert counts["wgmma"] == 1 and sum(counts.values()) == 1
+    assert np.isfinite(out).all()
+    assert nmse(out, attention_ref(q, k, v, n_past, scale, window, round_q=True)) <= 1e-6
+    assert np.array_equal(out, ops.attention(qd, kd, vd, n_past, scale, window).numpy())
 
 
 def test_attention_mma_llamacpp_is_its_own_arithmetic(native_lib, rng):

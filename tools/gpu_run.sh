@@ -7,12 +7,14 @@
 #                               (GGML_CIQ_LLAMACPP_LIB: the Python bridge uses the same libraries as the tools)
 #   tools/gpu_run.sh test       GPU test suite (pytest tests/test_cuda.py + the rest)
 #   tools/gpu_run.sh sanitize [CASE]  compute-sanitizer memcheck + racecheck on every kernel, or one of
-#                               tools/sanitize_case.py's cases (engine, attention-split, ops, wgmma-block32, a variant) -> $OUT
+#                               tools/sanitize_case.py's cases (engine, attention-split, attention-wgmma, ops, fusion,
+#                               wgmma-block32, a variant) -> $OUT
 #   tools/gpu_run.sh wait       wait for the llama.cpp CUDA build
 #   tools/gpu_run.sh py ARGS    python3 ARGS with this environment (e.g. py -m ggml_ciq.cli bench gemm ...)
 #   tools/gpu_run.sh pack NAME  everything under $OUT into $OUT/NAME.tgz (a call returns at most 8 files)
 #   tools/gpu_run.sh bench-attention  our attention kernels vs llama.cpp's FLASH_ATTN_EXT, Gemma and 8B cases (wait)
 #   tools/gpu_run.sh fuse-ab    GGML_CIQ_FUSE x GGML_CIQ_WGMMA_TAIL on our 8B (TOKENS) and Gemma 512 prefills (graphs)
+#   tools/gpu_run.sh attention-ab  AUTO's attention wgmma vs mma (GGML_CIQ_ATTENTION_WGMMA) on our 8B (TOKENS) and Gemma prefills
 #   tools/gpu_run.sh tail-ab    the tail split on/off in bench gemm (8B shapes, 512 tokens)
 #   tools/gpu_run.sh split-ab | ops-timing | output-row   the attention split's A/B (Gemma, the 8B); the elementwise ops
 #                               old vs new; Gemma's output row at 1 and 8 tokens against llama.cpp's MMVQ
@@ -277,6 +279,21 @@ case "${1:-}" in
         /tmp/gemma3-270m.gguf --tokens 512 --device cuda --semantics fast --repeat 5 --cuda-graph \
         --json "$OUT/prefill-gemma3-270m-512-fast-graph-fuse$1-tail$2.json" 2>&1 | grep -E "tokens/s|rror" | sed "s/^/fuse=$1 tail=$2 gemma 512: /"
     done ;;
+  attention-ab)  # API v12's A/B: AUTO's attention wgmma (GGML_CIQ_ATTENTION_WGMMA=1) against mma (=0), our prefill as
+                 # graphs: the synthetic 8B at TOKENS (512 2048 8192; its weights need llama.cpp: wait), Gemma at 512 and
+                 # 4096 when staged -> $OUT/prefill-*-fast-graph-attnwgmmaW.json
+    for w in 1 0; do
+      for n in ${TOKENS:-512 2048 8192}; do
+        GGML_CIQ_ATTENTION_WGMMA=$w timeout 150 python3 -m ggml_ciq.cli prefill llama3-8b-synthetic --tokens $n \
+          --device cuda --semantics fast --repeat 5 --cuda-graph --json "$OUT/prefill-llama3-8b-$n-fast-graph-attnwgmma$w.json" \
+          2>&1 | grep -E "tokens/s|rror" | sed "s/^/wgmma=$w 8B $n: /"
+      done
+      for n in 512 4096; do
+        [ -f /tmp/gemma3-270m.gguf ] && GGML_CIQ_ATTENTION_WGMMA=$w timeout 100 python3 -m ggml_ciq.cli prefill \
+          /tmp/gemma3-270m.gguf --tokens $n --device cuda --semantics fast --repeat 5 --cuda-graph \
+          --json "$OUT/prefill-gemma3-270m-$n-fast-graph-attnwgmma$w.json" 2>&1 | grep -E "tokens/s|rror" | sed "s/^/wgmma=$w gemma $n: /"
+      done
+    done ;;
   ops-timing)  # the elementwise ops and the fused GLU conversion, new kernels against the old in one process
     python3 tools/ops_timing.py --json "$OUT/ops-timing.json" ;;
   output-row)  # Gemma's tied Q8_0 output (262144 x 640) at 1 and 8 tokens: q32, mmvq, wgmma against llama.cpp's MMVQ (wait)
@@ -380,5 +397,5 @@ case "${1:-}" in
     gemma=$(gemma_path) || exit 1
     step sanitizer-plugin-memcheck 500 env GGML_BACKEND_PATH=$PLUGIN GGML_CIQ_OFFLOAD=all compute-sanitizer --tool memcheck \
       --error-exitcode 9 $LLAMA_BUILD/bin/llama-bench -m "$gemma" -ngl 99 -dev CIQ0/CUDA0 -ts 0/1 -p 77 -n 0 -r 1 -fa 1 ;;
-  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|pack|all|bench|bench-pdl|fuse-ab|tail-ab|offload-sweep|memory|stage|compare|compare-8b|layer-trace|graph-bench|kernel-profile|sass|plugin-splits|breakdown|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize|bench-attention|split-ab|ops-timing|output-row" >&2; exit 2 ;;
+  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|pack|all|bench|bench-pdl|fuse-ab|tail-ab|offload-sweep|memory|stage|compare|compare-8b|layer-trace|graph-bench|kernel-profile|sass|plugin-splits|breakdown|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize|bench-attention|split-ab|attention-ab|ops-timing|output-row" >&2; exit 2 ;;
 esac

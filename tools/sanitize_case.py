@@ -2,10 +2,10 @@
 compute-sanitizer.
 
 Usage: compute-sanitizer --tool memcheck python3 tools/sanitize_case.py [variant ... | wgmma-block32 | engine |
-attention-split | ops | fusion]
+attention-split | attention-wgmma | ops | fusion]
 (mmvq: every type at 1..8 tokens, mmvq_case; mma and q32: also MMQ's stream-k seams, mmq_seams_case; wgmma-block32:
-wgmma on Q4_0/Q5_0/Q8_0, wgmma_block32_case; attention-split: attention_split_case; ops: ops_case; fusion:
-fusion_case)
+wgmma on Q4_0/Q5_0/Q8_0, wgmma_block32_case; attention-split: attention_split_case; attention-wgmma:
+attention_wgmma_case; ops: ops_case; fusion: fusion_case)
 """
 
 import itertools
@@ -21,7 +21,7 @@ from ggml_ciq import quants as Q
 
 
 def engine_case():
-    """Every NativeOps op on the GPU in both float orders (host, llama.cpp CUDA's), the three attention kernels (a
+    """Every NativeOps op on the GPU in both float orders (host, llama.cpp CUDA's), the four attention kernels (a
     window, a tail micro-batch; mma_llamacpp's tile shapes and stream-k segments), the q32 variant, and a small
     gemma3 and llama model's prefill through the engine in each GPU semantics (41 tokens in micro-batches of 16)."""
     from ggml_ciq import catalog
@@ -30,8 +30,10 @@ def engine_case():
     from ggml_ciq.ops import GET_ROWS_TYPES, NativeOps
 
     rng = np.random.default_rng(1)
-    for kernel in ("simt", "mma", "mma_llamacpp"):
+    for kernel in ("simt", "mma", "mma_llamacpp", "wgmma"):
         ops = NativeOps("cuda", attention_kernel=kernel)
+        if kernel == "wgmma" and not ops.attention_runs(64):
+            continue  # not Hopper or no sm_90a code in this build
         for d, n_past, window in ((64, 0, 0), (128, 37, 0), (256, 5, 19)):
             t, hkv = 67, 2
             q = rng.standard_normal((t, 4, d)).astype(np.float32)
@@ -187,6 +189,29 @@ def attention_split_case():
     del os.environ["GGML_CIQ_ATTENTION_SPLIT"]
 
 
+def attention_wgmma_case():
+    """attention_wgmma.cu (Hopper): head_dim 64/128/256, query tails (1, 67, 300 tokens against 128-query tiles), GQA,
+    n_past, windows, key tiles running past the cache's filled rows, split over the keys and not
+    (GGML_CIQ_ATTENTION_SPLIT), and the 8B's 32 heads at 512 queries (one CTA a (tile, head), unsplit)."""
+    from ggml_ciq.ops import NativeOps
+
+    rng = np.random.default_rng(6)
+    ops = NativeOps("cuda", attention_kernel="wgmma")
+    cases = [(1, 700, 8, 2, 128, 0), (67, 0, 4, 2, 64, 0), (300, 37, 6, 2, 128, 100), (67, 5, 4, 1, 256, 19),
+             (300, 130, 4, 1, 256, 0), (512, 0, 32, 8, 128, 0), (130, 900, 8, 8, 64, 0)]
+    for split in ("1", "0"):
+        os.environ["GGML_CIQ_ATTENTION_SPLIT"] = split
+        for t, n_past, heads, hkv, d, window in cases:
+            q = rng.standard_normal((t, heads, d)).astype(np.float32)
+            k, v = ops.zeros((n_past + t + 3, hkv, d), np.float16), ops.zeros((n_past + t + 3, hkv, d), np.float16)
+            ops.kv_store(k, 0, rng.standard_normal((n_past + t, hkv, d)).astype(np.float32))
+            ops.kv_store(v, 0, rng.standard_normal((n_past + t, hkv, d)).astype(np.float32))
+            out = ops.attention(q, k, v, n_past, d ** -0.5, window).numpy()
+            print(f"attention wgmma split={split} t={t} n_past={n_past} heads={heads}/{hkv} D={d} window={window}: "
+                  f"finite={np.isfinite(out).all()}")
+    del os.environ["GGML_CIQ_ATTENTION_SPLIT"]
+
+
 def ops_case():
     """The vectorized ops (ops.cu) and the fused GLU conversion (convert_f16.cu): rms_norm a warp a row (d 256, 640,
     100), a block a row with registers (d 4096, 1028) and the plain kernel (d 8196), in place too; glu and add on
@@ -271,6 +296,8 @@ def main(variants):
         return fusion_case()
     if variants == ["attention-split"]:
         return attention_split_case()
+    if variants == ["attention-wgmma"]:
+        return attention_wgmma_case()
     if variants == ["ops"]:
         return ops_case()
     if "wgmma-block32" in variants:

@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-#define GGML_CIQ_API_VERSION 11
+#define GGML_CIQ_API_VERSION 12
 
 /* CDEF-BEGIN */
 typedef enum { CIQ_DEVICE_CPU = -1 } ciq_device_index; /* the host as a device; GPUs are 0..n-1 */
@@ -225,14 +225,17 @@ typedef enum {
 } ciq_glu_kind;
 
 typedef enum {
-    CIQ_ATTENTION_AUTO = 0, /* CPU: cpu; GPU: mma where available, else simt */
+    CIQ_ATTENTION_AUTO = 0, /* CPU: cpu; GPU: wgmma, else mma, else simt, the first that runs */
     CIQ_ATTENTION_CPU = 1,  /* host kernel */
     CIQ_ATTENTION_SIMT = 2, /* GPU, CUDA cores: float32 q.k and p.v */
     CIQ_ATTENTION_MMA = 3,  /* GPU sm_80+ (CUDA), mma.sync m16n8k16: q and p rounded to f16, float32 accumulation */
     CIQ_ATTENTION_GGML = 4, /* host, llama.cpp x86 CPU's arithmetic without flash attention (cpu/ops.cpp) */
-    CIQ_ATTENTION_MMA_LLAMACPP = 5 /* GPU sm_80+ (CUDA): llama.cpp CUDA's flash attention for prefill, operation for
+    CIQ_ATTENTION_MMA_LLAMACPP = 5, /* GPU sm_80+ (CUDA): llama.cpp CUDA's flash attention for prefill, operation for
                                       operation: its tiles, key chunks, f16 p.v sums and stream-k split (its CTAs
                                       per SM: GGML_CIQ_LLAMACPP_FA_BLOCKS_PER_SM, default 2) */
+    CIQ_ATTENTION_WGMMA = 6 /* GPU sm_90a (a build carrying it), head_dim 64/128/256: mma's semantics (q and p rounded
+                               to f16, float32 softmax and accumulation) on wgmma + TMA, 128 queries a CTA. AUTO takes
+                               it where it runs unless GGML_CIQ_ATTENTION_WGMMA=0 */
 } ciq_attention_kernel;
 
 typedef enum {                 /* whose float order the norm, RoPE and GLU ops follow */

@@ -1,5 +1,6 @@
 // The C API's transformer ops (for the prefill engine): argument checks and routing here, the arithmetic in
 // cpu/ops.cpp, cuda/ops.cu and cuda/attention.cu. Attention launches are counted per resolved kernel.
+#include <cstdlib>
 #include "api.h"
 #include "dequantize.h"
 
@@ -7,7 +8,7 @@
 #include <new>
 #include <vector>
 
-static std::atomic<uint64_t> g_attention_dispatch[CIQ_ATTENTION_MMA_LLAMACPP + 1];
+static std::atomic<uint64_t> g_attention_dispatch[CIQ_ATTENTION_WGMMA + 1];
 
 void ciq_attention_dispatch_reset(void) {  // part of ciq_dispatch_reset (registry.cpp)
     for (auto &counter : g_attention_dispatch) counter.store(0);
@@ -15,7 +16,7 @@ void ciq_attention_dispatch_reset(void) {  // part of ciq_dispatch_reset (regist
 
 ciq_status ciq_attention_dispatch_count(ciq_attention_kernel kernel, uint64_t *count) {
     if (count == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_attention_dispatch_count: count is NULL");
-    if ((int)kernel < CIQ_ATTENTION_AUTO || kernel > CIQ_ATTENTION_MMA_LLAMACPP) {
+    if ((int)kernel < CIQ_ATTENTION_AUTO || kernel > CIQ_ATTENTION_WGMMA) {
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "unknown attention kernel %d", (int)kernel);
     }
     *count = g_attention_dispatch[kernel].load();
@@ -104,19 +105,25 @@ ciq_status ciq_rms_norm_rope(int device, ciq_op_order order, ciq_rope_mode mode,
                                                      base, out));
 }
 
-static bool uses_mma(ciq_attention_kernel kernel) {  // the tensor-core kernels: sm_80+, 16-byte-aligned K/V
-    return kernel == CIQ_ATTENTION_MMA || kernel == CIQ_ATTENTION_MMA_LLAMACPP;
+static bool uses_mma(ciq_attention_kernel kernel) {  // the tensor-core kernels: 16-byte-aligned K/V
+    return kernel == CIQ_ATTENTION_MMA || kernel == CIQ_ATTENTION_MMA_LLAMACPP || kernel == CIQ_ATTENTION_WGMMA;
+}
+
+// GGML_CIQ_ATTENTION_WGMMA=0: AUTO passes over wgmma (the switch for A/B runs; an explicit request still runs it).
+static bool auto_takes_wgmma() {
+    const char *v = std::getenv("GGML_CIQ_ATTENTION_WGMMA");
+    return !(v && *v && std::atoi(v) == 0);
 }
 
 ciq_status ciq_attention_resolve(int device, ciq_attention_kernel kernel, int64_t head_dim,
                                  ciq_attention_kernel *resolved) {
     if (resolved == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_attention_resolve: resolved is NULL");
-    if ((int)kernel < CIQ_ATTENTION_AUTO || kernel > CIQ_ATTENTION_MMA_LLAMACPP) {
+    if ((int)kernel < CIQ_ATTENTION_AUTO || kernel > CIQ_ATTENTION_WGMMA) {
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "unknown attention kernel %d", (int)kernel);
     }
     CIQ_TRY(ciq_check_count("ciq_attention", "head_dim", head_dim));
     CIQ_TRY(ciq_check_device(device));
-    static const char *const names[] = {"auto", "cpu", "simt", "mma", "ggml", "mma_llamacpp"};
+    static const char *const names[] = {"auto", "cpu", "simt", "mma", "ggml", "mma_llamacpp", "wgmma"};
     if (device == CIQ_DEVICE_CPU) {
         if (kernel == CIQ_ATTENTION_SIMT || uses_mma(kernel)) {
             return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention kernel %s runs on a GPU, not the CPU", names[kernel]);
@@ -131,12 +138,18 @@ ciq_status ciq_attention_resolve(int device, ciq_attention_kernel kernel, int64_
     int major = 0, minor = 0;
     CIQ_TRY(ciq_cuda_compute_capability(device, &major, &minor));
 #ifdef GGML_CIQ_HIP
-    const bool mma_ok = false;  // mma.sync is CUDA-only
+    const bool mma_ok = false, wgmma_ok = false;  // mma.sync and wgmma are CUDA-only
 #else
     const bool mma_ok = major >= 8 && ciq_cuda_attention_supports(device, CIQ_ATTENTION_MMA, head_dim);
+    const bool wgmma_ok = major == 9 && minor == 0 && ciq_cuda_attention_supports(device, CIQ_ATTENTION_WGMMA, head_dim);
 #endif
-    *resolved = kernel == CIQ_ATTENTION_AUTO ? (mma_ok ? CIQ_ATTENTION_MMA : CIQ_ATTENTION_SIMT) : kernel;
-    const bool ok = uses_mma(*resolved) ? mma_ok : ciq_cuda_attention_supports(device, CIQ_ATTENTION_SIMT, head_dim);
+    *resolved = kernel != CIQ_ATTENTION_AUTO ? kernel
+                : wgmma_ok && auto_takes_wgmma() ? CIQ_ATTENTION_WGMMA
+                : mma_ok                         ? CIQ_ATTENTION_MMA
+                                                 : CIQ_ATTENTION_SIMT;
+    const bool ok = *resolved == CIQ_ATTENTION_WGMMA ? wgmma_ok
+                    : uses_mma(*resolved)            ? mma_ok
+                                                     : ciq_cuda_attention_supports(device, CIQ_ATTENTION_SIMT, head_dim);
     if (!ok) {
         return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention kernel %s does not run head_dim %lld on this GPU",
                         names[*resolved], (long long)head_dim);
@@ -170,7 +183,7 @@ ciq_status ciq_attention(int device, ciq_attention_kernel kernel, const float *q
     CIQ_TRY(ciq_attention_resolve(device, kernel, head_dim, &resolved));
     if (uses_mma(resolved) && (((uintptr_t)k_cache | (uintptr_t)v_cache) & 15)) {  // uint4 K/V loads
         if (kernel != CIQ_ATTENTION_AUTO || ciq_attention_resolve(device, CIQ_ATTENTION_SIMT, head_dim, &resolved) != CIQ_OK)
-            return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_attention: the mma kernel needs 16-byte-aligned K/V caches");
+            return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_attention: the tensor-core kernels need 16-byte-aligned K/V caches");
     }
     ciq_status status;
     if (resolved == CIQ_ATTENTION_GGML) {

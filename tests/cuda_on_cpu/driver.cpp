@@ -15,6 +15,14 @@ ciq_status ciq_cuda_scratch(int, int slot, size_t nbytes, void **ptr) {
     return CIQ_OK;
 }
 
+// attention_wgmma.cu's entry points (Hopper wgmma/TMA, which the emulation cannot run): not built here, as on a GPU
+// without sm_90a code: no shared memory size (ciq_cuda_attention_supports answers false) and an error if called.
+size_t ciq_cuda_attention_wgmma_smem(int64_t) { return 0; }
+ciq_status ciq_cuda_attention_wgmma(const float *, const uint16_t *, const uint16_t *, int64_t, int64_t, int64_t,
+                                    int64_t, int64_t, float, int64_t, float *) {
+    return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention (wgmma) is not built for the CPU emulation");
+}
+
 extern "C" {
 const char *emu_last_error(void) { return ciq_last_error(); }
 int emu_attention_supports(int kernel, int64_t head_dim) {

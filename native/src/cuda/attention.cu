@@ -20,16 +20,10 @@
 //         during O += P V (three barriers per tile); D = 256 loads K and V at the top of each tile.
 //   mma_llamacpp: attention_llamacpp.cu (llama.cpp CUDA's own flash attention, operation for operation).
 //
-// Split over the keys (simt and mma; GGML_CIQ_ATTENTION_SPLIT=0 turns it off): where the (query tile, head) CTAs are
-// too few to fill the GPU (Gemma 3 270M: 8 x 4 at 512 tokens on 132 SMs), each CTA's key range is cut into chunks of
-// chunk_keys (a multiple of 64 from `first`) and grid.z runs one chunk per CTA. A chunk's CTA writes its rows'
-// unnormalized O and (m, l) to scratch slot 1:
-//   partial  : float32 [chunk][query tile][head] slots of PARTIAL_SLOT(D) floats: O [64][D], then (m, l) [64][2].
-// A CTA whose chunk starts past the range writes nothing; attention_combine_kernel merges the chunks a row has:
-//   out = sum_c O_c exp(m_c - M) / sum_c l_c exp(m_c - M), M = max_c m_c (a chunk where the row saw no key: m = -inf,
-// weight 0; every row sees its own position, so M is finite). The split is a function of (tokens, heads, the key
-// ranges): the same call splits the same way every time, eager or in a graph.
-#include "common.cuh"
+//   wgmma: attention_wgmma.cu (Hopper: TMA, a producer warp, 128-query tiles).
+//
+// Split over the keys (simt and mma, where the (64-query tile, head) CTAs are fewer than the SMs): attention_split.cuh.
+#include "attention_split.cuh"
 #include "mma_sync.cuh"
 
 #include <algorithm>
@@ -42,53 +36,6 @@ namespace {
 
 constexpr int ATTN_QUERIES = 64;  // queries per CTA
 constexpr int ATTN_KEYS = 64;     // keys per shared-memory tile
-constexpr int MAX_SPLITS = 16;    // chunks a query tile's keys are split into at most (splits_cap)
-
-struct AttentionArgs {
-    const float *q;
-    const uint16_t *k, *v;
-    float *out;
-    int tokens, heads, heads_kv, n_past, window;
-    float scale;
-    float *partial;  // split over the keys: the chunks' partial results (nullptr: one CTA per tile, out written)
-    int chunk_keys;  // keys per chunk, a multiple of ATTN_KEYS (with partial)
-};
-
-__host__ __device__ constexpr int64_t partial_slot(int64_t d) { return ATTN_QUERIES * (d + 2); }  // floats: O [64][D], (m, l) [64][2]
-
-// The key range [first, end) the queries of the tile from q0 can see (the kernels', and the host's split plan).
-__host__ __device__ __forceinline__ void key_range(const AttentionArgs &a, int q0, int *first, int *end) {
-    const int last_query = (q0 + ATTN_QUERIES < a.tokens ? q0 + ATTN_QUERIES : a.tokens) - 1;
-    const int window_first = a.n_past + q0 - a.window + 1;
-    *end = a.n_past + last_query + 1;
-    *first = a.window > 0 && window_first > 0 ? window_first : 0;
-}
-
-// The keys [*start, *stop) this CTA walks: the whole range, or its chunk blockIdx.z of it. False: the chunk starts past
-// the range (the CTA has nothing to do and writes nothing).
-__device__ __forceinline__ bool chunk_range(const AttentionArgs &a, int first, int end, int *start, int *stop) {
-    *start = first;
-    *stop = end;
-    if (a.partial == nullptr) return true;
-    *start = first + (int)blockIdx.z * a.chunk_keys;
-    *stop = min(end, *start + a.chunk_keys);
-    return *start < end;
-}
-
-// Chunk `chunk`'s slot of query tile `tile` (of `tiles`) and head `head` in the partial buffer.
-__device__ __forceinline__ float *partial_slot_at(const AttentionArgs &a, int chunk, int tiles, int tile, int head,
-                                                  int64_t d) {
-    return a.partial + (((int64_t)chunk * tiles + tile) * a.heads + head) * partial_slot(d);
-}
-
-// This CTA's slot (its chunk blockIdx.z, tile blockIdx.x, head blockIdx.y).
-__device__ __forceinline__ float *partial_at(const AttentionArgs &a, int64_t d) {
-    return partial_slot_at(a, blockIdx.z, gridDim.x, blockIdx.x, blockIdx.y, d);
-}
-
-__device__ __forceinline__ bool visible(const AttentionArgs &a, int query_pos, int key, int end) {
-    return key < end && key <= query_pos && (a.window == 0 || query_pos - key < a.window);
-}
 
 // ---- simt ---------------------------------------------------------------------------------------------------
 template <int D> struct SimtSmem {
@@ -110,7 +57,7 @@ __global__ void __launch_bounds__(256) attention_simt_kernel(AttentionArgs a) {
     const int q0 = blockIdx.x * ATTN_QUERIES, h = blockIdx.y, hkv = h / (a.heads / a.heads_kv);
     const int tid = threadIdx.x, row = tid / 4, sub = tid % 4;
     int first, end, start, stop;
-    key_range(a, q0, &first, &end);
+    key_range<ATTN_QUERIES>(a, q0, &first, &end);
     if (!chunk_range(a, first, end, &start, &stop)) return;  // the whole CTA: blockIdx only
     for (int i = tid; i < ATTN_QUERIES * D; i += 256) {
         const int r = i / D, e = i % D;
@@ -185,7 +132,7 @@ __global__ void __launch_bounds__(256) attention_simt_kernel(AttentionArgs a) {
     l += __shfl_xor_sync(0xFFFFFFFF, l, 2);
     if (a.partial != nullptr) {
         if (q0 + row >= a.tokens) return;
-        float *slot = partial_at(a, D), *po = slot + row * D;
+        float *slot = partial_at<ATTN_QUERIES>(a, D), *po = slot + row * D;
 #pragma unroll
         for (int i = 0; i < D / 8; ++i) {
             po[2 * sub + 8 * i] = o[2 * i];
@@ -224,7 +171,7 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
     const int q0 = blockIdx.x * ATTN_QUERIES, h = blockIdx.y, hkv = h / (a.heads / a.heads_kv);
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tig = lane % 4;
     int first, end, start, stop;
-    key_range(a, q0, &first, &end);
+    key_range<ATTN_QUERIES>(a, q0, &first, &end);
     if (!chunk_range(a, first, end, &start, &stop)) return;  // the whole CTA: blockIdx only
     for (int i = tid; i < ATTN_QUERIES * D; i += 128) {
         const int r = i / D, e = i % D;
@@ -342,7 +289,7 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
         l[r] += __shfl_xor_sync(0xFFFFFFFF, l[r], 2);
     }
     if (a.partial != nullptr) {
-        float *slot = partial_at(a, D);
+        float *slot = partial_at<ATTN_QUERIES>(a, D);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int row = row0 + g + 8 * r;
@@ -369,32 +316,6 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
 
 #endif  // !GGML_CIQ_HIP
 
-// ---- the split's combine --------------------------------------------------------------------------------------
-// One CTA of 64 threads per (token, head); thread i owns dims i, i + 64, ... The chunks a row has: those starting
-// inside its query tile's key range (the same key_range and chunk_keys as the chunks' CTAs).
-template <int D>
-__global__ void __launch_bounds__(64) attention_combine_kernel(AttentionArgs a) {
-    const int t = blockIdx.x, h = blockIdx.y, tile = t / ATTN_QUERIES, row = t % ATTN_QUERIES;
-    const int tiles = (a.tokens + ATTN_QUERIES - 1) / ATTN_QUERIES;
-    int first, end;
-    key_range(a, tile * ATTN_QUERIES, &first, &end);
-    const int chunks = (end - first + a.chunk_keys - 1) / a.chunk_keys;  // <= MAX_SPLITS
-    auto slot = [&](int c) { return partial_slot_at(a, c, tiles, tile, h, D); };
-    __shared__ float weight[MAX_SPLITS];  // exp(m_c - M) per chunk, computed once
-    float big = -INFINITY;
-    for (int c = 0; c < chunks; ++c) big = fmaxf(big, slot(c)[ATTN_QUERIES * D + 2 * row]);
-    if (threadIdx.x < chunks) weight[threadIdx.x] = expf(slot(threadIdx.x)[ATTN_QUERIES * D + 2 * row] - big);
-    __syncthreads();
-    float sum = 0.0f;
-    for (int c = 0; c < chunks; ++c) sum += slot(c)[ATTN_QUERIES * D + 2 * row + 1] * weight[c];
-    float *out = a.out + ((int64_t)t * a.heads + h) * D;
-    for (int e = threadIdx.x; e < D; e += 64) {
-        float acc = 0.0f;
-        for (int c = 0; c < chunks; ++c) acc += slot(c)[row * D + e] * weight[c];
-        out[e] = acc / sum;
-    }
-}
-
 template <int D> ciq_status launch_simt(dim3 grid, const AttentionArgs &args) {
 #if !defined(GGML_CIQ_HIP)
     ciq_status status = ciq_raise_smem_limit<attention_simt_kernel<D>>((int)SimtSmem<D>::BYTES, "attention (simt)");
@@ -419,53 +340,10 @@ template <int D> ciq_status launch_mma(dim3 grid, const AttentionArgs &args) {
 #endif
 }
 
-// The split over the keys for this call: chunks (grid.z) and keys per chunk, or 1 chunk (no split). A function of
-// (tokens, heads, n_past, window) and the GPU's SMs only. Only where the (tile, head) CTAs are fewer than the SMs
-// (measured on the H200 at 512 tokens: Gemma 3 270M's 32 CTAs, attention 76 -> 28 + 14 us a layer and the prefill
-// 1.17x; Llama-3-8B's 256 CTAs split in 2 made its prefill 3% slower): splits = enough CTAs for about 3 a SM, at
-// most MAX_SPLITS; the chunk = the longest key range / splits, rounded up to whole 64-key tiles. The scratch it
-// needs, fewer than 4 x SMs slots, is allocated at that size for every D: the micro-batches of a prefill share it.
-int splits_cap(int64_t tiles, int64_t heads, int sms) {
-    if (const char *v = std::getenv("GGML_CIQ_ATTENTION_SPLIT"); v != nullptr && std::strcmp(v, "0") == 0) return 1;
-    const int64_t ctas = tiles * heads;
-    if (ctas >= sms) return 1;
-    return (int)std::min<int64_t>(MAX_SPLITS, (3 * (int64_t)sms + ctas - 1) / ctas);
-}
-
-template <int D> ciq_status launch(ciq_attention_kernel kernel, AttentionArgs args) {
-    const int64_t tiles = (args.tokens + ATTN_QUERIES - 1) / ATTN_QUERIES;
-    int chunks = 1;
-    int device = 0, sms = 0;
-    ciq_status status = ciq_current_gpu_sms("attention", &device, &sms);
-    if (status != CIQ_OK) return status;
-    const int cap = splits_cap(tiles, args.heads, sms);
-    if (cap > 1) {
-        int longest = 0;  // the longest key range of a query tile, in 64-key tiles
-        for (int64_t t = 0; t < tiles; ++t) {
-            int first, end;
-            key_range(args, (int)t * ATTN_QUERIES, &first, &end);
-            longest = std::max(longest, (end - first + ATTN_KEYS - 1) / ATTN_KEYS);
-        }
-        const int per_chunk = (longest + cap - 1) / cap;
-        chunks = (longest + per_chunk - 1) / per_chunk;
-        args.chunk_keys = per_chunk * ATTN_KEYS;
-    }
-    if (cap > 1) {  // sized wherever a split may come, split or not, and for any (tokens, heads) of this D: a
-                    // prefill's first micro-batch (n_past 0, often one chunk) sizes it for the later ones, so their
-                    // eager runs move no scratch under the graphs captured before them (ciq_cuda_scratch: a moved
-                    // buffer makes every earlier graph stale). Slots used: cap * ctas <= ceil(3 sms / ctas) * ctas
-                    // < 3 sms + ctas < 4 sms (ctas < sms where cap > 1).
-        void *scratch = nullptr;
-        status = ciq_cuda_scratch(device, 1, sizeof(float) * 4 * sms * partial_slot(D), &scratch);
-        if (status != CIQ_OK) return status;
-        if (chunks > 1) args.partial = (float *)scratch;
-    }
-    const dim3 grid((unsigned)tiles, args.heads, chunks);
-    status = kernel == CIQ_ATTENTION_MMA ? launch_mma<D>(grid, args) : launch_simt<D>(grid, args);
-    if (status != CIQ_OK || chunks == 1) return status;
-    attention_combine_kernel<D><<<dim3(args.tokens, args.heads), 64, 0, ciq_stream()>>>(args);
-    CIQ_CUDA_LAUNCH_CHECK("attention (combine)");
-    return CIQ_OK;
+template <int D> ciq_status launch(ciq_attention_kernel kernel, const AttentionArgs &args) {
+    return launch_split<D, ATTN_QUERIES, ATTN_KEYS>(args, false, [kernel](dim3 grid, const AttentionArgs &a) {
+        return kernel == CIQ_ATTENTION_MMA ? launch_mma<D>(grid, a) : launch_simt<D>(grid, a);
+    });
 }
 
 }  // namespace
@@ -478,6 +356,16 @@ bool ciq_cuda_attention_supports(int device, ciq_attention_kernel kernel, int64_
     (void)device;
     return built && kernel == CIQ_ATTENTION_SIMT && head_dim <= 96;
 #else
+    if (kernel == CIQ_ATTENTION_WGMMA) {  // 0 bytes: not built (no sm_90a machine code, or head_dim)
+        const size_t bytes = ciq_cuda_attention_wgmma_smem(head_dim);
+        int optin = 0;
+        if (bytes == 0 ||
+            cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+            cudaGetLastError();
+            return false;
+        }
+        return bytes <= (size_t)optin;
+    }
     if (!built || (kernel != CIQ_ATTENTION_SIMT && kernel != CIQ_ATTENTION_MMA && kernel != CIQ_ATTENTION_MMA_LLAMACPP)) {
         return false;
     }
@@ -504,6 +392,9 @@ ciq_status ciq_cuda_attention(ciq_attention_kernel kernel, const float *q, const
                         (long long)(tokens + n_past), (long long)heads);
     }
 #if !defined(GGML_CIQ_HIP)
+    if (kernel == CIQ_ATTENTION_WGMMA) {
+        return ciq_cuda_attention_wgmma(q, k_cache, v_cache, tokens, heads, heads_kv, head_dim, n_past, scale, window, out);
+    }
     if (kernel == CIQ_ATTENTION_MMA_LLAMACPP) {
         return ciq_cuda_attention_llamacpp(q, k_cache, v_cache, tokens, heads, heads_kv, head_dim, n_past, scale, window,
                                            out);

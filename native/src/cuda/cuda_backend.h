@@ -73,6 +73,12 @@ size_t ciq_cuda_attention_llamacpp_smem(int64_t head_dim);
 ciq_status ciq_cuda_attention_llamacpp(const float *q, const uint16_t *k_cache, const uint16_t *v_cache, int64_t tokens,
                                        int64_t heads, int64_t heads_kv, int64_t head_dim, int64_t n_past, float scale,
                                        int64_t window, float *out);
+// CIQ_ATTENTION_WGMMA (attention_wgmma.cu; CUDA sm_90a only): its dynamic shared memory for head_dim (0: not built
+// for it), and the call.
+size_t ciq_cuda_attention_wgmma_smem(int64_t head_dim);
+ciq_status ciq_cuda_attention_wgmma(const float *q, const uint16_t *k_cache, const uint16_t *v_cache, int64_t tokens,
+                                    int64_t heads, int64_t heads_kv, int64_t head_dim, int64_t n_past, float scale,
+                                    int64_t window, float *out);
 ciq_status ciq_cuda_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values);
 // ciq_cuda_rope (host order) of q, and of k stored as ciq_cuda_kv_store at row start of k_cache, v (or NULL) stored
 // in v_cache: one kernel, the same values.

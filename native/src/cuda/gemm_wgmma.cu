@@ -548,23 +548,6 @@ __global__ void __launch_bounds__(128 * (PW + 2), 1)
 
 // ---- host -----------------------------------------------------------------------------------------------------------
 
-using encode_tiled_fn = PFN_cuTensorMapEncodeTiled_v12000;
-
-static ciq_status tensor_map_encoder(encode_tiled_fn *fn) {
-    static encode_tiled_fn cached = nullptr;
-    static std::once_flag once;
-    std::call_once(once, [] {
-        void *p = nullptr;
-        cudaDriverEntryPointQueryResult result;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &result) ==
-                cudaSuccess && result == cudaDriverEntryPointSuccess)
-            cached = (encode_tiled_fn)p;
-        cudaGetLastError();
-    });
-    *fn = cached;
-    return cached ? CIQ_OK : ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: the driver has no cuTensorMapEncodeTiled");
-}
-
 // Time model for choosing the tile and the split: waves of one CTA per SM, each CTA's super-blocks plus one for
 // pipeline fill and epilogue, at the tile's throughput per SM (3.4 TFLOP/s for 256-token tiles, times the relative
 // efficiencies below: pinned A/B runs on the H200, bench/results/h200/wgmma-ab-*.json; 64-token tiles estimated),
