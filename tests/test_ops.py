@@ -626,7 +626,7 @@ def test_attention_split_over_keys(native_lib, rng, monkeypatch, kernel, tokens,
     head: 32 CTAs; global and sliding layers after 3584 cached keys), a decode row over 4000 keys, a window cutting
     rows out of a chunk and Llama-3-8B's 32 heads at 64 queries: within the kernel's bar of float64, not the unsplit
     bits (GGML_CIQ_ATTENTION_SPLIT=0), and the same bits on a second call. Llama-3-8B at 512 queries is 256 CTAs, more
-    than the H200's 132 SMs: not split (the unsplit bits). wgmma (128 queries a CTA) splits below half the SMs: the
+    than the H200's 132 SMs: not split (the unsplit bits). wgmma (128 queries a CTA, 64 at D 256) splits below half the SMs: the
     same cases split (the 8B at 512 queries: 128 CTAs, not split)."""
     if kernel == "wgmma":
         _wgmma_attention_or_skip()
@@ -674,7 +674,7 @@ def test_attention_auto_on_gpu(native_lib, monkeypatch):
         ops.attention_kernel_name(80)  # no kernel built for head_dim 80
 
 
-# (tokens, n_past, heads, heads_kv, head_dim, window): 128-query tiles with tails, key tiles (128 keys; 64 at D 256)
+# (tokens, n_past, heads, heads_kv, head_dim, window): 128-query tiles (64 at D 256) with tails, key tiles (128 keys; 64 at D 256)
 # crossing the diagonal, the window's start and the cache's last filled row, GQA groups of 1..4, decode rows.
 WGMMA_ATTENTION_CASES = [
     (300, 1000, 6, 2, 128, 0), (300, 1000, 6, 2, 128, 700), (129, 0, 4, 1, 64, 0), (255, 77, 8, 8, 64, 33),

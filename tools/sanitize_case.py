@@ -190,7 +190,7 @@ def attention_split_case():
 
 
 def attention_wgmma_case():
-    """attention_wgmma.cu (Hopper): head_dim 64/128/256, query tails (1, 67, 300 tokens against 128-query tiles), GQA,
+    """attention_wgmma.cu (Hopper): head_dim 64/128/256, query tails (1, 67, 300 tokens against 64- and 128-query tiles), GQA,
     n_past, windows, key tiles running past the cache's filled rows, split over the keys and not
     (GGML_CIQ_ATTENTION_SPLIT), and the 8B's 32 heads at 512 queries (one CTA a (tile, head), unsplit)."""
     from ggml_ciq.ops import NativeOps

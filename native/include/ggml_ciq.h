@@ -234,7 +234,7 @@ typedef enum {
                                       operation: its tiles, key chunks, f16 p.v sums and stream-k split (its CTAs
                                       per SM: GGML_CIQ_LLAMACPP_FA_BLOCKS_PER_SM, default 2) */
     CIQ_ATTENTION_WGMMA = 6 /* GPU sm_90a (a build carrying it), head_dim 64/128/256: mma's semantics (q and p rounded
-                               to f16, float32 softmax and accumulation) on wgmma + TMA, 128 queries a CTA. AUTO takes
+                               to f16, float32 softmax and accumulation) on wgmma + TMA, 64-128 queries a CTA. AUTO takes
                                it where it runs unless GGML_CIQ_ATTENTION_WGMMA=0 */
 } ciq_attention_kernel;
 

@@ -20,7 +20,7 @@
 //         during O += P V (three barriers per tile); D = 256 loads K and V at the top of each tile.
 //   mma_llamacpp: attention_llamacpp.cu (llama.cpp CUDA's own flash attention, operation for operation).
 //
-//   wgmma: attention_wgmma.cu (Hopper: TMA, a producer warp, 128-query tiles).
+//   wgmma: attention_wgmma.cu (Hopper: TMA, a producer warp, 128-query tiles; 64 at D = 256).
 //
 // Split over the keys (simt and mma, where the (64-query tile, head) CTAs are fewer than the SMs): attention_split.cuh.
 #include "attention_split.cuh"

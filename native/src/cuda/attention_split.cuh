@@ -1,5 +1,5 @@
 // attention_split.cuh - what the flash-attention kernels of attention.cu (simt, mma: 64-query tiles) and
-// attention_wgmma.cu (128-query tiles) share: their arguments, the key range a query tile sees, and the split over the
+// attention_wgmma.cu (64- or 128-query tiles) share: their arguments, the key range a query tile sees, and the split over the
 // keys with its combine kernel. QT (queries per CTA) is a template parameter throughout.
 //
 // Split over the keys (GGML_CIQ_ATTENTION_SPLIT=0 turns it off): where the (query tile, head) CTAs are too few to fill

@@ -5,10 +5,10 @@
 // softmax in float32 (exp2 of log2e-scaled scores), p rounded to f16 for P V, float32 accumulation. Layouts as
 // attention.cu: q float32 [tokens][heads][D]; K/V f16 [cache rows][heads_kv][D]; out float32 [tokens][heads * D].
 //
-// CTA: 128 queries of one head, 288 threads. Roles:
-//   consumer warpgroup 0 (warps 0-3): queries 0..63 of the tile; consumer warpgroup 1 (warps 4-7): queries 64..127;
-//   producer (warp 8): its lane 0 issues every TMA copy, a ring of WG_STAGES (K, V) tiles ahead.
-// Key tiles of KT keys (128 for D <= 128, 64 for D = 256) walk the tile's key range from `first` (key_range<128>,
+// CTA: QT = 64 CW queries of one head (CW consumer warpgroups: 2 for D <= 128, 1 for D = 256; WgmmaAttn), roles:
+//   consumer warpgroup w (warps 4w .. 4w+3): queries 64w .. 64w+63 of the tile;
+//   producer (warp 4 CW): its lane 0 issues every TMA copy, a ring of WG_STAGES (K, V) tiles ahead.
+// Key tiles of KT keys (128 for D <= 128, 64 for D = 256) walk the tile's key range from `first` (key_range<QT>,
 // chunk_range: attention_split.cuh).
 // Shared memory (1024-byte aligned; every operand in wgmma's 128-byte-swizzled layout: 16-byte chunk j of 128-byte
 // row r at (j ^ r%8) * 16, D cut into D/64 panels of 64 values):
@@ -16,8 +16,8 @@
 //   ring : WG_STAGES x {K, V}, each [panel][KT keys][128 B], one TMA box (64 values, 1 kv head, KT keys) a panel from
 //          the cache's 3-D tensor map (D, heads_kv, n_past + tokens rows; keys past the last row read as zeros).
 //          K is the K-major B of S = Q K^T; V the MN-major (transposed) B of O += P V, its panels KT * 128 B apart.
-//   barriers: kfull[s], vfull[s] (the TMA bytes of K, of V), empty[s] (8 arrivals: each consumer warp once its P V
-//          retired).
+//   barriers: kfull[s], vfull[s] (the TMA bytes of K, of V), empty[s] (4 CW arrivals: each consumer warp once its
+//          P V retired).
 // Per key tile a consumer warpgroup waits kfull, computes S = Q K^T (D/16 wgmma steps, both operands in shared
 // memory), masks where the tile crosses the diagonal, the window or the end, runs the online softmax in registers
 // (a thread's rows: lane/4 and lane/4 + 8 of its warp's 16; quad shuffles), rescales O, packs P into f16 A fragments
@@ -34,14 +34,20 @@
 #if !defined(GGML_CIQ_HIP)
 namespace {
 
-constexpr int WG_QUERIES = 128;  // queries per CTA
-constexpr int WG_THREADS = 288;  // two consumer warpgroups and the producer warp
-constexpr int WG_STAGES = 2;     // (K, V) tiles in flight
+constexpr int WG_STAGES = 2;  // (K, V) tiles in flight
 
+// The shape per head_dim. Registers are allocated to a CTA in whole warpgroups (a 288-thread CTA takes 384 threads'
+// worth: measured on the H200, where 170 registers x 288 threads failed to launch), so the producer warp costs a
+// warpgroup's registers: two consumer warpgroups leave 168 registers a thread (D <= 128: 64 S + D/2 O accumulators),
+// one leaves 248 (D = 256: 128 O accumulators).
 template <int D> struct WgmmaAttn {
+    static constexpr int CW = D <= 128 ? 2 : 1;           // consumer warpgroups
+    static constexpr int QT = 64 * CW;                    // queries per CTA
+    static constexpr int THREADS = 128 * CW + 32;         // and the producer warp
+    static constexpr int MAXNREG = CW == 2 ? 168 : 248;   // <= 65536 / (128 (CW + 1)), a multiple of 8
     static constexpr int KT = D <= 128 ? 128 : 64;  // keys per tile
     static constexpr int PANELS = D / 64;
-    static constexpr int Q_BYTES = WG_QUERIES * D * 2;
+    static constexpr int Q_BYTES = QT * D * 2;
     static constexpr int TILE_BYTES = KT * D * 2;  // one K or V tile
     static constexpr int SMEM = 1024 + Q_BYTES + WG_STAGES * 2 * TILE_BYTES + 3 * WG_STAGES * 8;
 };
@@ -65,12 +71,12 @@ template <int N> static __device__ __forceinline__ void pin(uint32_t (&r)[N][4])
 #endif
 
 template <int D>
-__global__ void __maxnreg__(224)  // 288 threads (WG_THREADS) x 224 registers fill the register file
+__global__ void __maxnreg__(WgmmaAttn<D>::MAXNREG)
     attention_wgmma_kernel(const __grid_constant__ CUtensorMap kmap, const __grid_constant__ CUtensorMap vmap,
                            AttentionArgs a, float scale_log2) {
 #ifdef CIQ_WGMMA_DEVICE
     using L = WgmmaAttn<D>;
-    constexpr int KT = L::KT;
+    constexpr int KT = L::KT, QT = L::QT;
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
     uint8_t *qs = smem, *ring = smem + L::Q_BYTES;
@@ -78,23 +84,23 @@ __global__ void __maxnreg__(224)  // 288 threads (WG_THREADS) x 224 registers fi
              *empty = vfull + WG_STAGES;
 
     // Query tiles in reverse launch order: the last tiles, which see the most keys, start first.
-    const int tile = gridDim.x - 1 - blockIdx.x, q0 = tile * WG_QUERIES, h = blockIdx.y, hkv = h / (a.heads / a.heads_kv);
+    const int tile = gridDim.x - 1 - blockIdx.x, q0 = tile * QT, h = blockIdx.y, hkv = h / (a.heads / a.heads_kv);
     int first, end, start, stop;
-    key_range<WG_QUERIES>(a, q0, &first, &end);
+    key_range<QT>(a, q0, &first, &end);
     if (!chunk_range(a, first, end, &start, &stop)) return;  // the whole CTA: blockIdx only
     const int tiles = (stop - start + KT - 1) / KT;
     if (threadIdx.x == 0) {
         for (int s = 0; s < WG_STAGES; ++s) {
             mbar_init(&kfull[s], 1);
             mbar_init(&vfull[s], 1);
-            mbar_init(&empty[s], 8);
+            mbar_init(&empty[s], 4 * L::CW);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-    if (warp == 8) {  // the producer
+    if (warp == 4 * L::CW) {  // the producer
         if (lane == 0) {
             for (int i = 0; i < tiles; ++i) {
                 const int s = i % WG_STAGES, kt = start + i * KT;
@@ -113,7 +119,7 @@ __global__ void __maxnreg__(224)  // 288 threads (WG_THREADS) x 224 registers fi
 
     // Consumers. Q of this warpgroup's 64 rows: 8-value chunks, f16, into the swizzled panels (rows past the tokens 0).
     const int wg = warp / 4, tid = threadIdx.x % 128;
-    uint8_t *qw = qs + wg * (L::Q_BYTES / 2);
+    uint8_t *qw = qs + wg * (64 * D * 2);
     for (int i = tid; i < 64 * (D / 8); i += 128) {
         const int r = i / (D / 8), c = i % (D / 8), t = q0 + 64 * wg + r;
         uint32_t v[4] = {0u, 0u, 0u, 0u};
@@ -219,7 +225,7 @@ __global__ void __maxnreg__(224)  // 288 threads (WG_THREADS) x 224 registers fi
         l[r] += __shfl_xor_sync(0xFFFFFFFF, l[r], 2);
     }
     if (a.partial != nullptr) {
-        float *slot = partial_slot_at<WG_QUERIES>(a, blockIdx.z, gridDim.x, tile, h, D);
+        float *slot = partial_slot_at<QT>(a, blockIdx.z, gridDim.x, tile, h, D);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int row = row0 + 8 * r;
@@ -228,7 +234,7 @@ __global__ void __maxnreg__(224)  // 288 threads (WG_THREADS) x 224 registers fi
 #pragma unroll
             for (int j = 0; j < D / 8; ++j) *(float2 *)(po + 8 * j) = make_float2(o[4 * j + 2 * r], o[4 * j + 2 * r + 1]);
             if (lane % 4 == 0)
-                *(float2 *)(slot + WG_QUERIES * D + 2 * row) = make_float2(m[r] * 0.69314718055994531f, l[r]);
+                *(float2 *)(slot + QT * D + 2 * row) = make_float2(m[r] * 0.69314718055994531f, l[r]);
         }
         return;
     }
@@ -268,8 +274,8 @@ template <int D> ciq_status launch_wgmma(const AttentionArgs &args) {
     const ciq_status status = ciq_raise_smem_limit<attention_wgmma_kernel<D>>(L::SMEM, "attention (wgmma)");
     if (status != CIQ_OK) return status;
     const float scale_log2 = args.scale * 1.4426950408889634f;
-    return launch_split<D, WG_QUERIES, L::KT>(args, true, [&](dim3 grid, const AttentionArgs &a) -> ciq_status {
-        attention_wgmma_kernel<D><<<grid, WG_THREADS, L::SMEM, ciq_stream()>>>(maps[0], maps[1], a, scale_log2);
+    return launch_split<D, L::QT, L::KT>(args, true, [&](dim3 grid, const AttentionArgs &a) -> ciq_status {
+        attention_wgmma_kernel<D><<<grid, L::THREADS, L::SMEM, ciq_stream()>>>(maps[0], maps[1], a, scale_log2);
         CIQ_CUDA_LAUNCH_CHECK("attention (wgmma)");
         return CIQ_OK;
     });
