@@ -78,7 +78,7 @@ def test_small_model_matches_llamacpp(architecture, llama, native_lib, rng, tmp_
 @pytest.mark.gpu
 @pytest.mark.parametrize("architecture", catalog.SMALL_ARCHITECTURES)
 def test_cuda_engine_matches_cpu_engine(architecture, native_lib, rng, tmp_path):
-    """The engine on the GPU (NativeOps "cuda": AUTO's keep-quant kernels, mma attention) against the same engine
+    """The engine on the GPU (NativeOps "cuda": AUTO's keep-quant and attention kernels) against the same engine
     on the CPU: 41 random tokens in micro-batches of 16 (a tail of 9), every position's logits."""
     from ggml_ciq.ops import NativeOps
 
@@ -93,7 +93,11 @@ def test_cuda_engine_matches_cpu_engine(architecture, native_lib, rng, tmp_path)
     counts = native.dispatch_counts()
     gpu_q4k = sum(n for (variant, t), n in counts.items() if t == "Q4_K" and variant in native.GPU_VARIANTS)
     assert gpu_q4k == 3 * 2 * 5 and counts[("cpu", "Q4_K")] == 0  # every keep-quant GEMM ran on the GPU
-    assert engine.ops.attention_kernel_name(engine.hp.head_dim) == "mma"
+    hopper = NativeOps("cuda", attention_kernel="wgmma").attention_runs(engine.hp.head_dim)
+    expected = "wgmma" if hopper else "mma"  # AUTO's first choice that runs (Hopper with sm_90a code: wgmma)
+    assert engine.ops.attention_kernel_name(engine.hp.head_dim) == expected
+    attention = native.attention_dispatch_counts()
+    assert attention[expected] > 0 and sum(attention.values()) == attention[expected]
     assert set(engine.timings) >= {"keep-quant GEMM", "attention", "rest", "total"}
     top1, kl, err = agreement(gpu, cpu)
     print(f"{architecture} cuda vs cpu engine: NMSE {err:.2e}, top-1 {top1:.3f}, KL {kl:.2e}; {counts}")

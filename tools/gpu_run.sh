@@ -85,6 +85,10 @@ export GGML_CIQ_LLAMA3_VOCAB=$DEV/ggml-vocab-llama-bpe.gguf
 [ -f $DEV/LLAMACPP_COMMIT ] && export GGML_CIQ_LLAMACPP_COMMIT=$(cat $DEV/LLAMACPP_COMMIT)
 [ -f /tmp/gemma3-270m.gguf ] && export GGML_CIQ_GEMMA3_270M=/tmp/gemma3-270m.gguf  # the whole file, once staged
 ARCHS=${GGML_CIQ_CUDA_ARCHITECTURES:-90a}
+# Our commit for the result files (environment.ciq_commit): setup's GGML_CIQ_COMMIT, kept for the lease's later calls
+# (each call is a new shell; the tree's git metadata there is not this checkout's).
+if [ -n "${GGML_CIQ_COMMIT:-}" ]; then echo "$GGML_CIQ_COMMIT" > /tmp/ciq-commit
+elif [ -f /tmp/ciq-commit ]; then export GGML_CIQ_COMMIT=$(cat /tmp/ciq-commit); fi
 
 setup() {
   [ -d .device ] && rm -rf $DEV && cp -r .device $DEV
