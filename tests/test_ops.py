@@ -626,8 +626,8 @@ def test_attention_split_over_keys(native_lib, rng, monkeypatch, kernel, tokens,
     head: 32 CTAs; global and sliding layers after 3584 cached keys), a decode row over 4000 keys, a window cutting
     rows out of a chunk and Llama-3-8B's 32 heads at 64 queries: within the kernel's bar of float64, not the unsplit
     bits (GGML_CIQ_ATTENTION_SPLIT=0), and the same bits on a second call. Llama-3-8B at 512 queries is 256 CTAs, more
-    than the H200's 132 SMs: not split (the unsplit bits). wgmma (128 queries a CTA, 64 at D 256) splits below half the SMs: the
-    same cases split (the 8B at 512 queries: 128 CTAs, not split)."""
+    than the H200's 132 SMs: not split (the unsplit bits). wgmma (128 queries a CTA, 64 at D 256) splits below half the SMs
+    and only where a tile's key range reaches 1024 keys (the 8B at 512 queries: 128 CTAs, not split)."""
     if kernel == "wgmma":
         _wgmma_attention_or_skip()
     _gpu_or_skip()
@@ -642,6 +642,9 @@ def test_attention_split_over_keys(native_lib, rng, monkeypatch, kernel, tokens,
     reference = attention_ref(q, k, v, n_past, scale, window, round_q=kernel != "simt")
     for out in (split, whole):
         assert nmse(out, reference) <= (1e-10 if kernel == "simt" else 1e-6)
+    if kernel == "wgmma":  # the longest key range of a tile (QT queries): wgmma splits from 1024 keys
+        qt = 128 if head_dim <= 128 else 64
+        splits = splits and min(n_past + tokens, window + qt - 1 if window else n_past + tokens) >= 1024
     assert np.array_equal(split, whole) != splits
 
 

@@ -341,7 +341,7 @@ template <int D> ciq_status launch_mma(dim3 grid, const AttentionArgs &args) {
 }
 
 template <int D> ciq_status launch(ciq_attention_kernel kernel, const AttentionArgs &args) {
-    return launch_split<D, ATTN_QUERIES, ATTN_KEYS>(args, false, [kernel](dim3 grid, const AttentionArgs &a) {
+    return launch_split<D, ATTN_QUERIES, ATTN_KEYS>(args, false, 0, [kernel](dim3 grid, const AttentionArgs &a) {
         return kernel == CIQ_ATTENTION_MMA ? launch_mma<D>(grid, a) : launch_simt<D>(grid, a);
     });
 }

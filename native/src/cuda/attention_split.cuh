@@ -116,8 +116,12 @@ inline int splits_cap(int64_t tiles, int64_t heads, int sms, int fill) {
 // may come, split or not: a prefill's first micro-batch (n_past 0, often one chunk) sizes it for the later ones, so
 // their eager runs move no scratch under the graphs captured before them (ciq_cuda_scratch: a moved buffer makes every
 // earlier graph stale). Slots used: cap * ctas <= ceil(3 sms / ctas) * ctas < 3 sms + ctas < 4 sms (ctas < sms).
+// wgmma (fill_half) splits only where the longest key range reaches min_keys: its unsplit CTAs are fast enough that
+// the chunks and the combine cost more on short ranges (bench attention on the H200, Gemma 3 270M's 512-query
+// micro-batches, bench/results/h200/attention-2b2bad3: 512 keys 22.2 us unsplit vs 28.5 split, a 512-key window after
+// 3584 cached keys 26.6 vs 37.9, 4096 keys 87.7 vs 63.0; the two lines cross near 1200 keys).
 template <int D, int QT, int KT, typename Launch>
-ciq_status launch_split(AttentionArgs args, bool fill_half, Launch launch) {
+ciq_status launch_split(AttentionArgs args, bool fill_half, int min_keys, Launch launch) {
     const int64_t tiles = (args.tokens + QT - 1) / QT;
     int chunks = 1;
     int device = 0, sms = 0;
@@ -132,9 +136,9 @@ ciq_status launch_split(AttentionArgs args, bool fill_half, Launch launch) {
             longest = std::max(longest, (end - first + KT - 1) / KT);
         }
         const int per_chunk = (longest + cap - 1) / cap;
-        chunks = (longest + per_chunk - 1) / per_chunk;
+        chunks = longest * KT >= min_keys ? (longest + per_chunk - 1) / per_chunk : 1;
         args.chunk_keys = per_chunk * KT;
-        void *scratch = nullptr;
+        void *scratch = nullptr;  // allocated even where this call does not split (min_keys): see above
         status = ciq_cuda_scratch(device, 1, sizeof(float) * 4 * sms * partial_slot<MAX_QT>(D), &scratch);
         if (status != CIQ_OK) return status;
         if (chunks > 1) args.partial = (float *)scratch;

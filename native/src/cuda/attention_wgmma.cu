@@ -24,8 +24,8 @@
 // (the S accumulator layout is the A fragment layout), waits vfull, O += P V (KT/16 steps, A from registers) and frees
 // the stage. The warpgroups run apart: one's softmax overlaps the other's wgmma. Query tiles run in reverse launch
 // order (the tiles with the most keys first).
-// Split over the keys (where the CTAs are fewer than half the SMs): attention_split.cuh; m is written in natural-log
-// units there.
+// Split over the keys (where the CTAs are fewer than half the SMs and a tile's keys reach 1024): attention_split.cuh;
+// m is written in natural-log units there.
 #include "attention_split.cuh"
 #include "wgmma_ptx.cuh"
 
@@ -274,7 +274,7 @@ template <int D> ciq_status launch_wgmma(const AttentionArgs &args) {
     const ciq_status status = ciq_raise_smem_limit<attention_wgmma_kernel<D>>(L::SMEM, "attention (wgmma)");
     if (status != CIQ_OK) return status;
     const float scale_log2 = args.scale * 1.4426950408889634f;
-    return launch_split<D, L::QT, L::KT>(args, true, [&](dim3 grid, const AttentionArgs &a) -> ciq_status {
+    return launch_split<D, L::QT, L::KT>(args, true, 1024, [&](dim3 grid, const AttentionArgs &a) -> ciq_status {
         attention_wgmma_kernel<D><<<grid, L::THREADS, L::SMEM, ciq_stream()>>>(maps[0], maps[1], a, scale_log2);
         CIQ_CUDA_LAUNCH_CHECK("attention (wgmma)");
         return CIQ_OK;
