@@ -60,12 +60,13 @@
 #   then: wait ; test tests/test_cuda.py tests/test_plugin.py ; plugin-check ; plugin-bench ; memory ; compare ; and
 #           end every call that writes more than 8 files under $OUT with `pack NAME` (a call returns at most 8 files,
 #           named in letters, digits, '.', '_' and '-')
-# What the open issue (16) still needs on the GPU (at 7c5ac0a, bench/results/h200/fusion-7c5ac0a: the 8B 2.83x / 2.66x /
-# 2.52x / 2.27x at 512 / 2048 / 4096 / 8192, Gemma 3.03x / 3.06x; bench gemm 2.56x / 2.83x at 512): the kernels of
-# deliverables 4-5 once written (a Hopper attention kernel: `bench-attention` is its yardstick, where our mma kernel
-# ran at 0.75x llama.cpp's FLASH_ATTN_EXT on the 8B's shapes; the 1024-row GEMMs), then `GRAPH=1 TOKENS="512 2048"
-# compare-8b`, `GRAPH=1 TOKENS=8192 LIMIT=400 compare-8b` (one call each), `bench`, `sanitize fusion` and the case of
-# the new kernel. `test tests/test_engine.py -k last_token` fails there against the CUDA build's CPU device (it
+# What the open issue (16) still needs on the GPU (at 2b2bad3, bench/results/h200/attention-2b2bad3: the 8B 2.94x /
+# 2.75x / 2.72x / 2.59x at 512 / 2048 / 4096 / 8192 with attention wgmma; Gemma 3.03x / 3.06x at 7c5ac0a; bench gemm
+# 2.56x / 2.83x at 512 at 7c5ac0a): Gemma end to end with wgmma attention and af3a0f4's split threshold (stage, then
+# `GRAPH=1 REFERENCE=off compare` and `attention-ab`), `test tests/test_ops.py -k attention` for that threshold's
+# expectations, then the GEMM kernels of deliverable 5 once written (the 1024-row shapes) with `bench`. A lease that
+# builds llama.cpp: setup (carry .device, GGML_CIQ_COMMIT=...), then `stage` with .device-extra (the 8B vocabulary)
+# before any 8B run. `test tests/test_engine.py -k last_token` fails there against the CUDA build's CPU device (it
 # passes in CI against a CPU-only build; not explained yet). Prepare every edit before the lease:
 # the machine goes back 30 s after a call, with /tmp.
 # plugin-sanitize after ac2ab62's change to the plugin's waits. Run one-off scripts as
