@@ -20,6 +20,19 @@ from ggml_ciq import native
 from ggml_ciq import quants as Q
 
 
+def _attention_calls(ops, rng, label, cases):
+    """ops.attention on each (tokens, n_past, heads, heads_kv, head_dim, window) case: random q, f16 K/V caches three
+    rows longer than the positions (zeros there); prints whether each output is finite."""
+    for t, n_past, heads, hkv, d, window in cases:
+        q = rng.standard_normal((t, heads, d)).astype(np.float32)
+        k, v = ops.zeros((n_past + t + 3, hkv, d), np.float16), ops.zeros((n_past + t + 3, hkv, d), np.float16)
+        ops.kv_store(k, 0, rng.standard_normal((n_past + t, hkv, d)).astype(np.float32))
+        ops.kv_store(v, 0, rng.standard_normal((n_past + t, hkv, d)).astype(np.float32))
+        out = ops.attention(q, k, v, n_past, d ** -0.5, window).numpy()
+        print(f"attention {label} t={t} n_past={n_past} heads={heads}/{hkv} D={d} window={window}: "
+              f"finite={np.isfinite(out).all()}")
+
+
 def engine_case():
     """Every NativeOps op on the GPU in both float orders (host, llama.cpp CUDA's), the four attention kernels (a
     window, a tail micro-batch; mma_llamacpp's tile shapes and stream-k segments), the q32 variant, and a small
@@ -34,14 +47,7 @@ def engine_case():
         ops = NativeOps("cuda", attention_kernel=kernel)
         if kernel == "wgmma" and not ops.attention_runs(64):
             continue  # not Hopper or no sm_90a code in this build
-        for d, n_past, window in ((64, 0, 0), (128, 37, 0), (256, 5, 19)):
-            t, hkv = 67, 2
-            q = rng.standard_normal((t, 4, d)).astype(np.float32)
-            k, v = ops.zeros((n_past + t + 3, hkv, d), np.float16), ops.zeros((n_past + t + 3, hkv, d), np.float16)
-            ops.kv_store(k, 0, rng.standard_normal((n_past + t, hkv, d)).astype(np.float32))
-            ops.kv_store(v, 0, rng.standard_normal((n_past + t, hkv, d)).astype(np.float32))
-            out = ops.attention(q, k, v, n_past, d ** -0.5, window).numpy()
-            print(f"attention {kernel} D={d} n_past={n_past} window={window}: finite={np.isfinite(out).all()}")
+        _attention_calls(ops, rng, kernel, [(67, 0, 4, 2, 64, 0), (67, 37, 4, 2, 128, 0), (67, 5, 4, 2, 256, 19)])
     # mma_llamacpp's tile shapes (1, 2, 4, 8 heads per kv head: 64, 32, 16, 8 queries a tile) and stream-k segments (600
     # cached keys: several segments a tile, folded; 2 and 1 CTAs per SM of llama.cpp's grid: other seams)
     ops = NativeOps("cuda", attention_kernel="mma_llamacpp")
@@ -176,39 +182,26 @@ def attention_split_case():
     rng = np.random.default_rng(4)
     for kernel, split in itertools.product(("simt", "mma"), ("1", "0")):
         os.environ["GGML_CIQ_ATTENTION_SPLIT"] = split
-        ops = NativeOps("cuda", attention_kernel=kernel)
-        for t, n_past, heads, hkv, d, window in ((1, 700, 8, 2, 128, 0), (100, 300, 4, 1, 256, 0),
-                                                  (100, 300, 4, 1, 256, 37), (130, 0, 32, 8, 128, 0)):
-            q = rng.standard_normal((t, heads, d)).astype(np.float32)
-            k, v = ops.zeros((n_past + t + 3, hkv, d), np.float16), ops.zeros((n_past + t + 3, hkv, d), np.float16)
-            ops.kv_store(k, 0, rng.standard_normal((n_past + t, hkv, d)).astype(np.float32))
-            ops.kv_store(v, 0, rng.standard_normal((n_past + t, hkv, d)).astype(np.float32))
-            out = ops.attention(q, k, v, n_past, d ** -0.5, window).numpy()
-            print(f"attention {kernel} split={split} t={t} n_past={n_past} heads={heads}/{hkv} D={d} "
-                  f"window={window}: finite={np.isfinite(out).all()}")
+        _attention_calls(NativeOps("cuda", attention_kernel=kernel), rng, f"{kernel} split={split}",
+                         [(1, 700, 8, 2, 128, 0), (100, 300, 4, 1, 256, 0), (100, 300, 4, 1, 256, 37),
+                          (130, 0, 32, 8, 128, 0)])
     del os.environ["GGML_CIQ_ATTENTION_SPLIT"]
 
 
 def attention_wgmma_case():
     """attention_wgmma.cu (Hopper): head_dim 64/128/256, query tails (1, 67, 300 tokens against 64- and 128-query tiles), GQA,
-    n_past, windows, key tiles running past the cache's filled rows, split over the keys and not
-    (GGML_CIQ_ATTENTION_SPLIT), and the 8B's 32 heads at 512 queries (one CTA a (tile, head), unsplit)."""
+    n_past, windows, key tiles running past the cache's filled rows, split over the keys (from 1024 keys a tile, below
+    half the SMs' CTAs) and not (GGML_CIQ_ATTENTION_SPLIT), and the 8B's 32 heads at 512 queries (one CTA a (tile,
+    head), unsplit)."""
     from ggml_ciq.ops import NativeOps
 
     rng = np.random.default_rng(6)
     ops = NativeOps("cuda", attention_kernel="wgmma")
-    cases = [(1, 700, 8, 2, 128, 0), (67, 0, 4, 2, 64, 0), (300, 37, 6, 2, 128, 100), (67, 5, 4, 1, 256, 19),
-             (300, 130, 4, 1, 256, 0), (512, 0, 32, 8, 128, 0), (130, 900, 8, 8, 64, 0)]
+    cases = [(1, 1700, 8, 2, 128, 0), (67, 0, 4, 2, 64, 0), (300, 37, 6, 2, 128, 100), (67, 5, 4, 1, 256, 19),
+             (300, 130, 4, 1, 256, 0), (200, 1000, 4, 1, 256, 0), (512, 0, 32, 8, 128, 0), (130, 900, 8, 8, 64, 0)]
     for split in ("1", "0"):
         os.environ["GGML_CIQ_ATTENTION_SPLIT"] = split
-        for t, n_past, heads, hkv, d, window in cases:
-            q = rng.standard_normal((t, heads, d)).astype(np.float32)
-            k, v = ops.zeros((n_past + t + 3, hkv, d), np.float16), ops.zeros((n_past + t + 3, hkv, d), np.float16)
-            ops.kv_store(k, 0, rng.standard_normal((n_past + t, hkv, d)).astype(np.float32))
-            ops.kv_store(v, 0, rng.standard_normal((n_past + t, hkv, d)).astype(np.float32))
-            out = ops.attention(q, k, v, n_past, d ** -0.5, window).numpy()
-            print(f"attention wgmma split={split} t={t} n_past={n_past} heads={heads}/{hkv} D={d} window={window}: "
-                  f"finite={np.isfinite(out).all()}")
+        _attention_calls(ops, rng, f"wgmma split={split}", cases)
     del os.environ["GGML_CIQ_ATTENTION_SPLIT"]
 
 

@@ -246,15 +246,8 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
         }
         float correction[2], base[2];
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xFFFFFFFF, tile_max[r], 1));
-            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xFFFFFFFF, tile_max[r], 2));
-            const float m_new = fmaxf(m[r], tile_max[r]);
-            base[r] = m_new == -INFINITY ? 0.0f : m_new;
-            correction[r] = expf(m[r] - base[r]);
-            l[r] *= correction[r];
-            m[r] = m_new;
-        }
+        for (int r = 0; r < 2; ++r) base[r] = online_softmax_step(m[r], l[r], tile_max[r], &correction[r],
+                                                                [](float x) { return expf(x); });
 #pragma unroll
         for (int n = 0; n < ATTN_KEYS / 8; ++n) {
 #pragma unroll

@@ -73,6 +73,23 @@ __device__ __forceinline__ bool visible(const AttentionArgs &a, int query_pos, i
     return key < end && key <= query_pos && (a.window == 0 || query_pos - key < a.window);
 }
 
+// One online-softmax step of a thread's query row whose tile scores are spread over a quad (4 lanes, as the mma.sync
+// and wgmma accumulators lay them out): the running max m takes the tile's; returns the base the tile's weights are
+// taken against (m, or 0 while nothing is visible: every weight 0) and sets *correction = exp(m_old - base), by which
+// l (here) and the row's O accumulators (the caller) are scaled. exp: the kernel's exponential of its score units
+// (expf for natural scores: mma; exp2f for log2(e)-scaled ones: wgmma).
+template <typename Exp>
+__device__ __forceinline__ float online_softmax_step(float &m, float &l, float tile_max, float *correction, Exp exp) {
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xFFFFFFFF, tile_max, 1));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xFFFFFFFF, tile_max, 2));
+    const float m_new = fmaxf(m, tile_max);
+    const float base = m_new == -INFINITY ? 0.0f : m_new;
+    *correction = exp(m - base);
+    l *= *correction;
+    m = m_new;
+    return base;
+}
+
 // One CTA of 64 threads per (token, head); thread i owns dims i, i + 64, ... The chunks a row has: those starting
 // inside its query tile's key range (the same key_range and chunk_keys as the chunks' CTAs).
 template <int D, int QT>

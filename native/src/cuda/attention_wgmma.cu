@@ -177,15 +177,8 @@ __global__ void __maxnreg__(WgmmaAttn<D>::MAXNREG)
         }
         float corr[2], base[2];
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xFFFFFFFF, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xFFFFFFFF, mx[r], 2));
-            const float m_new = fmaxf(m[r], mx[r]);
-            base[r] = m_new == -INFINITY ? 0.0f : m_new;  // nothing visible yet: all weights 0
-            corr[r] = exp2f(m[r] - base[r]);
-            l[r] *= corr[r];
-            m[r] = m_new;
-        }
+        for (int r = 0; r < 2; ++r)
+            base[r] = online_softmax_step(m[r], l[r], mx[r], &corr[r], [](float x) { return exp2f(x); });
         // P as A fragments: register q of k-step kk = the pair sc[8kk + 2q], sc[8kk + 2q + 1] (row row0 + 8(q%2)).
         uint32_t pa[KT / 16][4];
 #pragma unroll
