@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import environment, native, quants
-from .errors import CiqError, InvalidArgumentError, ShapeError, UnsupportedTypeError
+from .errors import BackendError, CiqError, InvalidArgumentError, ShapeError, UnsupportedTypeError
 from .model import Tensor
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int32))
@@ -539,9 +539,11 @@ class NativeOps:
 
     def attention_runs(self, head_dim: int) -> bool:
         """Whether ``attention`` runs for this head_dim on this device (attention_kernel_name's question, as a bool)."""
-        n = self.native
-        out = n.ffi.new("ciq_attention_kernel *")
-        return n.lib.ciq_attention_resolve(self.device, self._attention_kernel_id, head_dim, out) == 0
+        try:
+            self.attention_kernel_name(head_dim)
+        except BackendError:  # the kernel does not run it here (CIQ_ERR_UNSUPPORTED)
+            return False
+        return True
 
     def kv_store(self, cache, start: int, x) -> None:
         """cache[start:start+T] = x[T, Hkv, D] rounded to f16."""

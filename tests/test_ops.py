@@ -630,7 +630,8 @@ def test_attention_split_over_keys(native_lib, rng, monkeypatch, kernel, tokens,
     and only where a tile's key range reaches 1024 keys (the 8B at 512 queries: 128 CTAs, not split)."""
     if kernel == "wgmma":
         _wgmma_attention_or_skip()
-    _gpu_or_skip()
+    else:
+        _gpu_or_skip()
     ops = PoisonedOps("cuda", attention_kernel=kernel)
     q, k, v = _attention_inputs(rng, tokens, heads_kv, group, head_dim, n_past)
     scale = 1.0 / np.sqrt(head_dim)

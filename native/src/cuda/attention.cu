@@ -349,30 +349,19 @@ bool ciq_cuda_attention_supports(int device, ciq_attention_kernel kernel, int64_
     (void)device;
     return built && kernel == CIQ_ATTENTION_SIMT && head_dim <= 96;
 #else
-    if (kernel == CIQ_ATTENTION_WGMMA) {  // 0 bytes: not built (no sm_90a machine code, or head_dim)
-        const size_t bytes = ciq_cuda_attention_wgmma_smem(head_dim);
-        int optin = 0;
-        if (bytes == 0 ||
-            cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
-            cudaGetLastError();
-            return false;
-        }
-        return bytes <= (size_t)optin;
-    }
-    if (!built || (kernel != CIQ_ATTENTION_SIMT && kernel != CIQ_ATTENTION_MMA && kernel != CIQ_ATTENTION_MMA_LLAMACPP)) {
-        return false;
-    }
-    int optin = 0;  // the shared memory a block may opt into: 227 KB on sm_90, 163 KB sm_80, 99 KB sm_86/89
-    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
-        cudaGetLastError();
-        return false;
-    }
     const size_t simt[] = {SimtSmem<64>::BYTES, SimtSmem<96>::BYTES, SimtSmem<128>::BYTES, SimtSmem<256>::BYTES};
     const size_t mma[] = {MmaSmem<64>::BYTES, MmaSmem<96>::BYTES, MmaSmem<128>::BYTES, MmaSmem<256>::BYTES};
     const int i = head_dim == 64 ? 0 : head_dim == 96 ? 1 : head_dim == 128 ? 2 : 3;
-    const size_t bytes = kernel == CIQ_ATTENTION_SIMT ? simt[i]
-                         : kernel == CIQ_ATTENTION_MMA ? mma[i]
-                                                       : ciq_cuda_attention_llamacpp_smem(head_dim);
+    size_t bytes = 0;  // 0: not built for this kernel and head_dim (wgmma: nor without sm_90a machine code)
+    if (kernel == CIQ_ATTENTION_WGMMA) bytes = ciq_cuda_attention_wgmma_smem(head_dim);
+    else if (built && kernel == CIQ_ATTENTION_SIMT) bytes = simt[i];
+    else if (built && kernel == CIQ_ATTENTION_MMA) bytes = mma[i];
+    else if (built && kernel == CIQ_ATTENTION_MMA_LLAMACPP) bytes = ciq_cuda_attention_llamacpp_smem(head_dim);
+    int optin = 0;  // the shared memory a block may opt into: 227 KB on sm_90, 163 KB sm_80, 99 KB sm_86/89
+    if (bytes == 0 || cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
     return bytes <= (size_t)optin;
 #endif
 }
