@@ -678,6 +678,19 @@ def test_attention_auto_on_gpu(native_lib, monkeypatch):
         ops.attention_kernel_name(80)  # no kernel built for head_dim 80
 
 
+@pytest.mark.parametrize("value", ["maybe", "2x", "of"])
+def test_attention_wgmma_switch_bad_value(native_lib, monkeypatch, value):
+    """GGML_CIQ_ATTENTION_WGMMA is read where AUTO resolves, on every device: a value that is neither on nor off is an
+    error naming the variable (as the Python switches), never taken as off; an explicit kernel does not read it."""
+    monkeypatch.setenv("GGML_CIQ_ATTENTION_WGMMA", value)
+    with pytest.raises(InvalidArgumentError, match=f"GGML_CIQ_ATTENTION_WGMMA='{value}': expected 1 or 0"):
+        NativeOps("cpu").attention_kernel_name(64)
+    assert NativeOps("cpu", attention_kernel="cpu").attention_kernel_name(64) == "cpu"
+    for good in ("0", " Off ", "YES", ""):
+        monkeypatch.setenv("GGML_CIQ_ATTENTION_WGMMA", good)
+        assert NativeOps("cpu").attention_kernel_name(64) == "cpu"
+
+
 # (tokens, n_past, heads, heads_kv, head_dim, window): 128-query tiles (64 at D 256) with tails, key tiles (128 keys; 64 at D 256)
 # crossing the diagonal, the window's start and the cache's last filled row, GQA groups of 1..4, decode rows.
 WGMMA_ATTENTION_CASES = [

@@ -1,11 +1,13 @@
 // The C API's transformer ops (for the prefill engine): argument checks and routing here, the arithmetic in
 // cpu/ops.cpp, cuda/ops.cu and cuda/attention.cu. Attention launches are counted per resolved kernel.
-#include <cstdlib>
 #include "api.h"
 #include "dequantize.h"
 
 #include <atomic>
+#include <cctype>
+#include <cstdlib>
 #include <new>
+#include <string>
 #include <vector>
 
 static std::atomic<uint64_t> g_attention_dispatch[CIQ_ATTENTION_WGMMA + 1];
@@ -109,10 +111,21 @@ static bool uses_mma(ciq_attention_kernel kernel) {  // the tensor-core kernels:
     return kernel == CIQ_ATTENTION_MMA || kernel == CIQ_ATTENTION_MMA_LLAMACPP || kernel == CIQ_ATTENTION_WGMMA;
 }
 
-// GGML_CIQ_ATTENTION_WGMMA=0: AUTO passes over wgmma (the switch for A/B runs; an explicit request still runs it).
-static bool auto_takes_wgmma() {
+// GGML_CIQ_ATTENTION_WGMMA, read where AUTO resolves: unset, empty or 1/on/true/yes: AUTO takes wgmma where it runs;
+// 0/off/false/no: it passes over it (the switch for A/B runs; an explicit request still runs it); anything else is an
+// error naming the variable (the Python switches' words, environment.switch), never a guess.
+static ciq_status auto_takes_wgmma(bool *take) {
+    *take = true;
     const char *v = std::getenv("GGML_CIQ_ATTENTION_WGMMA");
-    return !(v && *v && std::atoi(v) == 0);
+    std::string word;
+    for (const char *c = v ? v : ""; *c; ++c)
+        if (!std::isspace((unsigned char)*c)) word += (char)std::tolower((unsigned char)*c);
+    if (word.empty() || word == "1" || word == "on" || word == "true" || word == "yes") return CIQ_OK;
+    if (word == "0" || word == "off" || word == "false" || word == "no") {
+        *take = false;
+        return CIQ_OK;
+    }
+    return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "GGML_CIQ_ATTENTION_WGMMA='%s': expected 1 or 0 (on/off)", v);
 }
 
 ciq_status ciq_attention_resolve(int device, ciq_attention_kernel kernel, int64_t head_dim,
@@ -123,6 +136,8 @@ ciq_status ciq_attention_resolve(int device, ciq_attention_kernel kernel, int64_
     }
     CIQ_TRY(ciq_check_count("ciq_attention", "head_dim", head_dim));
     CIQ_TRY(ciq_check_device(device));
+    bool take_wgmma = true;
+    if (kernel == CIQ_ATTENTION_AUTO) CIQ_TRY(auto_takes_wgmma(&take_wgmma));  // on every device: a bad value is bad
     static const char *const names[] = {"auto", "cpu", "simt", "mma", "ggml", "mma_llamacpp", "wgmma"};
     if (device == CIQ_DEVICE_CPU) {
         if (kernel == CIQ_ATTENTION_SIMT || uses_mma(kernel)) {
@@ -144,7 +159,7 @@ ciq_status ciq_attention_resolve(int device, ciq_attention_kernel kernel, int64_
     const bool wgmma_ok = major == 9 && minor == 0 && ciq_cuda_attention_supports(device, CIQ_ATTENTION_WGMMA, head_dim);
 #endif
     *resolved = kernel != CIQ_ATTENTION_AUTO ? kernel
-                : wgmma_ok && auto_takes_wgmma() ? CIQ_ATTENTION_WGMMA
+                : wgmma_ok && take_wgmma         ? CIQ_ATTENTION_WGMMA
                 : mma_ok                         ? CIQ_ATTENTION_MMA
                                                  : CIQ_ATTENTION_SIMT;
     const bool ok = *resolved == CIQ_ATTENTION_WGMMA ? wgmma_ok
@@ -157,6 +172,7 @@ ciq_status ciq_attention_resolve(int device, ciq_attention_kernel kernel, int64_
     (void)minor;
     return CIQ_OK;
 #else
+    (void)take_wgmma;
     return CIQ_ERR_UNSUPPORTED;
 #endif
 }
