@@ -169,6 +169,74 @@ def test_wgmma_tail_split(weight_type, wgmma, rng, monkeypatch):
         assert not np.array_equal(tail, whole_waves), (rows, k, tokens)
 
 
+def _k_quant_weights(rng, weight_type, rows, k):
+    quantize = Q.quantize_q4_K if weight_type == Q.Q4_K else Q.quantize_q6_K
+    return quantize((rng.standard_normal((rows, k)) * 0.02).astype(np.float32))
+
+
+@pytest.mark.parametrize("weight_type", [Q.Q4_K, Q.Q6_K])
+def test_wgmma_stream_k_forced(weight_type, wgmma, rng, monkeypatch):
+    """GGML_CIQ_WGMMA_STREAMK=2 (every tile streamed: one CTA an SM, each a contiguous range of the tiles' K units, a
+    tile's partial sums handed to the CTA that finishes it): ranges of one unit (up to 8 peers a tile), ranges over
+    several tiles, whole tiles only, odd rows and tokens, a multi-wave shape. Against the numpy f16 semantics; each case
+    runs after another input's run, so a stale hand-over (a flag left raised) would mix the other input's partials in;
+    the same bits when run again; other bits than the plain plan where its float order must differ (ranges of one unit
+    against split-K shares of two or more; ranges that cross tiles at other units than a split), the same where both
+    add whole tiles (differ None: the plan may or may not fold in the same order)."""
+    for rows, k, tokens, differ in ((300, 2048, 131, None), (1000, 4096, 64, True), (129, 256, 1, False),
+                                    (4097, 2048, 257, None), (20000, 1024, 300, True)):
+        data = _k_quant_weights(rng, weight_type, rows, k)
+        x, other = (rng.standard_normal((2, tokens, k)) * rng.choice([1e-3, 1.0, 3e4], size=(2, tokens, 1))).astype(np.float32)
+        ref = Q.gemm_f16_semantics(weight_type, data, rows, k, x)
+        monkeypatch.setenv("GGML_CIQ_WGMMA_STREAMK", "0")
+        plain = run_checked(data, x, "wgmma", ggml_type=weight_type, rows=rows, k=k)
+        monkeypatch.setenv("GGML_CIQ_WGMMA_STREAMK", "2")
+        run_checked(data, other, "wgmma", ggml_type=weight_type, rows=rows, k=k)
+        streamed = run_checked(data, x, "wgmma", ggml_type=weight_type, rows=rows, k=k)
+        assert Q.nmse(streamed, ref) <= 1e-10 and Q.nmse(plain, ref) <= 1e-10, (rows, k, tokens)
+        assert np.array_equal(run_checked(data, x, "wgmma", ggml_type=weight_type, rows=rows, k=k), streamed)
+        if differ is not None:
+            assert np.array_equal(streamed, plain) != differ, (rows, k, tokens)
+
+
+def test_wgmma_stream_k_not_where_weights_go_to_registers(wgmma, rng, monkeypatch):
+    """Q6_K with K % 2048 != 0 reads its weights into registers, whose kernels do not stream: the same bits forced."""
+    rows, k, tokens = 3000, 2304, 131
+    data = _k_quant_weights(rng, Q.Q6_K, rows, k)
+    x = rng.standard_normal((tokens, k)).astype(np.float32)
+    monkeypatch.setenv("GGML_CIQ_WGMMA_STREAMK", "0")
+    plain = run_checked(data, x, "wgmma", ggml_type=Q.Q6_K, rows=rows, k=k)
+    monkeypatch.setenv("GGML_CIQ_WGMMA_STREAMK", "2")
+    assert np.array_equal(run_checked(data, x, "wgmma", ggml_type=Q.Q6_K, rows=rows, k=k), plain)
+
+
+def test_wgmma_stream_k_switch_refuses_other_values(wgmma, rng, monkeypatch):
+    """A value of GGML_CIQ_WGMMA_STREAMK other than 0, 1 or 2 is an error naming the variable, not a guess."""
+    data = _k_quant_weights(rng, Q.Q4_K, 256, 256)
+    x = rng.standard_normal((64, 256)).astype(np.float32)
+    for bad in ("on", "3", "12", "-1"):
+        monkeypatch.setenv("GGML_CIQ_WGMMA_STREAMK", bad)
+        with pytest.raises(CiqError, match=f"GGML_CIQ_WGMMA_STREAMK='{bad}'"):
+            native.gemm(data, x, variant="wgmma", device="cuda", semantics="f16", ggml_type=Q.Q4_K, rows=256, k=256)
+
+
+@pytest.mark.parametrize("weight_type", [Q.Q4_K, Q.Q6_K])
+def test_wgmma_stream_k_planned(weight_type, wgmma, rng, monkeypatch):
+    """Where the planner's time model streams (fewer tiles than SMs with a remainder: 96 tiles of 128 tokens; more than
+    a wave: 336 tiles of 256, the full wave unsplit and the rest streamed): against the numpy f16 semantics, and not the
+    same bits as GGML_CIQ_WGMMA_STREAMK=0 (the hand-over ran)."""
+    for rows, k, tokens in ((12285, 2048, 127), (10663, 2048, 1000)):
+        data = _k_quant_weights(rng, weight_type, rows, k)
+        x = rng.standard_normal((tokens, k)).astype(np.float32)
+        ref = Q.gemm_f16_semantics(weight_type, data, rows, k, x)
+        monkeypatch.setenv("GGML_CIQ_WGMMA_STREAMK", "0")
+        plain = run_checked(data, x, "wgmma", ggml_type=weight_type, rows=rows, k=k)
+        monkeypatch.setenv("GGML_CIQ_WGMMA_STREAMK", "1")
+        planned = run_checked(data, x, "wgmma", ggml_type=weight_type, rows=rows, k=k)
+        assert Q.nmse(planned, ref) <= 1e-10 and Q.nmse(plain, ref) <= 1e-10, (rows, k, tokens)
+        assert not np.array_equal(planned, plain), (rows, k, tokens)
+
+
 def block32_weights(rng, ggml_type: int, rows: int, k: int) -> np.ndarray:
     """Raw Q4_0/Q5_0/Q8_0 blocks: random quants (every bit pattern, Q5_0's high bits included) and fp16 scales of
     either sign spread over 2^-14 .. 2^-2 (f16 products from subnormal to large)."""

@@ -8,7 +8,7 @@
 #   tools/gpu_run.sh test       GPU test suite (pytest tests/test_cuda.py + the rest)
 #   tools/gpu_run.sh sanitize [CASE]  compute-sanitizer memcheck + racecheck on every kernel, or one of
 #                               tools/sanitize_case.py's cases (engine, attention-split, attention-wgmma, ops, fusion,
-#                               wgmma-block32, a variant) -> $OUT
+#                               wgmma-block32, wgmma-stream-k, a variant) -> $OUT
 #   tools/gpu_run.sh wait       wait for the llama.cpp CUDA build
 #   tools/gpu_run.sh py ARGS    python3 ARGS with this environment (e.g. py -m ggml_ciq.cli bench gemm ...)
 #   tools/gpu_run.sh pack NAME  everything under $OUT into $OUT/NAME.tgz (a call returns at most 8 files)
@@ -16,6 +16,9 @@
 #   tools/gpu_run.sh fuse-ab    GGML_CIQ_FUSE x GGML_CIQ_WGMMA_TAIL on our 8B (TOKENS) and Gemma 512 prefills (graphs)
 #   tools/gpu_run.sh attention-ab  AUTO's attention wgmma vs mma (GGML_CIQ_ATTENTION_WGMMA) on our 8B (TOKENS) and Gemma prefills
 #   tools/gpu_run.sh tail-ab    the tail split on/off in bench gemm (8B shapes, 512 tokens)
+#   tools/gpu_run.sh streamk-ab wgmma's stream-K on/off in bench gemm (8B shapes at 512 and 2048 tokens, seed6)
+#   tools/gpu_run.sh gemm-diag  wgmma with its dequantization or its wgmma left out (CIQ_WGMMA_DIAG builds): which side
+#                               bounds the GEMM
 #   tools/gpu_run.sh split-ab | ops-timing | output-row   the attention split's A/B (Gemma, the 8B); the elementwise ops
 #                               old vs new; Gemma's output row at 1 and 8 tokens against llama.cpp's MMVQ
 #   tools/gpu_run.sh bench-pdl | offload-sweep | memory   wgmma PDL A/B; wgmma vs llama.cpp at 16..128 tokens (the
@@ -380,6 +383,33 @@ case "${1:-}" in
       timeout 100 python3 -m ggml_ciq.cli prefill "$model" --tokens $n --device cuda --semantics fast --repeat 3 \
         --json "$OUT/prefill-breakdown-$name-$n.json" 2>&1 | tail -n 12
     done ;;
+  gemm-diag)  # where the wgmma GEMM's time goes: the library rebuilt with CIQ_WGMMA_DIAG=1 (no dequantization) and =2
+              # (no wgmma) beside the real one, wgmma alone (no llama.cpp, no ceiling) on the 8B shapes at 512 tokens and
+              # seed6 -> $OUT/gemm-diag{0,1,2}-{llama3-8b-n512,seed6}.json
+    for d in 1 2; do
+      [ -f /tmp/ciq-diag$d/libggml_ciq.so ] || { cmake -S native -B /tmp/ciq-diag$d -G Ninja -DGGML_CIQ_CUDA=ON \
+        -DGGML_CIQ_CUDA_ARCHITECTURES="$ARCHS" -DGGML_CIQ_PLUGIN=OFF -DCMAKE_CUDA_FLAGS=-DCIQ_WGMMA_DIAG=$d > /dev/null \
+        && ninja -C /tmp/ciq-diag$d > /tmp/ciq-diag$d.log 2>&1 || { tail -n 5 /tmp/ciq-diag$d.log; exit 1; }; }
+    done
+    for d in 0 1 2; do
+      lib=/tmp/ciq-build/libggml_ciq.so; [ $d = 0 ] || lib=/tmp/ciq-diag$d/libggml_ciq.so
+      for spec in "llama3-8b 512 llama3-8b-n512" "seed6 128 seed6"; do
+        set -- $spec
+        GGML_CIQ_LIB=$lib timeout 120 python3 -m ggml_ciq.cli bench gemm --backend ciq-cuda --shapes $1 --tokens $2 \
+          --repeat ${REPEAT:-5} --variants wgmma --no-llamacpp --no-ceiling --json "$OUT/gemm-diag$d-$3.json" 2>&1 \
+          | grep -E "wgmma|rror" | sed "s/^/diag=$d /"
+      done
+    done ;;
+  streamk-ab)  # wgmma's stream-K on (the time model's choice) and off (GGML_CIQ_WGMMA_STREAMK), wgmma alone on the 8B
+               # shapes at 512 and 2048 tokens and seed6 -> $OUT/{llama3-8b-n512,llama3-8b-n2048,seed6}-streamk{0,1}.json
+    for sk in 1 0; do
+      for spec in "llama3-8b 512 llama3-8b-n512" "llama3-8b 2048 llama3-8b-n2048" "seed6 128 seed6"; do
+        set -- $spec
+        GGML_CIQ_WGMMA_STREAMK=$sk timeout 150 python3 -m ggml_ciq.cli bench gemm --backend ciq-cuda --shapes $1 \
+          --tokens $2 --repeat ${REPEAT:-5} --variants wgmma --no-llamacpp --no-ceiling --json "$OUT/$3-streamk$sk.json" \
+          2>&1 | grep -E "wgmma|rror" | sed "s/^/streamk=$sk /"
+      done
+    done ;;
   tail-ab)  # wgmma's tail split on and off (GGML_CIQ_WGMMA_TAIL), bench gemm's Llama-3-8B shapes at 512 tokens, wgmma
             # only (after wait) -> $OUT/llama3-8b-n512-tail{0,1}.json
     for t in 0 1; do
@@ -402,5 +432,5 @@ case "${1:-}" in
     gemma=$(gemma_path) || exit 1
     step sanitizer-plugin-memcheck 500 env GGML_BACKEND_PATH=$PLUGIN GGML_CIQ_OFFLOAD=all compute-sanitizer --tool memcheck \
       --error-exitcode 9 $LLAMA_BUILD/bin/llama-bench -m "$gemma" -ngl 99 -dev CIQ0/CUDA0 -ts 0/1 -p 77 -n 0 -r 1 -fa 1 ;;
-  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|pack|all|bench|bench-pdl|fuse-ab|tail-ab|offload-sweep|memory|stage|compare|compare-8b|layer-trace|graph-bench|kernel-profile|sass|plugin-splits|breakdown|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize|bench-attention|split-ab|attention-ab|ops-timing|output-row" >&2; exit 2 ;;
+  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|pack|all|bench|bench-pdl|fuse-ab|tail-ab|offload-sweep|memory|stage|compare|compare-8b|layer-trace|graph-bench|kernel-profile|sass|plugin-splits|breakdown|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize|bench-attention|split-ab|attention-ab|ops-timing|output-row|gemm-diag|streamk-ab" >&2; exit 2 ;;
 esac

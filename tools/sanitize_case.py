@@ -2,10 +2,10 @@
 compute-sanitizer.
 
 Usage: compute-sanitizer --tool memcheck python3 tools/sanitize_case.py [variant ... | wgmma-block32 | engine |
-attention-split | attention-wgmma | ops | fusion]
+attention-split | attention-wgmma | ops | fusion | wgmma-stream-k]
 (mmvq: every type at 1..8 tokens, mmvq_case; mma and q32: also MMQ's stream-k seams, mmq_seams_case; wgmma-block32:
 wgmma on Q4_0/Q5_0/Q8_0, wgmma_block32_case; attention-split: attention_split_case; attention-wgmma:
-attention_wgmma_case; ops: ops_case; fusion: fusion_case)
+attention_wgmma_case; ops: ops_case; fusion: fusion_case; wgmma-stream-k: wgmma_stream_k_case)
 """
 
 import itertools
@@ -173,6 +173,25 @@ def wgmma_block32_case():
             print(f"wgmma {Q.type_name(weight_type)} {rows} x {k} tokens={tokens:4d} nmse={err:.2e}")
 
 
+def wgmma_stream_k_case():
+    """wgmma's stream-K (GGML_CIQ_WGMMA_STREAMK=2: every tile streamed): ranges of one unit (a tile over 8 CTAs), of
+    several tiles, a row and token tail, Q4_K and Q6_K (staged by TMA); then a shape the time model streams itself."""
+    rng = np.random.default_rng(5)
+    os.environ["GGML_CIQ_WGMMA_STREAMK"] = "2"
+    for (weight_type, quantize), (rows, k, tokens) in itertools.product(
+            ((Q.Q4_K, Q.quantize_q4_K), (Q.Q6_K, Q.quantize_q6_K)), ((300, 2048, 131), (1000, 4096, 64), (2049, 2048, 257))):
+        data = quantize((rng.standard_normal((rows, k)) * 0.02).astype(np.float32))
+        x = rng.standard_normal((tokens, k)).astype(np.float32)
+        out = native.gemm(data, x, variant="wgmma", device="cuda", semantics="f16", ggml_type=weight_type, rows=rows, k=k)
+        err = Q.nmse(out, Q.gemm_f16_semantics(weight_type, data, rows, k, x))
+        print(f"wgmma stream-k {Q.type_name(weight_type)} {rows} x {k} tokens={tokens}: nmse={err:.2e}")
+    os.environ["GGML_CIQ_WGMMA_STREAMK"] = "1"
+    data = Q.quantize_q4_K((rng.standard_normal((12285, 2048)) * 0.02).astype(np.float32))
+    x = rng.standard_normal((127, 2048)).astype(np.float32)
+    out = native.gemm(data, x, variant="wgmma", device="cuda", semantics="f16", ggml_type=Q.Q4_K, rows=12285, k=2048)
+    print(f"wgmma stream-k planned Q4_K 12285 x 2048 tokens=127: finite={np.isfinite(out).all()}")
+
+
 def attention_split_case():
     """attention.cu's split over the keys (simt and mma): a decode row over 700 cached keys (chunks of 64), 100 queries
     after 300 keys with and without a window (rows that see no key of a chunk), Gemma's 4 heads on 1 kv head at
@@ -289,6 +308,8 @@ def main(variants):
         return fusion_case()
     if variants == ["attention-split"]:
         return attention_split_case()
+    if variants == ["wgmma-stream-k"]:
+        return wgmma_stream_k_case()
     if variants == ["attention-wgmma"]:
         return attention_wgmma_case()
     if variants == ["ops"]:

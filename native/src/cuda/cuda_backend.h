@@ -17,8 +17,9 @@ ciq_status ciq_cuda_free(int device, void *ptr);
 ciq_status ciq_cuda_memcpy(int device, void *dst, const void *src, size_t nbytes, bool to_device);
 ciq_status ciq_cuda_memset(int device, void *dst, int value, size_t nbytes);
 ciq_status ciq_cuda_synchronize(int device);
-#define CIQ_SCRATCH_SLOTS 3  // 0: quantized activations (ciq_gemm); 1: attention's split over the keys; 2: the
-                             // whole product of ciq_gemm_quantized_outputs where it is copied out
+#define CIQ_SCRATCH_SLOTS 4  // 0: quantized activations (ciq_gemm); 1: attention's split over the keys; 2: the
+                             // whole product of ciq_gemm_quantized_outputs where it is copied out; 3: the wgmma
+                             // GEMM's stream-K hand-over (partial tiles and flags)
 ciq_status ciq_cuda_scratch(int device, int slot, size_t nbytes, void **ptr);  // per-device buffers, grown on demand
 // CUDA graphs (runtime.cu): this thread's calls between begin and end are captured, not run; the graph is replayed by
 // launch (on the thread's graph stream) and fails as stale once a scratch buffer has moved.

@@ -35,6 +35,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
+#include <vector>
 
 #if !defined(GGML_CIQ_HIP)
 #include <cudaTypedefs.h>
@@ -99,6 +100,26 @@ struct wgmma_outputs {
     int64_t row_end[CIQ_GEMM_OUTPUTS_MAX];
     void *out[CIQ_GEMM_OUTPUTS_MAX];
     const float *add[CIQ_GEMM_OUTPUTS_MAX];
+};
+
+// Stream-K's hand-over of a tile between CTAs (wgmma_stream_k): a CTA that ends inside a tile (its owner) adds the
+// partial sums of the `peers` CTAs after it, which covered the rest of the tile's K at the start of their ranges and
+// stored them in their slots of `partial` (BN x 128 floats, [token][row]) before raising their flags. The owner adds
+// them in CTA order (deterministic) and lowers the flags for the next launch.
+struct wgmma_handover {
+    bool contribute;  // this segment's sums go to the CTA's slot of partial (and its flag), not to the output
+    int peers;        // owner: the CTAs blockIdx.x + 1 .. + peers whose partials it adds
+    float *partial;
+    int *flags;
+};
+
+// A stream-K launch (wgmma_plan's tail_ctas): `tiles` tiles from the launch's first, their units (tile after tile, K
+// within a tile) cut into gridDim.x near-equal contiguous ranges, one a CTA; tiles 0: an ordinary launch (one tile a
+// CTA, split-K over a cluster on grid.z). partial: BN x 128 floats a CTA, flags: one int a CTA, all 0 between launches.
+struct wgmma_stream_k {
+    int64_t tiles;
+    float *partial;
+    int *flags;
 };
 
 #ifdef CIQ_WGMMA_DEVICE
@@ -343,11 +364,14 @@ template <int R> struct raw_stage<CIQ_TYPE_Q8_0, R, false> : raw_stage_block32<C
 
 // Producer warpgroups (threads 0 .. 128 PW - 1): per stage the B tile by TMA and the A tile dequantized, then
 // full[slot]; a slot is refilled after empty[slot]. Ends with the CTA-wide barrier 1 that frees the ring.
+// One segment of the CTA's work (units kb0 .. of one tile): it0 ring stages and sb0 staged super-blocks went before it
+// in this CTA (stream-K runs several segments; the barriers' phases continue).
 template <ciq_type T, int BN, int STAGES, int PW, bool TMA_W>
 static __device__ __forceinline__ void wgmma_produce(const CUtensorMap &xmap, const CUtensorMap &wmap,
                                                      const uint8_t *w, int64_t rows, int nb,
                                                      uint8_t *smem, uint8_t *wraw, uint64_t *full, uint64_t *empty,
-                                                     uint64_t *wfull, int kb0, int iters, int64_t row0, int tok0) {
+                                                     uint64_t *wfull, int kb0, int iters, int64_t row0, int tok0,
+                                                     int it0, int sb0) {
     constexpr int A_BYTES = CIQ_WGMMA_ROWS * 128, STAGE = wgmma_stage_bytes(BN);
     constexpr int block_bytes = wgmma_unit_bytes(T), SPU = wgmma_unit_stages(T);
     static_assert(wgmma_kquant(T) || !TMA_W, "32-value blocks are read from global memory");
@@ -357,8 +381,8 @@ static __device__ __forceinline__ void wgmma_produce(const CUtensorMap &xmap, co
     const int t = threadIdx.x, i = t % 4, g = t / 4, r0 = (g & ~7) | (g & 1) << 2 | (g >> 1 & 3);
     // One pipeline stage: the B tile by TMA (thread 0), the A tile dequantized from `raw`.
     auto stage = [&](const raw_stage<T, R, TMA_W> &raw, int it, int c) {
-        const int slot = it % STAGES;
-        if (it >= STAGES) mbar_wait(&empty[slot], ((it / STAGES) + 1) & 1);
+        const int ring = it0 + it, slot = ring % STAGES;
+        if (ring >= STAGES) mbar_wait(&empty[slot], ((ring / STAGES) + 1) & 1);
         uint8_t *a_tile = smem + slot * STAGE;
         if (t == 0) {
             mbar_arrive_expect_tx(&full[slot], BN * 128);
@@ -373,21 +397,24 @@ static __device__ __forceinline__ void wgmma_produce(const CUtensorMap &xmap, co
     if constexpr (TMA_W) {  // super-block sb's 128 rows staged by TMA in wraw slot sb % WSLOTS, WSLOTS - 1 ahead
         constexpr int WB = wgmma_wbox(T);
         const int nsb = iters / 4;
-        auto issue = [&](int sb) {
-            uint64_t *bar = &wfull[sb % WSLOTS];
+        auto issue = [&](int sb) {  // sb: this segment's; its slot and phase count the CTA's staged super-blocks
+            uint64_t *bar = &wfull[(sb0 + sb) % WSLOTS];
             mbar_arrive_expect_tx(bar, CIQ_WGMMA_ROWS * WB);
-            tma_load_2d(wraw + (sb % WSLOTS) * CIQ_WGMMA_ROWS * WB, &wmap, (kb0 + sb) * block_bytes & ~15, (int)row0,
-                        bar);
+            tma_load_2d(wraw + ((sb0 + sb) % WSLOTS) * CIQ_WGMMA_ROWS * WB, &wmap, (kb0 + sb) * block_bytes & ~15,
+                        (int)row0, bar);
         };
-        if (t == 0)
-            for (int sb = 0; sb < WSLOTS && sb < nsb; ++sb) issue(sb);  // weights: nothing before writes them
+        if (t == 0) {  // weights: nothing before writes them (a later segment: the slots' last readers passed barrier 2)
+            if (sb0 > 0) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            for (int sb = 0; sb < WSLOTS && sb < nsb; ++sb) issue(sb);
+        }
         wait_for_previous_grid();
         for (int sb = 0; sb < nsb; ++sb) {
-            const uint8_t *wslot = wraw + (sb % WSLOTS) * CIQ_WGMMA_ROWS * WB + ((kb0 + sb) * block_bytes & 15);
+            const int slot = (sb0 + sb) % WSLOTS;
+            const uint8_t *wslot = wraw + slot * CIQ_WGMMA_ROWS * WB + ((kb0 + sb) * block_bytes & 15);
             const uint8_t *blk[R];
 #pragma unroll
             for (int p = 0; p < R; ++p) blk[p] = wslot + (r0 + CIQ_WGMMA_ROWS / R * p) * WB;
-            mbar_wait(&wfull[sb % WSLOTS], (sb / WSLOTS) & 1);
+            mbar_wait(&wfull[slot], ((sb0 + sb) / WSLOTS) & 1);
             [[maybe_unused]] q4k_scales<R> scales;  // Q4_K: this thread's share of the rows' scale/min pairs
             if constexpr (T == CIQ_TYPE_Q4_K) scales.decode(blk, i);
 #pragma unroll
@@ -444,15 +471,15 @@ static __device__ __forceinline__ void wgmma_produce(const CUtensorMap &xmap, co
 // acc is the kernel's array (declared at the call): the machine code is then byte-identical to the one-body kernel.
 template <int BN, int STAGES, int PW>
 static __device__ __forceinline__ void wgmma_consume(uint8_t *smem, uint64_t *full, uint64_t *empty, int iters,
-                                                     float (&acc)[BN / 2]) {
+                                                     int it0, float (&acc)[BN / 2]) {
     constexpr int A_BYTES = CIQ_WGMMA_ROWS * 128, STAGE = wgmma_stage_bytes(BN);
     wait_for_previous_grid();
     const int cw = threadIdx.x / 128 - PW, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
 #pragma unroll
     for (int j = 0; j < BN / 2; ++j) acc[j] = 0.0f;
     for (int it = 0; it < iters; ++it) {
-        const int slot = it % STAGES;
-        mbar_wait(&full[slot], (it / STAGES) & 1);
+        const int ring = it0 + it, slot = ring % STAGES;  // it0: stages of this CTA's earlier segments
+        mbar_wait(&full[slot], (ring / STAGES) & 1);
         const uint8_t *a_tile = smem + slot * STAGE;
         const uint64_t da = smem_desc(a_tile + cw * 64 * 128), db = smem_desc(a_tile + A_BYTES);
         wgmma_fence();
@@ -462,9 +489,10 @@ static __device__ __forceinline__ void wgmma_consume(uint8_t *smem, uint64_t *fu
         }
         wgmma_commit();
         wgmma_wait<1>();  // the group of it-1 has retired: its slot is free
-        if (it > 0 && lane == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
+        if (it > 0 && lane == 0) mbar_arrive(&empty[(ring - 1) % STAGES]);
     }
     wgmma_wait<0>();
+    if (lane == 0) mbar_arrive(&empty[(it0 + iters - 1) % STAGES]);  // the last stage's slot (a next segment refills it)
     bar_sync_all();
     // D fragment: acc[4j + e] = row 16*warp + lane/4 + 8(e/2), token 8j + 2(lane%4) + e%2 -> red[token][row]
     float *red = (float *)smem;
@@ -475,12 +503,22 @@ static __device__ __forceinline__ void wgmma_consume(uint8_t *smem, uint64_t *fu
         for (int e = 0; e < 4; ++e) red[(8 * j + 2 * (lane % 4) + e % 2) * RED_STRIDE + rl + 8 * (e / 2)] = acc[4 * j + e];
 }
 
-// Epilogue, every thread: red[] summed over the split-K cluster, times the token scale, plus the addend where the
-// output has one (one more rounding: the values of ciq_add after the GEMM), stored as rows of the tile's output.
+static __device__ __forceinline__ void flag_release(int *flag) {
+    asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(flag), "r"(1) : "memory");
+}
+static __device__ __forceinline__ int flag_acquire(const int *flag) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
+    return v;
+}
+
+// Epilogue, every thread: red[] summed over the split-K cluster (or stream-K's peers), times the token scale, plus the
+// addend where the output has one (one more rounding: the values of ciq_add after the GEMM), stored as rows of the
+// tile's output; a stream-K contribution is stored as it is to the CTA's partial slot instead.
 template <int BN>
 static __device__ __forceinline__ void wgmma_epilogue(uint8_t *smem, const float *tscale, int tokens,
                                                       const wgmma_outputs &outs, ciq_out_type out_type,
-                                                      int64_t row0, int tok0) {
+                                                      int64_t row0, int tok0, const wgmma_handover &hand) {
     int s = 0;  // the tile's output (CTA-uniform)
     while (s + 1 < outs.n && row0 >= outs.row_end[s]) ++s;
     const int64_t first = s ? outs.row_end[s - 1] : 0, rows = outs.row_end[s] - first;
@@ -493,6 +531,29 @@ static __device__ __forceinline__ void wgmma_epilogue(uint8_t *smem, const float
     if (splits > 1) cluster_sync();
     else __syncthreads();
     const uint32_t red_addr = smem_u32(smem);
+    constexpr int TILE = BN * CIQ_WGMMA_ROWS;  // floats of a partial slot
+    if (hand.contribute) {  // stream-K: the sums as they are, [token][row], then the flag
+        const float *red = (const float *)smem;
+        float *slot = hand.partial + (int64_t)blockIdx.x * TILE;
+        for (int idx = threadIdx.x; idx < BN * 32; idx += blockDim.x) {
+            const int tl = idx / 32, rl = 4 * (idx % 32);
+            __stcg((float4 *)(slot + tl * CIQ_WGMMA_ROWS + rl), *(const float4 *)(red + tl * RED_STRIDE + rl));
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence();
+            flag_release(hand.flags + blockIdx.x);
+        }
+        return;
+    }
+    if (hand.peers > 0) {  // stream-K owner: wait for the peers' partials
+        if (threadIdx.x == 0)
+            for (int q = 1; q <= hand.peers; ++q) {
+                while (flag_acquire(hand.flags + blockIdx.x + q) == 0) __nanosleep(100);
+                hand.flags[blockIdx.x + q] = 0;  // read once: ready for the next launch (which waits for this grid)
+            }
+        __syncthreads();
+    }
     const int my_tokens = (BN - rank + splits - 1) / splits;
     for (int idx = threadIdx.x; idx < my_tokens * 32; idx += blockDim.x) {
         const int tl = rank + splits * (idx / 32), rl = 4 * (idx % 32), tok = tok0 + tl;
@@ -503,6 +564,10 @@ static __device__ __forceinline__ void wgmma_epilogue(uint8_t *smem, const float
         for (int q = 1; q < CIQ_WGMMA_MAX_SPLITS; ++q) {
             if (q >= splits) break;
             const float4 v = ld_dsmem4(mapa(own, q));
+            sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+        }
+        for (int q = 1; q <= hand.peers; ++q) {  // stream-K: in CTA order
+            const float4 v = __ldcg((const float4 *)(hand.partial + (int64_t)(blockIdx.x + q) * TILE + tl * CIQ_WGMMA_ROWS + rl));
             sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
         }
         const float ts = __ldg(tscale + tok);
@@ -534,7 +599,7 @@ __global__ void __launch_bounds__(128 * (PW + 2), 1)
     gemm_wgmma_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap,
                       const uint8_t *__restrict__ w, int64_t rows, int nb,
                       const float *__restrict__ tscale, int tokens, int kb_per_split, int tile0, int row_tiles,
-                      const __grid_constant__ wgmma_outputs outs, ciq_out_type out_type) {
+                      const __grid_constant__ wgmma_outputs outs, ciq_out_type out_type, wgmma_stream_k sk) {
 #ifdef CIQ_WGMMA_DEVICE
     constexpr int STAGE = wgmma_stage_bytes(BN);
     extern __shared__ uint8_t smem_raw[];
@@ -544,10 +609,6 @@ __global__ void __launch_bounds__(128 * (PW + 2), 1)
     uint64_t *full = (uint64_t *)(wraw + (TMA_W ? WSLOTS * CIQ_WGMMA_ROWS * wgmma_wbox(T) : 0)), *empty = full + STAGES,
              *wfull = empty + STAGES;
 
-    const int kb0 = blockIdx.z * kb_per_split, iters = wgmma_unit_stages(T) * (min(nb, kb0 + kb_per_split) - kb0);
-    const int tile = tile0 + (int)blockIdx.x;  // tiles row tile first (the launch's grid.x; wgmma_plan)
-    const int64_t row0 = (int64_t)(tile % row_tiles) * CIQ_WGMMA_ROWS;
-    const int tok0 = tile / row_tiles * BN;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(&full[s], 128 * PW + 1);
@@ -559,14 +620,43 @@ __global__ void __launch_bounds__(128 * (PW + 2), 1)
     __syncthreads();
 
     static_assert(PW == 1 || BN <= 128, "512 threads leave 128 registers per thread: too few for 256 accumulators");
-    if (threadIdx.x < 128 * PW) {
-        wgmma_produce<T, BN, STAGES, PW, TMA_W>(xmap, wmap, w, rows, nb, smem, wraw, full, empty, wfull, kb0, iters,
-                                                row0, tok0);
-    } else {
-        float acc[BN / 2];
-        wgmma_consume<BN, STAGES, PW>(smem, full, empty, iters, acc);
+    constexpr int SPU = wgmma_unit_stages(T);
+    // Units kb0 .. kb1-1 of tile `tile` (tiles row tile first: wgmma_plan); it0 / sb0: this CTA's earlier segments
+    auto segment = [&](int tile, int kb0, int kb1, int it0, int sb0, const wgmma_handover &hand) {
+        const int64_t row0 = (int64_t)(tile % row_tiles) * CIQ_WGMMA_ROWS;
+        const int tok0 = tile / row_tiles * BN, iters = SPU * (kb1 - kb0);
+        if (threadIdx.x < 128 * PW) {
+            wgmma_produce<T, BN, STAGES, PW, TMA_W>(xmap, wmap, w, rows, nb, smem, wraw, full, empty, wfull, kb0, iters,
+                                                    row0, tok0, it0, sb0);
+        } else {
+            float acc[BN / 2];
+            wgmma_consume<BN, STAGES, PW>(smem, full, empty, iters, it0, acc);
+        }
+        wgmma_epilogue<BN>(smem, tscale, tokens, outs, out_type, row0, tok0, hand);
+    };
+    if (!TMA_W || sk.tiles == 0) {  // one tile (grid.x), its share of K (grid.z: the cluster's split)
+        const int kb0 = blockIdx.z * kb_per_split;
+        segment(tile0 + (int)blockIdx.x, kb0, min(nb, kb0 + kb_per_split), 0, 0, wgmma_handover{false, 0, nullptr, nullptr});
+        return;
     }
-    wgmma_epilogue<BN>(smem, tscale, tokens, outs, out_type, row0, tok0);
+    // Stream-K (staged weights only: the producers' register ring spills in a loop of segments): this CTA's range of the launch's units, segment by segment (a segment: the range's part in one tile)
+    const int64_t total = sk.tiles * nb, cta = blockIdx.x, ctas = gridDim.x;
+    const int64_t end = total * (cta + 1) / ctas;
+    int it0 = 0, sb0 = 0;
+    for (int64_t u = total * cta / ctas; u < end;) {
+        const int64_t tile = u / nb;
+        const int kb0 = (int)(u % nb), kb1 = (int)(end - u < nb - kb0 ? kb0 + (end - u) : nb);
+        wgmma_handover hand{kb0 > 0, 0, sk.partial, sk.flags};  // a range that starts inside a tile hands it over
+        if (kb0 == 0 && kb1 < nb)  // ends inside the tile: its owner; the peers are the CTAs that start before its end
+            while (cta + hand.peers + 1 < ctas && total * (cta + hand.peers + 1) / ctas < (tile + 1) * nb) ++hand.peers;
+        segment(tile0 + (int)tile, kb0, kb1, it0, sb0, hand);
+        it0 += SPU * (kb1 - kb0);
+        sb0 += kb1 - kb0;
+        u += kb1 - kb0;
+        // the ring held red[] (generic stores); the next segment's TMA writes it (async proxy)
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        __syncthreads();
+    }
 #else
     __trap();
 #endif
@@ -581,12 +671,16 @@ __global__ void __launch_bounds__(128 * (PW + 2), 1)
 static constexpr float k_wgmma_efficiency[k_wgmma_config_count] = {0.4f, 0.69f, 1.0f};
 
 // A plan: tile config, and the tiles (row tile fastest) as `main` tiles split `splits` ways (kb_per_split units
-// each), then the rest - the last, partial wave of an unsplit plan - split tail_splits ways (tail_kb_per_split): a
-// second launch whose split-K CTAs fill the SMs the partial wave would leave idle.
+// each), then the rest - the last, partial wave of an unsplit plan - as a second launch that fills the SMs the partial
+// wave would leave idle: split tail_splits ways (tail_kb_per_split), or, tail_ctas > 0, stream-K on tail_ctas CTAs
+// (wgmma_stream_k; the rest may then also be all the tiles, main 0).
 struct wgmma_plan {
     int config, splits, kb_per_split;
     int64_t main = -1;  // tiles of the first launch (-1: all)
     int tail_splits = 1, tail_kb_per_split = 0;
+    int tail_ctas = 0;
+    float *partial = nullptr;  // stream-K's hand-over slots and flags (wgmma_stream_k)
+    int *flags = nullptr;
 };
 
 template <ciq_type T, int C, bool TMA_W> static constexpr auto wgmma_kernel() {
@@ -648,6 +742,11 @@ static bool wgmma_tail_split() {
     const char *v = std::getenv("GGML_CIQ_WGMMA_TAIL");
     return !(v && *v && std::atoi(v) == 0);
 }
+// GGML_CIQ_WGMMA_STREAMK: 0 never stream-K, 2 always where the kernel can (all tiles, for tests), else by the time model
+static int wgmma_stream_k_mode() {
+    const char *v = std::getenv("GGML_CIQ_WGMMA_STREAMK");
+    return v && *v ? std::atoi(v) : 1;
+}
 
 // GGML_CIQ_WGMMA_CONFIG=c (an index of k_wgmma_configs) pins the tile shape, for A/B runs of the table.
 template <ciq_type T, bool TMA_W> static wgmma_plan pick_plan(int64_t rows, int64_t tokens, int nb, int sms) {
@@ -696,6 +795,30 @@ template <ciq_type T, bool TMA_W> static wgmma_plan pick_plan(int64_t rows, int6
                 }
             }
         }
+        // Stream-K over the tiles after the full waves, or after all but one (GGML_CIQ_WGMMA_STREAMK=0: never): one CTA
+        // an SM, each ~units/CTAs units in up to ceil(U/nb) + 1 segments (each a pipeline fill and an epilogue), and an
+        // owner reads up to ceil(nb/U) peers' partial tiles (written once, read once: the split-K reduction's rate)
+        if (TMA_W && wgmma_stream_k_mode() == 1) {  // (kernels whose producers read weights into registers: never)
+            const int64_t full_waves = tiles / wave1;
+            for (int64_t mw = full_waves; mw >= 0 && mw >= full_waves - 1; --mw) {
+                const int64_t rest = tiles - mw * wave1, units = rest * nb;
+                if (rest <= 0) continue;
+                const int64_t ctas = std::min<int64_t>(sms, units), per = (units + ctas - 1) / ctas;
+                if (units % ctas == 0 && per % nb == 0) continue;  // whole tiles a CTA: the unsplit plan
+                const int64_t segments = (per + nb - 1) / nb + 1, peers = (nb + per - 1) / per;
+                const double s = mw * wave_s(1, nb) + ((double)per * unit_values + segments * QK_K) * value_s +
+                                 peers * 8.0 * CIQ_WGMMA_ROWS * bn / 1.0e11;
+                if (s < best_s * 0.999) {
+                    best_s = s;
+                    best = {c, 1, nb, mw * wave1, 1, 0, (int)ctas};
+                }
+            }
+        }
+    }
+    if (TMA_W && wgmma_stream_k_mode() == 2) {  // every tile of the chosen tile shape streamed
+        const int bn = k_wgmma_configs[best.config].bn;
+        const int64_t units = row_tiles * ((tokens + bn - 1) / bn) * nb;
+        best = {best.config, 1, nb, 0, 1, 0, (int)std::min<int64_t>(sms, units)};
     }
     return best;
 }
@@ -717,11 +840,14 @@ static ciq_status launch_wgmma(const CUtensorMap &xmap, const CUtensorMap &wmap,
         const int64_t first = part ? main : 0, count = part ? tiles - main : main;
         if (count <= 0) continue;
         const int splits = part ? plan.tail_splits : plan.splits, per = part ? plan.tail_kb_per_split : plan.kb_per_split;
+        const bool stream_k = part && plan.tail_ctas > 0;
+        const wgmma_stream_k sk{stream_k ? count : 0, plan.partial, plan.flags};
         cudaLaunchConfig_t config;
         cudaLaunchAttribute attrs[2];
-        wgmma_launch_config<T, C, TMA_W>(config, attrs, dim3((unsigned)count, 1, (unsigned)splits), wgmma_pdl());
+        wgmma_launch_config<T, C, TMA_W>(config, attrs, dim3((unsigned)(stream_k ? plan.tail_ctas : count), 1,
+                                                             (unsigned)splits), wgmma_pdl());
         const cudaError_t err = cudaLaunchKernelEx(&config, kernel, xmap, wmap, (const uint8_t *)weight, rows, nb,
-                                                   scales, (int)tokens, per, (int)first, row_tiles, outs, out_type);
+                                                   scales, (int)tokens, per, (int)first, row_tiles, outs, out_type, sk);
         if (err != cudaSuccess) return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: %s", cudaGetErrorString(err));
     }
     return CIQ_OK;
@@ -744,7 +870,7 @@ static ciq_status dispatch_wgmma(const CUtensorMap &xmap, const CUtensorMap &wma
 // every Q4_K matrix, Q6_K with K a multiple of 2048); otherwise the producers read them into registers.
 template <ciq_type T>
 static ciq_status run_wgmma(encode_tiled_fn encode, const void *x_f16, int64_t k, const void *weight, int64_t row_bytes,
-                            int64_t rows, int nb, const float *scales, int64_t tokens, int sms,
+                            int64_t rows, int nb, const float *scales, int64_t tokens, int sms, const wgmma_stream_k &ws,
                             const wgmma_outputs &outs, ciq_out_type out_type) {
     // Q4_K rows (144 B blocks, 16-byte-aligned weights) always allow it; Q6_K rows (210 B) when K % 2048 == 0; the
     // 32-value block types never (their blocks straddle any 16-byte box).
@@ -754,6 +880,7 @@ static ciq_status run_wgmma(encode_tiled_fn encode, const void *x_f16, int64_t k
     if constexpr (T == CIQ_TYPE_Q6_K) plan = tma_w ? pick_plan<T, true>(rows, tokens, nb, sms) : pick_plan<T, false>(rows, tokens, nb, sms);
     else if constexpr (T == CIQ_TYPE_Q4_K) plan = pick_plan<T, true>(rows, tokens, nb, sms);
     else plan = pick_plan<T, false>(rows, tokens, nb, sms);
+    plan.partial = ws.partial, plan.flags = ws.flags;
 
     CUtensorMap xmap, wmap;
     {  // activations: 64 K values x BN tokens per box, 128-byte swizzle, zeros past the last token
@@ -784,6 +911,26 @@ static ciq_status run_wgmma(encode_tiled_fn encode, const void *x_f16, int64_t k
     }
 }
 
+// Stream-K's hand-over slots (the widest tile's partial sums, a CTA of one an SM) and flags, in scratch slot 3: taken
+// on every call, whether its plan streams or not, so that no graph captured after a first call moves it; the flags are
+// zeroed when the buffer is new (each launch leaves them 0).
+static ciq_status stream_k_workspace(int device, int sms, wgmma_stream_k &ws) {
+    const size_t slots = (size_t)sms * 256 * CIQ_WGMMA_ROWS * sizeof(float);
+    void *p = nullptr;
+    CIQ_TRY(ciq_cuda_scratch(device, 3, slots + (size_t)sms * sizeof(int), &p));
+    static std::mutex mutex;
+    static std::vector<void *> zeroed;  // [device]: the buffer whose flags were zeroed
+    std::lock_guard<std::mutex> lock(mutex);
+    if ((size_t)device >= zeroed.size()) zeroed.resize(device + 1, nullptr);
+    if (zeroed[device] != p) {
+        CIQ_TRY(ciq_cuda_memset(device, (uint8_t *)p + slots, 0, (size_t)sms * sizeof(int)));
+        zeroed[device] = p;
+    }
+    ws.partial = (float *)p;
+    ws.flags = (int *)((uint8_t *)p + slots);
+    return CIQ_OK;
+}
+
 static ciq_status gemm_wgmma(int device, ciq_type type, const void *weight, int64_t rows, int64_t k,
                              const void *x_f16, int64_t tokens, const wgmma_outputs &outs, ciq_out_type out_type) {
     if (type != CIQ_TYPE_Q4_K && type != CIQ_TYPE_Q6_K && type != CIQ_TYPE_Q4_0 && type != CIQ_TYPE_Q5_0 &&
@@ -801,17 +948,24 @@ static ciq_status gemm_wgmma(int device, ciq_type type, const void *weight, int6
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT,
                         "ciq_cuda_gemm_wgmma: activations (and Q4_K weights) must be 16-byte aligned, other weights "
                         "2-byte");
+    const char *sk_mode = std::getenv("GGML_CIQ_WGMMA_STREAMK");  // wgmma_stream_k_mode reads it as a number
+    if (sk_mode && *sk_mode && (sk_mode[1] != 0 || sk_mode[0] < '0' || sk_mode[0] > '2'))
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "GGML_CIQ_WGMMA_STREAMK='%s': expected 0 (never stream-K), 1 (where the "
+                        "time model gains) or 2 (always)", sk_mode);
     encode_tiled_fn encode;
     if (tensor_map_encoder(&encode) != CIQ_OK) return CIQ_ERR_BACKEND;
     int sms = 0;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    sms = sms > 0 ? sms : 132;
+    wgmma_stream_k ws{};
+    CIQ_TRY(stream_k_workspace(device, sms, ws));
     const float *scales = (const float *)((const uint8_t *)x_f16 + ciq_f16_scale_offset(tokens, k));
     switch (type) {  // nb: weight units per row (super-blocks, or pairs of 32-value blocks)
 #define CIQ_WGMMA_RUN(T)                                                                                             \
     case T: {                                                                                                         \
         const int nb = (int)(k / (CIQ_WGMMA_KSTAGE * wgmma_unit_stages(T)));                                          \
         return run_wgmma<T>(encode, x_f16, k, weight, (int64_t)nb * wgmma_unit_bytes(T), rows, nb, scales, tokens,   \
-                            sms, outs, out_type);                                                                     \
+                            sms, ws, outs, out_type);                                                                 \
     }
         CIQ_WGMMA_RUN(CIQ_TYPE_Q4_K)
         CIQ_WGMMA_RUN(CIQ_TYPE_Q6_K)
