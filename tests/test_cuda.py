@@ -177,14 +177,21 @@ def _k_quant_weights(rng, weight_type, rows, k):
 @pytest.mark.parametrize("weight_type", [Q.Q4_K, Q.Q6_K])
 def test_wgmma_stream_k_forced(weight_type, wgmma, rng, monkeypatch):
     """GGML_CIQ_WGMMA_STREAMK=2 (every tile streamed: one CTA an SM, each a contiguous range of the tiles' K units, a
-    tile's partial sums handed to the CTA that finishes it): ranges of one unit (up to 8 peers a tile), ranges over
-    several tiles, whole tiles only, odd rows and tokens, a multi-wave shape. Against the numpy f16 semantics; each case
+    tile's partial sums handed to the CTA that finishes it): ranges of one unit (up to 15 peers a tile), ranges over
+    several tiles, whole tiles only, odd rows and tokens, a multi-wave shape, each tile shape (GGML_CIQ_WGMMA_CONFIG:
+    64/128/256 tokens, 7/5/3 stages, 2/2/1 producer warpgroups), PDL off once. Against the numpy f16 semantics; each case
     runs after another input's run, so a stale hand-over (a flag left raised) would mix the other input's partials in;
     the same bits when run again; other bits than the plain plan where its float order must differ (ranges of one unit
     against split-K shares of two or more; ranges that cross tiles at other units than a split), the same where both
     add whole tiles (differ None: the plan may or may not fold in the same order)."""
-    for rows, k, tokens, differ in ((300, 2048, 131, None), (1000, 4096, 64, True), (129, 256, 1, False),
-                                    (4097, 2048, 257, None), (20000, 1024, 300, True)):
+    cases = [(rows, k, tokens, differ, {}) for rows, k, tokens, differ in
+             ((300, 2048, 131, None), (1000, 4096, 64, True), (129, 256, 1, False), (4097, 2048, 257, None),
+              (20000, 2048, 300, True))]
+    cases += [(2049, 2048, 131, None, {"GGML_CIQ_WGMMA_CONFIG": str(c)}) for c in range(3)]
+    cases += [(1000, 4096, 64, True, {"GGML_CIQ_WGMMA_PDL": "0"})]
+    for rows, k, tokens, differ, env in cases:
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
         data = _k_quant_weights(rng, weight_type, rows, k)
         x, other = (rng.standard_normal((2, tokens, k)) * rng.choice([1e-3, 1.0, 3e4], size=(2, tokens, 1))).astype(np.float32)
         ref = Q.gemm_f16_semantics(weight_type, data, rows, k, x)
@@ -197,6 +204,47 @@ def test_wgmma_stream_k_forced(weight_type, wgmma, rng, monkeypatch):
         assert np.array_equal(run_checked(data, x, "wgmma", ggml_type=weight_type, rows=rows, k=k), streamed)
         if differ is not None:
             assert np.array_equal(streamed, plain) != differ, (rows, k, tokens)
+        for name in env:
+            monkeypatch.delenv(name)
+
+
+def test_wgmma_stream_k_graph_replays(wgmma, rng, monkeypatch):
+    """A stream-K GEMM (every tile streamed, ranges of one unit: 15 peers a tile) captured in a CUDA graph and replayed,
+    each replay into a NaN-poisoned output after an eager run on another input: the eager bits every time (the owners
+    lower the flags their peers raised, so a replay hands over its own sums, not the last run's)."""
+    monkeypatch.setenv("GGML_CIQ_WGMMA_STREAMK", "2")
+    n = native.load()
+    rows, k, tokens = 1000, 4096, 64
+    data = _k_quant_weights(rng, Q.Q4_K, rows, k)
+    x, other = rng.standard_normal((2, tokens, k)).astype(np.float32)
+    device = native.parse_device("cuda")
+    w, xb, ob = native.Buffer.from_array(device, data), native.Buffer.from_array(device, x), native.Buffer.from_array(device, other)
+    out = native.Buffer(device, tokens * rows * 4)
+    plan = n.ffi.new("ciq_plan *")
+    n.check(n.lib.ciq_gemm_plan(device, native.variant_id("wgmma"), n.lib.CIQ_SEMANTICS_ANY, Q.Q4_K, rows, k, tokens, plan))
+
+    def gemm(src):
+        n.check(n.lib.ciq_gemm(device, plan.variant, plan.semantics, Q.Q4_K, w.ptr, w.nbytes, rows, k,
+                               n.ffi.cast("float *", src.ptr), tokens, out.ptr, n.lib.CIQ_OUT_F32))
+
+    handle = n.ffi.new("void **")
+    try:
+        gemm(xb)
+        eager = out.download(np.float32, (tokens, rows))
+        assert Q.nmse(eager, Q.gemm_f16_semantics(Q.Q4_K, data, rows, k, x)) <= 1e-10
+        n.check(n.lib.ciq_graph_capture_begin(device))
+        gemm(xb)
+        n.check(n.lib.ciq_graph_capture_end(device, handle))
+        for _ in range(3):
+            gemm(ob)
+            out.upload(np.full((tokens, rows), np.nan, np.float32))
+            n.check(n.lib.ciq_graph_launch(handle[0]))
+            assert np.array_equal(out.download(np.float32, (tokens, rows)), eager)
+    finally:
+        if handle[0] != n.ffi.NULL:
+            n.lib.ciq_graph_free(handle[0])
+        for b in (w, xb, ob, out):
+            b.close()
 
 
 def test_wgmma_stream_k_not_where_weights_go_to_registers(wgmma, rng, monkeypatch):

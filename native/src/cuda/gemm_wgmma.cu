@@ -454,12 +454,12 @@ static __device__ __forceinline__ void wgmma_produce(const CUtensorMap &xmap, co
         for (int c = 0; c < PREFETCH; ++c)
             if (c < iters) load(raw[c], c);
         wait_for_previous_grid();
-        for (int it0 = 0; it0 < iters; it0 += UNROLL) {  // the stage index c is a constant
+        for (int base = 0; base < iters; base += UNROLL) {  // the stage index c is a constant
 #pragma unroll
             for (int c = 0; c < UNROLL; ++c) {
-                if (SPU == 1 && it0 + c >= iters) break;
-                if (it0 + c + PREFETCH < iters) load(raw[(c + PREFETCH) % RING], it0 + c + PREFETCH);
-                stage(raw[c % RING], it0 + c, c % SPU);
+                if (SPU == 1 && base + c >= iters) break;
+                if (base + c + PREFETCH < iters) load(raw[(c + PREFETCH) % RING], base + c + PREFETCH);
+                stage(raw[c % RING], base + c, c % SPU);
             }
         }
     }
@@ -550,7 +550,12 @@ static __device__ __forceinline__ void wgmma_epilogue(uint8_t *smem, const float
     if (hand.peers > 0) {  // stream-K owner: wait for the peers' partials
         if (threadIdx.x == 0)
             for (int q = 1; q <= hand.peers; ++q) {
-                while (flag_acquire(hand.flags + blockIdx.x + q) == 0) __nanosleep(100);
+                // the peers run beside this CTA (one CTA an SM, no more CTAs than SMs): a wait of ~10 s means one
+                // cannot (SMs taken away), an error rather than a hang
+                for (uint32_t spins = 0; flag_acquire(hand.flags + blockIdx.x + q) == 0; ++spins) {
+                    if (spins == (1u << 27)) __trap();
+                    __nanosleep(64);
+                }
                 hand.flags[blockIdx.x + q] = 0;  // read once: ready for the next launch (which waits for this grid)
             }
         __syncthreads();
@@ -799,7 +804,7 @@ template <ciq_type T, bool TMA_W> static wgmma_plan pick_plan(int64_t rows, int6
             const int64_t full_waves = tiles / wave1;
             for (int64_t mw = full_waves; mw >= 0 && mw >= full_waves - 1; --mw) {
                 const int64_t rest = tiles - mw * wave1, units = rest * nb;
-                if (rest <= 0) continue;
+                if (rest <= 0 || units <= 0) continue;
                 const int64_t ctas = std::min<int64_t>(sms, units), per = (units + ctas - 1) / ctas;
                 if (units % ctas == 0 && per % nb == 0) continue;  // whole tiles a CTA: the unsplit plan
                 const int64_t segments = (per + nb - 1) / nb + 1, peers = (nb + per - 1) / per;
@@ -934,7 +939,7 @@ static ciq_status gemm_wgmma(int device, ciq_type type, const void *weight, int6
         type != CIQ_TYPE_Q8_0)
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma: unknown weight type %d", (int)type);
     const int64_t unit_values = type == CIQ_TYPE_Q4_K || type == CIQ_TYPE_Q6_K ? QK_K : CIQ_WGMMA_KSTAGE;
-    if (k % unit_values != 0)  // whole super-blocks; the 32-value blocks two to a stage
+    if (k <= 0 || k % unit_values != 0)  // whole super-blocks; the 32-value blocks two to a stage
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma: K must be a multiple of %lld for weight type %d, "
                         "got %lld", (long long)unit_values, (int)type, (long long)k);
     if (tokens > INT32_MAX / 2 || k > INT32_MAX / 2 ||
