@@ -800,13 +800,21 @@ template <ciq_type T, bool TMA_W> static wgmma_plan pick_plan(int64_t rows, int6
         // Stream-K over the tiles after the full waves, or after all but one (GGML_CIQ_WGMMA_STREAMK=0: never): one CTA
         // an SM, each ~units/CTAs units in up to ceil(U/nb) + 1 segments (each a pipeline fill and an epilogue), and an
         // owner reads up to ceil(nb/U) peers' partial tiles (written once, read once: the split-K reduction's rate)
-        if (TMA_W && wgmma_stream_k_mode() == 1) {  // (kernels whose producers read weights into registers: never)
+        // Measured (bench/results/h200/streamk-*): a range shorter than a tile lost (seed6's 12288 x 2048, 6 units of 8:
+        // +7%), and so did activations beyond a quarter of the L2 (4096 x 14336 at 2048 tokens, 59 MB: +15%; the CTAs'
+        // ranges start at other K, so the activations no longer pass through the L2 once per wave)
+        int l2 = 0, device = 0;
+        cudaGetDevice(&device);
+        cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device);
+        const bool fits_l2 = (double)tokens * nb * unit_values * 2 <= (l2 > 0 ? l2 : 50 << 20) / 4.0;
+        if (TMA_W && wgmma_stream_k_mode() == 1 && fits_l2) {  // (kernels reading weights into registers: never)
             const int64_t full_waves = tiles / wave1;
             for (int64_t mw = full_waves; mw >= 0 && mw >= full_waves - 1; --mw) {
                 const int64_t rest = tiles - mw * wave1, units = rest * nb;
                 if (rest <= 0 || units <= 0) continue;
                 const int64_t ctas = std::min<int64_t>(sms, units), per = (units + ctas - 1) / ctas;
                 if (units % ctas == 0 && per % nb == 0) continue;  // whole tiles a CTA: the unsplit plan
+                if (per < nb) continue;  // less than a tile a CTA
                 const int64_t segments = (per + nb - 1) / nb + 1, peers = (nb + per - 1) / per;
                 const double s = mw * wave_s(1, nb) + ((double)per * unit_values + segments * QK_K) * value_s +
                                  peers * 8.0 * CIQ_WGMMA_ROWS * bn / 1.0e11;
