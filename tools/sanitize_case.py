@@ -186,10 +186,10 @@ def wgmma_stream_k_case():
         err = Q.nmse(out, Q.gemm_f16_semantics(weight_type, data, rows, k, x))
         print(f"wgmma stream-k {Q.type_name(weight_type)} {rows} x {k} tokens={tokens}: nmse={err:.2e}")
     os.environ["GGML_CIQ_WGMMA_STREAMK"] = "1"
-    data = Q.quantize_q4_K((rng.standard_normal((12285, 2048)) * 0.02).astype(np.float32))
-    x = rng.standard_normal((127, 2048)).astype(np.float32)
-    out = native.gemm(data, x, variant="wgmma", device="cuda", semantics="f16", ggml_type=Q.Q4_K, rows=12285, k=2048)
-    print(f"wgmma stream-k planned Q4_K 12285 x 2048 tokens=127: finite={np.isfinite(out).all()}")
+    data = Q.quantize_q4_K((rng.standard_normal((14333, 2048)) * 0.02).astype(np.float32))
+    x = rng.standard_normal((509, 2048)).astype(np.float32)
+    out = native.gemm(data, x, variant="wgmma", device="cuda", semantics="f16", ggml_type=Q.Q4_K, rows=14333, k=2048)
+    print(f"wgmma stream-k planned Q4_K 14333 x 2048 tokens=509: finite={np.isfinite(out).all()}")
 
 
 def attention_split_case():
