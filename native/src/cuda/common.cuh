@@ -92,19 +92,11 @@ static __device__ __forceinline__ void ciq_store_out(void *out, int64_t index, f
     }
 }
 
-// Programmatic dependent launch (PDL): the wgmma GEMM and the f16 conversion before it are launched as programmatic
-// dependents of the kernel before them where ciq_pdl_launch() (GGML_CIQ_WGMMA_PDL not 0, a device of compute
-// capability 9+): they start while it runs and wait for its completion (ciq_wait_previous_grid) before touching what it
-// wrote; ciq_launch_dependents lets the grid after this one start. sm_90 nvcc only: no-ops elsewhere.
-bool ciq_pdl_launch();  // runtime.cu
+// Lets the grid launched after this one as a programmatic dependent (wgmma's PDL) start now; it waits for this
+// grid's completion before reading its output (griddepcontrol.wait). sm_90 nvcc only: a no-op elsewhere.
 static __device__ __forceinline__ void ciq_launch_dependents() {
 #if defined(__CUDACC__) && !defined(GGML_CIQ_HIP) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;");
-#endif
-}
-static __device__ __forceinline__ void ciq_wait_previous_grid() {
-#if defined(__CUDACC__) && !defined(GGML_CIQ_HIP) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
 

@@ -1,8 +1,7 @@
 // convert_f16.cu - activations into the f16 layout the wgmma GEMM reads (f16 semantics, ggml_ciq.h):
 //   xh[t][k] = f16(x[t][k] * 2^-e_t), then at ciq_f16_scale_offset float scale[t] = 2^e_t, with e_t putting the
 //   token's largest |x| in [2^14, 2^15) (no f16 overflow, 11-bit mantissa).
-// One CTA of 256 threads per token. The kernel is launched as a programmatic dependent of the kernel before it (it
-// waits for that grid before reading x) and releases the GEMM after it (common.cuh, ciq_pdl_launch).
+// One CTA of 256 threads per token. The kernel releases a programmatic dependent launch of the GEMM after it.
 // ciq_glu_activations' fused form reads gate and up and converts act(gate) * up (ciq_glu_value, the host order);
 // ciq_rms_norm_activations' is in ops.cu (the norm's row kernels). The scale: ciq_f16_up_scale (common.cuh).
 #include "wgmma_ptx.cuh"
@@ -17,7 +16,6 @@ template <int NV, bool GLU>
 __global__ void __launch_bounds__(256) convert_f16_kernel(const float *__restrict__ x, const float *__restrict__ up,
                                                           bool gelu, int64_t k, __half *__restrict__ xh,
                                                           float *__restrict__ scales) {
-    ciq_wait_previous_grid();  // launched as a programmatic dependent (ciq_pdl_launch): x may be the last kernel's output
     ciq_launch_dependents();  // the GEMM after it may start (it waits for this grid)
     const int64_t tok = blockIdx.x;
     const float *xr = x + tok * k;
@@ -64,26 +62,13 @@ ciq_status launch_convert_f16(const float *x, const float *up, bool gelu, void *
     const int64_t per_thread = (k + 1023) / 1024;  // float4 per thread when the row stays in registers
     const unsigned grid = (unsigned)tokens;
     const bool aligned = ((uintptr_t)x | (uintptr_t)up) % 16 == 0 && k % 4 == 0;
-    auto kernel = convert_f16_kernel<16, GLU>;
-    if (!aligned || per_thread > 16) kernel = convert_f16_kernel<0, GLU>;
-    else if (per_thread <= 1) kernel = convert_f16_kernel<1, GLU>;
-    else if (per_thread <= 2) kernel = convert_f16_kernel<2, GLU>;
-    else if (per_thread <= 4) kernel = convert_f16_kernel<4, GLU>;
-    else if (per_thread <= 8) kernel = convert_f16_kernel<8, GLU>;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(grid);
-    config.blockDim = dim3(256);
-    config.stream = ciq_stream();
-    cudaLaunchAttribute dependent;
-    if (ciq_pdl_launch()) {  // a programmatic dependent of the kernel before it (common.cuh)
-        dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        dependent.val.programmaticStreamSerializationAllowed = 1;
-        config.attrs = &dependent;
-        config.numAttrs = 1;
-    }
-    const cudaError_t err = cudaLaunchKernelEx(&config, kernel, x, up, gelu, k, xh, scales);
-    if (err != cudaSuccess)
-        return ciq_fail(CIQ_ERR_BACKEND, "%s: %s", GLU ? "glu + convert_f16" : "convert_f16", cudaGetErrorString(err));
+    if (!aligned || per_thread > 16) convert_f16_kernel<0, GLU><<<grid, 256, 0, ciq_stream()>>>(x, up, gelu, k, xh, scales);
+    else if (per_thread <= 1) convert_f16_kernel<1, GLU><<<grid, 256, 0, ciq_stream()>>>(x, up, gelu, k, xh, scales);
+    else if (per_thread <= 2) convert_f16_kernel<2, GLU><<<grid, 256, 0, ciq_stream()>>>(x, up, gelu, k, xh, scales);
+    else if (per_thread <= 4) convert_f16_kernel<4, GLU><<<grid, 256, 0, ciq_stream()>>>(x, up, gelu, k, xh, scales);
+    else if (per_thread <= 8) convert_f16_kernel<8, GLU><<<grid, 256, 0, ciq_stream()>>>(x, up, gelu, k, xh, scales);
+    else convert_f16_kernel<16, GLU><<<grid, 256, 0, ciq_stream()>>>(x, up, gelu, k, xh, scales);
+    CIQ_CUDA_LAUNCH_CHECK(GLU ? "glu + convert_f16" : "convert_f16");
     return CIQ_OK;
 }
 

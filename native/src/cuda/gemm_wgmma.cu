@@ -519,7 +519,6 @@ template <int BN>
 static __device__ __forceinline__ void wgmma_epilogue(uint8_t *smem, const float *tscale, int tokens,
                                                       const wgmma_outputs &outs, ciq_out_type out_type,
                                                       int64_t row0, int tok0, const wgmma_handover &hand) {
-    ciq_launch_dependents();  // the main loop is done: a programmatic dependent (the next conversion or GEMM) may start
     int s = 0;  // the tile's output (CTA-uniform)
     while (s + 1 < outs.n && row0 >= outs.row_end[s]) ++s;
     const int64_t first = s ? outs.row_end[s - 1] : 0, rows = outs.row_end[s] - first;
@@ -695,7 +694,11 @@ template <ciq_type T, int C, bool TMA_W> static constexpr auto wgmma_kernel() {
 }
 
 // Launched as a programmatic dependent of the kernel before it (wait_for_previous_grid), unless GGML_CIQ_WGMMA_PDL=0
-// (ciq_pdl_launch, common.cuh: the switch for A/B runs; bench/results/h200/wgmma-pdl-*.json, STATUS.md).
+// (the switch for A/B runs; bench/results/h200/wgmma-pdl-*.json, STATUS.md).
+static bool wgmma_pdl() {
+    const char *v = std::getenv("GGML_CIQ_WGMMA_PDL");
+    return !(v && *v && std::atoi(v) == 0);
+}
 
 template <ciq_type T, int C, bool TMA_W>
 static void wgmma_launch_config(cudaLaunchConfig_t &config, cudaLaunchAttribute (&attrs)[2], dim3 grid, bool pdl) {
@@ -855,7 +858,7 @@ static ciq_status launch_wgmma(const CUtensorMap &xmap, const CUtensorMap &wmap,
         cudaLaunchConfig_t config;
         cudaLaunchAttribute attrs[2];
         wgmma_launch_config<T, C, TMA_W>(config, attrs, dim3((unsigned)(stream_k ? plan.tail_ctas : count), 1,
-                                                             (unsigned)splits), ciq_pdl_launch());
+                                                             (unsigned)splits), wgmma_pdl());
         const cudaError_t err = cudaLaunchKernelEx(&config, kernel, xmap, wmap, (const uint8_t *)weight, rows, nb,
                                                    scales, (int)tokens, per, (int)first, row_tiles, outs, out_type, sk);
         if (err != cudaSuccess) return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: %s", cudaGetErrorString(err));

@@ -2,7 +2,6 @@
 // a thread's calls: captured on a non-blocking stream of the thread's own per device (so the capture does not tie up
 // the legacy default stream of other threads and libraries), replayed on the legacy default stream, where every call
 // outside a capture runs: uploads before a replay and downloads after it are ordered with it.
-#include <cstdlib>
 #include "common.cuh"
 
 #include <cstdio>
@@ -24,21 +23,6 @@ static ciq_status refuse_in_capture(const char *what) {
 }
 
 cudaStream_t ciq_stream() { return t_stream; }
-
-bool ciq_pdl_launch() {  // common.cuh; the current device's compute capability, cached for the first 64 devices
-    const char *v = std::getenv("GGML_CIQ_WGMMA_PDL");
-    if (v && *v && std::atoi(v) == 0) return false;
-    static std::atomic<uint64_t> known{0}, hopper{0};
-    int device = 64;
-    cudaGetDevice(&device);
-    const uint64_t bit = device >= 0 && device < 64 ? uint64_t(1) << device : 0;
-    if (bit && (known.load() & bit)) return (hopper.load() & bit) != 0;
-    int major = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    if (bit && major >= 9) hopper.fetch_or(bit);
-    if (bit) known.fetch_or(bit);
-    return major >= 9;
-}
 
 #define CIQ_CUDA_CHECK(call, what)                                                                     \
     do {                                                                                               \
