@@ -167,59 +167,45 @@ template <bool SMEM, typename V> static __device__ __forceinline__ V ld(const ui
     else return __ldg((const V *)p);
 }
 
-// Q4_K: per row p the 8 qs bytes 32c + 8i .. +7 (low nibbles: chunk i, sub-block 2c; high: chunk i+4, 2c+1) and the
-// stage's two {scale, -min} pairs. A row's 4 threads (lanes 4g .. 4g+3) decode its 8 pairs once a super-block, thread i
-// those of stage i (sub-blocks 2i, 2i+1: q4k_scales), and each stage takes its two from lane 4g + c by shuffle.
-template <int R> struct q4k_scales {
-    uint32_t sm[R][2];  // row p, sub-block 2i + e: {half(d * sc), -half(dmin * m)} as one word
-    static __device__ __forceinline__ uint32_t scale_byte(const uint4 &h, int n) {  // scales[n], n a run-time index
-        const uint32_t w = n < 4 ? h.y : n < 8 ? h.z : h.w;
-        return (w >> 8 * (n & 3)) & 0xFF;
-    }
-    __device__ __forceinline__ void decode(const uint8_t *const (&blk)[R], int i) {
-#pragma unroll
-        for (int p = 0; p < R; ++p) {
-            const uint4 h = *(const uint4 *)blk[p];  // {d, dmin, scales[12]}
-            const __half2 dm = *(const __half2 *)&h.x;
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int j = 2 * i + e;
-                uint32_t sc, m;  // ggml's get_scale_min_k4
-                if (j < 4) {
-                    sc = scale_byte(h, j) & 63;
-                    m = scale_byte(h, j + 4) & 63;
-                } else {
-                    sc = (scale_byte(h, j + 4) & 0xF) | (scale_byte(h, j - 4) >> 6) << 4;
-                    m = (scale_byte(h, j + 4) >> 4) | (scale_byte(h, j) >> 6) << 4;
-                }
-                sm[p][e] = h2u(__halves2half2(__float2half_rn(__low2float(dm) * (float)sc),
-                                              __hneg(__float2half_rn(__high2float(dm) * (float)m))));
-            }
-        }
-    }
-};
-
+// Q4_K: per row p the 8 qs bytes 32c + 8i .. +7 (low nibbles: chunk i, sub-block 2c; high: chunk i+4, 2c+1) and
+// the 16-byte header {d, dmin, scales[12]}.
 template <int R, bool SMEM> struct raw_stage<CIQ_TYPE_Q4_K, R, SMEM> {  // staged only: Q4_K rows always allow TMA
     static_assert(SMEM, "Q4_K blocks are read from shared memory");
     static constexpr int RSTEP = CIQ_WGMMA_ROWS / R;
     uint2 qs[R];
-    uint32_t sm[R][2];  // the stage's pairs (sub-blocks 2c, 2c+1), from lane 4g + c
-    __device__ __forceinline__ void load(const uint8_t *const (&blk)[R], int c, int i, const q4k_scales<R> &scales) {
-        const int src = (threadIdx.x & 28) | c;  // lane 4g + c of this warp
+    uint4 hdr[R];
+    __device__ __forceinline__ void load(const uint8_t *const (&blk)[R], int c, int i) {
 #pragma unroll
         for (int p = 0; p < R; ++p) {
             qs[p] = ld<true, uint2>(blk[p] + 16 + 32 * c + 8 * i);
-            sm[p][0] = __shfl_sync(0xFFFFFFFFu, scales.sm[p][0], src);
-            sm[p][1] = __shfl_sync(0xFFFFFFFFu, scales.sm[p][1], src);
+            hdr[p] = ld<true, uint4>(blk[p]);
         }
+    }
+    static __device__ __forceinline__ uint32_t scale_byte(const uint4 &h, int n) {  // scales[n]
+        const uint32_t w = n < 4 ? h.y : n < 8 ? h.z : h.w;
+        return (w >> 8 * (n % 4)) & 0xFF;
+    }
+    static __device__ __forceinline__ void scale_min(const uint4 &h, int j, __half2 &s, __half2 &nm) {
+        uint32_t sc, m;  // ggml's get_scale_min_k4
+        if (j < 4) {
+            sc = scale_byte(h, j) & 63;
+            m = scale_byte(h, j + 4) & 63;
+        } else {
+            sc = (scale_byte(h, j + 4) & 0xF) | (scale_byte(h, j - 4) >> 6) << 4;
+            m = (scale_byte(h, j + 4) >> 4) | (scale_byte(h, j) >> 6) << 4;
+        }
+        const __half2 dm = *(const __half2 *)&h.x;
+        s = __half2half2(__float2half_rn(__low2float(dm) * (float)sc));
+        nm = __half2half2(__hneg(__float2half_rn(__high2float(dm) * (float)m)));
     }
     __device__ __forceinline__ void dequant(uint8_t *a_tile, int c, int i, int r0) const {
         const __half2 bias = __half2half2(__ushort_as_half(0x6400));  // 1024
 #pragma unroll
         for (int p = 0; p < R; ++p) {
             const int r = r0 + RSTEP * p;
-            const __half2 w0 = *(const __half2 *)&sm[p][0], w1 = *(const __half2 *)&sm[p][1];
-            const __half2 s0 = __low2half2(w0), nm0 = __high2half2(w0), s1 = __low2half2(w1), nm1 = __high2half2(w1);
+            __half2 s0, nm0, s1, nm1;
+            scale_min(hdr[p], 2 * c, s0, nm0);
+            scale_min(hdr[p], 2 * c + 1, s1, nm1);
             uint32_t o[2][4];
 #pragma unroll
             for (int w = 0; w < 2; ++w) {
@@ -415,13 +401,10 @@ static __device__ __forceinline__ void wgmma_produce(const CUtensorMap &xmap, co
 #pragma unroll
             for (int p = 0; p < R; ++p) blk[p] = wslot + (r0 + CIQ_WGMMA_ROWS / R * p) * WB;
             mbar_wait(&wfull[slot], ((sb0 + sb) / WSLOTS) & 1);
-            [[maybe_unused]] q4k_scales<R> scales;  // Q4_K: this thread's share of the rows' scale/min pairs
-            if constexpr (T == CIQ_TYPE_Q4_K) scales.decode(blk, i);
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
                 raw_stage<T, R, true> raw;
-                if constexpr (T == CIQ_TYPE_Q4_K) raw.load(blk, c, i, scales);
-                else raw.load(blk, c, i);
+                raw.load(blk, c, i);
                 stage(raw, 4 * sb + c, c);
             }
             asm volatile("bar.sync 2, %0;" ::"n"(128 * PW) : "memory");  // every producer is done with the slot
