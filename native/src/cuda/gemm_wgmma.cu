@@ -14,8 +14,11 @@
 // One CTA = PW producer + 2 consumer warpgroups computes a 128-row x BN-token tile over a range of super-blocks
 // (split-K when there are fewer tiles than SMs: the CTAs of one tile form a cluster and reduce through distributed
 // shared memory). Tiles are numbered row tile first, grid.x from a first tile: a plan may run whole waves unsplit
-// and the last, partial wave's tiles split-K in a second launch (wgmma_plan's tail). A pipeline stage is 64 K values: A = 128 x 64 f16 (16 KB), B = BN x 64 f16, both in wgmma's
-// 128-byte-swizzled K-major layout (row r at r*128 B, 16-byte chunk j at (j ^ r%8)*16), STAGES deep.
+// and the last, partial wave's tiles split-K in a second launch (wgmma_plan's tail), or stream-K (staged weights
+// only): one CTA an SM, each a contiguous range of the tiles' K units, segment by segment, a tile's partial sums handed
+// to the CTA that finishes it through global slots and flags (wgmma_stream_k, wgmma_handover; GGML_CIQ_WGMMA_STREAMK).
+// A pipeline stage is 64 K values: A = 128 x 64 f16 (16 KB), B = BN x 64 f16, both in wgmma's 128-byte-swizzled
+// K-major layout (row r at r*128 B, 16-byte chunk j at (j ^ r%8)*16), STAGES deep.
 //   producers (warpgroups 0 .. PW-1): thread 0 issues the TMA copy of the B tile (cp.async.bulk.tensor, zero-filled
 //     past the last token); all 128*PW threads dequantize the A tile from the raw GGUF blocks, which either
 //     - TMA_W: thread 0 stages in shared memory, one super-block x 128 rows per box, WSLOTS super-blocks ahead
@@ -627,7 +630,8 @@ __global__ void __launch_bounds__(128 * (PW + 2), 1)
         segment(tile0 + (int)blockIdx.x, kb0, min(nb, kb0 + kb_per_split), 0, 0, wgmma_handover{false, 0, nullptr, nullptr});
         return;
     }
-    // Stream-K (staged weights only: the producers' register ring spills in a loop of segments): this CTA's range of the launch's units, segment by segment (a segment: the range's part in one tile)
+    // Stream-K (staged weights only: the producers' register ring spills in a loop of segments): this CTA's range of
+    // the launch's units, segment by segment (a segment: the range's part in one tile)
     const int64_t total = sk.tiles * nb, cta = blockIdx.x, ctas = gridDim.x;
     const int64_t end = total * (cta + 1) / ctas;
     int it0 = 0, sb0 = 0;
