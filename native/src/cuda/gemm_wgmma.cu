@@ -741,7 +741,8 @@ static int wgmma_stream_k_mode() {
 }
 
 // GGML_CIQ_WGMMA_CONFIG=c (an index of k_wgmma_configs) pins the tile shape, for A/B runs of the table.
-template <ciq_type T, bool TMA_W> static wgmma_plan pick_plan(int64_t rows, int64_t tokens, int nb, int sms) {
+template <ciq_type T, bool TMA_W>
+static wgmma_plan pick_plan(int64_t rows, int64_t tokens, int nb, int sms, int64_t l2_bytes) {
     static constexpr int (*k_wave_ctas[])(int, int) = {wave_ctas<T, 0, TMA_W>, wave_ctas<T, 1, TMA_W>,
                                                        wave_ctas<T, 2, TMA_W>};
     static_assert(sizeof(k_wave_ctas) / sizeof(k_wave_ctas[0]) == k_wgmma_config_count, "one entry per tile config");
@@ -793,10 +794,7 @@ template <ciq_type T, bool TMA_W> static wgmma_plan pick_plan(int64_t rows, int6
         // Measured (bench/results/h200/streamk-*): a range shorter than a tile lost (seed6's 12288 x 2048, 6 units of 8:
         // +7%), and so did activations beyond a quarter of the L2 (4096 x 14336 at 2048 tokens, 59 MB: +15%; the CTAs'
         // ranges start at other K, so the activations no longer pass through the L2 once per wave)
-        int l2 = 0, device = 0;
-        cudaGetDevice(&device);
-        cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device);
-        const bool fits_l2 = (double)tokens * nb * unit_values * 2 <= (l2 > 0 ? l2 : 50 << 20) / 4.0;
+        const bool fits_l2 = (double)tokens * nb * unit_values * 2 <= l2_bytes / 4.0;
         if (TMA_W && wgmma_stream_k_mode() == 1 && fits_l2) {  // (kernels reading weights into registers: never)
             const int64_t full_waves = tiles / wave1;
             for (int64_t mw = full_waves; mw >= 0 && mw >= full_waves - 1; --mw) {
@@ -870,16 +868,16 @@ static ciq_status dispatch_wgmma(const CUtensorMap &xmap, const CUtensorMap &wma
 // every Q4_K matrix, Q6_K with K a multiple of 2048); otherwise the producers read them into registers.
 template <ciq_type T>
 static ciq_status run_wgmma(encode_tiled_fn encode, const void *x_f16, int64_t k, const void *weight, int64_t row_bytes,
-                            int64_t rows, int nb, const float *scales, int64_t tokens, int sms, const wgmma_stream_k &ws,
-                            const wgmma_outputs &outs, ciq_out_type out_type) {
+                            int64_t rows, int nb, const float *scales, int64_t tokens, int sms, int64_t l2_bytes,
+                            const wgmma_stream_k &ws, const wgmma_outputs &outs, ciq_out_type out_type) {
     // Q4_K rows (144 B blocks, 16-byte-aligned weights) always allow it; Q6_K rows (210 B) when K % 2048 == 0; the
     // 32-value block types never (their blocks straddle any 16-byte box).
     const bool tma_w = wgmma_kquant(T) && (uintptr_t)weight % 16 == 0 && row_bytes % 16 == 0;
-    sms = sms > 0 ? sms : 132;
     wgmma_plan plan;
-    if constexpr (T == CIQ_TYPE_Q6_K) plan = tma_w ? pick_plan<T, true>(rows, tokens, nb, sms) : pick_plan<T, false>(rows, tokens, nb, sms);
-    else if constexpr (T == CIQ_TYPE_Q4_K) plan = pick_plan<T, true>(rows, tokens, nb, sms);
-    else plan = pick_plan<T, false>(rows, tokens, nb, sms);
+    if constexpr (T == CIQ_TYPE_Q6_K)
+        plan = tma_w ? pick_plan<T, true>(rows, tokens, nb, sms, l2_bytes) : pick_plan<T, false>(rows, tokens, nb, sms, l2_bytes);
+    else if constexpr (T == CIQ_TYPE_Q4_K) plan = pick_plan<T, true>(rows, tokens, nb, sms, l2_bytes);
+    else plan = pick_plan<T, false>(rows, tokens, nb, sms, l2_bytes);
     plan.partial = ws.partial, plan.flags = ws.flags;
 
     CUtensorMap xmap, wmap;
@@ -911,23 +909,37 @@ static ciq_status run_wgmma(encode_tiled_fn encode, const void *x_f16, int64_t k
     }
 }
 
-// Stream-K's hand-over slots (the widest tile's partial sums, a CTA of one an SM) and flags, in scratch slot 3: taken
-// on every call, whether its plan streams or not, so that no graph captured after a first call moves it; the flags are
-// zeroed when the buffer is new (each launch leaves them 0).
-static ciq_status stream_k_workspace(int device, int sms, wgmma_stream_k &ws) {
-    const size_t slots = (size_t)sms * 256 * CIQ_WGMMA_ROWS * sizeof(float);
-    void *p = nullptr;
-    CIQ_TRY(ciq_cuda_scratch(device, 3, slots + (size_t)sms * sizeof(int), &p));
+// What the planner and stream-K need of a device, once: its SMs, its L2, and stream-K's hand-over slots (the widest
+// tile's partial sums, a CTA of one an SM) and flags in scratch slot 3 (nothing else asks for that slot, always this
+// size: it never moves, so no graph captured after a first call goes stale), the flags zeroed once (each launch leaves
+// them 0). A first call inside a graph capture fails as any first scratch allocation there does.
+struct wgmma_device {
+    bool ready = false;
+    int sms = 132;
+    int64_t l2_bytes = 50 << 20;
+    wgmma_stream_k ws{};
+};
+static ciq_status wgmma_device_state(int device, wgmma_device &out) {
     static std::mutex mutex;
-    static std::vector<void *> zeroed;  // [device]: the buffer whose flags were zeroed
+    static std::vector<wgmma_device> states;  // [device]
     std::lock_guard<std::mutex> lock(mutex);
-    if ((size_t)device >= zeroed.size()) zeroed.resize(device + 1, nullptr);
-    if (zeroed[device] != p) {
-        CIQ_TRY(ciq_cuda_memset(device, (uint8_t *)p + slots, 0, (size_t)sms * sizeof(int)));
-        zeroed[device] = p;
+    if ((size_t)device >= states.size()) states.resize(device + 1);
+    wgmma_device &d = states[device];
+    if (!d.ready) {
+        int sms = 0, l2 = 0;
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+        cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device);
+        d.sms = sms > 0 ? sms : 132;
+        d.l2_bytes = l2 > 0 ? l2 : 50 << 20;
+        const size_t slots = (size_t)d.sms * 256 * CIQ_WGMMA_ROWS * sizeof(float);
+        void *p = nullptr;
+        CIQ_TRY(ciq_cuda_scratch(device, 3, slots + (size_t)d.sms * sizeof(int), &p));
+        CIQ_TRY(ciq_cuda_memset(device, (uint8_t *)p + slots, 0, (size_t)d.sms * sizeof(int)));
+        d.ws.partial = (float *)p;
+        d.ws.flags = (int *)((uint8_t *)p + slots);
+        d.ready = true;
     }
-    ws.partial = (float *)p;
-    ws.flags = (int *)((uint8_t *)p + slots);
+    out = d;
     return CIQ_OK;
 }
 
@@ -954,18 +966,15 @@ static ciq_status gemm_wgmma(int device, ciq_type type, const void *weight, int6
                         "time model gains) or 2 (always)", sk_mode);
     encode_tiled_fn encode;
     if (tensor_map_encoder(&encode) != CIQ_OK) return CIQ_ERR_BACKEND;
-    int sms = 0;
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    sms = sms > 0 ? sms : 132;
-    wgmma_stream_k ws{};
-    CIQ_TRY(stream_k_workspace(device, sms, ws));
+    wgmma_device dev;
+    CIQ_TRY(wgmma_device_state(device, dev));
     const float *scales = (const float *)((const uint8_t *)x_f16 + ciq_f16_scale_offset(tokens, k));
     switch (type) {  // nb: weight units per row (super-blocks, or pairs of 32-value blocks)
 #define CIQ_WGMMA_RUN(T)                                                                                             \
     case T: {                                                                                                         \
         const int nb = (int)(k / (CIQ_WGMMA_KSTAGE * wgmma_unit_stages(T)));                                          \
         return run_wgmma<T>(encode, x_f16, k, weight, (int64_t)nb * wgmma_unit_bytes(T), rows, nb, scales, tokens,   \
-                            sms, ws, outs, out_type);                                                                 \
+                            dev.sms, dev.l2_bytes, dev.ws, outs, out_type);                                           \
     }
         CIQ_WGMMA_RUN(CIQ_TYPE_Q4_K)
         CIQ_WGMMA_RUN(CIQ_TYPE_Q6_K)
