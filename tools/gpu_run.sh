@@ -54,7 +54,9 @@
 # Every plugin step logs what it runs; a failing step does not stop the next one.
 #
 # A lease (~25 device-minutes; every call starts with `export GGML_CIQ_COMMIT=<sha>;`, and fires as soon as the last
-# returns: the machine goes back ~30 s after a call; a call carries at most 64 MiB with the tracked tree):
+# returns: the machine goes back ~30 s after a call; a call carries at most 64 MiB with the tracked tree). A call blocks
+# the caller until it ends, so a `sleep` in one holds the machine but not time to edit: make edits between leases, or
+# beside a call only when they take seconds (the eleventh session lost its llama.cpp build and staged model that way):
 #   call 1, carry .device: setup (llama.cpp builds in the background, ~5 min; keep the CPU free meanwhile) ; GPU tests
 #           that need no llama.cpp (test tests/test_ops.py tests/test_engine.py ...)
 #   calls 2-8, each carry one .device-parts/gemma3-270m.gguf.partNN + .device-parts/SHA256SUMS: stage (the seventh
@@ -63,13 +65,13 @@
 #   then: wait ; test tests/test_cuda.py tests/test_plugin.py ; plugin-check ; plugin-bench ; memory ; compare ; and
 #           end every call that writes more than 8 files under $OUT with `pack NAME` (a call returns at most 8 files,
 #           named in letters, digits, '.', '_' and '-')
-# What the open issue (16) still needs on the GPU (at 2b2bad3, bench/results/h200/attention-2b2bad3: the 8B 2.94x /
-# 2.75x / 2.72x / 2.59x at 512 / 2048 / 4096 / 8192 with attention wgmma; Gemma 3.03x / 3.06x at 7c5ac0a; bench gemm
-# 2.56x / 2.83x at 512 at 7c5ac0a): Gemma end to end with wgmma attention and af3a0f4's split threshold (stage, then
-# `GRAPH=1 REFERENCE=off compare` and `attention-ab`), `test tests/test_ops.py -k attention` for that threshold's
-# expectations, then the GEMM kernels of deliverable 5 once written (the 1024-row shapes) with `bench`. A lease that
-# builds llama.cpp: setup (carry .device, GGML_CIQ_COMMIT=...), then `stage` with .device-extra (the 8B vocabulary)
-# before any 8B run. `test tests/test_engine.py -k last_token` fails there against the CUDA build's CPU device (it
+# What the open issue (16) still needs on the GPU (at 9c75ce8, bench/results/h200/gemm-streamk-9c75ce8: bench gemm
+# 2.55x / 2.84x at 512, seed6 1.88x / 2.06x; the 8B 2.88x at 512; Gemma 3.03x / 3.06x at 7c5ac0a): Gemma end to end
+# with wgmma attention (stage, then `GRAPH=1 REFERENCE=off compare` and `attention-ab`); 3be40d2's host-path caching
+# (`test tests/test_cuda.py -k wgmma`, `bench`); then the GEMM work the diagnosis points to: ncu on a CIQ_WGMMA_DIAG=1
+# build (gemm-diag builds it in /tmp/ciq-diag1) to see what the consumers wait on. A lease that builds llama.cpp:
+# setup (carry .device, GGML_CIQ_COMMIT=...), then `stage` with .device-extra (the 8B vocabulary) before any 8B run.
+# `test tests/test_engine.py -k last_token` fails there against the CUDA build's CPU device (it
 # passes in CI against a CPU-only build; not explained yet). Prepare every edit before the lease:
 # the machine goes back 30 s after a call, with /tmp.
 # plugin-sanitize after ac2ab62's change to the plugin's waits. Run one-off scripts as
