@@ -154,17 +154,11 @@ def test_wgmma_tail_split(weight_type, wgmma, rng, monkeypatch):
     fold in another order), NaN-poisoned outputs."""
     shapes = ((28672, 2048, 512), (17920, 1024, 200), (140 * 128 + 5, 2304 if weight_type == Q.Q6_K else 1024, 251))
     for rows, k, tokens in shapes:
-        if weight_type in Q.Q32_TYPES:
-            data = block32_weights(rng, weight_type, rows, k)
-        else:
-            quantize = Q.quantize_q4_K if weight_type == Q.Q4_K else Q.quantize_q6_K
-            data = quantize((rng.standard_normal((rows, k)) * 0.02).astype(np.float32))
+        data = (block32_weights(rng, weight_type, rows, k) if weight_type in Q.Q32_TYPES else
+                _k_quant_weights(rng, weight_type, rows, k))
         x = (rng.standard_normal((tokens, k)) * rng.choice([1e-3, 1.0, 3e4], size=(tokens, 1))).astype(np.float32)
         ref = Q.gemm_f16_semantics(weight_type, data, rows, k, x)
-        monkeypatch.setenv("GGML_CIQ_WGMMA_TAIL", "0")
-        whole_waves = run_checked(data, x, "wgmma", ggml_type=weight_type, rows=rows, k=k)
-        monkeypatch.setenv("GGML_CIQ_WGMMA_TAIL", "1")
-        tail = run_checked(data, x, "wgmma", ggml_type=weight_type, rows=rows, k=k)
+        whole_waves, tail = _wgmma_with(monkeypatch, "GGML_CIQ_WGMMA_TAIL", ("0", "1"), data, x, weight_type, rows, k)
         assert Q.nmse(tail, ref) <= 1e-10 and Q.nmse(whole_waves, ref) <= 1e-10, (rows, k, tokens)
         assert not np.array_equal(tail, whole_waves), (rows, k, tokens)
 
@@ -172,6 +166,15 @@ def test_wgmma_tail_split(weight_type, wgmma, rng, monkeypatch):
 def _k_quant_weights(rng, weight_type, rows, k):
     quantize = Q.quantize_q4_K if weight_type == Q.Q4_K else Q.quantize_q6_K
     return quantize((rng.standard_normal((rows, k)) * 0.02).astype(np.float32))
+
+
+def _wgmma_with(monkeypatch, switch, values, data, x, weight_type, rows, k):
+    """wgmma's outputs with the environment switch at each of `values` in turn (run_checked: poisoned, counted)."""
+    outs = []
+    for value in values:
+        monkeypatch.setenv(switch, value)
+        outs.append(run_checked(data, x, "wgmma", ggml_type=weight_type, rows=rows, k=k))
+    return outs
 
 
 @pytest.mark.parametrize("weight_type", [Q.Q4_K, Q.Q6_K])
@@ -278,10 +281,7 @@ def test_wgmma_stream_k_planned(weight_type, wgmma, rng, monkeypatch):
         data = _k_quant_weights(rng, weight_type, rows, k)
         x = rng.standard_normal((tokens, k)).astype(np.float32)
         ref = Q.gemm_f16_semantics(weight_type, data, rows, k, x)
-        monkeypatch.setenv("GGML_CIQ_WGMMA_STREAMK", "0")
-        plain = run_checked(data, x, "wgmma", ggml_type=weight_type, rows=rows, k=k)
-        monkeypatch.setenv("GGML_CIQ_WGMMA_STREAMK", "1")
-        planned = run_checked(data, x, "wgmma", ggml_type=weight_type, rows=rows, k=k)
+        plain, planned = _wgmma_with(monkeypatch, "GGML_CIQ_WGMMA_STREAMK", ("0", "1"), data, x, weight_type, rows, k)
         assert Q.nmse(planned, ref) <= 1e-10 and Q.nmse(plain, ref) <= 1e-10, (rows, k, tokens)
         assert np.array_equal(planned, plain) != streams, (rows, k, tokens)
 
