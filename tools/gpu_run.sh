@@ -18,7 +18,7 @@
 #   tools/gpu_run.sh tail-ab    the tail split on/off in bench gemm (8B shapes, 512 tokens)
 #   tools/gpu_run.sh streamk-ab wgmma's stream-K on/off in bench gemm (8B shapes at 512 and 2048 tokens, seed6)
 #   tools/gpu_run.sh gemm-diag  wgmma with its dequantization or its wgmma left out (CIQ_WGMMA_DIAG builds): which side
-#                               bounds the GEMM
+#                               bounds the GEMM; gemm-ncu: Nsight Compute on one launch of each (what the consumers wait on)
 #   tools/gpu_run.sh split-ab | ops-timing | output-row   the attention split's A/B (Gemma, the 8B); the elementwise ops
 #                               old vs new; Gemma's output row at 1 and 8 tokens against llama.cpp's MMVQ
 #   tools/gpu_run.sh bench-pdl | offload-sweep | memory   wgmma PDL A/B; wgmma vs llama.cpp at 16..128 tokens (the
@@ -68,8 +68,8 @@
 # What the open issue (16) still needs on the GPU (at 9c75ce8, bench/results/h200/gemm-streamk-9c75ce8: bench gemm
 # 2.55x / 2.84x at 512, seed6 1.88x / 2.06x; the 8B 2.88x at 512; Gemma 3.03x / 3.06x at 7c5ac0a): Gemma end to end
 # with wgmma attention (stage, then `GRAPH=1 REFERENCE=off compare` and `attention-ab`); 3be40d2's host-path caching
-# (`test tests/test_cuda.py -k wgmma`, `bench`); then the GEMM work the diagnosis points to: ncu on a CIQ_WGMMA_DIAG=1
-# build (gemm-diag builds it in /tmp/ciq-diag1) to see what the consumers wait on. A lease that builds llama.cpp:
+# (`test tests/test_cuda.py -k wgmma`, `bench`); then the GEMM work the diagnosis points to: `gemm-ncu` (what the
+# consumers wait on, with and without the dequantization). A lease that builds llama.cpp:
 # setup (carry .device, GGML_CIQ_COMMIT=...), then `stage` with .device-extra (the 8B vocabulary) before any 8B run.
 # `test tests/test_engine.py -k last_token` fails there against the CUDA build's CPU device (it
 # passes in CI against a CPU-only build; not explained yet). Prepare every edit before the lease:
@@ -402,6 +402,21 @@ case "${1:-}" in
           | grep -E "wgmma|rror" | sed "s/^/diag=$d /"
       done
     done ;;
+  gemm-ncu)  # issue 16's next question: what the wgmma GEMM's consumers wait on, with and without the dequantization
+             # (the real library and the CIQ_WGMMA_DIAG=1 build of gemm-diag, built here if missing): Nsight Compute's
+             # speed-of-light, warp-state, scheduler and memory sections on one launch of SHAPE ("Q4_K 4096 14336 512")
+             # -> $OUT/ncu-wgmma-diag{0,1}.txt
+    [ -f /tmp/ciq-diag1/libggml_ciq.so ] || { cmake -S native -B /tmp/ciq-diag1 -G Ninja -DGGML_CIQ_CUDA=ON \
+      -DGGML_CIQ_CUDA_ARCHITECTURES="$ARCHS" -DGGML_CIQ_PLUGIN=OFF -DCMAKE_CUDA_FLAGS=-DCIQ_WGMMA_DIAG=1 > /dev/null \
+      && ninja -C /tmp/ciq-diag1 > /tmp/ciq-diag1.log 2>&1 || { tail -n 5 /tmp/ciq-diag1.log; exit 1; }; }
+    for d in 0 1; do
+      lib=/tmp/ciq-build/libggml_ciq.so; [ $d = 0 ] || lib=/tmp/ciq-diag1/libggml_ciq.so
+      GGML_CIQ_LIB=$lib timeout ${LIMIT:-240} ncu --clock-control none --kernel-name regex:gemm_wgmma --launch-skip 2 \
+        --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+        --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis python3 tools/ncu_case.py ${SHAPE:-Q4_K 4096 14336 512} \
+        > "$OUT/ncu-wgmma-diag$d.txt" 2>&1
+      echo "diag=$d ncu exit $?"; grep -E "Duration|Compute \(SM\) Throughput|No Eligible|Issue Slots Busy|Stall" "$OUT/ncu-wgmma-diag$d.txt" | head -n 12
+    done ;;
   streamk-ab)  # wgmma's stream-K on (the time model's choice) and off (GGML_CIQ_WGMMA_STREAMK), wgmma alone on the 8B
                # shapes at 512 and 2048 tokens and seed6 -> $OUT/{llama3-8b-n512,llama3-8b-n2048,seed6}-streamk{0,1}.json
     for sk in 1 0; do
@@ -434,5 +449,5 @@ case "${1:-}" in
     gemma=$(gemma_path) || exit 1
     step sanitizer-plugin-memcheck 500 env GGML_BACKEND_PATH=$PLUGIN GGML_CIQ_OFFLOAD=all compute-sanitizer --tool memcheck \
       --error-exitcode 9 $LLAMA_BUILD/bin/llama-bench -m "$gemma" -ngl 99 -dev CIQ0/CUDA0 -ts 0/1 -p 77 -n 0 -r 1 -fa 1 ;;
-  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|pack|all|bench|bench-pdl|fuse-ab|tail-ab|offload-sweep|memory|stage|compare|compare-8b|layer-trace|graph-bench|kernel-profile|sass|plugin-splits|breakdown|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize|bench-attention|split-ab|attention-ab|ops-timing|output-row|gemm-diag|streamk-ab" >&2; exit 2 ;;
+  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|pack|all|bench|bench-pdl|fuse-ab|tail-ab|offload-sweep|memory|stage|compare|compare-8b|layer-trace|graph-bench|kernel-profile|sass|plugin-splits|breakdown|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize|bench-attention|split-ab|attention-ab|ops-timing|output-row|gemm-diag|gemm-ncu|streamk-ab" >&2; exit 2 ;;
 esac
