@@ -734,15 +734,10 @@ static bool wgmma_tail_split() {
     const char *v = std::getenv("GGML_CIQ_WGMMA_TAIL");
     return !(v && *v && std::atoi(v) == 0);
 }
-// GGML_CIQ_WGMMA_STREAMK: 0 never stream-K, 2 always where the kernel can (all tiles, for tests), else by the time model
-static int wgmma_stream_k_mode() {
-    const char *v = std::getenv("GGML_CIQ_WGMMA_STREAMK");
-    return v && *v ? std::atoi(v) : 1;
-}
 
 // GGML_CIQ_WGMMA_CONFIG=c (an index of k_wgmma_configs) pins the tile shape, for A/B runs of the table.
 template <ciq_type T, bool TMA_W>
-static wgmma_plan pick_plan(int64_t rows, int64_t tokens, int nb, int sms, int64_t l2_bytes) {
+static wgmma_plan pick_plan(int64_t rows, int64_t tokens, int nb, int sms, int64_t l2_bytes, int stream_k) {
     static constexpr int (*k_wave_ctas[])(int, int) = {wave_ctas<T, 0, TMA_W>, wave_ctas<T, 1, TMA_W>,
                                                        wave_ctas<T, 2, TMA_W>};
     static_assert(sizeof(k_wave_ctas) / sizeof(k_wave_ctas[0]) == k_wgmma_config_count, "one entry per tile config");
@@ -795,7 +790,7 @@ static wgmma_plan pick_plan(int64_t rows, int64_t tokens, int nb, int sms, int64
         // +7%), and so did activations beyond a quarter of the L2 (4096 x 14336 at 2048 tokens, 59 MB: +15%; the CTAs'
         // ranges start at other K, so the activations no longer pass through the L2 once per wave)
         const bool fits_l2 = (double)tokens * nb * unit_values * 2 <= l2_bytes / 4.0;
-        if (TMA_W && wgmma_stream_k_mode() == 1 && fits_l2) {  // (kernels reading weights into registers: never)
+        if (TMA_W && stream_k == 1 && fits_l2) {  // (kernels reading weights into registers: never)
             const int64_t full_waves = tiles / wave1;
             for (int64_t mw = full_waves; mw >= 0 && mw >= full_waves - 1; --mw) {
                 const int64_t rest = tiles - mw * wave1, units = rest * nb;
@@ -813,7 +808,7 @@ static wgmma_plan pick_plan(int64_t rows, int64_t tokens, int nb, int sms, int64
             }
         }
     }
-    if (TMA_W && wgmma_stream_k_mode() == 2) {  // every tile of the chosen tile shape streamed
+    if (TMA_W && stream_k == 2) {  // every tile of the chosen tile shape streamed
         const int bn = k_wgmma_configs[best.config].bn;
         const int64_t units = row_tiles * ((tokens + bn - 1) / bn) * nb;
         best = {best.config, 1, nb, 0, 1, 0, (int)std::min<int64_t>(sms, units)};
@@ -869,15 +864,16 @@ static ciq_status dispatch_wgmma(const CUtensorMap &xmap, const CUtensorMap &wma
 template <ciq_type T>
 static ciq_status run_wgmma(encode_tiled_fn encode, const void *x_f16, int64_t k, const void *weight, int64_t row_bytes,
                             int64_t rows, int nb, const float *scales, int64_t tokens, int sms, int64_t l2_bytes,
-                            const wgmma_stream_k &ws, const wgmma_outputs &outs, ciq_out_type out_type) {
+                            int stream_k, const wgmma_stream_k &ws, const wgmma_outputs &outs, ciq_out_type out_type) {
     // Q4_K rows (144 B blocks, 16-byte-aligned weights) always allow it; Q6_K rows (210 B) when K % 2048 == 0; the
     // 32-value block types never (their blocks straddle any 16-byte box).
     const bool tma_w = wgmma_kquant(T) && (uintptr_t)weight % 16 == 0 && row_bytes % 16 == 0;
     wgmma_plan plan;
     if constexpr (T == CIQ_TYPE_Q6_K)
-        plan = tma_w ? pick_plan<T, true>(rows, tokens, nb, sms, l2_bytes) : pick_plan<T, false>(rows, tokens, nb, sms, l2_bytes);
-    else if constexpr (T == CIQ_TYPE_Q4_K) plan = pick_plan<T, true>(rows, tokens, nb, sms, l2_bytes);
-    else plan = pick_plan<T, false>(rows, tokens, nb, sms, l2_bytes);
+        plan = tma_w ? pick_plan<T, true>(rows, tokens, nb, sms, l2_bytes, stream_k)
+                     : pick_plan<T, false>(rows, tokens, nb, sms, l2_bytes, stream_k);
+    else if constexpr (T == CIQ_TYPE_Q4_K) plan = pick_plan<T, true>(rows, tokens, nb, sms, l2_bytes, stream_k);
+    else plan = pick_plan<T, false>(rows, tokens, nb, sms, l2_bytes, stream_k);
     plan.partial = ws.partial, plan.flags = ws.flags;
 
     CUtensorMap xmap, wmap;
@@ -960,8 +956,10 @@ static ciq_status gemm_wgmma(int device, ciq_type type, const void *weight, int6
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT,
                         "ciq_cuda_gemm_wgmma: activations (and Q4_K weights) must be 16-byte aligned, other weights "
                         "2-byte");
-    const char *sk_mode = std::getenv("GGML_CIQ_WGMMA_STREAMK");  // wgmma_stream_k_mode reads it as a number
-    if (sk_mode && *sk_mode && (sk_mode[1] != 0 || sk_mode[0] < '0' || sk_mode[0] > '2'))
+    // GGML_CIQ_WGMMA_STREAMK: 0 never stream-K, 1 (unset) where the time model gains, 2 always where the kernel can
+    const char *sk_mode = std::getenv("GGML_CIQ_WGMMA_STREAMK");
+    const int stream_k = sk_mode && *sk_mode ? sk_mode[0] - '0' : 1;
+    if (sk_mode && *sk_mode && (sk_mode[1] != 0 || stream_k < 0 || stream_k > 2))
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "GGML_CIQ_WGMMA_STREAMK='%s': expected 0 (never stream-K), 1 (where the "
                         "time model gains) or 2 (always)", sk_mode);
     encode_tiled_fn encode;
@@ -974,7 +972,7 @@ static ciq_status gemm_wgmma(int device, ciq_type type, const void *weight, int6
     case T: {                                                                                                         \
         const int nb = (int)(k / (CIQ_WGMMA_KSTAGE * wgmma_unit_stages(T)));                                          \
         return run_wgmma<T>(encode, x_f16, k, weight, (int64_t)nb * wgmma_unit_bytes(T), rows, nb, scales, tokens,   \
-                            dev.sms, dev.l2_bytes, dev.ws, outs, out_type);                                           \
+                            dev.sms, dev.l2_bytes, stream_k, dev.ws, outs, out_type);                                 \
     }
         CIQ_WGMMA_RUN(CIQ_TYPE_Q4_K)
         CIQ_WGMMA_RUN(CIQ_TYPE_Q6_K)
