@@ -150,6 +150,14 @@ plugin_environment() {
 d['plugin'] = plugin.build_info('$PLUGIN'); print(json.dumps(d, indent=1))" > "$OUT/plugin/environment.json" 2>&1
 }
 
+# diag_lib N: the library built with CIQ_WGMMA_DIAG=N (gemm_wgmma.cu's measurement builds) in /tmp/ciq-diagN, once.
+diag_lib() {
+  [ -f /tmp/ciq-diag$1/libggml_ciq.so ] && return 0
+  cmake -S native -B /tmp/ciq-diag$1 -G Ninja -DGGML_CIQ_CUDA=ON -DGGML_CIQ_CUDA_ARCHITECTURES="$ARCHS" \
+    -DGGML_CIQ_PLUGIN=OFF -DCMAKE_CUDA_FLAGS=-DCIQ_WGMMA_DIAG=$1 > /dev/null \
+    && ninja -C /tmp/ciq-diag$1 > /tmp/ciq-diag$1.log 2>&1 || { tail -n 5 /tmp/ciq-diag$1.log; return 1; }
+}
+
 gemma_path() { [ -f /tmp/gemma3-270m.gguf ] && echo /tmp/gemma3-270m.gguf || { echo "no /tmp/gemma3-270m.gguf: run stage first" >&2; return 1; }; }
 
 case "${1:-}" in
@@ -388,11 +396,7 @@ case "${1:-}" in
   gemm-diag)  # where the wgmma GEMM's time goes: the library rebuilt with CIQ_WGMMA_DIAG=1 (no dequantization) and =2
               # (no wgmma) beside the real one, wgmma alone (no llama.cpp, no ceiling) on the 8B shapes at 512 tokens and
               # seed6 -> $OUT/gemm-diag{0,1,2}-{llama3-8b-n512,seed6}.json
-    for d in 1 2; do
-      [ -f /tmp/ciq-diag$d/libggml_ciq.so ] || { cmake -S native -B /tmp/ciq-diag$d -G Ninja -DGGML_CIQ_CUDA=ON \
-        -DGGML_CIQ_CUDA_ARCHITECTURES="$ARCHS" -DGGML_CIQ_PLUGIN=OFF -DCMAKE_CUDA_FLAGS=-DCIQ_WGMMA_DIAG=$d > /dev/null \
-        && ninja -C /tmp/ciq-diag$d > /tmp/ciq-diag$d.log 2>&1 || { tail -n 5 /tmp/ciq-diag$d.log; exit 1; }; }
-    done
+    diag_lib 1 && diag_lib 2 || exit 1
     for d in 0 1 2; do
       lib=/tmp/ciq-build/libggml_ciq.so; [ $d = 0 ] || lib=/tmp/ciq-diag$d/libggml_ciq.so
       for spec in "llama3-8b 512 llama3-8b-n512" "seed6 128 seed6"; do
@@ -406,9 +410,7 @@ case "${1:-}" in
              # (the real library and the CIQ_WGMMA_DIAG=1 build of gemm-diag, built here if missing): Nsight Compute's
              # speed-of-light, warp-state, scheduler and memory sections on one launch of SHAPE ("Q4_K 4096 14336 512")
              # -> $OUT/ncu-wgmma-diag{0,1}.txt
-    [ -f /tmp/ciq-diag1/libggml_ciq.so ] || { cmake -S native -B /tmp/ciq-diag1 -G Ninja -DGGML_CIQ_CUDA=ON \
-      -DGGML_CIQ_CUDA_ARCHITECTURES="$ARCHS" -DGGML_CIQ_PLUGIN=OFF -DCMAKE_CUDA_FLAGS=-DCIQ_WGMMA_DIAG=1 > /dev/null \
-      && ninja -C /tmp/ciq-diag1 > /tmp/ciq-diag1.log 2>&1 || { tail -n 5 /tmp/ciq-diag1.log; exit 1; }; }
+    diag_lib 1 || exit 1
     for d in 0 1; do
       lib=/tmp/ciq-build/libggml_ciq.so; [ $d = 0 ] || lib=/tmp/ciq-diag1/libggml_ciq.so
       GGML_CIQ_LIB=$lib timeout ${LIMIT:-240} ncu --clock-control none --kernel-name regex:gemm_wgmma --launch-skip 2 \
