@@ -382,8 +382,8 @@ ciq_status ciq_cuda_attention(ciq_attention_kernel kernel, const float *q, const
                                            out);
     }
 #endif
-    const AttentionArgs args{q, k_cache, v_cache, out, (int)tokens, (int)heads, (int)heads_kv, (int)n_past,
-                             (int)std::min<int64_t>(window, INT32_MAX), scale, nullptr, 0};
+    const AttentionArgs args{attention_problem(q, k_cache, v_cache, out, tokens, heads, heads_kv, n_past, window, scale),
+                             nullptr, 0};
     switch (head_dim) {
         case 64: return launch<64>(kernel, args);
         case 96: return launch<96>(kernel, args);

@@ -49,12 +49,7 @@ template <int D> struct LcSmem {
     static constexpr size_t BYTES = sizeof(__half) * (LC_COLUMNS + 2 * lc_chunk_keys(D)) * STRIDE;  // Q, K, V
 };
 
-struct LcArgs {
-    const float *q;
-    const uint16_t *k, *v;
-    float *out;
-    int tokens, heads, heads_kv, n_past, window;
-    float scale;
+struct LcArgs : AttentionProblem {
     int ncols1, ncols2, iter_k, iter_j, iter_z;  // llama.cpp's tile shape and iteration counts
     int64_t blocks, total;                         // its stream-k grid and total chunk iterations
 };
@@ -297,9 +292,8 @@ ciq_status ciq_cuda_attention_llamacpp(const float *q, const uint16_t *k_cache, 
         return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention (mma_llamacpp): %lld tokens x %lld heads exceed the grid",
                         (long long)tokens, (long long)heads);
     }
-    const LcArgs args{q, k_cache, v_cache, out, (int)tokens, (int)heads, (int)heads_kv, (int)n_past,
-                      (int)std::min<int64_t>(window, INT32_MAX), scale, ncols1, ncols2, (int)iter_k, (int)iter_j,
-                      (int)iter_z, blocks, iter_k * tiles};
+    const LcArgs args{attention_problem(q, k_cache, v_cache, out, tokens, heads, heads_kv, n_past, window, scale),
+                      ncols1, ncols2, (int)iter_k, (int)iter_j, (int)iter_z, blocks, iter_k * tiles};
     switch (head_dim) {
         case 64: return launch_llamacpp<64>(args);
         case 96: return launch_llamacpp<96>(args);

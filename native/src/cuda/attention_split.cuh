@@ -25,12 +25,7 @@ namespace {
 constexpr int MAX_SPLITS = 16;  // chunks a query tile's keys are split into at most (splits_cap)
 constexpr int MAX_QT = 128;     // the widest query tile: the split's scratch is sized for it whichever kernel runs
 
-struct AttentionArgs {
-    const float *q;
-    const uint16_t *k, *v;
-    float *out;
-    int tokens, heads, heads_kv, n_past, window;
-    float scale;
+struct AttentionArgs : AttentionProblem {
     float *partial;  // split over the keys: the chunks' partial results (nullptr: one CTA per tile, out written)
     int chunk_keys;  // keys per chunk, a multiple of the kernel's key tile (with partial)
 };

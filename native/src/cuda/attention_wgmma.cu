@@ -288,8 +288,8 @@ ciq_status ciq_cuda_attention_wgmma(const float *q, const uint16_t *k_cache, con
                                     int64_t window, float *out) {
     if ((uintptr_t)k_cache % 16 != 0 || (uintptr_t)v_cache % 16 != 0)
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "attention (wgmma): the K/V caches must be 16-byte aligned");
-    const AttentionArgs args{q, k_cache, v_cache, out, (int)tokens, (int)heads, (int)heads_kv, (int)n_past,
-                             (int)std::min<int64_t>(window, INT32_MAX), scale, nullptr, 0};
+    const AttentionArgs args{attention_problem(q, k_cache, v_cache, out, tokens, heads, heads_kv, n_past, window, scale),
+                             nullptr, 0};
     switch (head_dim) {
         case 64: return launch_wgmma<64>(args);
         case 128: return launch_wgmma<128>(args);

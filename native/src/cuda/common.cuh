@@ -100,6 +100,22 @@ static __device__ __forceinline__ void ciq_launch_dependents() {
 #endif
 }
 
+// What every attention kernel is asked (ciq_cuda_attention*'s arguments; the window clamped to an int): each
+// kernel's argument struct extends it (AttentionArgs, attention_split.cuh; LcArgs, attention_llamacpp.cu).
+struct AttentionProblem {
+    const float *q;
+    const uint16_t *k, *v;
+    float *out;
+    int tokens, heads, heads_kv, n_past, window;
+    float scale;
+};
+static inline AttentionProblem attention_problem(const float *q, const uint16_t *k, const uint16_t *v, float *out,
+                                                 int64_t tokens, int64_t heads, int64_t heads_kv, int64_t n_past,
+                                                 int64_t window, float scale) {
+    return {q, k, v, out, (int)tokens, (int)heads, (int)heads_kv, (int)n_past, (int)std::min<int64_t>(window, INT32_MAX),
+            scale};
+}
+
 // A warp's xor-butterfly sum and maximum (every lane gets it).
 static __device__ __forceinline__ float ciq_warp_sum(float v) {
 #pragma unroll
