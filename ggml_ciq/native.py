@@ -19,7 +19,7 @@ from .resources import Closeable
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _SOURCE_HEADER = _PACKAGE_DIR.parent / "native" / "include" / "ggml_ciq.h"
 _LIBRARY_NAMES = ("libggml_ciq.so", "libggml_ciq.dylib", "ggml_ciq.dll")
-API_VERSION = 12  # GGML_CIQ_API_VERSION of the header this package's code is written against
+API_VERSION = 13  # GGML_CIQ_API_VERSION of the header this package's code is written against
 
 def _header_path() -> Path:
     for candidate in (_PACKAGE_DIR / "include" / "ggml_ciq.h", _SOURCE_HEADER):
@@ -259,6 +259,21 @@ def dispatch_counts() -> dict[tuple[str, str], int]:
         for t in v.weight_types:
             n.check(n.lib.ciq_dispatch_count(v.id, t, out))
             counts[(v.name, quants.type_name(t))] = int(out[0])
+    return counts
+
+
+WGMMA_FORMS = ("ss", "rs", "stream_k")
+
+
+def wgmma_launch_counts() -> dict[str, int]:
+    """{wgmma kernel form: launches} since the last reset: "ss" (A tiles through shared memory), "rs" (A from
+    registers), "stream_k" (launches of either form that stream K)."""
+    n = load()
+    out = n.ffi.new("uint64_t *")
+    counts = {}
+    for i, form in enumerate(WGMMA_FORMS):
+        n.check(n.lib.ciq_wgmma_launch_count(i, out))
+        counts[form] = int(out[0])
     return counts
 
 

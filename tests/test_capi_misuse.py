@@ -20,7 +20,7 @@ VALID = {
     "device": -1, "tokens": 1, "k": 256, "rows": 1, "n": 1, "d": 1, "heads": 1, "heads_kv": 1, "head_dim": 2,
     "cache_rows": 4, "table_rows": 1, "b_n": 1, "n_past": 0, "window": 0, "start": 0, "row_values": 1,
     "ggml_type": 12, "type": 12, "layout_for": 12, "semantics": 0, "variant": 1, "kernel": 1, "mode": 0, "kind": 0,
-    "out_type": 0, "layout": 0, "base": 10000.0, "eps": 1e-6, "scale": 1.0, "s": 1.0, "value": 0, "threads": 1,
+    "out_type": 0, "layout": 0, "form": 0, "base": 10000.0, "eps": 1e-6, "scale": 1.0, "s": 1.0, "value": 0, "threads": 1,
     "buffer_size": 64, "nbytes": 64, "weight_nbytes": 144, "order": 0, "n_outputs": 1,
 }
 # Per-function valid values where the shared ones do not fit.

@@ -286,6 +286,52 @@ def test_wgmma_stream_k_planned(weight_type, wgmma, rng, monkeypatch):
         assert np.array_equal(planned, plain) != streams, (rows, k, tokens)
 
 
+@pytest.mark.parametrize("weight_type", [Q.Q4_K, Q.Q6_K])
+def test_wgmma_rs_same_bits_as_ss(weight_type, wgmma, rng, monkeypatch):
+    """The RS form (consumers dequantize into wgmma's register operand; GGML_CIQ_WGMMA_RS=1, the default) against the
+    SS form (=0) on the same plan: the same bits (the same f16 weights, K slices and accumulation order), both within
+    1e-10 of the numpy f16 semantics, on NaN-poisoned outputs, and the launch counters naming the form that ran. Tiles of
+    64 and 128 tokens (GGML_CIQ_WGMMA_CONFIG), row and token tails, a split-K cluster (1024 x 4096 at 512 tokens),
+    stream-K forced (ranges of one unit), one token, PDL off once; a Q6_K matrix whose rows have no 16-byte pitch
+    (K = 2304) reads its weights into registers and stays SS."""
+    cases = [(300, 2048, 131, {"GGML_CIQ_WGMMA_CONFIG": "1"}), (1000, 4096, 64, {"GGML_CIQ_WGMMA_CONFIG": "0"}),
+             (4097, 2048, 257, {"GGML_CIQ_WGMMA_CONFIG": "1"}), (129, 256, 1, {"GGML_CIQ_WGMMA_CONFIG": "0"}),
+             (1024, 4096, 512, {"GGML_CIQ_WGMMA_CONFIG": "1"}),
+             (1000, 4096, 64, {"GGML_CIQ_WGMMA_CONFIG": "1", "GGML_CIQ_WGMMA_STREAMK": "2"}),
+             (2049, 2048, 131, {"GGML_CIQ_WGMMA_CONFIG": "0", "GGML_CIQ_WGMMA_PDL": "0"})]
+    if weight_type == Q.Q6_K:
+        cases.append((3000, 2304, 131, {"GGML_CIQ_WGMMA_CONFIG": "1"}))
+    for rows, k, tokens, env in cases:
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        staged = weight_type == Q.Q4_K or k % 2048 == 0
+        data = _k_quant_weights(rng, weight_type, rows, k)
+        x = (rng.standard_normal((tokens, k)) * rng.choice([1e-3, 1.0, 3e4], size=(tokens, 1))).astype(np.float32)
+        outs = {}
+        for rs in ("0", "1"):
+            monkeypatch.setenv("GGML_CIQ_WGMMA_RS", rs)
+            outs[rs] = run_checked(data, x, "wgmma", ggml_type=weight_type, rows=rows, k=k)
+            counts = native.wgmma_launch_counts()
+            ran_rs = rs == "1" and staged
+            assert counts["rs" if ran_rs else "ss"] >= 1 and counts["ss" if ran_rs else "rs"] == 0, (rows, k, rs, counts)
+            assert (counts["stream_k"] > 0) == ("GGML_CIQ_WGMMA_STREAMK" in env), (rows, k, rs, counts)
+        ref = Q.gemm_f16_semantics(weight_type, data, rows, k, x)
+        assert Q.nmse(outs["1"], ref) <= 1e-10 and Q.nmse(outs["0"], ref) <= 1e-10, (rows, k, tokens)
+        assert np.array_equal(outs["1"], outs["0"]), (rows, k, tokens, env)
+        for name in env:
+            monkeypatch.delenv(name)
+
+
+def test_wgmma_rs_switch_refuses_other_values(wgmma, rng, monkeypatch):
+    """A value of GGML_CIQ_WGMMA_RS other than 0 or 1 is an error naming the variable, not a guess."""
+    data = _k_quant_weights(rng, Q.Q4_K, 256, 256)
+    x = rng.standard_normal((64, 256)).astype(np.float32)
+    for bad in ("on", "2", "10", "-1"):
+        monkeypatch.setenv("GGML_CIQ_WGMMA_RS", bad)
+        with pytest.raises(CiqError, match=f"GGML_CIQ_WGMMA_RS='{bad}'"):
+            native.gemm(data, x, variant="wgmma", device="cuda", semantics="f16", ggml_type=Q.Q4_K, rows=256, k=256)
+
+
 def block32_weights(rng, ggml_type: int, rows: int, k: int) -> np.ndarray:
     """Raw Q4_0/Q5_0/Q8_0 blocks: random quants (every bit pattern, Q5_0's high bits included) and fp16 scales of
     either sign spread over 2^-14 .. 2^-2 (f16 products from subnormal to large)."""

@@ -8,7 +8,7 @@
 #   tools/gpu_run.sh test       GPU test suite (pytest tests/test_cuda.py + the rest)
 #   tools/gpu_run.sh sanitize [CASE]  compute-sanitizer memcheck + racecheck on every kernel, or one of
 #                               tools/sanitize_case.py's cases (engine, attention-split, attention-wgmma, ops, fusion,
-#                               wgmma-block32, wgmma-stream-k, a variant) -> $OUT
+#                               wgmma-block32, wgmma-stream-k, wgmma-rs, a variant) -> $OUT
 #   tools/gpu_run.sh wait       wait for the llama.cpp CUDA build
 #   tools/gpu_run.sh py ARGS    python3 ARGS with this environment (e.g. py -m ggml_ciq.cli bench gemm ...)
 #   tools/gpu_run.sh pack NAME  everything under $OUT into $OUT/NAME.tgz (a call returns at most 8 files)
@@ -17,6 +17,7 @@
 #   tools/gpu_run.sh attention-ab  AUTO's attention wgmma vs mma (GGML_CIQ_ATTENTION_WGMMA) on our 8B (TOKENS) and Gemma prefills
 #   tools/gpu_run.sh tail-ab    the tail split on/off in bench gemm (8B shapes, 512 tokens)
 #   tools/gpu_run.sh streamk-ab wgmma's stream-K on/off in bench gemm (8B shapes at 512 and 2048 tokens, seed6)
+#   tools/gpu_run.sh rs-ab      wgmma's RS form (A from registers) against SS, and RS on 128-token tiles (8B at 512, seed6)
 #   tools/gpu_run.sh gemm-diag  wgmma with its dequantization or its wgmma left out (CIQ_WGMMA_DIAG builds): which side
 #                               bounds the GEMM; gemm-ncu: Nsight Compute on one launch of each (what the consumers wait on)
 #   tools/gpu_run.sh split-ab | ops-timing | output-row   the attention split's A/B (Gemma, the 8B); the elementwise ops
@@ -429,6 +430,18 @@ case "${1:-}" in
           2>&1 | grep -E "wgmma|rror" | sed "s/^/streamk=$sk /"
       done
     done ;;
+  rs-ab)  # wgmma's RS form (A from registers; GGML_CIQ_WGMMA_RS=1) against SS (=0), and RS with the 128-token tile
+          # pinned (GGML_CIQ_WGMMA_CONFIG=1: the RS form's widest), wgmma alone on the 8B shapes at 512 tokens and seed6
+          # (SETS="..." to choose) -> $OUT/{llama3-8b-n512,seed6}-{rs1,rs0,rs1c1}.json
+    for arm in rs1 rs0 rs1c1; do
+      rs=${arm:2:1}; pin=; [ "$arm" = rs1c1 ] && pin=1
+      for spec in ${SETS:-"llama3-8b:512:llama3-8b-n512" "seed6:128:seed6"}; do
+        IFS=: read -r set tokens name <<< "$spec"
+        GGML_CIQ_WGMMA_RS=$rs GGML_CIQ_WGMMA_CONFIG=$pin timeout 150 python3 -m ggml_ciq.cli bench gemm --backend ciq-cuda \
+          --shapes $set --tokens $tokens --repeat ${REPEAT:-5} --variants wgmma --no-llamacpp --no-ceiling \
+          --json "$OUT/$name-$arm.json" 2>&1 | grep -E "wgmma|rror" | sed "s/^/$arm /"
+      done
+    done ;;
   tail-ab)  # wgmma's tail split on and off (GGML_CIQ_WGMMA_TAIL), bench gemm's Llama-3-8B shapes at 512 tokens, wgmma
             # only (after wait) -> $OUT/llama3-8b-n512-tail{0,1}.json
     for t in 0 1; do
@@ -451,5 +464,5 @@ case "${1:-}" in
     gemma=$(gemma_path) || exit 1
     step sanitizer-plugin-memcheck 500 env GGML_BACKEND_PATH=$PLUGIN GGML_CIQ_OFFLOAD=all compute-sanitizer --tool memcheck \
       --error-exitcode 9 $LLAMA_BUILD/bin/llama-bench -m "$gemma" -ngl 99 -dev CIQ0/CUDA0 -ts 0/1 -p 77 -n 0 -r 1 -fa 1 ;;
-  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|pack|all|bench|bench-pdl|fuse-ab|tail-ab|offload-sweep|memory|stage|compare|compare-8b|layer-trace|graph-bench|kernel-profile|sass|plugin-splits|breakdown|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize|bench-attention|split-ab|attention-ab|ops-timing|output-row|gemm-diag|gemm-ncu|streamk-ab" >&2; exit 2 ;;
+  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|pack|all|bench|bench-pdl|fuse-ab|tail-ab|offload-sweep|memory|stage|compare|compare-8b|layer-trace|graph-bench|kernel-profile|sass|plugin-splits|breakdown|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize|bench-attention|split-ab|attention-ab|ops-timing|output-row|gemm-diag|gemm-ncu|streamk-ab|rs-ab" >&2; exit 2 ;;
 esac

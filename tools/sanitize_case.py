@@ -2,10 +2,11 @@
 compute-sanitizer.
 
 Usage: compute-sanitizer --tool memcheck python3 tools/sanitize_case.py [variant ... | wgmma-block32 | engine |
-attention-split | attention-wgmma | ops | fusion | wgmma-stream-k]
+attention-split | attention-wgmma | ops | fusion | wgmma-stream-k | wgmma-rs]
 (mmvq: every type at 1..8 tokens, mmvq_case; mma and q32: also MMQ's stream-k seams, mmq_seams_case; wgmma-block32:
 wgmma on Q4_0/Q5_0/Q8_0, wgmma_block32_case; attention-split: attention_split_case; attention-wgmma:
-attention_wgmma_case; ops: ops_case; fusion: fusion_case; wgmma-stream-k: wgmma_stream_k_case)
+attention_wgmma_case; ops: ops_case; fusion: fusion_case; wgmma-stream-k: wgmma_stream_k_case;
+wgmma-rs: wgmma_rs_case)
 """
 
 import itertools
@@ -192,6 +193,26 @@ def wgmma_stream_k_case():
     print(f"wgmma stream-k planned Q4_K 14333 x 2048 tokens=509: finite={np.isfinite(out).all()}")
 
 
+def wgmma_rs_case():
+    """wgmma's RS form (A fragments dequantized in the consumers' registers): tiles of 64 and 128 tokens, row and token
+    tails, a split-K cluster, stream-K forced, Q4_K and Q6_K (staged by TMA, Q6_K in 240-byte box rows)."""
+    rng = np.random.default_rng(6)
+    os.environ["GGML_CIQ_WGMMA_RS"] = "1"
+    for (weight_type, quantize), (rows, k, tokens, config, sk) in itertools.product(
+            ((Q.Q4_K, Q.quantize_q4_K), (Q.Q6_K, Q.quantize_q6_K)),
+            ((300, 2048, 131, "1", "0"), (1000, 4096, 64, "0", "0"), (1024, 4096, 512, "1", "0"), (2049, 2048, 257, "1", "2"))):
+        os.environ["GGML_CIQ_WGMMA_CONFIG"], os.environ["GGML_CIQ_WGMMA_STREAMK"] = config, sk
+        data = quantize((rng.standard_normal((rows, k)) * 0.02).astype(np.float32))
+        x = rng.standard_normal((tokens, k)).astype(np.float32)
+        native.dispatch_reset()
+        out = native.gemm(data, x, variant="wgmma", device="cuda", semantics="f16", ggml_type=weight_type, rows=rows, k=k)
+        err = Q.nmse(out, Q.gemm_f16_semantics(weight_type, data, rows, k, x))
+        print(f"wgmma rs {Q.type_name(weight_type)} {rows} x {k} tokens={tokens} config={config} streamk={sk}: "
+              f"nmse={err:.2e} launches={native.wgmma_launch_counts()}")
+    for name in ("GGML_CIQ_WGMMA_CONFIG", "GGML_CIQ_WGMMA_STREAMK"):
+        del os.environ[name]
+
+
 def attention_split_case():
     """attention.cu's split over the keys (simt and mma): a decode row over 700 cached keys (chunks of 64), 100 queries
     after 300 keys with and without a window (rows that see no key of a chunk), Gemma's 4 heads on 1 kv head at
@@ -310,6 +331,8 @@ def main(variants):
         return attention_split_case()
     if variants == ["wgmma-stream-k"]:
         return wgmma_stream_k_case()
+    if variants == ["wgmma-rs"]:
+        return wgmma_rs_case()
     if variants == ["attention-wgmma"]:
         return attention_wgmma_case()
     if variants == ["ops"]:

@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-#define GGML_CIQ_API_VERSION 12
+#define GGML_CIQ_API_VERSION 13
 
 /* CDEF-BEGIN */
 typedef enum { CIQ_DEVICE_CPU = -1 } ciq_device_index; /* the host as a device; GPUs are 0..n-1 */
@@ -182,8 +182,14 @@ ciq_status ciq_gemm_quantized_outputs(int device, const ciq_plan *plan, ciq_type
                                       ciq_out_type out_type);
 /* Launches per resolved variant and weight type since the last reset (every variant, q32 included). */
 ciq_status ciq_dispatch_count(ciq_variant variant, ciq_type type, uint64_t *count);
-/* Zeroes every dispatch counter: GEMM and attention. */
+/* Zeroes every dispatch counter: GEMM (wgmma's forms too) and attention. */
 ciq_status ciq_dispatch_reset(void);
+/* The wgmma variant's kernel launches by form since ciq_dispatch_reset (a plan with a tail launches two kernels): SS,
+ * the A tiles dequantized into shared memory by producer warps; RS, the A fragments dequantized in the consumer warps'
+ * registers (Q4_K, Q6_K with K % 2048 == 0; tiles of 64 and 128 tokens; GGML_CIQ_WGMMA_RS=0 turns it off); STREAM_K,
+ * the launches of either form that stream K units between CTAs (GGML_CIQ_WGMMA_STREAMK). 0 where nothing ran them. */
+typedef enum { CIQ_WGMMA_FORM_SS = 0, CIQ_WGMMA_FORM_RS = 1, CIQ_WGMMA_FORM_STREAM_K = 2 } ciq_wgmma_form;
+ciq_status ciq_wgmma_launch_count(ciq_wgmma_form form, uint64_t *count);
 
 /* Dense bf16 GEMM (cuBLAS, GPU only), out = X @ W^T with W [rows][K] and X [tokens][K] in bf16: the ceiling
  * keep-quant kernels are compared with. */

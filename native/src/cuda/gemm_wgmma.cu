@@ -26,6 +26,11 @@
 //     - each thread loads from global memory into registers, PREFETCH stages ahead (other Q6_K matrices, and
 //       the 32-value block types, whose 18/22/34-byte blocks no TMA box fits).
 //   consumers: rows 64c .. +63, 4 x wgmma m64nBNk16 per stage, one group in flight.
+// The RS form (staged weights, tiles of 64/128 tokens; GGML_CIQ_WGMMA_RS, default on): no A tile. The producer
+// warpgroup only issues TMA (thread 0 the B stages, thread 32 the staged super-blocks), and each consumer thread
+// dequantizes its rows' quants from the staged block straight into wgmma's register operand (rs_frag: the same f16
+// weights, so the same products): shared memory then carries B and the raw blocks only, which the SS form's A tiles
+// (written by the producers, read by every wgmma) exceed at full tensor rate.
 // Epilogue: the accumulators go through shared memory (the ring, reused) so that rows are stored coalesced, into
 // the tile's output (wgmma_outputs: a stacked weight's rows split among outputs, each with an optional addend).
 // Barriers: full[s] (128*PW + 1 arrivals: the producers after their A stores + the TMA thread's expect_tx, plus the
@@ -84,12 +89,25 @@ struct wgmma_tile_config {
     int stages;    // weights read from global memory into registers
     int stages_w;  // weights staged in shared memory by TMA (WSLOTS super-blocks take the room of the rest)
     int producers; // producer warpgroups (the consumers are always 2)
+    int stages_rs; // the RS form (staged weights, A from registers): B-only stages; 0: none (256 accumulators a thread)
 };
-static constexpr wgmma_tile_config k_wgmma_configs[] = {{64, 8, 7, 2}, {128, 6, 5, 2}, {256, 4, 3, 1}};
+static constexpr wgmma_tile_config k_wgmma_configs[] = {{64, 8, 7, 2, 16}, {128, 6, 5, 2, 8}, {256, 4, 3, 1, 0}};
 static constexpr int k_wgmma_config_count = sizeof(k_wgmma_configs) / sizeof(k_wgmma_configs[0]);
 static_assert(wgmma_smem_bytes(CIQ_TYPE_Q6_K, 64, 7, true) <= 232448 && wgmma_smem_bytes(CIQ_TYPE_Q6_K, 128, 5, true) <= 232448 &&
                   wgmma_smem_bytes(CIQ_TYPE_Q6_K, 256, 3, true) <= 232448 && wgmma_smem_bytes(CIQ_TYPE_Q6_K, 64, 8, false) <= 232448,
               "227 KB of shared memory per CTA");
+// The RS form (A from registers; GGML_CIQ_WGMMA_RS): no A tiles in the ring, RS_WSLOTS staged super-blocks whose rows
+// are wgmma_rs_wbox bytes apart (Q6_K: 240, so that 8 rows' 16-bit loads fall in distinct banks; 224 would put rows r and
+// r + 4 in the same ones).
+#define RS_WSLOTS 3
+static constexpr __host__ __device__ int wgmma_rs_wbox(ciq_type T) { return T == CIQ_TYPE_Q4_K ? 144 : 240; }
+static constexpr __host__ __device__ int wgmma_rs_smem_bytes(ciq_type T, int BN, int stages) {
+    return 1024 + stages * BN * 128 + RS_WSLOTS * CIQ_WGMMA_ROWS * wgmma_rs_wbox(T) + (2 * stages + 2 * RS_WSLOTS) * 8;
+}
+static_assert(wgmma_rs_smem_bytes(CIQ_TYPE_Q6_K, 64, 16) <= 232448 && wgmma_rs_smem_bytes(CIQ_TYPE_Q6_K, 128, 8) <= 232448,
+              "227 KB of shared memory per CTA (RS)");
+static_assert(64 * RED_STRIDE * 4 <= 16 * 64 * 128 && 128 * RED_STRIDE * 4 <= 8 * 128 * 128,
+              "the RS epilogue's red[BN][RED_STRIDE] reuses the B ring");
 static_assert(256 * RED_STRIDE * 4 <= 3 * wgmma_stage_bytes(256) && 128 * RED_STRIDE * 4 <= 5 * wgmma_stage_bytes(128) &&
                   64 * RED_STRIDE * 4 <= 7 * wgmma_stage_bytes(64),
               "the epilogue's red[BN][RED_STRIDE] reuses the pipeline ring");
@@ -347,6 +365,77 @@ template <int R> struct raw_stage<CIQ_TYPE_Q4_0, R, false> : raw_stage_block32<C
 template <int R> struct raw_stage<CIQ_TYPE_Q5_0, R, false> : raw_stage_block32<CIQ_TYPE_Q5_0, R> {};
 template <int R> struct raw_stage<CIQ_TYPE_Q8_0, R, false> : raw_stage_block32<CIQ_TYPE_Q8_0, R> {};
 
+// ---- the RS form: a consumer thread's A fragments from the staged blocks ----------------------------------------
+// wgmma's register A operand is, per warp, the m16k16 fragment of its 16 rows: thread (g, q) = (lane/4, lane%4) holds
+// a[0] = row g, K 2q and 2q+1 of the slice; a[1] row g+8; a[2] row g, K 2q+8, 2q+9; a[3] row g+8, K 2q+8, 2q+9. A
+// stage (64 K values) is four such slices, a[j] slice j = K 16j .. 16j+15 of the stage. Each weight is the f16 value
+// raw_stage gives it (the same operations), so an RS kernel's products are the SS kernel's bits. blk[p]: the staged
+// block of row g + 8p (2-byte aligned: Q6_K blocks land at even offsets of their box rows).
+static __device__ __forceinline__ uint32_t lds16(const uint8_t *p) { return *(const uint16_t *)p; }
+static __device__ __forceinline__ uint32_t lds16x2(const uint8_t *p, int apart) {  // {p[0..1], p[apart..apart+1]}
+    return lds16(p) | lds16(p + apart) << 16;
+}
+template <ciq_type T> struct rs_frag;
+
+// Q4_K stage c: qs bytes 32c .. 32c+31; slice j takes the bytes 16(j%2) + 2q (+1) and + 8, low nibbles for j < 2
+// (sub-block 2c), high for j >= 2 (2c+1).
+template <> struct rs_frag<CIQ_TYPE_Q4_K> {
+    uint4 hdr[2];
+    __device__ __forceinline__ void header(const uint8_t *const (&blk)[2]) {
+        hdr[0] = *(const uint4 *)blk[0];
+        hdr[1] = *(const uint4 *)blk[1];
+    }
+    __device__ __forceinline__ void build(const uint8_t *const (&blk)[2], int c, int q, uint32_t (&a)[4][4]) const {
+        using raw = raw_stage<CIQ_TYPE_Q4_K, 4, true>;
+        const __half2 bias = __half2half2(__ushort_as_half(0x6400));  // 1024
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+            const uint8_t *qs = blk[p] + 16 + 32 * c + 2 * q;
+            const uint32_t w[2] = {lds16x2(qs, 8), lds16x2(qs + 16, 8)};
+            __half2 s[2], nm[2];
+            raw::scale_min(hdr[p], 2 * c, s[0], nm[0]);
+            raw::scale_min(hdr[p], 2 * c + 1, s[1], nm[1]);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                __half2 lo, hi;
+                bytes_to_half2((j < 2 ? w[j % 2] : w[j % 2] >> 4) & 0x0F0F0F0F, bias, lo, hi);
+                a[j][p] = h2u(__hfma2(lo, s[j / 2], nm[j / 2]));
+                a[j][p + 2] = h2u(__hfma2(hi, s[j / 2], nm[j / 2]));
+            }
+        }
+    }
+};
+
+// Q6_K stage c = half h (c/2), nibble odd (c%2): slice j takes the ql bytes 64h + 16j + 2q (+1) and + 8, the qh bytes
+// 32h + 16(j%2) + 2q (+1) and + 8 (bit pair 2(2 odd + j/2)), and scale 8h + 4 odd + j.
+template <> struct rs_frag<CIQ_TYPE_Q6_K> {
+    float df[2];
+    __device__ __forceinline__ void header(const uint8_t *const (&blk)[2]) {
+        df[0] = __half2float(__ushort_as_half((uint16_t)lds16(blk[0] + 208)));
+        df[1] = __half2float(__ushort_as_half((uint16_t)lds16(blk[1] + 208)));
+    }
+    __device__ __forceinline__ void build(const uint8_t *const (&blk)[2], int c, int q, uint32_t (&a)[4][4]) const {
+        const int h = c / 2, odd = c % 2;
+        const __half2 bias = __half2half2(__ushort_as_half(0x6420));  // 1024 + 32
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+            const uint8_t *ql = blk[p] + 64 * h + 2 * q, *qh = blk[p] + 128 + 32 * h + 2 * q;
+            const uint32_t hb[2] = {lds16x2(qh, 8), lds16x2(qh + 16, 8)};
+            const uint32_t sc = lds16x2(blk[p] + 192 + 8 * h + 4 * odd, 2);  // the stage's 4 scales
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const uint32_t l = lds16x2(ql + 16 * j, 8);
+                const uint32_t v = ((odd ? l >> 4 : l) & 0x0F0F0F0F) | ((hb[j % 2] >> (2 * (2 * odd + j / 2))) & 0x03030303) << 4;
+                const __half2 sj = __half2half2(__float2half_rn(df[p] * (float)(int8_t)(sc >> 8 * j)));
+                __half2 lo, hi;
+                bytes_to_half2(v, bias, lo, hi);
+                a[j][p] = h2u(__hmul2(lo, sj));
+                a[j][p + 2] = h2u(__hmul2(hi, sj));
+            }
+        }
+    }
+};
+
 // ---- the kernel: produce, consume, epilogue ----------------------------------------------------------------------
 // Shared memory of one CTA (1024-byte aligned): the ring of STAGES stages (A tile, then B tile), then TMA_W's WSLOTS
 // staged weight slots, then the barriers full[STAGES], empty[STAGES], wfull[WSLOTS].
@@ -455,12 +544,23 @@ static __device__ __forceinline__ void wgmma_produce(const CUtensorMap &xmap, co
 // Consumer warpgroup cw (rows 64 cw .. +63 of the tile): per stage waits full[slot], 4 wgmma steps, and frees the
 // previous stage's slot (empty) once its group retired; then the accumulators into red[token][row] (the ring).
 // acc is the kernel's array (declared at the call): the machine code is then byte-identical to the one-body kernel.
+// D fragment: acc[4j + e] = row 16*warp + lane/4 + 8(e/2), token 8j + 2(lane%4) + e%2 -> red[token][row] (the ring)
+template <int BN> static __device__ __forceinline__ void acc_to_red(uint8_t *smem, int cw, const float (&acc)[BN / 2]) {
+    const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+    float *red = (float *)smem;
+    const int rl = 64 * cw + 16 * warp + lane / 4;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) red[(8 * j + 2 * (lane % 4) + e % 2) * RED_STRIDE + rl + 8 * (e / 2)] = acc[4 * j + e];
+}
+
 template <int BN, int STAGES, int PW>
 static __device__ __forceinline__ void wgmma_consume(uint8_t *smem, uint64_t *full, uint64_t *empty, int iters,
                                                      int it0, float (&acc)[BN / 2]) {
     constexpr int A_BYTES = CIQ_WGMMA_ROWS * 128, STAGE = wgmma_stage_bytes(BN);
     wait_for_previous_grid();
-    const int cw = threadIdx.x / 128 - PW, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+    const int cw = threadIdx.x / 128 - PW, lane = threadIdx.x % 32;
 #pragma unroll
     for (int j = 0; j < BN / 2; ++j) acc[j] = 0.0f;
     for (int it = 0; it < iters; ++it) {
@@ -480,13 +580,84 @@ static __device__ __forceinline__ void wgmma_consume(uint8_t *smem, uint64_t *fu
     wgmma_wait<0>();
     if (lane == 0) mbar_arrive(&empty[(it0 + iters - 1) % STAGES]);  // the last stage's slot (a next segment refills it)
     bar_sync_all();
-    // D fragment: acc[4j + e] = row 16*warp + lane/4 + 8(e/2), token 8j + 2(lane%4) + e%2 -> red[token][row]
-    float *red = (float *)smem;
-    const int rl = 64 * cw + 16 * warp + lane / 4;
+    acc_to_red<BN>(smem, cw, acc);
+}
+
+// ---- the RS form (GGML_CIQ_WGMMA_RS): the consumers dequantize into wgmma's register operand ---------------------
+// Shared memory traffic per product is what bounds the SS form (A written by the producers, then read by wgmma);
+// here the producer warpgroup only issues TMA copies - thread 0 the B stages (after the PDL wait), thread 32 the
+// staged super-blocks (RS_WSLOTS slots; wempty: the 8 consumer warps' reads of a slot done) - and the consumers read
+// their rows' quants from the staged block, build the A fragments (rs_frag) and issue wgmma with A from registers.
+// Fragments alternate between two register sets: a stage's wgmma group may still run while the next stage's set is
+// built, and a set is rebuilt only after wait_group(1) retired the group that read it.
+template <ciq_type T, int BN, int STAGES>
+static __device__ __forceinline__ void wgmma_produce_rs(const CUtensorMap &xmap, const CUtensorMap &wmap, uint8_t *smem,
+                                                        uint8_t *wraw, uint64_t *full, uint64_t *empty, uint64_t *wfull,
+                                                        uint64_t *wempty, int kb0, int nsb, int64_t row0, int tok0,
+                                                        int it0, int sb0) {
+    constexpr int WB = wgmma_rs_wbox(T), block_bytes = wgmma_unit_bytes(T);
+    if (threadIdx.x == 32) {  // weights: no kernel writes them, so before the PDL wait
+        for (int sb = 0; sb < nsb; ++sb) {
+            const int n = sb0 + sb, ws = n % RS_WSLOTS;
+            if (n >= RS_WSLOTS) mbar_wait(&wempty[ws], ((n / RS_WSLOTS) + 1) & 1);
+            mbar_arrive_expect_tx(&wfull[ws], CIQ_WGMMA_ROWS * WB);
+            tma_load_2d(wraw + ws * CIQ_WGMMA_ROWS * WB, &wmap, (kb0 + sb) * block_bytes & ~15, (int)row0, &wfull[ws]);
+        }
+    } else if (threadIdx.x == 0) {
+        wait_for_previous_grid();
+        for (int it = 0; it < 4 * nsb; ++it) {
+            const int ring = it0 + it, slot = ring % STAGES;
+            if (ring >= STAGES) mbar_wait(&empty[slot], ((ring / STAGES) + 1) & 1);
+            mbar_arrive_expect_tx(&full[slot], BN * 128);
+            tma_load_2d(smem + slot * BN * 128, &xmap, (kb0 + it / 4) * QK_K + CIQ_WGMMA_KSTAGE * (it % 4), tok0, &full[slot]);
+        }
+    }
+    bar_sync_all();  // the ring is reused for the epilogue once every wgmma has retired
+}
+
+template <ciq_type T, int BN, int STAGES>
+static __device__ __forceinline__ void wgmma_consume_rs(uint8_t *smem, const uint8_t *wraw, uint64_t *full,
+                                                        uint64_t *empty, uint64_t *wfull, uint64_t *wempty, int kb0,
+                                                        int nsb, int it0, int sb0, float (&acc)[BN / 2]) {
+    constexpr int WB = wgmma_rs_wbox(T), block_bytes = wgmma_unit_bytes(T);
+    wait_for_previous_grid();
+    const int cw = threadIdx.x / 128 - 1, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+    const int row = 64 * cw + 16 * warp + lane / 4;
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j)
+    for (int j = 0; j < BN / 2; ++j) acc[j] = 0.0f;
+    uint32_t a[2][4][4];
+    for (int sb = 0; sb < nsb; ++sb) {
+        const int n = sb0 + sb, ws = n % RS_WSLOTS;
+        const uint8_t *base = wraw + ws * CIQ_WGMMA_ROWS * WB + ((kb0 + sb) * block_bytes & 15);
+        const uint8_t *blk[2] = {base + row * WB, base + (row + 8) * WB};
+        mbar_wait(&wfull[ws], (n / RS_WSLOTS) & 1);
+        rs_frag<T> f;
+        f.header(blk);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) red[(8 * j + 2 * (lane % 4) + e % 2) * RED_STRIDE + rl + 8 * (e / 2)] = acc[4 * j + e];
+        for (int c = 0; c < 4; ++c) {
+            if constexpr (CIQ_WGMMA_DIAG != 1) f.build(blk, c, lane % 4, a[c % 2]);
+            else {
+#pragma unroll
+                for (int j = 0; j < 16; ++j) a[c % 2][j / 4][j % 4] = 0;
+            }
+            if (c == 3 && lane == 0) mbar_arrive(&wempty[ws]);  // this warp is done reading the slot
+            const int it = 4 * sb + c, ring = it0 + it, slot = ring % STAGES;
+            mbar_wait(&full[slot], (ring / STAGES) & 1);
+            const uint64_t db = smem_desc(smem + slot * BN * 128);
+            wgmma_fence();
+            if constexpr (CIQ_WGMMA_DIAG != 2) {
+#pragma unroll
+                for (int kk = 0; kk < CIQ_WGMMA_KSTAGE / 16; ++kk) wgmma_rsk<BN>(acc, a[c % 2][kk], db + 2 * kk);  // +32 B
+            }
+            wgmma_commit();
+            wgmma_wait<1>();  // the group of it-1 has retired: its slot and its register set are free
+            if (it > 0 && lane == 0) mbar_arrive(&empty[(ring - 1) % STAGES]);
+        }
+    }
+    wgmma_wait<0>();
+    if (lane == 0) mbar_arrive(&empty[(it0 + 4 * nsb - 1) % STAGES]);
+    bar_sync_all();
+    acc_to_red<BN>(smem, cw, acc);
 }
 
 static __device__ __forceinline__ void flag_release(int *flag) {
@@ -585,27 +756,32 @@ static __device__ __forceinline__ void wgmma_epilogue(uint8_t *smem, const float
 
 #endif  // CIQ_WGMMA_DEVICE
 
-template <ciq_type T, int BN, int STAGES, int PW, bool TMA_W>
+template <ciq_type T, int BN, int STAGES, int PW, bool TMA_W, bool RS>
 __global__ void __launch_bounds__(128 * (PW + 2), 1)
     gemm_wgmma_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap,
                       const uint8_t *__restrict__ w, int64_t rows, int nb,
                       const float *__restrict__ tscale, int tokens, int kb_per_split, int tile0, int row_tiles,
                       const __grid_constant__ wgmma_outputs outs, ciq_out_type out_type, wgmma_stream_k sk) {
 #ifdef CIQ_WGMMA_DEVICE
-    constexpr int STAGE = wgmma_stage_bytes(BN);
+    static_assert(!RS || (TMA_W && PW == 1 && BN <= 128), "the RS form: staged weights, one TMA warpgroup, 64/128 tokens");
+    constexpr int STAGE = RS ? BN * 128 : wgmma_stage_bytes(BN), NW = RS ? RS_WSLOTS : WSLOTS;
+    constexpr int WB = RS ? wgmma_rs_wbox(T) : wgmma_wbox(T);
     extern __shared__ uint8_t smem_raw[];
     // Swizzle atoms need 1024-byte alignment; offsetting the array (not casting an integer) keeps loads ld.shared.
     uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-    uint8_t *wraw = smem + STAGES * STAGE;  // TMA_W: WSLOTS super-blocks of 128 staged rows, WBOX bytes each
-    uint64_t *full = (uint64_t *)(wraw + (TMA_W ? WSLOTS * CIQ_WGMMA_ROWS * wgmma_wbox(T) : 0)), *empty = full + STAGES,
-             *wfull = empty + STAGES;
+    uint8_t *wraw = smem + STAGES * STAGE;  // TMA_W: NW super-blocks of 128 staged rows, WB bytes each
+    uint64_t *full = (uint64_t *)(wraw + (TMA_W ? NW * CIQ_WGMMA_ROWS * WB : 0)), *empty = full + STAGES,
+             *wfull = empty + STAGES, *wempty = wfull + NW;
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
-            mbar_init(&full[s], 128 * PW + 1);
+            mbar_init(&full[s], RS ? 1 : 128 * PW + 1);
             mbar_init(&empty[s], 8);
         }
-        for (int s = 0; s < WSLOTS; ++s) mbar_init(&wfull[s], 1);
+        for (int s = 0; s < NW; ++s) {
+            mbar_init(&wfull[s], 1);
+            if (RS) mbar_init(&wempty[s], 8);
+        }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -616,7 +792,15 @@ __global__ void __launch_bounds__(128 * (PW + 2), 1)
     auto segment = [&](int tile, int kb0, int kb1, int it0, int sb0, const wgmma_handover &hand) {
         const int64_t row0 = (int64_t)(tile % row_tiles) * CIQ_WGMMA_ROWS;
         const int tok0 = tile / row_tiles * BN, iters = SPU * (kb1 - kb0);
-        if (threadIdx.x < 128 * PW) {
+        if constexpr (RS) {
+            if (threadIdx.x < 128) {
+                wgmma_produce_rs<T, BN, STAGES>(xmap, wmap, smem, wraw, full, empty, wfull, wempty, kb0, kb1 - kb0, row0,
+                                                tok0, it0, sb0);
+            } else {
+                float acc[BN / 2];
+                wgmma_consume_rs<T, BN, STAGES>(smem, wraw, full, empty, wfull, wempty, kb0, kb1 - kb0, it0, sb0, acc);
+            }
+        } else if (threadIdx.x < 128 * PW) {
             wgmma_produce<T, BN, STAGES, PW, TMA_W>(xmap, wmap, w, rows, nb, smem, wraw, full, empty, wfull, kb0, iters,
                                                     row0, tok0, it0, sb0);
         } else {
@@ -675,9 +859,28 @@ struct wgmma_plan {
     int *flags = nullptr;
 };
 
-template <ciq_type T, int C, bool TMA_W> static constexpr auto wgmma_kernel() {
+// The kernel of tile config C: RS asks for the RS form, which the staged-weight kernels of 64/128 tokens have.
+template <int C, bool TMA_W, bool RS> static constexpr bool wgmma_rs_form() {
+    return RS && TMA_W && k_wgmma_configs[C].stages_rs > 0;
+}
+template <ciq_type T, int C, bool TMA_W, bool RS> static constexpr auto wgmma_kernel() {
     constexpr wgmma_tile_config cfg = k_wgmma_configs[C];
-    return gemm_wgmma_kernel<T, cfg.bn, TMA_W ? cfg.stages_w : cfg.stages, cfg.producers, TMA_W>;
+    if constexpr (wgmma_rs_form<C, TMA_W, RS>()) return gemm_wgmma_kernel<T, cfg.bn, cfg.stages_rs, 1, true, true>;
+    else return gemm_wgmma_kernel<T, cfg.bn, TMA_W ? cfg.stages_w : cfg.stages, cfg.producers, TMA_W, false>;
+}
+template <ciq_type T, int C, bool TMA_W, bool RS> static constexpr int wgmma_kernel_smem() {
+    constexpr wgmma_tile_config cfg = k_wgmma_configs[C];
+    if constexpr (wgmma_rs_form<C, TMA_W, RS>()) return wgmma_rs_smem_bytes(T, cfg.bn, cfg.stages_rs);
+    else return wgmma_smem_bytes(T, cfg.bn, TMA_W ? cfg.stages_w : cfg.stages, TMA_W);
+}
+
+// GGML_CIQ_WGMMA_RS: 0 the SS form everywhere, 1 (unset) the RS form where the tile has one. Read once a call.
+static int wgmma_rs_switch(const char **bad) {
+    const char *v = std::getenv("GGML_CIQ_WGMMA_RS");
+    *bad = nullptr;
+    if (!v || !*v) return 1;
+    if ((v[0] != '0' && v[0] != '1') || v[1] != 0) *bad = v;
+    return v[0] == '1';
 }
 
 // Launched as a programmatic dependent of the kernel before it (wait_for_previous_grid), unless GGML_CIQ_WGMMA_PDL=0
@@ -687,14 +890,14 @@ static bool wgmma_pdl() {
     return !(v && *v && std::atoi(v) == 0);
 }
 
-template <ciq_type T, int C, bool TMA_W>
+template <ciq_type T, int C, bool TMA_W, bool RS>
 static void wgmma_launch_config(cudaLaunchConfig_t &config, cudaLaunchAttribute (&attrs)[2], dim3 grid, bool pdl) {
     constexpr wgmma_tile_config cfg = k_wgmma_configs[C];
     config = {};
     config.gridDim = grid;
     config.stream = ciq_stream();
-    config.blockDim = dim3(128 * (cfg.producers + 2));
-    config.dynamicSmemBytes = wgmma_smem_bytes(T, cfg.bn, TMA_W ? cfg.stages_w : cfg.stages, TMA_W);
+    config.blockDim = dim3(128 * ((wgmma_rs_form<C, TMA_W, RS>() ? 1 : cfg.producers) + 2));
+    config.dynamicSmemBytes = wgmma_kernel_smem<T, C, TMA_W, RS>();
     config.attrs = attrs;
     if (grid.z > 1) {  // the split-K CTAs of a tile form one cluster
         cudaLaunchAttribute &cluster = attrs[config.numAttrs++];
@@ -710,16 +913,16 @@ static void wgmma_launch_config(cudaLaunchConfig_t &config, cudaLaunchAttribute 
 
 // CTAs of one kernel that run at once as clusters of `splits` (-1: none): a cluster's CTAs must share a GPC, so not
 // every SM is usable for every cluster size (cudaOccupancyMaxActiveClusters; cached: all GPUs are taken to be alike).
-template <ciq_type T, int C, bool TMA_W> static int wave_ctas(int splits, int sms) {
+template <ciq_type T, int C, bool TMA_W, bool RS> static int wave_ctas(int splits, int sms) {
     if (splits == 1) return sms;
     static std::atomic<int> cached[CIQ_WGMMA_MAX_SPLITS + 1] = {};
     int n = cached[splits].load();
     if (n == 0) {
-        constexpr auto kernel = wgmma_kernel<T, C, TMA_W>();
+        constexpr auto kernel = wgmma_kernel<T, C, TMA_W, RS>();
         int clusters = 0;
         cudaLaunchConfig_t config;
         cudaLaunchAttribute attrs[2];
-        wgmma_launch_config<T, C, TMA_W>(config, attrs, dim3(1, 1, splits), false);  // cached: never with PDL
+        wgmma_launch_config<T, C, TMA_W, RS>(config, attrs, dim3(1, 1, splits), false);  // cached: never with PDL
         if (ciq_raise_smem_limit<kernel>((int)config.dynamicSmemBytes, "ciq_cuda_gemm_wgmma") != CIQ_OK ||
             cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess)
             clusters = 0;
@@ -736,10 +939,10 @@ static bool wgmma_tail_split() {
 }
 
 // GGML_CIQ_WGMMA_CONFIG=c (an index of k_wgmma_configs) pins the tile shape, for A/B runs of the table.
-template <ciq_type T, bool TMA_W>
+template <ciq_type T, bool TMA_W, bool RS>
 static wgmma_plan pick_plan(int64_t rows, int64_t tokens, int nb, int sms, int64_t l2_bytes, int stream_k) {
-    static constexpr int (*k_wave_ctas[])(int, int) = {wave_ctas<T, 0, TMA_W>, wave_ctas<T, 1, TMA_W>,
-                                                       wave_ctas<T, 2, TMA_W>};
+    static constexpr int (*k_wave_ctas[])(int, int) = {wave_ctas<T, 0, TMA_W, RS>, wave_ctas<T, 1, TMA_W, RS>,
+                                                       wave_ctas<T, 2, TMA_W, RS>};
     static_assert(sizeof(k_wave_ctas) / sizeof(k_wave_ctas[0]) == k_wgmma_config_count, "one entry per tile config");
     wgmma_plan best{1, 1, nb};
     double best_s = 1e30;
@@ -816,14 +1019,12 @@ static wgmma_plan pick_plan(int64_t rows, int64_t tokens, int nb, int sms, int64
     return best;
 }
 
-template <ciq_type T, int C, bool TMA_W>
+template <ciq_type T, int C, bool TMA_W, bool RS>
 static ciq_status launch_wgmma(const CUtensorMap &xmap, const CUtensorMap &wmap, const void *weight, int64_t rows,
                                int nb, const float *scales, int64_t tokens, const wgmma_plan &plan,
                                const wgmma_outputs &outs, ciq_out_type out_type) {
-    constexpr auto kernel = wgmma_kernel<T, C, TMA_W>();
-    const ciq_status status = ciq_raise_smem_limit<kernel>(
-        wgmma_smem_bytes(T, k_wgmma_configs[C].bn, TMA_W ? k_wgmma_configs[C].stages_w : k_wgmma_configs[C].stages, TMA_W),
-        "ciq_cuda_gemm_wgmma");
+    constexpr auto kernel = wgmma_kernel<T, C, TMA_W, RS>();
+    const ciq_status status = ciq_raise_smem_limit<kernel>(wgmma_kernel_smem<T, C, TMA_W, RS>(), "ciq_cuda_gemm_wgmma");
     if (status != CIQ_OK) return status;
     const int row_tiles = (int)((rows + CIQ_WGMMA_ROWS - 1) / CIQ_WGMMA_ROWS);
     const int64_t tiles = (int64_t)row_tiles * ((tokens + k_wgmma_configs[C].bn - 1) / k_wgmma_configs[C].bn);
@@ -837,23 +1038,25 @@ static ciq_status launch_wgmma(const CUtensorMap &xmap, const CUtensorMap &wmap,
         const wgmma_stream_k sk{stream_k ? count : 0, plan.partial, plan.flags};
         cudaLaunchConfig_t config;
         cudaLaunchAttribute attrs[2];
-        wgmma_launch_config<T, C, TMA_W>(config, attrs, dim3((unsigned)(stream_k ? plan.tail_ctas : count), 1,
+        wgmma_launch_config<T, C, TMA_W, RS>(config, attrs, dim3((unsigned)(stream_k ? plan.tail_ctas : count), 1,
                                                              (unsigned)splits), wgmma_pdl());
         const cudaError_t err = cudaLaunchKernelEx(&config, kernel, xmap, wmap, (const uint8_t *)weight, rows, nb,
                                                    scales, (int)tokens, per, (int)first, row_tiles, outs, out_type, sk);
         if (err != cudaSuccess) return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: %s", cudaGetErrorString(err));
+        ciq_wgmma_count_launch(wgmma_rs_form<C, TMA_W, RS>() ? CIQ_WGMMA_FORM_RS : CIQ_WGMMA_FORM_SS);
+        if (stream_k) ciq_wgmma_count_launch(CIQ_WGMMA_FORM_STREAM_K);
     }
     return CIQ_OK;
 }
 
-template <ciq_type T, bool TMA_W, int C = 0>
+template <ciq_type T, bool TMA_W, bool RS, int C = 0>
 static ciq_status dispatch_wgmma(const CUtensorMap &xmap, const CUtensorMap &wmap, const void *weight, int64_t rows,
                                  int nb, const float *scales, int64_t tokens, const wgmma_plan &plan,
                                  const wgmma_outputs &outs, ciq_out_type out_type) {
     if constexpr (C < k_wgmma_config_count) {
         if (plan.config == C)
-            return launch_wgmma<T, C, TMA_W>(xmap, wmap, weight, rows, nb, scales, tokens, plan, outs, out_type);
-        return dispatch_wgmma<T, TMA_W, C + 1>(xmap, wmap, weight, rows, nb, scales, tokens, plan, outs, out_type);
+            return launch_wgmma<T, C, TMA_W, RS>(xmap, wmap, weight, rows, nb, scales, tokens, plan, outs, out_type);
+        return dispatch_wgmma<T, TMA_W, RS, C + 1>(xmap, wmap, weight, rows, nb, scales, tokens, plan, outs, out_type);
     } else {
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma: bad tile config %d", plan.config);
     }
@@ -864,17 +1067,21 @@ static ciq_status dispatch_wgmma(const CUtensorMap &xmap, const CUtensorMap &wma
 template <ciq_type T>
 static ciq_status run_wgmma(encode_tiled_fn encode, const void *x_f16, int64_t k, const void *weight, int64_t row_bytes,
                             int64_t rows, int nb, const float *scales, int64_t tokens, int sms, int64_t l2_bytes,
-                            int stream_k, const wgmma_stream_k &ws, const wgmma_outputs &outs, ciq_out_type out_type) {
+                            int stream_k, bool rs, const wgmma_stream_k &ws, const wgmma_outputs &outs,
+                            ciq_out_type out_type) {
     // Q4_K rows (144 B blocks, 16-byte-aligned weights) always allow it; Q6_K rows (210 B) when K % 2048 == 0; the
     // 32-value block types never (their blocks straddle any 16-byte box).
     const bool tma_w = wgmma_kquant(T) && (uintptr_t)weight % 16 == 0 && row_bytes % 16 == 0;
     wgmma_plan plan;
-    if constexpr (T == CIQ_TYPE_Q6_K)
-        plan = tma_w ? pick_plan<T, true>(rows, tokens, nb, sms, l2_bytes, stream_k)
-                     : pick_plan<T, false>(rows, tokens, nb, sms, l2_bytes, stream_k);
-    else if constexpr (T == CIQ_TYPE_Q4_K) plan = pick_plan<T, true>(rows, tokens, nb, sms, l2_bytes, stream_k);
-    else plan = pick_plan<T, false>(rows, tokens, nb, sms, l2_bytes, stream_k);
+    if constexpr (T == CIQ_TYPE_Q4_K || T == CIQ_TYPE_Q6_K) {
+        if (tma_w) plan = rs ? pick_plan<T, true, true>(rows, tokens, nb, sms, l2_bytes, stream_k)
+                             : pick_plan<T, true, false>(rows, tokens, nb, sms, l2_bytes, stream_k);
+    }
+    if constexpr (T != CIQ_TYPE_Q4_K) {  // Q4_K rows always allow TMA
+        if (!tma_w) plan = pick_plan<T, false, false>(rows, tokens, nb, sms, l2_bytes, stream_k);
+    }
     plan.partial = ws.partial, plan.flags = ws.flags;
+    [[maybe_unused]] const bool rs_kernel = tma_w && rs && k_wgmma_configs[plan.config].stages_rs > 0;
 
     CUtensorMap xmap, wmap;
     {  // activations: 64 K values x BN tokens per box, 128-byte swizzle, zeros past the last token
@@ -889,17 +1096,19 @@ static ciq_status run_wgmma(encode_tiled_fn encode, const void *x_f16, int64_t k
     if constexpr (wgmma_kquant(T)) {
         if (tma_w) {  // weights as bytes: one block (WBOX bytes) x 128 rows per box, zeros past the last row
             const cuuint64_t dims[2] = {(cuuint64_t)row_bytes, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)row_bytes};
-            const cuuint32_t box[2] = {(cuuint32_t)wgmma_wbox(T), CIQ_WGMMA_ROWS}, unit[2] = {1, 1};
+            const cuuint32_t box[2] = {(cuuint32_t)(rs_kernel ? wgmma_rs_wbox(T) : wgmma_wbox(T)), CIQ_WGMMA_ROWS},
+                             unit[2] = {1, 1};
             const CUresult res = encode(&wmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(weight), dims, strides,
                                         box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
                                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
             if (res != CUDA_SUCCESS)
                 return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: cuTensorMapEncodeTiled (weights) error %d", (int)res);
-            return dispatch_wgmma<T, true>(xmap, wmap, weight, rows, nb, scales, tokens, plan, outs, out_type);
+            return rs ? dispatch_wgmma<T, true, true>(xmap, wmap, weight, rows, nb, scales, tokens, plan, outs, out_type)
+                      : dispatch_wgmma<T, true, false>(xmap, wmap, weight, rows, nb, scales, tokens, plan, outs, out_type);
         }
     }
     if constexpr (T != CIQ_TYPE_Q4_K) {
-        return dispatch_wgmma<T, false>(xmap, xmap, weight, rows, nb, scales, tokens, plan, outs, out_type);
+        return dispatch_wgmma<T, false, false>(xmap, xmap, weight, rows, nb, scales, tokens, plan, outs, out_type);
     } else {
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma: Q4_K weights must be 16-byte aligned");
     }
@@ -962,6 +1171,11 @@ static ciq_status gemm_wgmma(int device, ciq_type type, const void *weight, int6
     if (sk_mode && *sk_mode && (sk_mode[1] != 0 || stream_k < 0 || stream_k > 2))
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "GGML_CIQ_WGMMA_STREAMK='%s': expected 0 (never stream-K), 1 (where the "
                         "time model gains) or 2 (always)", sk_mode);
+    const char *rs_bad;
+    const bool rs = wgmma_rs_switch(&rs_bad);
+    if (rs_bad)
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "GGML_CIQ_WGMMA_RS='%s': expected 0 (A tiles through shared memory) or 1 "
+                        "(A from registers where the tile allows it)", rs_bad);
     encode_tiled_fn encode;
     if (tensor_map_encoder(&encode) != CIQ_OK) return CIQ_ERR_BACKEND;
     wgmma_device dev;
@@ -972,7 +1186,7 @@ static ciq_status gemm_wgmma(int device, ciq_type type, const void *weight, int6
     case T: {                                                                                                         \
         const int nb = (int)(k / (CIQ_WGMMA_KSTAGE * wgmma_unit_stages(T)));                                          \
         return run_wgmma<T>(encode, x_f16, k, weight, (int64_t)nb * wgmma_unit_bytes(T), rows, nb, scales, tokens,   \
-                            dev.sms, dev.l2_bytes, stream_k, dev.ws, outs, out_type);                                 \
+                            dev.sms, dev.l2_bytes, stream_k, rs, dev.ws, outs, out_type);                             \
     }
         CIQ_WGMMA_RUN(CIQ_TYPE_Q4_K)
         CIQ_WGMMA_RUN(CIQ_TYPE_Q6_K)

@@ -8,7 +8,8 @@
 //   clusters   : cluster_sync, mapa (an address in another CTA's shared memory), ld_dsmem4 (distributed shared loads).
 //   PDL        : wait_for_previous_grid (griddepcontrol.wait).
 //   attention  : smem_desc_mn (MN-major B), tma_load_3d, fence_proxy_async, wgmma_rs<N> (A from registers,
-//                B transposed); host: tensor_map_encoder.
+//                B transposed); wgmma_rsk<N> (A from registers, B K-major: the GEMM's RS kernels); host:
+//                tensor_map_encoder.
 // CIQ_WGMMA_DEVICE is defined where these compile (the sm_90a device pass).
 #pragma once
 #include "common.cuh"
@@ -157,22 +158,32 @@ static __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence
 // One m64nNk16 f16 x f16 -> f32 step with A from registers (the m16k16 fragment of mma.sync per warp: a[0] row
 // lane/4, k 2(lane%4) +0,1; a[1] row +8; a[2] k +8; a[3] both) and B an MN-major descriptor (transposed: the
 // instruction's imm-trans-b = 1).
-#define CIQ_WGMMA_RS(N, R, A0, A1, A2, A3, B)                                                                          \
-    static __device__ __forceinline__ void wgmma_rs_m64n##N##k16(float (&d)[R], const uint32_t (&a)[4], uint64_t b) { \
+// NAME: wgmma_rs (TRANS 1) or wgmma_rsk (TRANS 0: B K-major, the GEMM's activations as wgmma_tile reads them).
+#define CIQ_WGMMA_RS(NAME, TRANS, N, R, A0, A1, A2, A3, B)                                                              \
+    static __device__ __forceinline__ void NAME##_m64n##N##k16(float (&d)[R], const uint32_t (&a)[4], uint64_t b) {   \
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                       \
                      "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.f16.f16 {" CIQ_WGMMA_D##R##_REGS "}, {%" #A0       \
-                     ", %" #A1 ", %" #A2 ", %" #A3 "}, %" #B ", p, 1, 1, 1;\n}\n"                                      \
+                     ", %" #A1 ", %" #A2 ", %" #A3 "}, %" #B ", p, 1, 1, " #TRANS ";\n}\n"                             \
                      : CIQ_WGMMA_D##R##_OUT                                                                          \
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));                                          \
     }
-CIQ_WGMMA_RS(64, 32, 32, 33, 34, 35, 36)
-CIQ_WGMMA_RS(128, 64, 64, 65, 66, 67, 68)
-CIQ_WGMMA_RS(256, 128, 128, 129, 130, 131, 132)
+CIQ_WGMMA_RS(wgmma_rs, 1, 64, 32, 32, 33, 34, 35, 36)
+CIQ_WGMMA_RS(wgmma_rs, 1, 128, 64, 64, 65, 66, 67, 68)
+CIQ_WGMMA_RS(wgmma_rs, 1, 256, 128, 128, 129, 130, 131, 132)
+CIQ_WGMMA_RS(wgmma_rsk, 0, 64, 32, 32, 33, 34, 35, 36)
+CIQ_WGMMA_RS(wgmma_rsk, 0, 128, 64, 64, 65, 66, 67, 68)
 
 template <int N> static __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b) {
     if constexpr (N == 64) wgmma_rs_m64n64k16(d, a, b);
     else if constexpr (N == 128) wgmma_rs_m64n128k16(d, a, b);
     else wgmma_rs_m64n256k16(d, a, b);
+}
+
+// The same with B K-major (no transpose): the GEMM's A-from-registers form (gemm_wgmma.cu's RS kernels, 64/128 tokens).
+template <int N> static __device__ __forceinline__ void wgmma_rsk(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b) {
+    static_assert(N == 64 || N == 128, "RS GEMM tiles are 64 or 128 tokens");
+    if constexpr (N == 64) wgmma_rsk_m64n64k16(d, a, b);
+    else wgmma_rsk_m64n128k16(d, a, b);
 }
 #endif  // CIQ_WGMMA_DEVICE
 
