@@ -291,13 +291,16 @@ def test_wgmma_rs_same_bits_as_ss(weight_type, wgmma, rng, monkeypatch):
     """The RS form (consumers dequantize into wgmma's register operand; GGML_CIQ_WGMMA_RS=1, the default) against the
     SS form (=0) on the same plan: the same bits (the same f16 weights, K slices and accumulation order), both within
     1e-10 of the numpy f16 semantics, on NaN-poisoned outputs, and the launch counters naming the form that ran. Tiles of
-    64 and 128 tokens (GGML_CIQ_WGMMA_CONFIG), row and token tails, a split-K cluster (1024 x 4096 at 512 tokens),
-    stream-K forced (ranges of one unit), one token, PDL off once; a Q6_K matrix whose rows have no 16-byte pitch
-    (K = 2304) reads its weights into registers and stays SS."""
+    64, 128 and 256 tokens (GGML_CIQ_WGMMA_CONFIG), row and token tails, split-K clusters (1024 x 4096 at 512 tokens),
+    stream-K forced (ranges of one unit; at 256 tokens ranges over several tiles, the epilogue's sums over the staged
+    weight slots between segments), one token, PDL off once; a Q6_K matrix whose rows have no 16-byte pitch (K = 2304)
+    reads its weights into registers and stays SS."""
     cases = [(300, 2048, 131, {"GGML_CIQ_WGMMA_CONFIG": "1"}), (1000, 4096, 64, {"GGML_CIQ_WGMMA_CONFIG": "0"}),
              (4097, 2048, 257, {"GGML_CIQ_WGMMA_CONFIG": "1"}), (129, 256, 1, {"GGML_CIQ_WGMMA_CONFIG": "0"}),
-             (1024, 4096, 512, {"GGML_CIQ_WGMMA_CONFIG": "1"}),
+             (1024, 4096, 512, {"GGML_CIQ_WGMMA_CONFIG": "1"}), (1024, 4096, 512, {"GGML_CIQ_WGMMA_CONFIG": "2"}),
+             (4097, 2048, 509, {"GGML_CIQ_WGMMA_CONFIG": "2"}), (129, 256, 3, {"GGML_CIQ_WGMMA_CONFIG": "2"}),
              (1000, 4096, 64, {"GGML_CIQ_WGMMA_CONFIG": "1", "GGML_CIQ_WGMMA_STREAMK": "2"}),
+             (20000, 2048, 300, {"GGML_CIQ_WGMMA_CONFIG": "2", "GGML_CIQ_WGMMA_STREAMK": "2"}),
              (2049, 2048, 131, {"GGML_CIQ_WGMMA_CONFIG": "0", "GGML_CIQ_WGMMA_PDL": "0"})]
     if weight_type == Q.Q6_K:
         cases.append((3000, 2304, 131, {"GGML_CIQ_WGMMA_CONFIG": "1"}))

@@ -194,13 +194,15 @@ def wgmma_stream_k_case():
 
 
 def wgmma_rs_case():
-    """wgmma's RS form (A fragments dequantized in the consumers' registers): tiles of 64 and 128 tokens, row and token
-    tails, a split-K cluster, stream-K forced, Q4_K and Q6_K (staged by TMA, Q6_K in 240-byte box rows)."""
+    """wgmma's RS form (A fragments dequantized in the consumers' registers): tiles of 64, 128 and 256 tokens, row and
+    token tails, split-K clusters, stream-K forced (at 256 tokens over several tiles), Q4_K and Q6_K (staged by TMA,
+    Q6_K in 240-byte box rows)."""
     rng = np.random.default_rng(6)
     os.environ["GGML_CIQ_WGMMA_RS"] = "1"
     for (weight_type, quantize), (rows, k, tokens, config, sk) in itertools.product(
             ((Q.Q4_K, Q.quantize_q4_K), (Q.Q6_K, Q.quantize_q6_K)),
-            ((300, 2048, 131, "1", "0"), (1000, 4096, 64, "0", "0"), (1024, 4096, 512, "1", "0"), (2049, 2048, 257, "1", "2"))):
+            ((300, 2048, 131, "1", "0"), (1000, 4096, 64, "0", "0"), (1024, 4096, 512, "1", "0"), (2049, 2048, 257, "1", "2"),
+             (1024, 4096, 512, "2", "0"), (4097, 2048, 509, "2", "0"), (5000, 2048, 300, "2", "2"))):
         os.environ["GGML_CIQ_WGMMA_CONFIG"], os.environ["GGML_CIQ_WGMMA_STREAMK"] = config, sk
         data = quantize((rng.standard_normal((rows, k)) * 0.02).astype(np.float32))
         x = rng.standard_normal((tokens, k)).astype(np.float32)

@@ -186,7 +186,7 @@ ciq_status ciq_dispatch_count(ciq_variant variant, ciq_type type, uint64_t *coun
 ciq_status ciq_dispatch_reset(void);
 /* The wgmma variant's kernel launches by form since ciq_dispatch_reset (a plan with a tail launches two kernels): SS,
  * the A tiles dequantized into shared memory by producer warps; RS, the A fragments dequantized in the consumer warps'
- * registers (Q4_K, Q6_K with K % 2048 == 0; tiles of 64 and 128 tokens; GGML_CIQ_WGMMA_RS=0 turns it off); STREAM_K,
+ * registers (Q4_K, Q6_K with K % 2048 == 0: the weights staged by TMA; GGML_CIQ_WGMMA_RS=0 turns it off); STREAM_K,
  * the launches of either form that stream K units between CTAs (GGML_CIQ_WGMMA_STREAMK). 0 where nothing ran them. */
 typedef enum { CIQ_WGMMA_FORM_SS = 0, CIQ_WGMMA_FORM_RS = 1, CIQ_WGMMA_FORM_STREAM_K = 2 } ciq_wgmma_form;
 ciq_status ciq_wgmma_launch_count(ciq_wgmma_form form, uint64_t *count);

@@ -26,8 +26,8 @@
 //     - each thread loads from global memory into registers, PREFETCH stages ahead (other Q6_K matrices, and
 //       the 32-value block types, whose 18/22/34-byte blocks no TMA box fits).
 //   consumers: rows 64c .. +63, 4 x wgmma m64nBNk16 per stage, one group in flight.
-// The RS form (staged weights, tiles of 64/128 tokens; GGML_CIQ_WGMMA_RS, default on): no A tile. The producer
-// warpgroup only issues TMA (thread 0 the B stages, thread 32 the staged super-blocks), and each consumer thread
+// The RS form (staged weights, every tile; GGML_CIQ_WGMMA_RS, default on): no A tile. One producer
+// thread issues the TMA copies (the B stages and the staged super-blocks), and each consumer thread
 // dequantizes its rows' quants from the staged block straight into wgmma's register operand (rs_frag: the same f16
 // weights, so the same products): shared memory then carries B and the raw blocks only, which the SS form's A tiles
 // (written by the producers, read by every wgmma) exceed at full tensor rate.
@@ -89,9 +89,9 @@ struct wgmma_tile_config {
     int stages;    // weights read from global memory into registers
     int stages_w;  // weights staged in shared memory by TMA (WSLOTS super-blocks take the room of the rest)
     int producers; // producer warpgroups (the consumers are always 2)
-    int stages_rs; // the RS form (staged weights, A from registers): B-only stages; 0: none (256 accumulators a thread)
+    int stages_rs; // the RS form (staged weights, A from registers): B-only stages
 };
-static constexpr wgmma_tile_config k_wgmma_configs[] = {{64, 8, 7, 2, 16}, {128, 6, 5, 2, 8}, {256, 4, 3, 1, 0}};
+static constexpr wgmma_tile_config k_wgmma_configs[] = {{64, 8, 7, 2, 16}, {128, 6, 5, 2, 8}, {256, 4, 3, 1, 4}};
 static constexpr int k_wgmma_config_count = sizeof(k_wgmma_configs) / sizeof(k_wgmma_configs[0]);
 static_assert(wgmma_smem_bytes(CIQ_TYPE_Q6_K, 64, 7, true) <= 232448 && wgmma_smem_bytes(CIQ_TYPE_Q6_K, 128, 5, true) <= 232448 &&
                   wgmma_smem_bytes(CIQ_TYPE_Q6_K, 256, 3, true) <= 232448 && wgmma_smem_bytes(CIQ_TYPE_Q6_K, 64, 8, false) <= 232448,
@@ -104,10 +104,14 @@ static constexpr __host__ __device__ int wgmma_rs_wbox(ciq_type T) { return T ==
 static constexpr __host__ __device__ int wgmma_rs_smem_bytes(ciq_type T, int BN, int stages) {
     return 1024 + stages * BN * 128 + RS_WSLOTS * CIQ_WGMMA_ROWS * wgmma_rs_wbox(T) + (2 * stages + 2 * RS_WSLOTS) * 8;
 }
-static_assert(wgmma_rs_smem_bytes(CIQ_TYPE_Q6_K, 64, 16) <= 232448 && wgmma_rs_smem_bytes(CIQ_TYPE_Q6_K, 128, 8) <= 232448,
+static_assert(wgmma_rs_smem_bytes(CIQ_TYPE_Q6_K, 64, 16) <= 232448 && wgmma_rs_smem_bytes(CIQ_TYPE_Q6_K, 128, 8) <= 232448 &&
+                  wgmma_rs_smem_bytes(CIQ_TYPE_Q6_K, 256, 4) <= 232448,
               "227 KB of shared memory per CTA (RS)");
-static_assert(64 * RED_STRIDE * 4 <= 16 * 64 * 128 && 128 * RED_STRIDE * 4 <= 8 * 128 * 128,
-              "the RS epilogue's red[BN][RED_STRIDE] reuses the B ring");
+// The RS epilogue's red[BN][RED_STRIDE] reuses the B ring and, at 256 tokens, the staged-weight slots after it (all
+// consumed by then: no TMA writes them until the next segment, after the CTA-wide barrier between segments).
+static_assert(64 * RED_STRIDE * 4 <= 16 * 64 * 128 && 128 * RED_STRIDE * 4 <= 8 * 128 * 128 &&
+                  256 * RED_STRIDE * 4 <= 4 * 256 * 128 + RS_WSLOTS * CIQ_WGMMA_ROWS * wgmma_rs_wbox(CIQ_TYPE_Q4_K),
+              "the RS epilogue's red[BN][RED_STRIDE] fits the ring and the weight slots");
 static_assert(256 * RED_STRIDE * 4 <= 3 * wgmma_stage_bytes(256) && 128 * RED_STRIDE * 4 <= 5 * wgmma_stage_bytes(128) &&
                   64 * RED_STRIDE * 4 <= 7 * wgmma_stage_bytes(64),
               "the epilogue's red[BN][RED_STRIDE] reuses the pipeline ring");
@@ -585,31 +589,49 @@ static __device__ __forceinline__ void wgmma_consume(uint8_t *smem, uint64_t *fu
 
 // ---- the RS form (GGML_CIQ_WGMMA_RS): the consumers dequantize into wgmma's register operand ---------------------
 // Shared memory traffic per product is what bounds the SS form (A written by the producers, then read by wgmma);
-// here the producer warpgroup only issues TMA copies - thread 0 the B stages (after the PDL wait), thread 32 the
-// staged super-blocks (RS_WSLOTS slots; wempty: the 8 consumer warps' reads of a slot done) - and the consumers read
-// their rows' quants from the staged block, build the A fragments (rs_frag) and issue wgmma with A from registers.
-// Fragments alternate between two register sets: a stage's wgmma group may still run while the next stage's set is
-// built, and a set is rebuilt only after wait_group(1) retired the group that read it.
+// here one producer thread (warp 8, after the two consumer warpgroups: 288 threads, up to 224 registers each, room for
+// 128 accumulators at 256 tokens) only issues TMA copies, the B stages (after the PDL wait) and the staged super-blocks
+// (RS_WSLOTS slots; wempty: the 8 consumer warps' reads of a slot done), whichever has a free slot first (it polls
+// both rings: a thread waiting on one could hold up the other); the consumers read their rows' quants from the staged
+// block, build the A fragments (rs_frag) and issue wgmma with A from registers. Fragments alternate between two
+// register sets: a stage's wgmma group may still run while the next stage's set is built, and a set is rebuilt only
+// after wait_group(1) retired the group that read it.
+static __device__ __forceinline__ bool mbar_test(uint64_t *bar, uint32_t parity) {  // the phase completed (no wait)
+    uint32_t done;
+    asm volatile("{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+    return done != 0;
+}
+
 template <ciq_type T, int BN, int STAGES>
 static __device__ __forceinline__ void wgmma_produce_rs(const CUtensorMap &xmap, const CUtensorMap &wmap, uint8_t *smem,
                                                         uint8_t *wraw, uint64_t *full, uint64_t *empty, uint64_t *wfull,
                                                         uint64_t *wempty, int kb0, int nsb, int64_t row0, int tok0,
                                                         int it0, int sb0) {
     constexpr int WB = wgmma_rs_wbox(T), block_bytes = wgmma_unit_bytes(T);
-    if (threadIdx.x == 32) {  // weights: no kernel writes them, so before the PDL wait
-        for (int sb = 0; sb < nsb; ++sb) {
-            const int n = sb0 + sb, ws = n % RS_WSLOTS;
-            if (n >= RS_WSLOTS) mbar_wait(&wempty[ws], ((n / RS_WSLOTS) + 1) & 1);
-            mbar_arrive_expect_tx(&wfull[ws], CIQ_WGMMA_ROWS * WB);
-            tma_load_2d(wraw + ws * CIQ_WGMMA_ROWS * WB, &wmap, (kb0 + sb) * block_bytes & ~15, (int)row0, &wfull[ws]);
-        }
-    } else if (threadIdx.x == 0) {
-        wait_for_previous_grid();
-        for (int it = 0; it < 4 * nsb; ++it) {
-            const int ring = it0 + it, slot = ring % STAGES;
-            if (ring >= STAGES) mbar_wait(&empty[slot], ((ring / STAGES) + 1) & 1);
-            mbar_arrive_expect_tx(&full[slot], BN * 128);
-            tma_load_2d(smem + slot * BN * 128, &xmap, (kb0 + it / 4) * QK_K + CIQ_WGMMA_KSTAGE * (it % 4), tok0, &full[slot]);
+    if (threadIdx.x == 256) {
+        bool after_wait = false;  // weights may be read before the PDL wait (no kernel writes them), activations not
+        for (int sb = 0, it = 0; sb < nsb || it < 4 * nsb;) {
+            bool issued = false;
+            if (sb < nsb) {
+                const int n = sb0 + sb, ws = n % RS_WSLOTS;
+                if (n < RS_WSLOTS || mbar_test(&wempty[ws], ((n / RS_WSLOTS) + 1) & 1)) {
+                    mbar_arrive_expect_tx(&wfull[ws], CIQ_WGMMA_ROWS * WB);
+                    tma_load_2d(wraw + ws * CIQ_WGMMA_ROWS * WB, &wmap, (kb0 + sb) * block_bytes & ~15, (int)row0, &wfull[ws]);
+                    ++sb, issued = true;
+                }
+            }
+            if (it < 4 * nsb) {
+                const int ring = it0 + it, slot = ring % STAGES;
+                if (!after_wait) wait_for_previous_grid(), after_wait = true;
+                if (ring < STAGES || mbar_test(&empty[slot], ((ring / STAGES) + 1) & 1)) {
+                    mbar_arrive_expect_tx(&full[slot], BN * 128);
+                    tma_load_2d(smem + slot * BN * 128, &xmap, (kb0 + it / 4) * QK_K + CIQ_WGMMA_KSTAGE * (it % 4), tok0,
+                                &full[slot]);
+                    ++it, issued = true;
+                }
+            }
+            if (!issued) __nanosleep(20);
         }
     }
     bar_sync_all();  // the ring is reused for the epilogue once every wgmma has retired
@@ -621,7 +643,7 @@ static __device__ __forceinline__ void wgmma_consume_rs(uint8_t *smem, const uin
                                                         int nsb, int it0, int sb0, float (&acc)[BN / 2]) {
     constexpr int WB = wgmma_rs_wbox(T), block_bytes = wgmma_unit_bytes(T);
     wait_for_previous_grid();
-    const int cw = threadIdx.x / 128 - 1, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+    const int cw = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;  // warpgroups 0, 1
     const int row = 64 * cw + 16 * warp + lane / 4;
 #pragma unroll
     for (int j = 0; j < BN / 2; ++j) acc[j] = 0.0f;
@@ -756,14 +778,23 @@ static __device__ __forceinline__ void wgmma_epilogue(uint8_t *smem, const float
 
 #endif  // CIQ_WGMMA_DEVICE
 
+// Threads: SS 128 PW producers then 256 consumers; RS 256 consumers then one producer warp (wgmma_produce_rs).
+static constexpr __host__ __device__ int wgmma_threads(int PW, bool RS) { return RS ? 288 : 128 * (PW + 2); }
+
+// The kernel's body, for the SS kernel (launch bounds: 128 (PW + 2) threads) and the RS kernel (288 threads, up to 224
+// registers each: __maxnreg__, as ptxas would otherwise allot 168 for the 384 threads it rounds 288 up to).
+#define CIQ_WGMMA_KERNEL_PARAMS                                                                                        \
+    const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap, const uint8_t *__restrict__ w, \
+        int64_t rows, int nb, const float *__restrict__ tscale, int tokens, int kb_per_split, int tile0, int row_tiles, \
+        const __grid_constant__ wgmma_outputs outs, ciq_out_type out_type, wgmma_stream_k sk
 template <ciq_type T, int BN, int STAGES, int PW, bool TMA_W, bool RS>
-__global__ void __launch_bounds__(128 * (PW + 2), 1)
-    gemm_wgmma_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap,
-                      const uint8_t *__restrict__ w, int64_t rows, int nb,
-                      const float *__restrict__ tscale, int tokens, int kb_per_split, int tile0, int row_tiles,
-                      const __grid_constant__ wgmma_outputs outs, ciq_out_type out_type, wgmma_stream_k sk) {
+static __device__ __forceinline__ void gemm_wgmma_body(const CUtensorMap &xmap, const CUtensorMap &wmap,
+                                                       const uint8_t *__restrict__ w, int64_t rows, int nb,
+                                                       const float *__restrict__ tscale, int tokens, int kb_per_split,
+                                                       int tile0, int row_tiles, const wgmma_outputs &outs,
+                                                       ciq_out_type out_type, const wgmma_stream_k &sk) {
 #ifdef CIQ_WGMMA_DEVICE
-    static_assert(!RS || (TMA_W && PW == 1 && BN <= 128), "the RS form: staged weights, one TMA warpgroup, 64/128 tokens");
+    static_assert(!RS || (TMA_W && PW == 1), "the RS form: staged weights (PW unused: one producer warp)");
     constexpr int STAGE = RS ? BN * 128 : wgmma_stage_bytes(BN), NW = RS ? RS_WSLOTS : WSLOTS;
     constexpr int WB = RS ? wgmma_rs_wbox(T) : wgmma_wbox(T);
     extern __shared__ uint8_t smem_raw[];
@@ -786,14 +817,14 @@ __global__ void __launch_bounds__(128 * (PW + 2), 1)
     }
     __syncthreads();
 
-    static_assert(PW == 1 || BN <= 128, "512 threads leave 128 registers per thread: too few for 256 accumulators");
+    static_assert(RS || PW == 1 || BN <= 128, "512 threads leave 128 registers per thread: too few for 256 accumulators");
     constexpr int SPU = wgmma_unit_stages(T);
     // Units kb0 .. kb1-1 of tile `tile` (tiles row tile first: wgmma_plan); it0 / sb0: this CTA's earlier segments
     auto segment = [&](int tile, int kb0, int kb1, int it0, int sb0, const wgmma_handover &hand) {
         const int64_t row0 = (int64_t)(tile % row_tiles) * CIQ_WGMMA_ROWS;
         const int tok0 = tile / row_tiles * BN, iters = SPU * (kb1 - kb0);
         if constexpr (RS) {
-            if (threadIdx.x < 128) {
+            if (threadIdx.x >= 256) {
                 wgmma_produce_rs<T, BN, STAGES>(xmap, wmap, smem, wraw, full, empty, wfull, wempty, kb0, kb1 - kb0, row0,
                                                 tok0, it0, sb0);
             } else {
@@ -838,6 +869,17 @@ __global__ void __launch_bounds__(128 * (PW + 2), 1)
 #endif
 }
 
+template <ciq_type T, int BN, int STAGES, int PW, bool TMA_W>
+__global__ void __launch_bounds__(wgmma_threads(PW, false), 1) gemm_wgmma_kernel(CIQ_WGMMA_KERNEL_PARAMS) {
+    gemm_wgmma_body<T, BN, STAGES, PW, TMA_W, false>(xmap, wmap, w, rows, nb, tscale, tokens, kb_per_split, tile0,
+                                                     row_tiles, outs, out_type, sk);
+}
+template <ciq_type T, int BN, int STAGES>
+__global__ void __maxnreg__(224) gemm_wgmma_rs_kernel(CIQ_WGMMA_KERNEL_PARAMS) {
+    gemm_wgmma_body<T, BN, STAGES, 1, true, true>(xmap, wmap, w, rows, nb, tscale, tokens, kb_per_split, tile0,
+                                                  row_tiles, outs, out_type, sk);
+}
+
 // ---- host -----------------------------------------------------------------------------------------------------------
 
 // Time model for choosing the tile and the split: waves of one CTA per SM, each CTA's super-blocks plus one for
@@ -859,14 +901,14 @@ struct wgmma_plan {
     int *flags = nullptr;
 };
 
-// The kernel of tile config C: RS asks for the RS form, which the staged-weight kernels of 64/128 tokens have.
+// The kernel of tile config C: RS asks for the RS form, which every staged-weight kernel has.
 template <int C, bool TMA_W, bool RS> static constexpr bool wgmma_rs_form() {
     return RS && TMA_W && k_wgmma_configs[C].stages_rs > 0;
 }
 template <ciq_type T, int C, bool TMA_W, bool RS> static constexpr auto wgmma_kernel() {
     constexpr wgmma_tile_config cfg = k_wgmma_configs[C];
-    if constexpr (wgmma_rs_form<C, TMA_W, RS>()) return gemm_wgmma_kernel<T, cfg.bn, cfg.stages_rs, 1, true, true>;
-    else return gemm_wgmma_kernel<T, cfg.bn, TMA_W ? cfg.stages_w : cfg.stages, cfg.producers, TMA_W, false>;
+    if constexpr (wgmma_rs_form<C, TMA_W, RS>()) return gemm_wgmma_rs_kernel<T, cfg.bn, cfg.stages_rs>;
+    else return gemm_wgmma_kernel<T, cfg.bn, TMA_W ? cfg.stages_w : cfg.stages, cfg.producers, TMA_W>;
 }
 template <ciq_type T, int C, bool TMA_W, bool RS> static constexpr int wgmma_kernel_smem() {
     constexpr wgmma_tile_config cfg = k_wgmma_configs[C];
@@ -896,7 +938,7 @@ static void wgmma_launch_config(cudaLaunchConfig_t &config, cudaLaunchAttribute 
     config = {};
     config.gridDim = grid;
     config.stream = ciq_stream();
-    config.blockDim = dim3(128 * ((wgmma_rs_form<C, TMA_W, RS>() ? 1 : cfg.producers) + 2));
+    config.blockDim = dim3(wgmma_threads(cfg.producers, wgmma_rs_form<C, TMA_W, RS>()));
     config.dynamicSmemBytes = wgmma_kernel_smem<T, C, TMA_W, RS>();
     config.attrs = attrs;
     if (grid.z > 1) {  // the split-K CTAs of a tile form one cluster

@@ -172,6 +172,7 @@ CIQ_WGMMA_RS(wgmma_rs, 1, 128, 64, 64, 65, 66, 67, 68)
 CIQ_WGMMA_RS(wgmma_rs, 1, 256, 128, 128, 129, 130, 131, 132)
 CIQ_WGMMA_RS(wgmma_rsk, 0, 64, 32, 32, 33, 34, 35, 36)
 CIQ_WGMMA_RS(wgmma_rsk, 0, 128, 64, 64, 65, 66, 67, 68)
+CIQ_WGMMA_RS(wgmma_rsk, 0, 256, 128, 128, 129, 130, 131, 132)
 
 template <int N> static __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b) {
     if constexpr (N == 64) wgmma_rs_m64n64k16(d, a, b);
@@ -179,11 +180,11 @@ template <int N> static __device__ __forceinline__ void wgmma_rs(float (&d)[N / 
     else wgmma_rs_m64n256k16(d, a, b);
 }
 
-// The same with B K-major (no transpose): the GEMM's A-from-registers form (gemm_wgmma.cu's RS kernels, 64/128 tokens).
+// The same with B K-major (no transpose): the GEMM's A-from-registers form (gemm_wgmma.cu's RS kernels).
 template <int N> static __device__ __forceinline__ void wgmma_rsk(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b) {
-    static_assert(N == 64 || N == 128, "RS GEMM tiles are 64 or 128 tokens");
     if constexpr (N == 64) wgmma_rsk_m64n64k16(d, a, b);
-    else wgmma_rsk_m64n128k16(d, a, b);
+    else if constexpr (N == 128) wgmma_rsk_m64n128k16(d, a, b);
+    else wgmma_rsk_m64n256k16(d, a, b);
 }
 #endif  // CIQ_WGMMA_DEVICE
 
