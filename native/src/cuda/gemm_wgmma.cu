@@ -589,8 +589,8 @@ static __device__ __forceinline__ void wgmma_consume(uint8_t *smem, uint64_t *fu
 
 // ---- the RS form (GGML_CIQ_WGMMA_RS): the consumers dequantize into wgmma's register operand ---------------------
 // Shared memory traffic per product is what bounds the SS form (A written by the producers, then read by wgmma);
-// here one producer thread (warp 8, after the two consumer warpgroups: 288 threads, up to 224 registers each, room for
-// 128 accumulators at 256 tokens) only issues TMA copies, the B stages (after the PDL wait) and the staged super-blocks
+// here one producer thread (thread 256: the warpgroup after the two consumer warpgroups, its registers given to them)
+// only issues TMA copies, the B stages (after the PDL wait) and the staged super-blocks
 // (RS_WSLOTS slots; wempty: the 8 consumer warps' reads of a slot done), whichever has a free slot first (it polls
 // both rings: a thread waiting on one could hold up the other); the consumers read their rows' quants from the staged
 // block, build the A fragments (rs_frag) and issue wgmma with A from registers. Fragments alternate between two
@@ -778,11 +778,10 @@ static __device__ __forceinline__ void wgmma_epilogue(uint8_t *smem, const float
 
 #endif  // CIQ_WGMMA_DEVICE
 
-// Threads: SS 128 PW producers then 256 consumers; RS 256 consumers then one producer warp (wgmma_produce_rs).
-static constexpr __host__ __device__ int wgmma_threads(int PW, bool RS) { return RS ? 288 : 128 * (PW + 2); }
+// Threads: SS 128 PW producers then 256 consumers; RS 256 consumers then a producer warpgroup (wgmma_produce_rs).
+static constexpr __host__ __device__ int wgmma_threads(int PW, bool RS) { return RS ? 384 : 128 * (PW + 2); }
 
-// The kernel's body, for the SS kernel (launch bounds: 128 (PW + 2) threads) and the RS kernel (288 threads, up to 224
-// registers each: __maxnreg__, as ptxas would otherwise allot 168 for the 384 threads it rounds 288 up to).
+// The kernel's body, for the SS kernel and the RS kernel (launch bounds of their threads, one CTA an SM).
 #define CIQ_WGMMA_KERNEL_PARAMS                                                                                        \
     const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap, const uint8_t *__restrict__ w, \
         int64_t rows, int nb, const float *__restrict__ tscale, int tokens, int kb_per_split, int tile0, int row_tiles, \
@@ -823,15 +822,7 @@ static __device__ __forceinline__ void gemm_wgmma_body(const CUtensorMap &xmap, 
     auto segment = [&](int tile, int kb0, int kb1, int it0, int sb0, const wgmma_handover &hand) {
         const int64_t row0 = (int64_t)(tile % row_tiles) * CIQ_WGMMA_ROWS;
         const int tok0 = tile / row_tiles * BN, iters = SPU * (kb1 - kb0);
-        if constexpr (RS) {
-            if (threadIdx.x >= 256) {
-                wgmma_produce_rs<T, BN, STAGES>(xmap, wmap, smem, wraw, full, empty, wfull, wempty, kb0, kb1 - kb0, row0,
-                                                tok0, it0, sb0);
-            } else {
-                float acc[BN / 2];
-                wgmma_consume_rs<T, BN, STAGES>(smem, wraw, full, empty, wfull, wempty, kb0, kb1 - kb0, it0, sb0, acc);
-            }
-        } else if (threadIdx.x < 128 * PW) {
+        if (threadIdx.x < 128 * PW) {
             wgmma_produce<T, BN, STAGES, PW, TMA_W>(xmap, wmap, w, rows, nb, smem, wraw, full, empty, wfull, kb0, iters,
                                                     row0, tok0, it0, sb0);
         } else {
@@ -840,29 +831,63 @@ static __device__ __forceinline__ void gemm_wgmma_body(const CUtensorMap &xmap, 
         }
         wgmma_epilogue<BN>(smem, tscale, tokens, outs, out_type, row0, tok0, hand);
     };
-    if (!TMA_W || sk.tiles == 0) {  // one tile (grid.x), its share of K (grid.z: the cluster's split)
-        const int kb0 = blockIdx.z * kb_per_split;
-        segment(tile0 + (int)blockIdx.x, kb0, min(nb, kb0 + kb_per_split), 0, 0, wgmma_handover{false, 0, nullptr, nullptr});
-        return;
-    }
-    // Stream-K (staged weights only: the producers' register ring spills in a loop of segments): this CTA's range of
-    // the launch's units, segment by segment (a segment: the range's part in one tile)
-    const int64_t total = sk.tiles * nb, cta = blockIdx.x, ctas = gridDim.x;
-    const int64_t end = total * (cta + 1) / ctas;
-    int it0 = 0, sb0 = 0;
-    for (int64_t u = total * cta / ctas; u < end;) {
-        const int64_t tile = u / nb;
-        const int kb0 = (int)(u % nb), kb1 = (int)(end - u < nb - kb0 ? kb0 + (end - u) : nb);
-        wgmma_handover hand{kb0 > 0, 0, sk.partial, sk.flags};  // a range that starts inside a tile hands it over
-        if (kb0 == 0 && kb1 < nb)  // ends inside the tile: its owner; the peers are the CTAs that start before its end
-            while (cta + hand.peers + 1 < ctas && total * (cta + hand.peers + 1) / ctas < (tile + 1) * nb) ++hand.peers;
-        segment(tile0 + (int)tile, kb0, kb1, it0, sb0, hand);
-        it0 += SPU * (kb1 - kb0);
-        sb0 += kb1 - kb0;
-        u += kb1 - kb0;
-        // the ring held red[] (generic stores); the next segment's TMA writes it (async proxy)
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        __syncthreads();
+    // The CTA's segments, each through `run`: one (grid.x's tile, grid.z's share of its K), or stream-K's
+    auto each_segment = [&](auto &&run) {
+        if (!TMA_W || sk.tiles == 0) {  // one tile (grid.x), its share of K (grid.z: the cluster's split)
+            const int kb0 = blockIdx.z * kb_per_split;
+            run(tile0 + (int)blockIdx.x, kb0, min(nb, kb0 + kb_per_split), 0, 0, wgmma_handover{false, 0, nullptr, nullptr});
+            return;
+        }
+        // Stream-K (staged weights only: the producers' register ring spills in a loop of segments): this CTA's range
+        // of the launch's units, segment by segment (a segment: the range's part in one tile)
+        const int64_t total = sk.tiles * nb, cta = blockIdx.x, ctas = gridDim.x;
+        const int64_t end = total * (cta + 1) / ctas;
+        int it0 = 0, sb0 = 0;
+        for (int64_t u = total * cta / ctas; u < end;) {
+            const int64_t tile = u / nb;
+            const int kb0 = (int)(u % nb), kb1 = (int)(end - u < nb - kb0 ? kb0 + (end - u) : nb);
+            wgmma_handover hand{kb0 > 0, 0, sk.partial, sk.flags};  // a range that starts inside a tile hands it over
+            if (kb0 == 0 && kb1 < nb)  // ends inside the tile: its owner; the peers: the CTAs that start before its end
+                while (cta + hand.peers + 1 < ctas && total * (cta + hand.peers + 1) / ctas < (tile + 1) * nb) ++hand.peers;
+            run(tile0 + (int)tile, kb0, kb1, it0, sb0, hand);
+            it0 += SPU * (kb1 - kb0);
+            sb0 += kb1 - kb0;
+            u += kb1 - kb0;
+            // the ring held red[] (generic stores); the next segment's TMA writes it (async proxy)
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            __syncthreads();
+        }
+    };
+    if constexpr (RS) {
+        // The producer warpgroup gives registers to the consumers (56 / 224 a thread: 128 accumulators and two
+        // fragment sets at 256 tokens); each role runs its own copy of the segment loop and epilogue, so that no code
+        // is shared between the two register budgets.
+        auto tile_of = [&](int tile, int64_t &row0, int &tok0) {
+            row0 = (int64_t)(tile % row_tiles) * CIQ_WGMMA_ROWS, tok0 = tile / row_tiles * BN;
+        };
+        if (threadIdx.x >= 256) {
+            asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
+            each_segment([&](int tile, int kb0, int kb1, int it0, int sb0, const wgmma_handover &hand) {
+                int64_t row0;
+                int tok0;
+                tile_of(tile, row0, tok0);
+                wgmma_produce_rs<T, BN, STAGES>(xmap, wmap, smem, wraw, full, empty, wfull, wempty, kb0, kb1 - kb0, row0,
+                                                tok0, it0, sb0);
+                wgmma_epilogue<BN>(smem, tscale, tokens, outs, out_type, row0, tok0, hand);
+            });
+        } else {
+            asm volatile("setmaxnreg.inc.sync.aligned.u32 224;");
+            each_segment([&](int tile, int kb0, int kb1, int it0, int sb0, const wgmma_handover &hand) {
+                int64_t row0;
+                int tok0;
+                tile_of(tile, row0, tok0);
+                float acc[BN / 2];
+                wgmma_consume_rs<T, BN, STAGES>(smem, wraw, full, empty, wfull, wempty, kb0, kb1 - kb0, it0, sb0, acc);
+                wgmma_epilogue<BN>(smem, tscale, tokens, outs, out_type, row0, tok0, hand);
+            });
+        }
+    } else {
+        each_segment(segment);
     }
 #else
     __trap();
@@ -875,7 +900,7 @@ __global__ void __launch_bounds__(wgmma_threads(PW, false), 1) gemm_wgmma_kernel
                                                      row_tiles, outs, out_type, sk);
 }
 template <ciq_type T, int BN, int STAGES>
-__global__ void __maxnreg__(224) gemm_wgmma_rs_kernel(CIQ_WGMMA_KERNEL_PARAMS) {
+__global__ void __launch_bounds__(wgmma_threads(1, true), 1) gemm_wgmma_rs_kernel(CIQ_WGMMA_KERNEL_PARAMS) {
     gemm_wgmma_body<T, BN, STAGES, 1, true, true>(xmap, wmap, w, rows, nb, tscale, tokens, kb_per_split, tile0,
                                                   row_tiles, outs, out_type, sk);
 }
