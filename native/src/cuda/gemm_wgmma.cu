@@ -26,8 +26,8 @@
 //     - each thread loads from global memory into registers, PREFETCH stages ahead (other Q6_K matrices, and
 //       the 32-value block types, whose 18/22/34-byte blocks no TMA box fits).
 //   consumers: rows 64c .. +63, 4 x wgmma m64nBNk16 per stage, one group in flight.
-// The RS form (staged weights, every tile; GGML_CIQ_WGMMA_RS, default on): no A tile. One producer
-// thread issues the TMA copies (the B stages and the staged super-blocks), and each consumer thread
+// The RS form (staged weights, every tile; GGML_CIQ_WGMMA_RS, default on): no A tile. Two producer
+// threads issue the TMA copies (the B stages; the staged super-blocks), and each consumer thread
 // dequantizes its rows' quants from the staged block straight into wgmma's register operand (rs_frag: the same f16
 // weights, so the same products): shared memory then carries B and the raw blocks only, which the SS form's A tiles
 // (written by the producers, read by every wgmma) exceed at full tensor rate.
@@ -589,49 +589,32 @@ static __device__ __forceinline__ void wgmma_consume(uint8_t *smem, uint64_t *fu
 
 // ---- the RS form (GGML_CIQ_WGMMA_RS): the consumers dequantize into wgmma's register operand ---------------------
 // Shared memory traffic per product is what bounds the SS form (A written by the producers, then read by wgmma);
-// here one producer thread (thread 256: the warpgroup after the two consumer warpgroups, its registers given to them)
-// only issues TMA copies, the B stages (after the PDL wait) and the staged super-blocks
-// (RS_WSLOTS slots; wempty: the 8 consumer warps' reads of a slot done), whichever has a free slot first (it polls
-// both rings: a thread waiting on one could hold up the other); the consumers read their rows' quants from the staged
-// block, build the A fragments (rs_frag) and issue wgmma with A from registers. Fragments alternate between two
-// register sets: a stage's wgmma group may still run while the next stage's set is built, and a set is rebuilt only
-// after wait_group(1) retired the group that read it.
-static __device__ __forceinline__ bool mbar_test(uint64_t *bar, uint32_t parity) {  // the phase completed (no wait)
-    uint32_t done;
-    asm volatile("{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
-    return done != 0;
-}
-
+// here the producer warpgroup (after the two consumer warpgroups, its registers given to them) only issues TMA copies:
+// thread 256 the B stages (after the PDL wait), thread 288 (another warp: neither's waits hold up the other) the staged
+// super-blocks (RS_WSLOTS slots; wempty: the 8 consumer warps' reads of a slot done); the consumers read their rows'
+// quants from the staged block, build the A fragments (rs_frag) and issue wgmma with A from registers. Fragments
+// alternate between two register sets: a stage's wgmma group may still run while the next stage's set is built, and a
+// set is rebuilt only after wait_group(1) retired the group that read it.
 template <ciq_type T, int BN, int STAGES>
 static __device__ __forceinline__ void wgmma_produce_rs(const CUtensorMap &xmap, const CUtensorMap &wmap, uint8_t *smem,
                                                         uint8_t *wraw, uint64_t *full, uint64_t *empty, uint64_t *wfull,
                                                         uint64_t *wempty, int kb0, int nsb, int64_t row0, int tok0,
                                                         int it0, int sb0) {
     constexpr int WB = wgmma_rs_wbox(T), block_bytes = wgmma_unit_bytes(T);
-    if (threadIdx.x == 256) {
-        bool after_wait = false;  // weights may be read before the PDL wait (no kernel writes them), activations not
-        for (int sb = 0, it = 0; sb < nsb || it < 4 * nsb;) {
-            bool issued = false;
-            if (sb < nsb) {
-                const int n = sb0 + sb, ws = n % RS_WSLOTS;
-                if (n < RS_WSLOTS || mbar_test(&wempty[ws], ((n / RS_WSLOTS) + 1) & 1)) {
-                    mbar_arrive_expect_tx(&wfull[ws], CIQ_WGMMA_ROWS * WB);
-                    tma_load_2d(wraw + ws * CIQ_WGMMA_ROWS * WB, &wmap, (kb0 + sb) * block_bytes & ~15, (int)row0, &wfull[ws]);
-                    ++sb, issued = true;
-                }
-            }
-            if (it < 4 * nsb) {
-                const int ring = it0 + it, slot = ring % STAGES;
-                if (!after_wait) wait_for_previous_grid(), after_wait = true;
-                if (ring < STAGES || mbar_test(&empty[slot], ((ring / STAGES) + 1) & 1)) {
-                    mbar_arrive_expect_tx(&full[slot], BN * 128);
-                    tma_load_2d(smem + slot * BN * 128, &xmap, (kb0 + it / 4) * QK_K + CIQ_WGMMA_KSTAGE * (it % 4), tok0,
-                                &full[slot]);
-                    ++it, issued = true;
-                }
-            }
-            if (!issued) __nanosleep(20);
+    if (threadIdx.x == 288) {  // weights (warp 9): no kernel writes them, so before the PDL wait
+        for (int sb = 0; sb < nsb; ++sb) {
+            const int n = sb0 + sb, ws = n % RS_WSLOTS;
+            if (n >= RS_WSLOTS) mbar_wait(&wempty[ws], ((n / RS_WSLOTS) + 1) & 1);
+            mbar_arrive_expect_tx(&wfull[ws], CIQ_WGMMA_ROWS * WB);
+            tma_load_2d(wraw + ws * CIQ_WGMMA_ROWS * WB, &wmap, (kb0 + sb) * block_bytes & ~15, (int)row0, &wfull[ws]);
+        }
+    } else if (threadIdx.x == 256) {  // activations (warp 8)
+        wait_for_previous_grid();
+        for (int it = 0; it < 4 * nsb; ++it) {
+            const int ring = it0 + it, slot = ring % STAGES;
+            if (ring >= STAGES) mbar_wait(&empty[slot], ((ring / STAGES) + 1) & 1);
+            mbar_arrive_expect_tx(&full[slot], BN * 128);
+            tma_load_2d(smem + slot * BN * 128, &xmap, (kb0 + it / 4) * QK_K + CIQ_WGMMA_KSTAGE * (it % 4), tok0, &full[slot]);
         }
     }
     bar_sync_all();  // the ring is reused for the epilogue once every wgmma has retired
