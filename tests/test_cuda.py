@@ -261,13 +261,16 @@ def test_wgmma_stream_k_not_where_weights_go_to_registers(wgmma, rng, monkeypatc
     assert np.array_equal(run_checked(data, x, "wgmma", ggml_type=Q.Q6_K, rows=rows, k=k), plain)
 
 
-def test_wgmma_stream_k_switch_refuses_other_values(wgmma, rng, monkeypatch):
-    """A value of GGML_CIQ_WGMMA_STREAMK other than 0, 1 or 2 is an error naming the variable, not a guess."""
+@pytest.mark.parametrize("switch, bad_values", [("GGML_CIQ_WGMMA_STREAMK", ("on", "3", "12", "-1")),
+                                                ("GGML_CIQ_WGMMA_RS", ("on", "2", "10", "-1"))])
+def test_wgmma_switches_refuse_other_values(switch, bad_values, wgmma, rng, monkeypatch):
+    """A value of GGML_CIQ_WGMMA_STREAMK other than 0, 1 or 2, or of GGML_CIQ_WGMMA_RS other than 0 or 1, is an error
+    naming the variable, not a guess."""
     data = _k_quant_weights(rng, Q.Q4_K, 256, 256)
     x = rng.standard_normal((64, 256)).astype(np.float32)
-    for bad in ("on", "3", "12", "-1"):
-        monkeypatch.setenv("GGML_CIQ_WGMMA_STREAMK", bad)
-        with pytest.raises(CiqError, match=f"GGML_CIQ_WGMMA_STREAMK='{bad}'"):
+    for bad in bad_values:
+        monkeypatch.setenv(switch, bad)
+        with pytest.raises(CiqError, match=f"{switch}='{bad}'"):
             native.gemm(data, x, variant="wgmma", device="cuda", semantics="f16", ggml_type=Q.Q4_K, rows=256, k=256)
 
 
@@ -323,16 +326,6 @@ def test_wgmma_rs_same_bits_as_ss(weight_type, wgmma, rng, monkeypatch):
         assert np.array_equal(outs["1"], outs["0"]), (rows, k, tokens, env)
         for name in env:
             monkeypatch.delenv(name)
-
-
-def test_wgmma_rs_switch_refuses_other_values(wgmma, rng, monkeypatch):
-    """A value of GGML_CIQ_WGMMA_RS other than 0 or 1 is an error naming the variable, not a guess."""
-    data = _k_quant_weights(rng, Q.Q4_K, 256, 256)
-    x = rng.standard_normal((64, 256)).astype(np.float32)
-    for bad in ("on", "2", "10", "-1"):
-        monkeypatch.setenv("GGML_CIQ_WGMMA_RS", bad)
-        with pytest.raises(CiqError, match=f"GGML_CIQ_WGMMA_RS='{bad}'"):
-            native.gemm(data, x, variant="wgmma", device="cuda", semantics="f16", ggml_type=Q.Q4_K, rows=256, k=256)
 
 
 def block32_weights(rng, ggml_type: int, rows: int, k: int) -> np.ndarray:
