@@ -268,11 +268,12 @@ case "${1:-}" in
       done
     done
     ;;
-  bench)  # the committed result set: Llama-3-8B shapes at 512 and 2048 tokens, seed6 at 128
-    for spec in "llama3-8b 512 llama3-8b-n512" "llama3-8b 2048 llama3-8b-n2048" "seed6 128 seed6"; do
-      set -- $spec
-      python3 -m ggml_ciq.cli bench gemm --backend ciq-cuda --shapes $1 --tokens $2 --repeat ${REPEAT:-5} --variants ${VARIANTS:-mma,wgmma} \
-        --json "$OUT/$3.json" 2>&1 | tail -n 16
+  bench)  # the committed result set: Llama-3-8B shapes at 512 and 2048 tokens, seed6 at 128 (SETS="set:tokens:name ..."
+          # to choose and order them, the bars first when device time is short; LIMIT seconds a set, default 150)
+    for spec in ${SETS:-"llama3-8b:512:llama3-8b-n512" "llama3-8b:2048:llama3-8b-n2048" "seed6:128:seed6"}; do
+      IFS=: read -r set tokens name <<< "$spec"
+      timeout ${LIMIT:-150} python3 -m ggml_ciq.cli bench gemm --backend ciq-cuda --shapes $set --tokens $tokens \
+        --repeat ${REPEAT:-5} --variants ${VARIANTS:-mma,wgmma} --json "$OUT/$name.json" 2>&1 | tail -n 16
     done ;;
   split-ab)  # the attention split's A/B (GGML_CIQ_ATTENTION_SPLIT=1|0): our prefill as graphs, Gemma at 512 and 4096
              # tokens (stage), the synthetic 8B at 512 (its weights need llama.cpp: wait) -> $OUT/prefill-*-splitS.json

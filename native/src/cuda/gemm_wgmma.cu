@@ -909,28 +909,28 @@ struct wgmma_plan {
     int *flags = nullptr;
 };
 
-// The kernel of tile config C: RS asks for the RS form, which every staged-weight kernel has.
-template <int C, bool TMA_W, bool RS> static constexpr bool wgmma_rs_form() {
-    return RS && TMA_W && k_wgmma_configs[C].stages_rs > 0;
-}
+// The kernel of tile config C: RS asks for the RS form, which every staged-weight (TMA_W) kernel has.
 template <ciq_type T, int C, bool TMA_W, bool RS> static constexpr auto wgmma_kernel() {
     constexpr wgmma_tile_config cfg = k_wgmma_configs[C];
-    if constexpr (wgmma_rs_form<C, TMA_W, RS>()) return gemm_wgmma_rs_kernel<T, cfg.bn, cfg.stages_rs>;
+    if constexpr (RS && TMA_W) return gemm_wgmma_rs_kernel<T, cfg.bn, cfg.stages_rs>;
     else return gemm_wgmma_kernel<T, cfg.bn, TMA_W ? cfg.stages_w : cfg.stages, cfg.producers, TMA_W>;
 }
 template <ciq_type T, int C, bool TMA_W, bool RS> static constexpr int wgmma_kernel_smem() {
     constexpr wgmma_tile_config cfg = k_wgmma_configs[C];
-    if constexpr (wgmma_rs_form<C, TMA_W, RS>()) return wgmma_rs_smem_bytes(T, cfg.bn, cfg.stages_rs);
+    if constexpr (RS && TMA_W) return wgmma_rs_smem_bytes(T, cfg.bn, cfg.stages_rs);
     else return wgmma_smem_bytes(T, cfg.bn, TMA_W ? cfg.stages_w : cfg.stages, TMA_W);
 }
 
-// GGML_CIQ_WGMMA_RS: 0 the SS form everywhere, 1 (unset) the RS form where the tile has one. Read once a call.
-static int wgmma_rs_switch(const char **bad) {
-    const char *v = std::getenv("GGML_CIQ_WGMMA_RS");
-    *bad = nullptr;
-    if (!v || !*v) return 1;
-    if ((v[0] != '0' && v[0] != '1') || v[1] != 0) *bad = v;
-    return v[0] == '1';
+// A digit switch read once a call (GGML_CIQ_WGMMA_STREAMK, GGML_CIQ_WGMMA_RS): unset or empty gives `unset`; one digit
+// 0 .. max its value; anything else an error naming the variable and what it takes.
+static ciq_status wgmma_digit_switch(const char *name, int unset, int max, const char *expected, int *value) {
+    const char *v = std::getenv(name);
+    *value = unset;
+    if (!v || !*v) return CIQ_OK;
+    if (v[0] < '0' || v[0] > '0' + max || v[1] != 0)
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s='%s': expected %s", name, v, expected);
+    *value = v[0] - '0';
+    return CIQ_OK;
 }
 
 // Launched as a programmatic dependent of the kernel before it (wait_for_previous_grid), unless GGML_CIQ_WGMMA_PDL=0
@@ -946,7 +946,7 @@ static void wgmma_launch_config(cudaLaunchConfig_t &config, cudaLaunchAttribute 
     config = {};
     config.gridDim = grid;
     config.stream = ciq_stream();
-    config.blockDim = dim3(wgmma_threads(cfg.producers, wgmma_rs_form<C, TMA_W, RS>()));
+    config.blockDim = dim3(wgmma_threads(cfg.producers, RS && TMA_W));
     config.dynamicSmemBytes = wgmma_kernel_smem<T, C, TMA_W, RS>();
     config.attrs = attrs;
     if (grid.z > 1) {  // the split-K CTAs of a tile form one cluster
@@ -1093,7 +1093,7 @@ static ciq_status launch_wgmma(const CUtensorMap &xmap, const CUtensorMap &wmap,
         const cudaError_t err = cudaLaunchKernelEx(&config, kernel, xmap, wmap, (const uint8_t *)weight, rows, nb,
                                                    scales, (int)tokens, per, (int)first, row_tiles, outs, out_type, sk);
         if (err != cudaSuccess) return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: %s", cudaGetErrorString(err));
-        ciq_wgmma_count_launch(wgmma_rs_form<C, TMA_W, RS>() ? CIQ_WGMMA_FORM_RS : CIQ_WGMMA_FORM_SS);
+        ciq_wgmma_count_launch(RS && TMA_W ? CIQ_WGMMA_FORM_RS : CIQ_WGMMA_FORM_SS);
         if (stream_k) ciq_wgmma_count_launch(CIQ_WGMMA_FORM_STREAM_K);
     }
     return CIQ_OK;
@@ -1131,7 +1131,6 @@ static ciq_status run_wgmma(encode_tiled_fn encode, const void *x_f16, int64_t k
         if (!tma_w) plan = pick_plan<T, false, false>(rows, tokens, nb, sms, l2_bytes, stream_k);
     }
     plan.partial = ws.partial, plan.flags = ws.flags;
-    [[maybe_unused]] const bool rs_kernel = tma_w && rs && k_wgmma_configs[plan.config].stages_rs > 0;
 
     CUtensorMap xmap, wmap;
     {  // activations: 64 K values x BN tokens per box, 128-byte swizzle, zeros past the last token
@@ -1146,7 +1145,7 @@ static ciq_status run_wgmma(encode_tiled_fn encode, const void *x_f16, int64_t k
     if constexpr (wgmma_kquant(T)) {
         if (tma_w) {  // weights as bytes: one block (WBOX bytes) x 128 rows per box, zeros past the last row
             const cuuint64_t dims[2] = {(cuuint64_t)row_bytes, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)row_bytes};
-            const cuuint32_t box[2] = {(cuuint32_t)(rs_kernel ? wgmma_rs_wbox(T) : wgmma_wbox(T)), CIQ_WGMMA_ROWS},
+            const cuuint32_t box[2] = {(cuuint32_t)(rs ? wgmma_rs_wbox(T) : wgmma_wbox(T)), CIQ_WGMMA_ROWS},
                              unit[2] = {1, 1};
             const CUresult res = encode(&wmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(weight), dims, strides,
                                         box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
@@ -1215,17 +1214,13 @@ static ciq_status gemm_wgmma(int device, ciq_type type, const void *weight, int6
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT,
                         "ciq_cuda_gemm_wgmma: activations (and Q4_K weights) must be 16-byte aligned, other weights "
                         "2-byte");
-    // GGML_CIQ_WGMMA_STREAMK: 0 never stream-K, 1 (unset) where the time model gains, 2 always where the kernel can
-    const char *sk_mode = std::getenv("GGML_CIQ_WGMMA_STREAMK");
-    const int stream_k = sk_mode && *sk_mode ? sk_mode[0] - '0' : 1;
-    if (sk_mode && *sk_mode && (sk_mode[1] != 0 || stream_k < 0 || stream_k > 2))
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "GGML_CIQ_WGMMA_STREAMK='%s': expected 0 (never stream-K), 1 (where the "
-                        "time model gains) or 2 (always)", sk_mode);
-    const char *rs_bad;
-    const bool rs = wgmma_rs_switch(&rs_bad);
-    if (rs_bad)
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "GGML_CIQ_WGMMA_RS='%s': expected 0 (A tiles through shared memory) or 1 "
-                        "(A from registers where the tile allows it)", rs_bad);
+    // GGML_CIQ_WGMMA_STREAMK: 0 never stream-K, 1 (unset) where the time model gains, 2 always where the kernel can;
+    // GGML_CIQ_WGMMA_RS: 0 the SS form everywhere, 1 (unset) the RS form wherever the weights are staged by TMA
+    int stream_k, rs;
+    CIQ_TRY(wgmma_digit_switch("GGML_CIQ_WGMMA_STREAMK", 1, 2,
+                               "0 (never stream-K), 1 (where the time model gains) or 2 (always)", &stream_k));
+    CIQ_TRY(wgmma_digit_switch("GGML_CIQ_WGMMA_RS", 1, 1, "0 (A tiles through shared memory) or 1 (A from registers "
+                               "where the weights are staged by TMA)", &rs));
     encode_tiled_fn encode;
     if (tensor_map_encoder(&encode) != CIQ_OK) return CIQ_ERR_BACKEND;
     wgmma_device dev;
