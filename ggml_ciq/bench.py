@@ -188,10 +188,13 @@ class GpuRow:
     speedup: float | None   # llama.cpp time / ours
     bf16_us: float | None   # dense bf16 cuBLAS GEMM of the same shape (the ceiling)
     bf16_fraction: float | None  # bf16 time / ours = our fraction of the ceiling
+    host_us: float | None = None  # median host time per call (activation quantization included): near `us`, host-bound
 
 
-def _time_gpu_us(launch, n: int, device: int, warmup: int, repeat: int) -> list[float]:
-    """Per-launch times of `repeat` timed batches of n launches, with device events."""
+def _time_gpu_us(launch, n: int, device: int, warmup: int, repeat: int, host: list | None = None) -> list[float]:
+    """Per-launch times of `repeat` timed batches of n launches, with device events; `host`, when given, gets each
+    batch's host time per launch (the loop's wall time before its sync: where it reaches the device time, the calls
+    are bound by the host, not the GPU)."""
     n_ = native.load()
     for i in range(warmup):
         launch(i)
@@ -199,11 +202,15 @@ def _time_gpu_us(launch, n: int, device: int, warmup: int, repeat: int) -> list[
     for _ in range(repeat):
         timer = n_.ffi.new("void **")
         n_.check(n_.lib.ciq_timer_start(device, timer))
+        t0 = time.perf_counter()
         for i in range(n):
             launch(i)
+        t1 = time.perf_counter()
         ms = n_.ffi.new("float *")
         n_.check(n_.lib.ciq_timer_stop(timer[0], ms))
         samples.append(ms[0] * 1e3 / n)
+        if host is not None:
+            host.append((t1 - t0) * 1e6 / n)
     return samples
 
 
@@ -233,26 +240,32 @@ class GpuProblem:
         n.check(n.lib.ciq_gemm_plan(self.device, native.variant_id(variant), n.lib.CIQ_SEMANTICS_ANY, s.ggml_type,
                                     s.rows, s.k, self.tokens, plan))
         xp = n.ffi.cast("float *", self.xb.ptr)
+        # Each launch one C call on arguments made beforehand (a copy's): the harness's own Python per call kept to
+        # the call itself, as llama.cpp's side pays one Python call for a graph of `copies` mul_mats.
         if not gemm_only:
-            def launch(i):
-                w = self.weights[i % self.copies]
-                n.check(n.lib.ciq_gemm(self.device, plan.variant, plan.semantics, s.ggml_type, w.ptr, w.nbytes, s.rows,
-                                       s.k, xp, self.tokens, self.out.ptr, n.lib.CIQ_OUT_F32))
-            return launch
-        if plan.activation_layout not in self.quantized:
-            qb = native.Buffer(self.device, plan.activation_bytes)
-            n.check(n.lib.ciq_activations_quantize(self.device, plan.activation_layout, xp, qb.ptr, self.tokens, s.k))
-            self.quantized[plan.activation_layout] = qb
-        qb = self.quantized[plan.activation_layout]
+            fn = n.lib.ciq_gemm
+            argsets = [(self.device, plan.variant, plan.semantics, s.ggml_type, w.ptr, w.nbytes, s.rows, s.k, xp,
+                        self.tokens, self.out.ptr, n.lib.CIQ_OUT_F32) for w in self.weights]
+        else:
+            if plan.activation_layout not in self.quantized:
+                qb = native.Buffer(self.device, plan.activation_bytes)
+                n.check(n.lib.ciq_activations_quantize(self.device, plan.activation_layout, xp, qb.ptr, self.tokens,
+                                                       s.k))
+                self.quantized[plan.activation_layout] = qb
+            qb = self.quantized[plan.activation_layout]
+            fn = n.lib.ciq_gemm_quantized
+            argsets = [(self.device, plan, s.ggml_type, w.ptr, w.nbytes, s.rows, s.k, qb.ptr, self.tokens,
+                        self.out.ptr, n.lib.CIQ_OUT_F32) for w in self.weights]
+        copies, check = self.copies, n.check
 
         def launch(i):
-            w = self.weights[i % self.copies]
-            n.check(n.lib.ciq_gemm_quantized(self.device, plan, s.ggml_type, w.ptr, w.nbytes, s.rows, s.k, qb.ptr,
-                                             self.tokens, self.out.ptr, n.lib.CIQ_OUT_F32))
+            status = fn(*argsets[i % copies])
+            if status:
+                check(status)
         return launch
 
-    def time(self, launch, repeat: int) -> list[float]:
-        return _time_gpu_us(launch, 2 * self.copies, self.device, 2, repeat)
+    def time(self, launch, repeat: int, host: list | None = None) -> list[float]:
+        return _time_gpu_us(launch, 2 * self.copies, self.device, 2, repeat, host)
 
     def time_bf16(self, repeat: int) -> float:
         """Median time of cuBLAS bf16 out = X @ W^T on bf16 copies of the same shape (random values)."""
@@ -322,13 +335,14 @@ def bench_gpu(shapes: list[Shape], tokens_list: list[int], variants: list[str], 
                 llama_us = p.time_llamacpp(llama, repeat) if llama is not None else None
                 bf16_us = p.time_bf16(repeat) if ceiling else None
                 for variant in takers:
-                    times = p.time(p.launcher(variant), repeat)
+                    host: list[float] = []
+                    times = p.time(p.launcher(variant), repeat, host)
                     us = statistics.median(times)
                     gemm_us = statistics.median(p.time(p.launcher(variant, gemm_only=True), repeat))
                     rows_out.append(GpuRow(quants.type_name(shape.ggml_type), shape.rows, shape.k, tokens, variant,
                                            us, min(times), gemm_us, p.flops / us * 1e-6, llama_us,
                                            None if llama_us is None else llama_us / us, bf16_us,
-                                           None if bf16_us is None else bf16_us / us))
+                                           None if bf16_us is None else bf16_us / us, statistics.median(host)))
                     if progress:
                         progress()
             finally:

@@ -18,6 +18,8 @@
 #   tools/gpu_run.sh tail-ab    the tail split on/off in bench gemm (8B shapes, 512 tokens)
 #   tools/gpu_run.sh streamk-ab wgmma's stream-K on/off in bench gemm (8B shapes at 512 and 2048 tokens, seed6)
 #   tools/gpu_run.sh rs-ab      wgmma's RS form (A from registers) against SS, and RS on 128-token tiles (8B at 512, seed6)
+#   tools/gpu_run.sh baseline | lib-ab  an earlier commit's library (carried .baseline/) built, then bench gemm with it and
+#                               with this tree's alternately (seed6 by default; host_us: the calls' host time)
 #   tools/gpu_run.sh gemm-diag  wgmma with its dequantization or its wgmma left out (CIQ_WGMMA_DIAG builds): which side
 #                               bounds the GEMM; gemm-ncu: Nsight Compute on one launch of each (what the consumers wait on)
 #   tools/gpu_run.sh split-ab | ops-timing | output-row   the attention split's A/B (Gemma, the 8B); the elementwise ops
@@ -429,6 +431,29 @@ case "${1:-}" in
         GGML_CIQ_WGMMA_STREAMK=$sk timeout 150 python3 -m ggml_ciq.cli bench gemm --backend ciq-cuda --shapes $1 \
           --tokens $2 --repeat ${REPEAT:-5} --variants wgmma --no-llamacpp --no-ceiling --json "$OUT/$3-streamk$sk.json" \
           2>&1 | grep -E "wgmma|rror" | sed "s/^/streamk=$sk /"
+      done
+    done ;;
+  baseline)  # the library of an earlier commit, for lib-ab: .baseline/native (git-ignored, carried; made here by
+             # `git archive COMMIT native | tar x -C .baseline` and its COMMIT file) built into /tmp/ciq-base
+    [ -d .baseline/native ] && rm -rf /tmp/ciq-base-src && cp -r .baseline /tmp/ciq-base-src
+    [ -d /tmp/ciq-base-src/native ] || { echo "no .baseline/native carried" >&2; exit 2; }
+    GGML_CIQ_COMMIT=$(cat /tmp/ciq-base-src/COMMIT) cmake -S /tmp/ciq-base-src/native -B /tmp/ciq-base -G Ninja \
+      -DGGML_CIQ_CUDA=ON -DGGML_CIQ_CUDA_ARCHITECTURES="$ARCHS" -DGGML_CIQ_PLUGIN=OFF > /tmp/ciq-base-cmake.log \
+      && ninja -C /tmp/ciq-base 2>&1 | tail -n 1 ;;
+  lib-ab)  # bench gemm with the baseline library (baseline) and this tree's, alternately in ROUNDS rounds (default 2),
+           # llama.cpp in the process (after wait; NO_LLAMA=1: without it) -> $OUT/{NAME}-{base,new}-rR.json
+           # (SETS="set:tokens:name ...", default seed6)
+    for r in $(seq 1 ${ROUNDS:-2}); do
+      for arm in base new; do
+        lib=/tmp/ciq-build/libggml_ciq.so commit=$GGML_CIQ_COMMIT
+        [ $arm = base ] && lib=/tmp/ciq-base/libggml_ciq.so commit=$(cat /tmp/ciq-base-src/COMMIT)
+        for spec in ${SETS:-"seed6:128:seed6"}; do
+          IFS=: read -r set tokens name <<< "$spec"
+          GGML_CIQ_LIB=$lib GGML_CIQ_COMMIT=$commit timeout ${LIMIT:-150} python3 -m ggml_ciq.cli bench gemm \
+            --backend ciq-cuda --shapes $set --tokens $tokens --repeat ${REPEAT:-5} --variants wgmma \
+            ${NO_LLAMA:+--no-llamacpp} --no-ceiling --json "$OUT/$name-$arm-r$r.json" 2>&1 | grep -E "geomean|rror" \
+            | sed "s/^/$arm r$r $name: /"
+        done
       done
     done ;;
   rs-ab)  # wgmma's RS form (A from registers; GGML_CIQ_WGMMA_RS=1) against SS (=0), and RS with the 128-token tile

@@ -907,6 +907,7 @@ struct wgmma_plan {
     int tail_ctas = 0;
     float *partial = nullptr;  // stream-K's hand-over slots and flags (wgmma_stream_k)
     int *flags = nullptr;
+    bool pdl = true;  // launched as programmatic dependents (wgmma_switches)
 };
 
 // The kernel of tile config C: RS asks for the RS form, which every staged-weight (TMA_W) kernel has.
@@ -921,8 +922,8 @@ template <ciq_type T, int C, bool TMA_W, bool RS> static constexpr int wgmma_ker
     else return wgmma_smem_bytes(T, cfg.bn, TMA_W ? cfg.stages_w : cfg.stages, TMA_W);
 }
 
-// A digit switch read once a call (GGML_CIQ_WGMMA_STREAMK, GGML_CIQ_WGMMA_RS): unset or empty gives `unset`; one digit
-// 0 .. max its value; anything else an error naming the variable and what it takes.
+// A digit switch (GGML_CIQ_WGMMA_STREAMK, GGML_CIQ_WGMMA_RS): unset or empty gives `unset`; one digit 0 .. max its
+// value; anything else an error naming the variable and what it takes.
 static ciq_status wgmma_digit_switch(const char *name, int unset, int max, const char *expected, int *value) {
     const char *v = std::getenv(name);
     *value = unset;
@@ -933,11 +934,33 @@ static ciq_status wgmma_digit_switch(const char *name, int unset, int max, const
     return CIQ_OK;
 }
 
-// Launched as a programmatic dependent of the kernel before it (wait_for_previous_grid), unless GGML_CIQ_WGMMA_PDL=0
-// (the switch for A/B runs; bench/results/h200/wgmma-pdl-*.json, STATUS.md).
-static bool wgmma_pdl() {
-    const char *v = std::getenv("GGML_CIQ_WGMMA_PDL");
+// An on/off switch for A/B runs: on unless set to a number that reads as 0 (the atoi of anything else).
+static bool wgmma_on_unless_zero(const char *name) {
+    const char *v = std::getenv(name);
     return !(v && *v && std::atoi(v) == 0);
+}
+
+// wgmma's switches, read once a call (each getenv scans the environment: host time on every call):
+//   GGML_CIQ_WGMMA_STREAMK  0 never stream-K, 1 (unset) where the time model gains, 2 always where the kernel can
+//   GGML_CIQ_WGMMA_RS       0 the SS form everywhere, 1 (unset) the RS form wherever the weights are staged by TMA
+//   GGML_CIQ_WGMMA_PDL      0: no programmatic dependent launch (wait_for_previous_grid; bench/results/h200/wgmma-pdl-*)
+//   GGML_CIQ_WGMMA_TAIL     0: no tail split (pick_plan)
+//   GGML_CIQ_WGMMA_CONFIG   c (an index of k_wgmma_configs) pins the tile shape; unset, or out of range: -1, none
+struct wgmma_switches {
+    int stream_k = 1, rs = 1, config = -1;
+    bool pdl = true, tail = true;
+};
+static ciq_status wgmma_read_switches(wgmma_switches *sw) {
+    CIQ_TRY(wgmma_digit_switch("GGML_CIQ_WGMMA_STREAMK", 1, 2,
+                               "0 (never stream-K), 1 (where the time model gains) or 2 (always)", &sw->stream_k));
+    CIQ_TRY(wgmma_digit_switch("GGML_CIQ_WGMMA_RS", 1, 1, "0 (A tiles through shared memory) or 1 (A from registers "
+                               "where the weights are staged by TMA)", &sw->rs));
+    sw->pdl = wgmma_on_unless_zero("GGML_CIQ_WGMMA_PDL");
+    sw->tail = wgmma_on_unless_zero("GGML_CIQ_WGMMA_TAIL");
+    const char *pin = std::getenv("GGML_CIQ_WGMMA_CONFIG");
+    const int pinned = pin && *pin ? std::atoi(pin) : -1;
+    sw->config = pinned >= 0 && pinned < k_wgmma_config_count ? pinned : -1;
+    return CIQ_OK;
 }
 
 template <ciq_type T, int C, bool TMA_W, bool RS>
@@ -983,24 +1006,17 @@ template <ciq_type T, int C, bool TMA_W, bool RS> static int wave_ctas(int split
     return n;
 }
 
-static bool wgmma_tail_split() {
-    const char *v = std::getenv("GGML_CIQ_WGMMA_TAIL");
-    return !(v && *v && std::atoi(v) == 0);
-}
-
-// GGML_CIQ_WGMMA_CONFIG=c (an index of k_wgmma_configs) pins the tile shape, for A/B runs of the table.
+// The plan of the least modelled time (sw.config pins the tile shape; sw.tail, sw.stream_k: wgmma_switches).
 template <ciq_type T, bool TMA_W, bool RS>
-static wgmma_plan pick_plan(int64_t rows, int64_t tokens, int nb, int sms, int64_t l2_bytes, int stream_k) {
+static wgmma_plan pick_plan(int64_t rows, int64_t tokens, int nb, int sms, int64_t l2_bytes, const wgmma_switches &sw) {
     static constexpr int (*k_wave_ctas[])(int, int) = {wave_ctas<T, 0, TMA_W, RS>, wave_ctas<T, 1, TMA_W, RS>,
                                                        wave_ctas<T, 2, TMA_W, RS>};
     static_assert(sizeof(k_wave_ctas) / sizeof(k_wave_ctas[0]) == k_wgmma_config_count, "one entry per tile config");
     wgmma_plan best{1, 1, nb};
     double best_s = 1e30;
     const int64_t row_tiles = (rows + CIQ_WGMMA_ROWS - 1) / CIQ_WGMMA_ROWS;
-    const char *pin = std::getenv("GGML_CIQ_WGMMA_CONFIG");
-    const int pinned = pin && *pin ? std::atoi(pin) : -1;
     for (int c = 0; c < k_wgmma_config_count; ++c) {
-        if (pinned >= 0 && pinned < k_wgmma_config_count && c != pinned) continue;
+        if (sw.config >= 0 && c != sw.config) continue;
         const int bn = k_wgmma_configs[c].bn;
         const int64_t tiles = row_tiles * ((tokens + bn - 1) / bn);
         // seconds per K value of a tile; a unit is 64 values per stage, and pipeline fill + epilogue one super-block
@@ -1021,10 +1037,9 @@ static wgmma_plan pick_plan(int64_t rows, int64_t tokens, int nb, int sms, int64
                 best = {c, splits, per};
             }
         }
-        // Full unsplit waves, then the partial wave's tiles split so that they fill one wave (GGML_CIQ_WGMMA_TAIL=0:
-        // never; the switch for A/B runs)
+        // Full unsplit waves, then the partial wave's tiles split so that they fill one wave (sw.tail off: never)
         const int64_t wave1 = k_wave_ctas[c](1, sms), main = tiles / wave1 * wave1, rest = tiles - main;
-        if (main > 0 && rest > 0 && wgmma_tail_split()) {
+        if (main > 0 && rest > 0 && sw.tail) {
             for (int splits = 2; splits <= CIQ_WGMMA_MAX_SPLITS && splits <= nb; ++splits) {
                 const int per = (nb + splits - 1) / splits, used = (nb + per - 1) / per;
                 const int wave = used == splits ? k_wave_ctas[c](splits, sms) : -1;
@@ -1043,7 +1058,7 @@ static wgmma_plan pick_plan(int64_t rows, int64_t tokens, int nb, int sms, int64
         // +7%), and so did activations beyond a quarter of the L2 (4096 x 14336 at 2048 tokens, 59 MB: +15%; the CTAs'
         // ranges start at other K, so the activations no longer pass through the L2 once per wave)
         const bool fits_l2 = (double)tokens * nb * unit_values * 2 <= l2_bytes / 4.0;
-        if (TMA_W && stream_k == 1 && fits_l2) {  // (kernels reading weights into registers: never)
+        if (TMA_W && sw.stream_k == 1 && fits_l2) {  // (kernels reading weights into registers: never)
             const int64_t full_waves = tiles / wave1;
             for (int64_t mw = full_waves; mw >= 0 && mw >= full_waves - 1; --mw) {
                 const int64_t rest = tiles - mw * wave1, units = rest * nb;
@@ -1061,7 +1076,7 @@ static wgmma_plan pick_plan(int64_t rows, int64_t tokens, int nb, int sms, int64
             }
         }
     }
-    if (TMA_W && stream_k == 2) {  // every tile of the chosen tile shape streamed
+    if (TMA_W && sw.stream_k == 2) {  // every tile of the chosen tile shape streamed
         const int bn = k_wgmma_configs[best.config].bn;
         const int64_t units = row_tiles * ((tokens + bn - 1) / bn) * nb;
         best = {best.config, 1, nb, 0, 1, 0, (int)std::min<int64_t>(sms, units)};
@@ -1089,7 +1104,7 @@ static ciq_status launch_wgmma(const CUtensorMap &xmap, const CUtensorMap &wmap,
         cudaLaunchConfig_t config;
         cudaLaunchAttribute attrs[2];
         wgmma_launch_config<T, C, TMA_W, RS>(config, attrs, dim3((unsigned)(stream_k ? plan.tail_ctas : count), 1,
-                                                             (unsigned)splits), wgmma_pdl());
+                                                             (unsigned)splits), plan.pdl);
         const cudaError_t err = cudaLaunchKernelEx(&config, kernel, xmap, wmap, (const uint8_t *)weight, rows, nb,
                                                    scales, (int)tokens, per, (int)first, row_tiles, outs, out_type, sk);
         if (err != cudaSuccess) return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: %s", cudaGetErrorString(err));
@@ -1115,44 +1130,37 @@ static ciq_status dispatch_wgmma(const CUtensorMap &xmap, const CUtensorMap &wma
 // Weights go through TMA into shared memory when the rows allow a tensor map (16-byte-aligned base and row pitch:
 // every Q4_K matrix, Q6_K with K a multiple of 2048); otherwise the producers read them into registers.
 template <ciq_type T>
-static ciq_status run_wgmma(encode_tiled_fn encode, const void *x_f16, int64_t k, const void *weight, int64_t row_bytes,
-                            int64_t rows, int nb, const float *scales, int64_t tokens, int sms, int64_t l2_bytes,
-                            int stream_k, bool rs, const wgmma_stream_k &ws, const wgmma_outputs &outs,
-                            ciq_out_type out_type) {
+static ciq_status run_wgmma(const void *x_f16, int64_t k, const void *weight, int64_t row_bytes, int64_t rows, int nb,
+                            const float *scales, int64_t tokens, int sms, int64_t l2_bytes, const wgmma_switches &sw,
+                            const wgmma_stream_k &ws, const wgmma_outputs &outs, ciq_out_type out_type) {
     // Q4_K rows (144 B blocks, 16-byte-aligned weights) always allow it; Q6_K rows (210 B) when K % 2048 == 0; the
     // 32-value block types never (their blocks straddle any 16-byte box).
     const bool tma_w = wgmma_kquant(T) && (uintptr_t)weight % 16 == 0 && row_bytes % 16 == 0;
     wgmma_plan plan;
     if constexpr (T == CIQ_TYPE_Q4_K || T == CIQ_TYPE_Q6_K) {
-        if (tma_w) plan = rs ? pick_plan<T, true, true>(rows, tokens, nb, sms, l2_bytes, stream_k)
-                             : pick_plan<T, true, false>(rows, tokens, nb, sms, l2_bytes, stream_k);
+        if (tma_w) plan = sw.rs ? pick_plan<T, true, true>(rows, tokens, nb, sms, l2_bytes, sw)
+                                : pick_plan<T, true, false>(rows, tokens, nb, sms, l2_bytes, sw);
     }
     if constexpr (T != CIQ_TYPE_Q4_K) {  // Q4_K rows always allow TMA
-        if (!tma_w) plan = pick_plan<T, false, false>(rows, tokens, nb, sms, l2_bytes, stream_k);
+        if (!tma_w) plan = pick_plan<T, false, false>(rows, tokens, nb, sms, l2_bytes, sw);
     }
     plan.partial = ws.partial, plan.flags = ws.flags;
+    plan.pdl = sw.pdl;
 
     CUtensorMap xmap, wmap;
     {  // activations: 64 K values x BN tokens per box, 128-byte swizzle, zeros past the last token
         const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)tokens}, strides[1] = {(cuuint64_t)k * 2};
-        const cuuint32_t box[2] = {CIQ_WGMMA_KSTAGE, (cuuint32_t)k_wgmma_configs[plan.config].bn}, unit[2] = {1, 1};
-        const CUresult res = encode(&xmap, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, const_cast<void *>(x_f16), dims, strides,
-                                    box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (res != CUDA_SUCCESS)
-            return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: cuTensorMapEncodeTiled (activations) error %d", (int)res);
+        const cuuint32_t box[2] = {CIQ_WGMMA_KSTAGE, (cuuint32_t)k_wgmma_configs[plan.config].bn};
+        CIQ_TRY(ciq_tensor_map(&xmap, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, x_f16, dims, strides, box,
+                               CU_TENSOR_MAP_SWIZZLE_128B, "ciq_cuda_gemm_wgmma (activations)"));
     }
     if constexpr (wgmma_kquant(T)) {
         if (tma_w) {  // weights as bytes: one block (WBOX bytes) x 128 rows per box, zeros past the last row
             const cuuint64_t dims[2] = {(cuuint64_t)row_bytes, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)row_bytes};
-            const cuuint32_t box[2] = {(cuuint32_t)(rs ? wgmma_rs_wbox(T) : wgmma_wbox(T)), CIQ_WGMMA_ROWS},
-                             unit[2] = {1, 1};
-            const CUresult res = encode(&wmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(weight), dims, strides,
-                                        box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-            if (res != CUDA_SUCCESS)
-                return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: cuTensorMapEncodeTiled (weights) error %d", (int)res);
-            return rs ? dispatch_wgmma<T, true, true>(xmap, wmap, weight, rows, nb, scales, tokens, plan, outs, out_type)
+            const cuuint32_t box[2] = {(cuuint32_t)(sw.rs ? wgmma_rs_wbox(T) : wgmma_wbox(T)), CIQ_WGMMA_ROWS};
+            CIQ_TRY(ciq_tensor_map(&wmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, weight, dims, strides, box,
+                                   CU_TENSOR_MAP_SWIZZLE_NONE, "ciq_cuda_gemm_wgmma (weights)"));
+            return sw.rs ? dispatch_wgmma<T, true, true>(xmap, wmap, weight, rows, nb, scales, tokens, plan, outs, out_type)
                       : dispatch_wgmma<T, true, false>(xmap, wmap, weight, rows, nb, scales, tokens, plan, outs, out_type);
         }
     }
@@ -1214,15 +1222,8 @@ static ciq_status gemm_wgmma(int device, ciq_type type, const void *weight, int6
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT,
                         "ciq_cuda_gemm_wgmma: activations (and Q4_K weights) must be 16-byte aligned, other weights "
                         "2-byte");
-    // GGML_CIQ_WGMMA_STREAMK: 0 never stream-K, 1 (unset) where the time model gains, 2 always where the kernel can;
-    // GGML_CIQ_WGMMA_RS: 0 the SS form everywhere, 1 (unset) the RS form wherever the weights are staged by TMA
-    int stream_k, rs;
-    CIQ_TRY(wgmma_digit_switch("GGML_CIQ_WGMMA_STREAMK", 1, 2,
-                               "0 (never stream-K), 1 (where the time model gains) or 2 (always)", &stream_k));
-    CIQ_TRY(wgmma_digit_switch("GGML_CIQ_WGMMA_RS", 1, 1, "0 (A tiles through shared memory) or 1 (A from registers "
-                               "where the weights are staged by TMA)", &rs));
-    encode_tiled_fn encode;
-    if (tensor_map_encoder(&encode) != CIQ_OK) return CIQ_ERR_BACKEND;
+    wgmma_switches sw;
+    CIQ_TRY(wgmma_read_switches(&sw));
     wgmma_device dev;
     CIQ_TRY(wgmma_device_state(device, dev));
     const float *scales = (const float *)((const uint8_t *)x_f16 + ciq_f16_scale_offset(tokens, k));
@@ -1230,8 +1231,8 @@ static ciq_status gemm_wgmma(int device, ciq_type type, const void *weight, int6
 #define CIQ_WGMMA_RUN(T)                                                                                             \
     case T: {                                                                                                         \
         const int nb = (int)(k / (CIQ_WGMMA_KSTAGE * wgmma_unit_stages(T)));                                          \
-        return run_wgmma<T>(encode, x_f16, k, weight, (int64_t)nb * wgmma_unit_bytes(T), rows, nb, scales, tokens,   \
-                            dev.sms, dev.l2_bytes, stream_k, rs, dev.ws, outs, out_type);                             \
+        return run_wgmma<T>(x_f16, k, weight, (int64_t)nb * wgmma_unit_bytes(T), rows, nb, scales, tokens, dev.sms,   \
+                            dev.l2_bytes, sw, dev.ws, outs, out_type);                                                \
     }
         CIQ_WGMMA_RUN(CIQ_TYPE_Q4_K)
         CIQ_WGMMA_RUN(CIQ_TYPE_Q6_K)
