@@ -62,9 +62,9 @@
 # beside a call only when they take seconds (the eleventh session lost its llama.cpp build and staged model that way):
 #   call 1, carry .device: setup (llama.cpp builds in the background, ~5 min; keep the CPU free meanwhile) ; GPU tests
 #           that need no llama.cpp (test tests/test_ops.py tests/test_engine.py ...)
-#   calls 2-8, each carry one .device-parts/gemma3-270m.gguf.partNN + .device-parts/SHA256SUMS: stage (the seventh
-#           joins and checks the whole file; 36 MiB parts, 7 of them, since the tracked tree passed 26 MB); the last
-#           also carries .device-extra (the 8B's vocabulary, which no longer fits beside .device in call 1)
+#   calls 2-9, each carry one .device-parts/gemma3-270m.gguf.partNN + .device-parts/SHA256SUMS: `stage ; other work`
+#           (the eighth joins and checks the whole file; 32 MiB parts, 8 of them, since the tracked tree passed 29 MB);
+#           the last also carries .device-extra (the 8B's vocabulary, which no longer fits beside .device in call 1)
 #   then: wait ; test tests/test_cuda.py tests/test_plugin.py ; plugin-check ; plugin-bench ; memory ; compare ; and
 #           end every call that writes more than 8 files under $OUT with `pack NAME` (a call returns at most 8 files,
 #           named in letters, digits, '.', '_' and '-')

@@ -34,12 +34,12 @@ manual=/usr/share/vim/vim90/doc
 cat "$manual/usr_02.txt" "$manual/usr_03.txt" > "$out/perplexity-text.txt"
 echo "$manual/usr_02.txt + usr_03.txt ($(dpkg -S "$manual/usr_02.txt" 2>/dev/null | cut -d: -f1) $(dpkg-query -W -f='${Version}' vim-runtime 2>/dev/null))" \
   > "$out/perplexity-text.source"
-# The whole Gemma file (253 MB, for the engine and `compare` there) in 36 MiB parts (7 of them: with the tracked
-# tree, 26 MB at 5b644f3, each call stays under the 64 MiB it carries; 40 MiB parts stopped fitting then), each carried
-# by its own call (`run` carry: [".device-parts/NAME", ".device-parts/SHA256SUMS"]), joined there by
-# `tools/gpu_run.sh stage`.
+# The whole Gemma file (253 MB, for the engine and `compare` there) in 32 MiB parts (8 of them: with the tracked
+# tree, 29.5 MB at 8d3b6cf, each call stays under the 64 MiB it carries; 40 MiB parts stopped fitting at 5b644f3, 36 MiB
+# ones at 8d3b6cf), each carried by its own call (`run` carry: [".device-parts/NAME", ".device-parts/SHA256SUMS"]; a
+# call that also works), joined there by `tools/gpu_run.sh stage`.
 rm -rf .device-parts && mkdir -p .device-parts
 gemma=$(PYTHONPATH=$PWD python3 -c 'from ggml_ciq import catalog; print(catalog.gemma3_270m_path())')
-split -b 36M -d "$gemma" .device-parts/gemma3-270m.gguf.part
+split -b 32M -d "$gemma" .device-parts/gemma3-270m.gguf.part
 (cd .device-parts && sha256sum "$gemma" | sed "s|  .*|  gemma3-270m.gguf|" > SHA256SUMS && sha256sum gemma3-270m.gguf.part* >> SHA256SUMS)
 du -sh "$out"
