@@ -336,7 +336,14 @@ class LlamaModel(Closeable):
         mparams.split_mode = LLAMA_SPLIT_MODE_NONE
         mparams.main_gpu = 0
         mparams.use_extra_bufts = repack
-        if devices:
+        if device == "cpu" and not devices:
+            # No GPU device in the model's list: with one (a CUDA build's default), llama.cpp keeps CPU weights in
+            # the GPU's pinned host buffer type, which comes before the CPU's repacking types in make_cpu_buft_list,
+            # so a CUDA build computed a CPU model without repacking: not the numbers of llama.cpp CPU (its default,
+            # repacked Q4_K). ACCEL devices (the plugin's CIQ_CPU, BLAS) are not in this list; the model adds them.
+            self._devices = ffi.new("void *[]", [ffi.NULL])
+            mparams.devices = self._devices
+        elif devices:
             handles = [lib.ggml_backend_dev_by_name(name.encode()) for name in devices]
             if ffi.NULL in handles:
                 raise BackendError(f"no ggml device {devices[handles.index(ffi.NULL)]!r} (have: "

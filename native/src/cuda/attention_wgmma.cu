@@ -249,14 +249,20 @@ __global__ void __maxnreg__(WgmmaAttn<D>::MAXNREG)
 
 template <int D> ciq_status launch_wgmma(const AttentionArgs &args) {
     using L = WgmmaAttn<D>;
+    encode_tiled_fn encode;
+    if (tensor_map_encoder(&encode) != CIQ_OK) return CIQ_ERR_BACKEND;
     CUtensorMap maps[2];
     const uint16_t *src[2] = {args.k, args.v};
     for (int i = 0; i < 2; ++i) {  // rows: the positions any query of the call sees; TMA reads zeros past them
         const cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)args.heads_kv, (cuuint64_t)args.n_past + args.tokens};
         const cuuint64_t strides[2] = {(cuuint64_t)D * 2, (cuuint64_t)args.heads_kv * D * 2};
-        const cuuint32_t box[3] = {64, 1, (cuuint32_t)L::KT};
-        CIQ_TRY(ciq_tensor_map(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, src[i], dims, strides, box,
-                               CU_TENSOR_MAP_SWIZZLE_128B, i ? "attention (wgmma) V" : "attention (wgmma) K"));
+        const cuuint32_t box[3] = {64, 1, (cuuint32_t)L::KT}, unit[3] = {1, 1, 1};
+        const CUresult res = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, const_cast<uint16_t *>(src[i]), dims,
+                                    strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (res != CUDA_SUCCESS)
+            return ciq_fail(CIQ_ERR_BACKEND, "attention (wgmma): cuTensorMapEncodeTiled (%s) error %d", i ? "V" : "K",
+                            (int)res);
     }
     const ciq_status status = ciq_raise_smem_limit<attention_wgmma_kernel<D>>(L::SMEM, "attention (wgmma)");
     if (status != CIQ_OK) return status;

@@ -1147,19 +1147,28 @@ static ciq_status run_wgmma(const void *x_f16, int64_t k, const void *weight, in
     plan.partial = ws.partial, plan.flags = ws.flags;
     plan.pdl = sw.pdl;
 
+    encode_tiled_fn encode;
+    if (tensor_map_encoder(&encode) != CIQ_OK) return CIQ_ERR_BACKEND;
     CUtensorMap xmap, wmap;
     {  // activations: 64 K values x BN tokens per box, 128-byte swizzle, zeros past the last token
         const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)tokens}, strides[1] = {(cuuint64_t)k * 2};
-        const cuuint32_t box[2] = {CIQ_WGMMA_KSTAGE, (cuuint32_t)k_wgmma_configs[plan.config].bn};
-        CIQ_TRY(ciq_tensor_map(&xmap, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, x_f16, dims, strides, box,
-                               CU_TENSOR_MAP_SWIZZLE_128B, "ciq_cuda_gemm_wgmma (activations)"));
+        const cuuint32_t box[2] = {CIQ_WGMMA_KSTAGE, (cuuint32_t)k_wgmma_configs[plan.config].bn}, unit[2] = {1, 1};
+        const CUresult res = encode(&xmap, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, const_cast<void *>(x_f16), dims, strides,
+                                    box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (res != CUDA_SUCCESS)
+            return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: cuTensorMapEncodeTiled (activations) error %d", (int)res);
     }
     if constexpr (wgmma_kquant(T)) {
         if (tma_w) {  // weights as bytes: one block (WBOX bytes) x 128 rows per box, zeros past the last row
             const cuuint64_t dims[2] = {(cuuint64_t)row_bytes, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)row_bytes};
-            const cuuint32_t box[2] = {(cuuint32_t)(sw.rs ? wgmma_rs_wbox(T) : wgmma_wbox(T)), CIQ_WGMMA_ROWS};
-            CIQ_TRY(ciq_tensor_map(&wmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, weight, dims, strides, box,
-                                   CU_TENSOR_MAP_SWIZZLE_NONE, "ciq_cuda_gemm_wgmma (weights)"));
+            const cuuint32_t box[2] = {(cuuint32_t)(sw.rs ? wgmma_rs_wbox(T) : wgmma_wbox(T)), CIQ_WGMMA_ROWS},
+                             unit[2] = {1, 1};
+            const CUresult res = encode(&wmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(weight), dims, strides,
+                                        box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+            if (res != CUDA_SUCCESS)
+                return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: cuTensorMapEncodeTiled (weights) error %d", (int)res);
             return sw.rs ? dispatch_wgmma<T, true, true>(xmap, wmap, weight, rows, nb, scales, tokens, plan, outs, out_type)
                       : dispatch_wgmma<T, true, false>(xmap, wmap, weight, rows, nb, scales, tokens, plan, outs, out_type);
         }

@@ -9,7 +9,7 @@
 //   PDL        : wait_for_previous_grid (griddepcontrol.wait).
 //   attention  : smem_desc_mn (MN-major B), tma_load_3d, fence_proxy_async, wgmma_rs<N> (A from registers,
 //                B transposed); wgmma_rsk<N> (A from registers, B K-major: the GEMM's RS kernels); host:
-//                tensor_map_encoder, ciq_tensor_map (encoded once per argument set).
+//                tensor_map_encoder.
 // CIQ_WGMMA_DEVICE is defined where these compile (the sm_90a device pass).
 #pragma once
 #include "common.cuh"
@@ -191,7 +191,6 @@ template <int N> static __device__ __forceinline__ void wgmma_rsk(float (&d)[N /
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no libcuda link), looked up once.
 #include <cudaTypedefs.h>
 #include <mutex>
-#include <vector>
 using encode_tiled_fn = PFN_cuTensorMapEncodeTiled_v12000;
 static inline ciq_status tensor_map_encoder(encode_tiled_fn *fn) {
     static encode_tiled_fn cached = nullptr;
@@ -206,54 +205,5 @@ static inline ciq_status tensor_map_encoder(encode_tiled_fn *fn) {
     });
     *fn = cached;
     return cached ? CIQ_OK : ciq_fail(CIQ_ERR_BACKEND, "the CUDA driver has no cuTensorMapEncodeTiled");
-}
-
-// A tiled tensor map of rank 2 or 3 (unit element strides, no interleave, 256-byte L2 promotion, zeros out of
-// bounds), encoded once per distinct argument set: a map is a pure function of its arguments (the address, not what
-// lies there), and the encoding is host time on every GEMM and attention call otherwise. Kept in a per-thread table
-// of 512 entries (no lock), a collision re-encoding. `what` names the map in the error.
-struct ciq_tensor_map_key {
-    const void *base;
-    uint64_t dims[3], strides[2];
-    uint32_t box[3];
-    int rank, dtype, swizzle;
-    bool operator==(const ciq_tensor_map_key &o) const {
-        return base == o.base && rank == o.rank && dtype == o.dtype && swizzle == o.swizzle && dims[0] == o.dims[0] &&
-               dims[1] == o.dims[1] && dims[2] == o.dims[2] && strides[0] == o.strides[0] &&
-               strides[1] == o.strides[1] && box[0] == o.box[0] && box[1] == o.box[1] && box[2] == o.box[2];
-    }
-};
-static inline ciq_status ciq_tensor_map(CUtensorMap *map, CUtensorMapDataType dtype, int rank, const void *base,
-                                        const cuuint64_t *dims, const cuuint64_t *strides, const cuuint32_t *box,
-                                        CUtensorMapSwizzle swizzle, const char *what) {
-    ciq_tensor_map_key key{base, {dims[0], dims[1], rank > 2 ? dims[2] : 0}, {strides[0], rank > 2 ? strides[1] : 0},
-                           {box[0], box[1], rank > 2 ? box[2] : 0}, rank, (int)dtype, (int)swizzle};
-    struct entry {
-        ciq_tensor_map_key key;
-        CUtensorMap map;
-        bool valid;
-    };
-    constexpr size_t slots = 512;
-    thread_local std::vector<entry> table(slots);  // a thread's own, made at its first map
-    uint64_t h = (uint64_t)(uintptr_t)base * 0x9E3779B97F4A7C15ull;
-    for (int i = 0; i < 3; ++i) h = (h ^ key.dims[i] ^ ((uint64_t)key.box[i] << 32)) * 0x100000001B3ull;
-    h ^= key.strides[0] * 31 + key.strides[1] + ((uint64_t)dtype << 40) + ((uint64_t)swizzle << 48);
-    entry &e = table[(h ^ (h >> 29)) % slots];
-    if (e.valid && e.key == key) {
-        *map = e.map;
-        return CIQ_OK;
-    }
-    encode_tiled_fn encode;
-    CIQ_TRY(tensor_map_encoder(&encode));
-    const cuuint32_t unit[3] = {1, 1, 1};
-    const CUresult res = encode(map, dtype, (cuuint32_t)rank, const_cast<void *>(base), dims, strides, box, unit,
-                                CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (res != CUDA_SUCCESS) {
-        e.valid = false;
-        return ciq_fail(CIQ_ERR_BACKEND, "%s: cuTensorMapEncodeTiled error %d", what, (int)res);
-    }
-    e = entry{key, *map, true};
-    return CIQ_OK;
 }
 #endif  // !GGML_CIQ_HIP
