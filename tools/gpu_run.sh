@@ -68,16 +68,11 @@
 #   then: wait ; test tests/test_cuda.py tests/test_plugin.py ; plugin-check ; plugin-bench ; memory ; compare ; and
 #           end every call that writes more than 8 files under $OUT with `pack NAME` (a call returns at most 8 files,
 #           named in letters, digits, '.', '_' and '-')
-# What the open issue (16) still needs on the GPU (at 9c75ce8, bench/results/h200/gemm-streamk-9c75ce8: bench gemm
-# 2.55x / 2.84x at 512, seed6 1.88x / 2.06x; the 8B 2.88x at 512; Gemma 3.03x / 3.06x at 7c5ac0a): Gemma end to end
-# with wgmma attention (stage, then `GRAPH=1 REFERENCE=off compare` and `attention-ab`); 3be40d2's host-path caching
-# (`test tests/test_cuda.py -k wgmma`, `bench`); then the GEMM work the diagnosis points to: `gemm-ncu` (what the
-# consumers wait on, with and without the dequantization). A lease that builds llama.cpp:
-# setup (carry .device, GGML_CIQ_COMMIT=...), then `stage` with .device-extra (the 8B vocabulary) before any 8B run.
-# `test tests/test_engine.py -k last_token` fails there against the CUDA build's CPU device (it
-# passes in CI against a CPU-only build; not explained yet). Prepare every edit before the lease:
+# Issue 16's bars were all met at 4a93705 (bench/results/h200/issue16-4a93705). On the GPU machine next: the CPU
+# last-token test with the whole Gemma staged (`test tests/test_engine.py -k last_token`: llama.cpp CPU gets no GPU
+# device since 84f493d; it failed before, passing with CUDA_VISIBLE_DEVICES=). Prepare every edit before the lease:
 # the machine goes back 30 s after a call, with /tmp.
-# plugin-sanitize after ac2ab62's change to the plugin's waits. Run one-off scripts as
+# Also not rerun since ac2ab62's change to the plugin's waits: plugin-sanitize. Run one-off scripts as
 # `gpu_run.sh py tools/X.py` (its PYTHONPATH), and fire the next call within 30 s.
 # /tmp survives between calls while the machine stays warm, so setup runs once per lease.
 set -uo pipefail
