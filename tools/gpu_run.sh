@@ -429,7 +429,7 @@ case "${1:-}" in
       done
     done ;;
   baseline)  # the library of an earlier commit, for lib-ab: .baseline/native (git-ignored, carried; made here by
-             # `git archive COMMIT native | tar x -C .baseline` and its COMMIT file) built into /tmp/ciq-base
+             # `BASELINE=COMMIT tools/prepare_device.sh`) built into /tmp/ciq-base
     [ -d .baseline/native ] && rm -rf /tmp/ciq-base-src && cp -r .baseline /tmp/ciq-base-src
     [ -d /tmp/ciq-base-src/native ] || { echo "no .baseline/native carried" >&2; exit 2; }
     GGML_CIQ_COMMIT=$(cat /tmp/ciq-base-src/COMMIT) cmake -S /tmp/ciq-base-src/native -B /tmp/ciq-base -G Ninja \

@@ -38,6 +38,12 @@ echo "$manual/usr_02.txt + usr_03.txt ($(dpkg -S "$manual/usr_02.txt" 2>/dev/nul
 # tree, 29.5 MB at 8d3b6cf, each call stays under the 64 MiB it carries; 40 MiB parts stopped fitting at 5b644f3, 36 MiB
 # ones at 8d3b6cf), each carried by its own call (`run` carry: [".device-parts/NAME", ".device-parts/SHA256SUMS"]; a
 # call that also works), joined there by `tools/gpu_run.sh stage`.
+# BASELINE=COMMIT: that commit's native/ in .baseline/ (git-ignored; carried to the call that runs
+# `tools/gpu_run.sh baseline`, then `lib-ab` benches its library against this tree's in one process).
+if [ -n "${BASELINE:-}" ]; then
+  rm -rf .baseline && mkdir -p .baseline && git archive "$BASELINE" native | tar x -C .baseline
+  git rev-parse --short "$BASELINE" > .baseline/COMMIT
+fi
 rm -rf .device-parts && mkdir -p .device-parts
 gemma=$(PYTHONPATH=$PWD python3 -c 'from ggml_ciq import catalog; print(catalog.gemma3_270m_path())')
 split -b 32M -d "$gemma" .device-parts/gemma3-270m.gguf.part

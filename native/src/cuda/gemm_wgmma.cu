@@ -940,7 +940,7 @@ static bool wgmma_on_unless_zero(const char *name) {
     return !(v && *v && std::atoi(v) == 0);
 }
 
-// wgmma's switches, read once a call (each getenv scans the environment: host time on every call):
+// wgmma's switches, read in one place once a call (what each takes is named here; the A/B runs set them):
 //   GGML_CIQ_WGMMA_STREAMK  0 never stream-K, 1 (unset) where the time model gains, 2 always where the kernel can
 //   GGML_CIQ_WGMMA_RS       0 the SS form everywhere, 1 (unset) the RS form wherever the weights are staged by TMA
 //   GGML_CIQ_WGMMA_PDL      0: no programmatic dependent launch (wait_for_previous_grid; bench/results/h200/wgmma-pdl-*)
