@@ -238,7 +238,7 @@ class Transformer:
                          qkv=LinearSet(ops, [pair(f"{p}.attn_q", q_rows, e), pair(f"{p}.attn_k", kv_rows, e),
                                              pair(f"{p}.attn_v", kv_rows, e)]),
                          o=linear(f"{p}.attn_output", e, q_rows), ffn_norm=norm(f"{p}.ffn_norm.weight"),
-                         gate_up=LinearSet(ops, [gate, pair(f"{p}.ffn_up", ff, e)]),
+                         gate_up=self._gate_up(gate, pair(f"{p}.ffn_up", ff, e)),
                          down=linear(f"{p}.ffn_down", e, ff))
             if self.arch.qk_norm:
                 layer.update(q_norm=norm(f"{p}.attn_q_norm.weight", hp.head_dim),
@@ -335,12 +335,25 @@ class Transformer:
         dim = hp.n_embd // hp.n_head if hp.n_layer == 62 else hp.head_dim  # Gemma 3 27B: n_embd / n_head
         return float(np.float32(1.0) / np.sqrt(np.float32(dim)))
 
+    def _gate_up(self, gate: tuple, up: tuple):
+        """The FFN's gate/up: one Linear of both interleaved whose GEMM gives their GLU where the ops stack them so
+        (stack_glu, no biases), else a LinearSet."""
+        stack = getattr(self.ops, "stack_glu", None)
+        weight = stack(gate[0], up[0]) if stack is not None and gate[1] is None and up[1] is None else None
+        return Linear(self.ops, gate[0], weight=weight) if weight is not None else LinearSet(self.ops, [gate, up])
+
     def _ffn(self, layer: dict, x, residual=None):
-        """The layer's FFN on x: its norm, gate/up, their GLU, down (+ residual where given): the GLU fused into
-        down's activation conversion where the ops offer it (glu_linear: the same values; the GLU's time counts to
-        down's GEMM class where it is fused in), the residual into down's epilogue where they fuse."""
-        gate, up = self._linears(layer["gate_up"], x, norm=layer["ffn_norm"])
+        """The layer's FFN on x: its norm, gate/up, their GLU, down (+ residual where given): the GLU from gate/up's
+        GEMM where the ops stacked them for it (linear_glu), else fused into down's activation conversion where the ops
+        offer it (glu_linear: the same values; the GLU's time counts to down's GEMM class where it is fused in), the
+        residual into down's epilogue where they fuse."""
         kind, down = "gelu" if self.arch.gemma else "silu", layer["down"]
+        if isinstance(layer["gate_up"], Linear):  # stack_glu's weight: the GLU from its GEMM's epilogue
+            lin = layer["gate_up"]
+            with self.ops.timer(lin.op_class):
+                h = self.ops.linear_glu(lin.weight, x, kind, norm=(layer["ffn_norm"], self.hp.rms_eps))
+            return self._linear(down, h, residual)
+        gate, up = self._linears(layer["gate_up"], x, norm=layer["ffn_norm"])
         glu_linear = getattr(self.ops, "glu_linear", None)
         if glu_linear is None or down.bias is not None:
             return self._linear(down, self.ops.glu(gate, up, kind), residual)

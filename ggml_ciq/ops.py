@@ -200,6 +200,7 @@ class Weight:
     kind: str
     data: DeviceArray
     parts: tuple = ()  # stack_weights: the rows of each stacked matrix, in order (their outputs are returned apart)
+    glu: bool = False  # stack_glu: gate's and up's rows interleaved by CIQ_GLU_INTERLEAVE; its GEMM gives their GLU
 
 
 class NativeOps:
@@ -722,6 +723,8 @@ class NativeOps:
             raise ShapeError(f"{weight.name}: input rows of {x.shape[-1]} values, the weight takes {weight.k}")
         if weight.parts:
             raise InvalidArgumentError(f"{weight.name}: a stacked weight's outputs come from linear_group")
+        if weight.glu:
+            raise InvalidArgumentError(f"{weight.name}: a gate/up weight interleaved for its GLU goes through linear_glu")
         tokens = x.size // weight.k
         if add is not None:  # from the epilogue where linear_group takes the weight; else the GEMM, then the add
             if self.groups([weight]):
@@ -759,13 +762,31 @@ class NativeOps:
         norm (weight, eps): the inputs are rms_norm(x) * weight, with the norm fused into the f16 conversion where
         the ops fuse (ciq_rms_norm_activations: the same bytes); glu (up, kind): the inputs are glu(x, up, kind), fused
         into a GPU's f16 conversion in the host order (ciq_glu_activations: the same bytes); adds: per weight None or
-        its addend (linear's add)."""
+        its addend (linear's add). Two weights without addends go through ciq_gemm_quantized_group (one launch where
+        wgmma groups them: q+k Q4_K beside v Q6_K; its one plan may split K otherwise than the two apart)."""
         x = self._f32(x, "linear input")
         if not self.groups(weights) or x.shape[-1] != weights[0].k:
             raise ShapeError("linear_group: quantized weights of one K (groups()), and inputs of that K")
-        n, k = self.native, weights[0].k
+        if any(w.glu for w in weights):
+            raise InvalidArgumentError("linear_group: a gate/up weight interleaved for its GLU goes through linear_glu")
+        k = weights[0].k
         tokens = x.size // k
         plans = [self._plan(w, tokens) for w in weights]
+        layouts = self._activations(plans, x, tokens, k, norm, glu)
+        adds = adds or [None] * len(weights)
+        if len(adds) != len(weights):
+            raise ShapeError(f"linear_group: {len(adds)} addends for {len(weights)} weights")
+        if len(weights) == 2 and adds == [None, None] and plans[0].activation_layout == plans[1].activation_layout:
+            return self._gemm_group(weights, plans, layouts[plans[0].activation_layout], tokens)
+        outs = []
+        for w, plan, add in zip(weights, plans, adds):
+            outs += self._gemm_planned(w, plan, layouts[plan.activation_layout], tokens, add)
+        return outs
+
+    def _activations(self, plans, x: DeviceArray, tokens: int, k: int, norm: tuple | None = None,
+                     glu: tuple | None = None) -> dict:
+        """{layout: x quantized (or converted) into it} for the plans' layouts (linear_group's prologues: norm, glu)."""
+        n = self.native
         norm_w = self._norm_weight(norm[0], k) if norm is not None else None
         f16_gpu = self.device >= 0 and self.op_order == "host"
         layouts, source = {}, None
@@ -790,13 +811,67 @@ class NativeOps:
                 source = (self.rms_norm(x, norm_w, norm[1]) if norm is not None else
                           self.glu(x, glu[0], glu[1]) if glu is not None else x)
             n.check(n.lib.ciq_activations_quantize(self.device, layout, self._fp(source), buf.ptr, tokens, k))
-        adds = adds or [None] * len(weights)
-        if len(adds) != len(weights):
-            raise ShapeError(f"linear_group: {len(adds)} addends for {len(weights)} weights")
-        outs = []
-        for w, plan, add in zip(weights, plans, adds):
-            outs += self._gemm_planned(w, plan, layouts[plan.activation_layout], tokens, add)
+        return layouts
+
+    def _gemm_group(self, weights: list[Weight], plans, activations: DeviceArray, tokens: int) -> list[DeviceArray]:
+        """Two weights' GEMMs on the same activations (ciq_gemm_quantized_group: one launch where wgmma groups them,
+        e.g. q+k Q4_K beside v Q6_K; else one each): [tokens, rows] float32 per stacked part, in order."""
+        n = self.native
+        group = n.ffi.new("ciq_gemm_weight[]", len(weights))
+        outs, keep = [], []
+        for g, w, plan in zip(group, weights, plans):
+            parts = w.parts or (w.rows,)
+            mine = [self.empty((tokens, rows)) for rows in parts]
+            outputs = n.ffi.new("ciq_gemm_output[]", len(parts))
+            for o, rows, out in zip(outputs, parts, mine):
+                o.rows, o.out, o.add = rows, out.ptr, n.ffi.NULL
+            keep.append(outputs)
+            g.plan, g.type, g.weight, g.weight_nbytes, g.rows = plan, w.ggml_type, w.data.ptr, w.data.nbytes, w.rows
+            g.outputs, g.n_outputs = outputs, len(parts)
+            outs += mine
+        n.check(n.lib.ciq_gemm_quantized_group(self.device, group, len(weights), weights[0].k, activations.ptr, tokens,
+                                               n.lib.CIQ_OUT_F32))
         return outs
+
+    def linear_glu(self, weight: Weight, x, kind: str, norm: tuple | None = None) -> DeviceArray:
+        """glu(gate(x'), up(x'), kind) [n, rows/2] float32 of a stack_glu weight, x' = rms_norm(x) * norm[0] where
+        norm (weight, eps) is given (fused as linear_group fuses it): ciq_gemm_quantized_glu, the GLU from wgmma's
+        epilogue (no gate/up product in memory); the values of the GEMM, its halves apart, then glu."""
+        if not weight.glu:
+            raise InvalidArgumentError(f"{weight.name}: linear_glu takes a gate/up weight from stack_glu")
+        if kind not in ("silu", "gelu"):
+            raise InvalidArgumentError(f"glu: unknown kind {kind!r} (silu or gelu)")
+        x = self._f32(x, "linear input")
+        if x.shape[-1] != weight.k:
+            raise ShapeError(f"{weight.name}: input rows of {x.shape[-1]} values, the weight takes {weight.k}")
+        n, k = self.native, weight.k
+        tokens = x.size // k
+        plan = self._plan(weight, tokens)
+        activations = self._activations([plan], x, tokens, k, norm)[plan.activation_layout]
+        out = self.empty((tokens, weight.rows // 2))
+        n.check(n.lib.ciq_gemm_quantized_glu(self.device, plan, weight.ggml_type, weight.data.ptr, weight.data.nbytes,
+                                             weight.rows, k, activations.ptr, tokens,
+                                             n.lib.CIQ_GLU_SILU if kind == "silu" else n.lib.CIQ_GLU_GELU,
+                                             self._fp(out)))
+        return out
+
+    def stack_glu(self, gate: Tensor, up: Tensor) -> Weight | None:
+        """One gate/up weight for linear_glu: their rows interleaved CIQ_GLU_INTERLEAVE at a time (ggml_ciq.h), where
+        these ops fuse, the two are of one type, K and row count (a multiple of CIQ_GLU_INTERLEAVE) and kept in blocks
+        as stack_weights keeps them; None otherwise (and with GGML_CIQ_FUSE_GLU=0: the GLU then fused into down's
+        activation conversion, glu_linear)."""
+        if not self.fuse or not environment.switch("GGML_CIQ_FUSE_GLU") or len(gate.shape) != 2 or len(up.shape) != 2:
+            return None
+        block = self.native.lib.CIQ_GLU_INTERLEAVE
+        if (gate.ggml_type, gate.k, gate.rows) != (up.ggml_type, up.k, up.rows) or gate.rows % block:
+            return None
+        kind = self._block_kind(gate)
+        if kind is None or (kind == "q32" and not self._block32_auto):  # what linear_group (groups) takes
+            return None
+        g = np.ascontiguousarray(gate.raw()).reshape(gate.rows // block, -1)
+        u = np.ascontiguousarray(up.raw()).reshape(up.rows // block, -1)
+        data = self._upload_bytes(np.stack([g, u], axis=1))
+        return Weight(f"{gate.name}+{up.name} (glu)", gate.ggml_type, 2 * gate.rows, gate.k, kind, data, glu=True)
 
     def stack_weights(self, tensors: list[Tensor]) -> Weight | None:
         """One weight of these matrices' rows stacked (q/k/v, gate/up: one GEMM launch, its outputs apart through

@@ -21,14 +21,16 @@ VALID = {
     "cache_rows": 4, "table_rows": 1, "b_n": 1, "n_past": 0, "window": 0, "start": 0, "row_values": 1,
     "ggml_type": 12, "type": 12, "layout_for": 12, "semantics": 0, "variant": 1, "kernel": 1, "mode": 0, "kind": 0,
     "out_type": 0, "layout": 0, "form": 0, "base": 10000.0, "eps": 1e-6, "scale": 1.0, "s": 1.0, "value": 0, "threads": 1,
-    "buffer_size": 64, "nbytes": 64, "weight_nbytes": 144, "order": 0, "n_outputs": 1,
+    "buffer_size": 64, "nbytes": 64, "weight_nbytes": 144, "order": 0, "n_outputs": 1, "n_weights": 1,
 }
 # Per-function valid values where the shared ones do not fit.
-VALID_FOR = {"ciq_activations_size": {"layout": 0}}
+VALID_FOR = {"ciq_activations_size": {"layout": 0},
+             "ciq_gemm_quantized_glu": {"rows": 128, "weight_nbytes": 128 * 144}}  # one interleaved gate/up block
 # Pointer parameters that are handles the library made: a valid call needs a real one.
 HANDLES = {("ciq_memory_free", "ptr"): "malloc", ("ciq_timer_mark", "timer"): "timer", ("ciq_timer_stop", "timer"): "timer",
            ("ciq_gemm_quantized", "plan"): "plan", ("ciq_gemm_quantized_outputs", "plan"): "plan",
-           ("ciq_gemm_quantized_outputs", "outputs"): "outputs"}
+           ("ciq_gemm_quantized_outputs", "outputs"): "outputs", ("ciq_gemm_quantized_glu", "plan"): "plan",
+           ("ciq_gemm_quantized_group", "weights"): "weights"}
 # Pointer parameters that may legitimately be NULL.
 MAY_BE_NULL = {("ciq_rms_norm", "weight"), ("ciq_rms_norm", "add"), ("ciq_rms_norm_activations", "weight"),
                ("ciq_rope_kv_store", "v"), ("ciq_memory_free", "ptr"), ("ciq_graph_free", "graph")}
@@ -76,6 +78,14 @@ def _handle(n, kind):
         outputs[0].rows, outputs[0].out = 1, buf
         _KEEP.append(buf)
         return outputs
+    if kind == "weights":  # one weight of VALID's problem (one Q4_K row of K 256), its plan and one output
+        weights = n.ffi.new("ciq_gemm_weight[1]")
+        blocks = n.ffi.new("char[]", 144)
+        w, plan, outputs = weights[0], _handle(n, "plan"), _handle(n, "outputs")
+        w.plan, w.type, w.weight, w.weight_nbytes, w.rows = plan, n.lib.CIQ_TYPE_Q4_K, blocks, 144, 1
+        w.outputs, w.n_outputs = outputs, 1
+        _KEEP.extend([blocks, plan, outputs])  # the owners: the struct's pointers do not keep them alive
+        return weights
     out = n.ffi.new("void **")
     status = n.lib.ciq_memory_alloc(-1, 64, out) if kind == "malloc" else n.lib.ciq_timer_start(-1, out)
     assert status == n.lib.CIQ_OK

@@ -406,8 +406,8 @@ def _gemm_weights(layer: dict) -> list:
 
 @pytest.mark.parametrize("architecture", catalog.SMALL_ARCHITECTURES)
 def test_fused_engine_equals_apart_cpu(architecture, native_lib, rng, tmp_path):
-    """NativeOps with fuse (stacked q/k/v and gate/up, norms fused into the activation conversion, residual adds into
-    the GEMMs) against the same ops apart, on the CPU: the same logits bit for bit (41 tokens in micro-batches of 16,
+    """NativeOps with fuse (stacked q/k/v, gate/up interleaved with their GLU from the GEMM, norms fused into the
+    activation conversion, residual adds into the GEMMs) against the same ops apart, on the CPU: the same logits bit for bit (41 tokens in micro-batches of 16,
     every position), and the stacking seen: fewer GEMM launches (qwen2's q/k/v biases keep those apart, its gate/up
     stack)."""
     from ggml_ciq.ops import NativeOps
@@ -419,8 +419,10 @@ def test_fused_engine_equals_apart_cpu(architecture, native_lib, rng, tmp_path):
         engine = Transformer(ModelFile(path), ops=NativeOps("cpu", fuse=fuse), n_ubatch=16)
         native.dispatch_reset()
         runs[fuse] = engine.forward(tokens, all_logits=True), sum(native.dispatch_counts().values())
-        stacked = [len(w.parts) for layer in engine.layers for w in _gemm_weights(layer) if w.parts]
-        assert stacked == ([] if not fuse else [2, 2] if architecture == "qwen2" else [2, 2, 2, 2]), stacked  # q+k (v is Q6_K), gate+up
+        stacked = [len(w.parts) or "glu" for layer in engine.layers for w in _gemm_weights(layer) if w.parts or w.glu]
+        # q+k (v is Q6_K), gate/up interleaved for the GLU from their GEMM (stack_glu); qwen2's q/k/v biases: apart
+        want = [] if not fuse else ["glu"] * 2 if architecture == "qwen2" else [2, "glu"] * 2
+        assert stacked == want, stacked
     (fused, n_fused), (apart, n_apart) = runs[True], runs[False]
     assert np.isfinite(fused).all() and np.array_equal(fused, apart)
     assert n_fused < n_apart, (n_fused, n_apart)
@@ -461,7 +463,7 @@ def test_fused_engine_gpu(architecture, native_lib, rng, tmp_path, monkeypatch):
     residuals from wgmma's epilogue) against GGML_CIQ_FUSE=0 on a GPU: 41 tokens in micro-batches of 16, every
     position. The stacked GEMMs run other split-K plans than the matrices apart (float32 sums in another order), so
     not the same bits: NMSE <= 1e-9 and the same top-1 everywhere (a wrong output or a lost residual is ~1); the
-    launches: one per stacked weight."""
+    launches: one per stacked weight, gate/up's with the GLU from the epilogue (stack_glu: every layer, every step)."""
     from ggml_ciq.engine import make_ops
 
     if native.device_count() == 0 or not native.variant_available("cuda", "wgmma"):
@@ -477,6 +479,8 @@ def test_fused_engine_gpu(architecture, native_lib, rng, tmp_path, monkeypatch):
         launches = sum(n for (variant, _), n in native.dispatch_counts().items() if variant == "wgmma")
         weights = [w for layer in engine.layers for w in _gemm_weights(layer)]
         runs[fuse] = logits, launches, weights
+        glu = native.wgmma_launch_counts()["glu"]
+        assert glu >= 3 * len(engine.layers) if fuse == "1" else glu == 0, (fuse, glu)
     (fused, n_fused, w_fused), (apart, n_apart, w_apart) = runs["1"], runs["0"]
     steps = 3  # micro-batches of 16, 16, 9 tokens: every one above MMVQ's 8 (wgmma); all logits: the output's too
     assert n_fused == steps * (len(w_fused) + 1) and n_apart == steps * (len(w_apart) + 1), (n_fused, n_apart)

@@ -410,6 +410,163 @@ def test_gemm_outputs_bad_input(native_lib, rng):
     assert run([(32, a, ffi.NULL), (32, b, ffi.NULL)]) == lib.CIQ_OK  # the same call, well formed
 
 
+def _quantized_tensor(rng, name, ggml_type, rows, k):
+    """A random [rows, k] tensor in Q4_K, Q6_K or Q8_0 blocks (Q8_0 written here: fp16 d = amax / 127, q = x / d)."""
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    if ggml_type == Q.Q4_K:
+        return Tensor(name, ggml_type, (rows, k), Q.quantize_q4_K(x))
+    if ggml_type == Q.Q6_K:
+        return Tensor(name, ggml_type, (rows, k), Q.quantize_q6_K(x))
+    blocks = x.reshape(-1, 32)
+    d = (np.abs(blocks).max(axis=1) / 127).astype(np.float16)
+    q = np.clip(np.rint(blocks / np.maximum(d.astype(np.float32), 1e-30)[:, None]), -127, 127).astype(np.int8)
+    raw = np.concatenate([d.view(np.uint8).reshape(-1, 2), q.view(np.uint8)], axis=1)
+    return Tensor(name, Q.Q8_0, (rows, k), raw.reshape(rows, -1))
+
+
+def _wgmma_runs(ops, tokens) -> bool:
+    return ops.device >= 0 and tokens > 8 and native.variant_available(ops.device, "wgmma")
+
+
+@pytest.mark.parametrize("tokens", [1, 9, 37, 300])
+@pytest.mark.parametrize("case", [(Q.Q4_K, 512, 192), (Q.Q6_K, 512, 128), (Q.Q6_K, 2048, 64), (Q.Q8_0, 640, 128)],
+                         ids=["q4k-rs", "q6k-ss", "q6k-rs", "q8_0-ss"])
+def test_linear_glu_equals_apart(ops, rng, monkeypatch, tokens, case):
+    """stack_glu + linear_glu (ciq_gemm_quantized_glu: gate/up interleaved 64 rows at a time, the GLU from wgmma's
+    epilogue, no gate/up product in memory) against the stacked gate/up GEMM, then glu: with the norm fused in, both
+    GLU kinds, at token counts either side of MMVQ's 8 and past a tile. Where wgmma runs: one launch counted as a GLU
+    launch, NMSE <= 1e-10 (stream-K may cut a row's K otherwise: float32 sums in another order) and the same bits
+    with stream-K off; elsewhere (the product, its halves apart, then ciq_glu) the same bits. Outputs NaN-poisoned.
+    The forms: Q4_K and Q6_K with K % 2048 == 0 staged by TMA (RS), Q6_K at K 512 and Q8_0 read into registers (SS)."""
+    ggml_type, k, ff = case
+    fusing = PoisonedOps(ops.device, fuse=True)
+    gate, up = (_quantized_tensor(rng, f"blk.0.ffn_{n}.weight", ggml_type, ff, k) for n in ("gate", "up"))
+    weight = fusing.stack_glu(gate, up)
+    if ggml_type == Q.Q8_0 and ops.device < 0:  # the CPU dequantizes Q8_0 weights: nothing to interleave
+        assert weight is None
+        return
+    assert weight is not None and weight.glu and weight.rows == 2 * ff and not weight.parts
+    stacked = fusing.stack_weights([gate, up])
+    x = fusing.asarray((rng.standard_normal((tokens, k)) * 2).astype(np.float32))
+    norm = fusing.asarray((rng.standard_normal(k) + 1).astype(np.float32))
+    wgmma = _wgmma_runs(ops, tokens)
+    for kind in ("silu", "gelu"):
+        native.dispatch_reset()
+        got = fusing.linear_glu(weight, x, kind, norm=(norm, 1e-5)).numpy()
+        assert sum(native.dispatch_counts().values()) == 1
+        assert (native.wgmma_launch_counts()["glu"] >= 1) == wgmma
+        want = fusing.glu(*fusing.linear_group([stacked], x, norm=(norm, 1e-5)), kind).numpy()
+        assert got.shape == (tokens, ff) and np.isfinite(got).all() and np.isfinite(want).all()
+        if wgmma:
+            assert nmse(got, want) <= 1e-10, kind
+            monkeypatch.setenv("GGML_CIQ_WGMMA_STREAMK", "0")
+            got = fusing.linear_glu(weight, x, kind, norm=(norm, 1e-5)).numpy()
+            want = fusing.glu(*fusing.linear_group([stacked], x, norm=(norm, 1e-5)), kind).numpy()
+            monkeypatch.delenv("GGML_CIQ_WGMMA_STREAMK")
+        assert np.array_equal(got, want), kind
+    with pytest.raises(InvalidArgumentError, match="linear_glu"):
+        fusing.linear(weight, x)
+    with pytest.raises(InvalidArgumentError, match="linear_glu"):
+        fusing.linear_group([weight], x)
+    with pytest.raises(InvalidArgumentError, match="from stack_glu"):
+        fusing.linear_glu(stacked, x, "silu")
+    with pytest.raises(InvalidArgumentError, match="unknown kind"):
+        fusing.linear_glu(weight, x, "relu")
+    assert NativeOps(ops.device).stack_glu(gate, up) is None  # fuse off: none
+    monkeypatch.setenv("GGML_CIQ_FUSE_GLU", "0")  # this fusion alone off
+    assert fusing.stack_glu(gate, up) is None
+    monkeypatch.delenv("GGML_CIQ_FUSE_GLU")
+    odd = [_quantized_tensor(rng, f"blk.0.ffn_{n}.weight", Q.Q4_K, 96, 512) for n in ("gate", "up")]
+    assert fusing.stack_glu(*odd) is None  # rows not a multiple of 64
+
+
+def test_gemm_glu_bad_input(native_lib, rng):
+    """ciq_gemm_quantized_glu: a weight whose rows are not whole interleaved blocks of 128, an unknown GLU kind: each
+    one error naming the problem, nothing written."""
+    n = native.load()
+    lib, ffi = n.lib, n.ffi
+    k, tokens = 256, 3
+    plan = ffi.new("ciq_plan *")
+    n.check(lib.ciq_gemm_plan(lib.CIQ_DEVICE_CPU, lib.CIQ_VARIANT_AUTO, lib.CIQ_SEMANTICS_ANY, Q.Q4_K, 192, k, tokens,
+                              plan))
+    xq = ffi.new("uint8_t[]", plan.activation_bytes)
+    n.check(lib.ciq_activations_quantize(lib.CIQ_DEVICE_CPU, plan.activation_layout,
+                                         ffi.from_buffer("float[]", rng.standard_normal((tokens, k)).astype(np.float32)),
+                                         xq, tokens, k))
+    out = ffi.new("float[]", tokens * 96)
+    for rows, kind, message in [(192, lib.CIQ_GLU_SILU, "multiple of 128 rows, got 192"),
+                                (128, 7, "unknown GLU kind 7")]:
+        raw = Q.quantize_q4_K(rng.standard_normal((rows, k)).astype(np.float32))
+        status = lib.ciq_gemm_quantized_glu(lib.CIQ_DEVICE_CPU, plan, Q.Q4_K, ffi.from_buffer(raw), len(raw), rows, k,
+                                            xq, tokens, kind, out)
+        assert status == lib.CIQ_ERR_INVALID_ARGUMENT and message in ffi.string(lib.ciq_last_error()).decode(), message
+    assert bytes(ffi.buffer(out)) == bytes(tokens * 96 * 4)
+
+
+@pytest.mark.parametrize("tokens", [1, 9, 37, 300])
+def test_group_of_two_types(ops, rng, monkeypatch, tokens):
+    """linear_group of a stacked Q4_K q+k (256 + 128 rows) and a Q6_K v of 200 rows (a row tail), K 2048 (both staged
+    by TMA): ciq_gemm_quantized_group. GGML_CIQ_WGMMA_GROUP=2 runs the two in one launch where wgmma runs (counted as
+    grouped; two dispatches), 0 never, 1 where the time model gains; either order of the weights. Against the weights
+    apart: the same bits unless grouped (one plan over both: NMSE <= 1e-10). Outputs NaN-poisoned."""
+    k = 2048
+    fusing = PoisonedOps(ops.device, fuse=True)
+    qk = fusing.stack_weights([_quantized_tensor(rng, f"blk.0.attn_{n}.weight", Q.Q4_K, rows, k)
+                               for n, rows in (("q", 256), ("k", 128))])
+    v = fusing.load_weight(_quantized_tensor(rng, "blk.0.attn_v.weight", Q.Q6_K, 200, k))
+    x = fusing.asarray(rng.standard_normal((tokens, k)).astype(np.float32))
+    apart = [y.numpy() for y in fusing.linear_group([qk], x) + fusing.linear_group([v], x)]
+    assert [a.shape[1] for a in apart] == [256, 128, 200]
+    for group in ("2", "0", "1"):
+        monkeypatch.setenv("GGML_CIQ_WGMMA_GROUP", group)
+        for order in ((qk, v), (v, qk)):
+            native.dispatch_reset()
+            outs = [y.numpy() for y in fusing.linear_group(list(order), x)]
+            assert sum(native.dispatch_counts().values()) == 2
+            grouped = native.wgmma_launch_counts()["grouped"]
+            assert grouped == 0 if group == "0" or not _wgmma_runs(ops, tokens) else grouped >= 1 or group == "1"
+            want = apart if order[0] is qk else apart[2:] + apart[:2]
+            for got, ref in zip(outs, want):
+                assert got.shape == ref.shape and np.isfinite(got).all()
+                assert nmse(got, ref) <= 1e-10 if grouped else np.array_equal(got, ref), (group, tokens)
+
+
+def test_gemm_group_bad_input(native_lib, rng):
+    """ciq_gemm_quantized_group: three weights, plans reading different activation layouts, outputs of the two weights
+    overlapping: each one error naming the problem."""
+    n = native.load()
+    lib, ffi = n.lib, n.ffi
+    k, tokens, rows = 256, 3, 32
+    plans = [ffi.new("ciq_plan *") for _ in range(2)]
+    n.check(lib.ciq_gemm_plan(lib.CIQ_DEVICE_CPU, lib.CIQ_VARIANT_AUTO, lib.CIQ_SEMANTICS_ANY, Q.Q4_K, rows, k, tokens,
+                              plans[0]))
+    n.check(lib.ciq_gemm_plan(lib.CIQ_DEVICE_CPU, lib.CIQ_VARIANT_AUTO, lib.CIQ_SEMANTICS_ANY, Q.Q8_0, rows, k, tokens,
+                              plans[1]))
+    assert plans[0].activation_layout != plans[1].activation_layout
+    raw = Q.quantize_q4_K(rng.standard_normal((rows, k)).astype(np.float32))
+    raw8 = _quantized_tensor(rng, "w", Q.Q8_0, rows, k).raw()
+    xq = ffi.new("uint8_t[]", 1 << 16)
+    a, b = ffi.new("float[]", tokens * rows), ffi.new("float[]", tokens * rows)
+    outputs = [ffi.new("ciq_gemm_output[1]") for _ in range(2)]
+
+    def weights(specs):
+        group = ffi.new("ciq_gemm_weight[]", len(specs))
+        for g, (plan, ggml_type, blocks, out), o in zip(group, specs, outputs * 2):
+            o[0].rows, o[0].out = rows, out
+            g.plan, g.type, g.weight, g.weight_nbytes, g.rows = plan, ggml_type, ffi.from_buffer(blocks), len(blocks), rows
+            g.outputs, g.n_outputs = o, 1
+        return group
+
+    w4 = (plans[0], Q.Q4_K, raw)
+    cases = [([w4 + (a,)] * 3, "3 weights (1..2)"),
+             ([w4 + (a,), (plans[1], Q.Q8_0, raw8, b)], "one x_quantized cannot be both"),
+             ([w4 + (a,), w4 + (a + 10,)], "outputs 0 and 1 overlap")]
+    for specs, message in cases:
+        group = weights(specs)
+        status = lib.ciq_gemm_quantized_group(lib.CIQ_DEVICE_CPU, group, len(specs), k, xq, tokens, lib.CIQ_OUT_F32)
+        assert status == lib.CIQ_ERR_INVALID_ARGUMENT and message in ffi.string(lib.ciq_last_error()).decode(), message
+
+
 @pytest.mark.parametrize("n", [1, 17, 4096, 4099])
 def test_glu_silu(ops, rng, n):
     gate = (rng.standard_normal(n) * 6).astype(np.float32)

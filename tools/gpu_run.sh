@@ -8,7 +8,7 @@
 #   tools/gpu_run.sh test       GPU test suite (pytest tests/test_cuda.py + the rest)
 #   tools/gpu_run.sh sanitize [CASE]  compute-sanitizer memcheck + racecheck on every kernel, or one of
 #                               tools/sanitize_case.py's cases (engine, attention-split, attention-wgmma, ops, fusion,
-#                               wgmma-block32, wgmma-stream-k, wgmma-rs, a variant) -> $OUT
+#                               wgmma-block32, wgmma-stream-k, wgmma-rs, wgmma-group-glu, a variant) -> $OUT
 #   tools/gpu_run.sh wait       wait for the llama.cpp CUDA build
 #   tools/gpu_run.sh py ARGS    python3 ARGS with this environment (e.g. py -m ggml_ciq.cli bench gemm ...)
 #   tools/gpu_run.sh pack NAME  everything under $OUT into $OUT/NAME.tgz (a call returns at most 8 files)
@@ -232,10 +232,10 @@ case "${1:-}" in
       '$0 ~ "Function : .*"f {p=1} /Function :/ && $0 !~ f {p=0} p' | gzip > "$OUT/sass-llamacpp-$2.txt.gz"
     ls -la "$OUT/sass-llamacpp-$2.txt.gz" ;;
   compare-8b)  # speed only (no reference: 64 GB in float64): the synthetic Llama-3-8B at TOKENS (512 2048), GRAPH=1:
-              # our arms as CUDA graphs
+              # our arms as CUDA graphs; TAG: a suffix of the JSON names (A/B runs under switches)
     for n in ${TOKENS:-512 2048}; do
       timeout ${LIMIT:-400} python3 -m ggml_ciq.cli compare llama3-8b-synthetic --tokens $n --device cuda --repeat 5 \
-        --reference off ${GRAPH:+--cuda-graph} --json "$OUT/prefill-llama3-8b-synthetic-n$n${GRAPH:+-graph}.json" 2>&1 \
+        --reference off ${GRAPH:+--cuda-graph} --json "$OUT/prefill-llama3-8b-synthetic-n$n${GRAPH:+-graph}${TAG:+-$TAG}.json" 2>&1 \
         | tail -n 30
     done ;;
   sanitize)  # TOOLS="memcheck racecheck" by default; LIMIT seconds per tool (default 500); -> $OUT/sanitizer-TOOL[-CASE].txt

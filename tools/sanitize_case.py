@@ -2,11 +2,11 @@
 compute-sanitizer.
 
 Usage: compute-sanitizer --tool memcheck python3 tools/sanitize_case.py [variant ... | wgmma-block32 | engine |
-attention-split | attention-wgmma | ops | fusion | wgmma-stream-k | wgmma-rs]
+attention-split | attention-wgmma | ops | fusion | wgmma-stream-k | wgmma-rs | wgmma-group-glu]
 (mmvq: every type at 1..8 tokens, mmvq_case; mma and q32: also MMQ's stream-k seams, mmq_seams_case; wgmma-block32:
 wgmma on Q4_0/Q5_0/Q8_0, wgmma_block32_case; attention-split: attention_split_case; attention-wgmma:
 attention_wgmma_case; ops: ops_case; fusion: fusion_case; wgmma-stream-k: wgmma_stream_k_case;
-wgmma-rs: wgmma_rs_case)
+wgmma-rs: wgmma_rs_case; wgmma-group-glu: wgmma_group_glu_case)
 """
 
 import itertools
@@ -278,6 +278,45 @@ def ops_case():
         print(f"glu_activations {t} x {k}: {out.numpy().size} bytes")
 
 
+def wgmma_group_glu_case():
+    """API v14: the grouped kernel (ciq_gemm_quantized_group, GGML_CIQ_WGMMA_GROUP=2: Q4_K q+k beside a Q6_K v of a row
+    tail, tiles of 64, 128 and 256 tokens, split-K and stream-K) and the GLU epilogue (ciq_gemm_quantized_glu: Q4_K RS,
+    Q6_K SS, split-K and stream-K, both kinds)."""
+    from ggml_ciq.model import Tensor
+    from ggml_ciq.ops import NativeOps
+
+    rng = np.random.default_rng(7)
+    ops = NativeOps("cuda", fuse=True)
+
+    def tensor(name, weight_type, quantize, rows, k):
+        return Tensor(name, weight_type, (rows, k), quantize((rng.standard_normal((rows, k)) * 0.02).astype(np.float32)))
+
+    os.environ["GGML_CIQ_WGMMA_GROUP"] = "2"
+    k = 2048
+    qk = ops.stack_weights([tensor("q", Q.Q4_K, Q.quantize_q4_K, 1024, k), tensor("k", Q.Q4_K, Q.quantize_q4_K, 256, k)])
+    v = ops.load_weight(tensor("v", Q.Q6_K, Q.quantize_q6_K, 200, k))
+    for tokens, config, sk in ((37, "0", "0"), (131, "1", "0"), (300, "2", "0"), (509, "1", "2"), (1000, "", "")):
+        os.environ["GGML_CIQ_WGMMA_CONFIG"], os.environ["GGML_CIQ_WGMMA_STREAMK"] = config, sk
+        x = rng.standard_normal((tokens, k)).astype(np.float32)
+        native.dispatch_reset()
+        outs = [y.numpy() for y in ops.linear_group([qk, v], x)]
+        print(f"grouped q+k/v tokens={tokens} config={config} streamk={sk}: "
+              f"finite={all(np.isfinite(o).all() for o in outs)} launches={native.wgmma_launch_counts()}")
+    for (weight_type, quantize, ff, kk), (tokens, config, sk) in itertools.product(
+            ((Q.Q4_K, Q.quantize_q4_K, 192, 2048), (Q.Q6_K, Q.quantize_q6_K, 320, 512)),
+            ((37, "0", "0"), (300, "2", "0"), (509, "1", "2"))):
+        os.environ["GGML_CIQ_WGMMA_CONFIG"], os.environ["GGML_CIQ_WGMMA_STREAMK"] = config, sk
+        w = ops.stack_glu(tensor("gate", weight_type, quantize, ff, kk), tensor("up", weight_type, quantize, ff, kk))
+        x = rng.standard_normal((tokens, kk)).astype(np.float32)
+        native.dispatch_reset()
+        for kind in ("silu", "gelu"):
+            h = ops.linear_glu(w, x, kind).numpy()
+            print(f"glu {Q.type_name(weight_type)} {2 * ff} x {kk} {kind} tokens={tokens} config={config} streamk={sk}: "
+                  f"finite={np.isfinite(h).all()} launches={native.wgmma_launch_counts()}")
+    for name in ("GGML_CIQ_WGMMA_GROUP", "GGML_CIQ_WGMMA_CONFIG", "GGML_CIQ_WGMMA_STREAMK"):
+        del os.environ[name]
+
+
 def fusion_case():
     """API v11: stacked weights' outputs (ciq_gemm_quantized_outputs: from wgmma's epilogue where the outputs' rows
     allow, copied out where not; residual addends, odd rows), rms_norm fused into the f16 conversion (its warp, block
@@ -335,6 +374,8 @@ def main(variants):
         return wgmma_stream_k_case()
     if variants == ["wgmma-rs"]:
         return wgmma_rs_case()
+    if variants == ["wgmma-group-glu"]:
+        return wgmma_group_glu_case()
     if variants == ["attention-wgmma"]:
         return attention_wgmma_case()
     if variants == ["ops"]:

@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-#define GGML_CIQ_API_VERSION 13
+#define GGML_CIQ_API_VERSION 14
 
 /* CDEF-BEGIN */
 typedef enum { CIQ_DEVICE_CPU = -1 } ciq_device_index; /* the host as a device; GPUs are 0..n-1 */
@@ -180,6 +180,25 @@ ciq_status ciq_gemm_quantized_outputs(int device, const ciq_plan *plan, ciq_type
                                       size_t weight_nbytes, int64_t rows, int64_t k, const void *x_quantized,
                                       int64_t tokens, const ciq_gemm_output *outputs, int n_outputs,
                                       ciq_out_type out_type);
+/* One weight of ciq_gemm_quantized_group: ciq_gemm_quantized_outputs' arguments but the shared K and activations. */
+typedef struct {
+    const ciq_plan        *plan;
+    ciq_type               type;
+    const void            *weight;
+    size_t                 weight_nbytes;
+    int64_t                rows;
+    const ciq_gemm_output *outputs;
+    int                    n_outputs;
+} ciq_gemm_weight;
+/* ciq_gemm_quantized_outputs of n_weights (1..2) weights of one K on the same activations x_quantized (the layout of
+ * every plan): the semantics of those calls, in one launch where wgmma can (q+k and v of differing types): both plans
+ * wgmma's, one weight Q4_K with a multiple of 128 rows, the other Q6_K with K a multiple of 2048 (both staged by TMA,
+ * the RS form), all outputs 1..4 and each but the last of the Q4_K-first order a multiple of 128 rows; GGML_CIQ_WGMMA_GROUP=0
+ * turns it off. One plan then covers both problems, so its split-K may differ from theirs apart (float32 sums in
+ * another order, as a stacked weight's). Elsewhere one call per weight. Counts one dispatch per weight; a grouped
+ * launch counts CIQ_WGMMA_FORM_GROUPED too. No output may overlap another output or an addend. */
+ciq_status ciq_gemm_quantized_group(int device, const ciq_gemm_weight *weights, int n_weights, int64_t k,
+                                    const void *x_quantized, int64_t tokens, ciq_out_type out_type);
 /* Launches per resolved variant and weight type since the last reset (every variant, q32 included). */
 ciq_status ciq_dispatch_count(ciq_variant variant, ciq_type type, uint64_t *count);
 /* Zeroes every dispatch counter: GEMM (wgmma's forms too) and attention. */
@@ -187,8 +206,13 @@ ciq_status ciq_dispatch_reset(void);
 /* The wgmma variant's kernel launches by form since ciq_dispatch_reset (a plan with a tail launches two kernels): SS,
  * the A tiles dequantized into shared memory by producer warps; RS, the A fragments dequantized in the consumer warps'
  * registers (Q4_K, Q6_K with K % 2048 == 0: the weights staged by TMA; GGML_CIQ_WGMMA_RS=0 turns it off); STREAM_K,
- * the launches of either form that stream K units between CTAs (GGML_CIQ_WGMMA_STREAMK). 0 where nothing ran them. */
-typedef enum { CIQ_WGMMA_FORM_SS = 0, CIQ_WGMMA_FORM_RS = 1, CIQ_WGMMA_FORM_STREAM_K = 2 } ciq_wgmma_form;
+ * the launches of either form that stream K units between CTAs (GGML_CIQ_WGMMA_STREAMK); GROUPED, the RS launches over
+ * two weights (ciq_gemm_quantized_group); GLU, the launches whose epilogue applied a GLU (ciq_gemm_quantized_glu).
+ * 0 where nothing ran them. */
+typedef enum {
+    CIQ_WGMMA_FORM_SS = 0, CIQ_WGMMA_FORM_RS = 1, CIQ_WGMMA_FORM_STREAM_K = 2, CIQ_WGMMA_FORM_GROUPED = 3,
+    CIQ_WGMMA_FORM_GLU = 4
+} ciq_wgmma_form;
 ciq_status ciq_wgmma_launch_count(ciq_wgmma_form form, uint64_t *count);
 
 /* Dense bf16 GEMM (cuBLAS, GPU only), out = X @ W^T with W [rows][K] and X [tokens][K] in bf16: the ceiling
@@ -293,6 +317,16 @@ ciq_status ciq_glu(int device, ciq_op_order order, ciq_glu_kind kind, const floa
  * combination (CIQ_ERR_UNSUPPORTED); the host runs the two in turn for every layout it makes. */
 ciq_status ciq_glu_activations(int device, ciq_op_order order, ciq_glu_kind kind, const float *gate, const float *up,
                                int64_t tokens, int64_t k, ciq_layout layout, void *out);
+/* A gate/up weight for ciq_gemm_quantized_glu: rows 128j .. 128j+63 are gate's rows 64j .. 64j+63, rows 128j+64 ..
+ * 128j+127 up's same rows (both matrices [rows/2][K] of one type, rows/2 a multiple of 64). */
+typedef enum { CIQ_GLU_INTERLEAVE = 64 } ciq_glu_interleave_rows;
+/* out[tokens][rows/2] (float32) = ciq_glu (the host order) of the product's gate and up halves: the values of
+ * ciq_gemm_quantized of the interleaved weight, its halves taken apart, then ciq_glu. wgmma applies the GLU in its
+ * epilogue (one launch, counted CIQ_WGMMA_FORM_GLU too: no gate/up product in memory); every other plan writes the
+ * product to internal scratch and runs the three steps. */
+ciq_status ciq_gemm_quantized_glu(int device, const ciq_plan *plan, ciq_type type, const void *weight,
+                                  size_t weight_nbytes, int64_t rows, int64_t k, const void *x_quantized,
+                                  int64_t tokens, ciq_glu_kind kind, float *out);
 /* ciq_rms_norm of x [tokens][k] (times weight unless NULL, no add) then ciq_activations_quantize of its output into
  * layout, in one call: the same bytes as the two calls. Fused on a GPU as ciq_glu_activations is (the host order, the
  * f16 layout; other combinations CIQ_ERR_UNSUPPORTED); the host runs the two in turn. */

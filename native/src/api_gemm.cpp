@@ -126,51 +126,69 @@ static bool overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes
     return x < y + b_bytes && y < x + a_bytes;
 }
 
+// The outputs of one weight's product of `rows` rows (ciq_gemm_quantized_outputs): 1..4, each non-NULL with rows
+// left for it, an addend only for float32, their rows summing to the weight's.
+static ciq_status check_outputs(const char *fn, int64_t rows, const ciq_gemm_output *outputs, int n_outputs,
+                                ciq_out_type out_type) {
+    if (outputs == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: outputs is NULL", fn);
+    if (n_outputs < 1 || n_outputs > CIQ_GEMM_OUTPUTS_MAX) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: %d outputs (1..%d)", fn, n_outputs, CIQ_GEMM_OUTPUTS_MAX);
+    }
+    int64_t sum = 0;
+    for (int s = 0; s < n_outputs; ++s) {
+        const ciq_gemm_output &o = outputs[s];
+        if (o.out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: output %d is NULL", fn, s);
+        if (o.rows < 1 || o.rows > rows - sum) {
+            return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: output %d has %lld rows, %lld of the weight's %lld are left",
+                            fn, s, (long long)o.rows, (long long)(rows - sum), (long long)rows);
+        }
+        if (o.add != nullptr && out_type != CIQ_OUT_F32) {
+            return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: an addend needs float32 output", fn);
+        }
+        sum += o.rows;
+    }
+    if (sum != rows) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: the outputs have %lld rows, the weight %lld", fn, (long long)sum,
+                        (long long)rows);
+    }
+    return CIQ_OK;
+}
+
+// No output overlapping an addend or another output (a race, refused): outputs[0 .. n) of `tokens` rows each.
+static ciq_status check_no_overlap(const char *fn, int64_t tokens, const ciq_gemm_output *const *outputs, int n,
+                                   ciq_out_type out_type) {
+    const size_t esize = out_type == CIQ_OUT_F32 ? sizeof(float) : 2;
+    for (int s = 0; s < n; ++s) {
+        const size_t bytes = (size_t)tokens * (size_t)outputs[s]->rows * esize;
+        for (int t = 0; t < n; ++t) {
+            const ciq_gemm_output &o = *outputs[t];
+            const size_t other = (size_t)tokens * (size_t)o.rows * (o.add ? sizeof(float) : esize);
+            if (o.add != nullptr && overlap(outputs[s]->out, bytes, o.add, other)) {
+                return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: output %d overlaps the addend of output %d", fn, s, t);
+            }
+            if (t != s && overlap(outputs[s]->out, bytes, o.out, (size_t)tokens * (size_t)o.rows * esize)) {
+                return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: outputs %d and %d overlap", fn, s, t);
+            }
+        }
+    }
+    return CIQ_OK;
+}
+
 ciq_status ciq_gemm_quantized_outputs(int device, const ciq_plan *plan, ciq_type type, const void *weight,
                                       size_t weight_nbytes, int64_t rows, int64_t k, const void *x_quantized,
                                       int64_t tokens, const ciq_gemm_output *outputs, int n_outputs,
                                       ciq_out_type out_type) {
+    static const char fn[] = "ciq_gemm_quantized_outputs";
     if (plan == nullptr || weight == nullptr || x_quantized == nullptr || outputs == nullptr) {
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_quantized_outputs: NULL pointer");
-    }
-    if (n_outputs < 1 || n_outputs > CIQ_GEMM_OUTPUTS_MAX) {
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_quantized_outputs: %d outputs (1..%d)", n_outputs,
-                        CIQ_GEMM_OUTPUTS_MAX);
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: NULL pointer", fn);
     }
     const ciq_variant_row *row = nullptr;
     CIQ_TRY(check_run(device, plan, type, weight_nbytes, rows, k, tokens, out_type, &row));
+    CIQ_TRY(check_outputs(fn, rows, outputs, n_outputs, out_type));
+    const ciq_gemm_output *list[CIQ_GEMM_OUTPUTS_MAX];
+    for (int s = 0; s < n_outputs; ++s) list[s] = &outputs[s];
+    CIQ_TRY(check_no_overlap(fn, tokens, list, n_outputs, out_type));
     const size_t esize = out_type == CIQ_OUT_F32 ? sizeof(float) : 2;
-    int64_t sum = 0;
-    for (int s = 0; s < n_outputs; ++s) {
-        const ciq_gemm_output &o = outputs[s];
-        if (o.out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_quantized_outputs: output %d is NULL", s);
-        if (o.rows < 1 || o.rows > rows - sum) {
-            return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_quantized_outputs: output %d has %lld rows, %lld of "
-                            "the weight's %lld are left", s, (long long)o.rows, (long long)(rows - sum), (long long)rows);
-        }
-        if (o.add != nullptr && out_type != CIQ_OUT_F32) {
-            return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_quantized_outputs: an addend needs float32 output");
-        }
-        sum += o.rows;
-    }
-    for (int s = 0; s < n_outputs; ++s) {  // an output overlapping an addend or another output: a race, refused
-        const size_t bytes = (size_t)tokens * (size_t)outputs[s].rows * esize;
-        for (int t = 0; t < n_outputs; ++t) {
-            const ciq_gemm_output &o = outputs[t];
-            const size_t other = (size_t)tokens * (size_t)o.rows * (o.add ? sizeof(float) : esize);
-            if (o.add != nullptr && overlap(outputs[s].out, bytes, o.add, other)) {
-                return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_quantized_outputs: output %d overlaps the addend of "
-                                "output %d", s, t);
-            }
-            if (t != s && overlap(outputs[s].out, bytes, o.out, (size_t)tokens * (size_t)o.rows * esize)) {
-                return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_quantized_outputs: outputs %d and %d overlap", s, t);
-            }
-        }
-    }
-    if (sum != rows) {
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_gemm_quantized_outputs: the outputs have %lld rows, the weight "
-                        "%lld", (long long)sum, (long long)rows);
-    }
 #ifdef GGML_CIQ_WITH_CUDA
     if (device != CIQ_DEVICE_CPU && plan->variant == CIQ_VARIANT_WGMMA) {  // one launch, from the epilogue
         const ciq_status status = ciq_cuda_gemm_wgmma_outputs(device, type, weight, rows, k, x_quantized, tokens,
@@ -219,6 +237,119 @@ ciq_status ciq_gemm_quantized_outputs(int device, const ciq_plan *plan, ciq_type
         first += width;
     }
     return CIQ_OK;
+}
+
+ciq_status ciq_gemm_quantized_group(int device, const ciq_gemm_weight *weights, int n_weights, int64_t k,
+                                    const void *x_quantized, int64_t tokens, ciq_out_type out_type) {
+    static const char fn[] = "ciq_gemm_quantized_group";
+    if (weights == nullptr || x_quantized == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: NULL pointer", fn);
+    if (n_weights < 1 || n_weights > 2) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: %d weights (1..2)", fn, n_weights);
+    const ciq_gemm_output *list[2 * CIQ_GEMM_OUTPUTS_MAX];
+    int n_list = 0;
+    for (int i = 0; i < n_weights; ++i) {
+        const ciq_gemm_weight &w = weights[i];
+        if (w.plan == nullptr || w.weight == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: weight %d: NULL pointer", fn, i);
+        if (i > 0 && w.plan->activation_layout != weights[0].plan->activation_layout) {
+            return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: weight %d's plan reads activation layout %d, weight 0's %d: "
+                            "one x_quantized cannot be both", fn, i, (int)w.plan->activation_layout,
+                            (int)weights[0].plan->activation_layout);
+        }
+        const ciq_variant_row *row = nullptr;
+        CIQ_TRY(check_run(device, w.plan, w.type, w.weight_nbytes, w.rows, k, tokens, out_type, &row));
+        CIQ_TRY(check_outputs(fn, w.rows, w.outputs, w.n_outputs, out_type));
+        for (int s = 0; s < w.n_outputs; ++s) list[n_list++] = &w.outputs[s];
+    }
+    CIQ_TRY(check_no_overlap(fn, tokens, list, n_list, out_type));
+#ifdef GGML_CIQ_WITH_CUDA
+    if (n_weights == 2 && device != CIQ_DEVICE_CPU && weights[0].plan->variant == CIQ_VARIANT_WGMMA &&
+        weights[1].plan->variant == CIQ_VARIANT_WGMMA && n_list <= CIQ_GEMM_OUTPUTS_MAX) {
+        // the Q4_K weight's rows first (the grouped kernel's order); the outputs follow their weights
+        const int a = weights[0].type == CIQ_TYPE_Q6_K && weights[1].type == CIQ_TYPE_Q4_K ? 1 : 0, b = 1 - a;
+        const ciq_type types[2] = {weights[a].type, weights[b].type};
+        const void *const blocks[2] = {weights[a].weight, weights[b].weight};
+        const int64_t rows[2] = {weights[a].rows, weights[b].rows};
+        ciq_gemm_output outs[CIQ_GEMM_OUTPUTS_MAX];
+        int n = 0;
+        for (int i : {a, b})
+            for (int s = 0; s < weights[i].n_outputs; ++s) outs[n++] = weights[i].outputs[s];
+        const ciq_status status = ciq_cuda_gemm_wgmma_group(device, types, blocks, rows, k, x_quantized, tokens, outs, n,
+                                                            out_type);
+        if (status == CIQ_OK) {
+            ciq_registry_count(CIQ_VARIANT_WGMMA, weights[0].type);
+            ciq_registry_count(CIQ_VARIANT_WGMMA, weights[1].type);
+        }
+        if (status != CIQ_ERR_UNSUPPORTED) return status;  // unsupported: one call each below
+    }
+#endif
+    for (int i = 0; i < n_weights; ++i) {
+        const ciq_gemm_weight &w = weights[i];
+        CIQ_TRY(ciq_gemm_quantized_outputs(device, w.plan, w.type, w.weight, w.weight_nbytes, w.rows, k, x_quantized,
+                                           tokens, w.outputs, w.n_outputs, out_type));
+    }
+    return CIQ_OK;
+}
+
+ciq_status ciq_gemm_quantized_glu(int device, const ciq_plan *plan, ciq_type type, const void *weight,
+                                  size_t weight_nbytes, int64_t rows, int64_t k, const void *x_quantized,
+                                  int64_t tokens, ciq_glu_kind kind, float *out) {
+    static const char fn[] = "ciq_gemm_quantized_glu";
+    if (plan == nullptr || weight == nullptr || x_quantized == nullptr || out == nullptr) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: NULL pointer", fn);
+    }
+    if (kind != CIQ_GLU_SILU && kind != CIQ_GLU_GELU) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: unknown GLU kind %d (SILU 0, GELU 1)", fn, (int)kind);
+    }
+    const ciq_variant_row *row = nullptr;
+    CIQ_TRY(check_run(device, plan, type, weight_nbytes, rows, k, tokens, CIQ_OUT_F32, &row));
+    const int64_t block = 2 * CIQ_GLU_INTERLEAVE;
+    if (rows % block != 0) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: a gate/up weight interleaved by %d rows has a multiple of %lld "
+                        "rows, got %lld", fn, (int)CIQ_GLU_INTERLEAVE, (long long)block, (long long)rows);
+    }
+    const int64_t half = rows / 2, n = tokens * half;
+#ifdef GGML_CIQ_WITH_CUDA
+    if (device != CIQ_DEVICE_CPU && plan->variant == CIQ_VARIANT_WGMMA) {  // the GLU from the epilogue
+        const ciq_status status = ciq_cuda_gemm_wgmma_glu(device, type, weight, rows, k, x_quantized, tokens,
+                                                          kind == CIQ_GLU_GELU, out);
+        if (status == CIQ_OK) ciq_registry_count(plan->variant, type);
+        return status;
+    }
+#endif
+    // The product, its gate and up halves taken apart (rows of CIQ_GLU_INTERLEAVE values, one each in turn), ciq_glu.
+    const size_t product_bytes = (size_t)tokens * (size_t)rows * sizeof(float), half_bytes = product_bytes / 2;
+    const size_t piece = CIQ_GLU_INTERLEAVE * sizeof(float), pieces = (size_t)tokens * (size_t)(rows / block);
+    float *product = nullptr, *up = nullptr;
+    std::string host;
+    if (device == CIQ_DEVICE_CPU) {
+        try {
+            host.resize(product_bytes + half_bytes);
+        } catch (const std::exception &) {
+            return ciq_fail(CIQ_ERR_OUT_OF_MEMORY, "%s: %zu bytes of product", fn, product_bytes + half_bytes);
+        }
+        product = (float *)&host[0];
+#ifdef GGML_CIQ_WITH_CUDA
+    } else {
+        void *p = nullptr;
+        CIQ_TRY(ciq_cuda_scratch(device, 2, product_bytes + half_bytes, &p));
+        product = (float *)p;
+#endif
+    }
+    up = (float *)((uint8_t *)product + product_bytes);
+    CIQ_TRY(ciq_gemm_quantized(device, plan, type, weight, weight_nbytes, rows, k, x_quantized, tokens, product,
+                               CIQ_OUT_F32));
+    // gate: pieces 0, 2, 4, .. of the product into out; up: 1, 3, 5, .. (each a row of `piece` bytes, 2 pieces apart)
+    if (device == CIQ_DEVICE_CPU) {
+        for (size_t i = 0; i < pieces; ++i) {
+            std::memcpy((uint8_t *)out + i * piece, (const uint8_t *)product + 2 * i * piece, piece);
+            std::memcpy((uint8_t *)up + i * piece, (const uint8_t *)product + (2 * i + 1) * piece, piece);
+        }
+#ifdef GGML_CIQ_WITH_CUDA
+    } else {
+        CIQ_TRY(ciq_cuda_copy_2d(out, piece, product, 2 * piece, piece, pieces));
+        CIQ_TRY(ciq_cuda_copy_2d(up, piece, (const uint8_t *)product + piece, 2 * piece, piece, pieces));
+#endif
+    }
+    return ciq_glu(device, CIQ_ORDER_HOST, kind, out, up, n, out);
 }
 
 ciq_status ciq_gemm(int device, ciq_variant variant, ciq_semantics semantics, ciq_type type, const void *weight,

@@ -54,6 +54,15 @@ ciq_status ciq_cuda_gemm_wgmma(int device, ciq_type type, const void *weight, in
 ciq_status ciq_cuda_gemm_wgmma_outputs(int device, ciq_type type, const void *weight, int64_t rows, int64_t k,
                                        const void *x_f16, int64_t tokens, const ciq_gemm_output *outputs,
                                        int n_outputs, ciq_out_type out_type);
+// Two weights' GEMMs on the same f16 activations in one launch (the grouped RS kernel): weight 0 Q4_K with a multiple
+// of 128 rows, weight 1 Q6_K, both staged by TMA; the outputs split their rows, weight 0's then weight 1's.
+// CIQ_ERR_UNSUPPORTED where that does not hold (or GGML_CIQ_WGMMA_GROUP=0 / GGML_CIQ_WGMMA_RS=0): run them apart.
+ciq_status ciq_cuda_gemm_wgmma_group(int device, const ciq_type types[2], const void *const weights[2],
+                                     const int64_t rows[2], int64_t k, const void *x_f16, int64_t tokens,
+                                     const ciq_gemm_output *outputs, int n_outputs, ciq_out_type out_type);
+// A gate/up weight interleaved by CIQ_GLU_INTERLEAVE rows, its GLU from the epilogue: out [tokens][rows/2] float32.
+ciq_status ciq_cuda_gemm_wgmma_glu(int device, ciq_type type, const void *weight, int64_t rows, int64_t k,
+                                   const void *x_f16, int64_t tokens, bool gelu, float *out);
 // dst[r][0 .. width) = src[r][0 .. width) for height rows of the given byte pitches (device to device, queued).
 ciq_status ciq_cuda_copy_2d(void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width,
                             size_t height);

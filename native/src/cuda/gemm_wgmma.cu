@@ -119,9 +119,11 @@ static_assert(256 * RED_STRIDE * 4 <= 3 * wgmma_stage_bytes(256) && 128 * RED_ST
 // Where the epilogue stores: the product's rows split among up to CIQ_GEMM_OUTPUTS_MAX outputs (ciq_gemm_output),
 // output s holding rows row_end[s-1] .. row_end[s]-1 as [tokens][its rows], each plus an optional float32 addend. Every
 // boundary but the last is a multiple of CIQ_WGMMA_ROWS, so a tile writes to one output. vec bit s: float4 stores
-// (float32, rows % 4 == 0, out and add 16-byte aligned).
+// (float32, rows % 4 == 0, out and add 16-byte aligned). glu (1 silu, 2 gelu; n 1, no addend): the product's rows
+// interleave gate's and up's 64 at a time (ciq_gemm_quantized_glu), so a tile's rows 0..63 are gate's and 64..127
+// up's same rows; out [tokens][rows/2] float32 = ciq_glu_value of the two (vec: out 16-byte aligned).
 struct wgmma_outputs {
-    int n, vec;
+    int n, vec, glu;
     int64_t row_end[CIQ_GEMM_OUTPUTS_MAX];
     void *out[CIQ_GEMM_OUTPUTS_MAX];
     const float *add[CIQ_GEMM_OUTPUTS_MAX];
@@ -594,19 +596,20 @@ static __device__ __forceinline__ void wgmma_consume(uint8_t *smem, uint64_t *fu
 // super-blocks (RS_WSLOTS slots; wempty: the 8 consumer warps' reads of a slot done); the consumers read their rows'
 // quants from the staged block, build the A fragments (rs_frag) and issue wgmma with A from registers. Fragments
 // alternate between two register sets: a stage's wgmma group may still run while the next stage's set is built, and a
-// set is rebuilt only after wait_group(1) retired the group that read it.
-template <ciq_type T, int BN, int STAGES>
+// set is rebuilt only after wait_group(1) retired the group that read it. SLOT: the bytes between staged-weight slots
+// (a grouped kernel's two types share the larger type's slots).
+template <ciq_type T, int BN, int STAGES, int SLOT = CIQ_WGMMA_ROWS * wgmma_rs_wbox(T)>
 static __device__ __forceinline__ void wgmma_produce_rs(const CUtensorMap &xmap, const CUtensorMap &wmap, uint8_t *smem,
                                                         uint8_t *wraw, uint64_t *full, uint64_t *empty, uint64_t *wfull,
-                                                        uint64_t *wempty, int kb0, int nsb, int64_t row0, int tok0,
+                                                        uint64_t *wempty, int kb0, int nsb, int64_t wrow0, int tok0,
                                                         int it0, int sb0) {
-    constexpr int WB = wgmma_rs_wbox(T), block_bytes = wgmma_unit_bytes(T);
+    constexpr int WB = wgmma_rs_wbox(T), block_bytes = wgmma_unit_bytes(T);  // wrow0: the tile's first row in wmap
     if (threadIdx.x == 288) {  // weights (warp 9): no kernel writes them, so before the PDL wait
         for (int sb = 0; sb < nsb; ++sb) {
             const int n = sb0 + sb, ws = n % RS_WSLOTS;
             if (n >= RS_WSLOTS) mbar_wait(&wempty[ws], ((n / RS_WSLOTS) + 1) & 1);
             mbar_arrive_expect_tx(&wfull[ws], CIQ_WGMMA_ROWS * WB);
-            tma_load_2d(wraw + ws * CIQ_WGMMA_ROWS * WB, &wmap, (kb0 + sb) * block_bytes & ~15, (int)row0, &wfull[ws]);
+            tma_load_2d(wraw + ws * SLOT, &wmap, (kb0 + sb) * block_bytes & ~15, (int)wrow0, &wfull[ws]);
         }
     } else if (threadIdx.x == 256) {  // activations (warp 8)
         wait_for_previous_grid();
@@ -620,7 +623,7 @@ static __device__ __forceinline__ void wgmma_produce_rs(const CUtensorMap &xmap,
     bar_sync_all();  // the ring is reused for the epilogue once every wgmma has retired
 }
 
-template <ciq_type T, int BN, int STAGES>
+template <ciq_type T, int BN, int STAGES, int SLOT = CIQ_WGMMA_ROWS * wgmma_rs_wbox(T)>
 static __device__ __forceinline__ void wgmma_consume_rs(uint8_t *smem, const uint8_t *wraw, uint64_t *full,
                                                         uint64_t *empty, uint64_t *wfull, uint64_t *wempty, int kb0,
                                                         int nsb, int it0, int sb0, float (&acc)[BN / 2]) {
@@ -633,7 +636,7 @@ static __device__ __forceinline__ void wgmma_consume_rs(uint8_t *smem, const uin
     uint32_t a[2][4][4];
     for (int sb = 0; sb < nsb; ++sb) {
         const int n = sb0 + sb, ws = n % RS_WSLOTS;
-        const uint8_t *base = wraw + ws * CIQ_WGMMA_ROWS * WB + ((kb0 + sb) * block_bytes & 15);
+        const uint8_t *base = wraw + ws * SLOT + ((kb0 + sb) * block_bytes & 15);
         const uint8_t *blk[2] = {base + row * WB, base + (row + 8) * WB};
         mbar_wait(&wfull[ws], (n / RS_WSLOTS) & 1);
         rs_frag<T> f;
@@ -722,9 +725,8 @@ static __device__ __forceinline__ void wgmma_epilogue(uint8_t *smem, const float
         __syncthreads();
     }
     const int my_tokens = (BN - rank + splits - 1) / splits;
-    for (int idx = threadIdx.x; idx < my_tokens * 32; idx += blockDim.x) {
-        const int tl = rank + splits * (idx / 32), rl = 4 * (idx % 32), tok = tok0 + tl;
-        if (tok >= tokens) break;
+    // the sums of rows rl .. rl+3 of token tl: every rank's red[] in rank order, then stream-K's peers in CTA order
+    auto gather = [&](int tl, int rl) {
         const uint32_t own = red_addr + 4 * (tl * RED_STRIDE + rl);  // the same offset in every rank's red[]
         float4 sum = ld_dsmem4(splits > 1 ? mapa(own, 0) : own);
 #pragma unroll
@@ -737,6 +739,30 @@ static __device__ __forceinline__ void wgmma_epilogue(uint8_t *smem, const float
             const float4 v = __ldcg((const float4 *)(hand.partial + (int64_t)(blockIdx.x + q) * TILE + tl * CIQ_WGMMA_ROWS + rl));
             sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
         }
+        return sum;
+    };
+    if (outs.glu) {  // gate rows rl .. rl+3 and up's (rl + 64 ..): the GLU of the products, the values ciq_glu gives
+        const bool gelu = outs.glu == 2;
+        const int64_t half = rows / 2;
+        for (int idx = threadIdx.x; idx < my_tokens * 16; idx += blockDim.x) {
+            const int tl = rank + splits * (idx / 16), rl = 4 * (idx % 16), tok = tok0 + tl;
+            if (tok >= tokens) break;
+            const float4 g = gather(tl, rl), u = gather(tl, rl + CIQ_WGMMA_ROWS / 2);
+            const float ts = __ldg(tscale + tok);
+            // __fmul_rn: the product's value as the other path stores it, never contracted into the GLU's arithmetic
+            auto glu = [&](float gv, float uv) { return ciq_glu_value(gelu, __fmul_rn(gv, ts), __fmul_rn(uv, ts)); };
+            const float4 h = make_float4(glu(g.x, u.x), glu(g.y, u.y), glu(g.z, u.z), glu(g.w, u.w));
+            float *o = (float *)out + (int64_t)tok * half + (row0 - first) / 2 + rl;
+            if (vec) *(float4 *)o = h;
+            else o[0] = h.x, o[1] = h.y, o[2] = h.z, o[3] = h.w;
+        }
+        if (splits > 1) cluster_sync();
+        return;
+    }
+    for (int idx = threadIdx.x; idx < my_tokens * 32; idx += blockDim.x) {
+        const int tl = rank + splits * (idx / 32), rl = 4 * (idx % 32), tok = tok0 + tl;
+        if (tok >= tokens) break;
+        const float4 sum = gather(tl, rl);
         const float ts = __ldg(tscale + tok);
         const int64_t r = row0 - first + rl, base = (int64_t)tok * rows + r;
         if (vec && r + 3 < rows) {
@@ -768,22 +794,29 @@ static constexpr __host__ __device__ int wgmma_threads(int PW, bool RS) { return
 #define CIQ_WGMMA_KERNEL_PARAMS                                                                                        \
     const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap, const uint8_t *__restrict__ w, \
         int64_t rows, int nb, const float *__restrict__ tscale, int tokens, int kb_per_split, int tile0, int row_tiles, \
-        const __grid_constant__ wgmma_outputs outs, ciq_out_type out_type, wgmma_stream_k sk
-template <ciq_type T, int BN, int STAGES, int PW, bool TMA_W, bool RS>
+        const __grid_constant__ wgmma_outputs outs, ciq_out_type out_type, wgmma_stream_k sk,                        \
+        const __grid_constant__ CUtensorMap wmap1, int row_tiles0
+// T1 != T: a grouped kernel (RS only): row tiles 0 .. row_tiles0-1 are weight 0's (type T, wmap), the rest weight 1's
+// (type T1, wmap1, its rows from row_tiles0 * 128 of the product); one kernel otherwise gets wmap and row_tiles there.
+template <ciq_type T, int BN, int STAGES, int PW, bool TMA_W, bool RS, ciq_type T1 = T>
 static __device__ __forceinline__ void gemm_wgmma_body(const CUtensorMap &xmap, const CUtensorMap &wmap,
                                                        const uint8_t *__restrict__ w, int64_t rows, int nb,
                                                        const float *__restrict__ tscale, int tokens, int kb_per_split,
                                                        int tile0, int row_tiles, const wgmma_outputs &outs,
-                                                       ciq_out_type out_type, const wgmma_stream_k &sk) {
+                                                       ciq_out_type out_type, const wgmma_stream_k &sk,
+                                                       const CUtensorMap &wmap1, int row_tiles0) {
 #ifdef CIQ_WGMMA_DEVICE
     static_assert(!RS || (TMA_W && PW == 1), "the RS form: staged weights (PW unused: one producer warp)");
+    constexpr bool GROUPED = T1 != T;
+    static_assert(!GROUPED || RS, "a grouped kernel is of the RS form");
     constexpr int STAGE = RS ? BN * 128 : wgmma_stage_bytes(BN), NW = RS ? RS_WSLOTS : WSLOTS;
-    constexpr int WB = RS ? wgmma_rs_wbox(T) : wgmma_wbox(T);
+    constexpr int WB = RS ? (wgmma_rs_wbox(T) > wgmma_rs_wbox(T1) ? wgmma_rs_wbox(T) : wgmma_rs_wbox(T1)) : wgmma_wbox(T);
+    constexpr int SLOT = CIQ_WGMMA_ROWS * WB;  // bytes of a staged-weight slot (either type's, grouped)
     extern __shared__ uint8_t smem_raw[];
     // Swizzle atoms need 1024-byte alignment; offsetting the array (not casting an integer) keeps loads ld.shared.
     uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
     uint8_t *wraw = smem + STAGES * STAGE;  // TMA_W: NW super-blocks of 128 staged rows, WB bytes each
-    uint64_t *full = (uint64_t *)(wraw + (TMA_W ? NW * CIQ_WGMMA_ROWS * WB : 0)), *empty = full + STAGES,
+    uint64_t *full = (uint64_t *)(wraw + (TMA_W ? NW * SLOT : 0)), *empty = full + STAGES,
              *wfull = empty + STAGES, *wempty = wfull + NW;
 
     if (threadIdx.x == 0) {
@@ -848,14 +881,21 @@ static __device__ __forceinline__ void gemm_wgmma_body(const CUtensorMap &xmap, 
         auto tile_of = [&](int tile, int64_t &row0, int &tok0) {
             row0 = (int64_t)(tile % row_tiles) * CIQ_WGMMA_ROWS, tok0 = tile / row_tiles * BN;
         };
+        // grouped: whether the tile is weight 1's (CTA-uniform), and its first row there
+        const int64_t rows0 = (int64_t)row_tiles0 * CIQ_WGMMA_ROWS;
+        auto second = [&](int64_t row0) { return GROUPED && row0 >= rows0; };
         if (threadIdx.x >= 256) {
             asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
             each_segment([&](int tile, int kb0, int kb1, int it0, int sb0, const wgmma_handover &hand) {
                 int64_t row0;
                 int tok0;
                 tile_of(tile, row0, tok0);
-                wgmma_produce_rs<T, BN, STAGES>(xmap, wmap, smem, wraw, full, empty, wfull, wempty, kb0, kb1 - kb0, row0,
-                                                tok0, it0, sb0);
+                if (second(row0))
+                    wgmma_produce_rs<T1, BN, STAGES, SLOT>(xmap, wmap1, smem, wraw, full, empty, wfull, wempty, kb0,
+                                                           kb1 - kb0, row0 - rows0, tok0, it0, sb0);
+                else
+                    wgmma_produce_rs<T, BN, STAGES, SLOT>(xmap, wmap, smem, wraw, full, empty, wfull, wempty, kb0,
+                                                          kb1 - kb0, row0, tok0, it0, sb0);
                 wgmma_epilogue<BN>(smem, tscale, tokens, outs, out_type, row0, tok0, hand);
             });
         } else {
@@ -865,7 +905,12 @@ static __device__ __forceinline__ void gemm_wgmma_body(const CUtensorMap &xmap, 
                 int tok0;
                 tile_of(tile, row0, tok0);
                 float acc[BN / 2];
-                wgmma_consume_rs<T, BN, STAGES>(smem, wraw, full, empty, wfull, wempty, kb0, kb1 - kb0, it0, sb0, acc);
+                if (second(row0))
+                    wgmma_consume_rs<T1, BN, STAGES, SLOT>(smem, wraw, full, empty, wfull, wempty, kb0, kb1 - kb0, it0,
+                                                           sb0, acc);
+                else
+                    wgmma_consume_rs<T, BN, STAGES, SLOT>(smem, wraw, full, empty, wfull, wempty, kb0, kb1 - kb0, it0,
+                                                          sb0, acc);
                 wgmma_epilogue<BN>(smem, tscale, tokens, outs, out_type, row0, tok0, hand);
             });
         }
@@ -880,12 +925,13 @@ static __device__ __forceinline__ void gemm_wgmma_body(const CUtensorMap &xmap, 
 template <ciq_type T, int BN, int STAGES, int PW, bool TMA_W>
 __global__ void __launch_bounds__(wgmma_threads(PW, false), 1) gemm_wgmma_kernel(CIQ_WGMMA_KERNEL_PARAMS) {
     gemm_wgmma_body<T, BN, STAGES, PW, TMA_W, false>(xmap, wmap, w, rows, nb, tscale, tokens, kb_per_split, tile0,
-                                                     row_tiles, outs, out_type, sk);
+                                                     row_tiles, outs, out_type, sk, wmap1, row_tiles0);
 }
-template <ciq_type T, int BN, int STAGES>
+// T1 != T: the grouped kernel (two weights' tiles in one grid: gemm_wgmma_body)
+template <ciq_type T, int BN, int STAGES, ciq_type T1>
 __global__ void __launch_bounds__(wgmma_threads(1, true), 1) gemm_wgmma_rs_kernel(CIQ_WGMMA_KERNEL_PARAMS) {
-    gemm_wgmma_body<T, BN, STAGES, 1, true, true>(xmap, wmap, w, rows, nb, tscale, tokens, kb_per_split, tile0,
-                                                  row_tiles, outs, out_type, sk);
+    gemm_wgmma_body<T, BN, STAGES, 1, true, true, T1>(xmap, wmap, w, rows, nb, tscale, tokens, kb_per_split, tile0,
+                                                      row_tiles, outs, out_type, sk, wmap1, row_tiles0);
 }
 
 // ---- host -----------------------------------------------------------------------------------------------------------
@@ -908,17 +954,21 @@ struct wgmma_plan {
     float *partial = nullptr;  // stream-K's hand-over slots and flags (wgmma_stream_k)
     int *flags = nullptr;
     bool pdl = true;  // launched as programmatic dependents (wgmma_switches)
+    double model_s = 0;  // the time model's seconds for it (pick_plan)
 };
 
-// The kernel of tile config C: RS asks for the RS form, which every staged-weight (TMA_W) kernel has.
-template <ciq_type T, int C, bool TMA_W, bool RS> static constexpr auto wgmma_kernel() {
+// The kernel of tile config C: RS asks for the RS form, which every staged-weight (TMA_W) kernel has; T1 != T the
+// grouped kernel (RS), whose staged-weight slots are the larger type's.
+template <ciq_type T, int C, bool TMA_W, bool RS, ciq_type T1 = T> static constexpr auto wgmma_kernel() {
     constexpr wgmma_tile_config cfg = k_wgmma_configs[C];
-    if constexpr (RS && TMA_W) return gemm_wgmma_rs_kernel<T, cfg.bn, cfg.stages_rs>;
+    static_assert(T1 == T || (RS && TMA_W), "grouped kernels are of the RS form");
+    if constexpr (RS && TMA_W) return gemm_wgmma_rs_kernel<T, cfg.bn, cfg.stages_rs, T1>;
     else return gemm_wgmma_kernel<T, cfg.bn, TMA_W ? cfg.stages_w : cfg.stages, cfg.producers, TMA_W>;
 }
-template <ciq_type T, int C, bool TMA_W, bool RS> static constexpr int wgmma_kernel_smem() {
+template <ciq_type T, int C, bool TMA_W, bool RS, ciq_type T1 = T> static constexpr int wgmma_kernel_smem() {
     constexpr wgmma_tile_config cfg = k_wgmma_configs[C];
-    if constexpr (RS && TMA_W) return wgmma_rs_smem_bytes(T, cfg.bn, cfg.stages_rs);
+    constexpr ciq_type WIDE = wgmma_rs_wbox(T) >= wgmma_rs_wbox(T1) ? T : T1;
+    if constexpr (RS && TMA_W) return wgmma_rs_smem_bytes(WIDE, cfg.bn, cfg.stages_rs);
     else return wgmma_smem_bytes(T, cfg.bn, TMA_W ? cfg.stages_w : cfg.stages, TMA_W);
 }
 
@@ -946,8 +996,10 @@ static bool wgmma_on_unless_zero(const char *name) {
 //   GGML_CIQ_WGMMA_PDL      0: no programmatic dependent launch (wait_for_previous_grid; bench/results/h200/wgmma-pdl-*)
 //   GGML_CIQ_WGMMA_TAIL     0: no tail split (pick_plan)
 //   GGML_CIQ_WGMMA_CONFIG   c (an index of k_wgmma_configs) pins the tile shape; unset, or out of range: -1, none
+//   GGML_CIQ_WGMMA_GROUP    two weights' GEMMs in one launch (ciq_cuda_gemm_wgmma_group): 0 never, 1 (unset) where the
+//                           time model gains over the two apart, 2 always where the grouped kernel runs them
 struct wgmma_switches {
-    int stream_k = 1, rs = 1, config = -1;
+    int stream_k = 1, rs = 1, config = -1, group = 1;
     bool pdl = true, tail = true;
 };
 static ciq_status wgmma_read_switches(wgmma_switches *sw) {
@@ -957,20 +1009,22 @@ static ciq_status wgmma_read_switches(wgmma_switches *sw) {
                                "where the weights are staged by TMA)", &sw->rs));
     sw->pdl = wgmma_on_unless_zero("GGML_CIQ_WGMMA_PDL");
     sw->tail = wgmma_on_unless_zero("GGML_CIQ_WGMMA_TAIL");
+    CIQ_TRY(wgmma_digit_switch("GGML_CIQ_WGMMA_GROUP", 1, 2, "0 (never one launch over two weights), 1 (where the "
+                               "time model gains) or 2 (always where the grouped kernel runs)", &sw->group));
     const char *pin = std::getenv("GGML_CIQ_WGMMA_CONFIG");
     const int pinned = pin && *pin ? std::atoi(pin) : -1;
     sw->config = pinned >= 0 && pinned < k_wgmma_config_count ? pinned : -1;
     return CIQ_OK;
 }
 
-template <ciq_type T, int C, bool TMA_W, bool RS>
+template <ciq_type T, int C, bool TMA_W, bool RS, ciq_type T1 = T>
 static void wgmma_launch_config(cudaLaunchConfig_t &config, cudaLaunchAttribute (&attrs)[2], dim3 grid, bool pdl) {
     constexpr wgmma_tile_config cfg = k_wgmma_configs[C];
     config = {};
     config.gridDim = grid;
     config.stream = ciq_stream();
     config.blockDim = dim3(wgmma_threads(cfg.producers, RS && TMA_W));
-    config.dynamicSmemBytes = wgmma_kernel_smem<T, C, TMA_W, RS>();
+    config.dynamicSmemBytes = wgmma_kernel_smem<T, C, TMA_W, RS, T1>();
     config.attrs = attrs;
     if (grid.z > 1) {  // the split-K CTAs of a tile form one cluster
         cudaLaunchAttribute &cluster = attrs[config.numAttrs++];
@@ -1081,15 +1135,23 @@ static wgmma_plan pick_plan(int64_t rows, int64_t tokens, int nb, int sms, int64
         const int64_t units = row_tiles * ((tokens + bn - 1) / bn) * nb;
         best = {best.config, 1, nb, 0, 1, 0, (int)std::min<int64_t>(sms, units)};
     }
+    best.model_s = best_s;
     return best;
 }
 
-template <ciq_type T, int C, bool TMA_W, bool RS>
+// A grouped launch (T1 != T) gets weight 1's map and the row tiles of weight 0 in `group`; one weight's, wmap and
+// row_tiles there (unread).
+struct wgmma_group {
+    const CUtensorMap *wmap1 = nullptr;
+    int row_tiles0 = 0;
+};
+
+template <ciq_type T, int C, bool TMA_W, bool RS, ciq_type T1 = T>
 static ciq_status launch_wgmma(const CUtensorMap &xmap, const CUtensorMap &wmap, const void *weight, int64_t rows,
                                int nb, const float *scales, int64_t tokens, const wgmma_plan &plan,
-                               const wgmma_outputs &outs, ciq_out_type out_type) {
-    constexpr auto kernel = wgmma_kernel<T, C, TMA_W, RS>();
-    const ciq_status status = ciq_raise_smem_limit<kernel>(wgmma_kernel_smem<T, C, TMA_W, RS>(), "ciq_cuda_gemm_wgmma");
+                               const wgmma_outputs &outs, ciq_out_type out_type, const wgmma_group &group) {
+    constexpr auto kernel = wgmma_kernel<T, C, TMA_W, RS, T1>();
+    const ciq_status status = ciq_raise_smem_limit<kernel>(wgmma_kernel_smem<T, C, TMA_W, RS, T1>(), "ciq_cuda_gemm_wgmma");
     if (status != CIQ_OK) return status;
     const int row_tiles = (int)((rows + CIQ_WGMMA_ROWS - 1) / CIQ_WGMMA_ROWS);
     const int64_t tiles = (int64_t)row_tiles * ((tokens + k_wgmma_configs[C].bn - 1) / k_wgmma_configs[C].bn);
@@ -1103,28 +1165,59 @@ static ciq_status launch_wgmma(const CUtensorMap &xmap, const CUtensorMap &wmap,
         const wgmma_stream_k sk{stream_k ? count : 0, plan.partial, plan.flags};
         cudaLaunchConfig_t config;
         cudaLaunchAttribute attrs[2];
-        wgmma_launch_config<T, C, TMA_W, RS>(config, attrs, dim3((unsigned)(stream_k ? plan.tail_ctas : count), 1,
-                                                             (unsigned)splits), plan.pdl);
+        wgmma_launch_config<T, C, TMA_W, RS, T1>(config, attrs, dim3((unsigned)(stream_k ? plan.tail_ctas : count), 1,
+                                                                 (unsigned)splits), plan.pdl);
         const cudaError_t err = cudaLaunchKernelEx(&config, kernel, xmap, wmap, (const uint8_t *)weight, rows, nb,
-                                                   scales, (int)tokens, per, (int)first, row_tiles, outs, out_type, sk);
+                                                   scales, (int)tokens, per, (int)first, row_tiles, outs, out_type, sk,
+                                                   group.wmap1 ? *group.wmap1 : wmap,
+                                                   group.wmap1 ? group.row_tiles0 : row_tiles);
         if (err != cudaSuccess) return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: %s", cudaGetErrorString(err));
         ciq_wgmma_count_launch(RS && TMA_W ? CIQ_WGMMA_FORM_RS : CIQ_WGMMA_FORM_SS);
         if (stream_k) ciq_wgmma_count_launch(CIQ_WGMMA_FORM_STREAM_K);
+        if (T1 != T) ciq_wgmma_count_launch(CIQ_WGMMA_FORM_GROUPED);
+        if (outs.glu) ciq_wgmma_count_launch(CIQ_WGMMA_FORM_GLU);
     }
     return CIQ_OK;
 }
 
-template <ciq_type T, bool TMA_W, bool RS, int C = 0>
+template <ciq_type T, bool TMA_W, bool RS, ciq_type T1 = T, int C = 0>
 static ciq_status dispatch_wgmma(const CUtensorMap &xmap, const CUtensorMap &wmap, const void *weight, int64_t rows,
                                  int nb, const float *scales, int64_t tokens, const wgmma_plan &plan,
-                                 const wgmma_outputs &outs, ciq_out_type out_type) {
+                                 const wgmma_outputs &outs, ciq_out_type out_type, const wgmma_group &group = {}) {
     if constexpr (C < k_wgmma_config_count) {
         if (plan.config == C)
-            return launch_wgmma<T, C, TMA_W, RS>(xmap, wmap, weight, rows, nb, scales, tokens, plan, outs, out_type);
-        return dispatch_wgmma<T, TMA_W, RS, C + 1>(xmap, wmap, weight, rows, nb, scales, tokens, plan, outs, out_type);
+            return launch_wgmma<T, C, TMA_W, RS, T1>(xmap, wmap, weight, rows, nb, scales, tokens, plan, outs, out_type,
+                                                     group);
+        return dispatch_wgmma<T, TMA_W, RS, T1, C + 1>(xmap, wmap, weight, rows, nb, scales, tokens, plan, outs,
+                                                       out_type, group);
     } else {
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma: bad tile config %d", plan.config);
     }
+}
+
+// The activations' tensor map: 64 K values x bn tokens per box, 128-byte swizzle, zeros past the last token.
+static ciq_status wgmma_x_map(encode_tiled_fn encode, const void *x_f16, int64_t k, int64_t tokens, int bn,
+                              CUtensorMap *xmap) {
+    const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)tokens}, strides[1] = {(cuuint64_t)k * 2};
+    const cuuint32_t box[2] = {CIQ_WGMMA_KSTAGE, (cuuint32_t)bn}, unit[2] = {1, 1};
+    const CUresult res = encode(xmap, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, const_cast<void *>(x_f16), dims, strides, box,
+                                unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (res != CUDA_SUCCESS)
+        return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: cuTensorMapEncodeTiled (activations) error %d", (int)res);
+    return CIQ_OK;
+}
+// A staged weight's tensor map: bytes, one block (wbox bytes) x 128 rows per box, zeros past the last row.
+static ciq_status wgmma_w_map(encode_tiled_fn encode, const void *weight, int64_t row_bytes, int64_t rows, int wbox,
+                              CUtensorMap *wmap) {
+    const cuuint64_t dims[2] = {(cuuint64_t)row_bytes, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)row_bytes};
+    const cuuint32_t box[2] = {(cuuint32_t)wbox, CIQ_WGMMA_ROWS}, unit[2] = {1, 1};
+    const CUresult res = encode(wmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(weight), dims, strides, box,
+                                unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (res != CUDA_SUCCESS)
+        return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: cuTensorMapEncodeTiled (weights) error %d", (int)res);
+    return CIQ_OK;
 }
 
 // Weights go through TMA into shared memory when the rows allow a tensor map (16-byte-aligned base and row pitch:
@@ -1150,25 +1243,10 @@ static ciq_status run_wgmma(const void *x_f16, int64_t k, const void *weight, in
     encode_tiled_fn encode;
     if (tensor_map_encoder(&encode) != CIQ_OK) return CIQ_ERR_BACKEND;
     CUtensorMap xmap, wmap;
-    {  // activations: 64 K values x BN tokens per box, 128-byte swizzle, zeros past the last token
-        const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)tokens}, strides[1] = {(cuuint64_t)k * 2};
-        const cuuint32_t box[2] = {CIQ_WGMMA_KSTAGE, (cuuint32_t)k_wgmma_configs[plan.config].bn}, unit[2] = {1, 1};
-        const CUresult res = encode(&xmap, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, const_cast<void *>(x_f16), dims, strides,
-                                    box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (res != CUDA_SUCCESS)
-            return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: cuTensorMapEncodeTiled (activations) error %d", (int)res);
-    }
+    CIQ_TRY(wgmma_x_map(encode, x_f16, k, tokens, k_wgmma_configs[plan.config].bn, &xmap));
     if constexpr (wgmma_kquant(T)) {
-        if (tma_w) {  // weights as bytes: one block (WBOX bytes) x 128 rows per box, zeros past the last row
-            const cuuint64_t dims[2] = {(cuuint64_t)row_bytes, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)row_bytes};
-            const cuuint32_t box[2] = {(cuuint32_t)(sw.rs ? wgmma_rs_wbox(T) : wgmma_wbox(T)), CIQ_WGMMA_ROWS},
-                             unit[2] = {1, 1};
-            const CUresult res = encode(&wmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(weight), dims, strides,
-                                        box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-            if (res != CUDA_SUCCESS)
-                return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: cuTensorMapEncodeTiled (weights) error %d", (int)res);
+        if (tma_w) {
+            CIQ_TRY(wgmma_w_map(encode, weight, row_bytes, rows, sw.rs ? wgmma_rs_wbox(T) : wgmma_wbox(T), &wmap));
             return sw.rs ? dispatch_wgmma<T, true, true>(xmap, wmap, weight, rows, nb, scales, tokens, plan, outs, out_type)
                       : dispatch_wgmma<T, true, false>(xmap, wmap, weight, rows, nb, scales, tokens, plan, outs, out_type);
         }
@@ -1265,12 +1343,13 @@ ciq_status ciq_cuda_gemm_wgmma(int device, ciq_type type, const void *weight, in
     return gemm_wgmma(device, type, weight, rows, k, x_f16, tokens, outs, out_type);
 }
 
-ciq_status ciq_cuda_gemm_wgmma_outputs(int device, ciq_type type, const void *weight, int64_t rows, int64_t k,
-                                       const void *x_f16, int64_t tokens, const ciq_gemm_output *outputs,
-                                       int n_outputs, ciq_out_type out_type) {
+// The epilogue's outputs of ciq_gemm_output[n_outputs] over a product of `rows` rows (unsupported: a boundary inside
+// a tile).
+static ciq_status wgmma_make_outputs(const ciq_gemm_output *outputs, int n_outputs, int64_t rows, ciq_out_type out_type,
+                                     wgmma_outputs &outs) {
     if (n_outputs < 1 || n_outputs > CIQ_GEMM_OUTPUTS_MAX)
         return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma_outputs: %d outputs", n_outputs);
-    wgmma_outputs outs{};
+    outs = {};
     outs.n = n_outputs;
     int64_t end = 0;
     for (int s = 0; s < n_outputs; ++s) {
@@ -1286,7 +1365,87 @@ ciq_status ciq_cuda_gemm_wgmma_outputs(int device, ciq_type type, const void *we
     }
     if (end != rows) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma_outputs: outputs of %lld rows for %lld",
                                      (long long)end, (long long)rows);
+    return CIQ_OK;
+}
+
+ciq_status ciq_cuda_gemm_wgmma_outputs(int device, ciq_type type, const void *weight, int64_t rows, int64_t k,
+                                       const void *x_f16, int64_t tokens, const ciq_gemm_output *outputs,
+                                       int n_outputs, ciq_out_type out_type) {
+    wgmma_outputs outs;
+    CIQ_TRY(wgmma_make_outputs(outputs, n_outputs, rows, out_type, outs));
     return gemm_wgmma(device, type, weight, rows, k, x_f16, tokens, outs, out_type);
+}
+
+ciq_status ciq_cuda_gemm_wgmma_glu(int device, ciq_type type, const void *weight, int64_t rows, int64_t k,
+                                   const void *x_f16, int64_t tokens, bool gelu, float *out) {
+    if (rows % (2 * CIQ_GLU_INTERLEAVE) != 0)
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma_glu: %lld rows, not a multiple of %d",
+                        (long long)rows, 2 * CIQ_GLU_INTERLEAVE);
+    static_assert(2 * CIQ_GLU_INTERLEAVE == CIQ_WGMMA_ROWS, "a tile is one interleaved block of gate and up rows");
+    wgmma_outputs outs{};
+    outs.n = 1;
+    outs.glu = gelu ? 2 : 1;
+    outs.vec = aligned16(out);
+    outs.row_end[0] = rows;
+    outs.out[0] = out;
+    return gemm_wgmma(device, type, weight, rows, k, x_f16, tokens, outs, CIQ_OUT_F32);
+}
+
+ciq_status ciq_cuda_gemm_wgmma_group(int device, const ciq_type types[2], const void *const weights[2],
+                                     const int64_t rows[2], int64_t k, const void *x_f16, int64_t tokens,
+                                     const ciq_gemm_output *outputs, int n_outputs, ciq_out_type out_type) {
+    constexpr ciq_type T0 = CIQ_TYPE_Q4_K, T1 = CIQ_TYPE_Q6_K;  // the one grouped kernel built (8B's q+k and v)
+    if (types[0] != T0 || types[1] != T1)
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma_group: weights of types %d, %d (grouped: Q4_K, then "
+                        "Q6_K)", (int)types[0], (int)types[1]);
+    if (rows[0] % CIQ_WGMMA_ROWS != 0)
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma_group: the first weight has %lld rows, not a multiple "
+                        "of %d", (long long)rows[0], CIQ_WGMMA_ROWS);
+    if (k <= 0 || k % QK_K != 0)
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma_group: K must be a multiple of %d, got %lld",
+                        QK_K, (long long)k);
+    const int nb = (int)(k / QK_K);
+    const int64_t row_bytes0 = (int64_t)nb * Q4_K_BLOCK_BYTES, row_bytes1 = (int64_t)nb * Q6_K_BLOCK_BYTES;
+    if (!aligned16(weights[0]) || !aligned16(weights[1]) || row_bytes1 % 16 != 0)  // both staged by TMA
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma_group: weights TMA cannot stage (16-byte aligned, "
+                        "Q6_K with K a multiple of 2048)");
+    const int64_t total = rows[0] + rows[1];
+    if (tokens > INT32_MAX / 2 || k > INT32_MAX / 2 ||
+        (total + CIQ_WGMMA_ROWS - 1) / CIQ_WGMMA_ROWS * ((tokens + 63) / 64) > INT32_MAX)
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma_group: problem too large (k %lld, tokens %lld)",
+                        (long long)k, (long long)tokens);
+    if (!aligned16(x_f16))
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma_group: activations must be 16-byte aligned");
+    wgmma_switches sw;
+    CIQ_TRY(wgmma_read_switches(&sw));
+    if (!sw.rs || sw.group == 0)
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma_group: off (GGML_CIQ_WGMMA_GROUP=0 or "
+                        "GGML_CIQ_WGMMA_RS=0)");
+    wgmma_outputs outs;
+    CIQ_TRY(wgmma_make_outputs(outputs, n_outputs, total, out_type, outs));
+    wgmma_device dev;
+    CIQ_TRY(wgmma_device_state(device, dev));
+    // planned as one problem of both weights' rows (the grouped kernel's shared memory is Q6_K's: its occupancy)
+    wgmma_plan plan = pick_plan<T1, true, true>(total, tokens, nb, dev.sms, dev.l2_bytes, sw);
+    if (sw.group == 1) {  // the two apart, as ciq_cuda_gemm_wgmma_outputs would plan them
+        const double apart = pick_plan<T0, true, true>(rows[0], tokens, nb, dev.sms, dev.l2_bytes, sw).model_s +
+                             pick_plan<T1, true, true>(rows[1], tokens, nb, dev.sms, dev.l2_bytes, sw).model_s;
+        if (plan.model_s >= apart)
+            return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma_group: the time model gains nothing (%.1f us "
+                            "grouped, %.1f apart)", plan.model_s * 1e6, apart * 1e6);
+    }
+    plan.partial = dev.ws.partial, plan.flags = dev.ws.flags;
+    plan.pdl = sw.pdl;
+    encode_tiled_fn encode;
+    if (tensor_map_encoder(&encode) != CIQ_OK) return CIQ_ERR_BACKEND;
+    CUtensorMap xmap, wmap0, wmap1;
+    CIQ_TRY(wgmma_x_map(encode, x_f16, k, tokens, k_wgmma_configs[plan.config].bn, &xmap));
+    CIQ_TRY(wgmma_w_map(encode, weights[0], row_bytes0, rows[0], wgmma_rs_wbox(T0), &wmap0));
+    CIQ_TRY(wgmma_w_map(encode, weights[1], row_bytes1, rows[1], wgmma_rs_wbox(T1), &wmap1));
+    const float *scales = (const float *)((const uint8_t *)x_f16 + ciq_f16_scale_offset(tokens, k));
+    const wgmma_group group{&wmap1, (int)(rows[0] / CIQ_WGMMA_ROWS)};
+    return dispatch_wgmma<T0, true, true, T1>(xmap, wmap0, weights[0], total, nb, scales, tokens, plan, outs, out_type,
+                                              group);
 }
 
 #else  // HIP: no wgmma
@@ -1297,6 +1456,13 @@ ciq_status ciq_cuda_gemm_wgmma(int, ciq_type, const void *, int64_t, int64_t, co
 }
 ciq_status ciq_cuda_gemm_wgmma_outputs(int, ciq_type, const void *, int64_t, int64_t, const void *, int64_t,
                                        const ciq_gemm_output *, int, ciq_out_type) {
+    return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma: the wgmma kernel is CUDA-only");
+}
+ciq_status ciq_cuda_gemm_wgmma_glu(int, ciq_type, const void *, int64_t, int64_t, const void *, int64_t, bool, float *) {
+    return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma: the wgmma kernel is CUDA-only");
+}
+ciq_status ciq_cuda_gemm_wgmma_group(int, const ciq_type[2], const void *const[2], const int64_t[2], int64_t,
+                                     const void *, int64_t, const ciq_gemm_output *, int, ciq_out_type) {
     return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma: the wgmma kernel is CUDA-only");
 }
 #endif
