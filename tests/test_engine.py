@@ -362,12 +362,13 @@ def test_cuda_graph_prefill_equals_eager_gemma(semantics, native_lib, gemma_full
 def test_glu_fused_into_down_equals_apart(semantics, native_lib, rng, tmp_path, monkeypatch):
     """The FFN's GLU fused into down's f16 activation conversion (NativeOps.glu_linear, ciq_glu_activations) against
     glu then linear: the same logits bit for bit, on a SwiGLU (llama) and a GEGLU (gemma3) model, 41 tokens in
-    micro-batches of 16."""
+    micro-batches of 16. (GGML_CIQ_FUSE_GLU=0: fast's gate/up otherwise give the GLU from their GEMM, the next test.)"""
     from ggml_ciq.engine import make_ops
     from ggml_ciq.ops import NativeOps
 
     if native.device_count() == 0:
         pytest.skip("needs a CUDA device and libggml_ciq built with CUDA")
+    monkeypatch.setenv("GGML_CIQ_FUSE_GLU", "0")
     fused, glu = NativeOps.glu_linear, NativeOps.glu
     for architecture in ("llama", "gemma3"):
         path = catalog.write_small_model(tmp_path / f"{architecture}.gguf", architecture)
@@ -389,6 +390,41 @@ def test_glu_fused_into_down_equals_apart(semantics, native_lib, rng, tmp_path, 
         assert calls and np.array_equal(got, want), architecture
         # the fused conversion ran (ciq_glu_activations, not glu then the conversion) for at least one FFN
         assert glus["fused"] < glus["apart"], (architecture, glus)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("architecture", ["llama", "gemma3"])
+def test_glu_from_gate_up_epilogue_equals_conversion(architecture, native_lib, rng, tmp_path, monkeypatch):
+    """The fast semantics' gate/up interleaved with the GLU from their GEMM's epilogue (stack_glu, linear_glu) against
+    the GLU fused into down's conversion (GGML_CIQ_FUSE_GLU=0), SwiGLU and GEGLU, 41 tokens in micro-batches of 16:
+    with stream-K off (the same K split for every row either way) the same logits bit for bit, and one GLU launch a
+    layer and micro-batch; with the planner's stream-K and tail split (whose seams fall on other rows when the rows
+    are interleaved), NMSE <= 1e-9 and the same top-1."""
+    from ggml_ciq.engine import Linear, make_ops
+
+    if native.device_count() == 0 or not native.variant_available("cuda", "wgmma"):
+        pytest.skip("needs a Hopper GPU and a build with sm_90a (wgmma)")
+    path = catalog.write_small_model(tmp_path / f"{architecture}.gguf", architecture)
+    tokens = rng.integers(3, 512, 41)
+    for streamk in ("0", "1"):
+        monkeypatch.setenv("GGML_CIQ_WGMMA_STREAMK", streamk)
+        monkeypatch.setenv("GGML_CIQ_WGMMA_TAIL", streamk)
+        runs = {}
+        for glu in ("1", "0"):
+            monkeypatch.setenv("GGML_CIQ_FUSE_GLU", glu)
+            engine = Transformer(ModelFile(path), ops=make_ops("cuda", "fast"), n_ubatch=16)
+            assert all(isinstance(layer["gate_up"], Linear) == (glu == "1") for layer in engine.layers)
+            native.dispatch_reset()
+            runs[glu] = engine.forward(tokens, all_logits=True)
+            launches = native.wgmma_launch_counts()["glu"]
+            assert launches >= 3 * len(engine.layers) if glu == "1" else launches == 0, (glu, launches)
+        got, want = runs["1"], runs["0"]
+        assert np.isfinite(got).all()
+        if streamk == "0":
+            assert np.array_equal(got, want)
+        else:
+            top1, _, err = agreement(got, want)
+            assert err <= 1e-9 and top1 == 1.0, (err, top1)
 
 
 def _gemm_weights(layer: dict) -> list:

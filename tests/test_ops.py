@@ -435,8 +435,8 @@ def test_linear_glu_equals_apart(ops, rng, monkeypatch, tokens, case):
     """stack_glu + linear_glu (ciq_gemm_quantized_glu: gate/up interleaved 64 rows at a time, the GLU from wgmma's
     epilogue, no gate/up product in memory) against the stacked gate/up GEMM, then glu: with the norm fused in, both
     GLU kinds, at token counts either side of MMVQ's 8 and past a tile. Where wgmma runs: one launch counted as a GLU
-    launch, NMSE <= 1e-10 (stream-K may cut a row's K otherwise: float32 sums in another order) and the same bits
-    with stream-K off; elsewhere (the product, its halves apart, then ciq_glu) the same bits. Outputs NaN-poisoned.
+    launch, NMSE <= 1e-10 (stream-K and the tail split may cut a row's K otherwise: float32 sums in another order) and
+    the same bits with both off; elsewhere (the product, its halves apart, then ciq_glu) the same bits. Outputs NaN-poisoned.
     The forms: Q4_K and Q6_K with K % 2048 == 0 staged by TMA (RS), Q6_K at K 512 and Q8_0 read into registers (SS)."""
     ggml_type, k, ff = case
     fusing = PoisonedOps(ops.device, fuse=True)
@@ -460,9 +460,11 @@ def test_linear_glu_equals_apart(ops, rng, monkeypatch, tokens, case):
         if wgmma:
             assert nmse(got, want) <= 1e-10, kind
             monkeypatch.setenv("GGML_CIQ_WGMMA_STREAMK", "0")
+            monkeypatch.setenv("GGML_CIQ_WGMMA_TAIL", "0")
             got = fusing.linear_glu(weight, x, kind, norm=(norm, 1e-5)).numpy()
             want = fusing.glu(*fusing.linear_group([stacked], x, norm=(norm, 1e-5)), kind).numpy()
             monkeypatch.delenv("GGML_CIQ_WGMMA_STREAMK")
+            monkeypatch.delenv("GGML_CIQ_WGMMA_TAIL")
         assert np.array_equal(got, want), kind
     with pytest.raises(InvalidArgumentError, match="linear_glu"):
         fusing.linear(weight, x)
