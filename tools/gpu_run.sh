@@ -68,6 +68,11 @@
 #   then: wait ; test tests/test_cuda.py tests/test_plugin.py ; plugin-check ; plugin-bench ; memory ; compare ; and
 #           end every call that writes more than 8 files under $OUT with `pack NAME` (a call returns at most 8 files,
 #           named in letters, digits, '.', '_' and '-')
+# API v14 (the GLU from gate/up's epilogue, q+k beside v in one launch) measured at f56790f (issue16-f56790f). Tags:
+# A/B arms of compare-8b take TAG=NAME (their JSON names); never point OUT at a folder of its own (`run` brings back
+# only what lies under its $OUT: the fourteenth session lost a breakdown so). setup replaces /tmp/device with the
+# carried .device, so `stage` .device-extra after it. The tracked tree is 32.5 MB: a 32 MiB part leaves ~1 MB of a
+# call's 64 MiB; make the parts smaller before committing more results.
 # Issue 16's bars were all met at 4a93705 (bench/results/h200/issue16-4a93705). On the GPU machine next: the CPU
 # last-token test with the whole Gemma staged (`test tests/test_engine.py -k last_token`: llama.cpp CPU gets no GPU
 # device since 84f493d; it failed before, passing with CUDA_VISIBLE_DEVICES=). Prepare every edit before the lease:
