@@ -623,7 +623,7 @@ class NativeOps:
         add() after it, from wgmma's epilogue: ciq_gemm_quantized_outputs)."""
         n = self.native
         parts = weight.parts or (weight.rows,)
-        outs = [self.empty((tokens, rows)) for rows in parts]
+        outs = self._outs(weight, tokens)
         if add is not None:
             add = self._f32(add, "linear add")
             if len(parts) > 1 or add.shape != (tokens, weight.rows):
@@ -633,14 +633,24 @@ class NativeOps:
                                              weight.rows, weight.k, activations.ptr, tokens, outs[0].ptr,
                                              n.lib.CIQ_OUT_F32))
             return outs
-        outputs = n.ffi.new("ciq_gemm_output[]", len(parts))
-        for o, rows, out in zip(outputs, parts, outs):
-            o.rows, o.out = rows, out.ptr
-            o.add = self._fp(add) if add is not None else n.ffi.NULL
+        outputs = self._outputs(parts, outs, add)
         n.check(n.lib.ciq_gemm_quantized_outputs(self.device, plan, weight.ggml_type, weight.data.ptr,
                                                  weight.data.nbytes, weight.rows, weight.k, activations.ptr, tokens,
                                                  outputs, len(parts), n.lib.CIQ_OUT_F32))
         return outs
+
+    def _outs(self, weight: Weight, tokens: int) -> list[DeviceArray]:
+        """A GEMM's float32 outputs [tokens, rows], one per stacked part (one for a plain weight)."""
+        return [self.empty((tokens, rows)) for rows in (weight.parts or (weight.rows,))]
+
+    def _outputs(self, parts, outs: list[DeviceArray], add=None):
+        """ciq_gemm_output[] of these outputs (rows per part), each with the addend add (one output) or none."""
+        n = self.native
+        outputs = n.ffi.new("ciq_gemm_output[]", len(parts))
+        for o, rows, out in zip(outputs, parts, outs):
+            o.rows, o.out = rows, out.ptr
+            o.add = self._fp(add) if add is not None else n.ffi.NULL
+        return outputs
 
     def add(self, a, b) -> DeviceArray:
         """a + b; b of a's shape, or a row of a's last axis (a bias) added to every row."""
@@ -820,12 +830,9 @@ class NativeOps:
         group = n.ffi.new("ciq_gemm_weight[]", len(weights))
         outs, keep = [], []
         for g, w, plan in zip(group, weights, plans):
-            parts = w.parts or (w.rows,)
-            mine = [self.empty((tokens, rows)) for rows in parts]
-            outputs = n.ffi.new("ciq_gemm_output[]", len(parts))
-            for o, rows, out in zip(outputs, parts, mine):
-                o.rows, o.out, o.add = rows, out.ptr, n.ffi.NULL
-            keep.append(outputs)
+            parts, mine = w.parts or (w.rows,), self._outs(w, tokens)
+            outputs = self._outputs(parts, mine)
+            keep.append(outputs)  # the struct's pointers do not keep the arrays alive
             g.plan, g.type, g.weight, g.weight_nbytes, g.rows = plan, w.ggml_type, w.data.ptr, w.data.nbytes, w.rows
             g.outputs, g.n_outputs = outputs, len(parts)
             outs += mine

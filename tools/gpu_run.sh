@@ -243,6 +243,11 @@ case "${1:-}" in
         --reference off ${GRAPH:+--cuda-graph} --json "$OUT/prefill-llama3-8b-synthetic-n$n${GRAPH:+-graph}${TAG:+-$TAG}.json" 2>&1 \
         | tail -n 30
     done ;;
+  glu-group-ab)  # API v14's A/B (issue16-f56790f): compare-8b as graphs with the GLU epilogue and the grouped launch
+                 # on (default), the GLU epilogue only (GGML_CIQ_WGMMA_GROUP=0: -group0), both off (-old); TOKENS (512 2048)
+    GRAPH=1 "$0" compare-8b 2>&1 | grep meets | tail -n 1
+    GRAPH=1 GGML_CIQ_WGMMA_GROUP=0 TAG=group0 "$0" compare-8b 2>&1 | grep meets | tail -n 1
+    GRAPH=1 GGML_CIQ_WGMMA_GROUP=0 GGML_CIQ_FUSE_GLU=0 TAG=old "$0" compare-8b 2>&1 | grep meets | tail -n 1 ;;
   sanitize)  # TOOLS="memcheck racecheck" by default; LIMIT seconds per tool (default 500); -> $OUT/sanitizer-TOOL[-CASE].txt
     shift
     for tool in ${TOOLS:-memcheck racecheck}; do
@@ -490,5 +495,5 @@ case "${1:-}" in
     gemma=$(gemma_path) || exit 1
     step sanitizer-plugin-memcheck 500 env GGML_BACKEND_PATH=$PLUGIN GGML_CIQ_OFFLOAD=all compute-sanitizer --tool memcheck \
       --error-exitcode 9 $LLAMA_BUILD/bin/llama-bench -m "$gemma" -ngl 99 -dev CIQ0/CUDA0 -ts 0/1 -p 77 -n 0 -r 1 -fa 1 ;;
-  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|pack|all|bench|bench-pdl|fuse-ab|tail-ab|offload-sweep|memory|stage|compare|compare-8b|layer-trace|graph-bench|kernel-profile|sass|plugin-splits|breakdown|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize|bench-attention|split-ab|attention-ab|ops-timing|output-row|gemm-diag|gemm-ncu|streamk-ab|rs-ab" >&2; exit 2 ;;
+  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|pack|all|bench|bench-pdl|fuse-ab|tail-ab|offload-sweep|memory|stage|compare|compare-8b|layer-trace|graph-bench|kernel-profile|sass|plugin-splits|breakdown|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize|bench-attention|split-ab|attention-ab|ops-timing|output-row|gemm-diag|gemm-ncu|streamk-ab|rs-ab|glu-group-ab" >&2; exit 2 ;;
 esac

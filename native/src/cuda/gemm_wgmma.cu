@@ -1292,6 +1292,15 @@ static ciq_status wgmma_device_state(int device, wgmma_device &out) {
     return CIQ_OK;
 }
 
+// Problems whose tile and K counts fit the kernels' int arithmetic (tiles: an int grid.x); larger: unsupported.
+static ciq_status wgmma_check_size(const char *fn, int64_t rows, int64_t k, int64_t tokens) {
+    if (tokens > INT32_MAX / 2 || k > INT32_MAX / 2 ||
+        (rows + CIQ_WGMMA_ROWS - 1) / CIQ_WGMMA_ROWS * ((tokens + 63) / 64) > INT32_MAX)
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "%s: problem too large (k %lld, tokens %lld)", fn, (long long)k,
+                        (long long)tokens);
+    return CIQ_OK;
+}
+
 static ciq_status gemm_wgmma(int device, ciq_type type, const void *weight, int64_t rows, int64_t k,
                              const void *x_f16, int64_t tokens, const wgmma_outputs &outs, ciq_out_type out_type) {
     if (type != CIQ_TYPE_Q4_K && type != CIQ_TYPE_Q6_K && type != CIQ_TYPE_Q4_0 && type != CIQ_TYPE_Q5_0 &&
@@ -1301,10 +1310,7 @@ static ciq_status gemm_wgmma(int device, ciq_type type, const void *weight, int6
     if (k <= 0 || k % unit_values != 0)  // whole super-blocks; the 32-value blocks two to a stage
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma: K must be a multiple of %lld for weight type %d, "
                         "got %lld", (long long)unit_values, (int)type, (long long)k);
-    if (tokens > INT32_MAX / 2 || k > INT32_MAX / 2 ||
-        (rows + CIQ_WGMMA_ROWS - 1) / CIQ_WGMMA_ROWS * ((tokens + 63) / 64) > INT32_MAX)  // tiles: an int grid.x
-        return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma: problem too large (k %lld, tokens %lld)",
-                        (long long)k, (long long)tokens);
+    CIQ_TRY(wgmma_check_size("ciq_cuda_gemm_wgmma", rows, k, tokens));
     if ((uintptr_t)x_f16 % 16 != 0 || (uintptr_t)weight % (type == CIQ_TYPE_Q4_K ? 16 : 2) != 0)
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT,
                         "ciq_cuda_gemm_wgmma: activations (and Q4_K weights) must be 16-byte aligned, other weights "
@@ -1410,10 +1416,7 @@ ciq_status ciq_cuda_gemm_wgmma_group(int device, const ciq_type types[2], const 
         return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma_group: weights TMA cannot stage (16-byte aligned, "
                         "Q6_K with K a multiple of 2048)");
     const int64_t total = rows[0] + rows[1];
-    if (tokens > INT32_MAX / 2 || k > INT32_MAX / 2 ||
-        (total + CIQ_WGMMA_ROWS - 1) / CIQ_WGMMA_ROWS * ((tokens + 63) / 64) > INT32_MAX)
-        return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma_group: problem too large (k %lld, tokens %lld)",
-                        (long long)k, (long long)tokens);
+    CIQ_TRY(wgmma_check_size("ciq_cuda_gemm_wgmma_group", total, k, tokens));
     if (!aligned16(x_f16))
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma_group: activations must be 16-byte aligned");
     wgmma_switches sw;
