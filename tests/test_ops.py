@@ -57,6 +57,7 @@ def ops(request, native_lib):
 
 _LIBM = ctypes.CDLL(ctypes.util.find_library("m"))
 _LIBM.tanhf.restype, _LIBM.tanhf.argtypes = ctypes.c_float, [ctypes.c_float]
+_LIBM.powf.restype, _LIBM.powf.argtypes = ctypes.c_float, [ctypes.c_float, ctypes.c_float]
 
 
 def _gelu_table():
@@ -531,6 +532,132 @@ def test_group_of_two_types(ops, rng, monkeypatch, tokens):
             for got, ref in zip(outs, want):
                 assert got.shape == ref.shape and np.isfinite(got).all()
                 assert nmse(got, ref) <= 1e-10 if grouped else np.array_equal(got, ref), (group, tokens)
+
+
+def test_rope_angles(ops, rng):
+    """rope_angles (ciq_rope_angles): (cos, sin) of the host's float32 chain theta_i = theta_{i-1} * powf(base, -2/D)
+    at each position, within 2e-6 of float64's cos and sin of that chain (up to position 100000, where one ulp of the
+    step would move the angle by 6e-3); head_dim odd, base 0: errors naming them."""
+    positions = np.array([0, 1, 7, 511, 4095, 100000], np.int32)
+    for head_dim, base in ((128, 5e5), (64, 1e4), (6, 10.0)):
+        got = ops.rope_angles(positions, head_dim, base).numpy()
+        assert got.shape == (len(positions), head_dim // 2, 2)
+        step = np.float32(_LIBM.powf(np.float32(base), np.float32(-2.0) / np.float32(head_dim)))  # as the library
+        theta = positions.astype(np.float32)
+        for i in range(head_dim // 2):
+            want = np.stack([np.cos(theta.astype(np.float64)), np.sin(theta.astype(np.float64))], axis=1)
+            assert np.abs(got[:, i] - want).max() <= 2e-6, (head_dim, i)
+            theta = (theta * step).astype(np.float32)
+    with pytest.raises(CiqError, match="head_dim must be even"):
+        ops.rope_angles(positions, 7, 1e4)
+    with pytest.raises(CiqError, match="base must be > 0"):
+        ops.rope_angles(positions, 8, 0.0)
+
+
+# (heads, heads_kv, head_dim, NEOX, the weights: stacked runs of q/k/v types, K): the 8B's q+k Q4_K beside v Q6_K (the
+# grouped kernel; NORM), one Q4_K weight of all three (NEOX heads of 64: two a tile), Gemma's heads of 256 (NEOX:
+# no epilogue), q of 192 rows (NORM: a tile straddles q and k, so the product is copied out).
+ROPE_KV_CASES = [(4, 2, 128, False, ((Q.Q4_K, "qk"), (Q.Q6_K, "v")), 2048),
+                 (6, 2, 64, True, ((Q.Q4_K, "qkv"),), 512),
+                 (2, 1, 256, True, ((Q.Q4_K, "qk"), (Q.Q6_K, "v")), 2048),
+                 (3, 1, 64, False, ((Q.Q6_K, "qkv"),), 256)]
+
+
+@pytest.mark.parametrize("tokens", [1, 9, 37, 300])
+@pytest.mark.parametrize("case", ROPE_KV_CASES, ids=["8b-norm-grouped", "neox-64", "neox-256-apart", "norm-copy-out"])
+def test_linear_rope_kv_equals_apart(ops, rng, monkeypatch, tokens, case):
+    """linear_rope_kv (ciq_gemm_quantized_rope_kv: q and k rotated, k and v stored into the f16 caches from wgmma's
+    epilogue) against linear_group then rope_kv_store, with the norm fused in: q's bits and both caches' bytes equal
+    (the same plans, so the same sums; the same angles and roundings), rows outside the stored ones untouched; at 1 and
+    9 tokens (MMVQ / wgmma), a tile tail and past a tile, from row 5; grouped and not. Where wgmma's epilogue rotates
+    (NORM, NEOX heads of 64): launches counted as rope_kv; elsewhere none. One dispatch per weight."""
+    heads, heads_kv, d, neox, runs, k = case
+    fusing = PoisonedOps(ops.device, fuse=True)
+    rows = {"q": heads * d, "k": heads_kv * d, "v": heads_kv * d}
+    weights = []
+    for ggml_type, names in runs:
+        tensors = [_quantized_tensor(rng, f"blk.0.attn_{c}.weight", ggml_type, rows[c], k) for c in names]
+        weights.append(fusing.stack_weights(tensors) if len(tensors) > 1 else fusing.load_weight(tensors[0]))
+    assert fusing.rope_kv_fuses(weights)
+    x = fusing.asarray((rng.standard_normal((tokens, k)) * 2).astype(np.float32))
+    norm = fusing.asarray((rng.standard_normal(k) + 1).astype(np.float32))
+    start, cache_rows = 5, 5 + tokens + 3
+    positions = np.arange(start, start + tokens, dtype=np.int32)
+    angles = fusing.rope_angles(positions, d, 5e5)
+    epilogue = _wgmma_runs(ops, tokens) and (not neox or 128 % d == 0)
+    for group in ("2", "0"):
+        monkeypatch.setenv("GGML_CIQ_WGMMA_GROUP", group)
+        caches = [fusing.zeros((cache_rows, heads_kv, d), np.float16) for _ in range(4)]
+        q, kk, v = (y.view((tokens, -1, d)) for y in fusing.linear_group(weights, x, norm=(norm, 1e-5)))
+        want_q = fusing.rope_kv_store(q, kk, v, positions, 5e5, neox, caches[0], caches[1], start).numpy()
+        native.dispatch_reset()
+        got_q = fusing.linear_rope_kv(weights, x, angles, neox, heads, caches[2], caches[3], start,
+                                      norm=(norm, 1e-5)).numpy()
+        assert sum(native.dispatch_counts().values()) == len(weights)
+        assert (native.wgmma_launch_counts()["rope_kv"] >= 1) == epilogue, (group, tokens)
+        assert got_q.shape == (tokens, heads, d) and np.isfinite(got_q).all()
+        assert np.array_equal(got_q, want_q), group
+        for want, got in ((caches[0], caches[2]), (caches[1], caches[3])):
+            want, got = want.numpy().view(np.uint16), got.numpy().view(np.uint16)
+            assert np.array_equal(got, want) and not got[:start].any() and not got[start + tokens:].any(), group
+            assert np.isfinite(want.view(np.float16)[start:start + tokens]).all()
+    monkeypatch.setenv("GGML_CIQ_FUSE_ROPE", "0")
+    assert not fusing.rope_kv_fuses(weights)
+    monkeypatch.delenv("GGML_CIQ_FUSE_ROPE")
+    assert not NativeOps(ops.device).rope_kv_fuses(weights)
+    with pytest.raises(ShapeError, match="cache"):
+        fusing.linear_rope_kv(weights, x, angles, neox, heads, caches[2], caches[3], start + 4)
+    with pytest.raises(ShapeError, match="angles"):
+        fusing.linear_rope_kv(weights, x, fusing.rope_angles(np.arange(tokens + 1, dtype=np.int32), d, 5e5), neox, heads, caches[2], caches[3],
+                              start)
+    with pytest.raises(CiqError, match="not whole matrices|the weights have"):
+        fusing.linear_rope_kv(weights, x, angles, neox, heads + 1, caches[2], caches[3], start)
+
+
+def test_gemm_rope_kv_bad_input(native_lib, rng):
+    """ciq_gemm_quantized_rope_kv: a weight naming outputs, rows that are not whole matrices of q/k/v, a row count
+    off, an unknown mode, an odd head_dim, overlapping destinations, three weights: each one error naming the problem,
+    nothing written."""
+    n = native.load()
+    lib, ffi = n.lib, n.ffi
+    k, tokens, heads, heads_kv, d = 256, 3, 2, 1, 32
+    plan = ffi.new("ciq_plan *")
+    n.check(lib.ciq_gemm_plan(lib.CIQ_DEVICE_CPU, lib.CIQ_VARIANT_AUTO, lib.CIQ_SEMANTICS_ANY, Q.Q4_K, 128, k, tokens,
+                              plan))
+    xq = ffi.new("uint8_t[]", plan.activation_bytes)
+    n.check(lib.ciq_activations_quantize(lib.CIQ_DEVICE_CPU, plan.activation_layout,
+                                         ffi.from_buffer("float[]", rng.standard_normal((tokens, k)).astype(np.float32)),
+                                         xq, tokens, k))
+    raws = {rows: Q.quantize_q4_K(rng.standard_normal((rows, k)).astype(np.float32)) for rows in (32, 64, 96, 128, 48)}
+    q_out, kc, vc = ffi.new("float[]", tokens * heads * d), ffi.new("uint16_t[]", 8 * d), ffi.new("uint16_t[]", 8 * d)
+    angles = ffi.new("float[]", tokens * d)
+    out_spec = ffi.new("ciq_gemm_output[1]")
+    out_spec[0].rows, out_spec[0].out = 128, q_out
+
+    def call(row_counts, mode=lib.CIQ_ROPE_NORM, head_dim=d, k_cache=kc, named=False):
+        group = ffi.new("ciq_gemm_weight[]", len(row_counts))
+        for g, rows in zip(group, row_counts):
+            g.plan, g.type, g.weight, g.weight_nbytes, g.rows = plan, Q.Q4_K, ffi.from_buffer(raws[rows]), len(raws[rows]), rows
+            g.outputs, g.n_outputs = (out_spec, 1) if named else (ffi.NULL, 0)
+        t = ffi.new("ciq_rope_kv_target *")
+        t.mode, t.heads, t.heads_kv, t.head_dim, t.start = mode, heads, heads_kv, head_dim, 2
+        t.angles, t.q_out, t.k_cache, t.v_cache = angles, q_out, k_cache, vc
+        return lib.ciq_gemm_quantized_rope_kv(lib.CIQ_DEVICE_CPU, group, len(row_counts), k, xq, tokens, t)
+
+    cases = [(dict(row_counts=[128], named=True), "names outputs"),
+             (dict(row_counts=[48, 48]), "not whole matrices"),
+             (dict(row_counts=[96]), "the weights have 96 rows, q, k and v 128"),
+             (dict(row_counts=[128], mode=1), "unknown RoPE mode 1"),
+             (dict(row_counts=[128], head_dim=31), "head_dim must be even"),
+             (dict(row_counts=[128], k_cache=vc), "k_cache's rows and v_cache's rows overlap"),
+             (dict(row_counts=[64, 32, 32]), "3 weights (1..2)")]
+    for kwargs, message in cases:
+        assert call(**kwargs) == lib.CIQ_ERR_INVALID_ARGUMENT, message
+        assert message in ffi.string(lib.ciq_last_error()).decode(), message
+    assert bytes(ffi.buffer(q_out)) == bytes(tokens * heads * d * 4)
+    assert bytes(ffi.buffer(kc)) == bytes(16 * d) and bytes(ffi.buffer(vc)) == bytes(16 * d)
+    assert call([64, 64]) == lib.CIQ_OK and call([128]) == lib.CIQ_OK  # well formed: q+k, v; all three
+    assert any(bytes(ffi.buffer(kc))) and any(bytes(ffi.buffer(vc)))
 
 
 def test_gemm_group_bad_input(native_lib, rng):

@@ -289,6 +289,212 @@ ciq_status ciq_gemm_quantized_group(int device, const ciq_gemm_weight *weights, 
     return CIQ_OK;
 }
 
+// ciq_gemm_quantized_rope_kv's three matrices as rows of the weights' stacked product: q, k, v (region m ends at end[m]).
+namespace {
+struct rope_kv_regions {
+    int64_t end[3];
+    int64_t rows(int m) const { return end[m] - (m ? end[m - 1] : 0); }
+};
+}  // namespace
+
+// Float32 k and v for ciq_gemm_quantized_rope_kv's GEMMs where no epilogue stores them: host memory on the CPU (held
+// by `host`), scratch slot 4 on a GPU; [tokens][kv_rows] each.
+static ciq_status rope_kv_scratch(int device, int64_t tokens, int64_t kv_rows, std::string &host, float **kf, float **vf) {
+    const size_t kv_bytes = (size_t)tokens * (size_t)kv_rows * sizeof(float);
+    void *p = nullptr;
+    if (device == CIQ_DEVICE_CPU) {
+        try {
+            host.resize(2 * kv_bytes);
+        } catch (const std::exception &) {
+            return ciq_fail(CIQ_ERR_OUT_OF_MEMORY, "ciq_gemm_quantized_rope_kv: %zu bytes of k and v", 2 * kv_bytes);
+        }
+        p = &host[0];
+#ifdef GGML_CIQ_WITH_CUDA
+    } else {
+        CIQ_TRY(ciq_cuda_scratch(device, 4, 2 * kv_bytes, &p));
+#endif
+    }
+    *kf = (float *)p, *vf = (float *)((uint8_t *)p + kv_bytes);
+    return CIQ_OK;
+}
+
+// The regions first .. last of q (in q_out), k and v (float32 kf, vf) rotated and stored: rope_kv_store's values.
+static ciq_status rope_kv_apart(int device, const ciq_rope_kv_target &t, const rope_kv_regions &reg, int64_t tokens,
+                                int first, int last, float *kf, const float *vf) {
+    const bool q = first == 0, k = first <= 1 && last >= 1, v = last == 2;
+    if (device == CIQ_DEVICE_CPU) {
+        if (q) CIQ_TRY(ciq_cpu_rope_apply(t.mode, t.q_out, t.angles, tokens, t.heads, t.head_dim, t.q_out));
+        if (k) {
+            CIQ_TRY(ciq_cpu_rope_apply(t.mode, kf, t.angles, tokens, t.heads_kv, t.head_dim, kf));
+            CIQ_TRY(ciq_cpu_kv_store(t.k_cache, t.start, kf, tokens, reg.rows(1)));
+        }
+        return v ? ciq_cpu_kv_store(t.v_cache, t.start, vf, tokens, reg.rows(2)) : CIQ_OK;
+    }
+#ifdef GGML_CIQ_WITH_CUDA
+    return ciq_cuda_rope_kv_angles(t.mode, t.angles, q ? t.q_out : nullptr, q ? t.heads : 0, k ? kf : nullptr,
+                                   v ? vf : nullptr, t.heads_kv, tokens, t.head_dim, t.start, t.k_cache, t.v_cache);
+#else
+    return CIQ_ERR_UNSUPPORTED;
+#endif
+}
+
+// Region m's destination: float32 q_out, else f16 cache rows from start (epilogue) or float32 scratch kf / vf.
+static void *rope_kv_dst(const ciq_rope_kv_target &t, const rope_kv_regions &reg, int m, float *kf, float *vf) {
+    if (m == 0) return t.q_out;
+    if (kf != nullptr) return m == 1 ? kf : vf;
+    return (m == 1 ? t.k_cache : t.v_cache) + t.start * reg.rows(1);
+}
+
+// One weight's part of ciq_gemm_quantized_rope_kv (regions first .. last): from wgmma's epilogue where its plan runs
+// there, else its GEMM into q_out and float32 scratch, then rope_kv_apart.
+static ciq_status rope_kv_weight(int device, const ciq_gemm_weight &w, int first, int last, int64_t k,
+                                 const void *x_quantized, int64_t tokens, const ciq_rope_kv_target &t,
+                                 const rope_kv_regions &reg) {
+    ciq_gemm_output outs[3];
+    const int n = last - first + 1;
+#ifdef GGML_CIQ_WITH_CUDA
+    if (device != CIQ_DEVICE_CPU && w.plan->variant == CIQ_VARIANT_WGMMA) {
+        ciq_wgmma_rope rope{0u, 0u, t.mode == CIQ_ROPE_NEOX, (int)t.head_dim, t.angles};
+        for (int m = first; m <= last; ++m) {
+            outs[m - first] = ciq_gemm_output{reg.rows(m), rope_kv_dst(t, reg, m, nullptr, nullptr), nullptr};
+            if (m < 2) rope.rope |= 1u << (m - first);
+            if (m > 0) rope.f16 |= 1u << (m - first);
+        }
+        const ciq_status status = ciq_cuda_gemm_wgmma_outputs(device, w.type, w.weight, w.rows, k, x_quantized, tokens,
+                                                              outs, n, CIQ_OUT_F32, &rope);
+        if (status == CIQ_OK) ciq_registry_count(w.plan->variant, w.type);
+        if (status != CIQ_ERR_UNSUPPORTED) return status;  // unsupported: apart below
+    }
+#endif
+    std::string host;
+    float *kf = nullptr, *vf = nullptr;
+    CIQ_TRY(rope_kv_scratch(device, tokens, reg.rows(1), host, &kf, &vf));
+    for (int m = first; m <= last; ++m) outs[m - first] = ciq_gemm_output{reg.rows(m), rope_kv_dst(t, reg, m, kf, vf), nullptr};
+    CIQ_TRY(ciq_gemm_quantized_outputs(device, w.plan, w.type, w.weight, w.weight_nbytes, w.rows, k, x_quantized, tokens,
+                                       outs, n, CIQ_OUT_F32));
+    return rope_kv_apart(device, t, reg, tokens, first, last, kf, vf);
+}
+
+ciq_status ciq_gemm_quantized_rope_kv(int device, const ciq_gemm_weight *weights, int n_weights, int64_t k,
+                                      const void *x_quantized, int64_t tokens, const ciq_rope_kv_target *target) {
+    static const char fn[] = "ciq_gemm_quantized_rope_kv";
+    if (weights == nullptr || x_quantized == nullptr || target == nullptr) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: NULL pointer", fn);
+    }
+    const ciq_rope_kv_target &t = *target;
+    if (t.angles == nullptr || t.q_out == nullptr || t.k_cache == nullptr || t.v_cache == nullptr) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: NULL pointer in the target", fn);
+    }
+    if (t.mode != CIQ_ROPE_NORM && t.mode != CIQ_ROPE_NEOX) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: unknown RoPE mode %d (NORM 0, NEOX 2)", fn, (int)t.mode);
+    }
+    CIQ_TRY(ciq_check_count(fn, "heads", t.heads));
+    CIQ_TRY(ciq_check_count(fn, "heads_kv", t.heads_kv));
+    if (t.head_dim < 2 || t.head_dim % 2 || t.head_dim > INT32_MAX) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: head_dim must be even, >= 2 and < 2^31, got %lld", fn,
+                        (long long)t.head_dim);
+    }
+    if (t.start < 0) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: start must be >= 0, got %lld", fn, (long long)t.start);
+    if (n_weights < 1 || n_weights > 2) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: %d weights (1..2)", fn, n_weights);
+    CIQ_TRY(ciq_check_count(fn, "tokens", tokens));
+    if (t.heads > INT64_MAX / 4 / t.head_dim || t.heads_kv > INT64_MAX / 4 / t.head_dim ||
+        t.start > INT64_MAX / 2 - tokens) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: %lld + 2 x %lld heads of %lld values overflow", fn,
+                        (long long)t.heads, (long long)t.heads_kv, (long long)t.head_dim);
+    }
+    const int64_t q_rows = t.heads * t.head_dim, kv_rows = t.heads_kv * t.head_dim;
+    const rope_kv_regions reg{{q_rows, q_rows + kv_rows, q_rows + 2 * kv_rows}};
+    if (tokens > INT64_MAX / 4 / reg.end[2] || t.start + tokens > INT64_MAX / 4 / kv_rows) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: %lld tokens of %lld rows overflow", fn, (long long)tokens,
+                        (long long)reg.end[2]);
+    }
+    // each weight whole matrices: its rows start and end at the regions' ends
+    int first[2], last[2];
+    int64_t row = 0;
+    for (int i = 0; i < n_weights; ++i) {
+        const ciq_gemm_weight &w = weights[i];
+        if (w.plan == nullptr || w.weight == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: weight %d: NULL pointer", fn, i);
+        if (w.outputs != nullptr || w.n_outputs != 0) {
+            return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: weight %d names outputs (the target places q, k and v: "
+                            "outputs NULL, n_outputs 0)", fn, i);
+        }
+        if (i > 0 && w.plan->activation_layout != weights[0].plan->activation_layout) {
+            return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: weight %d's plan reads activation layout %d, weight 0's %d: "
+                            "one x_quantized cannot be both", fn, i, (int)w.plan->activation_layout,
+                            (int)weights[0].plan->activation_layout);
+        }
+        const ciq_variant_row *vrow = nullptr;
+        CIQ_TRY(check_run(device, w.plan, w.type, w.weight_nbytes, w.rows, k, tokens, CIQ_OUT_F32, &vrow));
+        first[i] = row == 0 ? 0 : row == reg.end[0] ? 1 : row == reg.end[1] ? 2 : -1;
+        row += w.rows;
+        last[i] = row == reg.end[0] ? 0 : row == reg.end[1] ? 1 : row == reg.end[2] ? 2 : -1;
+        if (first[i] < 0 || last[i] < first[i]) {
+            return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: weight %d's %lld rows are not whole matrices of q (%lld "
+                            "rows), k and v (%lld each)", fn, i, (long long)w.rows, (long long)q_rows, (long long)kv_rows);
+        }
+    }
+    if (row != reg.end[2]) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: the weights have %lld rows, q, k and v %lld", fn, (long long)row,
+                        (long long)reg.end[2]);
+    }
+    // nothing written overlaps anything else written or the angles
+    const struct { const void *p; size_t bytes; const char *name; } areas[4] = {
+        {t.q_out, (size_t)tokens * (size_t)q_rows * sizeof(float), "q_out"},
+        {t.k_cache + t.start * kv_rows, (size_t)tokens * (size_t)kv_rows * 2, "k_cache's rows"},
+        {t.v_cache + t.start * kv_rows, (size_t)tokens * (size_t)kv_rows * 2, "v_cache's rows"},
+        {t.angles, (size_t)tokens * (size_t)t.head_dim * sizeof(float), "the angles"}};
+    for (int a = 0; a < 4; ++a)
+        for (int b = a + 1; b < 4; ++b)
+            if (overlap(areas[a].p, areas[a].bytes, areas[b].p, areas[b].bytes)) {
+                return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: %s and %s overlap", fn, areas[a].name, areas[b].name);
+            }
+    // RoPE in wgmma's epilogue: NORM pairs in a thread's four rows; NEOX heads whole in a 128-row tile (else the
+    // GEMMs as ciq_gemm_quantized_group runs them, into float32, then one kernel: the same sums either way)
+    const bool epilogue = t.mode == CIQ_ROPE_NORM || (128 % t.head_dim == 0 && t.head_dim % 8 == 0);
+    if (!epilogue) {
+        std::string host;
+        float *kf = nullptr, *vf = nullptr;
+        CIQ_TRY(rope_kv_scratch(device, tokens, kv_rows, host, &kf, &vf));
+        ciq_gemm_output outs[3];
+        ciq_gemm_weight group[2];
+        for (int i = 0; i < n_weights; ++i) {
+            for (int m = first[i]; m <= last[i]; ++m) outs[m] = ciq_gemm_output{reg.rows(m), rope_kv_dst(t, reg, m, kf, vf), nullptr};
+            group[i] = weights[i];
+            group[i].outputs = &outs[first[i]], group[i].n_outputs = last[i] - first[i] + 1;
+        }
+        CIQ_TRY(ciq_gemm_quantized_group(device, group, n_weights, k, x_quantized, tokens, CIQ_OUT_F32));
+        return rope_kv_apart(device, t, reg, tokens, 0, 2, kf, vf);
+    }
+#ifdef GGML_CIQ_WITH_CUDA
+    if (n_weights == 2 && device != CIQ_DEVICE_CPU && weights[0].plan->variant == CIQ_VARIANT_WGMMA &&
+        weights[1].plan->variant == CIQ_VARIANT_WGMMA) {  // one grouped launch, the Q4_K weight's rows first
+        const int a = weights[0].type == CIQ_TYPE_Q6_K && weights[1].type == CIQ_TYPE_Q4_K ? 1 : 0, b = 1 - a;
+        const ciq_type types[2] = {weights[a].type, weights[b].type};
+        const void *const blocks[2] = {weights[a].weight, weights[b].weight};
+        const int64_t rows[2] = {weights[a].rows, weights[b].rows};
+        ciq_wgmma_rope rope{0u, 0u, t.mode == CIQ_ROPE_NEOX, (int)t.head_dim, t.angles};
+        ciq_gemm_output outs[3];
+        int n = 0;
+        for (int i : {a, b})
+            for (int m = first[i]; m <= last[i]; ++m, ++n) {
+                outs[n] = ciq_gemm_output{reg.rows(m), rope_kv_dst(t, reg, m, nullptr, nullptr), nullptr};
+                if (m < 2) rope.rope |= 1u << n;
+                if (m > 0) rope.f16 |= 1u << n;
+            }
+        const ciq_status status = ciq_cuda_gemm_wgmma_group(device, types, blocks, rows, k, x_quantized, tokens, outs, n,
+                                                            CIQ_OUT_F32, &rope);
+        if (status == CIQ_OK) {
+            ciq_registry_count(CIQ_VARIANT_WGMMA, weights[0].type);
+            ciq_registry_count(CIQ_VARIANT_WGMMA, weights[1].type);
+        }
+        if (status != CIQ_ERR_UNSUPPORTED) return status;  // unsupported: one call each below
+    }
+#endif
+    for (int i = 0; i < n_weights; ++i)
+        CIQ_TRY(rope_kv_weight(device, weights[i], first[i], last[i], k, x_quantized, tokens, t, reg));
+    return CIQ_OK;
+}
+
 ciq_status ciq_gemm_quantized_glu(int device, const ciq_plan *plan, ciq_type type, const void *weight,
                                   size_t weight_nbytes, int64_t rows, int64_t k, const void *x_quantized,
                                   int64_t tokens, ciq_glu_kind kind, float *out) {
