@@ -195,7 +195,6 @@ class Transformer:
         self._graphs: dict = {}  # forward(graph=True): per micro-batch step, (Graph, its token-id buffer)
         self._graph_arena = None  # the buffers every graph of this engine allocates (they run one at a time)
         self.graph_error: str | None = None  # why a micro-batch's capture failed (it then stays eager)
-        self._angles: dict = {}  # RoPE's angle tables of the micro-batch running, per base (_rope_angles)
         self.n_past = 0
         self.timings = ops.timings
 
@@ -302,18 +301,9 @@ class Transformer:
         ops, hp = self.ops, self.hp
         sliding = hp.is_sliding(il)
         base = hp.rope_base_sliding if sliding else hp.rope_base
-        k_cache, v_cache = self.kv_cache[il]
-        parts = layer["qkv"].parts
-        fuses = getattr(ops, "rope_kv_fuses", None)
-        if (fuses is not None and not self.arch.qk_norm and all(p.bias is None for p in parts)
-                and fuses([p.weight for p in parts])):  # RoPE and the K/V stores from q/k/v's GEMM: the same values
-            with ops.timer(parts[0].op_class):
-                q = ops.linear_rope_kv([p.weight for p in parts], x, self._rope_angles(positions, base),
-                                       self.arch.rope_neox, hp.n_head, k_cache, v_cache, n_past,
-                                       norm=(layer["attn_norm"], hp.rms_eps))
-            return self._attend(layer, q, k_cache, v_cache, n_past, sliding, residual)
         q, k, v = self._linears(layer["qkv"], x, norm=layer["attn_norm"])
         q, k, v = self._heads(q, hp.n_head), self._heads(k, hp.n_head_kv), self._heads(v, hp.n_head_kv)
+        k_cache, v_cache = self.kv_cache[il]
         rope_kv = getattr(ops, "rope_kv_store", None) if getattr(ops, "fuse", False) else None
         if rope_kv is not None and not self.arch.qk_norm:  # q/k roped and k/v stored in one op: the same values
             q = rope_kv(q, k, v, positions, base, self.arch.rope_neox, k_cache, v_cache, n_past)
@@ -321,12 +311,6 @@ class Transformer:
             q, k = self._rope(layer, q, positions, base, "q_norm"), self._rope(layer, k, positions, base, "k_norm")
             ops.kv_store(k_cache, n_past, k)
             ops.kv_store(v_cache, n_past, v)
-        return self._attend(layer, q, k_cache, v_cache, n_past, sliding, residual)
-
-    def _attend(self, layer: dict, q, k_cache, v_cache, n_past: int, sliding: bool, residual=None):
-        """Attention of q [T, heads, D] over the caches (the micro-batch's keys stored), then the output projection
-        (+ residual where given)."""
-        ops, hp = self.ops, self.hp
         if self.arch.gemma:  # gemma scales q itself (f_attention_scale) and attends with scale 1
             q, scale = ops.scale(q, self._gemma_query_scale()), 1.0
         else:
@@ -334,12 +318,6 @@ class Transformer:
         with ops.timer("attention"):
             attn = ops.attention(q, k_cache, v_cache, n_past, scale, hp.sliding_window if sliding else 0)
         return self._linear(layer["o"], attn, residual)
-
-    def _rope_angles(self, positions, base: float):
-        """rope_angles of the micro-batch's positions at this base: made once a micro-batch (_step) per base."""
-        if base not in self._angles:
-            self._angles[base] = self.ops.rope_angles(positions, self.hp.head_dim, base)
-        return self._angles[base]
 
     def _rope(self, layer: dict, x, positions, base: float, norm: str):
         """RoPE of q or k [T, heads, D], after its per-head RMS norm where the architecture has one: one op where the
@@ -513,7 +491,6 @@ class Transformer:
         device), or None where none are wanted. step = (start, tokens, final, every_row, all_logits)."""
         ops, hp = self.ops, self.hp
         start, count, final, every_row, all_logits = step
-        self._angles = {}  # _rope_angles' tables of this micro-batch
         x = ops.get_rows(self.token_embd, ids)
         if self.arch.gemma:
             x = ops.scale(x, float(np.sqrt(np.float32(hp.n_embd))))

@@ -475,12 +475,11 @@ class NativeOps:
         return positions
 
     def _check_cache(self, cache, start: int, x, what: str) -> None:
-        """A float16 K/V cache of this device that x[T, Hkv, D] (an array or its shape) fits from row start."""
+        """A float16 K/V cache of this device that x[T, Hkv, D] fits from row start."""
         if not isinstance(cache, DeviceArray) or cache.dtype != np.float16 or cache.device != self.device:
             raise InvalidArgumentError(f"{what}: the cache must be a float16 DeviceArray on this device")
-        shape = tuple(x.shape) if hasattr(x, "shape") else tuple(x)
-        if shape[1:] != tuple(cache.shape[1:]) or start < 0 or start + shape[0] > cache.shape[0]:
-            raise ShapeError(f"{what}: {shape} at row {start} into a {cache.shape} cache")
+        if tuple(x.shape[1:]) != tuple(cache.shape[1:]) or start < 0 or start + x.shape[0] > cache.shape[0]:
+            raise ShapeError(f"{what}: {x.shape} at row {start} into a {cache.shape} cache")
 
     def rope(self, x, positions, base: float, neox: bool = False) -> DeviceArray:
         """ggml RoPE (NORM or NEOX) of x[T, H, D] over all D dims at positions[T]."""
@@ -862,63 +861,6 @@ class NativeOps:
                                              n.lib.CIQ_GLU_SILU if kind == "silu" else n.lib.CIQ_GLU_GELU,
                                              self._fp(out)))
         return out
-
-    def rope_angles(self, positions, head_dim: int, base: float) -> DeviceArray:
-        """RoPE's (cos, sin) float32 [T, head_dim/2, 2] at positions[T] as rope computes them on this device
-        (ciq_rope_angles): made once for a micro-batch, read by each layer's linear_rope_kv."""
-        tokens = np.asarray(positions).size if not isinstance(positions, DeviceArray) else positions.size
-        positions = self._positions(positions, tokens, "rope_angles")
-        out = self.empty((tokens, int(head_dim) // 2, 2))
-        n = self.native
-        n.check(n.lib.ciq_rope_angles(self.device, self._i32(positions), tokens, int(head_dim), float(base),
-                                      self._fp(out)))
-        return out
-
-    def rope_kv_fuses(self, weights: list[Weight]) -> bool:
-        """Whether linear_rope_kv takes these q/k/v weights: fused ops (GGML_CIQ_FUSE_ROPE=0 turns it off), one or
-        two weights that linear_group groups, none interleaved for a GLU."""
-        return (self.fuse and environment.switch("GGML_CIQ_FUSE_ROPE") and 1 <= len(weights) <= 2
-                and self.groups(weights) and not any(w.glu for w in weights))
-
-    def linear_rope_kv(self, weights: list[Weight], x, angles, neox: bool, heads: int, k_cache, v_cache, start: int,
-                       norm: tuple | None = None) -> DeviceArray:
-        """An attention's q [T, heads, D] rotated by RoPE, its k rotated and v stored into the caches [C, Hkv, D]
-        at row start, from one input x[T, k] (x' = rms_norm(x) * norm[0] where norm (weight, eps) is given, fused as
-        linear_group fuses it): the weights' rows are q's, k's and v's in order, each weight whole matrices
-        (stack_weights' parts); angles from rope_angles. ciq_gemm_quantized_rope_kv: wgmma rotates and stores from its
-        epilogue; the values of linear_group then rope_kv_store."""
-        if not self.rope_kv_fuses(weights):
-            raise InvalidArgumentError("linear_rope_kv: one or two quantized weights of one K (rope_kv_fuses)")
-        x = self._f32(x, "linear input")
-        k = weights[0].k
-        if x.shape[-1] != k:
-            raise ShapeError(f"{weights[0].name}: input rows of {x.shape[-1]} values, the weight takes {k}")
-        tokens = x.size // k
-        if not isinstance(k_cache, DeviceArray) or len(k_cache.shape) != 3:
-            raise InvalidArgumentError("linear_rope_kv: the caches must be float16 DeviceArrays [rows, heads_kv, D]")
-        heads_kv, head_dim = k_cache.shape[1], k_cache.shape[2]
-        for cache in (k_cache, v_cache):
-            self._check_cache(cache, start, (tokens, heads_kv, head_dim), "linear_rope_kv")
-        angles = self._f32(angles, "rope angles")
-        if angles.shape != (tokens, head_dim // 2, 2):
-            raise ShapeError(f"linear_rope_kv: angles {angles.shape} for {tokens} tokens of head_dim {head_dim}")
-        plans = [self._plan(w, tokens) for w in weights]
-        if len(plans) == 2 and plans[0].activation_layout != plans[1].activation_layout:
-            raise InvalidArgumentError("linear_rope_kv: the two weights' GEMMs read different activation layouts")
-        activations = self._activations(plans, x, tokens, k, norm)[plans[0].activation_layout]
-        n = self.native
-        group = n.ffi.new("ciq_gemm_weight[]", len(weights))
-        for g, w, plan in zip(group, weights, plans):
-            g.plan, g.type, g.weight, g.weight_nbytes, g.rows = plan, w.ggml_type, w.data.ptr, w.data.nbytes, w.rows
-            g.outputs, g.n_outputs = n.ffi.NULL, 0
-        q = self.empty((tokens, int(heads), head_dim))
-        target = n.ffi.new("ciq_rope_kv_target *")
-        target.mode = n.lib.CIQ_ROPE_NEOX if neox else n.lib.CIQ_ROPE_NORM
-        target.heads, target.heads_kv, target.head_dim = int(heads), heads_kv, head_dim
-        target.angles, target.q_out = self._fp(angles), self._fp(q)
-        target.k_cache, target.v_cache, target.start = self._u16(k_cache), self._u16(v_cache), int(start)
-        n.check(n.lib.ciq_gemm_quantized_rope_kv(self.device, group, len(weights), k, activations.ptr, tokens, target))
-        return q
 
     def stack_glu(self, gate: Tensor, up: Tensor) -> Weight | None:
         """One gate/up weight for linear_glu: their rows interleaved CIQ_GLU_INTERLEAVE at a time (ggml_ciq.h), where

@@ -30,8 +30,7 @@ VALID_FOR = {"ciq_activations_size": {"layout": 0},
 HANDLES = {("ciq_memory_free", "ptr"): "malloc", ("ciq_timer_mark", "timer"): "timer", ("ciq_timer_stop", "timer"): "timer",
            ("ciq_gemm_quantized", "plan"): "plan", ("ciq_gemm_quantized_outputs", "plan"): "plan",
            ("ciq_gemm_quantized_outputs", "outputs"): "outputs", ("ciq_gemm_quantized_glu", "plan"): "plan",
-           ("ciq_gemm_quantized_group", "weights"): "weights", ("ciq_gemm_quantized_rope_kv", "weights"): "qkv",
-           ("ciq_gemm_quantized_rope_kv", "target"): "rope_kv"}
+           ("ciq_gemm_quantized_group", "weights"): "weights"}
 # Pointer parameters that may legitimately be NULL.
 MAY_BE_NULL = {("ciq_rms_norm", "weight"), ("ciq_rms_norm", "add"), ("ciq_rms_norm_activations", "weight"),
                ("ciq_rope_kv_store", "v"), ("ciq_memory_free", "ptr"), ("ciq_graph_free", "graph")}
@@ -87,24 +86,6 @@ def _handle(n, kind):
         w.outputs, w.n_outputs = outputs, 1
         _KEEP.extend([blocks, plan, outputs])  # the owners: the struct's pointers do not keep them alive
         return weights
-    if kind == "qkv":  # one weight of q, k and v of one head of 2 values each (6 Q4_K rows of K 256), no outputs
-        weights = n.ffi.new("ciq_gemm_weight[1]")
-        blocks, plan = n.ffi.new("char[]", 6 * 144), n.ffi.new("ciq_plan *")
-        assert n.lib.ciq_gemm_plan(n.lib.CIQ_DEVICE_CPU, n.lib.CIQ_VARIANT_CPU, n.lib.CIQ_SEMANTICS_CPU,
-                                   n.lib.CIQ_TYPE_Q4_K, 6, 256, 1, plan) == n.lib.CIQ_OK
-        w = weights[0]
-        w.plan, w.type, w.weight, w.weight_nbytes, w.rows = plan, n.lib.CIQ_TYPE_Q4_K, blocks, 6 * 144, 6
-        w.outputs, w.n_outputs = n.ffi.NULL, 0
-        _KEEP.extend([blocks, plan])
-        return weights
-    if kind == "rope_kv":  # that weight's target: NORM, one head and one K/V head of 2, each buffer its own
-        target = n.ffi.new("ciq_rope_kv_target *")
-        bufs = [n.ffi.new("char[]", 64) for _ in range(4)]
-        target.mode, target.heads, target.heads_kv, target.head_dim, target.start = n.lib.CIQ_ROPE_NORM, 1, 1, 2, 0
-        target.angles, target.q_out = n.ffi.cast("float *", bufs[0]), n.ffi.cast("float *", bufs[1])
-        target.k_cache, target.v_cache = n.ffi.cast("uint16_t *", bufs[2]), n.ffi.cast("uint16_t *", bufs[3])
-        _KEEP.extend(bufs)
-        return target
     out = n.ffi.new("void **")
     status = n.lib.ciq_memory_alloc(-1, 64, out) if kind == "malloc" else n.lib.ciq_timer_start(-1, out)
     assert status == n.lib.CIQ_OK

@@ -427,52 +427,6 @@ def test_glu_from_gate_up_epilogue_equals_conversion(architecture, native_lib, r
             assert err <= 1e-9 and top1 == 1.0, (err, top1)
 
 
-@pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_rope_kv_from_qkv_epilogue_equals_apart(device, native_lib, rng, tmp_path, monkeypatch):
-    """Fused ops' q/k/v GEMM with RoPE and the K/V stores from its epilogue (linear_rope_kv, one angle table a
-    micro-batch) against the GEMM then rope_kv_store (GGML_CIQ_FUSE_ROPE=0): the same logits and K/V caches bit for
-    bit (the same plans: the same sums), llama (NORM, heads of 64), 41 tokens in micro-batches of 16, eager and (GPU)
-    as CUDA graphs; linear_rope_kv runs once a layer and micro-batch, on wgmma's epilogue where it runs (launches
-    counted as rope_kv). Qwen 2's q/k/v biases keep the ops apart."""
-    from ggml_ciq.engine import make_ops
-    from ggml_ciq.ops import NativeOps
-
-    if device == "cuda" and native.device_count() == 0:
-        pytest.skip("needs a CUDA device and libggml_ciq built with CUDA")
-    path = catalog.write_small_model(tmp_path / "llama.gguf", "llama")
-    tokens = rng.integers(3, 512, 41)
-    calls = []
-    fused = NativeOps.linear_rope_kv
-    monkeypatch.setattr(NativeOps, "linear_rope_kv", lambda self, *a, **kw: calls.append(1) or fused(self, *a, **kw))
-    runs = {}
-    for rope in ("1", "0"):
-        monkeypatch.setenv("GGML_CIQ_FUSE_ROPE", rope)
-        ops = make_ops("cuda", "fast") if device == "cuda" else NativeOps("cpu", fuse=True)
-        engine = Transformer(ModelFile(path), ops=ops, n_ubatch=16)
-        calls.clear()
-        native.dispatch_reset()
-        logits = engine.forward(tokens, all_logits=True)
-        assert len(calls) == (3 * len(engine.layers) if rope == "1" else 0), (rope, len(calls))
-        launches = native.wgmma_launch_counts()["rope_kv"]
-        wgmma = device == "cuda" and native.variant_available("cuda", "wgmma")
-        assert launches >= 3 * len(engine.layers) if rope == "1" and wgmma else launches == 0, (rope, launches)
-        caches = [ops.numpy(c).view(np.uint16) for pair in engine.kv_cache for c in pair]
-        runs[rope] = (logits, caches)
-        if device == "cuda" and rope == "1":  # the graphs replay the same kernels: the same logits
-            graphed = Transformer(ModelFile(path), ops=make_ops("cuda", "fast"), n_ubatch=16)
-            for _ in range(2):
-                assert np.array_equal(graphed.forward(tokens, all_logits=True, graph=True), logits)
-            assert graphed.graph_error is None, graphed.graph_error
-    (got, got_caches), (want, want_caches) = runs["1"], runs["0"]
-    assert np.isfinite(got).all() and np.array_equal(got, want)
-    assert all(np.array_equal(a, b) for a, b in zip(got_caches, want_caches))
-    calls.clear()
-    qwen = catalog.write_small_model(tmp_path / "qwen2.gguf", "qwen2")
-    monkeypatch.setenv("GGML_CIQ_FUSE_ROPE", "1")
-    Transformer(ModelFile(qwen), ops=NativeOps("cpu", fuse=True), n_ubatch=16).forward(tokens[:9])
-    assert not calls
-
-
 def _gemm_weights(layer: dict) -> list:
     """The ops' weights of a layer's GEMMs, a stacked weight once."""
     from ggml_ciq.engine import Linear, LinearSet

@@ -8,7 +8,7 @@
 #   tools/gpu_run.sh test       GPU test suite (pytest tests/test_cuda.py + the rest)
 #   tools/gpu_run.sh sanitize [CASE]  compute-sanitizer memcheck + racecheck on every kernel, or one of
 #                               tools/sanitize_case.py's cases (engine, attention-split, attention-wgmma, ops, fusion,
-#                               wgmma-block32, wgmma-stream-k, wgmma-rs, wgmma-group-glu, wgmma-rope-kv, a variant) -> $OUT
+#                               wgmma-block32, wgmma-stream-k, wgmma-rs, wgmma-group-glu, a variant) -> $OUT
 #   tools/gpu_run.sh wait       wait for the llama.cpp CUDA build
 #   tools/gpu_run.sh py ARGS    python3 ARGS with this environment (e.g. py -m ggml_ciq.cli bench gemm ...)
 #   tools/gpu_run.sh pack NAME  everything under $OUT into $OUT/NAME.tgz (a call returns at most 8 files)
@@ -248,10 +248,6 @@ case "${1:-}" in
     GRAPH=1 "$0" compare-8b 2>&1 | grep meets | tail -n 1
     GRAPH=1 GGML_CIQ_WGMMA_GROUP=0 TAG=group0 "$0" compare-8b 2>&1 | grep meets | tail -n 1
     GRAPH=1 GGML_CIQ_WGMMA_GROUP=0 GGML_CIQ_FUSE_GLU=0 TAG=old "$0" compare-8b 2>&1 | grep meets | tail -n 1 ;;
-  rope-ab)  # API v15's A/B: compare-8b as graphs with RoPE and the K/V stores in q/k/v's epilogue (default) and without
-            # (GGML_CIQ_FUSE_ROPE=0: -rope0, the rope + K/V kernel after the GEMM); TOKENS (512 2048)
-    GRAPH=1 "$0" compare-8b 2>&1 | grep meets | tail -n 1
-    GRAPH=1 GGML_CIQ_FUSE_ROPE=0 TAG=rope0 "$0" compare-8b 2>&1 | grep meets | tail -n 1 ;;
   sanitize)  # TOOLS="memcheck racecheck" by default; LIMIT seconds per tool (default 500); -> $OUT/sanitizer-TOOL[-CASE].txt
     shift
     for tool in ${TOOLS:-memcheck racecheck}; do
@@ -499,5 +495,5 @@ case "${1:-}" in
     gemma=$(gemma_path) || exit 1
     step sanitizer-plugin-memcheck 500 env GGML_BACKEND_PATH=$PLUGIN GGML_CIQ_OFFLOAD=all compute-sanitizer --tool memcheck \
       --error-exitcode 9 $LLAMA_BUILD/bin/llama-bench -m "$gemma" -ngl 99 -dev CIQ0/CUDA0 -ts 0/1 -p 77 -n 0 -r 1 -fa 1 ;;
-  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|pack|all|bench|bench-pdl|fuse-ab|tail-ab|offload-sweep|memory|stage|compare|compare-8b|layer-trace|graph-bench|kernel-profile|sass|plugin-splits|breakdown|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize|bench-attention|split-ab|attention-ab|ops-timing|output-row|gemm-diag|gemm-ncu|streamk-ab|rs-ab|glu-group-ab|rope-ab" >&2; exit 2 ;;
+  *) echo "usage: tools/gpu_run.sh setup|test|sanitize|wait|py|pack|all|bench|bench-pdl|fuse-ab|tail-ab|offload-sweep|memory|stage|compare|compare-8b|layer-trace|graph-bench|kernel-profile|sass|plugin-splits|breakdown|plugin-check|plugin-perf|plugin-bench|plugin-kld|plugin-sanitize|bench-attention|split-ab|attention-ab|ops-timing|output-row|gemm-diag|gemm-ncu|streamk-ab|rs-ab|glu-group-ab" >&2; exit 2 ;;
 esac

@@ -2,11 +2,11 @@
 compute-sanitizer.
 
 Usage: compute-sanitizer --tool memcheck python3 tools/sanitize_case.py [variant ... | wgmma-block32 | engine |
-attention-split | attention-wgmma | ops | fusion | wgmma-stream-k | wgmma-rs | wgmma-group-glu | wgmma-rope-kv]
+attention-split | attention-wgmma | ops | fusion | wgmma-stream-k | wgmma-rs | wgmma-group-glu]
 (mmvq: every type at 1..8 tokens, mmvq_case; mma and q32: also MMQ's stream-k seams, mmq_seams_case; wgmma-block32:
 wgmma on Q4_0/Q5_0/Q8_0, wgmma_block32_case; attention-split: attention_split_case; attention-wgmma:
 attention_wgmma_case; ops: ops_case; fusion: fusion_case; wgmma-stream-k: wgmma_stream_k_case;
-wgmma-rs: wgmma_rs_case; wgmma-group-glu: wgmma_group_glu_case; wgmma-rope-kv: wgmma_rope_kv_case)
+wgmma-rs: wgmma_rs_case; wgmma-group-glu: wgmma_group_glu_case)
 """
 
 import itertools
@@ -317,44 +317,6 @@ def wgmma_group_glu_case():
         del os.environ[name]
 
 
-def wgmma_rope_kv_case():
-    """API v15: RoPE and the K/V stores from wgmma's epilogue (ciq_gemm_quantized_rope_kv): the grouped kernel (Q4_K
-    q+k beside Q6_K v, NORM heads of 128), one Q4_K weight of all three (NEOX heads of 64), one Q6_K weight read into
-    registers (the SS kernel, NORM), tiles of 64, 128 and 256 tokens, split-K and stream-K, cache rows from 5; Gemma's
-    NEOX heads of 256 (no epilogue: the GEMMs into scratch, then ciq_rope_kv_store's kernel from the angles)."""
-    from ggml_ciq.model import Tensor
-    from ggml_ciq.ops import NativeOps
-
-    rng = np.random.default_rng(11)
-    ops = NativeOps("cuda", fuse=True)
-
-    def tensor(name, weight_type, quantize, rows, k):
-        return Tensor(name, weight_type, (rows, k), quantize((rng.standard_normal((rows, k)) * 0.02).astype(np.float32)))
-
-    q4, q6 = (Q.Q4_K, Q.quantize_q4_K), (Q.Q6_K, Q.quantize_q6_K)
-    cases = [(4, 2, 128, False, [(q4, "qk"), (q6, "v")], 2048), (6, 2, 64, True, [(q4, "qkv")], 512),
-             (4, 2, 64, False, [(q6, "qkv")], 512), (2, 1, 256, True, [(q4, "qk"), (q6, "v")], 2048)]
-    os.environ["GGML_CIQ_WGMMA_GROUP"] = "2"
-    for (heads, heads_kv, d, neox, runs, k), (tokens, config, sk) in itertools.product(
-            cases, ((37, "0", "0"), (131, "1", "0"), (300, "2", "0"), (509, "1", "2"))):
-        os.environ["GGML_CIQ_WGMMA_CONFIG"], os.environ["GGML_CIQ_WGMMA_STREAMK"] = config, sk
-        rows = {"q": heads * d, "k": heads_kv * d, "v": heads_kv * d}
-        weights = []
-        for (weight_type, quantize), names in runs:
-            ts = [tensor(c, weight_type, quantize, rows[c], k) for c in names]
-            weights.append(ops.stack_weights(ts) if len(ts) > 1 else ops.load_weight(ts[0]))
-        x = rng.standard_normal((tokens, k)).astype(np.float32)
-        caches = [ops.zeros((5 + tokens + 3, heads_kv, d), np.float16) for _ in range(2)]
-        angles = ops.rope_angles(np.arange(5, 5 + tokens, dtype=np.int32), d, 5e5)
-        native.dispatch_reset()
-        q = ops.linear_rope_kv(weights, x, angles, neox, heads, caches[0], caches[1], 5).numpy()
-        finite = np.isfinite(q).all() and all(np.isfinite(c.numpy()[5:5 + tokens]).all() for c in caches)
-        print(f"rope_kv {heads}/{heads_kv}x{d} {'neox' if neox else 'norm'} weights={len(weights)} tokens={tokens} "
-              f"config={config} streamk={sk}: finite={finite} launches={native.wgmma_launch_counts()}")
-    for name in ("GGML_CIQ_WGMMA_GROUP", "GGML_CIQ_WGMMA_CONFIG", "GGML_CIQ_WGMMA_STREAMK"):
-        del os.environ[name]
-
-
 def fusion_case():
     """API v11: stacked weights' outputs (ciq_gemm_quantized_outputs: from wgmma's epilogue where the outputs' rows
     allow, copied out where not; residual addends, odd rows), rms_norm fused into the f16 conversion (its warp, block
@@ -414,8 +376,6 @@ def main(variants):
         return wgmma_rs_case()
     if variants == ["wgmma-group-glu"]:
         return wgmma_group_glu_case()
-    if variants == ["wgmma-rope-kv"]:
-        return wgmma_rope_kv_case()
     if variants == ["attention-wgmma"]:
         return attention_wgmma_case()
     if variants == ["ops"]:

@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-#define GGML_CIQ_API_VERSION 15
+#define GGML_CIQ_API_VERSION 14
 
 /* CDEF-BEGIN */
 typedef enum { CIQ_DEVICE_CPU = -1 } ciq_device_index; /* the host as a device; GPUs are 0..n-1 */
@@ -207,12 +207,11 @@ ciq_status ciq_dispatch_reset(void);
  * the A tiles dequantized into shared memory by producer warps; RS, the A fragments dequantized in the consumer warps'
  * registers (Q4_K, Q6_K with K % 2048 == 0: the weights staged by TMA; GGML_CIQ_WGMMA_RS=0 turns it off); STREAM_K,
  * the launches of either form that stream K units between CTAs (GGML_CIQ_WGMMA_STREAMK); GROUPED, the RS launches over
- * two weights (ciq_gemm_quantized_group); GLU, the launches whose epilogue applied a GLU (ciq_gemm_quantized_glu);
- * ROPE_KV, the launches whose epilogue applied RoPE and stored the K/V cache (ciq_gemm_quantized_rope_kv). 0 where
- * nothing ran them. */
+ * two weights (ciq_gemm_quantized_group); GLU, the launches whose epilogue applied a GLU (ciq_gemm_quantized_glu).
+ * 0 where nothing ran them. */
 typedef enum {
     CIQ_WGMMA_FORM_SS = 0, CIQ_WGMMA_FORM_RS = 1, CIQ_WGMMA_FORM_STREAM_K = 2, CIQ_WGMMA_FORM_GROUPED = 3,
-    CIQ_WGMMA_FORM_GLU = 4, CIQ_WGMMA_FORM_ROPE_KV = 5
+    CIQ_WGMMA_FORM_GLU = 4
 } ciq_wgmma_form;
 ciq_status ciq_wgmma_launch_count(ciq_wgmma_form form, uint64_t *count);
 
@@ -328,31 +327,6 @@ typedef enum { CIQ_GLU_INTERLEAVE = 64 } ciq_glu_interleave_rows;
 ciq_status ciq_gemm_quantized_glu(int device, const ciq_plan *plan, ciq_type type, const void *weight,
                                   size_t weight_nbytes, int64_t rows, int64_t k, const void *x_quantized,
                                   int64_t tokens, ciq_glu_kind kind, float *out);
-/* RoPE's angles as a table: angles[t][i] = (cos, sin) of positions[t] * base^(-2i/head_dim), i < head_dim/2, float32
- * pairs, computed as ciq_rope computes them on this device (the host's chain of float products, the device's cos and
- * sin): made once for a micro-batch's positions, read by every layer's ciq_gemm_quantized_rope_kv. */
-ciq_status ciq_rope_angles(int device, const int32_t *positions, int64_t tokens, int64_t head_dim, float base,
-                           float *angles);
-/* Where ciq_gemm_quantized_rope_kv puts q, k and v. */
-typedef struct {
-    ciq_rope_mode mode;
-    int64_t       heads, heads_kv, head_dim;
-    const float  *angles;   /* ciq_rope_angles of the tokens' positions for this head_dim, on the call's device */
-    float        *q_out;    /* [tokens][heads][head_dim] float32: q, rotated */
-    uint16_t     *k_cache;  /* [cache rows][heads_kv][head_dim] f16: rows start .. start + tokens - 1 get k, rotated */
-    uint16_t     *v_cache;  /* the same rows get v */
-    int64_t       start;
-} ciq_rope_kv_target;
-/* An attention's q, k and v from one input: the weights' rows (n_weights 1..2, each with outputs NULL and n_outputs 0)
- * in order are q's heads * head_dim rows, then k's and v's heads_kv * head_dim each, each weight holding whole
- * matrices of the three; q and k rotated by RoPE at the angles, k and v stored into the caches: the values of
- * ciq_gemm_quantized_group into float32 q, k, v, then ciq_rope_kv_store (the host order) at the angles' positions.
- * wgmma rotates and stores from its epilogue (no float32 k or v in memory; each launch counted CIQ_WGMMA_FORM_ROPE_KV
- * too) where its plans run and q's and k's rows are multiples of 128 (NEOX: head_dim 8..128 dividing 128); elsewhere
- * the GEMMs write float32 k and v to internal scratch and one kernel rotates and stores them. Counts one dispatch per
- * weight. The caches and q_out may not overlap each other or the angles. */
-ciq_status ciq_gemm_quantized_rope_kv(int device, const ciq_gemm_weight *weights, int n_weights, int64_t k,
-                                      const void *x_quantized, int64_t tokens, const ciq_rope_kv_target *target);
 /* ciq_rms_norm of x [tokens][k] (times weight unless NULL, no add) then ciq_activations_quantize of its output into
  * layout, in one call: the same bytes as the two calls. Fused on a GPU as ciq_glu_activations is (the host order, the
  * f16 layout; other combinations CIQ_ERR_UNSUPPORTED); the host runs the two in turn. */

@@ -279,24 +279,6 @@ ciq_status ciq_rope_kv_store(int device, ciq_op_order order, ciq_rope_mode mode,
 #endif
 }
 
-ciq_status ciq_rope_angles(int device, const int32_t *positions, int64_t tokens, int64_t head_dim, float base,
-                           float *angles) {
-    if (positions == nullptr || angles == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rope_angles: NULL pointer");
-    CIQ_TRY(ciq_check_count("ciq_rope_angles", "tokens", tokens));
-    if (head_dim < 2 || head_dim % 2 || head_dim > INT32_MAX) {
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rope_angles: head_dim must be even, >= 2 and < 2^31, got %lld",
-                        (long long)head_dim);
-    }
-    if (tokens > INT64_MAX / head_dim) {
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rope_angles: %lld tokens of %lld angles overflow",
-                        (long long)tokens, (long long)(head_dim / 2));
-    }
-    if (!(base > 0.0f)) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rope_angles: base must be > 0, got %g", (double)base);
-    CIQ_TRY(ciq_check_device(device));
-    CIQ_ROUTE(device, ciq_cpu_rope_angles(positions, tokens, head_dim, base, angles),
-              ciq_cuda_rope_angles(positions, tokens, head_dim, base, angles));
-}
-
 ciq_status ciq_glu(int device, ciq_op_order order, ciq_glu_kind kind, const float *gate, const float *up, int64_t n,
                    float *out) {
     if (gate == nullptr || up == nullptr || out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_glu: NULL pointer");

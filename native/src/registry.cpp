@@ -322,15 +322,15 @@ ciq_status ciq_dispatch_count(ciq_variant variant, ciq_type type, uint64_t *coun
 
 void ciq_attention_dispatch_reset(void);  // api_ops.cpp
 
-static std::atomic<uint64_t> g_wgmma_launches[CIQ_WGMMA_FORM_ROPE_KV + 1];
+static std::atomic<uint64_t> g_wgmma_launches[CIQ_WGMMA_FORM_GLU + 1];
 
 void ciq_wgmma_count_launch(int form) {  // gemm_wgmma.cu, per kernel launched
-    if (form >= CIQ_WGMMA_FORM_SS && form <= CIQ_WGMMA_FORM_ROPE_KV) g_wgmma_launches[form].fetch_add(1);
+    if (form >= CIQ_WGMMA_FORM_SS && form <= CIQ_WGMMA_FORM_GLU) g_wgmma_launches[form].fetch_add(1);
 }
 
 ciq_status ciq_wgmma_launch_count(ciq_wgmma_form form, uint64_t *count) {
     if (count == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_wgmma_launch_count: count is NULL");
-    if ((int)form < CIQ_WGMMA_FORM_SS || (int)form > CIQ_WGMMA_FORM_ROPE_KV)
+    if ((int)form < CIQ_WGMMA_FORM_SS || (int)form > CIQ_WGMMA_FORM_GLU)
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_wgmma_launch_count: unknown wgmma form %d", (int)form);
     *count = g_wgmma_launches[form].load();
     return CIQ_OK;

@@ -22,10 +22,6 @@ ciq_status ciq_cpu_gemm(ciq_semantics semantics, ciq_type type, const void *weig
                         const void *x_quantized, int64_t tokens, void *out, ciq_out_type out_type);
 ciq_status ciq_cpu_rms_norm(const float *x, const float *weight, const float *add, float eps, int64_t n, int64_t d,
                             float *out);
-// ciq_rope_angles' table ([tokens][head_dim/2] (cos, sin)), and RoPE from it: ciq_cpu_rope is the two in turn.
-ciq_status ciq_cpu_rope_angles(const int32_t *positions, int64_t tokens, int64_t head_dim, float base, float *angles);
-ciq_status ciq_cpu_rope_apply(ciq_rope_mode mode, const float *x, const float *angles, int64_t tokens, int64_t heads,
-                              int64_t head_dim, float *out);
 ciq_status ciq_cpu_rope(ciq_rope_mode mode, const float *x, const int32_t *positions, int64_t tokens, int64_t heads,
                         int64_t head_dim, float base, float *out);
 ciq_status ciq_cpu_attention_ggml(const float *q, const uint16_t *k_cache, const uint16_t *v_cache, int64_t tokens,

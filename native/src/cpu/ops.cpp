@@ -41,51 +41,34 @@ ciq_status ciq_cpu_rms_norm(const float *x, const float *weight, const float *ad
     return CIQ_OK;
 }
 
-ciq_status ciq_cpu_rope_angles(const int32_t *positions, int64_t tokens, int64_t head_dim, float base, float *angles) {
+ciq_status ciq_cpu_rope(ciq_rope_mode mode, const float *x, const int32_t *positions, int64_t tokens, int64_t heads,
+                        int64_t head_dim, float base, float *out) {
     const float theta_scale = std::pow(base, -2.0f / (float)head_dim);
     const int64_t half = head_dim / 2;
-#pragma omp parallel for schedule(static) if (tokens * head_dim >= PARALLEL_MIN)
-    for (int64_t t = 0; t < tokens; ++t) {
-        float theta = (float)positions[t];
-        for (int64_t i = 0; i < half; ++i) {
-            angles[2 * (t * half + i)] = std::cos(theta);
-            angles[2 * (t * half + i) + 1] = std::sin(theta);
-            theta *= theta_scale;
-        }
-    }
-    return CIQ_OK;
-}
-
-ciq_status ciq_cpu_rope_apply(ciq_rope_mode mode, const float *x, const float *angles, int64_t tokens, int64_t heads,
-                              int64_t head_dim, float *out) {
-    const int64_t half = head_dim / 2;
-#pragma omp parallel for schedule(static) if (tokens * heads * head_dim >= PARALLEL_MIN)
-    for (int64_t t = 0; t < tokens; ++t) {
-        const float *cs = angles + 2 * t * half;
-        for (int64_t h = 0; h < heads; ++h) {
-            const float *xr = x + (t * heads + h) * head_dim;
-            float *o = out + (t * heads + h) * head_dim;
+#pragma omp parallel if (tokens * heads * head_dim >= PARALLEL_MIN)
+    {
+        std::vector<float> cosines(half), sines(half);
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tokens; ++t) {
+            float theta = (float)positions[t];
             for (int64_t i = 0; i < half; ++i) {
-                const int64_t a = mode == CIQ_ROPE_NEOX ? i : 2 * i, b = mode == CIQ_ROPE_NEOX ? i + half : 2 * i + 1;
-                const float x0 = xr[a], x1 = xr[b], c = cs[2 * i], s = cs[2 * i + 1];
-                o[a] = std::fma(x0, c, -(x1 * s));  // as GCC contracts ggml's rotate_pairs
-                o[b] = std::fma(x0, s, x1 * c);
+                cosines[i] = std::cos(theta);
+                sines[i] = std::sin(theta);
+                theta *= theta_scale;
+            }
+            for (int64_t h = 0; h < heads; ++h) {
+                const float *xr = x + (t * heads + h) * head_dim;
+                float *o = out + (t * heads + h) * head_dim;
+                for (int64_t i = 0; i < half; ++i) {
+                    const int64_t a = mode == CIQ_ROPE_NEOX ? i : 2 * i, b = mode == CIQ_ROPE_NEOX ? i + half : 2 * i + 1;
+                    const float x0 = xr[a], x1 = xr[b];
+                    o[a] = std::fma(x0, cosines[i], -(x1 * sines[i]));  // as GCC contracts ggml's rotate_pairs
+                    o[b] = std::fma(x0, sines[i], x1 * cosines[i]);
+                }
             }
         }
     }
     return CIQ_OK;
-}
-
-ciq_status ciq_cpu_rope(ciq_rope_mode mode, const float *x, const int32_t *positions, int64_t tokens, int64_t heads,
-                        int64_t head_dim, float base, float *out) {
-    std::vector<float> angles;
-    try {
-        angles.resize((size_t)tokens * (size_t)head_dim);
-    } catch (const std::exception &) {
-        return ciq_fail(CIQ_ERR_OUT_OF_MEMORY, "ciq_rope: %lld tokens' angles", (long long)tokens);
-    }
-    CIQ_TRY(ciq_cpu_rope_angles(positions, tokens, head_dim, base, angles.data()));
-    return ciq_cpu_rope_apply(mode, x, angles.data(), tokens, heads, head_dim, out);
 }
 
 ciq_status ciq_cpu_attention(const float *q, const uint16_t *k_cache, const uint16_t *v_cache, int64_t tokens,

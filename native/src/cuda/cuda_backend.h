@@ -17,10 +17,9 @@ ciq_status ciq_cuda_free(int device, void *ptr);
 ciq_status ciq_cuda_memcpy(int device, void *dst, const void *src, size_t nbytes, bool to_device);
 ciq_status ciq_cuda_memset(int device, void *dst, int value, size_t nbytes);
 ciq_status ciq_cuda_synchronize(int device);
-#define CIQ_SCRATCH_SLOTS 5  // 0: quantized activations (ciq_gemm); 1: attention's split over the keys; 2: the
+#define CIQ_SCRATCH_SLOTS 4  // 0: quantized activations (ciq_gemm); 1: attention's split over the keys; 2: the
                              // whole product of ciq_gemm_quantized_outputs where it is copied out; 3: the wgmma
-                             // GEMM's stream-K hand-over (partial tiles and flags); 4: ciq_gemm_quantized_rope_kv's
-                             // float32 k and v where its epilogue does not store them
+                             // GEMM's stream-K hand-over (partial tiles and flags)
 ciq_status ciq_cuda_scratch(int device, int slot, size_t nbytes, void **ptr);  // per-device buffers, grown on demand
 // CUDA graphs (runtime.cu): this thread's calls between begin and end are captured, not run; the graph is replayed by
 // launch (on the thread's graph stream) and fails as stale once a scratch buffer has moved.
@@ -52,25 +51,15 @@ ciq_status ciq_cuda_gemm_wgmma(int device, ciq_type type, const void *weight, in
 // The same with the product's rows split among outputs, each plus an optional float32 addend (ciq_gemm_output; the
 // API checked them): one launch where every output but the last has a multiple of 128 rows (CIQ_ERR_UNSUPPORTED
 // otherwise, for the caller's fallback).
-// rope (ciq_gemm_quantized_rope_kv): outputs whose bit is set in f16 are stored as f16 (a K/V cache's rounding), those
-// in rope rotated first (heads of head_dim rows; NORM pairs 2i, 2i + 1, NEOX i, i + head_dim / 2 with 128 % head_dim
-// == 0 and head_dim % 8 == 0), the angles from ciq_rope_angles' table.
-struct ciq_wgmma_rope {
-    unsigned f16, rope;
-    bool neox;
-    int head_dim;
-    const float *angles;
-};
 ciq_status ciq_cuda_gemm_wgmma_outputs(int device, ciq_type type, const void *weight, int64_t rows, int64_t k,
                                        const void *x_f16, int64_t tokens, const ciq_gemm_output *outputs,
-                                       int n_outputs, ciq_out_type out_type, const ciq_wgmma_rope *rope = nullptr);
+                                       int n_outputs, ciq_out_type out_type);
 // Two weights' GEMMs on the same f16 activations in one launch (the grouped RS kernel): weight 0 Q4_K with a multiple
 // of 128 rows, weight 1 Q6_K, both staged by TMA; the outputs split their rows, weight 0's then weight 1's.
 // CIQ_ERR_UNSUPPORTED where that does not hold (or GGML_CIQ_WGMMA_GROUP=0 / GGML_CIQ_WGMMA_RS=0): run them apart.
 ciq_status ciq_cuda_gemm_wgmma_group(int device, const ciq_type types[2], const void *const weights[2],
                                      const int64_t rows[2], int64_t k, const void *x_f16, int64_t tokens,
-                                     const ciq_gemm_output *outputs, int n_outputs, ciq_out_type out_type,
-                                     const ciq_wgmma_rope *rope = nullptr);
+                                     const ciq_gemm_output *outputs, int n_outputs, ciq_out_type out_type);
 // A gate/up weight interleaved by CIQ_GLU_INTERLEAVE rows, its GLU from the epilogue: out [tokens][rows/2] float32.
 ciq_status ciq_cuda_gemm_wgmma_glu(int device, ciq_type type, const void *weight, int64_t rows, int64_t k,
                                    const void *x_f16, int64_t tokens, bool gelu, float *out);
@@ -109,13 +98,6 @@ ciq_status ciq_cuda_rope_kv_store(ciq_rope_mode mode, const float *q, const floa
                                   const int32_t *positions, int64_t tokens, int64_t heads, int64_t heads_kv,
                                   int64_t head_dim, float base, int64_t start, float *q_out, uint16_t *k_cache,
                                   uint16_t *v_cache);
-// ciq_rope_angles' table (float2 [tokens][head_dim/2]: rope_kv_store's cosines and sines).
-ciq_status ciq_cuda_rope_angles(const int32_t *positions, int64_t tokens, int64_t head_dim, float base, float *angles);
-// rope_kv_store's values from the angles' table, any of q (heads 0: none; rotated in place), k, v (NULL: none): q and
-// k (with v) in one kernel, v alone as kv_store.
-ciq_status ciq_cuda_rope_kv_angles(ciq_rope_mode mode, const float *angles, float *q, int64_t heads, const float *k,
-                                   const float *v, int64_t heads_kv, int64_t tokens, int64_t head_dim, int64_t start,
-                                   uint16_t *k_cache, uint16_t *v_cache);
 ciq_status ciq_cuda_glu(ciq_op_order order, ciq_glu_kind kind, const float *gate, const float *up, int64_t n,
                         float *out);
 ciq_status ciq_cuda_llamacpp_rms_norm(const float *x, const float *weight, const float *add, float eps, int64_t n,

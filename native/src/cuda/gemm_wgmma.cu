@@ -122,14 +122,8 @@ static_assert(256 * RED_STRIDE * 4 <= 3 * wgmma_stage_bytes(256) && 128 * RED_ST
 // (float32, rows % 4 == 0, out and add 16-byte aligned). glu (1 silu, 2 gelu; n 1, no addend): the product's rows
 // interleave gate's and up's 64 at a time (ciq_gemm_quantized_glu), so a tile's rows 0..63 are gate's and 64..127
 // up's same rows; out [tokens][rows/2] float32 = ciq_glu_value of the two (vec: out 16-byte aligned).
-// f16 bit s: output s is stored as f16 (a K/V cache's rows; vec then: 8-byte stores); rope bit s: its rows are heads of
-// rope_dim values rotated before the store (ciq_gemm_quantized_rope_kv), by the angles' table [tokens][rope_dim/2]
-// (cos, sin): NORM pairs (2i, 2i + 1) lie in one thread's four rows, NEOX pairs (i, i + rope_dim/2) in one tile
-// (128 % rope_dim == 0), read as the GLU reads gate and up.
 struct wgmma_outputs {
     int n, vec, glu;
-    int f16, rope, rope_neox, rope_dim;
-    const float2 *angles;
     int64_t row_end[CIQ_GEMM_OUTPUTS_MAX];
     void *out[CIQ_GEMM_OUTPUTS_MAX];
     const float *add[CIQ_GEMM_OUTPUTS_MAX];
@@ -683,107 +677,10 @@ static __device__ __forceinline__ int flag_acquire(const int *flag) {
     return v;
 }
 
-// RoPE's rotation of the pair (x0, x1) by the angle whose (cos, sin) is cs: ops.cu's rope_pair, the same roundings.
-static __device__ __forceinline__ float2 wgmma_rope_pair(float x0, float x1, float2 cs) {
-    return float2{__fsub_rn(__fmul_rn(x0, cs.x), __fmul_rn(x1, cs.y)), __fadd_rn(__fmul_rn(x0, cs.y), __fmul_rn(x1, cs.x))};
-}
-static __device__ __forceinline__ uint16_t wgmma_f16_bits(float x) { return __half_as_ushort(__float2half_rn(x)); }
-
-// The sums of rows rl .. rl+3 of token tl of a tile: every split-K rank's red[] in rank order (distributed shared
-// memory), then stream-K's peers' partial slots in CTA order.
-struct wgmma_sums {
-    uint32_t red_addr;
-    int splits, peers, tile;  // tile: floats of a partial slot
-    const float *partial;
-    __device__ __forceinline__ float4 operator()(int tl, int rl) const {
-        const uint32_t own = red_addr + 4 * (tl * RED_STRIDE + rl);  // the same offset in every rank's red[]
-        float4 sum = ld_dsmem4(splits > 1 ? mapa(own, 0) : own);
-#pragma unroll
-        for (int q = 1; q < CIQ_WGMMA_MAX_SPLITS; ++q) {
-            if (q >= splits) break;
-            const float4 v = ld_dsmem4(mapa(own, q));
-            sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
-        }
-        for (int q = 1; q <= peers; ++q) {  // stream-K: in CTA order
-            const float4 v = __ldcg((const float4 *)(partial + (int64_t)(blockIdx.x + q) * tile + tl * CIQ_WGMMA_ROWS + rl));
-            sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
-        }
-        return sum;
-    }
-};
-
-// The epilogue's stores to an output of ciq_gemm_quantized_rope_kv (wgmma_outputs' f16 and rope bits): the product's
-// values (__fmul_rn: the float32 the other path stores, not contracted into RoPE's products), rotated where the output
-// is q or k, stored as float32 (q) or f16 (k, v: ciq_kv_store's rounding). Threads first .. first + stride - 1 take
-// part (the RS kernels: the consumers only, whose registers are free by then; the producers' 56 would spill). r0: the
-// tile's first row in output s (of `rows` rows).
-static __device__ __forceinline__ void wgmma_store_rope_kv(const wgmma_outputs &outs, int s, const wgmma_sums &gather,
-                                                           const float *tscale, int tokens, int64_t r0, int64_t rows,
-                                                           int tok0, int my_tokens, int thread, int stride) {
-    const int splits = gather.splits, rank = blockIdx.z;
-    void *out = outs.out[s];
-    const bool vec = (outs.vec >> s) & 1, f16 = (outs.f16 >> s) & 1, rope = (outs.rope >> s) & 1;
-    auto store = [&](int64_t base, int64_t r, float4 v) {  // rows r .. r+3 (those below rows) of one token
-        if (f16) {
-            const uint16_t h[4] = {wgmma_f16_bits(v.x), wgmma_f16_bits(v.y), wgmma_f16_bits(v.z), wgmma_f16_bits(v.w)};
-            uint16_t *o = (uint16_t *)out + base;
-            if (vec && r + 3 < rows) *(uint2 *)o = make_uint2(h[0] | (uint32_t)h[1] << 16, h[2] | (uint32_t)h[3] << 16);
-            else
-                for (int n = 0; n < 4; ++n)
-                    if (r + n < rows) o[n] = h[n];
-        } else {
-            float *o = (float *)out + base;
-            if (vec && r + 3 < rows) *(float4 *)o = v;
-            else {
-                const float v4[4] = {v.x, v.y, v.z, v.w};
-                for (int n = 0; n < 4; ++n)
-                    if (r + n < rows) o[n] = v4[n];
-            }
-        }
-    };
-    auto scaled = [](float4 v, float ts) {
-        return make_float4(__fmul_rn(v.x, ts), __fmul_rn(v.y, ts), __fmul_rn(v.z, ts), __fmul_rn(v.w, ts));
-    };
-    const int d = outs.rope_dim, half = d / 2;
-    if (rope && outs.rope_neox) {  // a thread's rows a .. a+3 in a head's first half, b = a + D/2 their partners
-        for (int idx = thread; idx < my_tokens * 16; idx += stride) {
-            const int tl = rank + splits * (idx / 16), j = 4 * (idx % 16), tok = tok0 + tl;
-            if (tok >= tokens) break;
-            const int off = j % half, ra = (j / half) * d + off;  // rows in the tile
-            const int64_t r = r0 + ra, base = (int64_t)tok * rows + r;
-            if (r >= rows) continue;  // a head past the output's last (rows: whole heads)
-            const float ts = __ldg(tscale + tok);
-            const float4 x0 = scaled(gather(tl, ra), ts), x1 = scaled(gather(tl, ra + half), ts);
-            const float2 *cs = outs.angles + (int64_t)tok * half + off;
-            const float2 p0 = wgmma_rope_pair(x0.x, x1.x, cs[0]), p1 = wgmma_rope_pair(x0.y, x1.y, cs[1]);
-            const float2 p2 = wgmma_rope_pair(x0.z, x1.z, cs[2]), p3 = wgmma_rope_pair(x0.w, x1.w, cs[3]);
-            store(base, r, make_float4(p0.x, p1.x, p2.x, p3.x));
-            store(base + half, r + half, make_float4(p0.y, p1.y, p2.y, p3.y));
-        }
-        return;
-    }
-    for (int idx = thread; idx < my_tokens * 32; idx += stride) {  // NORM pairs (r, r+1), (r+2, r+3)
-        const int tl = rank + splits * (idx / 32), rl = 4 * (idx % 32), tok = tok0 + tl;
-        if (tok >= tokens) break;
-        const int64_t r = r0 + rl, base = (int64_t)tok * rows + r;
-        if (r >= rows) continue;
-        float4 v = scaled(gather(tl, rl), __ldg(tscale + tok));
-        if (rope) {
-            const float2 *cs = outs.angles + (int64_t)tok * half;
-            const float2 p = wgmma_rope_pair(v.x, v.y, cs[(r % d) / 2]);
-            const float2 q = r + 2 < rows ? wgmma_rope_pair(v.z, v.w, cs[((r + 2) % d) / 2]) : float2{};
-            v = make_float4(p.x, p.y, q.x, q.y);
-        }
-        store(base, r, v);
-    }
-}
-
 // Epilogue, every thread: red[] summed over the split-K cluster (or stream-K's peers), times the token scale, plus the
 // addend where the output has one (one more rounding: the values of ciq_add after the GEMM), stored as rows of the
 // tile's output; a stream-K contribution is stored as it is to the CTA's partial slot instead.
-// ROLE: which threads run this copy: 0 every thread (SS kernels), 1 the RS kernels' consumers (threads 0..255), 2 their
-// producer warpgroup (registers cut to 56: no part in the RoPE / f16 stores).
-template <int BN, int ROLE = 0>
+template <int BN>
 static __device__ __forceinline__ void wgmma_epilogue(uint8_t *smem, const float *tscale, int tokens,
                                                       const wgmma_outputs &outs, ciq_out_type out_type,
                                                       int64_t row0, int tok0, const wgmma_handover &hand) {
@@ -828,7 +725,22 @@ static __device__ __forceinline__ void wgmma_epilogue(uint8_t *smem, const float
         __syncthreads();
     }
     const int my_tokens = (BN - rank + splits - 1) / splits;
-    const wgmma_sums gather{red_addr, splits, hand.peers, TILE, hand.partial};
+    // the sums of rows rl .. rl+3 of token tl: every rank's red[] in rank order, then stream-K's peers in CTA order
+    auto gather = [&](int tl, int rl) {
+        const uint32_t own = red_addr + 4 * (tl * RED_STRIDE + rl);  // the same offset in every rank's red[]
+        float4 sum = ld_dsmem4(splits > 1 ? mapa(own, 0) : own);
+#pragma unroll
+        for (int q = 1; q < CIQ_WGMMA_MAX_SPLITS; ++q) {
+            if (q >= splits) break;
+            const float4 v = ld_dsmem4(mapa(own, q));
+            sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+        }
+        for (int q = 1; q <= hand.peers; ++q) {  // stream-K: in CTA order
+            const float4 v = __ldcg((const float4 *)(hand.partial + (int64_t)(blockIdx.x + q) * TILE + tl * CIQ_WGMMA_ROWS + rl));
+            sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+        }
+        return sum;
+    };
     if (outs.glu) {  // gate rows rl .. rl+3 and up's (rl + 64 ..): the GLU of the products, the values ciq_glu gives
         const bool gelu = outs.glu == 2;
         const int64_t half = rows / 2;
@@ -844,13 +756,6 @@ static __device__ __forceinline__ void wgmma_epilogue(uint8_t *smem, const float
             if (vec) *(float4 *)o = h;
             else o[0] = h.x, o[1] = h.y, o[2] = h.z, o[3] = h.w;
         }
-        if (splits > 1) cluster_sync();
-        return;
-    }
-    if ((outs.f16 | outs.rope) >> s & 1) {  // rotated and/or f16 (ciq_gemm_quantized_rope_kv): out of line
-        if constexpr (ROLE != 2)
-            wgmma_store_rope_kv(outs, s, gather, tscale, tokens, row0 - first, rows, tok0, my_tokens, threadIdx.x,
-                                ROLE == 1 ? 256 : blockDim.x);
         if (splits > 1) cluster_sync();
         return;
     }
@@ -991,7 +896,7 @@ static __device__ __forceinline__ void gemm_wgmma_body(const CUtensorMap &xmap, 
                 else
                     wgmma_produce_rs<T, BN, STAGES, SLOT>(xmap, wmap, smem, wraw, full, empty, wfull, wempty, kb0,
                                                           kb1 - kb0, row0, tok0, it0, sb0);
-                wgmma_epilogue<BN, 2>(smem, tscale, tokens, outs, out_type, row0, tok0, hand);
+                wgmma_epilogue<BN>(smem, tscale, tokens, outs, out_type, row0, tok0, hand);
             });
         } else {
             asm volatile("setmaxnreg.inc.sync.aligned.u32 224;");
@@ -1006,7 +911,7 @@ static __device__ __forceinline__ void gemm_wgmma_body(const CUtensorMap &xmap, 
                 else
                     wgmma_consume_rs<T, BN, STAGES, SLOT>(smem, wraw, full, empty, wfull, wempty, kb0, kb1 - kb0, it0,
                                                           sb0, acc);
-                wgmma_epilogue<BN, 1>(smem, tscale, tokens, outs, out_type, row0, tok0, hand);
+                wgmma_epilogue<BN>(smem, tscale, tokens, outs, out_type, row0, tok0, hand);
             });
         }
     } else {
@@ -1271,7 +1176,6 @@ static ciq_status launch_wgmma(const CUtensorMap &xmap, const CUtensorMap &wmap,
         if (stream_k) ciq_wgmma_count_launch(CIQ_WGMMA_FORM_STREAM_K);
         if (T1 != T) ciq_wgmma_count_launch(CIQ_WGMMA_FORM_GROUPED);
         if (outs.glu) ciq_wgmma_count_launch(CIQ_WGMMA_FORM_GLU);
-        if (outs.rope | outs.f16) ciq_wgmma_count_launch(CIQ_WGMMA_FORM_ROPE_KV);
     }
     return CIQ_OK;
 }
@@ -1448,7 +1352,7 @@ ciq_status ciq_cuda_gemm_wgmma(int device, ciq_type type, const void *weight, in
 // The epilogue's outputs of ciq_gemm_output[n_outputs] over a product of `rows` rows (unsupported: a boundary inside
 // a tile).
 static ciq_status wgmma_make_outputs(const ciq_gemm_output *outputs, int n_outputs, int64_t rows, ciq_out_type out_type,
-                                     wgmma_outputs &outs, const ciq_wgmma_rope *rope) {
+                                     wgmma_outputs &outs) {
     if (n_outputs < 1 || n_outputs > CIQ_GEMM_OUTPUTS_MAX)
         return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma_outputs: %d outputs", n_outputs);
     outs = {};
@@ -1463,21 +1367,7 @@ static ciq_status wgmma_make_outputs(const ciq_gemm_output *outputs, int n_outpu
         outs.row_end[s] = end;
         outs.out[s] = o.out;
         outs.add[s] = o.add;
-        if (rope && ((rope->f16 | rope->rope) >> s & 1)) {  // f16 or rotated: no addend, float32 or f16 rows
-            if (rope->f16 >> s & 1 ? o.rows % 4 == 0 && (uintptr_t)o.out % 8 == 0
-                                   : o.rows % 4 == 0 && aligned16(o.out))
-                outs.vec |= 1 << s;
-            continue;
-        }
         if (out_type == CIQ_OUT_F32 && o.rows % 4 == 0 && aligned16(o.out) && aligned16(o.add)) outs.vec |= 1 << s;
-    }
-    if (rope) {
-        const int d = rope->head_dim;
-        if (rope->rope && (d < 2 || d % 2 || (rope->neox && (CIQ_WGMMA_ROWS % d || d % 8))))
-            return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma_outputs: RoPE %s over heads of %d", rope->neox ?
-                            "NEOX" : "NORM", d);
-        outs.f16 = (int)rope->f16, outs.rope = (int)rope->rope, outs.rope_neox = rope->neox, outs.rope_dim = d;
-        outs.angles = (const float2 *)rope->angles;
     }
     if (end != rows) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma_outputs: outputs of %lld rows for %lld",
                                      (long long)end, (long long)rows);
@@ -1486,9 +1376,9 @@ static ciq_status wgmma_make_outputs(const ciq_gemm_output *outputs, int n_outpu
 
 ciq_status ciq_cuda_gemm_wgmma_outputs(int device, ciq_type type, const void *weight, int64_t rows, int64_t k,
                                        const void *x_f16, int64_t tokens, const ciq_gemm_output *outputs,
-                                       int n_outputs, ciq_out_type out_type, const ciq_wgmma_rope *rope) {
+                                       int n_outputs, ciq_out_type out_type) {
     wgmma_outputs outs;
-    CIQ_TRY(wgmma_make_outputs(outputs, n_outputs, rows, out_type, outs, rope));
+    CIQ_TRY(wgmma_make_outputs(outputs, n_outputs, rows, out_type, outs));
     return gemm_wgmma(device, type, weight, rows, k, x_f16, tokens, outs, out_type);
 }
 
@@ -1509,8 +1399,7 @@ ciq_status ciq_cuda_gemm_wgmma_glu(int device, ciq_type type, const void *weight
 
 ciq_status ciq_cuda_gemm_wgmma_group(int device, const ciq_type types[2], const void *const weights[2],
                                      const int64_t rows[2], int64_t k, const void *x_f16, int64_t tokens,
-                                     const ciq_gemm_output *outputs, int n_outputs, ciq_out_type out_type,
-                                     const ciq_wgmma_rope *rope) {
+                                     const ciq_gemm_output *outputs, int n_outputs, ciq_out_type out_type) {
     constexpr ciq_type T0 = CIQ_TYPE_Q4_K, T1 = CIQ_TYPE_Q6_K;  // the one grouped kernel built (8B's q+k and v)
     if (types[0] != T0 || types[1] != T1)
         return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma_group: weights of types %d, %d (grouped: Q4_K, then "
@@ -1536,7 +1425,7 @@ ciq_status ciq_cuda_gemm_wgmma_group(int device, const ciq_type types[2], const 
         return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma_group: off (GGML_CIQ_WGMMA_GROUP=0 or "
                         "GGML_CIQ_WGMMA_RS=0)");
     wgmma_outputs outs;
-    CIQ_TRY(wgmma_make_outputs(outputs, n_outputs, total, out_type, outs, rope));
+    CIQ_TRY(wgmma_make_outputs(outputs, n_outputs, total, out_type, outs));
     wgmma_device dev;
     CIQ_TRY(wgmma_device_state(device, dev));
     // planned as one problem of both weights' rows (the grouped kernel's shared memory is Q6_K's: its occupancy)
@@ -1569,15 +1458,14 @@ ciq_status ciq_cuda_gemm_wgmma(int, ciq_type, const void *, int64_t, int64_t, co
     return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma: the wgmma kernel is CUDA-only");
 }
 ciq_status ciq_cuda_gemm_wgmma_outputs(int, ciq_type, const void *, int64_t, int64_t, const void *, int64_t,
-                                       const ciq_gemm_output *, int, ciq_out_type, const ciq_wgmma_rope *) {
+                                       const ciq_gemm_output *, int, ciq_out_type) {
     return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma: the wgmma kernel is CUDA-only");
 }
 ciq_status ciq_cuda_gemm_wgmma_glu(int, ciq_type, const void *, int64_t, int64_t, const void *, int64_t, bool, float *) {
     return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma: the wgmma kernel is CUDA-only");
 }
 ciq_status ciq_cuda_gemm_wgmma_group(int, const ciq_type[2], const void *const[2], const int64_t[2], int64_t,
-                                     const void *, int64_t, const ciq_gemm_output *, int, ciq_out_type,
-                                     const ciq_wgmma_rope *) {
+                                     const void *, int64_t, const ciq_gemm_output *, int, ciq_out_type) {
     return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma: the wgmma kernel is CUDA-only");
 }
 #endif

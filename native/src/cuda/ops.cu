@@ -284,18 +284,12 @@ struct RopeSlot {
     int64_t t, group, a, b;
     float c, s;
 };
-// With angles (ciq_rope_angles' table [tokens][half] of (cos, sin)) the cosine and sine are read from it instead.
 __device__ __forceinline__ RopeSlot rope_slot(int64_t idx, int64_t groups, int64_t half, const int32_t *positions,
-                                              float theta_scale, bool neox, const float2 *angles = nullptr) {
+                                              float theta_scale, bool neox) {
     const int64_t t = idx / (groups * half), group = idx / half % groups, i = idx % half;
-    const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-    if (angles) {
-        const float2 cs = angles[t * half + i];
-        return {t, group, a, b, cs.x, cs.y};
-    }
     float theta = (float)positions[t];
     for (int64_t j = 0; j < i; ++j) theta = __fmul_rn(theta, theta_scale);
-    return {t, group, a, b, cosf(theta), sinf(theta)};
+    return {t, group, neox ? i : 2 * i, neox ? i + half : 2 * i + 1, cosf(theta), sinf(theta)};
 }
 
 // One pair (x0, x1) rotated by the angle whose cosine and sine are c, s: the host's roundings.
@@ -320,28 +314,17 @@ rope_kernel(const float *__restrict__ x, const int32_t *__restrict__ positions, 
     }
 }
 
-// The table of ciq_rope_angles: rope_slot's cosine and sine of each (token, pair).
-__global__ void __launch_bounds__(OPS_THREADS)
-rope_angles_kernel(const int32_t *__restrict__ positions, int64_t tokens, int64_t half, float theta_scale,
-                   float2 *__restrict__ angles) {
-    for (int64_t idx = ciq_first_index(); idx < tokens * half; idx += ciq_index_stride()) {
-        const RopeSlot p = rope_slot(idx, 1, half, positions, theta_scale, false);
-        angles[idx] = float2{p.c, p.s};
-    }
-}
-
-// rope_kernel over q's head groups and then k's, a token's q and k groups from one angle computation each (or the
-// angles' table, where given): q (unless heads is 0) into q_out (float32; may be q), k (unless heads_kv is 0) rounded
-// to f16 into k_out (its cache rows), v (unless NULL) rounded into v_out.
+// rope_kernel over q's head groups and then k's, a token's q and k groups from one angle computation each: q into
+// q_out (float32; may be q), k rounded to f16 into k_out (its cache rows), v (unless NULL) rounded into v_out.
 __global__ void __launch_bounds__(OPS_THREADS)
 rope_kv_kernel(const float *q, const float *__restrict__ k, const float *__restrict__ v,
-               const int32_t *__restrict__ positions, const float2 *__restrict__ angles, int64_t tokens, int64_t heads,
-               int64_t heads_kv, int64_t head_dim, float theta_scale, bool neox, float *q_out,
-               uint16_t *__restrict__ k_out, uint16_t *__restrict__ v_out) {
+               const int32_t *__restrict__ positions, int64_t tokens, int64_t heads, int64_t heads_kv,
+               int64_t head_dim, float theta_scale, bool neox, float *q_out, uint16_t *__restrict__ k_out,
+               uint16_t *__restrict__ v_out) {
     const int64_t half = head_dim / 2, groups_q = (heads + ROPE_HEADS - 1) / ROPE_HEADS;
     const int64_t groups = groups_q + (heads_kv + ROPE_HEADS - 1) / ROPE_HEADS;
     for (int64_t idx = ciq_first_index(); idx < tokens * groups * half; idx += ciq_index_stride()) {
-        const RopeSlot p = rope_slot(idx, groups, half, positions, theta_scale, neox, angles);
+        const RopeSlot p = rope_slot(idx, groups, half, positions, theta_scale, neox);
         const int64_t a = p.a, b = p.b;
         if (p.group < groups_q) {
             for (int64_t h = p.group * ROPE_HEADS; h < min(heads, (p.group + 1) * ROPE_HEADS); ++h) {
@@ -536,31 +519,9 @@ ciq_status ciq_cuda_rope_kv_store(ciq_rope_mode mode, const float *q, const floa
     const int64_t groups = (heads + ROPE_HEADS - 1) / ROPE_HEADS + (heads_kv + ROPE_HEADS - 1) / ROPE_HEADS;
     const int64_t row = heads_kv * head_dim;
     rope_kv_kernel<<<ciq_grid_for(tokens * groups * (head_dim / 2)), OPS_THREADS, 0, ciq_stream()>>>(
-        q, k, v, positions, nullptr, tokens, heads, heads_kv, head_dim, theta_scale, mode == CIQ_ROPE_NEOX, q_out,
+        q, k, v, positions, tokens, heads, heads_kv, head_dim, theta_scale, mode == CIQ_ROPE_NEOX, q_out,
         k_cache + start * row, v ? v_cache + start * row : nullptr);
     CIQ_CUDA_LAUNCH_CHECK("rope + kv_store");
-    return CIQ_OK;
-}
-
-ciq_status ciq_cuda_rope_angles(const int32_t *positions, int64_t tokens, int64_t head_dim, float base, float *angles) {
-    const float theta_scale = std::pow(base, -2.0f / (float)head_dim);  // ciq_cuda_rope's
-    rope_angles_kernel<<<ciq_grid_for(tokens * (head_dim / 2)), OPS_THREADS, 0, ciq_stream()>>>(
-        positions, tokens, head_dim / 2, theta_scale, (float2 *)angles);
-    CIQ_CUDA_LAUNCH_CHECK("rope angles");
-    return CIQ_OK;
-}
-
-ciq_status ciq_cuda_rope_kv_angles(ciq_rope_mode mode, const float *angles, float *q, int64_t heads, const float *k,
-                                   const float *v, int64_t heads_kv, int64_t tokens, int64_t head_dim, int64_t start,
-                                   uint16_t *k_cache, uint16_t *v_cache) {
-    const int64_t groups = (heads + ROPE_HEADS - 1) / ROPE_HEADS + (k ? (heads_kv + ROPE_HEADS - 1) / ROPE_HEADS : 0);
-    const int64_t row = heads_kv * head_dim;
-    if (groups > 0)
-        rope_kv_kernel<<<ciq_grid_for(tokens * groups * (head_dim / 2)), OPS_THREADS, 0, ciq_stream()>>>(
-            q, k, k ? v : nullptr, nullptr, (const float2 *)angles, tokens, heads, k ? heads_kv : 0, head_dim, 1.0f,
-            mode == CIQ_ROPE_NEOX, q, k ? k_cache + start * row : nullptr, k && v ? v_cache + start * row : nullptr);
-    CIQ_CUDA_LAUNCH_CHECK("rope + kv_store");
-    if (v && !k) CIQ_TRY(ciq_cuda_kv_store(v_cache, start, v, tokens, row));  // v alone
     return CIQ_OK;
 }
 
