@@ -62,17 +62,19 @@
 # beside a call only when they take seconds (the eleventh session lost its llama.cpp build and staged model that way):
 #   call 1, carry .device: setup (llama.cpp builds in the background, ~5 min; keep the CPU free meanwhile) ; GPU tests
 #           that need no llama.cpp (test tests/test_ops.py tests/test_engine.py ...)
-#   calls 2-9, each carry one .device-parts/gemma3-270m.gguf.partNN + .device-parts/SHA256SUMS: `stage ; other work`
-#           (the eighth joins and checks the whole file; 32 MiB parts, 8 of them, since the tracked tree passed 29 MB);
-#           the last also carries .device-extra (the 8B's vocabulary, which no longer fits beside .device in call 1)
+#   then one call carrying .device-extra (the 8B's vocabulary, which does not fit beside .device in call 1): `stage`;
+#   11 calls, each carrying one .device-parts/gemma3-270m.gguf.partNN + .device-parts/SHA256SUMS: `stage` (~5 s each;
+#           the last joins and checks the whole file; 24 MiB parts since the tree passed 33 MB)
 #   then: wait ; test tests/test_cuda.py tests/test_plugin.py ; plugin-check ; plugin-bench ; memory ; compare ; and
 #           end every call that writes more than 8 files under $OUT with `pack NAME` (a call returns at most 8 files,
 #           named in letters, digits, '.', '_' and '-')
-# API v14 (the GLU from gate/up's epilogue, q+k beside v in one launch) measured at f56790f (issue16-f56790f). Tags:
+# API v14 (the GLU from gate/up's epilogue, q+k beside v in one launch) measured at f56790f (issue16-f56790f); API v15
+# (RoPE + K/V stores in q/k/v's epilogue, 474f736) measured and reverted (issue16-474f736). lib-ab against a library of
+# an older API: BASELINE=COMMIT tools/prepare_device.sh writes this tree's version into the baseline's header. Tags:
 # A/B arms of compare-8b take TAG=NAME (their JSON names); never point OUT at a folder of its own (`run` brings back
 # only what lies under its $OUT: the fourteenth session lost a breakdown so). setup replaces /tmp/device with the
-# carried .device, so `stage` .device-extra after it. The tracked tree is 32.5 MB: a 32 MiB part leaves ~1 MB of a
-# call's 64 MiB; make the parts smaller before committing more results.
+# carried .device, so `stage` .device-extra after it. The tracked tree is 33.1 MB: beside .device (33.0 MB) the setup
+# call has ~1 MB of its 64 MiB left; commit results small (gzip, no plots) or shrink .device first.
 # Issue 16's bars were all met at 4a93705 (bench/results/h200/issue16-4a93705). On the GPU machine next: the CPU
 # last-token test with the whole Gemma staged (`test tests/test_engine.py -k last_token`: llama.cpp CPU gets no GPU
 # device since 84f493d; it failed before, passing with CUDA_VISIBLE_DEVICES=). Prepare every edit before the lease:
