@@ -74,7 +74,8 @@
 # A/B arms of compare-8b take TAG=NAME (their JSON names); never point OUT at a folder of its own (`run` brings back
 # only what lies under its $OUT: the fourteenth session lost a breakdown so). setup replaces /tmp/device with the
 # carried .device, so `stage` .device-extra after it. The tracked tree is 33.1 MB: beside .device (33.0 MB) the setup
-# call has ~1 MB of its 64 MiB left; commit results small (gzip, no plots) or shrink .device first.
+# call has ~1 MB of its 64 MiB left; commit results small (gzip, no plots) or shrink .device first. A NO_LLAMA=1 setup
+# (lib-ab, our tests) needs only .device/whl, .device/llama_cpp_python.tar.gz and .device/LLAMACPP_COMMIT in carry.
 # Issue 16's bars were all met at 4a93705 (bench/results/h200/issue16-4a93705). On the GPU machine next: the CPU
 # last-token test with the whole Gemma staged (`test tests/test_engine.py -k last_token`: llama.cpp CPU gets no GPU
 # device since 84f493d; it failed before, passing with CUDA_VISIBLE_DEVICES=). Prepare every edit before the lease:
