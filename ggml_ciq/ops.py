@@ -622,33 +622,32 @@ class NativeOps:
         in its layout (ciq_gemm_quantized), plus add [tokens, rows] where given (a plain weight only; the values of
         add() after it, from wgmma's epilogue: ciq_gemm_quantized_outputs)."""
         n = self.native
-        parts = weight.parts or (weight.rows,)
         outs = self._outs(weight, tokens)
         if add is not None:
             add = self._f32(add, "linear add")
-            if len(parts) > 1 or add.shape != (tokens, weight.rows):
+            if len(outs) > 1 or add.shape != (tokens, weight.rows):
                 raise ShapeError(f"{weight.name}: add {add.shape} for an output of {(tokens, weight.rows)}")
-        if len(parts) == 1 and add is None:
+        if len(outs) == 1 and add is None:
             n.check(n.lib.ciq_gemm_quantized(self.device, plan, weight.ggml_type, weight.data.ptr, weight.data.nbytes,
                                              weight.rows, weight.k, activations.ptr, tokens, outs[0].ptr,
                                              n.lib.CIQ_OUT_F32))
             return outs
-        outputs = self._outputs(parts, outs, add)
+        outputs = self._outputs(outs, add)
         n.check(n.lib.ciq_gemm_quantized_outputs(self.device, plan, weight.ggml_type, weight.data.ptr,
                                                  weight.data.nbytes, weight.rows, weight.k, activations.ptr, tokens,
-                                                 outputs, len(parts), n.lib.CIQ_OUT_F32))
+                                                 outputs, len(outs), n.lib.CIQ_OUT_F32))
         return outs
 
     def _outs(self, weight: Weight, tokens: int) -> list[DeviceArray]:
         """A GEMM's float32 outputs [tokens, rows], one per stacked part (one for a plain weight)."""
         return [self.empty((tokens, rows)) for rows in (weight.parts or (weight.rows,))]
 
-    def _outputs(self, parts, outs: list[DeviceArray], add=None):
-        """ciq_gemm_output[] of these outputs (rows per part), each with the addend add (one output) or none."""
+    def _outputs(self, outs: list[DeviceArray], add=None):
+        """ciq_gemm_output[] of these [tokens, rows] outputs, each with the addend add (one output) or none."""
         n = self.native
-        outputs = n.ffi.new("ciq_gemm_output[]", len(parts))
-        for o, rows, out in zip(outputs, parts, outs):
-            o.rows, o.out = rows, out.ptr
+        outputs = n.ffi.new("ciq_gemm_output[]", len(outs))
+        for o, out in zip(outputs, outs):
+            o.rows, o.out = out.shape[1], out.ptr
             o.add = self._fp(add) if add is not None else n.ffi.NULL
         return outputs
 
@@ -830,11 +829,11 @@ class NativeOps:
         group = n.ffi.new("ciq_gemm_weight[]", len(weights))
         outs, keep = [], []
         for g, w, plan in zip(group, weights, plans):
-            parts, mine = w.parts or (w.rows,), self._outs(w, tokens)
-            outputs = self._outputs(parts, mine)
+            mine = self._outs(w, tokens)
+            outputs = self._outputs(mine)
             keep.append(outputs)  # the struct's pointers do not keep the arrays alive
             g.plan, g.type, g.weight, g.weight_nbytes, g.rows = plan, w.ggml_type, w.data.ptr, w.data.nbytes, w.rows
-            g.outputs, g.n_outputs = outputs, len(parts)
+            g.outputs, g.n_outputs = outputs, len(mine)
             outs += mine
         n.check(n.lib.ciq_gemm_quantized_group(self.device, group, len(weights), weights[0].k, activations.ptr, tokens,
                                                n.lib.CIQ_OUT_F32))

@@ -5,6 +5,18 @@
 # the perplexity text.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# BASELINE=COMMIT: that commit's native/ in .baseline/ (git-ignored; carried to the call that runs
+# `tools/gpu_run.sh baseline`, then `lib-ab` benches its library against this tree's in one process); with
+# BASELINE_ONLY=1 nothing else is staged.
+if [ -n "${BASELINE:-}" ]; then
+  rm -rf .baseline && mkdir -p .baseline && git archive "$BASELINE" native | tar x -C .baseline
+  git rev-parse --short "$BASELINE" > .baseline/COMMIT
+  # an earlier API version: its header is made to say this tree's, so that this package loads it for `bench gemm`
+  # alone, valid only while the calls bench gemm makes are the same in both (so for 9b4011e, v14, under 474f736, v15)
+  v=$(sed -n 's/^#define GGML_CIQ_API_VERSION \([0-9]*\).*/\1/p' native/include/ggml_ciq.h)
+  sed -i "s/^#define GGML_CIQ_API_VERSION [0-9]*/#define GGML_CIQ_API_VERSION $v/" .baseline/native/include/ggml_ciq.h
+  if [ -n "${BASELINE_ONLY:-}" ]; then exit 0; fi
+fi
 out=.device
 rm -rf "$out" && mkdir -p "$out/whl"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -35,19 +47,9 @@ cat "$manual/usr_02.txt" "$manual/usr_03.txt" > "$out/perplexity-text.txt"
 echo "$manual/usr_02.txt + usr_03.txt ($(dpkg -S "$manual/usr_02.txt" 2>/dev/null | cut -d: -f1) $(dpkg-query -W -f='${Version}' vim-runtime 2>/dev/null))" \
   > "$out/perplexity-text.source"
 # The whole Gemma file (253 MB, for the engine and `compare` there) in 24 MiB parts (11 of them: with the tracked
-# tree, 34 MB at the fifteenth session's results, each call stays under the 64 MiB it carries; 40 MiB parts stopped
-# fitting at 5b644f3, 36 MiB ones at 8d3b6cf, 32 MiB ones with those results; a part's call takes ~5 s), each carried by its own call (`run` carry: [".device-parts/NAME", ".device-parts/SHA256SUMS"]; a
-# call that also works), joined there by `tools/gpu_run.sh stage`.
-# BASELINE=COMMIT: that commit's native/ in .baseline/ (git-ignored; carried to the call that runs
-# `tools/gpu_run.sh baseline`, then `lib-ab` benches its library against this tree's in one process).
-if [ -n "${BASELINE:-}" ]; then
-  rm -rf .baseline && mkdir -p .baseline && git archive "$BASELINE" native | tar x -C .baseline
-  git rev-parse --short "$BASELINE" > .baseline/COMMIT
-  # an earlier API version: its header is made to say this tree's, so that this package loads it for `bench gemm`
-  # alone, valid only while the calls bench gemm makes are the same in both (so for 9b4011e, v14, under 474f736, v15)
-  v=$(sed -n 's/^#define GGML_CIQ_API_VERSION \([0-9]*\).*/\1/p' native/include/ggml_ciq.h)
-  sed -i "s/^#define GGML_CIQ_API_VERSION [0-9]*/#define GGML_CIQ_API_VERSION $v/" .baseline/native/include/ggml_ciq.h
-fi
+# tree, 33.1 MB at 71a87f5, each call stays under the 64 MiB it carries; 40 MiB parts stopped fitting at 5b644f3,
+# 36 MiB ones at 8d3b6cf, 32 MiB ones at 71a87f5; a part's call takes ~5 s), each carried by its own call (`run` carry:
+# [".device-parts/NAME", ".device-parts/SHA256SUMS"]; a call that also works), joined there by `tools/gpu_run.sh stage`.
 rm -rf .device-parts && mkdir -p .device-parts
 gemma=$(PYTHONPATH=$PWD python3 -c 'from ggml_ciq import catalog; print(catalog.gemma3_270m_path())')
 split -b 24M -d "$gemma" .device-parts/gemma3-270m.gguf.part
