@@ -70,7 +70,7 @@
 #           named in letters, digits, '.', '_' and '-')
 # API v14 (the GLU from gate/up's epilogue, q+k beside v in one launch) measured at f56790f (issue16-f56790f); API v15
 # (RoPE + K/V stores in q/k/v's epilogue, 474f736) measured and reverted (issue16-474f736). lib-ab against a library of
-# an older API: BASELINE=COMMIT tools/prepare_device.sh writes this tree's version into the baseline's header. Tags:
+# an older API: BASELINE=COMMIT BASELINE_ONLY=1 tools/prepare_device.sh (writes this tree's API version into it). Tags:
 # A/B arms of compare-8b take TAG=NAME (their JSON names); never point OUT at a folder of its own (`run` brings back
 # only what lies under its $OUT: the fourteenth session lost a breakdown so). setup replaces /tmp/device with the
 # carried .device, so `stage` .device-extra after it. The tracked tree is 33.1 MB: beside .device (33.0 MB) the setup
