@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import CiqError
+from .errors import CiqError, LlamaCppCrash
 from .resources import free_host_bytes
 
 
@@ -239,7 +239,7 @@ def _check_diff(args) -> None:
     from . import diff
 
     if args.prompt is None:
-        stray = _used(args, "--layer-bar", "--flash-attn")
+        stray = _used(args, "--layer-bar", "--flash-attn", "--llamacpp-extra-buffers")
         if stray:
             raise CiqError(f"{', '.join(stray)} belong to diff --prompt (the diff on llama.cpp's own activations)")
     else:
@@ -351,6 +351,31 @@ def _check_fetch(args) -> None:
         raise CiqError(f"a hub download takes REPO_ID FILENAME with REPO_ID as owner/name, got {args.model!r}")
 
 
+EXTRA_BUFFERS_HELP = ("load llama.cpp's model with its CPU extra buffer types (repacked weights; llama.cpp's own "
+                      "default), to measure them: off by default, since on CPUs with AMX llama.cpp 0c1e570 segfaults "
+                      "there (upstream issue 20824) and our CPU engine follows llama.cpp's plain-buffer arithmetic")
+
+
+def _warn_extra_buffers(console, args) -> None:
+    from .llama_model import EXTRA_BUFFERS_WARNING
+
+    if args.llamacpp_extra_buffers:
+        console.print(f"[yellow]warning:[/] {EXTRA_BUFFERS_WARNING}", highlight=False)
+
+
+def _llamacpp_path(llamacpp: dict) -> str:
+    """One line: which llama.cpp CPU arithmetic the comparison ran against (LlamaModel.provenance)."""
+    if not llamacpp:
+        return "llama.cpp CPU: provenance unknown"
+    path = llamacpp.get("llamacpp_cpu_path", "unknown")
+    buffers = ", ".join(llamacpp.get("weight_buffers") or ["-"])
+    note = ("ours follows this arithmetic" if path == "avx2" and not llamacpp.get("extra_buffers") else
+            "ours follows llama.cpp's AVX2 plain-buffer arithmetic, so expect rounding-level differences "
+            "(an AVX2 build: CMAKE_ARGS=-DGGML_NATIVE=OFF)")
+    return (f"llama.cpp CPU: {path} build, weights in {buffers} (extra buffer types "
+            f"{'on' if llamacpp.get('extra_buffers') else 'off'}); {note}")
+
+
 def _check_compare(args) -> None:
     if args.cuda_graph and args.device != "cuda":
         raise CiqError(f"--cuda-graph times our prefills as CUDA graphs: it needs --device cuda, not {args.device}")
@@ -441,11 +466,13 @@ def _diff_activations(args) -> int:
 
     console = _console()
     path = catalog.resolve_model(args.model)
+    _warn_extra_buffers(console, args)
     with _progress(console) as progress:
         task = progress.add_task("llama.cpp prefill (capturing)", total=None)
         report = activation_diff(path, args.prompt, reference=args.reference, bar=args.bar, layer_bar=args.layer_bar,
                                  threads=args.threads, flash_attn=_on_off(args.flash_attn),
-                                 progress=lambda what: progress.update(task, description=what, advance=1))
+                                 progress=lambda what: progress.update(task, description=what, advance=1),
+                                 extra_buffers=args.llamacpp_extra_buffers)
     cuda = report.reference == "llamacpp-cuda"
     report.environment = (bench.gpu_environment() if cuda else
                           bench.cpu_environment(args.threads or native.build_info()["threads"]))
@@ -464,6 +491,8 @@ def _diff_activations(args) -> int:
                  [[str(d.layer), _fmt(d.nmse), _fmt(d.max_abs),
                    "[red]first above the bar[/]" if d.layer == report.first_diverging_layer else ""]
                   for d in report.layers])
+    if not cuda:
+        console.print(_llamacpp_path(report.llamacpp), highlight=False)
     s = report.summary()
     console.print(f"{'PASS' if not s['failed'] else 'FAIL'}: {s['judged']} tensors judged at NMSE <= "
                   f"{report.bar:.0e}, {s['failed']} above, worst {_fmt(s['worst_judged_nmse'])}; "
@@ -573,6 +602,7 @@ def cmd_compare(args) -> int:
     if args.device == "cuda" and native.device_count() == 0:
         raise CiqError("compare --device cuda: no CUDA device (or libggml_ciq built without CUDA)")
     semantics = args.semantics or (("llamacpp", "exact", "fast") if args.device == "cuda" else ("llamacpp", "exact"))
+    _warn_extra_buffers(console, args)
     with _progress(console) as progress:
         tasks = {}
 
@@ -586,7 +616,7 @@ def cmd_compare(args) -> int:
         result = run_compare(path, n_tokens, args.prompt, repeat=args.repeat, device=args.device,
                              threads=args.threads, flash_attn=_on_off(args.flash_attn), semantics=semantics,
                              reference=args.reference == "on", plugin=args.plugin, progress=advance,
-                             cuda_graph=args.cuda_graph)
+                             cuda_graph=args.cuda_graph, extra_buffers=args.llamacpp_extra_buffers)
     threads = args.threads or native.build_info()["threads"]
     result.environment = bench.gpu_environment() if args.device == "cuda" else bench.cpu_environment(threads)
     _print_compare(console, path.name, result)
@@ -594,7 +624,9 @@ def cmd_compare(args) -> int:
         _write_json(args.json, result.to_json())
     if args.plot:
         plot_compare(result, args.plot)
-    return 0
+    for error in result.errors:  # llama.cpp's crash: what finished is above and in --json
+        print(f"ggml-ciq: {error['message']}", file=sys.stderr)
+    return 1 if result.errors else 0
 
 
 def _print_compare(console, name: str, result) -> None:
@@ -604,6 +636,7 @@ def _print_compare(console, name: str, result) -> None:
                   + ("[bold]repeated to length[/]" if text["repeated"] else "not repeated") + f"); "
                   f"{result.environment.get('device', result.device)}")
     llama = result.arm("llama.cpp")
+    base = llama.tokens_per_second if llama else None
     rows = []
     for arm in result.arms:
         settings = ", ".join(f"{k.replace('_', ' ')} {('on' if v else 'off') if isinstance(v, bool) else v}"
@@ -611,14 +644,16 @@ def _print_compare(console, name: str, result) -> None:
         if arm.kind == "reference":
             settings += f", one run {arm.seconds[0]:.1f} s"
         tps = arm.tokens_per_second
-        rows.append([arm.name, settings, _fmt(tps, ".1f"), _fmt(tps / llama.tokens_per_second if tps else None, ".2f")])
+        rows.append([arm.name, settings, _fmt(tps, ".1f"), _fmt(tps / base if tps and base else None, ".2f")])
     _print_table(console, f"prefill, median of {result.repeat}", [("arm", "name"), ("settings", "name"),
                                                                    ("tokens/s", "number"), ("x llama.cpp", "number")],
                  rows)
     for arm in result.arms:
         if arm.kind == "ours":
             console.print(f"{arm.name} memory: {_mib(arm.memory['ops_memory_bytes'])} (llama.cpp's buffers on the "
-                          f"device {_mib(llama.memory['device_buffers_total'])})")
+                          f"device {_mib(llama.memory['device_buffers_total'] if llama else None)})")
+    if result.device == "cpu":
+        console.print(_llamacpp_path(result.llamacpp), highlight=False)
     _print_table(console, f"logits, {result.tokens} positions; KL(p || q)",
                  [("p", "name"), ("q", "name"), ("top-1", "number"), ("KLD mean", "number"), ("KLD max", "number"),
                   ("NMSE", "number")],
@@ -899,6 +934,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                                  "diverging layer (default 1e-4)")
     p.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
                    help="with --prompt: llama.cpp's flash attention (auto: on for CUDA, off on the CPU)")
+    p.add_argument("--llamacpp-extra-buffers", action="store_true", help=EXTRA_BUFFERS_HELP)
     p.set_defaults(func=cmd_diff)
 
     p = sub.add_parser("bench", help="benchmarks: gemm, attention, or plot a saved --json file")
@@ -978,6 +1014,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plugin", action="store_true",
                    help="a third arm: llama.cpp with the ggml-ciq backend plugin loaded (docs/PLUGIN.md; on the CPU "
                         "it takes MUL_MATs only with GGML_CIQ_OFFLOAD=all)")
+    p.add_argument("--llamacpp-extra-buffers", action="store_true", help=EXTRA_BUFFERS_HELP)
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("fetch", help="a catalog model (generated or assembled) or a GGUF from the Hugging Face hub")
@@ -998,6 +1035,9 @@ def main(argv=None) -> int:
         if args.command in CHECKS:
             CHECKS[args.command](args)
         return args.func(args)
+    except LlamaCppCrash as exc:  # not the user's doing: reported as llama.cpp's, exit 1
+        print(f"ggml-ciq: {exc}", file=sys.stderr)
+        return 1
     except CiqError as exc:
         print(f"ggml-ciq: error: {exc}", file=sys.stderr)
         return 2

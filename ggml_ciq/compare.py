@@ -14,6 +14,7 @@ import numpy as np
 
 from . import quants
 from .errors import InvalidArgumentError, OutOfMemoryError, UnsupportedTypeError
+from .llama_model import EXTRA_BUFFERS_WARNING
 from .resources import free_host_bytes
 
 # A short English passage (Jane Austen, Pride and Prejudice, chapter 1; public domain): prompt_tokens' text, for tests
@@ -189,9 +190,11 @@ class CompareResult:
     spread: str                         # what the second llama.cpp run changes
     verdict: dict
     environment: dict = field(default_factory=dict)
+    llamacpp: dict = field(default_factory=dict)   # which llama.cpp CPU path ran (LlamaModel.provenance)
+    errors: list = field(default_factory=list)     # llama.cpp's crashes (LlamaCppCrash.to_json), the arms lost
 
-    def arm(self, name: str) -> Arm:
-        return next(a for a in self.arms if a.name == name)
+    def arm(self, name: str) -> Arm | None:
+        return next((a for a in self.arms if a.name == name), None)
 
     def pair(self, p: str, q: str) -> Pair | None:
         return next((x for x in self.pairs if x.p == p and x.q == q), None)
@@ -286,16 +289,24 @@ LLAMACPP, SPREAD_ARM, PLUGIN, REFERENCE = "llama.cpp", "llama.cpp spread", "llam
 
 def run_compare(path, n_tokens: int | None = 512, prompt: str | None = None, repeat: int = 3, device: str = "cpu",
                 threads: int | None = None, flash_attn: bool | None = None, semantics=("llamacpp", "exact"),
-                reference: bool = True, plugin: bool = False, progress=None, cuda_graph: bool = False) -> CompareResult:
+                reference: bool = True, plugin: bool = False, progress=None, cuda_graph: bool = False,
+                extra_buffers: bool = False) -> CompareResult:
     """llama.cpp first (a warm-up prefill with all logits, then `repeat` timed prefills with the last token's
     logits, as llama-bench), then its spread run (SPREAD: one all-logits prefill), with plugin=True llama.cpp with
     the ggml-ciq backend plugin loaded (timed as llama.cpp; docs/PLUGIN.md), then our engine in each of `semantics`
     the same way, then (reference=True) the float64 reference once (its seconds recorded). flash_attn: llama.cpp's
     (None: on for CUDA, off on the CPU; see LlamaContext). progress(arm) after each prefill. cuda_graph: our arms'
-    timed prefills run as CUDA graphs (Transformer.forward(graph=True); one more untimed prefill captures them)."""
+    timed prefills run as CUDA graphs (Transformer.forward(graph=True); one more untimed prefill captures them).
+    extra_buffers: load llama.cpp's model with its CPU extra buffer types (llama_model.EXTRA_BUFFERS_WARNING).
+
+    llama.cpp's arms run in child processes (isolation.py): a crash there is kept in `errors` with the arms that
+    finished, and the rest of the comparison runs on those; without its tokens nothing can, and LlamaCppCrash is
+    raised."""
     from . import native
     from .engine import ARCHITECTURES, SEMANTICS, Transformer
-    from .llama_model import CudaMemory, LlamaModel, memory_growth
+    from .errors import LlamaCppCrash
+    from .isolation import run_isolated
+    from .llama_model import CudaMemory, memory_growth
     from .model import ModelFile
 
     if repeat < 1:
@@ -315,30 +326,37 @@ def run_compare(path, n_tokens: int | None = 512, prompt: str | None = None, rep
         from .reference_ops import check_host_memory
 
         check_host_memory(model)
+    flash_attn = device == "cuda" if flash_attn is None else flash_attn
+    errors: list[LlamaCppCrash] = []
+
+    def isolated(step: str, func, *args):
+        try:
+            return run_isolated(step, func, *args, progress=progress)
+        except LlamaCppCrash as crash:
+            errors.append(crash)
+            return crash.finished
+
+    got = isolated(f"its {device.upper()} arm", _llamacpp_arms, str(path), device, threads, n_tokens, prompt,
+                   flash_attn, repeat, extra_buffers)
+    if "tokens" not in got:
+        raise errors[-1]
+    tokens, text, n_vocab, n_ctx, llamacpp = got["tokens"]
+    llamacpp["extra_buffers_warning"] = EXTRA_BUFFERS_WARNING if extra_buffers else None
     logits, arms = None, []
     try:
-        with LlamaModel(path, device=device, threads=threads) as llama:
-            tokens, text = evaluation_tokens(llama, n_tokens, prompt)
-            logits = LogitsStore(2 + plugin + len(semantics) + reference, len(tokens), llama.n_vocab)
-            with llama.context_for(len(tokens), n_batch=512, flash_attn=flash_attn) as ctx:
-                flash_attn, n_ctx, n_batch = ctx.flash_attn, ctx.n_ctx, ctx.n_batch
-                logits[LLAMACPP] = ctx.prefill(tokens, all_logits=True)
-                if progress:
-                    progress(LLAMACPP)
-                seconds = _timed(lambda: ctx.prefill(tokens, all_logits=False), repeat, progress, LLAMACPP)
-                arms.append(Arm(LLAMACPP, "llamacpp", {"device": device, "flash_attn": flash_attn, "n_ubatch": n_batch,
-                                                       "threads": threads}, seconds, _median_tps(len(tokens), seconds),
-                                ctx.memory()))
-            spread = {"flash_attn": not flash_attn, "n_batch": n_batch} if device == "cuda" else \
-                {"flash_attn": flash_attn, "n_batch": 1}
-            with llama.context_for(len(tokens), **spread) as ctx:
-                logits[SPREAD_ARM] = ctx.prefill(tokens, all_logits=True)
-                arms.append(Arm(SPREAD_ARM, "llamacpp", {"device": device, "flash_attn": ctx.flash_attn,
-                                                         "n_ubatch": ctx.n_batch, "threads": threads}))
-            if progress:
-                progress(SPREAD_ARM)
+        logits = LogitsStore(2 + plugin + len(semantics) + reference, len(tokens), n_vocab)
+        for name in (LLAMACPP, SPREAD_ARM):
+            if f"arm:{name}" in got:
+                arms.append(got[f"arm:{name}"])
+                logits[name] = got.pop(f"logits:{name}")
+        if errors and len(arms) < 2:
+            errors[-1] = errors[-1].renamed(f"its {'spread' if arms else device.upper()} arm")
         if plugin:
-            arms.append(_plugin_arm(path, device, threads, tokens, flash_attn, repeat, logits, progress))
+            got = isolated(f"its {device.upper()} arm with the plugin", _plugin_arm, str(path), device, threads,
+                           tokens, flash_attn, repeat)
+            if f"arm:{PLUGIN}" in got:
+                arms.append(got[f"arm:{PLUGIN}"])
+                logits[PLUGIN] = got.pop(f"logits:{PLUGIN}")
 
         cuda = CudaMemory() if device == "cuda" else None
         for s in semantics:
@@ -378,54 +396,89 @@ def run_compare(path, n_tokens: int | None = 512, prompt: str | None = None, rep
             wanted.append((SPREAD_ARM, SEMANTICS_ARMS["llamacpp"], "vs llama.cpp"))
         if plugin:
             wanted.append((LLAMACPP, PLUGIN, "vs llama.cpp"))
+        wanted = [(p, q, role) for p, q, role in wanted if p in logits and q in logits]  # arms that finished
         agreements = logits_agreements(logits, [(p, q) for p, q, _ in wanted])
         pairs = [Pair(p, q, role, agreement) for (p, q, role), agreement in zip(wanted, agreements)]
     finally:
         if logits is not None:
             logits.close()
-    result = CompareResult(str(path), device, len(tokens), repeat, asdict(text), arms, pairs, SPREAD[device], {})
+    result = CompareResult(str(path), device, len(tokens), repeat, asdict(text), arms, pairs, SPREAD[device], {},
+                           llamacpp=llamacpp, errors=[e.to_json() for e in errors])
     result.verdict = verdict(result)
     return result
 
 
-def _plugin_arm(path, device: str, threads: int, tokens, flash_attn: bool, repeat: int, logits: dict,
-                progress) -> Arm:
-    """llama.cpp with the plugin loaded (CPU: weights unrepacked for its CIQ_CPU device; CUDA: devices CIQ0 and
-    CUDA0), timed as llama.cpp; its settings name the plugin's devices and count the GEMMs our library ran."""
+def _llamacpp_arms(emit, path: str, device: str, threads: int, n_tokens: int | None, prompt: str | None,
+                   flash_attn: bool, repeat: int, extra_buffers: bool) -> None:
+    """llama.cpp's arm and its spread arm, in isolation.py's child: emits "tokens" (tokens, TextInfo, vocabulary
+    size, n_ctx, llama.cpp's provenance), then per arm its logits and its Arm."""
+    from .isolation import crash_point
+    from .llama_model import LlamaModel
+
+    with LlamaModel(path, device=device, threads=threads, extra_buffers=extra_buffers) as llama:
+        tokens, text = evaluation_tokens(llama, n_tokens, prompt)
+        with llama.context_for(len(tokens), n_batch=512, flash_attn=flash_attn) as ctx:
+            emit("tokens", (tokens, text, llama.n_vocab, ctx.n_ctx, llama.provenance()))
+            crash_point(LLAMACPP)
+            logits = ctx.prefill(tokens, all_logits=True)
+            emit.progress(LLAMACPP)
+            seconds = _timed(lambda: ctx.prefill(tokens, all_logits=False), repeat, emit.progress, LLAMACPP)
+            n_batch = ctx.n_batch
+            emit(f"logits:{LLAMACPP}", logits)
+            emit(f"arm:{LLAMACPP}", Arm(LLAMACPP, "llamacpp", {"device": device, "flash_attn": flash_attn,
+                                                               "n_ubatch": n_batch, "threads": threads},
+                                        seconds, _median_tps(len(tokens), seconds), ctx.memory()))
+        del logits
+        spread = {"flash_attn": not flash_attn, "n_batch": n_batch} if device == "cuda" else \
+            {"flash_attn": flash_attn, "n_batch": 1}
+        with llama.context_for(len(tokens), **spread) as ctx:
+            crash_point(SPREAD_ARM)
+            emit(f"logits:{SPREAD_ARM}", ctx.prefill(tokens, all_logits=True))
+            emit(f"arm:{SPREAD_ARM}", Arm(SPREAD_ARM, "llamacpp", {"device": device, "flash_attn": ctx.flash_attn,
+                                                                   "n_ubatch": ctx.n_batch, "threads": threads}))
+        emit.progress(SPREAD_ARM)
+
+
+def _plugin_arm(emit, path: str, device: str, threads: int, tokens, flash_attn: bool, repeat: int) -> None:
+    """llama.cpp with the plugin loaded (CPU: its CIQ_CPU device; CUDA: devices CIQ0 and CUDA0), timed as llama.cpp,
+    in isolation.py's child; its settings name the plugin's devices and count the GEMMs our library ran. Emits its
+    logits and its Arm."""
     from . import native
+    from .isolation import crash_point
     from .llama_model import LlamaModel
     from .plugin import Plugin
 
     with Plugin() as loaded:
         devices = loaded.devices
-        options = {"repack": False} if device == "cpu" else {"devices": [d for d in devices if d != "CIQ_CPU"] +
-                                                                         ["CUDA0"]}
+        options = {} if device == "cpu" else {"devices": [d for d in devices if d != "CIQ_CPU"] + ["CUDA0"]}
         native.dispatch_reset()
         with LlamaModel(path, device=device, threads=threads, **options) as model, \
                 model.context_for(len(tokens), n_batch=512, flash_attn=flash_attn) as ctx:
-            logits[PLUGIN] = ctx.prefill(tokens, all_logits=True)
+            crash_point(PLUGIN)
+            logits = ctx.prefill(tokens, all_logits=True)
             counts = native.dispatch_counts()
-            if progress:
-                progress(PLUGIN)
-            seconds = _timed(lambda: ctx.prefill(tokens, all_logits=False), repeat, progress, PLUGIN)
+            emit.progress(PLUGIN)
+            seconds = _timed(lambda: ctx.prefill(tokens, all_logits=False), repeat, emit.progress, PLUGIN)
             memory, n_batch = ctx.memory(), ctx.n_batch
-    return Arm(PLUGIN, "plugin", {"device": device, "flash_attn": flash_attn, "n_ubatch": n_batch, "threads": threads,
-                                  "plugin_devices": devices, "offload": os.environ.get("GGML_CIQ_OFFLOAD") or "table",
-                                  "warm_up_gemms": sum(counts.values()),
-                                  "warm_up_gemms_by_kernel": {f"{v}/{t}": n for (v, t), n in sorted(counts.items()) if n}},
-               seconds,
-               _median_tps(len(tokens), seconds), memory)
+    emit(f"logits:{PLUGIN}", logits)
+    emit(f"arm:{PLUGIN}", Arm(PLUGIN, "plugin", {"device": device, "flash_attn": flash_attn, "n_ubatch": n_batch,
+                                                 "threads": threads, "plugin_devices": devices,
+                                                 "offload": os.environ.get("GGML_CIQ_OFFLOAD") or "table",
+                                                 "warm_up_gemms": sum(counts.values()),
+                                                 "warm_up_gemms_by_kernel": {f"{v}/{t}": n for (v, t), n in
+                                                                             sorted(counts.items()) if n}},
+                              seconds, _median_tps(len(tokens), seconds), memory))
 
 
 def verdict(result: CompareResult) -> dict:
     """The calibrated bars (issue 18). `llamacpp`: ours against llama.cpp no further than llama.cpp's own spread, in
     mean KLD and in top-1 disagreement. `exact`: ours' mean KLD against the reference at most half of llama.cpp's.
-    Each {"value", "bar", "met"}; a bar whose arms did not run is absent; `met` over those judged."""
+    Each {"value", "bar", "met"}; a bar whose arms did not run (or crashed) is absent; `met` over those judged, and
+    False when an arm crashed."""
     out = {}
-    spread = result.pair(LLAMACPP, SPREAD_ARM).agreement
-    ours = result.pair(LLAMACPP, SEMANTICS_ARMS["llamacpp"])
-    if ours is not None:
-        a = ours.agreement
+    spread, ours = result.pair(LLAMACPP, SPREAD_ARM), result.pair(LLAMACPP, SEMANTICS_ARMS["llamacpp"])
+    if ours is not None and spread is not None:
+        a, spread = ours.agreement, spread.agreement
         out["llamacpp_kld_vs_llamacpp"] = {"value": a["kld_mean"], "bar": spread["kld_mean"],
                                            "met": a["kld_mean"] <= spread["kld_mean"]}
         out["llamacpp_top1_disagreement_vs_llamacpp"] = {"value": 1 - a["top1"], "bar": 1 - spread["top1"],
@@ -435,7 +488,7 @@ def verdict(result: CompareResult) -> dict:
         bar = 0.5 * llama.agreement["kld_mean"]
         out["exact_kld_vs_reference"] = {"value": exact.agreement["kld_mean"], "bar": bar,
                                          "met": exact.agreement["kld_mean"] <= bar}
-    out["met"] = all(v["met"] for v in out.values())
+    out["met"] = all(v["met"] for v in out.values()) and not result.errors
     return out
 
 

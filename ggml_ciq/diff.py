@@ -239,6 +239,7 @@ class ActivationDiffReport:
     first_diverging_layer: int | None = None
     logits_nmse: float | None = None    # our engine's logits vs llama.cpp's, all positions
     environment: dict = field(default_factory=dict)
+    llamacpp: dict = field(default_factory=dict)  # which llama.cpp CPU path ran (LlamaModel.provenance)
 
     @property
     def failures(self) -> list[CapturedTensorDiff]:
@@ -343,30 +344,26 @@ def resolve_reference(reference: str) -> str:
 
 def activation_diff(path, prompt: str, reference: str = "auto", bar: float = 1e-10, layer_bar: float = LAYER_BAR,
                     threads: int | None = None, flash_attn: bool | None = None,
-                    progress=None) -> ActivationDiffReport:
-    """llama.cpp prefills `prompt` (its tokenizer, BOS as by default) with the eval callback on; every weight
-    mul_mat's captured input goes through our kernel and is compared with llama.cpp's output; then our engine
-    prefills the same tokens on the same device and its hidden state after each layer is compared with
-    llama.cpp's "l_out-N". flash_attn: llama.cpp's flash attention (None: on for CUDA, off on the CPU; see
-    LlamaContext). `progress(text)` is called per step."""
+                    progress=None, extra_buffers: bool = False) -> ActivationDiffReport:
+    """llama.cpp prefills `prompt` (its tokenizer, BOS as by default) with the eval callback on, in a child process
+    (isolation.py: a crash there is LlamaCppCrash); every weight mul_mat's captured input goes through our kernel
+    and is compared with llama.cpp's output; then our engine prefills the same tokens on the same device and its
+    hidden state after each layer is compared with llama.cpp's "l_out-N". flash_attn: llama.cpp's flash attention
+    (None: on for CUDA, off on the CPU; see LlamaContext). extra_buffers: llama.cpp's CPU extra buffer types
+    (llama_model.EXTRA_BUFFERS_WARNING). `progress(text)` is called per step."""
     from .engine import Transformer
-    from .llama_model import LlamaModel
+    from .isolation import run_isolated
 
     model = ModelFile(path)
     reference = resolve_reference(reference)
     device = "cuda" if reference == "llamacpp-cuda" else "cpu"
     if threads:
         native.set_num_threads(threads)
-    llama = LlamaModel(path, device=device, threads=threads)
-    try:
-        tokens = llama.tokenize(prompt)
-        with llama.context_for(len(tokens), flash_attn=flash_attn, eval_callback=True) as ctx:
-            theirs, capture = ctx.capture(tokens)
-            n_ctx, n_ubatch = ctx.n_ctx, ctx.n_batch
-    finally:
-        llama.close()
+    got = run_isolated(f"its {device.upper()} capture", _capture_prefill, str(path), device, threads, prompt,
+                       flash_attn, extra_buffers)
+    tokens, theirs, capture, n_ctx, n_ubatch = (got[k] for k in ("tokens", "logits", "capture", "n_ctx", "n_ubatch"))
     report = ActivationDiffReport(str(path), prompt, len(tokens), reference, REFERENCE_SEMANTICS[reference], bar,
-                                  layer_bar)
+                                  layer_bar, llamacpp=got["provenance"])
     report.tensors = captured_tensor_diffs(model, capture, reference, bar, progress)
     semantics = {"mmvq" if "mmvq" in t.kernel else REFERENCE_SEMANTICS[reference] for t in report.tensors if t.judged}
     report.semantics = "+".join(sorted(semantics)) or report.semantics  # CUDA: mmvq for calls of 1..8 tokens
@@ -379,6 +376,29 @@ def activation_diff(path, prompt: str, reference: str = "auto", bar: float = 1e-
     report.first_diverging_layer = first_diverging_layer(report.layers, layer_bar)
     report.logits_nmse = quants.nmse(np.asarray(ours, np.float32).reshape(theirs.shape), theirs)
     return report
+
+
+def _capture_prefill(emit, path: str, device: str, threads: int | None, prompt: str, flash_attn: bool | None,
+                     extra_buffers: bool, n_tokens: int | None = None, attention: bool = False) -> None:
+    """llama.cpp's prefill with the eval callback on, in isolation.py's child: emits the tokens (of `prompt`, or with
+    n_tokens of compare's evaluation text, repeated if shorter), the provenance, the context's sizes, all logits and
+    the Capture."""
+    from .compare import _repeat_to, evaluation_text
+    from .isolation import crash_point
+    from .llama_model import LlamaModel
+
+    with LlamaModel(path, device=device, threads=threads, extra_buffers=extra_buffers) as llama:
+        tokens = llama.tokenize(prompt) if n_tokens is None else \
+            _repeat_to(llama, evaluation_text()[0], n_tokens)[0]
+        emit("tokens", tokens)
+        emit("provenance", llama.provenance())
+        with llama.context_for(len(tokens), flash_attn=flash_attn, eval_callback=True) as ctx:
+            emit("n_ctx", ctx.n_ctx)
+            emit("n_ubatch", ctx.n_batch)
+            crash_point("capture")
+            logits, capture = ctx.capture(tokens, attention=attention)
+    emit("logits", logits)
+    emit("capture", capture)
 
 
 @dataclass
@@ -399,18 +419,13 @@ class AttentionCallDiff:
 
 def capture_attention(path, n_tokens: int = 512, device: str = "cuda") -> list:
     """llama.cpp (CUDA, or its CPU build) prefills n_tokens of compare's evaluation text (repeated if shorter) with
-    flash attention on and the eval callback keeping every FLASH_ATTN_EXT node: its AttentionCalls in graph order."""
-    from .compare import _repeat_to, evaluation_text
-    from .llama_model import LlamaModel
+    flash attention on and the eval callback keeping every FLASH_ATTN_EXT node, in a child process (isolation.py):
+    its AttentionCalls in graph order."""
+    from .isolation import run_isolated
 
-    llama = LlamaModel(path, device=device)
-    try:
-        tokens, _, _ = _repeat_to(llama, evaluation_text()[0], n_tokens)
-        with llama.context_for(len(tokens), flash_attn=True, eval_callback=True) as ctx:
-            _, capture = ctx.capture(tokens, attention=True)
-    finally:
-        llama.close()
-    return capture.attention
+    got = run_isolated(f"its {device.upper()} capture", _capture_prefill, str(path), device, None, None, True, False,
+                       n_tokens, True)
+    return got["capture"].attention
 
 
 def attention_call_diffs(calls: list, kernel: str = "mma_llamacpp", progress=None) -> list[AttentionCallDiff]:

@@ -1,4 +1,5 @@
-"""Error hierarchy: every failure a user can cause is a CiqError; the CLI prints it as one line, exit 2."""
+"""Error hierarchy: every failure a user can cause is a CiqError; the CLI prints it as one line, exit 2. A crash inside
+llama.cpp (LlamaCppCrash) is not the user's: the CLI reports it with what finished, exit 1."""
 
 
 class CiqError(Exception):
@@ -31,3 +32,18 @@ class OutOfMemoryError(BackendError):
 
 class LibraryNotFoundError(BackendError):
     """A shared library (ours or llama.cpp's) could not be located or loaded."""
+
+
+class LlamaCppCrash(BackendError):
+    """llama.cpp's child process died by `signal_name` in `step`; `finished` holds what it emitted before."""
+
+    def __init__(self, step: str, signal_name: str, detail: str, finished: dict):
+        super().__init__(f"llama.cpp crashed ({signal_name}) in {step}: {detail}")
+        self.step, self.signal_name, self.detail, self.finished = step, signal_name, detail, finished
+
+    def renamed(self, step: str) -> "LlamaCppCrash":
+        """The same crash, said to be in `step` (a caller that knows which of its steps had not finished)."""
+        return LlamaCppCrash(step, self.signal_name, self.detail, self.finished)
+
+    def to_json(self) -> dict:
+        return {"step": self.step, "signal": self.signal_name, "detail": self.detail, "message": str(self)}

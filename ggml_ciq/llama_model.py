@@ -137,6 +137,11 @@ ffi.cdef(_CDEF)
 LLAMA_FLASH_ATTN_TYPE_DISABLED, LLAMA_FLASH_ATTN_TYPE_ENABLED = 0, 1
 LLAMA_SPLIT_MODE_NONE, LLAMA_SPLIT_MODE_LAYER = 0, 1
 _GGML_F32, _GGML_F16 = 0, 1
+# llama.cpp CPU's extra buffer types (repacked weight layouts), in its load log's buffer names.
+EXTRA_BUFFER_TYPES = ("CPU_REPACK", "AMX", "KLEIDIAI", "CPU_KLEIDIAI")
+EXTRA_BUFFERS_WARNING = ("llama.cpp's CPU extra buffer types are on: on CPUs with AMX, llama.cpp 0c1e570 segfaults in "
+                         "ggml_backend_amx_mul_mat on Q4_K weights (upstream issue ggml-org/llama.cpp#20824), and the "
+                         "repacked layouts run another float order than the one our CPU engine follows")
 _BUFFER_LINE = re.compile(r"(\S+)\s+(model|KV|compute|output) buffer size =\s*([0-9.]+) MiB")
 
 
@@ -167,9 +172,11 @@ class _Log:
 
 
 class _Library:
-    """libllama loaded once per process, after llama.cpp's ggml (same directory, RTLD_GLOBAL)."""
+    """libllama loaded once per process, after llama.cpp's ggml (same directory, RTLD_GLOBAL). log_path: a file
+    every log line is appended to as well (isolation.py's child sets it, so a crash leaves llama.cpp's last words)."""
 
     _loaded = None
+    log_path = None
 
     @classmethod
     def load(cls) -> "_Library":
@@ -195,7 +202,11 @@ class _Library:
                                   if ffi.string(self.lib.ggml_op_name(op)) == b"FLASH_ATTN_EXT")
 
     def _on_log(self, level, text, user_data):
-        self.log.append(ffi.string(text).decode(errors="replace"))
+        line = ffi.string(text).decode(errors="replace")
+        self.log.append(line)
+        if self.log_path is not None:
+            with open(self.log_path, "a") as f:
+                f.write(line)
 
     def last_message(self, start: int) -> str:
         """llama.cpp's reason for a failure: the last log line since index `start` that mentions an error, else the
@@ -310,11 +321,15 @@ class LlamaModel(Closeable):
     """One GGUF loaded by libllama: every layer on the GPU when device="cuda" (llama.cpp's CUDA0), else CPU only.
     Tokenizes with the GGUF's vocab; `context(...)` creates the context that runs prefills."""
 
-    def __init__(self, path, device: str = "cpu", threads: int | None = None, repack: bool = True,
+    def __init__(self, path, device: str = "cpu", threads: int | None = None, extra_buffers: bool = False,
                  devices: list[str] | None = None):
-        """repack=False loads CPU weights as raw GGUF blocks (use_extra_bufts off: the ggml plugin's CPU device needs
-        them); devices names the ggml devices of a "cuda" model, the last one holding every layer (["CIQ0", "CUDA0"]:
-        the plugin's GPU device is offered each MUL_MAT first, docs/PLUGIN.md)."""
+        """extra_buffers=False (the default) loads every weight as raw GGUF blocks in plain buffers
+        (llama_model_params.use_extra_bufts off): no CPU_REPACK or AMX layouts, so llama.cpp CPU runs its portable
+        arithmetic, the one our CPU engine follows (docs/SEMANTICS.md), llama.cpp 0c1e570's AMX mul_mat, which
+        segfaults on Q4_K (EXTRA_BUFFERS_WARNING), is never reached, and the plugin's CIQ_CPU device can read the
+        weights. extra_buffers=True is llama.cpp's own default, for measuring it. devices names the ggml devices of
+        a "cuda" model, the last one holding every layer (["CIQ0", "CUDA0"]: the plugin's GPU device is offered each
+        MUL_MAT first, docs/PLUGIN.md)."""
         self._model = None
         path = Path(path)
         if not path.is_file():
@@ -335,12 +350,13 @@ class LlamaModel(Closeable):
         mparams.n_gpu_layers = 999 if device == "cuda" else 0
         mparams.split_mode = LLAMA_SPLIT_MODE_NONE
         mparams.main_gpu = 0
-        mparams.use_extra_bufts = repack
+        mparams.use_extra_bufts = extra_buffers
+        self.extra_buffers = extra_buffers
         if device == "cpu" and not devices:
             # No GPU device in the model's list: with one (a CUDA build's default), llama.cpp keeps CPU weights in
-            # the GPU's pinned host buffer type, which comes before the CPU's repacking types in make_cpu_buft_list,
-            # so a CUDA build computed a CPU model without repacking: not the numbers of llama.cpp CPU (its default,
-            # repacked Q4_K). ACCEL devices (the plugin's CIQ_CPU, BLAS) are not in this list; the model adds them.
+            # the GPU's pinned host buffer type, which comes before the CPU's buffer types in make_cpu_buft_list, so
+            # a CUDA build computed a CPU model in another buffer than a CPU build. ACCEL devices (the plugin's
+            # CIQ_CPU, BLAS) are not in this list; the model adds them.
             self._devices = ffi.new("void *[]", [ffi.NULL])
             mparams.devices = self._devices
         elif devices:
@@ -372,6 +388,18 @@ class LlamaModel(Closeable):
         self._vocab = lib.llama_model_get_vocab(self._model)
         self.n_vocab = lib.llama_vocab_n_tokens(self._vocab)
         self.size = int(lib.llama_model_size(self._model))
+        self.weight_buffers = sorted({buffer for buffer, kind, _ in _BUFFER_LINE.findall(self.load_log)
+                                      if kind == "model"})
+        if device == "cpu" and not extra_buffers and set(self.weight_buffers) & set(EXTRA_BUFFER_TYPES):
+            raise BackendError(f"llama.cpp put weights of {path.name} into {', '.join(self.weight_buffers)} with its "
+                               f"extra buffer types off")
+
+    def provenance(self) -> dict:
+        """Which llama.cpp CPU path ran: its extra buffer types on or off, the buffers the weights went into (from its
+        load log: CPU_Mapped / CPU plain, CPU_REPACK / AMX repacked, CUDA0 ...), the CPU features its CPU backend was
+        built for, and the host CPU's relevant flags."""
+        return {"extra_buffers": self.extra_buffers, "weight_buffers": self.weight_buffers,
+                **self.library.ggml.cpu_provenance()}
 
     def context(self, n_ctx: int, n_batch: int = 512, flash_attn: bool | None = None,
                 eval_callback: bool = False) -> "LlamaContext":

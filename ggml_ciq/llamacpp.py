@@ -43,6 +43,8 @@ _CDEF = """
 struct ggml_context; struct ggml_tensor; struct ggml_cgraph;
 struct ggml_backend; struct ggml_backend_device; struct ggml_backend_reg; struct ggml_backend_buffer;
 struct ggml_init_params { size_t mem_size; void * mem_buffer; bool no_alloc; };
+struct ggml_backend_feature { const char * name; const char * value; };
+typedef struct ggml_backend_feature * (*ggml_backend_get_features_t)(struct ggml_backend_reg * reg);
 
 const char * ggml_version(void);
 const char * ggml_commit(void);
@@ -161,6 +163,16 @@ def _positive(**sizes):
             raise ShapeError(f"{name} must be a positive integer, got {value!r}")
 
 
+def host_cpu_flags() -> list[str]:
+    """The host CPU's flags that decide llama.cpp CPU's kernels (AMX, AVX-512, AVX2, VNNI), from /proc/cpuinfo."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []
+    return sorted(f for f in set(flags) if f.startswith(("amx", "avx512", "avx2", "avx_vnni")))
+
+
 class LlamaCpp:
     """llama.cpp's ggml, loaded from one library directory. Use `LlamaCpp.load()`."""
 
@@ -225,6 +237,30 @@ class LlamaCpp:
         lib = self._lib
         return [ffi.string(lib.ggml_backend_dev_name(lib.ggml_backend_dev_get(i))).decode()
                 for i in range(lib.ggml_backend_dev_count())]
+
+    def cpu_features(self) -> dict[str, str]:
+        """What llama.cpp's CPU backend was built for and found (its ggml_backend_get_features: AVX2, AVX512,
+        AMX_INT8, REPACK, ...)."""
+        lib = self._lib
+        reg = lib.ggml_backend_dev_backend_reg(self._device("CPU"))
+        address = lib.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_get_features")
+        if address == ffi.NULL:
+            return {}
+        features, out = ffi.cast("ggml_backend_get_features_t", address)(reg), {}
+        i = 0
+        while features[i].name != ffi.NULL:
+            out[ffi.string(features[i].name).decode()] = ffi.string(features[i].value).decode()
+            i += 1
+        return out
+
+    def cpu_provenance(self) -> dict:
+        """llama.cpp CPU's arithmetic as far as its build decides it: the backend's features, the x86 path its
+        K-quant kernels take (our CPU semantics follow the AVX2 one, docs/SEMANTICS.md) and the host's AMX and
+        AVX-512 flags (/proc/cpuinfo)."""
+        features = self.cpu_features()
+        path = ("avx512-vnni" if "AVX512_VNNI" in features else "avx2" if "AVX2" in features else
+                "other") if features else "unknown"
+        return {"llamacpp_cpu_features": features, "llamacpp_cpu_path": path, "host_cpu_flags": host_cpu_flags()}
 
     def _device(self, name):
         dev = self._lib.ggml_backend_dev_by_name(str(name).encode())

@@ -3,7 +3,6 @@
 import json
 import subprocess
 import sys
-import textwrap
 
 import gguf
 import numpy as np
@@ -14,6 +13,8 @@ from ggml_ciq.compare import (TEXT, evaluation_text, evaluation_tokens, load_com
                               prompt_tokens)
 from ggml_ciq.errors import InvalidArgumentError, ShapeError
 from ggml_ciq.llama_model import LlamaModel
+
+import llamacpp_python  # tests/llamacpp_python.py
 
 
 def test_logits_agreement_metrics(rng):
@@ -56,7 +57,7 @@ def test_logits_agreements_of_several_pairs_equal_each_pair_alone(rng):
     with pytest.raises(InvalidArgumentError, match="shapes differ"):  # pairs of equal shapes, arms of two
         logits_agreements({"p": base, "q": base, "r": base[:-1], "s": base[:-1]}, [("p", "q"), ("r", "s")])
 
-LLAMA_CPP_PYTHON = textwrap.dedent("""
+LLAMA_CPP_PYTHON = llamacpp_python.script("""
     import sys, numpy as np, llama_cpp
     path, out, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     text = sys.stdin.read()

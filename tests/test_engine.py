@@ -4,7 +4,6 @@ pass on the same GGUF, with llama.cpp's defaults (f16 K/V cache, no flash attent
 import os
 import subprocess
 import sys
-import textwrap
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,9 +16,11 @@ from ggml_ciq.engine import Transformer
 from ggml_ciq.errors import GGUFFileError, InvalidArgumentError, ShapeError, UnsupportedTypeError
 from ggml_ciq.model import ModelFile
 
+import llamacpp_python  # tests/llamacpp_python.py
+
 PROMPT = Path(__file__).resolve().parent / "data" / "prompt_en.txt"
 
-LLAMA_LOGITS = textwrap.dedent("""
+LLAMA_LOGITS = llamacpp_python.script("""
     import sys, numpy as np, llama_cpp
     path, out, tokens, kv = sys.argv[1:5]
     cache = dict(type_k=0, type_v=0) if kv == "f32" else {}  # default: f16 K/V cache
@@ -38,8 +39,8 @@ def llama_logits(path, tokens, tmp_path, kv="f16"):
     proc = subprocess.run([sys.executable, "-c", LLAMA_LOGITS, str(path), str(out), arg, kv],
                           capture_output=True, text=True, timeout=600)
     if proc.returncode < 0 and not os.environ.get("GGML_CIQ_REQUIRE_LLAMACPP"):
-        pytest.skip(f"llama.cpp's own forward pass died (signal {-proc.returncode}); seen with -march=native builds "
-                    f"(AVX512/AMX) of llama-cpp-python 0.3.36: build it with CMAKE_ARGS=-DGGML_NATIVE=OFF")
+        pytest.skip(f"llama.cpp's own forward pass died (signal {-proc.returncode}) with its extra buffer types off "
+                    f"(tests/llamacpp_python.py)")
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = np.load(out)
     return data["tokens"], data["logits"]

@@ -2,7 +2,6 @@
 
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -10,6 +9,8 @@ import pytest
 from ggml_ciq import catalog
 from ggml_ciq import quants as Q
 from ggml_ciq.model import ModelFile
+
+import llamacpp_python  # tests/llamacpp_python.py
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 
@@ -48,7 +49,7 @@ def test_small_synthetic_model(recipe, llama, tmp_path):
     assert types["blk.1.ffn_down.weight"] == "Q6_K" and types["blk.0.ffn_down.weight"] == "Q4_K"
     w = m.tensor("blk.0.ffn_up.weight").dequantize()
     assert abs(float(w.std()) - 0.02) < 0.002  # N(0, 0.02) through llama.cpp's Q4_K quantizer
-    script = textwrap.dedent(f"""
+    script = llamacpp_python.script(f"""
         import llama_cpp
         model = llama_cpp.Llama({str(out)!r}, n_ctx=32, verbose=False)
         print(model.tokenize(b"Hello world")[:3])

@@ -170,7 +170,7 @@ def repeat_plugin_prefills(path: Path, device: int, calls: int, warm_up: int, me
         if device >= 0:
             model = LlamaModel(path, device="cuda", devices=[name, f"CUDA{device}"])
         else:
-            model = LlamaModel(path, device="cpu", threads=1, repack=False)
+            model = LlamaModel(path, device="cpu", threads=1)
         native.dispatch_reset()
         start = time.perf_counter()
         with model:

@@ -136,46 +136,62 @@ void unpack_q6_K(const block_q6_K *blocks, int64_t nb, UnpackedRow &row) {
 }
 
 // One super-block b of one row with one token, in each semantics. CPU semantics accumulate in float32 in the
-// order of the kernel llama.cpp's x86 AVX2 build runs for the matrix (its model path, where Q4_K weights with rows a
-// multiple of 8 are repacked), so that the engine reproduces llama.cpp CPU's outputs bit for bit:
-//   REPACK (Q4_K, rows % 8 == 0; ggml_gemm/gemv_q4_K_8x8_q8_K): per 64-value pair of sub-blocks p for tokens in the
-//          call's full groups of 4, per super-block for the rest: acc[0] = fma(isum, d*dy, acc[0]),
-//          acc[1] = fma(isum_min, dmin*dy, acc[1]); out = acc[0] - acc[1].
-//   TILED  (>= 8 tokens: Q6_K, and Q4_K with other row counts; ggml's tiled K-quant matmul): per super-block
-//          res = d*s (Q4_K: res = fma(-dmin, s_min, d*s)), acc[0] = fma(res, dy, acc[0]); out = acc[0].
-//   LANES  (Q6_K, < 8 tokens; ggml_vec_dot_q6_K_q8_K): eight lanes, lane l the integer sum over the eight 32-value
-//          chunks c of sc[2c + l/4] * (bytes 4l..4l+3 of chunk c, unsigned quants) minus 32 * (bsums[2l]*sc[2l] +
-//          bsums[2l+1]*sc[2l+1]); acc[l] = fma(dy*d, lane_l, acc[l]); out = ((a4+a0)+(a6+a2)) + ((a5+a1)+(a7+a3)).
-//          Q4_K with rows % 8 != 0 and < 8 tokens (llama.cpp: its vec_dot) takes TILED: rounding-level apart.
-enum CpuOrder { REPACK, TILED, LANES };
+// order of the kernel llama.cpp's x86 AVX2 build runs for the matrix in its model path as we load it (weights in
+// plain buffers: llama_model_params.use_extra_bufts off, so no CPU_REPACK / AMX layouts), so that the engine
+// reproduces llama.cpp CPU's outputs bit for bit:
+//   TILED  (>= 8 tokens, Q4_K and Q6_K; ggml's tiled K-quant matmul): per super-block res = d*s (Q4_K:
+//          res = fma(-dmin, s_min, d*s)), acc[0] = fma(res, dy, acc[0]); out = acc[0].
+//   LANES  (< 8 tokens; ggml_vec_dot_q4_K_q8_K / ggml_vec_dot_q6_K_q8_K): eight lanes, lane l the integer sum over
+//          the eight 32-value chunks c of the sub-block scale times the dot of bytes 4l..4l+3 of chunk c
+//          (Q6_K: sc[2c + l/4], unsigned quants, minus 32 * (bsums[2l]*sc[2l] + bsums[2l+1]*sc[2l+1]); Q4_K:
+//          sc[c]); acc[l] = fma(dy*d, lane_l, acc[l]); out = ((a4+a0)+(a6+a2)) + ((a5+a1)+(a7+a3)); Q4_K adds
+//          four min lanes, acc[8+p] = fma(-dy*dmin, m[2p]*(bsums[4p]+bsums[4p+1]) + m[2p+1]*(...), acc[8+p]),
+//          as ((m0+m2)+(m1+m3)) after the eight.
+// llama.cpp's AVX512-VNNI build runs another tiled order (acc + res*dy, no fma) and 16-wide float vectors
+// elsewhere: against such a build the engine is rounding-level apart, which compare's provenance names.
+enum CpuOrder { TILED, LANES };
 
-void superblock_cpu_q4_K(const UnpackedRow &row, int64_t b, const block_q8_K &y, CpuOrder order, bool pairs,
-                         float *acc) {
-    int32_t is[8];
+// Float accumulators of one output in CPU semantics: eight lanes and Q4_K's four min lanes.
+constexpr int CPU_ACCUMULATORS = 12;
+
+void superblock_cpu_q4_K(const UnpackedRow &row, int64_t b, const block_q8_K &y, CpuOrder order, float *acc) {
     const uint8_t *q = row.q.data() + b * QK_K;
-    isums32x4(q, y.qs, is);
-    isums32x4(q + 128, y.qs + 128, is + 4);
     const int32_t *sc = row.scale.data() + b * 8, *m = row.min.data() + b * 8;
-    int32_t sumi[4], summ[4];
+    int32_t summ[4];
     for (int p = 0; p < 4; ++p) {
-        sumi[p] = sc[2 * p] * is[2 * p] + sc[2 * p + 1] * is[2 * p + 1];
         summ[p] = m[2 * p] * (y.bsums[4 * p] + y.bsums[4 * p + 1]) + m[2 * p + 1] * (y.bsums[4 * p + 2] + y.bsums[4 * p + 3]);
     }
-    const float d = (float)row.d[b], dmin = (float)row.dmin[b];
-    if (order == REPACK && pairs) {
-        for (int p = 0; p < 4; ++p) {
-            acc[0] = std::fma((float)sumi[p], d * y.d, acc[0]);
-            acc[1] = std::fma((float)summ[p], dmin * y.d, acc[1]);
-        }
+    if (order == TILED) {
+        int32_t is[8];
+        isums32x4(q, y.qs, is);
+        isums32x4(q + 128, y.qs + 128, is + 4);
+        int32_t s = 0;
+        for (int j = 0; j < 8; ++j) s += sc[j] * is[j];
+        const int32_t s_min = summ[0] + summ[1] + summ[2] + summ[3];
+        const float d = (float)row.d[b], dmin = (float)row.dmin[b];
+        acc[0] = std::fma(std::fma(-dmin, (float)s_min, d * (float)s), y.d, acc[0]);
         return;
     }
-    const int32_t s = sumi[0] + sumi[1] + sumi[2] + sumi[3], s_min = summ[0] + summ[1] + summ[2] + summ[3];
-    if (order == REPACK) {
-        acc[0] = std::fma((float)s, d * y.d, acc[0]);
-        acc[1] = std::fma((float)s_min, dmin * y.d, acc[1]);
-    } else {
-        acc[0] = std::fma(std::fma(-dmin, (float)s_min, d * (float)s), y.d, acc[0]);
+    int32_t lane[8];
+#if defined(CIQ_ISA_AVX2) || defined(CIQ_ISA_AVXVNNI)
+    __m256i sum = _mm256_setzero_si256();
+    for (int c = 0; c < 8; ++c) {
+        sum = _mm256_add_epi32(sum, _mm256_mullo_epi32(_mm256_set1_epi32(sc[c]), dot4(q + 32 * c, y.qs + 32 * c)));
     }
+    _mm256_storeu_si256((__m256i *)lane, sum);
+#else
+    for (int l = 0; l < 8; ++l) {
+        lane[l] = 0;
+        for (int c = 0; c < 8; ++c) {
+            int32_t dot = 0;
+            for (int e = 0; e < 4; ++e) dot += (int32_t)q[32 * c + 4 * l + e] * y.qs[32 * c + 4 * l + e];
+            lane[l] += sc[c] * dot;
+        }
+    }
+#endif
+    const float d = y.d * (float)row.d[b], dmin = -y.d * (float)row.dmin[b];
+    for (int l = 0; l < 8; ++l) acc[l] = std::fma(d, (float)lane[l], acc[l]);
+    for (int p = 0; p < 4; ++p) acc[8 + p] = std::fma(dmin, (float)summ[p], acc[8 + p]);
 }
 
 void superblock_cpu_q6_K(const UnpackedRow &row, int64_t b, const block_q8_K &y, CpuOrder order, float *acc) {
@@ -257,10 +273,10 @@ std::vector<int32_t> q8_1_mmq_sums16(const block_q8_1_mmq *x, int64_t tokens, in
 }
 
 // The float result of one output's CPU-semantics accumulators (see CpuOrder).
-inline float finish_cpu(CpuOrder order, const float *a) {
-    if (order == REPACK) return a[0] - a[1];
+inline float finish_cpu(ciq_type type, CpuOrder order, const float *a) {
     if (order == TILED) return a[0];
-    return ((a[4] + a[0]) + (a[6] + a[2])) + ((a[5] + a[1]) + (a[7] + a[3]));
+    const float lanes = ((a[4] + a[0]) + (a[6] + a[2])) + ((a[5] + a[1]) + (a[7] + a[3]));
+    return type == CIQ_TYPE_Q4_K ? lanes + ((a[8] + a[10]) + (a[9] + a[11])) : lanes;
 }
 
 inline void store(void *out, int64_t index, double value, ciq_out_type out_type) {
@@ -282,7 +298,7 @@ ciq_status CIQ_FN(ciq_cpu_gemm)(ciq_semantics semantics, ciq_type type, const vo
     const int64_t nb = k / QK_K;
     const size_t row_bytes = ciq_weight_row_bytes(type, k);
     const bool mmq = semantics == CIQ_SEMANTICS_MMQ;
-    const CpuOrder order = type == CIQ_TYPE_Q4_K ? (rows % 8 == 0 ? REPACK : TILED) : (tokens >= 8 ? TILED : LANES);
+    const CpuOrder order = tokens >= 8 ? TILED : LANES;
     const block_q8_K *x8 = (const block_q8_K *)x_quantized;
     const block_q8_1_mmq *x1 = (const block_q8_1_mmq *)x_quantized;
     std::vector<int32_t> bsum16;
@@ -301,7 +317,7 @@ ciq_status CIQ_FN(ciq_cpu_gemm)(ciq_semantics semantics, ciq_type type, const vo
             row.mmq_b.resize(nb * 8);
         }
         double acc[ROW_TILE][TOKEN_TILE];           // MMQ semantics: float64 sums, rounded once
-        float facc[ROW_TILE][TOKEN_TILE][8];        // CPU semantics: llama.cpp's float32 accumulators
+        float facc[ROW_TILE][TOKEN_TILE][CPU_ACCUMULATORS];  // CPU semantics: llama.cpp's float32 accumulators
 #pragma omp for schedule(dynamic, 1)
         for (int64_t rt = 0; rt < row_tiles; ++rt) {
             const int64_t r0 = rt * ROW_TILE;
@@ -319,7 +335,7 @@ ciq_status CIQ_FN(ciq_cpu_gemm)(ciq_semantics semantics, ciq_type type, const vo
                 for (int i = 0; i < nr; ++i) {
                     for (int j = 0; j < nt; ++j) {
                         acc[i][j] = 0;
-                        for (int l = 0; l < 8; ++l) facc[i][j][l] = 0.0f;
+                        for (int l = 0; l < CPU_ACCUMULATORS; ++l) facc[i][j][l] = 0.0f;
                     }
                 }
                 for (int64_t b = 0; b < nb; ++b) {
@@ -330,7 +346,7 @@ ciq_status CIQ_FN(ciq_cpu_gemm)(ciq_semantics semantics, ciq_type type, const vo
                             if (!mmq) {
                                 const block_q8_K &y = x8[t * nb + b];
                                 if (type == CIQ_TYPE_Q4_K) {
-                                    superblock_cpu_q4_K(row, b, y, order, t < tokens - tokens % 4, facc[i][j]);
+                                    superblock_cpu_q4_K(row, b, y, order, facc[i][j]);
                                 } else {
                                     superblock_cpu_q6_K(row, b, y, order, facc[i][j]);
                                 }
@@ -345,7 +361,7 @@ ciq_status CIQ_FN(ciq_cpu_gemm)(ciq_semantics semantics, ciq_type type, const vo
                 }
                 for (int i = 0; i < nr; ++i) {
                     for (int j = 0; j < nt; ++j) {
-                        store(out, (t0 + j) * rows + r0 + i, mmq ? acc[i][j] : (double)finish_cpu(order, facc[i][j]),
+                        store(out, (t0 + j) * rows + r0 + i, mmq ? acc[i][j] : (double)finish_cpu(type, order, facc[i][j]),
                               out_type);
                     }
                 }
