@@ -93,6 +93,7 @@ bool ggml_backend_supports_op(struct ggml_backend * backend, const struct ggml_t
 struct ggml_backend_buffer * ggml_backend_alloc_ctx_tensors(struct ggml_context * ctx,
                                                             struct ggml_backend * backend);
 void ggml_backend_buffer_free(struct ggml_backend_buffer * buffer);
+const char * ggml_backend_buffer_name(struct ggml_backend_buffer * buffer);
 void ggml_backend_tensor_set(struct ggml_tensor * tensor, const void * data, size_t offset, size_t size);
 void ggml_backend_tensor_get(const struct ggml_tensor * tensor, void * data, size_t offset, size_t size);
 int ggml_backend_graph_compute(struct ggml_backend * backend, struct ggml_cgraph * cgraph);
@@ -386,7 +387,8 @@ class _Graph(Closeable):
     def _finish(self, outputs, graph_size, dev, device, unsupported: str | None, allocation: str) -> None:
         """The graph over `outputs` in self._ctx, a backend on `dev` that runs the first output's op (else
         UnsupportedTypeError(unsupported); None: not asked), the context's tensors in its default buffer type (plain
-        layout: no CPU repacking; BackendError naming `allocation` when that fails)."""
+        layout: none of the CPU's extra buffer types, so neither repacking nor the AMX mul_mat that crashes on Q4_K;
+        buffer_name says which; BackendError naming `allocation` when that fails)."""
         lib = self._lib
         self._graph = lib.ggml_new_graph_custom(self._ctx, graph_size, False)
         for out in outputs:
@@ -399,6 +401,7 @@ class _Graph(Closeable):
         self._buffer = lib.ggml_backend_alloc_ctx_tensors(self._ctx, self._backend)
         if self._buffer == ffi.NULL:
             raise BackendError(f"cannot allocate {allocation} on {device}")
+        self.buffer_name = ffi.string(lib.ggml_backend_buffer_name(self._buffer)).decode()
 
 
 def _set_threads(lib, dev, backend, threads) -> None:

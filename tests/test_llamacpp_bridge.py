@@ -90,6 +90,9 @@ def test_mul_mat_graph_copies_match_mul_mat(rng):
                for _ in range(copies)]
     x = rng.standard_normal((tokens, k), dtype=np.float32)
     with MulMatGraph(BRIDGE, "CPU", Q4_K, rows, k, tokens, copies=copies, threads=2) as graph:
+        # the CPU backend's plain buffer: none of its extra buffer types (the AMX mul_mat that crashes on Q4_K, the
+        # repacked layouts), whatever the CPU has (issue 35)
+        assert graph.buffer_name == "CPU"
         graph.set_weights(weights)
         graph.set_input(x)
         graph.compute()
