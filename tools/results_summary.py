@@ -5,6 +5,7 @@ The raw measurements left the working tree at 41d23b3 (tag results-archive-1); t
 needs no checkout of them:
 
     python3 tools/results_summary.py            # rewrites bench/results/summary/ (run from the repository root)
+    python3 tools/results_summary.py --index    # the table of bench/results/README.md
 
 Each summary keeps the run's device, GPU clocks line, our commit and llama.cpp's, and per source file its figures
 (bench rows, compare arms and pairs, test and sanitizer summary lines); `source` names the archived file
@@ -53,7 +54,8 @@ CLAIMS = {
                           [C + "mmvq-accuracy-gemma3-270m.json"]),
     "gemm-crossover": ("where wgmma starts to beat MMQ",
                        [H + "offload-3f4cfb3/offload-wgmma-llama3-8b.json", H + "offload-3f4cfb3/offload-gemma3-270m.json"]),
-    "gemm-q32": ("the GPU q32 kernel vs MMQ", [H + "offload-3f4cfb3/offload-q32-8b-shapes.json"]),
+    "gemm-q32": ("the GPU q32 kernel vs MMQ", [H + "offload-3f4cfb3/offload-q32-8b-shapes.json",
+                                                 H + "offload-3f4cfb3/offload-gemma3-270m.json"]),
     "gemm-output-row": ("Gemma's Q8_0 output row at 1 and 8 tokens", [H + "split-3367ca4/output-row-q8_0.json"]),
     "gemm-wmma": ("the WMMA family vs MMQ", [H + "llama3-8b-n512.json", H + "seed6.json"]),
     "gemm-captured-cpu": ("Q4_K/Q6_K GEMMs on llama.cpp CPU's captured activations", [C + "diff-prompt-gemma3-270m.json"]),
@@ -93,8 +95,10 @@ CLAIMS = {
                                                                    for s in ("512-fast", "512-fast-graph",
                                                                              "4096-fast", "4096-fast-graph")]),
     "prefill-attention-split": ("attention split over the keys, prefill A/B",
-                                [H + f"split-3367ca4/prefill-gemma3-270m-4096-fast-graph-split{i}.json" for i in (0, 1)]),
-    "prefill-fusion": ("API v11's fusions A/B", [H + f"fusion-7c5ac0a/prefill-llama3-8b-512-fast-graph-fuse{f}-tail1.json" for f in (0, 1)]),
+                                [H + f"split-3367ca4/prefill-gemma3-270m-4096-fast-graph-split{i}.json" for i in (0, 1)]
+                                + [H + "split-3367ca4/prefill-gemma3-270m-512-split-ab-console.txt"]),
+    "prefill-fusion": ("API v11's fusions A/B", [H + f"fusion-7c5ac0a/prefill-{m}-512-fast-graph-fuse{f}-tail1.json"
+                                               for m in ("llama3-8b", "gemma3-270m") for f in (0, 1)]),
     "ops-glu": ("the vectorized GLU and its fusion into down's f16 conversion", [H + "ops-d27bb3d/ops-timing.json"]),
     "ops-vs-llamacpp": ("our llama.cpp-order ops against llama.cpp's own", [H + "ops-5ec6c6e/pytest-gpu-ops-vs-llamacpp.txt"]),
     "ops-norm-rope": ("ciq_rms_norm_rope against ggml-cuda's fused RMS_NORM + MUL + ROPE",
@@ -122,7 +126,13 @@ CLAIMS = {
                    [H + f"issue16-f56790f/sanitizer-{t}-wgmma-group-glu.txt" for t in ("memcheck", "racecheck")]
                    + [H + f"issue16-4a93705/sanitizer-{t}-{k}.txt" for t in ("memcheck", "racecheck")
                       for k in ("wgmma-rs", "attention-wgmma")]
-                   + [H + f"fidelity-f8ae543/sanitizer-{t}-engine.txt" for t in ("memcheck", "racecheck")]),
+                   + [H + f"fidelity-f8ae543/sanitizer-{t}-engine.txt" for t in ("memcheck", "racecheck")]
+                   + [H + f"{d}/sanitizer-{t}-{k}.txt" for d, k in (
+                       ("gemm-streamk-9c75ce8/first-rule-fd020b7", "wgmma-stream-k"), ("mends-f4cfd12", "fusion"),
+                       ("wgmma-block32-8306a9d", "block32"), ("fidelity-76fd922", "seams"))
+                      for t in ("memcheck", "racecheck")]),
+    "gemm-wgmma-block32": ("wgmma on Q4_0/Q5_0/Q8_0 (K a multiple of 64): GPU tests",
+                           [H + "wgmma-block32-8306a9d/pytest-gpu-block32.txt"]),
     "gpu-memory": ("device memory under repetition", [H + "gpu-memory-repeat-ac2ab62.json"]),
 }
 
@@ -198,7 +208,20 @@ def summarize(path: str) -> dict:
     return entry
 
 
+def index_rows() -> str:
+    """The summaries table of bench/results/README.md."""
+    rows = []
+    for claim_id, (claim, paths) in CLAIMS.items():
+        dirs = sorted({p.removeprefix("bench/results/").rsplit("/", 1)[0] for p in paths})
+        where = ", ".join(f"`{d}/`" for d in dirs) if len(dirs) <= 3 else f"{len(dirs)} folders (`files` in it)"
+        rows.append(f"| [`{claim_id}`](summary/{claim_id}.json) | {claim} | {where} |")
+    return "\n".join(rows)
+
+
 def main() -> int:
+    if sys.argv[1:] == ["--index"]:
+        print(index_rows())
+        return 0
     out = Path("bench/results/summary")
     out.mkdir(parents=True, exist_ok=True)
     for claim_id, (claim, paths) in CLAIMS.items():
