@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 ARCHIVE = "results-archive-1"   # = 41d23b3
-H, C = "bench/results/h200/", "bench/results/cpu/"
+H, C = "bench/results/h200/", "bench/results/cpu/"   # paths inside the archive
 
 # claim id -> (the claim, archived files). STATUS.md's rows name these ids.
 CLAIMS = {
