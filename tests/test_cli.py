@@ -148,7 +148,7 @@ def test_usage_errors_exit_2(argv):
 
 
 def test_bench_plot_from_saved_results(tmp_path):
-    saved = Path(__file__).resolve().parent.parent / "bench" / "results" / "h200" / "seed6.json"
+    saved = Path(__file__).resolve().parent.parent / "bench" / "results" / "bench-gemm-seed6-4a93705.json"
     rc, _, err = ggml_ciq("bench", "plot", "--json", saved, "--plot", tmp_path / "p.png")
     assert rc == 0, err
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1154,7 +1154,7 @@ def test_ops_equal_llamacpp_bit_for_bit(llama, native_lib, rng, device, kind, sh
             pytest.skip("needs llama.cpp built with CUDA (GGML_CIQ_LLAMACPP_LIB)")
     elif kind == "swiglu":
         pytest.skip("not claimed: ggml CPU's SwiGLU uses its vectorized SiLU (exp approximation), ours libm's expf; "
-                    "NMSE 2.0e-16..2.9e-16 (bench/results/cpu/swiglu-vs-ggml-cpu.txt)")
+                    "NMSE 2.0e-16..2.9e-16 (results-archive-1:bench/results/cpu/swiglu-vs-ggml-cpu.txt)")
     ops = PoisonedOps(device, op_order="llamacpp_cuda" if device == "cuda" else "host")
     x = (rng.standard_normal(shape) * 3).astype(np.float32)
     eps, base, s = 1e-6, 1e6 if shape[-1] == 256 else 1e4, 0.0625

@@ -37,7 +37,7 @@
 #   tools/gpu_run.sh graph-bench  issue 16: our Gemma prefill eager vs CUDA graphs at 512 and 4096 tokens (stage)
 #   tools/gpu_run.sh compare    engine vs llama.cpp CUDA and the float64 reference: Gemma 3 270M at 512 and 4096
 #                               tokens; synthetic Llama-3-8B at 512 and 2048 (speed) -> $OUT (needs stage, wait)
-#   tools/gpu_run.sh bench      bench/results/h200 set (llama3-8b n=512/2048, seed6) as JSON under $OUT (plot them
+#   tools/gpu_run.sh bench      the `bench gemm` set (llama3-8b n=512/2048, seed6) as JSON under $OUT (plot them
 #                               here with `ggml-ciq bench plot`: the machine's matplotlib fails to import)
 # The ggml plugin (issue 15, docs/PLUGIN.md; after setup + wait; the Gemma steps after stage):
 #   tools/gpu_run.sh plugin-check   `ggml-ciq info`, pytest tests/test_plugin.py (its GPU test), test-backend-ops
@@ -76,7 +76,7 @@
 # carried .device, so `stage` .device-extra after it. The tracked tree is 33.1 MB: beside .device (33.0 MB) the setup
 # call has ~1 MB of its 64 MiB left; commit results small (gzip, no plots) or shrink .device first. A NO_LLAMA=1 setup
 # (lib-ab, our tests) needs only .device/whl, .device/llama_cpp_python.tar.gz and .device/LLAMACPP_COMMIT in carry.
-# Issue 16's bars were all met at 4a93705 (bench/results/h200/issue16-4a93705). On the GPU machine next: the CPU
+# Issue 16's bars were all met at 4a93705 (results-archive-1:bench/results/h200/issue16-4a93705). On the GPU machine next: the CPU
 # last-token test with the whole Gemma staged (`test tests/test_engine.py -k last_token`: llama.cpp CPU gets no GPU
 # device since 84f493d; it failed before, passing with CUDA_VISIBLE_DEVICES=). Prepare every edit before the lease:
 # the machine goes back 30 s after a call, with /tmp.
