@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 PATH = Path(__file__).resolve().parent.parent / "tools" / "gpu.py"
-SPEC = importlib.util.spec_from_file_location("gpu_runner", PATH)
+SPEC = importlib.util.spec_from_file_location("tools_gpu", PATH)
 gpu = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(gpu)
 
@@ -80,6 +80,7 @@ def test_order_alternates_across_repetitions():
     ["ab", "--grid", "X=1", "--repeat", "two", "--", "true"],
     ["ab", "--libs", "old", "--", "true"],
     ["run", "--env", "NOEQUALS", "--", "true"],
+    ["ab", "--env", "1=2", "--grid", "X=1", "--", "true"],
     ["pack", "a b"],
     ["nosuchverb"],
 ])
@@ -136,6 +137,18 @@ def test_ab_reads_stdout_substitutes_grid_keys_and_unsets_empty_values(out, caps
                ("xdefault-n3", "xdefault-n4", "x5-n3", "x5-n4")}
     assert results["xdefault-n3"] == {"x": None, "n": "3", "env": None}
     assert results["x5-n4"] == {"x": "5", "n": "4", "env": None}
+
+
+def test_ab_env_is_set_in_every_cell_and_an_empty_flag_is_dropped(out, capsys):
+    code = "import json, os, sys; print(json.dumps(dict(y=os.environ.get('Y'), args=sys.argv[1:])))"
+    rc, _, _ = run_main(["ab", "--env", "Y={OUT}", "--grid", "flag=,--cuda-graph", "--repeat", "1", "--", "python3",
+                         "-c", code, "{flag}", "x{flag}"], capsys)
+    assert rc == 0
+    result = {c: json.loads((out / "ab" / f"{c}.json").read_text())["runs"][0]["result"] for c in
+              ("flagdefault", "flag__cuda_graph")}
+    assert result["flagdefault"] == {"y": str(out), "args": ["x"]}
+    assert result["flag__cuda_graph"] == {"y": str(out), "args": ["--cuda-graph", "x--cuda-graph"]}
+    assert json.loads((out / "ab.json").read_text())["env"] == ["Y={OUT}"]
 
 
 def test_ab_records_a_failing_run_and_exits_1(out, capsys):
@@ -254,3 +267,22 @@ def test_the_plan_keeps_every_call_within_64_mib():
 def test_test_verb_passes_pytest_options_through():
     args = gpu.build_parser().parse_args(gpu.separate(["test", "--name", "cuda", "-k", "llamacpp", "tests/x.py"]))
     assert args.name == "cuda" and gpu.strip_separator(args.pytest_args) == ["-k", "llamacpp", "tests/x.py"]
+
+
+def test_wait_reports_built_failed_and_still_building_jobs(out, capsys):
+    env = gpu.environment()
+    assert gpu.start_job("good", ["echo built > /dev/null", "echo done"], env, False) == "good: started"
+    assert gpu.start_job("bad", ["echo compiling", "exit 3"], env, False) == "bad: started"
+    rc, stdout, _ = run_main(["wait", "--timeout", "20", "--poll", "0.05"], capsys)
+    assert rc == 1 and "good: exit 0" in stdout and "bad: exit 3" in stdout and "compiling" in stdout
+    assert gpu.start_job("good", ["exit 9"], env, False) == "good: built"  # a built job is left alone
+    gpu.start_job("slow", ["sleep 30"], env, False)
+    rc, stdout, _ = run_main(["wait", "--timeout", "0.2", "--poll", "0.05"], capsys)
+    assert rc == 1 and "slow: still building" in stdout
+    pid = int((gpu.paths()["jobs"] / "slow.pid").read_text())
+    gpu.os.killpg(pid, gpu.signal.SIGKILL)  # the job this test started, by its process group
+
+
+def test_wait_without_setup_is_a_one_line_error(out, capsys):
+    rc, _, stderr = run_main(["wait"], capsys)
+    assert rc == 2 and stderr.count("\n") == 1

@@ -91,13 +91,35 @@ def placeholders() -> dict:
 
 
 def substitute(argv: list, values: dict) -> list:
-    """{name} in each argument replaced by values[name]; other braces are left as they are (python -c code)."""
+    """{name} in each argument replaced by values[name]; other braces are left as they are (python -c code). An
+    argument that is one placeholder alone and comes out empty is left out (a grid value '' drops a flag)."""
     result = []
     for arg in argv:
+        whole = arg.startswith("{") and arg.endswith("}") and arg[1:-1] in values
         for key, value in values.items():
             arg = arg.replace("{" + key + "}", value)
-        result.append(arg)
+        if arg or not whole:
+            result.append(arg)
     return result
+
+
+def set_env(env: dict, settings: dict) -> dict:
+    """KEY=VALUE settings into env ({gemma}, {plugin}... replaced in the values); an empty value unsets KEY."""
+    for key, value in settings.items():
+        value = substitute([value], placeholders())[0]
+        if value:
+            env[key] = value
+        else:
+            env.pop(key, None)
+    return env
+
+
+def parse_env(settings: list) -> dict:
+    pairs = [s.partition("=") for s in settings]
+    bad = [s for s, (key, eq, _) in zip(settings, pairs) if not eq or not KEY_RE.fullmatch(key)]
+    if bad:
+        raise UsageError(f"--env {bad[0]!r}: expected KEY=VALUE")
+    return {key: value for key, _, value in pairs}
 
 
 def resolve(argv: list) -> list:
@@ -219,13 +241,14 @@ def ab(args) -> int:
         raise UsageError("ab: no --grid and no --libs")
     if not NAME_RE.fullmatch(args.name):
         raise UsageError(f"--name {args.name!r}: letters, digits, '.', '_', '-' only")
+    parse_env(args.env)
     cells = expand(axes)
     in_command = {k for _, settings in cells for k in settings if any("{" + k + "}" in a for a in command)}
     out, scratch = out_dir(), TMP / "gpu-ab" / args.name
     (out / args.name).mkdir(parents=True, exist_ok=True)
     scratch.mkdir(parents=True, exist_ok=True)
     writes_file = any("{out}" in a for a in command)
-    index = {"name": args.name, "command": command, "grid": list(args.grid), "libs": args.libs,
+    index = {"name": args.name, "command": command, "grid": list(args.grid), "env": list(args.env), "libs": args.libs,
              "repeat": args.repeat, "commit": environment().get("GGML_CIQ_COMMIT"), "order": [], "runs": [],
              "complete": True}
     records = {name: {"cell": name, "settings": settings, "command": command, "runs": []} for name, settings in cells}
@@ -265,14 +288,8 @@ def run_cell(args, command, name, settings, rep, position, in_command, scratch, 
     result_path, log, stdout = Path(f"{stem}.json"), Path(f"{stem}.log"), Path(f"{stem}.stdout")
     for f in (result_path, log, stdout):
         f.unlink(missing_ok=True)
-    env = environment()
-    for key, value in settings.items():
-        if key in in_command:
-            continue
-        if value:
-            env[key] = value
-        else:
-            env.pop(key, None)
+    env = set_env(set_env(environment(), parse_env(args.env)),
+                  {k: v for k, v in settings.items() if k not in in_command})
     values = placeholders() | {"out": str(result_path), "cell": name, "rep": str(rep + 1)}
     values |= {k: v for k, v in settings.items() if k in in_command}
     argv = resolve(substitute(command, values))
@@ -519,12 +536,7 @@ def run(args) -> int:
     name = args.name or re.sub(r"[^A-Za-z0-9._-]", "_", Path(command[0]).name)
     if not NAME_RE.fullmatch(name):
         raise UsageError(f"--name {name!r}: letters, digits, '.', '_', '-' only")
-    env = environment()
-    for setting in args.env:
-        key, eq, value = setting.partition("=")
-        if not eq or not KEY_RE.fullmatch(key):
-            raise UsageError(f"--env {setting!r}: expected KEY=VALUE")
-        env[key] = substitute([value], placeholders())[0]
+    env = set_env(environment(), parse_env(args.env))
     log = out_dir() / f"{name}.txt"
     log.unlink(missing_ok=True)
     rc, seconds = execute(resolve(substitute(command, placeholders())), env, log, args.timeout,
@@ -805,12 +817,14 @@ def build_parser() -> Parser:
     p = sub.add_parser("ab", help="a grid of settings x a command: one JSON per cell + NAME.json under $OUT",
                        description="Runs the command once per cell and repetition, the cells in grid order, then "
                        "reversed, alternately. {out} in the command is the run's JSON file (else its stdout is read "
-                       "as JSON); {cell}, {rep}, {gemma}, {llama_bin}, {plugin}, {device} and a grid key written "
-                       "{KEY} are replaced; other keys are environment variables. -> $OUT/NAME/CELL.json (every "
+                       "as JSON); {cell}, {rep}, {gemma}, {llama_bin}, {plugin}, {device}, {OUT} and a grid key "
+                       "written {KEY} are replaced (an argument that is only {KEY} is dropped when its value is "
+                       "empty); other keys are environment variables, an empty value unsets one. -> $OUT/NAME/CELL.json (every "
                        "run's result and output tail) and $OUT/NAME.json (settings, order, exit codes).")
     p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
                    help="an axis; K1+K2=a+b,c+d sets keys together; an empty value unsets (repeatable)")
     p.add_argument("--libs", metavar="new,base,diagN", help="an axis over setup's library builds (GGML_CIQ_LIB)")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="set in every cell (repeatable)")
     p.add_argument("--repeat", type=int, default=2, help="rounds over the grid (default 2)")
     p.add_argument("--name", default="ab", help="the result files' name (default ab)")
     p.add_argument("--timeout", type=float, default=300, help="seconds per run (default 300)")
