@@ -257,11 +257,19 @@ def test_the_plan_keeps_every_call_within_64_mib():
     sizes = dict(items)
     calls = gpu.plan_calls(5 * mib, items)
     assert calls[0] == [".device", ".device-extra"]
-    assert [c for call in calls for c in call if "part" in c and "SUMS" not in c] == [p for p, _ in items[2:7]]
+    assert sorted(c for call in calls for c in call if "part" in c and "SUMS" not in c) == [p for p, _ in items[2:7]]
+    assert len(calls) == 6
     for call in calls:
         assert 5 * mib + sum(sizes[c] for c in call) <= gpu.CALL_LIMIT and len(call) <= 8
         assert any("part" in c for c in call) <= ("SHA256SUMS" in " ".join(call))
     assert gpu.auto_part_size(5 * mib) == 48 * mib and gpu.auto_part_size(33 * mib) == 30 * mib
+    # today's tree: 31 MiB parts, the last one beside the 8B's vocabulary
+    items = [(".device", 31 * mib), (".device-extra", 7 * mib)]
+    items += [(f".device-parts/{gpu.PART_PREFIX}{i:02d}", 31 * mib) for i in range(7)] + [
+        (f".device-parts/{gpu.PART_PREFIX}07", 24 * mib), (".device-parts/SHA256SUMS", 500)]
+    calls = gpu.plan_calls(32 * mib, items)
+    assert len(calls) == 9 and calls[1] == [".device-extra", f".device-parts/{gpu.PART_PREFIX}07",
+                                            ".device-parts/SHA256SUMS"]
 
 
 def test_test_verb_passes_pytest_options_through():
@@ -286,3 +294,22 @@ def test_wait_reports_built_failed_and_still_building_jobs(out, capsys):
 def test_wait_without_setup_is_a_one_line_error(out, capsys):
     rc, _, stderr = run_main(["wait"], capsys)
     assert rc == 2 and stderr.count("\n") == 1
+
+
+def test_ab_libs_axis_sets_each_build_and_its_commit(out, capsys, monkeypatch):
+    monkeypatch.setenv("GGML_CIQ_COMMIT", "new1234")
+    for build in ("ciq-build", "ciq-base", "ciq-diag1"):
+        (gpu.TMP / build).mkdir()
+        (gpu.TMP / build / "libggml_ciq.so").write_bytes(b"")
+    (gpu.TMP / "ciq-base-src").mkdir()
+    (gpu.TMP / "ciq-base-src" / "COMMIT").write_text("old5678\n")
+    code = "import json, os; print(json.dumps([os.environ['GGML_CIQ_LIB'], os.environ['GGML_CIQ_COMMIT']]))"
+    rc, _, _ = run_main(["ab", "--libs", "base,new,diag1", "--repeat", "1", "--", "python3", "-c", code], capsys)
+    assert rc == 0
+    result = {c: json.loads((out / "ab" / f"{c}.json").read_text())["runs"][0]["result"] for c in
+              ("base", "new", "diag1")}
+    assert result == {"base": [str(gpu.TMP / "ciq-base" / "libggml_ciq.so"), "old5678"],
+                      "new": [str(gpu.TMP / "ciq-build" / "libggml_ciq.so"), "new1234"],
+                      "diag1": [str(gpu.TMP / "ciq-diag1" / "libggml_ciq.so"), "new1234"]}
+    rc, _, stderr = run_main(["ab", "--libs", "diag2", "--", "true"], capsys)
+    assert rc == 2 and "ciq-diag2" in stderr

@@ -194,18 +194,15 @@ def cell_part(key: str, value: str) -> str:
 
 def lib_axis(names: str) -> list:
     """--libs new,base,diagN: GGML_CIQ_LIB (and the commit its results name) of setup's builds."""
-    p, commit = paths(), environment().get("GGML_CIQ_COMMIT", "")
+    p, ours = paths(), environment().get("GGML_CIQ_COMMIT", "")
     options = []
     for name in names.split(","):
-        if name == "new":
-            lib = p["ciq_build"]
-        elif name == "base":
+        lib, commit = (p["ciq_build"], ours) if name == "new" else (TMP / f"ciq-{name}", ours)
+        if name == "base":
             lib = p["base_build"]
             commit_file = p["base_src"] / "COMMIT"
             commit = commit_file.read_text().strip() if commit_file.is_file() else "baseline"
-        elif re.fullmatch(r"diag\d+", name):
-            lib = TMP / f"ciq-{name}"
-        else:
+        elif name != "new" and not re.fullmatch(r"diag\d+", name):
             raise UsageError(f"--libs {names!r}: {name!r} is none of new, base, diagN")
         if not (lib / "libggml_ciq.so").is_file():
             raise UsageError(f"--libs: no {lib / 'libggml_ciq.so'} (setup builds it: .baseline carried, --diag N)")
@@ -632,20 +629,22 @@ def folder_bytes(path: Path) -> int:
 
 
 def plan_calls(tree: int, items: list) -> list:
-    """[(carried path, bytes)] packed in order into calls of at most CALL_LIMIT with the tree and 8 paths, each call
-    with a part carrying SHA256SUMS too -> [[path, ...]]."""
+    """[(carried path, bytes)] into as few calls as first fit makes, each at most CALL_LIMIT with the tree and 8 paths,
+    each call with a part carrying SHA256SUMS too -> [[path, ...]]; the first item opens the first call."""
     sums, sizes = ".device-parts/SHA256SUMS", dict(items)
-    calls, current = [], []
+    calls = []
     for path, _ in items:
         if path == sums:
             continue
         need = [path] + ([sums] if PART_PREFIX in path else [])
-        merged = current + [c for c in need if c not in current]
-        if current and (tree + sum(sizes.get(c, 0) for c in merged) > CALL_LIMIT or len(merged) > 8):
-            calls.append(current)
-            merged = need
-        current = merged
-    return calls + ([current] if current else [])
+        for call in calls:
+            merged = call + [c for c in need if c not in call]
+            if tree + sum(sizes.get(c, 0) for c in merged) <= CALL_LIMIT and len(merged) <= 8:
+                call[:] = merged
+                break
+        else:
+            calls.append(need)
+    return calls
 
 
 def print_plan(part_size: int | None = None) -> int:
@@ -658,6 +657,8 @@ def print_plan(part_size: int | None = None) -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     print(f"the tree: {tree / MIB:.1f} MiB of the {CALL_LIMIT // MIB} MiB a call carries"
           + (f"; parts of {part_size / MIB:.0f} MiB" if part_size else ""))
+    if not items:
+        print("nothing prepared: python3 tools/gpu.py prepare")
     worst = 0
     for i, call in enumerate(plan_calls(tree, items), 1):
         size = tree + sum(sizes[c] for c in call)
@@ -878,8 +879,12 @@ def separate(argv: list) -> list:
 def main(argv: list | None = None) -> int:
     argv = separate(list(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(argv)
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)  # in order with the commands' output, through a pipe too
     try:
         return args.func(args)
+    except BrokenPipeError:
+        return 0
     except UsageError as e:
         print(f"gpu.py {args.verb}: error: {e}", file=sys.stderr)
         return 2
