@@ -79,6 +79,8 @@ def test_order_alternates_across_repetitions():
     ["ab", "--grid", "X=1", "--name", "a/b", "--", "true"],
     ["ab", "--grid", "X=1", "--repeat", "two", "--", "true"],
     ["ab", "--libs", "old", "--", "true"],
+    ["ab", "--grid", "X=1", "--repeat", "0", "--", "true"],
+    ["prepare", "--part-size", "0"],
     ["run", "--env", "NOEQUALS", "--", "true"],
     ["ab", "--env", "1=2", "--grid", "X=1", "--", "true"],
     ["pack", "a b"],
@@ -159,6 +161,7 @@ def test_ab_records_a_failing_run_and_exits_1(out, capsys):
     assert [c["rc"] for c in index["cells"]] == [[0], [3]]
     failed = json.loads((out / "ab" / "x3.json").read_text())["runs"][0]
     assert failed["result"] is None and "boom" in failed["output_tail"]
+    assert "ab r1 x3: exit 3 after" in stdout and stdout.rstrip().endswith("boom")
 
 
 def test_ab_stops_before_its_budget(out, capsys):

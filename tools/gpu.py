@@ -156,6 +156,12 @@ def execute(argv: list, env: dict, log: Path, timeout: float, stdout: Path | Non
     return rc, seconds
 
 
+def last_line(text: str) -> str:
+    """The last line of a command's output, not execute's own '== ' lines."""
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("== ")]
+    return lines[-1] if lines else ""
+
+
 def tail(path: Path, lines: int) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -238,6 +244,8 @@ def ab(args) -> int:
         raise UsageError("ab: no --grid and no --libs")
     if not NAME_RE.fullmatch(args.name):
         raise UsageError(f"--name {args.name!r}: letters, digits, '.', '_', '-' only")
+    if args.repeat < 1 or args.timeout <= 0:
+        raise UsageError(f"--repeat {args.repeat}, --timeout {args.timeout}: at least 1 and above 0")
     parse_env(args.env)
     cells = expand(axes)
     in_command = {k for _, settings in cells for k in settings if any("{" + k + "}" in a for a in command)}
@@ -262,8 +270,8 @@ def ab(args) -> int:
             longest = max(longest, run["seconds"])
             records[name]["runs"].append(run)
             index["runs"].append({k: run[k] for k in ("repetition", "position", "rc", "seconds")} | {"cell": name})
-            last = run["output_tail"].splitlines()[-1:] or [""]
-            print(f"{args.name} r{rep + 1} {name}: exit {run['rc']} after {run['seconds']:.1f} s  {last[0][:150]}")
+            print(f"{args.name} r{rep + 1} {name}: exit {run['rc']} after {run['seconds']:.1f} s  "
+                  f"{last_line(run['output_tail'])[:150]}")
             write_json(out / args.name / f"{name}.json", records[name])
             write_index(out / f"{args.name}.json", index, records, cells)
         if not index["complete"]:
@@ -489,8 +497,7 @@ def sanitize(args) -> int:
             rc, seconds = execute(["compute-sanitizer", "--tool", tool, "--error-exitcode", "9", sys.executable,
                                    "tools/sanitize_case.py"] + [c for c in case.split(",") if c],
                                   environment(), log, args.limit)
-            lines = [line for line in tail(log, 4).splitlines() if not line.startswith("==")] or [""]
-            print(f"{tool} {case or 'all'}: exit {rc} after {seconds:.0f} s  {lines[-1]}")
+            print(f"{tool} {case or 'all'}: exit {rc} after {seconds:.0f} s  {last_line(tail(log, 4))}")
             worst = worst or rc
     return worst
 
@@ -681,6 +688,8 @@ def auto_part_size(tree: int) -> int:
 
 def prepare(args) -> int:
     """Here, with network: what the GPU machine cannot download, into git-ignored folders that calls carry."""
+    if args.part_size is not None and args.part_size < 1:
+        raise UsageError(f"--part-size {args.part_size}: at least 1 (MiB)")
     if args.plan_only:
         return print_plan()
     if args.baseline:
