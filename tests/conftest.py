@@ -55,7 +55,7 @@ def gemma_model():
 @pytest.fixture(scope="session")
 def gemma_full(gemma_model):
     """The whole Gemma 3 270M file: skips on the K-quant-only extract the GPU machine uses until the whole file is
-    staged there (tools/gpu_run.sh stage)."""
+    staged there (tools/gpu.py stage)."""
     if "token_embd.weight" not in gemma_model.tensors:
         pytest.skip(f"{gemma_model.path} holds only Gemma's K-quant tensors, not the whole model")
     return gemma_model

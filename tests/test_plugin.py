@@ -138,7 +138,7 @@ def test_mul_mat_graph_on_the_plugin_device(plugin_path, cpu_device, offload_all
 
 @pytest.mark.gpu
 def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all, gemma_full):
-    """Over a CUDA llama.cpp (tools/gpu_run.sh plugin-check): Gemma 3 270M with devices CIQ0/CUDA0, every weight
+    """Over a CUDA llama.cpp (docs/GPU.md: the plugin's recipes): Gemma 3 270M with devices CIQ0/CUDA0, every weight
     MUL_MAT through the plugin (GGML_CIQ_OFFLOAD=all), against CUDA0 alone, flash attention off on both. The
     semantics differ (wgmma's f16 products, not MMQ's), so this is a sanity bar - a race against CUDA0's stream or a
     misread tensor gives unrelated logits - while llama-perplexity's KL divergence is the measured comparison."""

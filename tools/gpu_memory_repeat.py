@@ -1,8 +1,8 @@
 """Device memory under repetition (issue 17): thousands of GEMM calls and hundreds of engine prefills on one device,
 memory read after a warm-up and at the end; one JSON object on stdout (and --json FILE), exit 1 if memory grew.
 
-    tools/gpu_run.sh py tools/gpu_memory_repeat.py --json $OUT/gpu-memory-repeat.json     # on the H200
-    python3 tools/gpu_memory_repeat.py --device cpu --gemms 400 --prefills 40                # the same loop here
+    python3 tools/gpu.py run -- python3 tools/gpu_memory_repeat.py --json {OUT}/gpu-memory-repeat.json   # the H200
+    python3 tools/gpu_memory_repeat.py --device cpu --gemms 400 --prefills 40          # the same loop here
 
 GEMMs go through the Python API (native.gemm: weight uploaded and freed per call; GemmProblem.run: weight reused),
 cycling over every kernel variant the device has and 1..64 tokens, with a refused call (an unknown token count
@@ -14,7 +14,7 @@ otherwise, a new llama.cpp context every call (its buffers allocated and freed e
 cudaMemGetInfo's used bytes (the whole device: run nothing else on it), host memory the RSS; on --device cpu the RSS
 is the device memory.
 
-    tools/gpu_run.sh py tools/gpu_memory_repeat.py --plugin-prefills 200 --json $OUT/gpu-memory-repeat.json
+    python3 tools/gpu.py run -- python3 tools/gpu_memory_repeat.py --plugin-prefills 200 --json {OUT}/gpu-memory-repeat.json
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Two modes:
                     --log-file OUT.csv python3 tools/kernel_profile.py run ...
               (ncu serializes the kernels and times each alone: the sum is the GPU's busy time without overlap or
               the gaps between kernels. Under ncu every launch is intercepted, so the prefill's own wall time comes
-              from `ggml-ciq prefill --repeat 5` without it: tools/gpu_run.sh kernel-profile runs both.)
+              from `ggml-ciq prefill --repeat 5` without it: docs/GPU.md's recipe runs both.)
   summarize:  python3 tools/kernel_profile.py summarize OUT.csv [--wall-ms W] [--json J]
               The kernels of that one prefill grouped by name: count, total and share of the busy time; with the
               prefill's wall time (measured without ncu), the time no kernel ran.
