@@ -12,6 +12,7 @@ import numpy as np
 
 from . import quants
 from .errors import GGUFFileError
+from .gguf_writer import add_keep_quant, gguf_file
 
 DEFAULT_MODEL = "default"
 
@@ -68,12 +69,23 @@ def _add_default_vocab(writer, n_vocab: int) -> None:
     writer.add_unk_token_id(0)
 
 
-def _add_keep_quant(writer, name: str, ggml_type: int, w: np.ndarray) -> None:
-    """Float weights [rows, K] quantized by our numpy Q4_K/Q6_K quantizer, as a GGUF tensor."""
-    import gguf
-
-    data = quants.quantize_q4_K(w) if ggml_type == quants.Q4_K else quants.quantize_q6_K(w)
-    writer.add_tensor(name, data.reshape(w.shape[0], -1), raw_dtype=gguf.GGMLQuantizationType(ggml_type))
+def _add_default_shape(writer, name: str, rms_eps: float, key_value_length: bool = False) -> None:
+    """general.name and DEFAULT_SHAPE's hyperparameters (key_value_length: also the heads' key and value lengths)."""
+    s = DEFAULT_SHAPE
+    head_dim = s["n_embd"] // s["n_head"]
+    writer.add_name(name)
+    writer.add_context_length(s["n_ctx"])
+    writer.add_embedding_length(s["n_embd"])
+    writer.add_block_count(s["n_layer"])
+    writer.add_feed_forward_length(s["n_ff"])
+    writer.add_head_count(s["n_head"])
+    writer.add_head_count_kv(s["n_head_kv"])
+    if key_value_length:
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(rms_eps)
 
 
 def write_default_model(path: Path) -> Path:
@@ -83,45 +95,32 @@ def write_default_model(path: Path) -> Path:
     s = DEFAULT_SHAPE
     rng = np.random.default_rng(20261130)
     head_dim = s["n_embd"] // s["n_head"]
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name("ggml-ciq default (synthetic Llama, Q4_K_M mix)")
-    writer.add_context_length(s["n_ctx"])
-    writer.add_embedding_length(s["n_embd"])
-    writer.add_block_count(s["n_layer"])
-    writer.add_feed_forward_length(s["n_ff"])
-    writer.add_head_count(s["n_head"])
-    writer.add_head_count_kv(s["n_head_kv"])
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
-    _add_default_vocab(writer, s["n_vocab"])
+    with gguf_file(path, "llama") as writer:
+        _add_default_shape(writer, "ggml-ciq default (synthetic Llama, Q4_K_M mix)", 1e-5)
+        writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+        _add_default_vocab(writer, s["n_vocab"])
 
-    def add(name: str, ggml_type: int, rows: int, k: int):
-        _add_keep_quant(writer, name, ggml_type, _weight(rng, rows, k))
+        def add(name: str, ggml_type: int, rows: int, k: int):
+            add_keep_quant(writer, name, ggml_type, _weight(rng, rows, k))
 
-    def add_norm(name: str, n: int):
-        writer.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))
+        def add_norm(name: str, n: int):
+            writer.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))
 
-    e, f, kv = s["n_embd"], s["n_ff"], s["n_head_kv"] * head_dim
-    add("token_embd.weight", quants.Q4_K, s["n_vocab"], e)
-    for i in range(s["n_layer"]):
-        mixed = quants.Q6_K if i % 2 == 0 else quants.Q4_K  # Q4_K_M: Q6_K for half of attn_v / ffn_down
-        add_norm(f"blk.{i}.attn_norm.weight", e)
-        add(f"blk.{i}.attn_q.weight", quants.Q4_K, e, e)
-        add(f"blk.{i}.attn_k.weight", quants.Q4_K, kv, e)
-        add(f"blk.{i}.attn_v.weight", mixed, kv, e)
-        add(f"blk.{i}.attn_output.weight", quants.Q4_K, e, e)
-        add_norm(f"blk.{i}.ffn_norm.weight", e)
-        add(f"blk.{i}.ffn_gate.weight", quants.Q4_K, f, e)
-        add(f"blk.{i}.ffn_up.weight", quants.Q4_K, f, e)
-        add(f"blk.{i}.ffn_down.weight", mixed, e, f)
-    add_norm("output_norm.weight", e)
-    add("output.weight", quants.Q6_K, s["n_vocab"], e)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+        e, f, kv = s["n_embd"], s["n_ff"], s["n_head_kv"] * head_dim
+        add("token_embd.weight", quants.Q4_K, s["n_vocab"], e)
+        for i in range(s["n_layer"]):
+            mixed = quants.Q6_K if i % 2 == 0 else quants.Q4_K  # Q4_K_M: Q6_K for half of attn_v / ffn_down
+            add_norm(f"blk.{i}.attn_norm.weight", e)
+            add(f"blk.{i}.attn_q.weight", quants.Q4_K, e, e)
+            add(f"blk.{i}.attn_k.weight", quants.Q4_K, kv, e)
+            add(f"blk.{i}.attn_v.weight", mixed, kv, e)
+            add(f"blk.{i}.attn_output.weight", quants.Q4_K, e, e)
+            add_norm(f"blk.{i}.ffn_norm.weight", e)
+            add(f"blk.{i}.ffn_gate.weight", quants.Q4_K, f, e)
+            add(f"blk.{i}.ffn_up.weight", quants.Q4_K, f, e)
+            add(f"blk.{i}.ffn_down.weight", mixed, e, f)
+        add_norm("output_norm.weight", e)
+        add("output.weight", quants.Q6_K, s["n_vocab"], e)
     return path
 
 
@@ -132,71 +131,54 @@ def write_small_model(path: Path, architecture: str, seed: int = 0, drop: tuple[
     """A two-layer random model of one architecture with the default model's shapes and vocabulary, Q4_K/Q6_K
     weights (qwen2: q/k/v biases; qwen3, gemma3: q/k norms; gemma3: post norms, tied output), for engine tests.
     Tensors named in `drop` are left out (a broken file for error tests)."""
-    import gguf
-
     if architecture not in SMALL_ARCHITECTURES:
         raise GGUFFileError(f"no small-model recipe for {architecture} (have {', '.join(SMALL_ARCHITECTURES)})")
     s = DEFAULT_SHAPE
     rng = np.random.default_rng(seed)
     head_dim = s["n_embd"] // s["n_head"]
-    writer = gguf.GGUFWriter(str(path), architecture)
-    writer.add_name(f"ggml-ciq small {architecture} (random, Q4_K/Q6_K)")
-    writer.add_context_length(s["n_ctx"])
-    writer.add_embedding_length(s["n_embd"])
-    writer.add_block_count(s["n_layer"])
-    writer.add_feed_forward_length(s["n_ff"])
-    writer.add_head_count(s["n_head"])
-    writer.add_head_count_kv(s["n_head_kv"])
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-6)
-    if architecture == "gemma3":
-        writer.add_sliding_window(16)  # short, so that a test prompt crosses it
-    _add_default_vocab(writer, s["n_vocab"])
-
-    def add(name, ggml_type, rows, k):
-        if name not in drop:
-            _add_keep_quant(writer, name, ggml_type, _weight(rng, rows, k))
-
-    def add_f32(name, values):
-        if name not in drop:
-            writer.add_tensor(name, values.astype(np.float32))
-
-    def add_norm(name, n):
-        add_f32(name, 1.0 + 0.1 * rng.standard_normal(n))
-
-    e, f, kv = s["n_embd"], s["n_ff"], s["n_head_kv"] * head_dim
-    add("token_embd.weight", quants.Q6_K, s["n_vocab"], e)
-    for i in range(s["n_layer"]):
-        p = f"blk.{i}"
-        add_norm(f"{p}.attn_norm.weight", e)
-        add(f"{p}.attn_q.weight", quants.Q4_K, e, e)
-        add(f"{p}.attn_k.weight", quants.Q4_K, kv, e)
-        add(f"{p}.attn_v.weight", quants.Q6_K, kv, e)
-        if architecture == "qwen2":
-            add_f32(f"{p}.attn_q.bias", 0.5 * rng.standard_normal(e))
-            add_f32(f"{p}.attn_k.bias", 0.5 * rng.standard_normal(kv))
-            add_f32(f"{p}.attn_v.bias", 0.5 * rng.standard_normal(kv))
-        if architecture in ("qwen3", "gemma3"):
-            add_norm(f"{p}.attn_q_norm.weight", head_dim)
-            add_norm(f"{p}.attn_k_norm.weight", head_dim)
-        add(f"{p}.attn_output.weight", quants.Q4_K, e, e)
+    with gguf_file(path, architecture) as writer:
+        _add_default_shape(writer, f"ggml-ciq small {architecture} (random, Q4_K/Q6_K)", 1e-6, key_value_length=True)
         if architecture == "gemma3":
-            add_norm(f"{p}.post_attention_norm.weight", e)
-            add_norm(f"{p}.post_ffw_norm.weight", e)
-        add_norm(f"{p}.ffn_norm.weight", e)
-        add(f"{p}.ffn_gate.weight", quants.Q4_K, f, e)
-        add(f"{p}.ffn_up.weight", quants.Q4_K, f, e)
-        add(f"{p}.ffn_down.weight", quants.Q6_K, e, f)
-    add_norm("output_norm.weight", e)
-    if architecture != "gemma3":
-        add("output.weight", quants.Q6_K, s["n_vocab"], e)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+            writer.add_sliding_window(16)  # short, so that a test prompt crosses it
+        _add_default_vocab(writer, s["n_vocab"])
+
+        def add(name, ggml_type, rows, k):
+            if name not in drop:
+                add_keep_quant(writer, name, ggml_type, _weight(rng, rows, k))
+
+        def add_f32(name, values):
+            if name not in drop:
+                writer.add_tensor(name, values.astype(np.float32))
+
+        def add_norm(name, n):
+            add_f32(name, 1.0 + 0.1 * rng.standard_normal(n))
+
+        e, f, kv = s["n_embd"], s["n_ff"], s["n_head_kv"] * head_dim
+        add("token_embd.weight", quants.Q6_K, s["n_vocab"], e)
+        for i in range(s["n_layer"]):
+            p = f"blk.{i}"
+            add_norm(f"{p}.attn_norm.weight", e)
+            add(f"{p}.attn_q.weight", quants.Q4_K, e, e)
+            add(f"{p}.attn_k.weight", quants.Q4_K, kv, e)
+            add(f"{p}.attn_v.weight", quants.Q6_K, kv, e)
+            if architecture == "qwen2":
+                add_f32(f"{p}.attn_q.bias", 0.5 * rng.standard_normal(e))
+                add_f32(f"{p}.attn_k.bias", 0.5 * rng.standard_normal(kv))
+                add_f32(f"{p}.attn_v.bias", 0.5 * rng.standard_normal(kv))
+            if architecture in ("qwen3", "gemma3"):
+                add_norm(f"{p}.attn_q_norm.weight", head_dim)
+                add_norm(f"{p}.attn_k_norm.weight", head_dim)
+            add(f"{p}.attn_output.weight", quants.Q4_K, e, e)
+            if architecture == "gemma3":
+                add_norm(f"{p}.post_attention_norm.weight", e)
+                add_norm(f"{p}.post_ffw_norm.weight", e)
+            add_norm(f"{p}.ffn_norm.weight", e)
+            add(f"{p}.ffn_gate.weight", quants.Q4_K, f, e)
+            add(f"{p}.ffn_up.weight", quants.Q4_K, f, e)
+            add(f"{p}.ffn_down.weight", quants.Q6_K, e, f)
+        add_norm("output_norm.weight", e)
+        if architecture != "gemma3":
+            add("output.weight", quants.Q6_K, s["n_vocab"], e)
     return path
 
 

@@ -1,4 +1,4 @@
-"""ggml-ciq command line: diff, bench, prefill, compare, fetch, info. Errors print one line and exit 2."""
+"""ggml-ciq command line: diff, bench (gemm, attention, plot), prefill, compare, fetch, info. Errors: one line, exit 2."""
 
 from __future__ import annotations
 
@@ -86,6 +86,14 @@ class _Parser(argparse.ArgumentParser):
         command = self.prog.split(" ", 1)[1] + ": " if " " in self.prog else ""
         print(f"ggml-ciq: error: {command}{message} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(2)
+
+    def parse_known_args(self, args=None, namespace=None):
+        """A command's own parser (one without subcommands: diff, bench gemm, ...) refuses the arguments it does not
+        take itself, so that the error names the command whose --help lists what it takes."""
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras and self._subparsers is None and " " in self.prog:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
 
 
 def _whole(low: int, high: int | None = None):
@@ -266,37 +274,9 @@ def _bench_defaults(args) -> None:
         args.json = _as_check(_output_file(), "--json", args.json)
 
 
-def _check_bench(args) -> None:
+def _check_bench_gemm(args) -> None:
     from . import bench
 
-    attention_flags = ("--case", "--cases", "--kernels")
-    gemm_flags = ("--model", "--shape", "--shapes", "--tokens", "--variants", "--ab", "--no-ceiling")  # bench gemm's own
-    if args.op == "attention":
-        stray = _used(args, *gemm_flags, "--plot")
-        if stray:
-            raise CiqError(f"{', '.join(stray)} belong to bench gemm (bench attention takes --case, --cases, "
-                           f"--kernels)")
-        _bench_defaults(args)
-        if args.cases:
-            from . import attention_bench
-
-            attention_bench.case_set(args.cases)
-        if args.backend == "ciq-cuda" and args.threads is not None:
-            raise CiqError("--threads sets the CPU threads; --backend ciq-cuda runs on the GPU")
-        return
-    stray = _used(args, *attention_flags)
-    if stray:
-        raise CiqError(f"{', '.join(stray)} belong to bench attention")
-    if args.op == "plot":
-        stray = _used(args, "--backend", *gemm_flags, "--threads", "--repeat", "--no-llamacpp")
-        if stray:
-            raise CiqError(f"bench plot redraws a saved file (--json, --plot); {', '.join(stray)} belong to bench gemm")
-        if not args.json or not args.plot:
-            raise CiqError("bench plot needs --json SAVED_FILE and --plot OUT.png")
-        if not Path(args.json).is_file():
-            raise CiqError(f"bench plot: no saved results at {args.json}")
-        args.plot = _as_check(_output_file(".png", ".svg", ".pdf"), "--plot", args.plot)
-        return
     _bench_defaults(args)
     if args.shapes:
         bench.shape_set(args.shapes)
@@ -316,6 +296,29 @@ def _check_bench(args) -> None:
             raise CiqError(f"--ab takes two variants, e.g. --ab wmma,wmma-shared (got {len(args.ab)})")
     if args.plot:
         args.plot = _as_check(_output_file(".png", ".svg", ".pdf"), "--plot", args.plot)
+
+
+def _check_bench_attention(args) -> None:
+    _bench_defaults(args)
+    if args.cases:
+        from . import attention_bench
+
+        attention_bench.case_set(args.cases)
+    if args.backend == "ciq-cuda" and args.threads is not None:
+        raise CiqError("--threads sets the CPU threads; --backend ciq-cuda runs on the GPU")
+
+
+def _check_bench_plot(args) -> None:
+    if not args.json or not args.plot:
+        raise CiqError("bench plot needs --json SAVED_FILE and --plot OUT.png")
+    if not Path(args.json).is_file():
+        raise CiqError(f"bench plot: no saved results at {args.json}")
+    args.plot = _as_check(_output_file(".png", ".svg", ".pdf"), "--plot", args.plot)
+
+
+def _check_bench(args) -> None:
+    """bench's checks, per op (a flag of another op is argparse's: its subparser does not take it)."""
+    {"gemm": _check_bench_gemm, "attention": _check_bench_attention, "plot": _check_bench_plot}[args.op](args)
 
 
 def _as_check(parse, flag: str, value):
@@ -746,24 +749,26 @@ def _plugin_info(llama) -> str:
         return f"{path}: [red]{exc}[/]"
 
 
-def cmd_bench(args) -> int:
+def cmd_bench_plot(args) -> int:
+    from . import bench
+
+    try:
+        saved = json.loads(Path(args.json).read_text())
+    except (OSError, ValueError) as exc:
+        raise CiqError(f"bench plot: cannot read {args.json}: {exc}") from None
+    if saved.get("schema") == "docs/COMPARE_JSON.md":
+        from .compare import load_compare_json, plot_compare
+
+        plot_compare(load_compare_json(args.json), args.plot)
+    else:
+        bench.plot_json(args.json, args.plot)
+    return 0
+
+
+def cmd_bench_gemm(args) -> int:
     from . import bench, catalog
     from .model import ModelFile
 
-    if args.op == "attention":
-        return _bench_attention(args)
-    if args.op == "plot":
-        try:
-            saved = json.loads(Path(args.json).read_text())
-        except (OSError, ValueError) as exc:
-            raise CiqError(f"bench plot: cannot read {args.json}: {exc}") from None
-        if saved.get("schema") == "docs/COMPARE_JSON.md":
-            from .compare import load_compare_json, plot_compare
-
-            plot_compare(load_compare_json(args.json), args.plot)
-        else:
-            bench.plot_json(args.json, args.plot)
-        return 0
     shapes = list(args.shape or [])
     tokens = args.tokens
     if args.shapes:
@@ -779,7 +784,7 @@ def cmd_bench(args) -> int:
     return (_bench_cpu if args.backend == "ciq-cpu" else _bench_cuda)(args, shapes, tokens)
 
 
-def _bench_attention(args) -> int:
+def cmd_bench_attention(args) -> int:
     from . import attention_bench, bench, native
 
     device = "cuda" if args.backend == "ciq-cuda" else "cpu"
@@ -911,6 +916,15 @@ def _bench_ab(args, shapes, tokens, console) -> int:
 
 # ----------------------------------------------------------------------------------------------
 
+def _bench_flags(p) -> None:
+    """The flags bench gemm and bench attention share."""
+    p.add_argument("--backend", choices=("ciq-cpu", "ciq-cuda"), default=None, help="ciq-cpu (default) or ciq-cuda")
+    p.add_argument("--threads", type=_whole(1, MAX_THREADS), default=None)
+    p.add_argument("--repeat", type=_whole(1), default=None, help="timed runs per case (default 5)")
+    p.add_argument("--no-llamacpp", action="store_true", help="time our kernels only")
+    p.add_argument("--json", help="write the results here")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ggml-ciq", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -938,8 +952,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_diff)
 
     p = sub.add_parser("bench", help="benchmarks: gemm, attention, or plot a saved --json file")
-    p.add_argument("op", choices=("gemm", "attention", "plot"), help="gemm | attention | plot")
-    p.add_argument("--backend", choices=("ciq-cpu", "ciq-cuda"), default=None, help="ciq-cpu (default) or ciq-cuda")
+    bench_ops = p.add_subparsers(dest="op", required=True)
+
+    p = bench_ops.add_parser("gemm", help="our keep-quant GEMMs against llama.cpp's mul_mat on weight shapes")
+    _bench_flags(p)
     p.add_argument("--model", help="GGUF path or catalog name whose weight shapes to time")
     p.add_argument("--shape", type=_from_library(_shape), action="append", help="TYPE:ROWS:K (repeatable)")
     p.add_argument("--shapes", help="shape set: seed6 or llama3-8b")
@@ -947,20 +963,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated token counts (default: the set's, else 32)")
     p.add_argument("--variants", type=_from_library(_variants),
                    help="comma-separated GPU kernel variants (default: all available)")
-    p.add_argument("--no-llamacpp", action="store_true", help="time our kernels only")
     p.add_argument("--no-ceiling", action="store_true", help="skip the dense bf16 cuBLAS ceiling")
     p.add_argument("--ab", type=_from_library(_variants),
                    help="A,B: two variants timed alternately, per-shape ratio and geomean")
     p.add_argument("--plot", help="write grouped TFLOP/s bars (PNG; needs matplotlib)")
-    p.add_argument("--threads", type=_whole(1, MAX_THREADS), default=None)
-    p.add_argument("--repeat", type=_whole(1), default=None, help="timed runs per case (default 5)")
+    p.set_defaults(func=cmd_bench_gemm)
+
+    p = bench_ops.add_parser("attention", help="our attention kernels against llama.cpp's FLASH_ATTN_EXT per "
+                                               "prefill micro-batch")
+    _bench_flags(p)
     p.add_argument("--case", type=_from_library(_attention_case), action="append",
-                   help="attention: TOKENS:N_PAST:HEADS:HEADS_KV:HEAD_DIM[:WINDOW] (repeatable)")
-    p.add_argument("--cases", help="attention: case set gemma3-270m (default) or llama3-8b")
+                   help="TOKENS:N_PAST:HEADS:HEADS_KV:HEAD_DIM[:WINDOW] (repeatable)")
+    p.add_argument("--cases", help="case set gemma3-270m (default) or llama3-8b")
     p.add_argument("--kernels", type=_from_library(_attention_kernels),
-                   help="attention: comma-separated kernels (default: GPU simt,mma,mma_llamacpp,wgmma; CPU cpu,ggml)")
-    p.add_argument("--json", help="gemm, attention: write the results here; plot: the saved results to draw")
-    p.set_defaults(func=cmd_bench)
+                   help="comma-separated kernels (default: GPU simt,mma,mma_llamacpp,wgmma; CPU cpu,ggml)")
+    p.set_defaults(func=cmd_bench_attention)
+
+    p = bench_ops.add_parser("plot", help="redraw a saved --json file of bench gemm (GPU) or compare")
+    p.add_argument("--json", help="the saved results to draw")
+    p.add_argument("--plot", help="the figure to write (.png, .svg or .pdf; needs matplotlib)")
+    p.set_defaults(func=cmd_bench_plot)
 
     p = sub.add_parser("prefill", help="run a prompt through a GGUF model: tokens/s, next tokens, time by op class")
     p.add_argument("model", nargs="?", help="GGUF path or catalog name (default: the embedded default model)")

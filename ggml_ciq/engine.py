@@ -4,17 +4,9 @@ Architectures: llama (Llama 2/3, Mistral), qwen2 (q/k/v biases), qwen3 (per-head
 scale, q/k norms, post-attention/post-FFN norms, GELU gate, sliding-window layers, tied output); op order as in
 llama.cpp's src/models/*.cpp. Activations are [tokens, features], weights [out features, in features].
 
-The ops contract (NumpyOps here, ggml_ciq.ops.NativeOps in the native library; arrays rows-first, float32, K/V
-caches float16):
-  asarray(a), numpy(x), zeros(shape, dtype), get_rows(tensor, ids), rms_norm(x, weight | None, eps),
-  rope(x[T, H, D], positions, base, neox), attention(q[T, H, D], k_cache[C, Hkv, D], v_cache, n_past, scale,
-  window) -> [T, H*D], kv_store(cache, start, x), glu(gate, up, "silu" | "gelu"), add(a, b of a's shape or one
-  row), scale(x, s), load_weight(tensor), linear(weight, x[n, k]) -> [n, rows], timer(op_class), timings (complete
-  after settle_timings()), memory_bytes(). Optional, used where present: linear_group(weights, x, norm=(weight,
-  eps))/groups (one input, several weights, the input's norm fused in), rms_norm_rope, glu_linear(weight, gate, up,
-  kind, op_class, add=) (= linear(weight, glu(gate, up, kind)) + add), stack_weights(tensors) (q/k/v, gate/up as one
-  weight: LinearSet), and with `fuse` true linear(weight, x, add) (the residual add from the GEMM's epilogue) and
-  rope_kv_store(q, k, v, positions, base, neox, k_cache, v_cache, start) (= rope q, rope k, kv_store k and v).
+The ops contract: ggml_ciq.ops (Ops, and the optional methods used where present); NumpyOps here, the float64
+reference's ops (ggml_ciq.reference_ops) and ggml_ciq.ops.NativeOps in the native library implement it (arrays
+rows-first, float32, K/V caches float16).
 Prefill runs in micro-batches of n_ubatch tokens through a K/V cache, as llama.cpp does.
 """
 

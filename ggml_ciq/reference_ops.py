@@ -1,6 +1,6 @@
 """The model a GGUF defines, evaluated in float64 (ReferenceOps), and the CPU engine's `exact` semantics (ExactCpuOps).
 
-ReferenceOps is the engine's ops contract (ggml_ciq.engine) with no rounding but float64's own:
+ReferenceOps is the engine's ops contract (ggml_ciq.ops) with no rounding but float64's own:
 - weights dequantized exactly from their blocks (Q4_K/Q5_K: d*sc*q - dmin*m in float64, where ggml rounds the
   difference to float32; every other supported type is exact in float32 and kept so), multiplied with float64
   activations (none quantized) in float64, row chunks converted as they are used;

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ggml_ciq import quants  # noqa: E402
 from ggml_ciq.errors import CiqError  # noqa: E402
+from ggml_ciq.gguf_writer import add_blocks_info, gguf_file, start_tensor_data  # noqa: E402
 
 F32 = 0
 
@@ -79,66 +80,62 @@ def write(out: Path, vocab: Path, layers: int | None = None, embedding: int | No
         if value % 256:
             raise CiqError(f"--{name} {value} is not a multiple of 256 (K-quant rows)")
     llama = LlamaCpp.load()
-    writer = gguf.GGUFWriter(str(out), "llama")
-    for key, kv in base.fields.items():
-        if key in ("general.architecture", "general.file_type") or key.startswith("llama."):
-            continue
-        sub_type = None if kv.item_type is None else gguf.GGUFValueType(kv.item_type)
-        writer.add_key_value(key, kv.value, gguf.GGUFValueType(kv.value_type), sub_type=sub_type)
-    writer.add_name(f"synthetic Llama-3-8B shape ({n_layer} layers, n_embd {n_embd}, random weights, Q4_K_M)")
-    writer.add_block_count(n_layer)
-    writer.add_context_length(c.context_length)
-    writer.add_embedding_length(n_embd)
-    writer.add_feed_forward_length(n_ff)
-    writer.add_head_count(n_head)
-    writer.add_head_count_kv(n_head_kv)
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(c.rope_freq_base)
-    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
-    writer.add_vocab_size(c.vocab_size)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    with gguf_file(out, "llama") as writer:
+        for key, kv in base.fields.items():
+            if key in ("general.architecture", "general.file_type") or key.startswith("llama."):
+                continue
+            sub_type = None if kv.item_type is None else gguf.GGUFValueType(kv.item_type)
+            writer.add_key_value(key, kv.value, gguf.GGUFValueType(kv.value_type), sub_type=sub_type)
+        writer.add_name(f"synthetic Llama-3-8B shape ({n_layer} layers, n_embd {n_embd}, random weights, Q4_K_M)")
+        writer.add_block_count(n_layer)
+        writer.add_context_length(c.context_length)
+        writer.add_embedding_length(n_embd)
+        writer.add_feed_forward_length(n_ff)
+        writer.add_head_count(n_head)
+        writer.add_head_count_kv(n_head_kv)
+        writer.add_rope_dimension_count(head_dim)
+        writer.add_rope_freq_base(c.rope_freq_base)
+        writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+        writer.add_vocab_size(c.vocab_size)
+        writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
 
-    types = q4_k_m_types(n_layer)
-    shapes = list(tensor_shapes(n_layer, n_embd, n_ff, n_head, n_head_kv, c.vocab_size))
-    for name, shape in shapes:
-        if len(shape) == 1:
-            writer.add_tensor_info(name, shape, np.dtype(np.float32), shape[0] * 4)
-        else:
-            nbytes = shape[0] * quants.row_bytes(types[name], shape[1])
-            writer.add_tensor_info(name, (shape[0], nbytes // shape[0]), np.dtype(np.uint8), nbytes,
-                                   raw_dtype=gguf.GGMLQuantizationType(types[name]))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    def piece(index: int, name: str, shape, r0: int, r1: int) -> np.ndarray:
-        """Rows r0..r1 of a tensor, from their own random stream (the file does not depend on the thread count)."""
-        rng = np.random.default_rng([seed, index, r0])
-        if len(shape) == 1:
-            return (1.0 + 0.05 * rng.standard_normal(shape[0])).astype(np.float32)
-        w = rng.standard_normal((r1 - r0, shape[1]), dtype=np.float32)
-        w *= np.float32(0.02)
-        return llama.quantize_chunk(types[name], w).reshape(r1 - r0, -1)
+        types = q4_k_m_types(n_layer)
+        shapes = list(tensor_shapes(n_layer, n_embd, n_ff, n_head, n_head_kv, c.vocab_size))
+        for name, shape in shapes:
+            if len(shape) == 1:
+                writer.add_tensor_info(name, shape, np.dtype(np.float32), shape[0] * 4)
+            else:
+                add_blocks_info(writer, name, types[name], shape[0], shape[1])
+        start_tensor_data(writer)
 
-    # Row blocks of ~16M values are generated and quantized on every core (numpy and ggml_quantize_chunk run
-    # without the GIL) and written in order, a bounded number in flight.
-    pieces = []
-    for index, (name, shape) in enumerate(shapes):
-        step = shape[0] if len(shape) == 1 else max(1, (1 << 24) // shape[1])
-        pieces += [(index, name, shape, r0, min(r0 + step, shape[0])) for r0 in range(0, shape[0], step)]
-    workers = os.cpu_count() or 1
-    with ThreadPoolExecutor(workers) as pool:
-        pending, parts = deque(), []
-        for i, args in enumerate(pieces):
-            pending.append((args, pool.submit(piece, *args)))
-            while pending and (len(pending) > 2 * workers or i == len(pieces) - 1):
-                (index, name, shape, r0, r1), future = pending.popleft()
-                parts.append(future.result())
-                if r1 == shape[0]:  # the tensor's last piece
-                    writer.write_tensor_data(parts[0] if len(parts) == 1 else np.concatenate(parts))
-                    parts = []
-                    if progress:
-                        progress(name)
-    writer.close()
+        def piece(index: int, name: str, shape, r0: int, r1: int) -> np.ndarray:
+            """Rows r0..r1 of a tensor, from their own random stream (the file does not depend on the thread count)."""
+            rng = np.random.default_rng([seed, index, r0])
+            if len(shape) == 1:
+                return (1.0 + 0.05 * rng.standard_normal(shape[0])).astype(np.float32)
+            w = rng.standard_normal((r1 - r0, shape[1]), dtype=np.float32)
+            w *= np.float32(0.02)
+            return llama.quantize_chunk(types[name], w).reshape(r1 - r0, -1)
+
+        # Row blocks of ~16M values are generated and quantized on every core (numpy and ggml_quantize_chunk run
+        # without the GIL) and written in order, a bounded number in flight.
+        pieces = []
+        for index, (name, shape) in enumerate(shapes):
+            step = shape[0] if len(shape) == 1 else max(1, (1 << 24) // shape[1])
+            pieces += [(index, name, shape, r0, min(r0 + step, shape[0])) for r0 in range(0, shape[0], step)]
+        workers = os.cpu_count() or 1
+        with ThreadPoolExecutor(workers) as pool:
+            pending, parts = deque(), []
+            for i, args in enumerate(pieces):
+                pending.append((args, pool.submit(piece, *args)))
+                while pending and (len(pending) > 2 * workers or i == len(pieces) - 1):
+                    (index, name, shape, r0, r1), future = pending.popleft()
+                    parts.append(future.result())
+                    if r1 == shape[0]:  # the tensor's last piece
+                        writer.write_tensor_data(parts[0] if len(parts) == 1 else np.concatenate(parts))
+                        parts = []
+                        if progress:
+                            progress(name)
     return out
 
 

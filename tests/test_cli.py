@@ -128,13 +128,12 @@ def test_bad_inputs_one_line_exit_2(tmp_path, default_model, gemma_model, llama)
 def test_unsupported_tensor_type_one_line(tmp_path, llama):
     import gguf
 
+    from ggml_ciq.gguf_writer import gguf_file
+
     path = tmp_path / "q2k.gguf"
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_tensor("blk.0.ffn_down.weight", np.zeros((4, 84), np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q2_K)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    with gguf_file(path, "llama") as writer:
+        writer.add_tensor("blk.0.ffn_down.weight", np.zeros((4, 84), np.uint8),
+                          raw_dtype=gguf.GGMLQuantizationType.Q2_K)
     rc, _, err = ggml_ciq("diff", path, "--all-quantized")
     assert_one_line_error(rc, err, "blk.0.ffn_down.weight", "Q2_K", "does not decode")
     rc, _, err = ggml_ciq("diff", path)
@@ -191,9 +190,8 @@ def test_prefill(llama, native_lib, gemma_model, tmp_path):
 
 
 def test_prefill_bad_inputs_one_line_exit_2(native_lib, tmp_path):
-    import gguf
-
     from ggml_ciq import catalog
+    from ggml_ciq.gguf_writer import gguf_file
 
     rc, _, err = ggml_ciq("prefill", "--tokens", 7, "--prompt", "x")
     assert_one_line_error(rc, err, "exactly one of")
@@ -205,11 +203,8 @@ def test_prefill_bad_inputs_one_line_exit_2(native_lib, tmp_path):
     rc, _, err = ggml_ciq("prefill", "--tokens", 2_000_000_000, "--ctx-size", 2_000_000_000)  # before any token is drawn
     assert_one_line_error(rc, err, "the K/V cache for 2000000000 tokens needs", "GiB of host memory is free")
     path = tmp_path / "bert.gguf"
-    writer = gguf.GGUFWriter(str(path), "bert")
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    with gguf_file(path, "bert"):
+        pass
     rc, _, err = ggml_ciq("prefill", path, "--tokens", 4)
     assert_one_line_error(rc, err, "architecture bert is not supported")
     rc, _, err = ggml_ciq("prefill", "--tokens", 40, "--ctx-size", 32)

@@ -12,6 +12,7 @@ from ggml_ciq import cli
 from ggml_ciq.compare import (TEXT, evaluation_text, evaluation_tokens, load_compare_json, logits_agreement,
                               prompt_tokens)
 from ggml_ciq.errors import InvalidArgumentError, ShapeError
+from ggml_ciq.gguf_writer import gguf_file
 from ggml_ciq.llama_model import LlamaModel
 
 import llamacpp_python  # tests/llamacpp_python.py
@@ -200,29 +201,25 @@ def test_compare_prompt_as_it_is(llama, native_lib, default_model, tmp_path, cap
 
 def _gguf(path, arch, drop=None, source=None):
     """A GGUF of architecture `arch`: empty, or `source`'s metadata and tensors without the tensor `drop`."""
-    writer = gguf.GGUFWriter(str(path), arch)
-    if source is not None:
-        reader = gguf.GGUFReader(str(source))
-        for f in reader.fields.values():
-            if f.name.startswith("GGUF.") or f.name == "general.architecture":
-                continue
-            kind = f.types[0]
-            if kind == gguf.GGUFValueType.ARRAY:
-                sub = f.types[-1]
-                values = [bytes(f.parts[i]).decode() if sub == gguf.GGUFValueType.STRING else f.parts[i][0].item()
-                          for i in f.data]
-                writer.add_key_value(f.name, values, kind, sub_type=sub)
-            elif kind == gguf.GGUFValueType.STRING:
-                writer.add_key_value(f.name, bytes(f.parts[f.data[0]]).decode(), kind)
-            else:
-                writer.add_key_value(f.name, f.parts[f.data[0]][0].item(), kind)
-        for t in reader.tensors:
-            if t.name != drop:
-                writer.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    with gguf_file(path, arch) as writer:
+        if source is not None:
+            reader = gguf.GGUFReader(str(source))
+            for f in reader.fields.values():
+                if f.name.startswith("GGUF.") or f.name == "general.architecture":
+                    continue
+                kind = f.types[0]
+                if kind == gguf.GGUFValueType.ARRAY:
+                    sub = f.types[-1]
+                    values = [bytes(f.parts[i]).decode() if sub == gguf.GGUFValueType.STRING else f.parts[i][0].item()
+                              for i in f.data]
+                    writer.add_key_value(f.name, values, kind, sub_type=sub)
+                elif kind == gguf.GGUFValueType.STRING:
+                    writer.add_key_value(f.name, bytes(f.parts[f.data[0]]).decode(), kind)
+                else:
+                    writer.add_key_value(f.name, f.parts[f.data[0]][0].item(), kind)
+            for t in reader.tensors:
+                if t.name != drop:
+                    writer.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
     return path
 
 

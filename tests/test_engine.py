@@ -247,18 +247,15 @@ def test_attention_mask_window_and_cache_poison(rng):
 
 
 def test_bad_models_and_tokens(native_lib, default_model, tmp_path):
-    import gguf
+    from ggml_ciq.gguf_writer import gguf_file
 
     model = Transformer(default_model, n_ctx=64)
     with pytest.raises(ShapeError, match="token ids"):
         model.forward([0, 512])
     with pytest.raises(ShapeError, match="longer than the context"):
         model.forward(list(range(65)))
-    writer = gguf.GGUFWriter(str(tmp_path / "mamba.gguf"), "mamba")
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    with gguf_file(tmp_path / "mamba.gguf", "mamba"):
+        pass
     with pytest.raises(UnsupportedTypeError, match="mamba is not supported"):
         Transformer(ModelFile(tmp_path / "mamba.gguf"))
     path = catalog.write_small_model(tmp_path / "broken.gguf", "qwen2", drop=("blk.1.attn_k.bias", "blk.1.ffn_up.weight"))

@@ -135,32 +135,30 @@ def _write_synthetic(path: Path) -> Path:
     """Every value type and array kind, general.alignment 64, tensors of 1 to 4 dimensions and several types."""
     import gguf
 
-    w = gguf.GGUFWriter(str(path), "llama")
-    rng = np.random.default_rng(7)
-    V = gguf.GGUFValueType
-    w.add_custom_alignment(64)
-    w.add_block_count(1)
-    w.add_embedding_length(256)
-    w.add_head_count(2)
-    for i, (kind, value) in enumerate([(V.UINT8, 7), (V.INT8, -7), (V.UINT16, 700), (V.INT16, -700), (V.UINT32, 7),
-                                       (V.INT32, -7), (V.FLOAT32, 0.5), (V.BOOL, True), (V.UINT64, 2**40),
-                                       (V.INT64, -2**40), (V.FLOAT64, 0.25), (V.STRING, "héllo")]):
-        w.add_key_value(f"fuzz.scalar.{i}", value, kind)
-        sample = ["a", "bc", ""] if kind == V.STRING else [value] * 3
-        w.add_key_value(f"fuzz.array.{i}", sample, V.ARRAY, sub_type=kind)
-    w.add_token_list(["<unk>", "<s>", "</s>", "a", "b"])
-    w.add_tensor("one.weight", rng.standard_normal(96).astype(np.float32))
-    w.add_tensor("two.weight", rng.standard_normal((3, 32)).astype(np.float16))
-    w.add_tensor("three.weight", rng.integers(-5, 5, (2, 3, 8)).astype(np.int8))
-    w.add_tensor("four.weight", rng.standard_normal((2, 1, 2, 16)).astype(np.float32))
-    q4k = np.frombuffer(rng.bytes(2 * 144), np.uint8).reshape(2, 144)
-    w.add_tensor("q4k.weight", q4k, raw_dtype=gguf.GGMLQuantizationType.Q4_K)
-    q80 = np.frombuffer(rng.bytes(3 * 34 * 2), np.uint8).reshape(3, 68)
-    w.add_tensor("q80.weight", q80, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    from ggml_ciq.gguf_writer import gguf_file
+
+    with gguf_file(path, "llama") as w:
+        rng = np.random.default_rng(7)
+        V = gguf.GGUFValueType
+        w.add_custom_alignment(64)
+        w.add_block_count(1)
+        w.add_embedding_length(256)
+        w.add_head_count(2)
+        for i, (kind, value) in enumerate([(V.UINT8, 7), (V.INT8, -7), (V.UINT16, 700), (V.INT16, -700), (V.UINT32, 7),
+                                           (V.INT32, -7), (V.FLOAT32, 0.5), (V.BOOL, True), (V.UINT64, 2**40),
+                                           (V.INT64, -2**40), (V.FLOAT64, 0.25), (V.STRING, "héllo")]):
+            w.add_key_value(f"fuzz.scalar.{i}", value, kind)
+            sample = ["a", "bc", ""] if kind == V.STRING else [value] * 3
+            w.add_key_value(f"fuzz.array.{i}", sample, V.ARRAY, sub_type=kind)
+        w.add_token_list(["<unk>", "<s>", "</s>", "a", "b"])
+        w.add_tensor("one.weight", rng.standard_normal(96).astype(np.float32))
+        w.add_tensor("two.weight", rng.standard_normal((3, 32)).astype(np.float16))
+        w.add_tensor("three.weight", rng.integers(-5, 5, (2, 3, 8)).astype(np.int8))
+        w.add_tensor("four.weight", rng.standard_normal((2, 1, 2, 16)).astype(np.float32))
+        q4k = np.frombuffer(rng.bytes(2 * 144), np.uint8).reshape(2, 144)
+        w.add_tensor("q4k.weight", q4k, raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+        q80 = np.frombuffer(rng.bytes(3 * 34 * 2), np.uint8).reshape(3, 68)
+        w.add_tensor("q80.weight", q80, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
     return path
 
 

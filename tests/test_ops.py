@@ -1,4 +1,4 @@
-"""NativeOps (ggml_ciq/ops.py over the C API's transformer ops) against numpy references, on the CPU (device -1)
+"""NativeOps (ggml_ciq/native_ops.py over the C API's transformer ops) against numpy references, on the CPU (device -1)
 and, when present, a CUDA GPU (skipped without one).
 
 Every output buffer is NaN-poisoned (PoisonedOps), inputs are fresh random (seed printed), sizes have tails.

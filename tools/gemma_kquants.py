@@ -5,22 +5,17 @@ Usage: python3 tools/gemma_kquants.py OUT.gguf   (the GPU machine gets this inst
 
 import sys
 
-import gguf
-
 from ggml_ciq import catalog
+from ggml_ciq.gguf_writer import add_blocks, gguf_file
 from ggml_ciq.model import ModelFile
 
 
 def main(out: str) -> None:
     model = ModelFile(catalog.gemma3_270m_path())
-    writer = gguf.GGUFWriter(out, model.config.architecture)
-    writer.add_name(f"{model.config.name} (Q4_K/Q6_K tensors only)")
-    for t in model.weights():
-        writer.add_tensor(t.name, t.data, raw_dtype=gguf.GGMLQuantizationType(t.ggml_type))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    with gguf_file(out, model.config.architecture) as writer:
+        writer.add_name(f"{model.config.name} (Q4_K/Q6_K tensors only)")
+        for t in model.weights():
+            add_blocks(writer, t.name, t.ggml_type, t.data)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,85 @@
+"""AttentionOps, the part of NativeOps over the K/V cache: causal GQA attention over float16 caches (the kernel
+NativeOps' attention_kernel names: ATTENTION_KERNELS), the cache stores (kv_store) and RoPE with the stores fused
+(rope_kv_store)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import native
+from .errors import BackendError, InvalidArgumentError, ShapeError
+from .native_buffers import DeviceArray
+
+
+class AttentionOps:
+    """attention, kv_store, rope_kv_store (a part of NativeOps, ggml_ciq.native_ops)."""
+
+    def attention(self, q, k_cache, v_cache, n_past: int, scale: float, window: int = 0) -> DeviceArray:
+        """Causal GQA of q[T, H, D] over f16 caches [C, Hkv, D] holding positions 0..n_past+T-1 -> [T, H*D]."""
+        q = self._f32(q, "attention q")
+        k_cache, v_cache = self.asarray(k_cache, np.float16), self.asarray(v_cache, np.float16)
+        if len(q.shape) != 3 or len(k_cache.shape) != 3 or k_cache.shape != v_cache.shape:
+            raise ShapeError(f"attention: q [T, H, D] and equal caches [C, Hkv, D], got {q.shape}, {k_cache.shape}, "
+                             f"{v_cache.shape}")
+        t, h, d = q.shape
+        c, hkv, dk = k_cache.shape
+        if dk != d or h % hkv or n_past < 0 or n_past + t > c:
+            raise ShapeError(f"attention: q {q.shape} with caches {k_cache.shape} at n_past {n_past}")
+        out = self.empty((t, h * d))
+        n = self.native
+        n.check(n.lib.ciq_attention(self.device, self._attention_kernel_id, self._fp(q),
+                                    self._u16(k_cache), self._u16(v_cache), t, h, hkv, d, c, int(n_past), float(scale),
+                                    int(window), self._fp(out)))
+        return out
+
+    def attention_kernel_name(self, head_dim: int) -> str:
+        """The kernel ``attention`` runs for this head_dim on this device."""
+        n = self.native
+        out = n.ffi.new("ciq_attention_kernel *")
+        n.check(n.lib.ciq_attention_resolve(self.device, self._attention_kernel_id, head_dim, out))
+        return native.enum_names("ciq_attention_kernel", "CIQ_ATTENTION_")[out[0]]
+
+    def attention_runs(self, head_dim: int) -> bool:
+        """Whether ``attention`` runs for this head_dim on this device (attention_kernel_name's question, as a bool)."""
+        try:
+            self.attention_kernel_name(head_dim)
+        except BackendError:  # the kernel does not run it here (CIQ_ERR_UNSUPPORTED)
+            return False
+        return True
+
+    def kv_store(self, cache, start: int, x) -> None:
+        """cache[start:start+T] = x[T, Hkv, D] rounded to f16."""
+        x = self._f32(x, "kv_store input")
+        self._check_cache(cache, start, x, "kv_store")
+        n = self.native
+        n.check(n.lib.ciq_kv_store(self.device, self._u16(cache), int(start), self._fp(x), x.shape[0],
+                                   x.size // x.shape[0]))
+
+    def rope_kv_store(self, q, k, v, positions, base: float, neox: bool, k_cache, v_cache, start: int) -> DeviceArray:
+        """rope(q) returned, rope(k) and v (None: not stored) stored into the caches at row start, in one op
+        (ciq_rope_kv_store: one kernel on a GPU in the host order): the values of rope, rope and kv_store."""
+        q, k = self._f32(q, "rope input"), self._f32(k, "rope input")
+        if len(q.shape) != 3 or len(k.shape) != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+            raise ShapeError(f"rope_kv_store: q {q.shape} and k {k.shape} must be [tokens, heads, head_dim] alike")
+        v = None if v is None else self._f32(v, "kv_store input")
+        self._check_cache(k_cache, start, k, "rope_kv_store")
+        if v is not None:
+            if v.shape != k.shape:
+                raise ShapeError(f"rope_kv_store: v {v.shape} for k {k.shape}")
+            self._check_cache(v_cache, start, v, "rope_kv_store")
+        positions = self._positions(positions, q.shape[0], "rope_kv_store")
+        out = self.empty(q.shape)
+        n = self.native
+        n.check(n.lib.ciq_rope_kv_store(self.device, self._op_order_id,
+                                        n.lib.CIQ_ROPE_NEOX if neox else n.lib.CIQ_ROPE_NORM, self._fp(q), self._fp(k),
+                                        self._fp(v) if v is not None else n.ffi.NULL, self._i32(positions), q.shape[0],
+                                        q.shape[1], k.shape[1], q.shape[2], float(base), int(start), self._fp(out),
+                                        self._u16(k_cache), self._u16(v_cache) if v is not None else n.ffi.NULL))
+        return out
+
+    def _check_cache(self, cache, start: int, x, what: str) -> None:
+        """A float16 K/V cache of this device that x[T, Hkv, D] fits from row start."""
+        if not isinstance(cache, DeviceArray) or cache.dtype != np.float16 or cache.device != self.device:
+            raise InvalidArgumentError(f"{what}: the cache must be a float16 DeviceArray on this device")
+        if tuple(x.shape[1:]) != tuple(cache.shape[1:]) or start < 0 or start + x.shape[0] > cache.shape[0]:
+            raise ShapeError(f"{what}: {x.shape} at row {start} into a {cache.shape} cache")
