@@ -372,9 +372,10 @@ def _llamacpp_path(llamacpp: dict) -> str:
         return "llama.cpp CPU: provenance unknown"
     path = llamacpp.get("llamacpp_cpu_path", "unknown")
     buffers = ", ".join(llamacpp.get("weight_buffers") or ["-"])
-    note = ("ours follows this arithmetic" if path == "avx2" and not llamacpp.get("extra_buffers") else
-            "ours follows llama.cpp's AVX2 plain-buffer arithmetic, so expect rounding-level differences "
-            "(an AVX2 build: CMAKE_ARGS=-DGGML_NATIVE=OFF)")
+    note = ("ours follows this arithmetic, bit for bit" if path == "avx2" and not llamacpp.get("extra_buffers") else
+            "ours follows llama.cpp's AVX2 plain-buffer arithmetic: expect rounding-level differences (weight GEMMs "
+            "bit for bit on an AVX-512 build too, its other ops not; an AVX2 build, CMAKE_ARGS=-DGGML_NATIVE=OFF, is "
+            "bit for bit end to end)")
     return (f"llama.cpp CPU: {path} build, weights in {buffers} (extra buffer types "
             f"{'on' if llamacpp.get('extra_buffers') else 'off'}); {note}")
 

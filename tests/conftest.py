@@ -36,6 +36,15 @@ def llama():
 
 
 @pytest.fixture(scope="session")
+def llamacpp_avx2(llama):
+    """Whether llama.cpp's CPU backend is an AVX2 build, whose arithmetic our CPU engine follows end to end, bit for
+    bit (CI builds it so: CMAKE_ARGS=-DGGML_NATIVE=OFF). A -march=native build on an AVX-512 CPU (AMX ones too) runs
+    the same weight GEMMs bit for bit but its other ops in 16-wide vectors: rounding-level apart, which Gemma 3
+    amplifies; tests then hold ours to llama.cpp's own spread instead (docs/SEMANTICS.md)."""
+    return llama.cpu_provenance()["llamacpp_cpu_path"] == "avx2"
+
+
+@pytest.fixture(scope="session")
 def native_lib():
     from ggml_ciq import native
 

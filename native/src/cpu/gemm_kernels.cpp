@@ -147,8 +147,8 @@ void unpack_q6_K(const block_q6_K *blocks, int64_t nb, UnpackedRow &row) {
 //          sc[c]); acc[l] = fma(dy*d, lane_l, acc[l]); out = ((a4+a0)+(a6+a2)) + ((a5+a1)+(a7+a3)); Q4_K adds
 //          four min lanes, acc[8+p] = fma(-dy*dmin, m[2p]*(bsums[4p]+bsums[4p+1]) + m[2p+1]*(...), acc[8+p]),
 //          as ((m0+m2)+(m1+m3)) after the eight.
-// llama.cpp's AVX512-VNNI build runs another tiled order (acc + res*dy, no fma) and 16-wide float vectors
-// elsewhere: against such a build the engine is rounding-level apart, which compare's provenance names.
+// llama.cpp's AVX-512 build gives the same GEMM outputs (its tiled kernel's mul + add contracted to fma by GCC); its
+// other ops run 16-wide float vectors, rounding-level apart from the engine (compare's provenance names the build).
 enum CpuOrder { TILED, LANES };
 
 // Float accumulators of one output in CPU semantics: eight lanes and Q4_K's four min lanes.
