@@ -154,6 +154,31 @@ enum CpuOrder { TILED, LANES };
 // Float accumulators of one output in CPU semantics: eight lanes and Q4_K's four min lanes.
 constexpr int CPU_ACCUMULATORS = 12;
 
+// The integer lanes of llama.cpp's AVX2 vec_dot over one super-block: lane l sums, over the eight 32-value chunks c,
+// the scale lo[stride*c] (lanes 0..3) or hi[stride*c] (lanes 4..7) times the dot of bytes 4l..4l+3 of chunk c
+// (Q4_K: lo = hi = its 32-value scales; Q6_K: its 16-value scales, lo = sc, hi = sc + 1, stride 2).
+inline void scaled_lanes(const uint8_t *q, const int8_t *a, const int32_t *lo, const int32_t *hi, int stride,
+                         int32_t *lane) {
+#if defined(CIQ_ISA_AVX2) || defined(CIQ_ISA_AVXVNNI)
+    __m256i sum = _mm256_setzero_si256();
+    for (int c = 0; c < 8; ++c) {
+        const int32_t l = lo[stride * c], h = hi[stride * c];
+        const __m256i scale = _mm256_setr_epi32(l, l, l, l, h, h, h, h);
+        sum = _mm256_add_epi32(sum, _mm256_mullo_epi32(scale, dot4(q + 32 * c, a + 32 * c)));
+    }
+    _mm256_storeu_si256((__m256i *)lane, sum);
+#else
+    for (int l = 0; l < 8; ++l) {
+        lane[l] = 0;
+        for (int c = 0; c < 8; ++c) {
+            int32_t dot = 0;
+            for (int e = 0; e < 4; ++e) dot += (int32_t)q[32 * c + 4 * l + e] * a[32 * c + 4 * l + e];
+            lane[l] += (l < 4 ? lo : hi)[stride * c] * dot;
+        }
+    }
+#endif
+}
+
 void superblock_cpu_q4_K(const UnpackedRow &row, int64_t b, const block_q8_K &y, CpuOrder order, float *acc) {
     const uint8_t *q = row.q.data() + b * QK_K;
     const int32_t *sc = row.scale.data() + b * 8, *m = row.min.data() + b * 8;
@@ -173,22 +198,7 @@ void superblock_cpu_q4_K(const UnpackedRow &row, int64_t b, const block_q8_K &y,
         return;
     }
     int32_t lane[8];
-#if defined(CIQ_ISA_AVX2) || defined(CIQ_ISA_AVXVNNI)
-    __m256i sum = _mm256_setzero_si256();
-    for (int c = 0; c < 8; ++c) {
-        sum = _mm256_add_epi32(sum, _mm256_mullo_epi32(_mm256_set1_epi32(sc[c]), dot4(q + 32 * c, y.qs + 32 * c)));
-    }
-    _mm256_storeu_si256((__m256i *)lane, sum);
-#else
-    for (int l = 0; l < 8; ++l) {
-        lane[l] = 0;
-        for (int c = 0; c < 8; ++c) {
-            int32_t dot = 0;
-            for (int e = 0; e < 4; ++e) dot += (int32_t)q[32 * c + 4 * l + e] * y.qs[32 * c + 4 * l + e];
-            lane[l] += sc[c] * dot;
-        }
-    }
-#endif
+    scaled_lanes(q, y.qs, sc, sc, 1, lane);
     const float d = y.d * (float)row.d[b], dmin = -y.d * (float)row.dmin[b];
     for (int l = 0; l < 8; ++l) acc[l] = std::fma(d, (float)lane[l], acc[l]);
     for (int p = 0; p < 4; ++p) acc[8 + p] = std::fma(dmin, (float)summ[p], acc[8 + p]);
@@ -198,24 +208,7 @@ void superblock_cpu_q6_K(const UnpackedRow &row, int64_t b, const block_q8_K &y,
     const uint8_t *q = row.q.data() + b * QK_K;
     const int32_t *sc = row.scale.data() + b * 16;
     int32_t lane[8];
-#if defined(CIQ_ISA_AVX2) || defined(CIQ_ISA_AVXVNNI)
-    __m256i sum = _mm256_setzero_si256();
-    for (int c = 0; c < 8; ++c) {
-        const __m256i scale = _mm256_setr_epi32(sc[2 * c], sc[2 * c], sc[2 * c], sc[2 * c], sc[2 * c + 1],
-                                                sc[2 * c + 1], sc[2 * c + 1], sc[2 * c + 1]);
-        sum = _mm256_add_epi32(sum, _mm256_mullo_epi32(scale, dot4(q + 32 * c, y.qs + 32 * c)));
-    }
-    _mm256_storeu_si256((__m256i *)lane, sum);
-#else
-    for (int l = 0; l < 8; ++l) {
-        lane[l] = 0;
-        for (int c = 0; c < 8; ++c) {
-            int32_t dot = 0;
-            for (int e = 0; e < 4; ++e) dot += (int32_t)q[32 * c + 4 * l + e] * y.qs[32 * c + 4 * l + e];
-            lane[l] += sc[2 * c + l / 4] * dot;
-        }
-    }
-#endif
+    scaled_lanes(q, y.qs, sc, sc + 1, 2, lane);
     for (int l = 0; l < 8; ++l) lane[l] -= 32 * (y.bsums[2 * l] * sc[2 * l] + y.bsums[2 * l + 1] * sc[2 * l + 1]);
     if (order == TILED) {
         const int32_t s = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
