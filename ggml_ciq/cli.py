@@ -671,8 +671,10 @@ def _print_compare(console, name: str, result) -> None:
     v = result.verdict
     for key, (what, bar, spec) in labels.items():
         if key in v:
-            console.print(f"{'[green]meets[/]' if v[key]['met'] else '[red]misses[/]'}: {what} "
-                          f"{_fmt(v[key]['value'], spec)} {bar} {_fmt(v[key]['bar'], spec)}")
+            met = v[key]["met"]
+            word = "[yellow]not judged[/]" if met is None else "[green]meets[/]" if met else "[red]misses[/]"
+            console.print(f"{word}: {what} {_fmt(v[key]['value'], spec)} {bar} {_fmt(v[key]['bar'], spec)}"
+                          + (f" ({v[key]['note'].removeprefix('not judged: ')})" if met is None else ""))
     console.print(f"verdict: {'[green]PASS[/]' if v['met'] else '[red]FAIL[/]'}")
 
 

@@ -160,19 +160,20 @@ def test_compare_cli_json_and_plot(llama, native_lib, model, tmp_path, capsys, l
         assert 0 <= a["kld_mean"] <= a["kld_max"] and a["nmse"] >= 0
     v, spread = data["verdict"], pairs["llama.cpp", "llama.cpp spread"]["agreement"]
     ours = pairs["llama.cpp", "ours llamacpp"]["agreement"]
-    assert v["llamacpp_kld_vs_llamacpp"] == {"value": ours["kld_mean"], "bar": spread["kld_mean"],
-                                             "met": ours["kld_mean"] <= spread["kld_mean"]}
+    assert {k: v["llamacpp_kld_vs_llamacpp"][k] for k in ("value", "bar")} == {"value": ours["kld_mean"],
+                                                                              "bar": spread["kld_mean"]}
+    assert v["llamacpp_kld_vs_llamacpp"]["met"] == ((ours["kld_mean"] <= spread["kld_mean"]) if llamacpp_avx2 else None)
     exact, theirs = pairs["reference", "ours exact"]["agreement"], pairs["reference", "llama.cpp"]["agreement"]
     assert v["exact_kld_vs_reference"]["met"] == (exact["kld_mean"] <= 0.5 * theirs["kld_mean"])
-    assert v["met"] == all(x["met"] for k, x in v.items() if k != "met")
+    assert v["met"] == all(x["met"] for k, x in v.items() if k != "met" and x["met"] is not None)
     # What CPU semantics promise: llamacpp bit for bit llama.cpp CPU's AVX2 build (f32 logits, rounding-level KLD),
     # against an AVX-512 build no further than llama.cpp's own spread; exact far closer to the reference than llama.cpp.
     assert exact["kld_mean"] < 0.1 * theirs["kld_mean"] and v["exact_kld_vs_reference"]["met"]
     assert data["llamacpp"]["extra_buffers"] is False
     if llamacpp_avx2:
         assert ours["nmse"] <= 1e-10 and v["met"]
-    else:
-        assert ours["nmse"] <= spread["nmse"]
+    else:  # llama.cpp's AVX-512 arithmetic: no bit-for-bit claim, so the llamacpp bars are not judged
+        assert ours["nmse"] <= spread["nmse"] and v["llamacpp_kld_vs_llamacpp"]["met"] is None and v["met"]
     print(f"{model.path.name}: " + ", ".join(f"{q} vs {p} KLD {x['agreement']['kld_mean']:.2e}"
                                                for (p, q), x in pairs.items()))
     memory = arms["llama.cpp"]["memory"]
