@@ -58,8 +58,14 @@ def test_diff_default_job(llama, native_lib):
 
 
 def test_diff_fails_when_bar_is_broken(llama, native_lib):
-    rc, out, err = ggml_ciq("diff", "--tokens", 3, "--bar", "1e-30")
+    """Exit 1 and FAIL when a tensor breaks --bar: the numpy reference backend (float64 sums, llama.cpp's semantics)
+    is rounding-level apart from llama.cpp (~1e-13); our native kernels at 3 tokens are bit for bit (NMSE 0 passes
+    any bar)."""
+    rc, out, err = ggml_ciq("diff", "--tokens", 3, "--bar", "1e-30", "--backend", "reference")
     assert rc == 1 and "FAIL" in out
+    rc, out, err = ggml_ciq("diff", "--tokens", 3, "--bar", "1e-30", "--backend", "ciq-cpu",
+                            "--reference", "llamacpp-cpu")
+    assert rc == 0 and "PASS" in out, out[-2000:]
 
 
 def test_bench_cpu(llama, native_lib, tmp_path):
