@@ -1,29 +1,14 @@
 // The C API's transformer ops (for the prefill engine): argument checks and routing here, the arithmetic in
 // cpu/ops.cpp, cuda/ops.cu and cuda/attention.cu. Attention launches are counted per resolved kernel.
-#include "api.h"
+#include "checks.h"
+#include "counters.h"
 #include "dequantize.h"
 
-#include <atomic>
 #include <cctype>
 #include <cstdlib>
 #include <new>
 #include <string>
 #include <vector>
-
-static std::atomic<uint64_t> g_attention_dispatch[CIQ_ATTENTION_WGMMA + 1];
-
-void ciq_attention_dispatch_reset(void) {  // part of ciq_dispatch_reset (registry.cpp)
-    for (auto &counter : g_attention_dispatch) counter.store(0);
-}
-
-ciq_status ciq_attention_dispatch_count(ciq_attention_kernel kernel, uint64_t *count) {
-    if (count == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_attention_dispatch_count: count is NULL");
-    if ((int)kernel < CIQ_ATTENTION_AUTO || kernel > CIQ_ATTENTION_WGMMA) {
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "unknown attention kernel %d", (int)kernel);
-    }
-    *count = g_attention_dispatch[kernel].load();
-    return CIQ_OK;
-}
 
 // CIQ_ORDER_LLAMACPP_CUDA runs on a GPU only; unknown orders are invalid.
 static ciq_status check_order(const char *what, int device, ciq_op_order order) {
@@ -217,7 +202,7 @@ ciq_status ciq_attention(int device, ciq_attention_kernel kernel, const float *q
         status = CIQ_ERR_UNSUPPORTED;
 #endif
     }
-    if (status == CIQ_OK) g_attention_dispatch[resolved].fetch_add(1, std::memory_order_relaxed);
+    if (status == CIQ_OK) ciq_counters_attention(resolved);
     return status;
 }
 

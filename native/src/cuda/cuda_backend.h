@@ -44,8 +44,6 @@ ciq_status ciq_cuda_glu_convert_f16(bool gelu, const float *gate, const float *u
 // ciq_rms_norm (host order, weight or NULL, no add) then ciq_cuda_convert_f16 in one kernel: the same bytes.
 ciq_status ciq_cuda_rms_norm_convert_f16(const float *x, const float *weight, float eps, void *out, int64_t tokens,
                                          int64_t k);
-// ciq_wgmma_launch_count's counters (registry.cpp): one launch of the form (ciq_wgmma_form) counted.
-void ciq_wgmma_count_launch(int form);
 ciq_status ciq_cuda_gemm_wgmma(int device, ciq_type type, const void *weight, int64_t rows, int64_t k,
                                const void *x_f16, int64_t tokens, void *out, ciq_out_type out_type);
 // The same with the product's rows split among outputs, each plus an optional float32 addend (ciq_gemm_output; the

@@ -38,6 +38,7 @@
 // weights' TMA bytes); producer-only named barrier 2 before a weight slot is refilled.
 // Files: the PTX wrappers in wgmma_ptx.cuh; here the tile constants, the producer's dequantizer (raw_stage), the
 // kernel as wgmma_produce / wgmma_consume / wgmma_epilogue, and the host planner (pick_plan) and launch.
+#include "../counters.h"
 #include "wgmma_ptx.cuh"
 
 #include <atomic>
@@ -1172,10 +1173,10 @@ static ciq_status launch_wgmma(const CUtensorMap &xmap, const CUtensorMap &wmap,
                                                    group.wmap1 ? *group.wmap1 : wmap,
                                                    group.wmap1 ? group.row_tiles0 : row_tiles);
         if (err != cudaSuccess) return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: %s", cudaGetErrorString(err));
-        ciq_wgmma_count_launch(RS && TMA_W ? CIQ_WGMMA_FORM_RS : CIQ_WGMMA_FORM_SS);
-        if (stream_k) ciq_wgmma_count_launch(CIQ_WGMMA_FORM_STREAM_K);
-        if (T1 != T) ciq_wgmma_count_launch(CIQ_WGMMA_FORM_GROUPED);
-        if (outs.glu) ciq_wgmma_count_launch(CIQ_WGMMA_FORM_GLU);
+        ciq_counters_wgmma_launch(RS && TMA_W ? CIQ_WGMMA_FORM_RS : CIQ_WGMMA_FORM_SS);
+        if (stream_k) ciq_counters_wgmma_launch(CIQ_WGMMA_FORM_STREAM_K);
+        if (T1 != T) ciq_counters_wgmma_launch(CIQ_WGMMA_FORM_GROUPED);
+        if (outs.glu) ciq_counters_wgmma_launch(CIQ_WGMMA_FORM_GLU);
     }
     return CIQ_OK;
 }
