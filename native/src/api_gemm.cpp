@@ -2,6 +2,7 @@
 // ciq_gemm_quantized (run a plan), the dense bf16 ceiling. Variant facts and resolution: registry.cpp.
 #include "counters.h"
 #include "registry.h"
+#include "switches.h"
 
 #include <cstring>
 #include <string>
@@ -166,7 +167,9 @@ ciq_status ciq_gemm_quantized_outputs(int device, const ciq_plan *plan, ciq_type
     const size_t esize = out_type == CIQ_OUT_F32 ? sizeof(float) : 2;
 #ifdef GGML_CIQ_WITH_CUDA
     if (device != CIQ_DEVICE_CPU && plan->variant == CIQ_VARIANT_WGMMA) {  // one launch, from the epilogue
-        const ciq_status status = ciq_cuda_gemm_wgmma_outputs(device, type, weight, rows, k, x_quantized, tokens,
+        ciq_wgmma_switches sw;
+        CIQ_TRY(ciq_switches_wgmma(&sw));  // GGML_CIQ_WGMMA_* (switches.cpp), passed down
+        const ciq_status status = ciq_cuda_gemm_wgmma_outputs(device, sw, type, weight, rows, k, x_quantized, tokens,
                                                               outputs, n_outputs, out_type);
         if (status == CIQ_OK) ciq_counters_gemm(plan->variant, type);
         if (status != CIQ_ERR_UNSUPPORTED) return status;  // unsupported: the outputs' rows; copied out below
@@ -247,8 +250,10 @@ ciq_status ciq_gemm_quantized_group(int device, const ciq_gemm_weight *weights, 
         int n = 0;
         for (int i : {a, b})
             for (int s = 0; s < weights[i].n_outputs; ++s) outs[n++] = weights[i].outputs[s];
-        const ciq_status status = ciq_cuda_gemm_wgmma_group(device, types, blocks, rows, k, x_quantized, tokens, outs, n,
-                                                            out_type);
+        ciq_wgmma_switches sw;
+        CIQ_TRY(ciq_switches_wgmma(&sw));
+        const ciq_status status = ciq_cuda_gemm_wgmma_group(device, sw, types, blocks, rows, k, x_quantized, tokens,
+                                                            outs, n, out_type);
         if (status == CIQ_OK) {
             ciq_counters_gemm(CIQ_VARIANT_WGMMA, weights[0].type);
             ciq_counters_gemm(CIQ_VARIANT_WGMMA, weights[1].type);
@@ -284,7 +289,9 @@ ciq_status ciq_gemm_quantized_glu(int device, const ciq_plan *plan, ciq_type typ
     const int64_t half = rows / 2, n = tokens * half;
 #ifdef GGML_CIQ_WITH_CUDA
     if (device != CIQ_DEVICE_CPU && plan->variant == CIQ_VARIANT_WGMMA) {  // the GLU from the epilogue
-        const ciq_status status = ciq_cuda_gemm_wgmma_glu(device, type, weight, rows, k, x_quantized, tokens,
+        ciq_wgmma_switches sw;
+        CIQ_TRY(ciq_switches_wgmma(&sw));
+        const ciq_status status = ciq_cuda_gemm_wgmma_glu(device, sw, type, weight, rows, k, x_quantized, tokens,
                                                           kind == CIQ_GLU_GELU, out);
         if (status == CIQ_OK) ciq_counters_gemm(plan->variant, type);
         return status;

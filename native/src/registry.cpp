@@ -7,6 +7,7 @@
 //   k_offload        : from how many tokens and weight values a variant beats llama.cpp's own mul_mat (the ggml
 //                      plugin's choice).
 #include "registry.h"
+#include "switches.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -73,7 +74,9 @@ static ciq_status launch_mma(int, ciq_variant, ciq_semantics, ciq_type type, con
 }
 static ciq_status launch_wgmma(int device, ciq_variant, ciq_semantics, ciq_type type, const void *weight, int64_t rows,
                                int64_t k, const void *x, int64_t tokens, void *out, ciq_out_type out_type) {
-    return ciq_cuda_gemm_wgmma(device, type, weight, rows, k, x, tokens, out, out_type);
+    ciq_wgmma_switches sw;
+    CIQ_TRY(ciq_switches_wgmma(&sw));  // GGML_CIQ_WGMMA_* (switches.cpp), passed down to the planner
+    return ciq_cuda_gemm_wgmma(device, sw, type, weight, rows, k, x, tokens, out, out_type);
 }
 #else
 #define launch_wmma nullptr
@@ -375,8 +378,8 @@ static ciq_status variant_from_name(const char *name, ciq_variant *variant) {
 
 static ciq_status resolve_auto(const ciq_device_facts &facts, ciq_semantics semantics, ciq_type type, int64_t k,
                                int64_t tokens, ciq_variant *resolved) {
-    const char *env = std::getenv("GGML_CIQ_VARIANT");
-    if (!facts.host && env != nullptr && *env != '\0') return variant_from_name(env, resolved);
+    const char *env = ciq_switches_variant();  // GGML_CIQ_VARIANT (switches.cpp)
+    if (!facts.host && env != nullptr) return variant_from_name(env, resolved);
     const AutoChoice *table = k_auto_host;
     size_t entries = sizeof(k_auto_host) / sizeof(k_auto_host[0]);
     if (!facts.host && facts.hip) {
@@ -421,14 +424,8 @@ static ciq_status resolve_auto(const ciq_device_facts &facts, ciq_semantics sema
 
 static ciq_status offload_decision(const ciq_device_facts &facts, ciq_variant variant, ciq_type type, int64_t rows,
                                    int64_t k, int64_t tokens, int *offload) {
-    const char *env = std::getenv("GGML_CIQ_OFFLOAD");
-    if (env != nullptr && *env != '\0') {
-        if (std::strcmp(env, "all") == 0 || std::strcmp(env, "none") == 0) {
-            *offload = env[0] == 'a';
-            return CIQ_OK;
-        }
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "GGML_CIQ_OFFLOAD=%s is not all or none", env);
-    }
+    CIQ_TRY(ciq_switches_offload(offload));  // GGML_CIQ_OFFLOAD (switches.cpp): all 1, none 0, unset -1
+    if (*offload >= 0) return CIQ_OK;
     *offload = 0;
     for (const OffloadThreshold &t : k_offload) {
         if (t.variant == variant && t.type == type && t.device(facts) && tokens >= t.min_tokens &&
