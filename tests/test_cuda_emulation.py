@@ -132,7 +132,7 @@ def emu(tmp_path_factory):
                str(build / "src" / "cuda" / "ops.cpp"), str(build / "src" / "cuda" / "ops_llamacpp.cpp"),
                str(build / "src" / "cuda" / "attention.cpp"), str(build / "src" / "cuda" / "attention_llamacpp.cpp"),
                str(build / "src" / "cuda" / "gemm_q32.cpp"), str(build / "src" / "cuda" / "gemm_mma.cpp"),
-               str(build / "src" / "status.cpp"),
+               str(build / "src" / "status.cpp"), str(build / "src" / "switches.cpp"),
                str(EMULATION / "driver.cpp"), "-o", str(library)]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode and ("<barrier>" in result.stderr or "_Float16" in result.stderr):

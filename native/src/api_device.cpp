@@ -1,6 +1,5 @@
-// The C API's device calls: version and build facts, devices, memory, threads, timers, and the argument checks the
-// other API files share (api.h).
-#include "api.h"
+// The C API's device calls: version and build facts, devices, memory, threads, timers and CUDA graphs.
+#include "checks.h"
 
 #include <chrono>
 #include <cstdio>
@@ -52,29 +51,7 @@ ciq_status ciq_build_info(const char **json) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Checks shared by the API files
-
-ciq_status ciq_check_count(const char *what, const char *name, int64_t value) {
-    if (value < 1) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: %s must be >= 1, got %lld", what, name, (long long)value);
-    return CIQ_OK;
-}
-
-// ---------------------------------------------------------------------------------------------
 // Devices and memory
-
-ciq_status ciq_check_device(int device) {
-    if (device == CIQ_DEVICE_CPU) return CIQ_OK;
-#ifdef GGML_CIQ_WITH_CUDA
-    int count = 0;
-    CIQ_TRY(ciq_cuda_device_count(&count));
-    if (device < 0 || device >= count) {
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "GPU device %d requested but %d CUDA device(s) found", device, count);
-    }
-    return CIQ_OK;
-#else
-    return ciq_fail(CIQ_ERR_UNSUPPORTED, "GPU device %d requested but libggml_ciq was built without CUDA", device);
-#endif
-}
 
 ciq_status ciq_device_count(int *count) {
     if (count == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_device_count: count is NULL");

@@ -1,35 +1,11 @@
-// The C API's GEMM calls: activation layouts and their quantizers, ciq_gemm (plan, quantize, run) and
+// The C API's GEMM calls: the activation quantizers, ciq_gemm (plan, quantize, run) and
 // ciq_gemm_quantized (run a plan), the dense bf16 ceiling. Variant facts and resolution: registry.cpp.
+#include "counters.h"
 #include "registry.h"
+#include "switches.h"
 
 #include <cstring>
 #include <string>
-
-ciq_status ciq_activations_size(ciq_layout layout, int64_t tokens, int64_t k, size_t *bytes) {
-    if (bytes == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_activations_size: bytes is NULL");
-    *bytes = 0;
-    CIQ_TRY(ciq_check_count("activations", "tokens", tokens));
-    int64_t unit = 0;
-    switch (layout) {
-        case CIQ_LAYOUT_Q8_K: unit = QK_K; break;
-        case CIQ_LAYOUT_F16: unit = F16_K_UNIT; break;
-        case CIQ_LAYOUT_Q8_1_MMQ_DS4: case CIQ_LAYOUT_Q8_1_MMQ_D4: unit = Q8_1_MMQ_VALUES; break;
-        case CIQ_LAYOUT_Q8_0: case CIQ_LAYOUT_Q8_1: unit = 32; break;
-        default: return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "unknown activation layout %d", (int)layout);
-    }
-    if (k < unit || k % unit) {
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "activations: K must be a positive multiple of %lld, got %lld",
-                        (long long)unit, (long long)k);
-    }
-    switch (layout) {
-        case CIQ_LAYOUT_Q8_K: *bytes = (size_t)(tokens * (k / QK_K)) * Q8_K_BLOCK_BYTES; break;
-        case CIQ_LAYOUT_F16: *bytes = ciq_f16_scale_offset(tokens, k) + (size_t)tokens * sizeof(float); break;
-        case CIQ_LAYOUT_Q8_0: *bytes = (size_t)(tokens * k) + (size_t)(tokens * (k / 32)) * sizeof(float); break;
-        case CIQ_LAYOUT_Q8_1: *bytes = (size_t)(tokens * (k / 32)) * 36; break;  // block_q8_1: half d, half sum, qs[32]
-        default: *bytes = (size_t)(tokens * (k / Q8_1_MMQ_VALUES)) * Q8_1_MMQ_BLOCK_BYTES; break;
-    }
-    return CIQ_OK;
-}
 
 ciq_status ciq_activations_quantize(int device, ciq_layout layout, const float *x, void *out, int64_t tokens,
                                     int64_t k) {
@@ -117,7 +93,7 @@ ciq_status ciq_gemm_quantized(int device, const ciq_plan *plan, ciq_type type, c
     CIQ_TRY(check_run(device, plan, type, weight_nbytes, rows, k, tokens, out_type, &row));
     const ciq_status status = row->launch(device, plan->variant, plan->semantics, type, weight, rows, k, x_quantized,
                                           tokens, out, out_type);
-    if (status == CIQ_OK) ciq_registry_count(plan->variant, type);
+    if (status == CIQ_OK) ciq_counters_gemm(plan->variant, type);
     return status;
 }
 
@@ -191,9 +167,11 @@ ciq_status ciq_gemm_quantized_outputs(int device, const ciq_plan *plan, ciq_type
     const size_t esize = out_type == CIQ_OUT_F32 ? sizeof(float) : 2;
 #ifdef GGML_CIQ_WITH_CUDA
     if (device != CIQ_DEVICE_CPU && plan->variant == CIQ_VARIANT_WGMMA) {  // one launch, from the epilogue
-        const ciq_status status = ciq_cuda_gemm_wgmma_outputs(device, type, weight, rows, k, x_quantized, tokens,
+        ciq_wgmma_switches sw;
+        CIQ_TRY(ciq_switches_wgmma(&sw));  // GGML_CIQ_WGMMA_* (switches.cpp), passed down
+        const ciq_status status = ciq_cuda_gemm_wgmma_outputs(device, sw, type, weight, rows, k, x_quantized, tokens,
                                                               outputs, n_outputs, out_type);
-        if (status == CIQ_OK) ciq_registry_count(plan->variant, type);
+        if (status == CIQ_OK) ciq_counters_gemm(plan->variant, type);
         if (status != CIQ_ERR_UNSUPPORTED) return status;  // unsupported: the outputs' rows; copied out below
     }
 #endif
@@ -272,11 +250,13 @@ ciq_status ciq_gemm_quantized_group(int device, const ciq_gemm_weight *weights, 
         int n = 0;
         for (int i : {a, b})
             for (int s = 0; s < weights[i].n_outputs; ++s) outs[n++] = weights[i].outputs[s];
-        const ciq_status status = ciq_cuda_gemm_wgmma_group(device, types, blocks, rows, k, x_quantized, tokens, outs, n,
-                                                            out_type);
+        ciq_wgmma_switches sw;
+        CIQ_TRY(ciq_switches_wgmma(&sw));
+        const ciq_status status = ciq_cuda_gemm_wgmma_group(device, sw, types, blocks, rows, k, x_quantized, tokens,
+                                                            outs, n, out_type);
         if (status == CIQ_OK) {
-            ciq_registry_count(CIQ_VARIANT_WGMMA, weights[0].type);
-            ciq_registry_count(CIQ_VARIANT_WGMMA, weights[1].type);
+            ciq_counters_gemm(CIQ_VARIANT_WGMMA, weights[0].type);
+            ciq_counters_gemm(CIQ_VARIANT_WGMMA, weights[1].type);
         }
         if (status != CIQ_ERR_UNSUPPORTED) return status;  // unsupported: one call each below
     }
@@ -309,9 +289,11 @@ ciq_status ciq_gemm_quantized_glu(int device, const ciq_plan *plan, ciq_type typ
     const int64_t half = rows / 2, n = tokens * half;
 #ifdef GGML_CIQ_WITH_CUDA
     if (device != CIQ_DEVICE_CPU && plan->variant == CIQ_VARIANT_WGMMA) {  // the GLU from the epilogue
-        const ciq_status status = ciq_cuda_gemm_wgmma_glu(device, type, weight, rows, k, x_quantized, tokens,
+        ciq_wgmma_switches sw;
+        CIQ_TRY(ciq_switches_wgmma(&sw));
+        const ciq_status status = ciq_cuda_gemm_wgmma_glu(device, sw, type, weight, rows, k, x_quantized, tokens,
                                                           kind == CIQ_GLU_GELU, out);
-        if (status == CIQ_OK) ciq_registry_count(plan->variant, type);
+        if (status == CIQ_OK) ciq_counters_gemm(plan->variant, type);
         return status;
     }
 #endif

@@ -1,29 +1,14 @@
 // The C API's transformer ops (for the prefill engine): argument checks and routing here, the arithmetic in
 // cpu/ops.cpp, cuda/ops.cu and cuda/attention.cu. Attention launches are counted per resolved kernel.
-#include "api.h"
+#include "checks.h"
+#include "counters.h"
 #include "dequantize.h"
+#include "switches.h"
 
-#include <atomic>
-#include <cctype>
 #include <cstdlib>
 #include <new>
 #include <string>
 #include <vector>
-
-static std::atomic<uint64_t> g_attention_dispatch[CIQ_ATTENTION_WGMMA + 1];
-
-void ciq_attention_dispatch_reset(void) {  // part of ciq_dispatch_reset (registry.cpp)
-    for (auto &counter : g_attention_dispatch) counter.store(0);
-}
-
-ciq_status ciq_attention_dispatch_count(ciq_attention_kernel kernel, uint64_t *count) {
-    if (count == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_attention_dispatch_count: count is NULL");
-    if ((int)kernel < CIQ_ATTENTION_AUTO || kernel > CIQ_ATTENTION_WGMMA) {
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "unknown attention kernel %d", (int)kernel);
-    }
-    *count = g_attention_dispatch[kernel].load();
-    return CIQ_OK;
-}
 
 // CIQ_ORDER_LLAMACPP_CUDA runs on a GPU only; unknown orders are invalid.
 static ciq_status check_order(const char *what, int device, ciq_op_order order) {
@@ -111,23 +96,6 @@ static bool uses_mma(ciq_attention_kernel kernel) {  // the tensor-core kernels:
     return kernel == CIQ_ATTENTION_MMA || kernel == CIQ_ATTENTION_MMA_LLAMACPP || kernel == CIQ_ATTENTION_WGMMA;
 }
 
-// GGML_CIQ_ATTENTION_WGMMA, read where AUTO resolves: unset, empty or 1/on/true/yes: AUTO takes wgmma where it runs;
-// 0/off/false/no: it passes over it (the switch for A/B runs; an explicit request still runs it); anything else is an
-// error naming the variable (the Python switches' words, environment.switch), never a guess.
-static ciq_status auto_takes_wgmma(bool *take) {
-    *take = true;
-    const char *v = std::getenv("GGML_CIQ_ATTENTION_WGMMA");
-    std::string word;
-    for (const char *c = v ? v : ""; *c; ++c)
-        if (!std::isspace((unsigned char)*c)) word += (char)std::tolower((unsigned char)*c);
-    if (word.empty() || word == "1" || word == "on" || word == "true" || word == "yes") return CIQ_OK;
-    if (word == "0" || word == "off" || word == "false" || word == "no") {
-        *take = false;
-        return CIQ_OK;
-    }
-    return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "GGML_CIQ_ATTENTION_WGMMA='%s': expected 1 or 0 (on/off)", v);
-}
-
 ciq_status ciq_attention_resolve(int device, ciq_attention_kernel kernel, int64_t head_dim,
                                  ciq_attention_kernel *resolved) {
     if (resolved == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_attention_resolve: resolved is NULL");
@@ -137,7 +105,8 @@ ciq_status ciq_attention_resolve(int device, ciq_attention_kernel kernel, int64_
     CIQ_TRY(ciq_check_count("ciq_attention", "head_dim", head_dim));
     CIQ_TRY(ciq_check_device(device));
     bool take_wgmma = true;
-    if (kernel == CIQ_ATTENTION_AUTO) CIQ_TRY(auto_takes_wgmma(&take_wgmma));  // on every device: a bad value is bad
+    // GGML_CIQ_ATTENTION_WGMMA (switches.cpp), read where AUTO resolves, on every device: a bad value is bad
+    if (kernel == CIQ_ATTENTION_AUTO) CIQ_TRY(ciq_switches_attention_wgmma(&take_wgmma));
     static const char *const names[] = {"auto", "cpu", "simt", "mma", "ggml", "mma_llamacpp", "wgmma"};
     if (device == CIQ_DEVICE_CPU) {
         if (kernel == CIQ_ATTENTION_SIMT || uses_mma(kernel)) {
@@ -211,13 +180,13 @@ ciq_status ciq_attention(int device, ciq_attention_kernel kernel, const float *q
         status = ciq_cuda_set_device(device);
         if (status == CIQ_OK) {
             status = ciq_cuda_attention(resolved, q, k_cache, v_cache, tokens, heads, heads_kv, head_dim, n_past, scale,
-                                        window, out);
+                                        window, out, ciq_switches_attention());
         }
 #else
         status = CIQ_ERR_UNSUPPORTED;
 #endif
     }
-    if (status == CIQ_OK) g_attention_dispatch[resolved].fetch_add(1, std::memory_order_relaxed);
+    if (status == CIQ_OK) ciq_counters_attention(resolved);
     return status;
 }
 

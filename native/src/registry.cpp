@@ -2,13 +2,13 @@
 // architecture beside it, and the one resolution of a request into a plan (ciq_gemm_plan).
 //
 //   k_variants       : name, semantics, weight types, token range, architecture predicate, launcher per variant.
-//   k_layouts        : which activation layout a semantics uses for a weight type.
+//   k_layouts        : which activation layout a semantics uses for a weight type (ciq_activations_size: its bytes).
 //   k_auto_*         : AUTO's order per backend (the first entry that fits wins), measured on the H200.
 //   k_offload        : from how many tokens and weight values a variant beats llama.cpp's own mul_mat (the ggml
 //                      plugin's choice).
 #include "registry.h"
+#include "switches.h"
 
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -74,7 +74,9 @@ static ciq_status launch_mma(int, ciq_variant, ciq_semantics, ciq_type type, con
 }
 static ciq_status launch_wgmma(int device, ciq_variant, ciq_semantics, ciq_type type, const void *weight, int64_t rows,
                                int64_t k, const void *x, int64_t tokens, void *out, ciq_out_type out_type) {
-    return ciq_cuda_gemm_wgmma(device, type, weight, rows, k, x, tokens, out, out_type);
+    ciq_wgmma_switches sw;
+    CIQ_TRY(ciq_switches_wgmma(&sw));  // GGML_CIQ_WGMMA_* (switches.cpp), passed down to the planner
+    return ciq_cuda_gemm_wgmma(device, sw, type, weight, rows, k, x, tokens, out, out_type);
 }
 #else
 #define launch_wmma nullptr
@@ -291,61 +293,6 @@ ciq_status ciq_device_facts_get(int device, ciq_device_facts *facts) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Dispatch counters: [variant][type slot] (slots: Q4_K, Q6_K, Q4_0, Q5_0, Q8_0).
-
-static const ciq_type k_counted_types[] = {CIQ_TYPE_Q4_K, CIQ_TYPE_Q6_K, CIQ_TYPE_Q4_0, CIQ_TYPE_Q5_0, CIQ_TYPE_Q8_0};
-constexpr int COUNTED_TYPES = sizeof(k_counted_types) / sizeof(k_counted_types[0]);
-static std::atomic<uint64_t> g_dispatch[CIQ_VARIANT_COUNT][COUNTED_TYPES];
-
-static int counted_slot(ciq_type type) {
-    for (int i = 0; i < COUNTED_TYPES; ++i) {
-        if (k_counted_types[i] == type) return i;
-    }
-    return -1;
-}
-
-void ciq_registry_count(ciq_variant variant, ciq_type type) {
-    g_dispatch[variant][counted_slot(type)].fetch_add(1, std::memory_order_relaxed);
-}
-
-ciq_status ciq_dispatch_count(ciq_variant variant, ciq_type type, uint64_t *count) {
-    if (count == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_dispatch_count: count is NULL");
-    if (ciq_registry_row(variant) == nullptr) {
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_dispatch_count: unknown kernel variant %d", (int)variant);
-    }
-    if (counted_slot(type) < 0) {
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_dispatch_count: no variant multiplies weight type %d", (int)type);
-    }
-    *count = g_dispatch[variant][counted_slot(type)].load();
-    return CIQ_OK;
-}
-
-void ciq_attention_dispatch_reset(void);  // api_ops.cpp
-
-static std::atomic<uint64_t> g_wgmma_launches[CIQ_WGMMA_FORM_GLU + 1];
-
-void ciq_wgmma_count_launch(int form) {  // gemm_wgmma.cu, per kernel launched
-    if (form >= CIQ_WGMMA_FORM_SS && form <= CIQ_WGMMA_FORM_GLU) g_wgmma_launches[form].fetch_add(1);
-}
-
-ciq_status ciq_wgmma_launch_count(ciq_wgmma_form form, uint64_t *count) {
-    if (count == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_wgmma_launch_count: count is NULL");
-    if ((int)form < CIQ_WGMMA_FORM_SS || (int)form > CIQ_WGMMA_FORM_GLU)
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_wgmma_launch_count: unknown wgmma form %d", (int)form);
-    *count = g_wgmma_launches[form].load();
-    return CIQ_OK;
-}
-
-ciq_status ciq_dispatch_reset(void) {
-    for (auto &per_variant : g_dispatch) {
-        for (auto &counter : per_variant) counter.store(0);
-    }
-    for (auto &counter : g_wgmma_launches) counter.store(0);
-    ciq_attention_dispatch_reset();
-    return CIQ_OK;
-}
-
-// ---------------------------------------------------------------------------------------------
 // The C API's registry calls
 
 ciq_status ciq_variant_describe(ciq_variant variant, ciq_variant_info *info) {
@@ -383,6 +330,32 @@ ciq_status ciq_activations_layout(ciq_semantics semantics, ciq_type type, ciq_la
                     ciq_semantics_name(semantics), ciq_type_name(type));
 }
 
+ciq_status ciq_activations_size(ciq_layout layout, int64_t tokens, int64_t k, size_t *bytes) {
+    if (bytes == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_activations_size: bytes is NULL");
+    *bytes = 0;
+    CIQ_TRY(ciq_check_count("activations", "tokens", tokens));
+    int64_t unit = 0;
+    switch (layout) {
+        case CIQ_LAYOUT_Q8_K: unit = QK_K; break;
+        case CIQ_LAYOUT_F16: unit = F16_K_UNIT; break;
+        case CIQ_LAYOUT_Q8_1_MMQ_DS4: case CIQ_LAYOUT_Q8_1_MMQ_D4: unit = Q8_1_MMQ_VALUES; break;
+        case CIQ_LAYOUT_Q8_0: case CIQ_LAYOUT_Q8_1: unit = 32; break;
+        default: return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "unknown activation layout %d", (int)layout);
+    }
+    if (k < unit || k % unit) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "activations: K must be a positive multiple of %lld, got %lld",
+                        (long long)unit, (long long)k);
+    }
+    switch (layout) {
+        case CIQ_LAYOUT_Q8_K: *bytes = (size_t)(tokens * (k / QK_K)) * Q8_K_BLOCK_BYTES; break;
+        case CIQ_LAYOUT_F16: *bytes = ciq_f16_scale_offset(tokens, k) + (size_t)tokens * sizeof(float); break;
+        case CIQ_LAYOUT_Q8_0: *bytes = (size_t)(tokens * k) + (size_t)(tokens * (k / 32)) * sizeof(float); break;
+        case CIQ_LAYOUT_Q8_1: *bytes = (size_t)(tokens * (k / 32)) * 36; break;  // block_q8_1: half d, half sum, qs[32]
+        default: *bytes = (size_t)(tokens * (k / Q8_1_MMQ_VALUES)) * Q8_1_MMQ_BLOCK_BYTES; break;
+    }
+    return CIQ_OK;
+}
+
 // "cpu or mmq" for a mask of semantics bits.
 static void semantics_names(uint32_t mask, char (&names)[32]) {
     names[0] = '\0';
@@ -405,8 +378,8 @@ static ciq_status variant_from_name(const char *name, ciq_variant *variant) {
 
 static ciq_status resolve_auto(const ciq_device_facts &facts, ciq_semantics semantics, ciq_type type, int64_t k,
                                int64_t tokens, ciq_variant *resolved) {
-    const char *env = std::getenv("GGML_CIQ_VARIANT");
-    if (!facts.host && env != nullptr && *env != '\0') return variant_from_name(env, resolved);
+    const char *env = ciq_switches_variant();  // GGML_CIQ_VARIANT (switches.cpp)
+    if (!facts.host && env != nullptr) return variant_from_name(env, resolved);
     const AutoChoice *table = k_auto_host;
     size_t entries = sizeof(k_auto_host) / sizeof(k_auto_host[0]);
     if (!facts.host && facts.hip) {
@@ -451,14 +424,8 @@ static ciq_status resolve_auto(const ciq_device_facts &facts, ciq_semantics sema
 
 static ciq_status offload_decision(const ciq_device_facts &facts, ciq_variant variant, ciq_type type, int64_t rows,
                                    int64_t k, int64_t tokens, int *offload) {
-    const char *env = std::getenv("GGML_CIQ_OFFLOAD");
-    if (env != nullptr && *env != '\0') {
-        if (std::strcmp(env, "all") == 0 || std::strcmp(env, "none") == 0) {
-            *offload = env[0] == 'a';
-            return CIQ_OK;
-        }
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "GGML_CIQ_OFFLOAD=%s is not all or none", env);
-    }
+    CIQ_TRY(ciq_switches_offload(offload));  // GGML_CIQ_OFFLOAD (switches.cpp): all 1, none 0, unset -1
+    if (*offload >= 0) return CIQ_OK;
     *offload = 0;
     for (const OffloadThreshold &t : k_offload) {
         if (t.variant == variant && t.type == type && t.device(facts) && tokens >= t.min_tokens &&

@@ -2,7 +2,7 @@
 // token range, launcher) and, beside it, the tuning data per architecture (AUTO order, offload thresholds).
 // registry.cpp holds the data; ciq_gemm_plan (registry.cpp) is the one place a variant is resolved.
 #pragma once
-#include "api.h"
+#include "checks.h"
 
 // What an architecture predicate sees of a device.
 struct ciq_device_facts {
@@ -30,8 +30,6 @@ struct ciq_variant_row {
 const ciq_variant_row *ciq_registry_row(ciq_variant variant);
 // Whether a row multiplies this weight type.
 bool ciq_registry_covers(const ciq_variant_row &row, ciq_type type);
-// Counts one launch of a resolved variant on a weight type.
-void ciq_registry_count(ciq_variant variant, ciq_type type);
 // Values per block and bytes per block of a weight type (0 for a type no variant reads).
 int ciq_type_block_values(ciq_type type);
 int ciq_type_block_bytes(ciq_type type);

@@ -1,5 +1,5 @@
 // The C entry points tests/test_cuda_emulation.py calls: the CUDA backend's host functions of ops.cu,
-// ops_llamacpp.cu, attention.cu, attention_llamacpp.cu, gemm_q32.cu and gemm_mma.cu (compiled for the CPU emulation); errors are recorded by the library's status.cpp.
+// ops_llamacpp.cu, attention.cu, attention_llamacpp.cu, gemm_q32.cu and gemm_mma.cu (compiled for the CPU emulation); errors are recorded by the library's status.cpp, switches read by its switches.cpp.
 #include "cuda/common.cuh"
 
 #include <vector>
@@ -19,7 +19,7 @@ ciq_status ciq_cuda_scratch(int, int slot, size_t nbytes, void **ptr) {
 // without sm_90a code: no shared memory size (ciq_cuda_attention_supports answers false) and an error if called.
 size_t ciq_cuda_attention_wgmma_smem(int64_t) { return 0; }
 ciq_status ciq_cuda_attention_wgmma(const float *, const uint16_t *, const uint16_t *, int64_t, int64_t, int64_t,
-                                    int64_t, int64_t, float, int64_t, float *) {
+                                    int64_t, int64_t, float, int64_t, float *, bool) {
     return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention (wgmma) is not built for the CPU emulation");
 }
 
@@ -31,7 +31,7 @@ int emu_attention_supports(int kernel, int64_t head_dim) {
 int emu_attention(int kernel, const float *q, const uint16_t *k, const uint16_t *v, int64_t tokens, int64_t heads,
                   int64_t heads_kv, int64_t head_dim, int64_t n_past, float scale, int64_t window, float *out) {
     return ciq_cuda_attention((ciq_attention_kernel)kernel, q, k, v, tokens, heads, heads_kv, head_dim, n_past, scale,
-                              window, out);
+                              window, out, ciq_switches_attention());  // the switches as the C API reads them
 }
 int emu_rms_norm(int order, const float *x, const float *weight, const float *add, float eps, int64_t n, int64_t d,
                  float *out) {

@@ -1,5 +1,6 @@
 // Host backend: picks the widest int8 dot product the CPU has (AVX-VNNI, AVX2, scalar) and owns the thread count.
 #include "cpu_backend.h"
+#include "../switches.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -29,7 +30,7 @@ const char *ciq_cpu_features(void) {
 #ifdef GGML_CIQ_AVXVNNI
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("avxvnni")) best = "avxvnni";
 #endif
-    const char *wanted = std::getenv("GGML_CIQ_CPU_ISA");
+    const char *wanted = ciq_switches_cpu_isa();  // GGML_CIQ_CPU_ISA (switches.cpp)
     if (wanted == nullptr) return best;
     static const char *order[] = {"scalar", "avx2", "avxvnni"};
     int best_rank = 0, wanted_rank = -1;

@@ -5,7 +5,7 @@
 // Q6_K 0..63) plus per-sub-block scales, and dots that row with every token. The integer kernel is
 // "isums of 128 values": four 32-value sums (Q4_K) or eight 16-value sums (Q6_K), unsigned x signed bytes.
 #include "cpu_backend.h"
-#include "fp16.h"
+#include "../fp16.h"
 
 #include <cmath>
 #include <vector>

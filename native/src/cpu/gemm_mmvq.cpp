@@ -15,7 +15,7 @@
 // fused multiply-add where nvcc fuses one in llama.cpp's SASS (sm_90a, -use_fast_math); everything else is a plain
 // float32 operation (this file is built with -ffp-contract=off). The GPU flushes subnormals, the host keeps them.
 #include "cpu_backend.h"
-#include "fp16.h"
+#include "../fp16.h"
 
 #include <cmath>
 

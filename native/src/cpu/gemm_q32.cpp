@@ -4,7 +4,7 @@
 // Weights are unpacked per chunk of rows into int8 values and float scales (for_each_q32_chunk).
 #include "cpu_backend.h"
 #include "../dequantize.h"
-#include "fp16.h"
+#include "../fp16.h"
 
 #include <algorithm>
 #include <cmath>

@@ -9,7 +9,7 @@
 //              out_e = (sum_p w_p v_pe) / (sum_p w_p), keys ascending.
 #include "cpu_backend.h"
 #include "../dequantize.h"
-#include "fp16.h"
+#include "../fp16.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,7 +1,7 @@
 // Activation quantizers on the host, byte-identical to ggml's quantize_row_q8_K_ref and llama.cpp CUDA's
 // quantize_mmq_q8_1 (docs/SEMANTICS.md).
 #include "cpu_backend.h"
-#include "fp16.h"
+#include "../fp16.h"
 
 #include <cmath>
 

@@ -333,8 +333,8 @@ template <int D> ciq_status launch_mma(dim3 grid, const AttentionArgs &args) {
 #endif
 }
 
-template <int D> ciq_status launch(ciq_attention_kernel kernel, const AttentionArgs &args) {
-    return launch_split<D, ATTN_QUERIES, ATTN_KEYS>(args, false, 0, [kernel](dim3 grid, const AttentionArgs &a) {
+template <int D> ciq_status launch(ciq_attention_kernel kernel, const AttentionArgs &args, bool split) {
+    return launch_split<D, ATTN_QUERIES, ATTN_KEYS>(args, split, false, 0, [kernel](dim3 grid, const AttentionArgs &a) {
         return kernel == CIQ_ATTENTION_MMA ? launch_mma<D>(grid, a) : launch_simt<D>(grid, a);
     });
 }
@@ -368,27 +368,29 @@ bool ciq_cuda_attention_supports(int device, ciq_attention_kernel kernel, int64_
 
 ciq_status ciq_cuda_attention(ciq_attention_kernel kernel, const float *q, const uint16_t *k_cache,
                               const uint16_t *v_cache, int64_t tokens, int64_t heads, int64_t heads_kv,
-                              int64_t head_dim, int64_t n_past, float scale, int64_t window, float *out) {
+                              int64_t head_dim, int64_t n_past, float scale, int64_t window, float *out,
+                              const ciq_attention_switches &sw) {
     if (tokens + n_past > INT32_MAX / 2 || heads > 65535) {
         return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention: %lld positions, %lld heads exceed the kernel's limits",
                         (long long)(tokens + n_past), (long long)heads);
     }
 #if !defined(GGML_CIQ_HIP)
     if (kernel == CIQ_ATTENTION_WGMMA) {
-        return ciq_cuda_attention_wgmma(q, k_cache, v_cache, tokens, heads, heads_kv, head_dim, n_past, scale, window, out);
+        return ciq_cuda_attention_wgmma(q, k_cache, v_cache, tokens, heads, heads_kv, head_dim, n_past, scale, window, out,
+                                        sw.split);
     }
     if (kernel == CIQ_ATTENTION_MMA_LLAMACPP) {
         return ciq_cuda_attention_llamacpp(q, k_cache, v_cache, tokens, heads, heads_kv, head_dim, n_past, scale, window,
-                                           out);
+                                           out, sw.llamacpp_blocks_per_sm);
     }
 #endif
     const AttentionArgs args{attention_problem(q, k_cache, v_cache, out, tokens, heads, heads_kv, n_past, window, scale),
                              nullptr, 0};
     switch (head_dim) {
-        case 64: return launch<64>(kernel, args);
-        case 96: return launch<96>(kernel, args);
-        case 128: return launch<128>(kernel, args);
-        case 256: return launch<256>(kernel, args);
+        case 64: return launch<64>(kernel, args, sw.split);
+        case 96: return launch<96>(kernel, args, sw.split);
+        case 128: return launch<128>(kernel, args, sw.split);
+        case 256: return launch<256>(kernel, args, sw.split);
         default: return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention: head_dim %lld is not built", (long long)head_dim);
     }
 }

@@ -228,13 +228,8 @@ __global__ void __launch_bounds__(LC_THREADS) attention_llamacpp_kernel(LcArgs a
 
 // llama.cpp's flash-attention CTAs per SM on this GPU for the 64-column kernel: what cudaOccupancy reports for its
 // kernel (registers bind: 214..254 registers x 128 threads, bench/results/cpu/llamacpp-fattn-mma-registers.txt from
-// tools/llamacpp_fattn_registers.sh). GGML_CIQ_LLAMACPP_FA_BLOCKS_PER_SM overrides it for a GPU
-// or build where it differs.
-int lc_blocks_per_sm() {
-    const char *v = std::getenv("GGML_CIQ_LLAMACPP_FA_BLOCKS_PER_SM");
-    const int n = v && *v ? std::atoi(v) : 0;
-    return n > 0 ? n : 2;
-}
+// tools/llamacpp_fattn_registers.sh): 2, the default of ciq_attention_switches.llamacpp_blocks_per_sm, which
+// GGML_CIQ_LLAMACPP_FA_BLOCKS_PER_SM overrides for a GPU or build where it differs (switches.cpp).
 
 template <int D> ciq_status launch_llamacpp(const LcArgs &args) {
     const char *what = "attention (mma_llamacpp)";
@@ -260,7 +255,7 @@ size_t ciq_cuda_attention_llamacpp_smem(int64_t head_dim) {
 
 ciq_status ciq_cuda_attention_llamacpp(const float *q, const uint16_t *k_cache, const uint16_t *v_cache, int64_t tokens,
                                        int64_t heads, int64_t heads_kv, int64_t head_dim, int64_t n_past, float scale,
-                                       int64_t window, float *out) {
+                                       int64_t window, float *out, int blocks_per_sm) {
     if (tokens < 1) return CIQ_OK;
     // llama.cpp's launch (fattn.cu ggml_cuda_flash_attn_ext_mma_f16_switch_ncols2, fattn-common.cuh launch_fattn).
     const int64_t gqa = heads / heads_kv;
@@ -278,7 +273,7 @@ ciq_status ciq_cuda_attention_llamacpp(const float *q, const uint16_t *k_cache, 
         cudaGetLastError();
         return ciq_fail(CIQ_ERR_BACKEND, "attention (mma_llamacpp): cannot read GPU %d's attributes", device);
     }
-    const int64_t max_blocks = (int64_t)lc_blocks_per_sm() * sms;
+    const int64_t max_blocks = (int64_t)blocks_per_sm * sms;
     // Stream-k on Ada and newer always; before, when whole tiles would fill the waves to < 75%.
     const int64_t waves = (tiles + max_blocks - 1) / max_blocks;
     const bool stream_k = major * 10 + minor >= 89 || 100 * tiles / (max_blocks * waves) < 75;

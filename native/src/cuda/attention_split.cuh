@@ -114,9 +114,10 @@ __global__ void __launch_bounds__(64) attention_combine_kernel(AttentionArgs a) 
 // (tokens, heads, n_past, window) and the GPU's SMs only. Only where the (tile, head) CTAs are fewer than `fill`
 // (mma and simt: the SMs. Measured on the H200 at 512 tokens: Gemma 3 270M's 32 CTAs, attention 76 -> 28 + 14 us a
 // layer and the prefill 1.17x; Llama-3-8B's 256 CTAs split in 2 made its prefill 3% slower. wgmma: half the SMs, its
-// CTA being one a SM): splits = enough CTAs for about 3 a SM, at most MAX_SPLITS.
-inline int splits_cap(int64_t tiles, int64_t heads, int sms, int fill) {
-    if (const char *v = std::getenv("GGML_CIQ_ATTENTION_SPLIT"); v != nullptr && std::strcmp(v, "0") == 0) return 1;
+// CTA being one a SM): splits = enough CTAs for about 3 a SM, at most MAX_SPLITS. split false
+// (GGML_CIQ_ATTENTION_SPLIT=0, ciq_attention_switches): 1.
+inline int splits_cap(bool split, int64_t tiles, int64_t heads, int sms, int fill) {
+    if (!split) return 1;
     const int64_t ctas = tiles * heads;
     if (ctas >= fill) return 1;
     return (int)std::min<int64_t>(MAX_SPLITS, (3 * (int64_t)sms + ctas - 1) / ctas);
@@ -133,13 +134,13 @@ inline int splits_cap(int64_t tiles, int64_t heads, int sms, int fill) {
 // micro-batches, bench/results/h200/attention-2b2bad3: 512 keys 22.2 us unsplit vs 28.5 split, a 512-key window after
 // 3584 cached keys 26.6 vs 37.9, 4096 keys 87.7 vs 63.0; the two lines cross near 1200 keys).
 template <int D, int QT, int KT, typename Launch>
-ciq_status launch_split(AttentionArgs args, bool fill_half, int min_keys, Launch launch) {
+ciq_status launch_split(AttentionArgs args, bool split, bool fill_half, int min_keys, Launch launch) {
     const int64_t tiles = (args.tokens + QT - 1) / QT;
     int chunks = 1;
     int device = 0, sms = 0;
     ciq_status status = ciq_current_gpu_sms("attention", &device, &sms);
     if (status != CIQ_OK) return status;
-    const int cap = splits_cap(tiles, args.heads, sms, fill_half ? sms / 2 : sms);
+    const int cap = splits_cap(split, tiles, args.heads, sms, fill_half ? sms / 2 : sms);
     if (cap > 1) {
         int longest = 0;  // the longest key range of a query tile, in key tiles
         for (int64_t t = 0; t < tiles; ++t) {

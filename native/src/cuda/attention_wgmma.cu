@@ -247,7 +247,7 @@ __global__ void __maxnreg__(WgmmaAttn<D>::MAXNREG)
 #endif
 }
 
-template <int D> ciq_status launch_wgmma(const AttentionArgs &args) {
+template <int D> ciq_status launch_wgmma(const AttentionArgs &args, bool split) {
     using L = WgmmaAttn<D>;
     encode_tiled_fn encode;
     if (tensor_map_encoder(&encode) != CIQ_OK) return CIQ_ERR_BACKEND;
@@ -267,7 +267,7 @@ template <int D> ciq_status launch_wgmma(const AttentionArgs &args) {
     const ciq_status status = ciq_raise_smem_limit<attention_wgmma_kernel<D>>(L::SMEM, "attention (wgmma)");
     if (status != CIQ_OK) return status;
     const float scale_log2 = args.scale * 1.4426950408889634f;
-    return launch_split<D, L::QT, L::KT>(args, true, 1024, [&](dim3 grid, const AttentionArgs &a) -> ciq_status {
+    return launch_split<D, L::QT, L::KT>(args, split, true, 1024, [&](dim3 grid, const AttentionArgs &a) -> ciq_status {
         attention_wgmma_kernel<D><<<grid, L::THREADS, L::SMEM, ciq_stream()>>>(maps[0], maps[1], a, scale_log2);
         CIQ_CUDA_LAUNCH_CHECK("attention (wgmma)");
         return CIQ_OK;
@@ -285,15 +285,15 @@ size_t ciq_cuda_attention_wgmma_smem(int64_t head_dim) {
 
 ciq_status ciq_cuda_attention_wgmma(const float *q, const uint16_t *k_cache, const uint16_t *v_cache, int64_t tokens,
                                     int64_t heads, int64_t heads_kv, int64_t head_dim, int64_t n_past, float scale,
-                                    int64_t window, float *out) {
+                                    int64_t window, float *out, bool split) {
     if ((uintptr_t)k_cache % 16 != 0 || (uintptr_t)v_cache % 16 != 0)
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "attention (wgmma): the K/V caches must be 16-byte aligned");
     const AttentionArgs args{attention_problem(q, k_cache, v_cache, out, tokens, heads, heads_kv, n_past, window, scale),
                              nullptr, 0};
     switch (head_dim) {
-        case 64: return launch_wgmma<64>(args);
-        case 128: return launch_wgmma<128>(args);
-        case 256: return launch_wgmma<256>(args);
+        case 64: return launch_wgmma<64>(args, split);
+        case 128: return launch_wgmma<128>(args, split);
+        case 256: return launch_wgmma<256>(args, split);
         default: return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention (wgmma): head_dim %lld is not built", (long long)head_dim);
     }
 }

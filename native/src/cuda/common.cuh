@@ -2,6 +2,7 @@
 #pragma once
 #include "cuda_backend.h"
 #include "vendor.cuh"
+#include "../fp16.h"  // after vendor.cuh (cuda_fp16.h): ciq_half_to_float and the bit-pattern reads
 
 #include <algorithm>
 #include <atomic>
@@ -68,10 +69,6 @@ static inline unsigned ciq_grid_for(int64_t n) {
 }
 static __device__ __forceinline__ int64_t ciq_first_index() { return (int64_t)blockIdx.x * blockDim.x + threadIdx.x; }
 static __device__ __forceinline__ int64_t ciq_index_stride() { return (int64_t)gridDim.x * blockDim.x; }
-
-static __device__ __forceinline__ float ciq_half_to_float(uint16_t bits) {
-    return __half2float(__ushort_as_half(bits));
-}
 
 // ggml's get_scale_min_k4: 6-bit scale and min of sub-block j (0..7) of a Q4_K super-block.
 static __device__ __forceinline__ void ciq_q4_K_scale_min(int j, const uint8_t *q, int *sc, int *m) {

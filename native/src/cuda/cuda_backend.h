@@ -4,6 +4,7 @@
 #pragma once
 #include "../blocks.h"
 #include "../status.h"
+#include "../switches.h"
 
 #define CIQ_GEMM_OUTPUTS_MAX 4  // ciq_gemm_quantized_outputs' n_outputs (ggml_ciq.h says 1..4)
 
@@ -44,25 +45,26 @@ ciq_status ciq_cuda_glu_convert_f16(bool gelu, const float *gate, const float *u
 // ciq_rms_norm (host order, weight or NULL, no add) then ciq_cuda_convert_f16 in one kernel: the same bytes.
 ciq_status ciq_cuda_rms_norm_convert_f16(const float *x, const float *weight, float eps, void *out, int64_t tokens,
                                          int64_t k);
-// ciq_wgmma_launch_count's counters (registry.cpp): one launch of the form (ciq_wgmma_form) counted.
-void ciq_wgmma_count_launch(int form);
-ciq_status ciq_cuda_gemm_wgmma(int device, ciq_type type, const void *weight, int64_t rows, int64_t k,
-                               const void *x_f16, int64_t tokens, void *out, ciq_out_type out_type);
+// The wgmma GEMM (gemm_wgmma.cu; sm_90a): sw, the GGML_CIQ_WGMMA_* switches the caller read (switches.h).
+ciq_status ciq_cuda_gemm_wgmma(int device, const ciq_wgmma_switches &sw, ciq_type type, const void *weight,
+                               int64_t rows, int64_t k, const void *x_f16, int64_t tokens, void *out,
+                               ciq_out_type out_type);
 // The same with the product's rows split among outputs, each plus an optional float32 addend (ciq_gemm_output; the
 // API checked them): one launch where every output but the last has a multiple of 128 rows (CIQ_ERR_UNSUPPORTED
 // otherwise, for the caller's fallback).
-ciq_status ciq_cuda_gemm_wgmma_outputs(int device, ciq_type type, const void *weight, int64_t rows, int64_t k,
-                                       const void *x_f16, int64_t tokens, const ciq_gemm_output *outputs,
-                                       int n_outputs, ciq_out_type out_type);
+ciq_status ciq_cuda_gemm_wgmma_outputs(int device, const ciq_wgmma_switches &sw, ciq_type type, const void *weight,
+                                       int64_t rows, int64_t k, const void *x_f16, int64_t tokens,
+                                       const ciq_gemm_output *outputs, int n_outputs, ciq_out_type out_type);
 // Two weights' GEMMs on the same f16 activations in one launch (the grouped RS kernel): weight 0 Q4_K with a multiple
 // of 128 rows, weight 1 Q6_K, both staged by TMA; the outputs split their rows, weight 0's then weight 1's.
 // CIQ_ERR_UNSUPPORTED where that does not hold (or GGML_CIQ_WGMMA_GROUP=0 / GGML_CIQ_WGMMA_RS=0): run them apart.
-ciq_status ciq_cuda_gemm_wgmma_group(int device, const ciq_type types[2], const void *const weights[2],
+ciq_status ciq_cuda_gemm_wgmma_group(int device, const ciq_wgmma_switches &sw, const ciq_type types[2],
+                                     const void *const weights[2],
                                      const int64_t rows[2], int64_t k, const void *x_f16, int64_t tokens,
                                      const ciq_gemm_output *outputs, int n_outputs, ciq_out_type out_type);
 // A gate/up weight interleaved by CIQ_GLU_INTERLEAVE rows, its GLU from the epilogue: out [tokens][rows/2] float32.
-ciq_status ciq_cuda_gemm_wgmma_glu(int device, ciq_type type, const void *weight, int64_t rows, int64_t k,
-                                   const void *x_f16, int64_t tokens, bool gelu, float *out);
+ciq_status ciq_cuda_gemm_wgmma_glu(int device, const ciq_wgmma_switches &sw, ciq_type type, const void *weight,
+                                   int64_t rows, int64_t k, const void *x_f16, int64_t tokens, bool gelu, float *out);
 // dst[r][0 .. width) = src[r][0 .. width) for height rows of the given byte pitches (device to device, queued).
 ciq_status ciq_cuda_copy_2d(void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width,
                             size_t height);
@@ -77,20 +79,22 @@ ciq_status ciq_cuda_rms_norm_rope(ciq_op_order order, ciq_rope_mode mode, const 
                                   const int32_t *positions, int64_t tokens, int64_t heads, int64_t head_dim,
                                   float base, float *out);
 bool ciq_cuda_attention_supports(int device, ciq_attention_kernel kernel, int64_t head_dim);  // built, fits
+// sw: GGML_CIQ_ATTENTION_SPLIT and GGML_CIQ_LLAMACPP_FA_BLOCKS_PER_SM as the caller read them (switches.h).
 ciq_status ciq_cuda_attention(ciq_attention_kernel kernel, const float *q, const uint16_t *k_cache,
                               const uint16_t *v_cache, int64_t tokens, int64_t heads, int64_t heads_kv,
-                              int64_t head_dim, int64_t n_past, float scale, int64_t window, float *out);
+                              int64_t head_dim, int64_t n_past, float scale, int64_t window, float *out,
+                              const ciq_attention_switches &sw);
 // CIQ_ATTENTION_MMA_LLAMACPP (attention_llamacpp.cu; CUDA only): its dynamic shared memory for head_dim, and the call.
 size_t ciq_cuda_attention_llamacpp_smem(int64_t head_dim);
 ciq_status ciq_cuda_attention_llamacpp(const float *q, const uint16_t *k_cache, const uint16_t *v_cache, int64_t tokens,
                                        int64_t heads, int64_t heads_kv, int64_t head_dim, int64_t n_past, float scale,
-                                       int64_t window, float *out);
+                                       int64_t window, float *out, int blocks_per_sm);
 // CIQ_ATTENTION_WGMMA (attention_wgmma.cu; CUDA sm_90a only): its dynamic shared memory for head_dim (0: not built
 // for it), and the call.
 size_t ciq_cuda_attention_wgmma_smem(int64_t head_dim);
 ciq_status ciq_cuda_attention_wgmma(const float *q, const uint16_t *k_cache, const uint16_t *v_cache, int64_t tokens,
                                     int64_t heads, int64_t heads_kv, int64_t head_dim, int64_t n_past, float scale,
-                                    int64_t window, float *out);
+                                    int64_t window, float *out, bool split);
 ciq_status ciq_cuda_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values);
 // ciq_cuda_rope (host order) of q, and of k stored as ciq_cuda_kv_store at row start of k_cache, v (or NULL) stored
 // in v_cache: one kernel, the same values.

@@ -38,10 +38,10 @@
 // weights' TMA bytes); producer-only named barrier 2 before a weight slot is refilled.
 // Files: the PTX wrappers in wgmma_ptx.cuh; here the tile constants, the producer's dequantizer (raw_stage), the
 // kernel as wgmma_produce / wgmma_consume / wgmma_epilogue, and the host planner (pick_plan) and launch.
+#include "../counters.h"
 #include "wgmma_ptx.cuh"
 
 #include <atomic>
-#include <cstdlib>
 #include <mutex>
 #include <vector>
 
@@ -953,7 +953,7 @@ struct wgmma_plan {
     int tail_ctas = 0;
     float *partial = nullptr;  // stream-K's hand-over slots and flags (wgmma_stream_k)
     int *flags = nullptr;
-    bool pdl = true;  // launched as programmatic dependents (wgmma_switches)
+    bool pdl = true;  // launched as programmatic dependents (ciq_wgmma_switches.pdl)
     double model_s = 0;  // the time model's seconds for it (pick_plan)
 };
 
@@ -972,49 +972,12 @@ template <ciq_type T, int C, bool TMA_W, bool RS, ciq_type T1 = T> static conste
     else return wgmma_smem_bytes(T, cfg.bn, TMA_W ? cfg.stages_w : cfg.stages, TMA_W);
 }
 
-// A digit switch (GGML_CIQ_WGMMA_STREAMK, GGML_CIQ_WGMMA_RS): unset or empty gives `unset`; one digit 0 .. max its
-// value; anything else an error naming the variable and what it takes.
-static ciq_status wgmma_digit_switch(const char *name, int unset, int max, const char *expected, int *value) {
-    const char *v = std::getenv(name);
-    *value = unset;
-    if (!v || !*v) return CIQ_OK;
-    if (v[0] < '0' || v[0] > '0' + max || v[1] != 0)
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s='%s': expected %s", name, v, expected);
-    *value = v[0] - '0';
-    return CIQ_OK;
-}
-
-// An on/off switch for A/B runs: on unless set to a number that reads as 0 (the atoi of anything else).
-static bool wgmma_on_unless_zero(const char *name) {
-    const char *v = std::getenv(name);
-    return !(v && *v && std::atoi(v) == 0);
-}
-
-// wgmma's switches, read in one place once a call (what each takes is named here; the A/B runs set them):
-//   GGML_CIQ_WGMMA_STREAMK  0 never stream-K, 1 (unset) where the time model gains, 2 always where the kernel can
-//   GGML_CIQ_WGMMA_RS       0 the SS form everywhere, 1 (unset) the RS form wherever the weights are staged by TMA
-//   GGML_CIQ_WGMMA_PDL      0: no programmatic dependent launch (wait_for_previous_grid; bench/results/h200/wgmma-pdl-*)
-//   GGML_CIQ_WGMMA_TAIL     0: no tail split (pick_plan)
-//   GGML_CIQ_WGMMA_CONFIG   c (an index of k_wgmma_configs) pins the tile shape; unset, or out of range: -1, none
-//   GGML_CIQ_WGMMA_GROUP    two weights' GEMMs in one launch (ciq_cuda_gemm_wgmma_group): 0 never, 1 (unset) where the
-//                           time model gains over the two apart, 2 always where the grouped kernel runs them
-struct wgmma_switches {
-    int stream_k = 1, rs = 1, config = -1, group = 1;
-    bool pdl = true, tail = true;
-};
-static ciq_status wgmma_read_switches(wgmma_switches *sw) {
-    CIQ_TRY(wgmma_digit_switch("GGML_CIQ_WGMMA_STREAMK", 1, 2,
-                               "0 (never stream-K), 1 (where the time model gains) or 2 (always)", &sw->stream_k));
-    CIQ_TRY(wgmma_digit_switch("GGML_CIQ_WGMMA_RS", 1, 1, "0 (A tiles through shared memory) or 1 (A from registers "
-                               "where the weights are staged by TMA)", &sw->rs));
-    sw->pdl = wgmma_on_unless_zero("GGML_CIQ_WGMMA_PDL");
-    sw->tail = wgmma_on_unless_zero("GGML_CIQ_WGMMA_TAIL");
-    CIQ_TRY(wgmma_digit_switch("GGML_CIQ_WGMMA_GROUP", 1, 2, "0 (never one launch over two weights), 1 (where the "
-                               "time model gains) or 2 (always where the grouped kernel runs)", &sw->group));
-    const char *pin = std::getenv("GGML_CIQ_WGMMA_CONFIG");
-    const int pinned = pin && *pin ? std::atoi(pin) : -1;
-    sw->config = pinned >= 0 && pinned < k_wgmma_config_count ? pinned : -1;
-    return CIQ_OK;
+// wgmma's switches (GGML_CIQ_WGMMA_*: switches.cpp's table says what each takes), read by the caller once a call and
+// passed down; a pinned tile config outside k_wgmma_configs pins none.
+static ciq_wgmma_switches wgmma_plan_switches(const ciq_wgmma_switches &sw) {
+    ciq_wgmma_switches out = sw;
+    if (out.config >= k_wgmma_config_count) out.config = -1;
+    return out;
 }
 
 template <ciq_type T, int C, bool TMA_W, bool RS, ciq_type T1 = T>
@@ -1060,9 +1023,9 @@ template <ciq_type T, int C, bool TMA_W, bool RS> static int wave_ctas(int split
     return n;
 }
 
-// The plan of the least modelled time (sw.config pins the tile shape; sw.tail, sw.stream_k: wgmma_switches).
+// The plan of the least modelled time (sw.config pins the tile shape; sw.tail, sw.stream_k: ciq_wgmma_switches).
 template <ciq_type T, bool TMA_W, bool RS>
-static wgmma_plan pick_plan(int64_t rows, int64_t tokens, int nb, int sms, int64_t l2_bytes, const wgmma_switches &sw) {
+static wgmma_plan pick_plan(int64_t rows, int64_t tokens, int nb, int sms, int64_t l2_bytes, const ciq_wgmma_switches &sw) {
     static constexpr int (*k_wave_ctas[])(int, int) = {wave_ctas<T, 0, TMA_W, RS>, wave_ctas<T, 1, TMA_W, RS>,
                                                        wave_ctas<T, 2, TMA_W, RS>};
     static_assert(sizeof(k_wave_ctas) / sizeof(k_wave_ctas[0]) == k_wgmma_config_count, "one entry per tile config");
@@ -1172,10 +1135,10 @@ static ciq_status launch_wgmma(const CUtensorMap &xmap, const CUtensorMap &wmap,
                                                    group.wmap1 ? *group.wmap1 : wmap,
                                                    group.wmap1 ? group.row_tiles0 : row_tiles);
         if (err != cudaSuccess) return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: %s", cudaGetErrorString(err));
-        ciq_wgmma_count_launch(RS && TMA_W ? CIQ_WGMMA_FORM_RS : CIQ_WGMMA_FORM_SS);
-        if (stream_k) ciq_wgmma_count_launch(CIQ_WGMMA_FORM_STREAM_K);
-        if (T1 != T) ciq_wgmma_count_launch(CIQ_WGMMA_FORM_GROUPED);
-        if (outs.glu) ciq_wgmma_count_launch(CIQ_WGMMA_FORM_GLU);
+        ciq_counters_wgmma_launch(RS && TMA_W ? CIQ_WGMMA_FORM_RS : CIQ_WGMMA_FORM_SS);
+        if (stream_k) ciq_counters_wgmma_launch(CIQ_WGMMA_FORM_STREAM_K);
+        if (T1 != T) ciq_counters_wgmma_launch(CIQ_WGMMA_FORM_GROUPED);
+        if (outs.glu) ciq_counters_wgmma_launch(CIQ_WGMMA_FORM_GLU);
     }
     return CIQ_OK;
 }
@@ -1224,7 +1187,7 @@ static ciq_status wgmma_w_map(encode_tiled_fn encode, const void *weight, int64_
 // every Q4_K matrix, Q6_K with K a multiple of 2048); otherwise the producers read them into registers.
 template <ciq_type T>
 static ciq_status run_wgmma(const void *x_f16, int64_t k, const void *weight, int64_t row_bytes, int64_t rows, int nb,
-                            const float *scales, int64_t tokens, int sms, int64_t l2_bytes, const wgmma_switches &sw,
+                            const float *scales, int64_t tokens, int sms, int64_t l2_bytes, const ciq_wgmma_switches &sw,
                             const wgmma_stream_k &ws, const wgmma_outputs &outs, ciq_out_type out_type) {
     // Q4_K rows (144 B blocks, 16-byte-aligned weights) always allow it; Q6_K rows (210 B) when K % 2048 == 0; the
     // 32-value block types never (their blocks straddle any 16-byte box).
@@ -1301,8 +1264,9 @@ static ciq_status wgmma_check_size(const char *fn, int64_t rows, int64_t k, int6
     return CIQ_OK;
 }
 
-static ciq_status gemm_wgmma(int device, ciq_type type, const void *weight, int64_t rows, int64_t k,
-                             const void *x_f16, int64_t tokens, const wgmma_outputs &outs, ciq_out_type out_type) {
+static ciq_status gemm_wgmma(int device, const ciq_wgmma_switches &switches, ciq_type type, const void *weight,
+                             int64_t rows, int64_t k, const void *x_f16, int64_t tokens, const wgmma_outputs &outs,
+                             ciq_out_type out_type) {
     if (type != CIQ_TYPE_Q4_K && type != CIQ_TYPE_Q6_K && type != CIQ_TYPE_Q4_0 && type != CIQ_TYPE_Q5_0 &&
         type != CIQ_TYPE_Q8_0)
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma: unknown weight type %d", (int)type);
@@ -1315,8 +1279,7 @@ static ciq_status gemm_wgmma(int device, ciq_type type, const void *weight, int6
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT,
                         "ciq_cuda_gemm_wgmma: activations (and Q4_K weights) must be 16-byte aligned, other weights "
                         "2-byte");
-    wgmma_switches sw;
-    CIQ_TRY(wgmma_read_switches(&sw));
+    const ciq_wgmma_switches sw = wgmma_plan_switches(switches);
     wgmma_device dev;
     CIQ_TRY(wgmma_device_state(device, dev));
     const float *scales = (const float *)((const uint8_t *)x_f16 + ciq_f16_scale_offset(tokens, k));
@@ -1339,14 +1302,15 @@ static ciq_status gemm_wgmma(int device, ciq_type type, const void *weight, int6
 
 static bool aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
 
-ciq_status ciq_cuda_gemm_wgmma(int device, ciq_type type, const void *weight, int64_t rows, int64_t k,
-                               const void *x_f16, int64_t tokens, void *out, ciq_out_type out_type) {
+ciq_status ciq_cuda_gemm_wgmma(int device, const ciq_wgmma_switches &sw, ciq_type type, const void *weight,
+                               int64_t rows, int64_t k, const void *x_f16, int64_t tokens, void *out,
+                               ciq_out_type out_type) {
     wgmma_outputs outs{};
     outs.n = 1;
     outs.vec = out_type == CIQ_OUT_F32 && rows % 4 == 0 && aligned16(out);
     outs.row_end[0] = rows;
     outs.out[0] = out;
-    return gemm_wgmma(device, type, weight, rows, k, x_f16, tokens, outs, out_type);
+    return gemm_wgmma(device, sw, type, weight, rows, k, x_f16, tokens, outs, out_type);
 }
 
 // The epilogue's outputs of ciq_gemm_output[n_outputs] over a product of `rows` rows (unsupported: a boundary inside
@@ -1374,16 +1338,16 @@ static ciq_status wgmma_make_outputs(const ciq_gemm_output *outputs, int n_outpu
     return CIQ_OK;
 }
 
-ciq_status ciq_cuda_gemm_wgmma_outputs(int device, ciq_type type, const void *weight, int64_t rows, int64_t k,
-                                       const void *x_f16, int64_t tokens, const ciq_gemm_output *outputs,
-                                       int n_outputs, ciq_out_type out_type) {
+ciq_status ciq_cuda_gemm_wgmma_outputs(int device, const ciq_wgmma_switches &sw, ciq_type type, const void *weight,
+                                       int64_t rows, int64_t k, const void *x_f16, int64_t tokens,
+                                       const ciq_gemm_output *outputs, int n_outputs, ciq_out_type out_type) {
     wgmma_outputs outs;
     CIQ_TRY(wgmma_make_outputs(outputs, n_outputs, rows, out_type, outs));
-    return gemm_wgmma(device, type, weight, rows, k, x_f16, tokens, outs, out_type);
+    return gemm_wgmma(device, sw, type, weight, rows, k, x_f16, tokens, outs, out_type);
 }
 
-ciq_status ciq_cuda_gemm_wgmma_glu(int device, ciq_type type, const void *weight, int64_t rows, int64_t k,
-                                   const void *x_f16, int64_t tokens, bool gelu, float *out) {
+ciq_status ciq_cuda_gemm_wgmma_glu(int device, const ciq_wgmma_switches &sw, ciq_type type, const void *weight,
+                                   int64_t rows, int64_t k, const void *x_f16, int64_t tokens, bool gelu, float *out) {
     if (rows % (2 * CIQ_GLU_INTERLEAVE) != 0)
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma_glu: %lld rows, not a multiple of %d",
                         (long long)rows, 2 * CIQ_GLU_INTERLEAVE);
@@ -1394,12 +1358,13 @@ ciq_status ciq_cuda_gemm_wgmma_glu(int device, ciq_type type, const void *weight
     outs.vec = aligned16(out);
     outs.row_end[0] = rows;
     outs.out[0] = out;
-    return gemm_wgmma(device, type, weight, rows, k, x_f16, tokens, outs, CIQ_OUT_F32);
+    return gemm_wgmma(device, sw, type, weight, rows, k, x_f16, tokens, outs, CIQ_OUT_F32);
 }
 
-ciq_status ciq_cuda_gemm_wgmma_group(int device, const ciq_type types[2], const void *const weights[2],
-                                     const int64_t rows[2], int64_t k, const void *x_f16, int64_t tokens,
-                                     const ciq_gemm_output *outputs, int n_outputs, ciq_out_type out_type) {
+ciq_status ciq_cuda_gemm_wgmma_group(int device, const ciq_wgmma_switches &switches, const ciq_type types[2],
+                                     const void *const weights[2], const int64_t rows[2], int64_t k, const void *x_f16,
+                                     int64_t tokens, const ciq_gemm_output *outputs, int n_outputs,
+                                     ciq_out_type out_type) {
     constexpr ciq_type T0 = CIQ_TYPE_Q4_K, T1 = CIQ_TYPE_Q6_K;  // the one grouped kernel built (8B's q+k and v)
     if (types[0] != T0 || types[1] != T1)
         return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma_group: weights of types %d, %d (grouped: Q4_K, then "
@@ -1419,8 +1384,7 @@ ciq_status ciq_cuda_gemm_wgmma_group(int device, const ciq_type types[2], const 
     CIQ_TRY(wgmma_check_size("ciq_cuda_gemm_wgmma_group", total, k, tokens));
     if (!aligned16(x_f16))
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma_group: activations must be 16-byte aligned");
-    wgmma_switches sw;
-    CIQ_TRY(wgmma_read_switches(&sw));
+    const ciq_wgmma_switches sw = wgmma_plan_switches(switches);
     if (!sw.rs || sw.group == 0)
         return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma_group: off (GGML_CIQ_WGMMA_GROUP=0 or "
                         "GGML_CIQ_WGMMA_RS=0)");
@@ -1453,19 +1417,21 @@ ciq_status ciq_cuda_gemm_wgmma_group(int device, const ciq_type types[2], const 
 
 #else  // HIP: no wgmma
 
-ciq_status ciq_cuda_gemm_wgmma(int, ciq_type, const void *, int64_t, int64_t, const void *, int64_t, void *,
-                               ciq_out_type) {
+ciq_status ciq_cuda_gemm_wgmma(int, const ciq_wgmma_switches &, ciq_type, const void *, int64_t, int64_t, const void *,
+                               int64_t, void *, ciq_out_type) {
     return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma: the wgmma kernel is CUDA-only");
 }
-ciq_status ciq_cuda_gemm_wgmma_outputs(int, ciq_type, const void *, int64_t, int64_t, const void *, int64_t,
-                                       const ciq_gemm_output *, int, ciq_out_type) {
+ciq_status ciq_cuda_gemm_wgmma_outputs(int, const ciq_wgmma_switches &, ciq_type, const void *, int64_t, int64_t,
+                                       const void *, int64_t, const ciq_gemm_output *, int, ciq_out_type) {
     return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma: the wgmma kernel is CUDA-only");
 }
-ciq_status ciq_cuda_gemm_wgmma_glu(int, ciq_type, const void *, int64_t, int64_t, const void *, int64_t, bool, float *) {
+ciq_status ciq_cuda_gemm_wgmma_glu(int, const ciq_wgmma_switches &, ciq_type, const void *, int64_t, int64_t,
+                                   const void *, int64_t, bool, float *) {
     return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma: the wgmma kernel is CUDA-only");
 }
-ciq_status ciq_cuda_gemm_wgmma_group(int, const ciq_type[2], const void *const[2], const int64_t[2], int64_t,
-                                     const void *, int64_t, const ciq_gemm_output *, int, ciq_out_type) {
+ciq_status ciq_cuda_gemm_wgmma_group(int, const ciq_wgmma_switches &, const ciq_type[2], const void *const[2],
+                                     const int64_t[2], int64_t, const void *, int64_t, const ciq_gemm_output *, int,
+                                     ciq_out_type) {
     return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma: the wgmma kernel is CUDA-only");
 }
 #endif

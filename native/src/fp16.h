@@ -1,18 +1,39 @@
-// IEEE half <-> float conversions in portable C++ (exact; round to nearest even), as ggml does them.
+// The one fp16 helper of the library, shared by the host (cpu/, dequantize.h) and the GPU side (cuda/): IEEE half
+// and bf16 <-> float conversions in portable C++ (exact; round to nearest even), as ggml does them, and the
+// bit-pattern reads both sides make (ciq_half_to_float, ciq_bits_to_float, ciq_float_to_bits), which device code
+// compiles to the CUDA/HIP intrinsics (a .cu file includes this after vendor.cuh's cuda_fp16.h: common.cuh does).
 #pragma once
 #include <cstdint>
 #include <cstring>
 
-static inline float ciq_bits_to_float(uint32_t bits) {
+// A function for both passes of a CUDA/HIP compile (static inline in host-only C++ and the CUDA-on-CPU emulation).
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define CIQ_HOST_DEVICE static __host__ __device__ __forceinline__
+#else
+#define CIQ_HOST_DEVICE static inline
+#endif
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+#define CIQ_FP16_DEVICE_PASS 1  // the device intrinsics below
+#endif
+
+CIQ_HOST_DEVICE float ciq_bits_to_float(uint32_t bits) {
+#ifdef CIQ_FP16_DEVICE_PASS
+    return __uint_as_float(bits);
+#else
     float f;
     std::memcpy(&f, &bits, 4);
     return f;
+#endif
 }
 
-static inline uint32_t ciq_float_to_bits(float f) {
+CIQ_HOST_DEVICE uint32_t ciq_float_to_bits(float f) {
+#ifdef CIQ_FP16_DEVICE_PASS
+    return __float_as_uint(f);
+#else
     uint32_t bits;
     std::memcpy(&bits, &f, 4);
     return bits;
+#endif
 }
 
 static inline float ciq_fp16_to_fp32(uint16_t h) {
@@ -39,8 +60,18 @@ static inline uint16_t ciq_fp32_to_fp16(float f) {
     return (uint16_t)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : exp_bits + mantissa_bits));
 }
 
+// The host's conversions (ggml's fp32 <-> fp16 bit tricks; bf16 with round to nearest even and a quiet NaN).
 static inline uint16_t ciq_fp32_to_bf16(float f) {
     uint32_t bits = ciq_float_to_bits(f);
     if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 64);  // quiet NaN
     return (uint16_t)((bits + (0x7fffu + ((bits >> 16) & 1))) >> 16);
+}
+
+// A half bit pattern's value: __half2float in device code, ciq_fp16_to_fp32 on the host (the same exact value).
+CIQ_HOST_DEVICE float ciq_half_to_float(uint16_t bits) {
+#ifdef CIQ_FP16_DEVICE_PASS
+    return __half2float(__ushort_as_half(bits));
+#else
+    return ciq_fp16_to_fp32(bits);
+#endif
 }

@@ -1,5 +1,6 @@
-// Helpers shared by the C API's files (api_device.cpp, api_gemm.cpp, api_ops.cpp, registry.cpp): argument checks
-// and routing to the host (cpu/) or GPU (cuda/) backend. Nothing in cpu/ or cuda/ includes this.
+// Argument checks (checks.cpp) and routing to the host (cpu/) or GPU (cuda/) backend, shared by the registry
+// (registry.cpp) and the C API's files (api_device.cpp, api_gemm.cpp, api_ops.cpp). Layers, each calling only down:
+// status, counters, switches -> cpu/, cuda/ -> checks -> registry -> api_*. Nothing in cpu/ or cuda/ includes this.
 #pragma once
 #include "blocks.h"
 #include "cpu/cpu_backend.h"
