@@ -16,25 +16,13 @@
 #define CIQ_FP16_DEVICE_PASS 1  // the device intrinsics below
 #endif
 
-CIQ_HOST_DEVICE float ciq_bits_to_float(uint32_t bits) {
-#ifdef CIQ_FP16_DEVICE_PASS
-    return __uint_as_float(bits);
-#else
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
+#ifdef CIQ_FP16_DEVICE_PASS  // device code: the intrinsics
+CIQ_HOST_DEVICE float ciq_bits_to_float(uint32_t bits) { return __uint_as_float(bits); }
+CIQ_HOST_DEVICE uint32_t ciq_float_to_bits(float f) { return __float_as_uint(f); }
+#else  // host code: the bytes
+CIQ_HOST_DEVICE float ciq_bits_to_float(uint32_t bits) { float f; std::memcpy(&f, &bits, 4); return f; }
+CIQ_HOST_DEVICE uint32_t ciq_float_to_bits(float f) { uint32_t bits; std::memcpy(&bits, &f, 4); return bits; }
 #endif
-}
-
-CIQ_HOST_DEVICE uint32_t ciq_float_to_bits(float f) {
-#ifdef CIQ_FP16_DEVICE_PASS
-    return __float_as_uint(f);
-#else
-    uint32_t bits;
-    std::memcpy(&bits, &f, 4);
-    return bits;
-#endif
-}
 
 static inline float ciq_fp16_to_fp32(uint16_t h) {
     const uint32_t w = (uint32_t)h << 16;
