@@ -225,7 +225,10 @@ def _nbytes(obj) -> int | None:
 
 
 def _timed(prefill, repeat: int, progress, arm: str) -> list[float]:
-    """perf_counter seconds of `repeat` prefills (after the caller's warm-up, which progress counts too)."""
+    """perf_counter seconds of `repeat` prefills, after one untimed prefill of the same kind (the caller's all-logits
+    warm-up is another graph: llama.cpp CUDA's first last-token-only prefills in a fresh process measured 27, 17, 9
+    ms against 8 ms steady); progress counts the timed ones."""
+    prefill()
     seconds = []
     for _ in range(repeat):
         start = time.perf_counter()
