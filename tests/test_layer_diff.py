@@ -93,7 +93,8 @@ def test_hidden_states_name_the_broken_layer(native_lib, model, captured, monkey
 
 
 def test_diff_prompt_cli(llama, native_lib, default_model, tmp_path, capsys):
-    rc = cli.main(["diff", str(default_model.path), "--prompt", PROMPT, "--json", str(tmp_path / "d.json")])
+    rc = cli.main(["diff", str(default_model.path), "--prompt", PROMPT, "--reference", "llamacpp-cpu", "--json",
+                   str(tmp_path / "d.json")])
     out = capsys.readouterr().out
     assert rc == 0 and "PASS: 15 tensors judged" in out
     report = json.loads((tmp_path / "d.json").read_text())
