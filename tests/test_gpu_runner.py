@@ -316,3 +316,20 @@ def test_ab_libs_axis_sets_each_build_and_its_commit(out, capsys, monkeypatch):
                       "diag1": [str(gpu.TMP / "ciq-diag1" / "libggml_ciq.so"), "new1234"]}
     rc, _, stderr = run_main(["ab", "--libs", "diag2", "--", "true"], capsys)
     assert rc == 2 and "ciq-diag2" in stderr
+
+
+def test_native_llamacpp_runs_use_its_libraries_and_package_together(out, monkeypatch):
+    """GPU_LLAMACPP=native (setup --native-cpu's build): libllama and llama-cpp-python's package both from the native
+    build, never one from the CUDA build beside the other (that mix crashed llama_model_load); unset, the CUDA one."""
+    for key in ("GGML_CIQ_LLAMACPP_LIB", "PYTHONPATH", gpu.LLAMACPP_ENV):
+        monkeypatch.delenv(key, raising=False)
+    cuda = gpu.environment()
+    monkeypatch.setenv(gpu.LLAMACPP_ENV, "native")
+    native = gpu.environment()
+    root = gpu.TMP
+    assert cuda["GGML_CIQ_LLAMACPP_LIB"] == str(root / "llama" / "llama_cpp" / "lib")
+    assert native["GGML_CIQ_LLAMACPP_LIB"] == str(root / "llama-native-py" / "llama_cpp" / "lib")
+    assert str(root / "llama-native-py") in native["PYTHONPATH"].split(":")
+    assert str(root / "llama") not in native["PYTHONPATH"].split(":")
+    args = gpu.build_parser().parse_args(["setup", "--native-cpu", "--no-llama"])
+    assert args.native_cpu and args.no_llama

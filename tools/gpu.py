@@ -37,6 +37,9 @@ SDIST_NAME = "llama_cpp_python-0.3.36"
 LLAMACPP_COMMIT = "0c1e570"  # what llama-cpp-python 0.3.36 vendors (its sdist carries no git metadata)
 WHEELS = ("cffi==2.0.0", "pycparser==3.12", "gguf==0.19.0", "diskcache==5.6.3")  # diskcache: llama_cpp's package
 MIB = 1 << 20
+# GPU_LLAMACPP=native: every verb runs against setup --native-cpu's llama.cpp (CPU only, built for this host's CPU:
+# AVX-512 and AMX on the H200's Xeon), its libraries and llama-cpp-python's package over them, never mixed.
+LLAMACPP_ENV = "GPU_LLAMACPP"
 CALL_LIMIT = 64 * MIB  # what one call carries, the tree included
 OUT_FILES, OUT_FILE_BYTES, OUT_BYTES, OUT_DEPTH = 8, 16 * MIB, 64 * MIB, 2
 NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
@@ -54,7 +57,8 @@ def paths() -> dict:
     return {"site": TMP / "site", "device": TMP / "device", "sdist": TMP / SDIST_NAME, "llama_build": TMP / "llama-cuda",
             "llama_py": TMP / "llama", "ciq_build": TMP / "ciq-build", "base_src": TMP / "ciq-base-src",
             "base_build": TMP / "ciq-base", "jobs": TMP / "gpu-jobs", "logs": TMP / "gpu-logs", "parts": TMP / "parts",
-            "gemma": TMP / "gemma3-270m.gguf", "commit": TMP / "ciq-commit"}
+            "gemma": TMP / "gemma3-270m.gguf", "commit": TMP / "ciq-commit",
+            "native_build": TMP / "llama-native", "native_py": TMP / "llama-native-py"}
 
 
 def out_dir() -> Path:
@@ -67,12 +71,14 @@ def environment() -> dict:
     """The environment every command runs in: the wheels, this tree and llama.cpp's Python package on PYTHONPATH, the
     builds' libraries, the carried models. A variable already set wins."""
     p, env = paths(), dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(p["site"]), str(ROOT), str(p["llama_py"])]
+    native = env.get(LLAMACPP_ENV) == "native"  # setup --native-cpu's CPU-only -march=native build, whole
+    llama_py = p["native_py"] if native else p["llama_py"]
+    env["PYTHONPATH"] = os.pathsep.join([str(p["site"]), str(ROOT), str(llama_py)]
                                         + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env["PYTHONUNBUFFERED"] = "1"
     gemma = p["gemma"] if p["gemma"].is_file() else p["device"] / "gemma3-270m-kquants.gguf"
     defaults = {"GGML_CIQ_LIB": p["ciq_build"] / "libggml_ciq.so", "GGML_CIQ_PLUGIN": p["ciq_build"] / "libggml-ciq.so",
-                "GGML_CIQ_LLAMACPP_LIB": p["llama_py"] / "llama_cpp" / "lib", "GGML_CIQ_LLAMACPP_SRC": p["sdist"],
+                "GGML_CIQ_LLAMACPP_LIB": llama_py / "llama_cpp" / "lib", "GGML_CIQ_LLAMACPP_SRC": p["sdist"],
                 "GGML_CIQ_GEMMA3_270M": gemma, "GGML_CIQ_CACHE": TMP / "ciq-cache",
                 "GGML_CIQ_LLAMA3_VOCAB": p["device"] / "ggml-vocab-llama-bpe.gguf"}
     for key, value in defaults.items():
@@ -389,6 +395,15 @@ def setup(args) -> int:
             f"ninja -C {lb} -j {args.jobs} llama test-backend-ops llama-bench llama-perplexity",
             f"mkdir -p {py}", f"rm -rf {py / 'llama_cpp'}", f"cp -r {p['sdist'] / 'llama_cpp'} {py}/",
             f"ln -s {lb / 'bin'} {py / 'llama_cpp' / 'lib'}"], env, args.force))
+    if args.native_cpu:
+        nb, npy = p["native_build"], p["native_py"]
+        states.append(start_job("llama-native", [
+            cmake(p["sdist"] / "vendor" / "llama.cpp", nb, "-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_CUDA=OFF",
+                  "-DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF",
+                  "-DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF"),
+            f"ninja -C {nb} -j {args.jobs} llama ggml",
+            f"mkdir -p {npy}", f"rm -rf {npy / 'llama_cpp'}", f"cp -r {p['sdist'] / 'llama_cpp'} {npy}/",
+            f"ln -s {nb / 'bin'} {npy / 'llama_cpp' / 'lib'}"], env, args.force))
     if (ROOT / ".baseline" / "native").is_dir():
         shutil.rmtree(p["base_src"], ignore_errors=True)
         shutil.copytree(ROOT / ".baseline", p["base_src"])
@@ -798,6 +813,9 @@ def build_parser() -> Parser:
 
     p = sub.add_parser("setup", help="wheels -> /tmp/site; starts the CUDA builds in the background (then: wait)")
     p.add_argument("--no-llama", action="store_true", help="no llama.cpp CUDA build (library tests, lib-ab)")
+    p.add_argument("--native-cpu", action="store_true",
+                   help="also a CPU-only llama.cpp built -march=native (AVX-512 / AMX where the host has them) and "
+                        "llama-cpp-python's package over it, for GPU_LLAMACPP=native runs of any verb")
     p.add_argument("--diag", type=int, action="append", default=[], metavar="N",
                    help="also the library with CIQ_WGMMA_DIAG=N in /tmp/ciq-diagN (for --libs diagN)")
     p.add_argument("--archs", default="90a", help="GGML_CIQ_CUDA_ARCHITECTURES (default 90a)")
