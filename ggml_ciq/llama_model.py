@@ -391,6 +391,7 @@ class LlamaModel(Closeable):
         self.weight_buffers = sorted({buffer for buffer, kind, _ in _BUFFER_LINE.findall(self.load_log)
                                       if kind == "model"})
         if device == "cpu" and not extra_buffers and set(self.weight_buffers) & set(EXTRA_BUFFER_TYPES):
+            self.close()
             raise BackendError(f"llama.cpp put weights of {path.name} into {', '.join(self.weight_buffers)} with its "
                                f"extra buffer types off")
 

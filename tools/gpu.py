@@ -368,6 +368,16 @@ def cmake(source, build, *options) -> str:
     return " ".join(["cmake -S", str(source), "-B", str(build), "-G Ninja"] + list(options))
 
 
+def llama_job(name: str, build: Path, py: Path, options: list, targets: str, env: dict, args) -> str:
+    """A llama.cpp build of the carried sdist into `build` (its `targets`), and llama-cpp-python's package in `py`
+    over that build's libraries (its lib/ a link to the build's bin/: the two are never mixed)."""
+    sdist = paths()["sdist"]
+    return start_job(name, [cmake(sdist / "vendor" / "llama.cpp", build, *options),
+                            f"ninja -C {build} -j {args.jobs} {targets}",
+                            f"mkdir -p {py}", f"rm -rf {py / 'llama_cpp'}", f"cp -r {sdist / 'llama_cpp'} {py}/",
+                            f"ln -s {build / 'bin'} {py / 'llama_cpp' / 'lib'}"], env, args.force)
+
+
 def setup(args) -> int:
     p = paths()
     if (ROOT / ".device").is_dir():
@@ -387,23 +397,16 @@ def setup(args) -> int:
     states = [start_job("ciq", [cmake("native", p["ciq_build"], *cuda), f"ninja -C {p['ciq_build']}"], env,
                         args.force)]
     if not args.no_llama:
-        lb, py = p["llama_build"], p["llama_py"]
-        states.append(start_job("llama", [
-            cmake(p["sdist"] / "vendor" / "llama.cpp", lb, "-DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON",
-                  "-DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TESTS=ON -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF",
-                  "-DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF"),
-            f"ninja -C {lb} -j {args.jobs} llama test-backend-ops llama-bench llama-perplexity",
-            f"mkdir -p {py}", f"rm -rf {py / 'llama_cpp'}", f"cp -r {p['sdist'] / 'llama_cpp'} {py}/",
-            f"ln -s {lb / 'bin'} {py / 'llama_cpp' / 'lib'}"], env, args.force))
+        states.append(llama_job("llama", p["llama_build"], p["llama_py"], [
+            "-DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON",
+            "-DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TESTS=ON -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF",
+            "-DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF"],
+            "llama test-backend-ops llama-bench llama-perplexity", env, args))
     if args.native_cpu:
-        nb, npy = p["native_build"], p["native_py"]
-        states.append(start_job("llama-native", [
-            cmake(p["sdist"] / "vendor" / "llama.cpp", nb, "-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_CUDA=OFF",
-                  "-DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF",
-                  "-DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF"),
-            f"ninja -C {nb} -j {args.jobs} llama ggml",
-            f"mkdir -p {npy}", f"rm -rf {npy / 'llama_cpp'}", f"cp -r {p['sdist'] / 'llama_cpp'} {npy}/",
-            f"ln -s {nb / 'bin'} {npy / 'llama_cpp' / 'lib'}"], env, args.force))
+        states.append(llama_job("llama-native", p["native_build"], p["native_py"], [
+            "-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_CUDA=OFF",
+            "-DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF",
+            "-DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF"], "llama ggml", env, args))
     if (ROOT / ".baseline" / "native").is_dir():
         shutil.rmtree(p["base_src"], ignore_errors=True)
         shutil.copytree(ROOT / ".baseline", p["base_src"])
