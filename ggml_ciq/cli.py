@@ -392,7 +392,7 @@ CHECKS = {"diff": _check_diff, "bench": _check_bench, "prefill": _check_prefill,
 # ----------------------------------------------------------------------------------------------
 
 def cmd_diff(args) -> int:
-    from . import catalog
+    from . import catalog, native, quants
     from .diff import DiffReport, Differ, activations, select_tensors
     from .model import ModelFile
 
@@ -402,9 +402,12 @@ def cmd_diff(args) -> int:
     path = catalog.resolve_model(args.model)
     model = ModelFile(path)
     differ = Differ(args.backend, args.reference, variant=args.variant, threads=args.threads, tokens=args.tokens)
-    tensors = select_tensors(model, args.all_quantized, args.tensor)
+    tensors = select_tensors(model, lambda t: differ.takes(t, args.tokens), args.all_quantized, args.tensor)
     if not tensors:
-        raise CiqError(f"{path}: no Q4_K/Q6_K weights to diff")
+        types = sorted({t.type_name for t in model.quantized_weights()})
+        raise CiqError(f"{path}: no weight of a type our kernels multiply on {differ.backend} "
+                       f"({', '.join(types) or 'no quantized weights'}); --all-quantized lists them with llama.cpp vs "
+                       f"float64 (ours: {', '.join(quants.type_name(t) for t in native.weight_types(differ.device))})")
     _check_diff_memory(tensors, args.tokens)
     report = DiffReport(str(path), args.tokens, args.seed, differ.backend, differ.reference, differ.semantics, args.bar,
                         environment=differ.environment())
@@ -574,13 +577,13 @@ def cmd_prefill(args) -> int:
     console.print(f"{model.config.name}: {len(tokens)} tokens in {total * 1e3:.1f} ms = "
                   f"{len(tokens) / total:.1f} tokens/s ({where}; n_ctx {engine.n_ctx}, n_ubatch {engine.n_ubatch}; "
                   f"{how})")
-    vocab = model.token_strings()
     last = logits[-1].astype(np.float64)
     probs = np.exp(last - last.max())
     probs /= probs.sum()
     top = np.argsort(-last)[:args.top]
+    next_tokens = [{"id": int(i), "text": model.token_text(int(i)), "p": float(probs[i])} for i in top]
     _print_table(console, "next token", [("id", "number"), ("token", "name"), ("p", "number")],
-                 [[str(i), escape(repr(vocab[i])) if i < len(vocab) else "-", f"{probs[i]:.3f}"] for i in top])
+                 [[str(n["id"]), escape(repr(n["text"])), f"{n['p']:.3f}"] for n in next_tokens])
     _print_table(console, "time by op class", [("op class", "text"), ("ms", "number"), ("share", "number")],
                  [[name, f"{t.get(name, 0.0) * 1e3:.1f}", f"{t.get(name, 0.0) / total:.0%}"]
                   for name in ("keep-quant GEMM", "other GEMM", "attention", "rest")])
@@ -593,7 +596,7 @@ def cmd_prefill(args) -> int:
                                 "runs_seconds": [r["total"] for r in timed], "repeat": args.repeat,
                                 "cuda_graph": bool(args.cuda_graph), "semantics": args.semantics,
                                 "tokens_per_second": len(tokens) / total, "memory_bytes": memory,
-                                "kv_cache_bytes": kv, "top": [int(i) for i in top]})
+                                "kv_cache_bytes": kv, "top": [int(i) for i in top], "next_tokens": next_tokens})
     return 0
 
 

@@ -9,8 +9,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from . import native, quants
-from .errors import InvalidArgumentError, UnsupportedTypeError
-from .model import ModelFile, Tensor, require_keep_quant
+from .errors import CiqError, InvalidArgumentError, UnsupportedTypeError
+from .model import ModelFile, Tensor
 
 BACKENDS = ("auto", "reference", "ciq-cpu", "ciq-cuda")
 REFERENCES = ("auto", "llamacpp-cpu", "llamacpp-cuda")
@@ -46,13 +46,26 @@ def max_abs(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
 
 
+def our_kernel_takes(tensor: Tensor, device: str, semantics: str, tokens: int, variant: str = "auto") -> bool:
+    """Whether a kernel of ours multiplies this 2-D weight on the device in these semantics at this token count: the
+    registry's planning (ciq_gemm_plan) says, so every weight type, K and token range it covers is diffed, and nothing
+    else (no second list of types here)."""
+    if len(tensor.shape) != 2:
+        return False
+    try:
+        native.plan(variant, device, semantics, tensor.ggml_type, tensor.rows, tensor.k, tokens)
+    except CiqError:
+        return False
+    return True
+
+
 @dataclass
 class TensorDiff:
     name: str
     type: str
     rows: int
     k: int
-    variant: str | None = None          # kernel that ran for "ours" (None: no keep-quant path for this type)
+    variant: str | None = None          # kernel that ran for "ours" (None: no kernel of ours takes this weight)
     ours_vs_llamacpp: float | None = None
     ours_vs_llamacpp_maxabs: float | None = None
     llamacpp_vs_f64: float | None = None
@@ -127,8 +140,8 @@ class Differ:
         if backend != "reference":
             if threads:
                 native.set_num_threads(threads)
-            if backend == "ciq-cpu":
-                self.variant = "cpu"
+            if backend == "ciq-cpu":  # the host's AUTO order (registry.cpp): the K-quant kernel, then q32
+                self.variant = "auto"
 
     def environment(self) -> dict:
         env = {"llamacpp": {"lib_dir": str(self.llamacpp.lib_dir), "version": self.llamacpp.version,
@@ -143,6 +156,13 @@ class Differ:
         theirs = reference_semantics(self.reference, ggml_type, tokens, self.compute_capability)
         ours = self.own_semantics or theirs
         return ours, ours == theirs
+
+    def takes(self, tensor: Tensor, tokens: int) -> bool:
+        """Whether "ours" runs this weight at this token count (the numpy reference backend: the K-quants)."""
+        if self.backend == "reference":
+            return tensor.is_keep_quant
+        return our_kernel_takes(tensor, self.device, self.semantics_for(tensor.ggml_type, tokens)[0], tokens,
+                                self.variant)
 
     def ours(self, tensor: Tensor, x: np.ndarray) -> tuple[np.ndarray, str]:
         semantics, _ = self.semantics_for(tensor.ggml_type, x.shape[0])
@@ -162,7 +182,7 @@ class Differ:
                                       device=self.llamacpp_device, threads=self.threads)
         truth = quants.gemm_f64(tensor.ggml_type, tensor.raw(), tensor.rows, tensor.k, x)
         d.llamacpp_vs_f64, d.llamacpp_vs_f64_maxabs = quants.nmse(llama, truth), max_abs(llama, truth)
-        if tensor.is_keep_quant:
+        if self.takes(tensor, x.shape[0]):
             ours, d.variant = self.ours(tensor, x)
             d.ours_vs_llamacpp, d.ours_vs_llamacpp_maxabs = quants.nmse(ours, llama), max_abs(ours, llama)
             d.ours_vs_f64, d.ours_vs_f64_maxabs = quants.nmse(ours, truth), max_abs(ours, truth)
@@ -176,17 +196,19 @@ class Differ:
         return d
 
 
-def select_tensors(model: ModelFile, all_quantized: bool, names: list[str] | None = None) -> list[Tensor]:
-    """Keep-quant weights (or every quantized 2-D weight), optionally only the named ones.
-
-    A named tensor we cannot run, or (with all_quantized) a type we cannot decode, is an error naming it."""
+def select_tensors(model: ModelFile, takes, all_quantized: bool, names: list[str] | None = None) -> list[Tensor]:
+    """The weights a kernel of ours multiplies (`takes(tensor)`: Differ.takes at the diff's token count), or with
+    all_quantized every quantized 2-D weight (the others then with llama.cpp vs float64 only); optionally only the
+    named ones. A named tensor ours does not take (without all_quantized), or a type we cannot decode, is an error
+    naming it."""
     if names:
         tensors = [model.tensor(name) for name in names]
-        if not all_quantized:
-            for t in tensors:
-                require_keep_quant(t)
+        for t in tensors:
+            if not all_quantized and not takes(t):
+                raise UnsupportedTypeError(f"tensor {t.name} is {t.type_name} ({t.rows} x {t.k}), which no kernel of "
+                                           f"ours multiplies here; --all-quantized lists it with llama.cpp vs float64")
     else:
-        tensors = model.quantized_weights() if all_quantized else model.weights()
+        tensors = [t for t in model.quantized_weights() if all_quantized or takes(t)]
     for t in tensors:
         if t.ggml_type not in quants.BLOCK_LAYOUT:
             raise UnsupportedTypeError(f"{model.path}: tensor {t.name} has type {t.type_name}, which ggml-ciq "
@@ -278,9 +300,9 @@ def captured_tensor_diffs(model: ModelFile, capture, reference: str, bar: float,
         -> list[CapturedTensorDiff]:
     """Every captured weight mul_mat, in llama.cpp's graph order, through our kernel of llama.cpp's semantics on
     exactly llama.cpp's input, against llama.cpp's output: per captured call (micro-batch), the registry's AUTO kernel
-    for the semantics llama.cpp ran there (reference_semantics: Q4_K/Q6_K cpu on the CPU; on CUDA mmvq for 1..8 tokens,
-    else mma; Q4_0/Q5_0/Q8_0: q32, reported as "q8_0" on the CPU, K a multiple of 128 on CUDA above 8 tokens, mmvq at
-    1..8). These are judged against the bar; other types are listed with a float64 product."""
+    for the semantics llama.cpp ran there (reference_semantics: cpu on the CPU; on CUDA mmvq for 1..8 tokens, else
+    mmq), where the registry has one for the weight (our_kernel_takes; the q32 variant reported as "q8_0" on the CPU).
+    These are judged against the bar; the other weights are listed with a float64 product."""
     device = "cpu" if reference == "llamacpp-cpu" else "cuda"
     capability = cuda_compute_capability() if device == "cuda" else (9, 0)
     diffs = []
@@ -290,8 +312,7 @@ def captured_tensor_diffs(model: ModelFile, capture, reference: str, bar: float,
         calls = capture.mul_mat[name][0]
         semantics = [reference_semantics(reference, tensor.ggml_type, len(part), capability) for part in calls]
         judged = True
-        if tensor.is_keep_quant or (tensor.ggml_type in quants.Q32_TYPES and
-                                    (device == "cpu" or all(s == "mmvq" or tensor.k % 128 == 0 for s in semantics))):
+        if all(our_kernel_takes(tensor, device, sem, len(part)) for part, sem in zip(calls, semantics)):
             pieces, kernels = [], []
             for part, sem in zip(calls, semantics):
                 native.dispatch_reset()  # AUTO in llama.cpp's semantics: the registry picks, the counters say which

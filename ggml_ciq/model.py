@@ -404,6 +404,22 @@ _INTEGER_TYPES = (0, 1, 2, 3, 4, 5, 10, 11)
 _NUMBER_TYPES = _INTEGER_TYPES + (6, 12)
 
 
+def _gpt2_byte_decoder() -> dict[str, int]:
+    """GPT-2's bytes_to_unicode, inverted: the printable character that stands for each byte in a byte-level BPE
+    vocabulary -> the byte."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars, extra = list(printable), 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars)}
+
+
+_GPT2_BYTES = _gpt2_byte_decoder()
+
+
 class ModelFile:
     """An open GGUF file. ``ModelFile(path)`` validates it; errors are GGUFFileError with one-line messages.
 
@@ -493,6 +509,24 @@ class ModelFile:
             raise GGUFFileError(f"{self.path}: key tokenizer.ggml.tokens is {kv.type_name}, expected an array of "
                                 f"strings")
         return kv.value
+
+    def token_text(self, token: int) -> str:
+        """A token's text as the tokenizer decodes it: GPT-2 byte-level BPE ("gpt2": its printable stand-ins mapped back
+        to bytes), SentencePiece ("llama": U+2581 a space, <0xNN> a byte); the raw piece for other tokenizers."""
+        vocab = self.token_strings()
+        if not 0 <= token < len(vocab):
+            return ""
+        piece = vocab[token]
+        field = self.fields.get("tokenizer.ggml.model")
+        kind = field.value if field is not None else ""
+        if kind == "gpt2":
+            data = bytes(_GPT2_BYTES.get(ch, ord(ch) & 0xFF) for ch in piece)
+            return data.decode("utf-8", errors="replace")
+        if kind == "llama":
+            if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+                return bytes([int(piece[3:5], 16)]).decode("utf-8", errors="replace")
+            return piece.replace("\u2581", " ")
+        return piece
 
     def tensor(self, name: str) -> Tensor:
         try:

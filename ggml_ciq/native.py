@@ -149,6 +149,13 @@ def variants() -> tuple[VariantInfo, ...]:
     return tuple(out)
 
 
+def weight_types(device) -> tuple[int, ...]:
+    """The ggml weight types some kernel of ours multiplies on this device's kind (host or GPU), from the registry."""
+    host = parse_device(device) < 0
+    return tuple(sorted({t for v in variants()[1:] if (v.host_semantics if host else v.gpu_semantics)
+                         for t in v.weight_types}))
+
+
 def __getattr__(name: str):
     """VARIANTS (names, AUTO first), GPU_VARIANTS (the GPU kernels of the K-quant types for every token count: what
     bench and the sanitizer run), SEMANTICS, LAYOUTS and OUT_TYPES, read from the header and the registry on first
