@@ -656,14 +656,14 @@ def random_table(rng, ggml_type: int, rows: int, k: int) -> np.ndarray:
     scale = lambda n: rng.uniform(-0.1, 0.1, n).astype(np.float16).view(np.uint8).reshape(n, 2)  # noqa: E731
     if ggml_type in Q.Q32_TYPES:
         blocks[:, 0:2] = scale(len(blocks))
-    elif ggml_type in (Q.Q4_K, Q.Q5_K):
+    elif ggml_type in (Q.Q4_K, Q.Q5_K) + Q.Q32_1_TYPES:  # d, then dmin (K-quants) or m (Q4_1/Q5_1)
         blocks[:, 0:2], blocks[:, 2:4] = scale(len(blocks)), scale(len(blocks))
     else:  # Q6_K: d last
         blocks[:, 208:210] = scale(len(blocks))
     return blocks.reshape(-1)
 
 
-TABLE_TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+TABLE_TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q4_1, Q.Q5_1]
 
 
 @pytest.mark.parametrize("ggml_type", TABLE_TYPES, ids=[Q.type_name(t) for t in TABLE_TYPES])
@@ -705,7 +705,7 @@ def test_get_rows_bad_input(native_lib, rng):
     with pytest.raises(ShapeError):
         ops.get_rows(Tensor("t", Q.Q8_0, (4, 64), raw), np.array([0, 4], np.int32))
     with pytest.raises(UnsupportedTypeError):
-        ops.get_rows(Tensor("t", 3, (4, 64), raw), np.array([0], np.int32))  # Q4_1
+        ops.get_rows(Tensor("t", 20, (4, 64), raw), np.array([0], np.int32))  # IQ4_NL
 
 
 # ---- attention ---------------------------------------------------------------------------------------------------
