@@ -144,3 +144,10 @@ def test_other_semantics_refused_cleanly(native_lib, rng, ggml_type):
     assert status == lib.CIQ_ERR_UNSUPPORTED and name in error, error
     with pytest.raises(BackendError, match=name):
         native.gemm_q32(raw, np.zeros((9, 512), np.float32), ggml_type, 64, 512, "cpu", semantics="mmq")
+
+
+def test_python_type_ids_are_the_headers(native_lib):
+    """quants' type constants are ggml_ciq.h's ciq_type values, name for name (Q4_1 = 3, Q5_1 = 7 included)."""
+    names = native._header_ffi().typeof("ciq_type").elements  # value -> CIQ_TYPE_<name>
+    assert {getattr(Q, name[len("CIQ_TYPE_"):]): value for value, name in names.items()} == {v: v for v in names}
+    assert (Q.Q4_1, Q.Q5_1) == (native_lib.lib.CIQ_TYPE_Q4_1, native_lib.lib.CIQ_TYPE_Q5_1) == (3, 7)

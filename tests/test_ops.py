@@ -168,7 +168,11 @@ def test_glu_activations(ops, rng, kind, tokens, k):
     h = ops.glu(g, u, kind)
     checked = _fused_activations_checked(ops, tokens, k, h, lambda layout, out: lib.ciq_glu_activations(
         ops.device, lib.CIQ_ORDER_HOST, kind_id, ops._fp(g), ops._fp(u), tokens, k, layout, out))
-    assert checked == (1 if ops.device >= 0 else len([u for u in (256, 128, 128, 64, 32, 32) if k % u == 0]))
+    assert checked == (1 if ops.device >= 0 else len([u for u in LAYOUT_UNITS if k % u == 0]))
+
+
+# K unit of each activation layout (ciq_layout order): Q8_K, q8_1-mmq DS4 and D4, f16, q8_0, q8_1, q8_1-cpu.
+LAYOUT_UNITS = (256, 128, 128, 64, 32, 32, 32)
 
 
 def _fused_activations_checked(ops, tokens, k, h, fused_call) -> int:
@@ -228,7 +232,7 @@ def test_rms_norm_activations(ops, rng, tokens, k):
         wp = ops._fp(w) if w is not None else n.ffi.NULL
         checked += _fused_activations_checked(ops, tokens, k, ops.rms_norm(xd, w, 1e-6), lambda layout, out: (
             lib.ciq_rms_norm_activations(ops.device, lib.CIQ_ORDER_HOST, ops._fp(xd), wp, 1e-6, tokens, k, layout, out)))
-    per_weight = 1 if ops.device >= 0 else len([u for u in (256, 128, 128, 64, 32, 32) if k % u == 0])
+    per_weight = 1 if ops.device >= 0 else len([u for u in LAYOUT_UNITS if k % u == 0])
     assert checked == 2 * per_weight
 
 
