@@ -151,3 +151,15 @@ def test_python_type_ids_are_the_headers(native_lib):
     names = native._header_ffi().typeof("ciq_type").elements  # value -> CIQ_TYPE_<name>
     assert {getattr(Q, name[len("CIQ_TYPE_"):]): value for value, name in names.items()} == {v: v for v in names}
     assert (Q.Q4_1, Q.Q5_1) == (native_lib.lib.CIQ_TYPE_Q4_1, native_lib.lib.CIQ_TYPE_Q5_1) == (3, 7)
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
+def test_gpu_refuses_them_cleanly(native_lib, ggml_type):
+    """On a GPU no kernel multiplies Q4_1/Q5_1 (NativeOps dequantizes them to bf16): AUTO and q32 both refuse in
+    planning with CIQ_ERR_UNSUPPORTED naming the type."""
+    if native.device_count() == 0:
+        pytest.skip("no GPU (or libggml_ciq built without CUDA)")
+    name = Q.type_name(ggml_type)
+    for variant, semantics in (("auto", "any"), ("auto", "mmq"), ("q32", "mmq"), ("q32", "any")):
+        with pytest.raises(BackendError, match=name):
+            native.plan(variant, 0, semantics, ggml_type, 64, 512, 9)
