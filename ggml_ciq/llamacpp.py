@@ -37,6 +37,7 @@ _DEQUANTIZE = {
     Q4_0: "dequantize_row_q4_0", Q5_0: "dequantize_row_q5_0", Q8_0: "dequantize_row_q8_0",
     Q4_K: "dequantize_row_q4_K", Q5_K: "dequantize_row_q5_K", Q6_K: "dequantize_row_q6_K",
     F16: "ggml_fp16_to_fp32_row", BF16: "ggml_bf16_to_fp32_row",
+    Q4_1: "dequantize_row_q4_1", Q5_1: "dequantize_row_q5_1",
 }
 
 _CDEF = """
@@ -103,12 +104,15 @@ bool ggml_quantize_requires_imatrix(int type);
 size_t ggml_quantize_chunk(int type, const float * src, void * dst, int64_t start, int64_t nrows,
                            int64_t n_per_row, const float * imatrix);
 void quantize_row_q8_K_ref(const float * x, void * y, int64_t k);
+void quantize_row_q8_1(const float * x, void * y, int64_t k);
 void dequantize_row_q4_0(const void * x, float * y, int64_t k);
 void dequantize_row_q5_0(const void * x, float * y, int64_t k);
 void dequantize_row_q8_0(const void * x, float * y, int64_t k);
 void dequantize_row_q4_K(const void * x, float * y, int64_t k);
 void dequantize_row_q5_K(const void * x, float * y, int64_t k);
 void dequantize_row_q6_K(const void * x, float * y, int64_t k);
+void dequantize_row_q4_1(const void * x, float * y, int64_t k);
+void dequantize_row_q5_1(const void * x, float * y, int64_t k);
 void ggml_fp16_to_fp32_row(const void * x, float * y, int64_t n);
 void ggml_bf16_to_fp32_row(const void * x, float * y, int64_t n);
 """
@@ -349,6 +353,17 @@ class LlamaCpp:
         # Zeroed: for an all-zero block ggml writes d and qs but leaves bsums untouched.
         out = np.zeros(self._check_row(Q8_K, x.size, what="n"), dtype=np.uint8)
         self._lib.quantize_row_q8_K_ref(ffi.from_buffer("float[]", x), ffi.from_buffer(out), x.size)
+        return out
+
+    def quantize_row_q8_1(self, x):
+        """The CPU backend's quantize_row_q8_1 (its SIMD build: what mul_mat makes of Q4_1/Q5_1 activations) of
+        float32 values (a multiple of 32; e.g. [tokens, K]) -> block_q8_1 (36 B per 32 values), uint8."""
+        x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+        _positive(n=x.size)
+        if not self._has("quantize_row_q8_1"):
+            raise UnsupportedTypeError(f"quantize_row_q8_1 not exported by the llama.cpp libraries in {self.lib_dir}")
+        out = np.zeros(self._check_row(Q8_1, x.size, what="n"), dtype=np.uint8)
+        self._lib.quantize_row_q8_1(ffi.from_buffer("float[]", x), ffi.from_buffer(out), x.size)
         return out
 
 

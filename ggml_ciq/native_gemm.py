@@ -16,7 +16,7 @@ from .model import Tensor
 from .native_buffers import DeviceArray
 
 GET_ROWS_TYPES = (quants.F32, quants.F16, quants.BF16, quants.Q4_0, quants.Q5_0, quants.Q8_0, quants.Q4_K,
-                  quants.Q5_K, quants.Q6_K)
+                  quants.Q5_K, quants.Q6_K, quants.Q4_1, quants.Q5_1)
 
 
 @dataclass

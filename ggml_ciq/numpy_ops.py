@@ -3,7 +3,8 @@
 Arrays are numpy float32 (caches float16), rows first. What each op mirrors, found op by op against tensors
 captured from llama.cpp's own forward pass of Gemma 3 270M:
 - 32-block weights (Q4_0, Q5_0, Q8_0): libggml_ciq's q32 variant in cpu semantics (q8_0 activations as ggml's
-  AVX2 `quantize_row_q8_0`, llamafile `tinyBLAS_Q0_AVX`'s float order).
+  AVX2 `quantize_row_q8_0`, llamafile `tinyBLAS_Q0_AVX`'s float order); Q4_1/Q5_1 the same variant on q8_1
+  activations as `quantize_row_q8_1`, `ggml_vec_dot_q{4,5}_1_q8_1`'s float order.
 - Q4_K/Q6_K: libggml_ciq's keep-quant GEMM in cpu semantics, in the float order of the kernel llama.cpp runs for
   the matrix (repacked Q4_K GEMM, tiled K-quant matmul, vec_dot; docs/SEMANTICS.md).
 - Attention without flash attention over the f16 K/V cache: libggml_ciq's host kernel "ggml" (q and the softmax
@@ -78,7 +79,7 @@ class NumpyWeight:
             self.kind = "keep-quant"
             self.problem = native.GemmProblem.upload(tensor.ggml_type, tensor.raw(), tensor.rows, tensor.k, "cpu")
             self.nbytes = tensor.raw().nbytes
-        elif tensor.ggml_type in quants.Q32_TYPES:
+        elif tensor.ggml_type in quants.Q32_TYPES + quants.Q32_1_TYPES:
             self.kind = "q32"
             self.raw = np.ascontiguousarray(tensor.raw())
             self.nbytes = self.raw.nbytes

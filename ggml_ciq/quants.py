@@ -15,13 +15,15 @@ Q8_1_MMQ_VALUES = 128
 
 # ggml type ids (ggml.h enum ggml_type).
 F32, F16, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, Q8_K, BF16 = 0, 1, 2, 6, 8, 12, 13, 14, 15, 30
+Q4_1, Q5_1 = 3, 7
 TYPE_NAMES = {F32: "F32", F16: "F16", Q4_0: "Q4_0", Q5_0: "Q5_0", Q8_0: "Q8_0", Q4_K: "Q4_K",
-              Q5_K: "Q5_K", Q6_K: "Q6_K", Q8_K: "Q8_K", BF16: "BF16"}
+              Q5_K: "Q5_K", Q6_K: "Q6_K", Q8_K: "Q8_K", BF16: "BF16", Q4_1: "Q4_1", Q5_1: "Q5_1"}
 # (values per block, bytes per block)
 BLOCK_LAYOUT = {F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q4_0: (32, 18), Q5_0: (32, 22), Q8_0: (32, 34),
-                Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210), Q8_K: (256, 292)}
+                Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210), Q8_K: (256, 292), Q4_1: (32, 20), Q5_1: (32, 24)}
 KEEP_QUANT_TYPES = (Q4_K, Q6_K)
 Q32_TYPES = (Q4_0, Q5_0, Q8_0)  # 32-value blocks: int8 values and one fp16 scale per block (the q32 variant)
+Q32_1_TYPES = (Q4_1, Q5_1)  # 32-value blocks with an fp16 d and m each: the q32 variant in cpu semantics, host only
 
 Q8_K_DTYPE = np.dtype([("d", "<f4"), ("qs", "i1", QK_K), ("bsums", "<i2", QK_K // 16)])
 Q8_1_MMQ_BYTES = 144
@@ -186,6 +188,9 @@ def dequantize(ggml_type: int, data, rows: int, k: int) -> np.ndarray:
         return (q.astype(np.float32) * d[..., None]).reshape(rows, k)
     if ggml_type == Q5_K:
         return _dequantize_q5_K(raw, rows, k)
+    if ggml_type in Q32_1_TYPES:
+        q, d, m = q32_1_fields(ggml_type, raw, rows, k)
+        return (q.astype(np.float32) * d[..., None] + m[..., None]).reshape(rows, k)  # ggml's q*d + m, two roundings
     raise UnsupportedTypeError(f"unsupported tensor type {type_name(ggml_type)}")
 
 
@@ -207,6 +212,55 @@ def q32_fields(ggml_type: int, data, rows: int, k: int) -> tuple[np.ndarray, np.
     qs = b[..., 6:22]
     q = np.concatenate([(qs & 0xF) | (bits[..., :16] << 4), (qs >> 4) | (bits[..., 16:] << 4)], axis=-1)
     return q.astype(np.int8) - 16, d
+
+
+def q32_1_fields(ggml_type: int, data, rows: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_1 / Q5_1 blocks -> (unsigned values uint8 [rows, K/32, 32] in 0..15 / 0..31, d and m float32 [rows, K/32]):
+    value = q * d + m."""
+    nbytes = row_bytes(ggml_type, k)
+    raw = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data.view(np.uint8)
+    if ggml_type not in Q32_1_TYPES or raw.size != rows * nbytes:
+        raise ShapeError(f"{type_name(ggml_type)} [{rows} x {k}]: not Q4_1/Q5_1 data of {rows * nbytes} bytes")
+    b = np.ascontiguousarray(raw).reshape(rows, k // 32, -1)
+    d, m = _half(b[..., 0:2]), _half(b[..., 2:4])
+    if ggml_type == Q4_1:
+        qs = b[..., 4:20]
+        return np.concatenate([qs & 0xF, qs >> 4], axis=-1), d, m
+    qh = np.ascontiguousarray(b[..., 4:8]).view("<u4").astype(np.int64)
+    bits = ((qh >> np.arange(32)) & 1).astype(np.uint8)
+    qs = b[..., 8:24]
+    return np.concatenate([(qs & 0xF) | (bits[..., :16] << 4), (qs >> 4) | (bits[..., 16:] << 4)], axis=-1), d, m
+
+
+def quantize_q8_1_cpu(x: np.ndarray) -> np.ndarray:
+    """float32 [tokens, K] -> ggml block_q8_1 bytes [tokens, K/32, 36] as llama.cpp x86 CPU's quantize_row_q8_1
+    (the q8_1-cpu layout): d = amax/127, q = round-half-even(x * (127/amax)), half d, half s = fp16(d * sum(q))."""
+    x = np.ascontiguousarray(x, np.float32)
+    tokens, k = x.shape
+    v = x.reshape(tokens, k // 32, 32)
+    amax = np.abs(v).max(-1)
+    d = amax / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(v * inv[..., None]).astype(np.int8)
+    s = d * q.astype(np.int32).sum(-1).astype(np.float32)
+    out = np.empty((tokens, k // 32, 36), np.uint8)
+    out[..., 0:2] = d.astype(np.float16)[..., None].view(np.uint8)
+    out[..., 2:4] = s.astype(np.float16)[..., None].view(np.uint8)
+    out[..., 4:] = q.view(np.uint8)
+    return out
+
+
+def gemm_q32_1_cpu_quantized(ggml_type: int, data, rows: int, k: int, xq: np.ndarray, tokens: int) -> np.ndarray:
+    """Q4_1 / Q5_1 on q8_1-cpu bytes, exact in float64: sum over blocks of d_w * d_x * isum + m_w * s_x."""
+    qw, dw, mw = q32_1_fields(ggml_type, data, rows, k)
+    b = np.ascontiguousarray(xq).reshape(tokens, k // 32, 36)
+    dx = _half(b[..., 0:2]).astype(np.float64)
+    sx = _half(b[..., 2:4]).astype(np.float64)
+    qx = b[..., 4:].view(np.int8).astype(np.float64)
+    isum = np.einsum("rbj,tbj->trb", qw.astype(np.float64), qx)
+    return (np.einsum("trb,rb,tb->tr", isum, dw.astype(np.float64), dx)
+            + np.einsum("rb,tb->tr", mw.astype(np.float64), sx))
 
 
 def q5_K_fields(raw: np.ndarray, rows: int, k: int):

@@ -140,10 +140,10 @@ def test_plan_resolves_auto_as_gemm_dispatches(native_lib, rng, device):
     if device == "cuda" and native.device_count() == 0:
         pytest.skip("no CUDA device (or libggml_ciq built without CUDA)")
     rows, k = 40, 512
-    for ggml_type in (Q.Q4_K, Q.Q6_K, Q.Q4_0, Q.Q5_0, Q.Q8_0):
+    for ggml_type in (Q.Q4_K, Q.Q6_K, Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q4_1, Q.Q5_1):
         raw = rng.integers(0, 256, rows * Q.row_bytes(ggml_type, k), dtype=np.uint8)
         raw.reshape(rows * k // Q.BLOCK_LAYOUT[ggml_type][0], -1)[:, -2:] = 0  # Q4_K/Q6_K: finite d; 32-block: see below
-        if ggml_type in Q.Q32_TYPES:
+        if ggml_type in Q.Q32_TYPES + Q.Q32_1_TYPES:
             raw.reshape(rows * k // 32, -1)[:, :2] = np.full((1,), 0.01, np.float16).view(np.uint8)
         for semantics in ("any", "cpu", "mmq", "mmvq"):
             for tokens in (1, 8, 9, 129):

@@ -168,7 +168,11 @@ def test_glu_activations(ops, rng, kind, tokens, k):
     h = ops.glu(g, u, kind)
     checked = _fused_activations_checked(ops, tokens, k, h, lambda layout, out: lib.ciq_glu_activations(
         ops.device, lib.CIQ_ORDER_HOST, kind_id, ops._fp(g), ops._fp(u), tokens, k, layout, out))
-    assert checked == (1 if ops.device >= 0 else len([u for u in (256, 128, 128, 64, 32, 32) if k % u == 0]))
+    assert checked == (1 if ops.device >= 0 else len([u for u in LAYOUT_UNITS if k % u == 0]))
+
+
+# K unit of each activation layout (ciq_layout order): Q8_K, q8_1-mmq DS4 and D4, f16, q8_0, q8_1, q8_1-cpu.
+LAYOUT_UNITS = (256, 128, 128, 64, 32, 32, 32)
 
 
 def _fused_activations_checked(ops, tokens, k, h, fused_call) -> int:
@@ -228,7 +232,7 @@ def test_rms_norm_activations(ops, rng, tokens, k):
         wp = ops._fp(w) if w is not None else n.ffi.NULL
         checked += _fused_activations_checked(ops, tokens, k, ops.rms_norm(xd, w, 1e-6), lambda layout, out: (
             lib.ciq_rms_norm_activations(ops.device, lib.CIQ_ORDER_HOST, ops._fp(xd), wp, 1e-6, tokens, k, layout, out)))
-    per_weight = 1 if ops.device >= 0 else len([u for u in (256, 128, 128, 64, 32, 32) if k % u == 0])
+    per_weight = 1 if ops.device >= 0 else len([u for u in LAYOUT_UNITS if k % u == 0])
     assert checked == 2 * per_weight
 
 
@@ -656,14 +660,14 @@ def random_table(rng, ggml_type: int, rows: int, k: int) -> np.ndarray:
     scale = lambda n: rng.uniform(-0.1, 0.1, n).astype(np.float16).view(np.uint8).reshape(n, 2)  # noqa: E731
     if ggml_type in Q.Q32_TYPES:
         blocks[:, 0:2] = scale(len(blocks))
-    elif ggml_type in (Q.Q4_K, Q.Q5_K):
+    elif ggml_type in (Q.Q4_K, Q.Q5_K) + Q.Q32_1_TYPES:  # d, then dmin (K-quants) or m (Q4_1/Q5_1)
         blocks[:, 0:2], blocks[:, 2:4] = scale(len(blocks)), scale(len(blocks))
     else:  # Q6_K: d last
         blocks[:, 208:210] = scale(len(blocks))
     return blocks.reshape(-1)
 
 
-TABLE_TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+TABLE_TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q4_1, Q.Q5_1]
 
 
 @pytest.mark.parametrize("ggml_type", TABLE_TYPES, ids=[Q.type_name(t) for t in TABLE_TYPES])
@@ -705,7 +709,7 @@ def test_get_rows_bad_input(native_lib, rng):
     with pytest.raises(ShapeError):
         ops.get_rows(Tensor("t", Q.Q8_0, (4, 64), raw), np.array([0, 4], np.int32))
     with pytest.raises(UnsupportedTypeError):
-        ops.get_rows(Tensor("t", 3, (4, 64), raw), np.array([0], np.int32))  # Q4_1
+        ops.get_rows(Tensor("t", 20, (4, 64), raw), np.array([0], np.int32))  # IQ4_NL
 
 
 # ---- attention ---------------------------------------------------------------------------------------------------

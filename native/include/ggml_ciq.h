@@ -1,8 +1,10 @@
-/* ggml_ciq.h - the contract of libggml_ciq: keep-quant (CIQ) GEMM over GGUF blocks (Q4_K, Q6_K; Q4_0, Q5_0, Q8_0).
+/* ggml_ciq.h - the contract of libggml_ciq: keep-quant (CIQ) GEMM over GGUF blocks (Q4_K, Q6_K; Q4_0, Q5_0, Q8_0;
+ * Q4_1, Q5_1 on the host).
  *
  * Conventions, said once:
  *   weight W   : [rows = output features][K = input features], raw GGUF blocks, row-major by block
- *                (Q4_K 144 B / 256 values, Q6_K 210 B / 256, Q4_0 18 B / 32, Q5_0 22 B / 32, Q8_0 34 B / 32).
+ *                (Q4_K 144 B / 256 values, Q6_K 210 B / 256, Q4_0 18 B / 32, Q5_0 22 B / 32, Q8_0 34 B / 32,
+ *                Q4_1 20 B / 32, Q5_1 24 B / 32).
  *   activations: X[tokens][K] float32, token-major.
  *   output     : out[tokens][rows] = X @ W^T, token-major, float32 or bf16.
  *   device     : CIQ_DEVICE_CPU (-1) is the host; 0..n-1 are GPUs. Pointers live on the device named.
@@ -14,6 +16,8 @@
  *                e_t putting the token's largest |x| in [2^14, 2^15).
  *   q8_0 (host): int8 [tokens][K] as ggml's AVX2 quantize_row_q8_0, then float d[tokens][K/32] (fp16-rounded).
  *   q8_1       : [tokens][K/32] ggml block_q8_1 of 36 B (half d, half sum, int8 qs[32]), as llama.cpp's quantize_q8_1.
+ *   q8_1-cpu (host): the same blocks as ggml's x86 AVX2 quantize_row_q8_1 makes them: d = fp16(amax/127), q =
+ *                round-half-even(x * (127/amax)), s = fp16((amax/127) * sum(q)) (from the quants, not the floats).
  *
  * Every function returns a ciq_status (but ciq_last_error); on failure ciq_last_error() (thread-local) says why.
  * Names are ciq_<object>_<verb> (ciq_memory_alloc, ciq_gemm_plan, ciq_activations_quantize); the transformer ops are
@@ -49,7 +53,9 @@ typedef enum {             /* ggml's type ids; the one type parameter type every
     CIQ_TYPE_F32 = 0,
     CIQ_TYPE_F16 = 1,
     CIQ_TYPE_Q4_0 = 2,
+    CIQ_TYPE_Q4_1 = 3,
     CIQ_TYPE_Q5_0 = 6,
+    CIQ_TYPE_Q5_1 = 7,
     CIQ_TYPE_Q8_0 = 8,
     CIQ_TYPE_Q4_K = 12,
     CIQ_TYPE_Q5_K = 13,
@@ -58,7 +64,7 @@ typedef enum {             /* ggml's type ids; the one type parameter type every
 } ciq_type;
 
 typedef enum {
-    CIQ_SEMANTICS_CPU = 0, /* llama.cpp x86 CPU's: Q8_K (K-quants) or q8_0 (32-block types) activations */
+    CIQ_SEMANTICS_CPU = 0, /* llama.cpp x86 CPU's: Q8_K (K-quants), q8_0 (Q4_0/Q5_0/Q8_0) or q8_1-cpu (Q4_1/Q5_1) */
     CIQ_SEMANTICS_MMQ = 1, /* llama.cpp CUDA MMQ's: q8_1-mmq activations, fp16-rounded scales */
     CIQ_SEMANTICS_F16 = 2, /* f16 activations (per-token power-of-two scale), weights dequantized to f16, fp32 sums */
     CIQ_SEMANTICS_MMVQ = 3, /* llama.cpp CUDA mul_mat_vec_q's (1..8 tokens): q8_1 activations, its float order */
@@ -74,7 +80,7 @@ typedef enum {
     CIQ_VARIANT_WMMA_BIGTILE = 5, /* 8 warps, 2-D grid, 48 staged activation rows reused */
     CIQ_VARIANT_MMA = 6,          /* MMQ-class 128-row tile, mma.sync m16n8k32 */
     CIQ_VARIANT_WGMMA = 7,        /* Hopper (sm_90a): TMA + warp-specialized wgmma on f16 */
-    CIQ_VARIANT_Q32 = 8,          /* the 32-block types (Q4_0, Q5_0, Q8_0): host cpu|mmq, GPU mmq */
+    CIQ_VARIANT_Q32 = 8,          /* the 32-block types (Q4_0, Q5_0, Q8_0): host cpu|mmq, GPU mmq; Q4_1, Q5_1: host cpu */
     CIQ_VARIANT_MMVQ = 9,         /* llama.cpp's mul_mat_vec_q, 1..8 tokens, K-quant and 32-block types: host and GPU */
     CIQ_VARIANT_COUNT = 10
 } ciq_variant;
@@ -86,7 +92,8 @@ typedef enum {                    /* activation layouts (the header's comment de
     CIQ_LAYOUT_F16 = 3,
     CIQ_LAYOUT_Q8_0 = 4,          /* host only */
     CIQ_LAYOUT_Q8_1 = 5,          /* MMVQ's */
-    CIQ_LAYOUT_COUNT = 6
+    CIQ_LAYOUT_Q8_1_CPU = 6,      /* host only: llama.cpp x86 CPU's q8_1 (Q4_1, Q5_1) */
+    CIQ_LAYOUT_COUNT = 7
 } ciq_layout;
 
 typedef enum {
@@ -139,7 +146,7 @@ ciq_status ciq_device_synchronize(int device);
 ciq_status ciq_threads_set(int threads); /* CPU kernels; <= 0 means all cores */
 
 /* Activations. The layout a semantics uses for a weight type; its size; X quantized (or converted) into it.
- * K must be a multiple of 256 (Q8_K), 128 (q8_1-mmq), 64 (f16) or 32 (q8_0 host only, q8_1). */
+ * K must be a multiple of 256 (Q8_K), 128 (q8_1-mmq), 64 (f16) or 32 (q8_0 and q8_1-cpu host only, q8_1). */
 ciq_status ciq_activations_layout(ciq_semantics semantics, ciq_type type, ciq_layout *layout);
 ciq_status ciq_activations_size(ciq_layout layout, int64_t tokens, int64_t k, size_t *bytes);
 ciq_status ciq_activations_quantize(int device, ciq_layout layout, const float *x, void *out, int64_t tokens, int64_t k);
@@ -156,7 +163,10 @@ ciq_status ciq_gemm_plan(int device, ciq_variant variant, ciq_semantics semantic
  * acc = fma(float(isum) * d_w, d8, acc).
  * CPU semantics (host only; K a multiple of 32), llama.cpp x86 CPU's (llamafile tinyBLAS_Q0_AVX): X as q8_0, eight
  * lanes of 4-value integer dot products per block, lane l = fma(d_w * d_x, lane sum, lane l) over the blocks,
- * out = ((l4+l0)+(l6+l2)) + ((l5+l1)+(l7+l3)). The q32 variant writes float32 only. */
+ * out = ((l4+l0)+(l6+l2)) + ((l5+l1)+(l7+l3)). Q4_1 / Q5_1 (CPU semantics only, host only), llama.cpp x86 CPU's
+ * ggml_vec_dot_q{4,5}_1_q8_1: X as q8_1-cpu, the same eight lanes of the unsigned weight quants (0..15 / 0..31),
+ * lane l = fma(d_w * d_x, lane sum, lane l), beside summs = fma(m_w, s_x, summs) over the blocks in order,
+ * out = ((l4+l0)+(l6+l2)) + ((l5+l1)+(l7+l3)) + summs. The q32 variant writes float32 only. */
 ciq_status ciq_gemm(int device, ciq_variant variant, ciq_semantics semantics, ciq_type type,
                     const void *weight, size_t weight_nbytes, int64_t rows, int64_t k,
                     const float *x, int64_t tokens, void *out, ciq_out_type out_type);

@@ -20,6 +20,7 @@ ciq_status ciq_activations_quantize(int device, ciq_layout layout, const float *
             case CIQ_LAYOUT_F16: return ciq_cpu_convert_f16(x, out, tokens, k);
             case CIQ_LAYOUT_Q8_0: return ciq_cpu_quantize_q8_0(x, out, tokens, k);
             case CIQ_LAYOUT_Q8_1: return ciq_cpu_quantize_q8_1(x, out, tokens, k);
+            case CIQ_LAYOUT_Q8_1_CPU: return ciq_cpu_quantize_q8_1_cpu(x, out, tokens, k);
             default: return ciq_cpu_quantize_q8_1_mmq(ds4, x, out, tokens, k);
         }
     }
@@ -30,6 +31,8 @@ ciq_status ciq_activations_quantize(int device, ciq_layout layout, const float *
         case CIQ_LAYOUT_F16: return ciq_cuda_convert_f16(x, out, tokens, k);
         case CIQ_LAYOUT_Q8_0: return ciq_fail(CIQ_ERR_UNSUPPORTED, "the q8_0 activation layout is made on the host only");
         case CIQ_LAYOUT_Q8_1: return ciq_cuda_quantize_q8_1(x, out, tokens, k);
+        case CIQ_LAYOUT_Q8_1_CPU:
+            return ciq_fail(CIQ_ERR_UNSUPPORTED, "the q8_1-cpu activation layout is made on the host only");
         default: return ciq_cuda_quantize_q8_1_mmq(ds4, x, out, tokens, k);
     }
 #else
@@ -49,6 +52,13 @@ static ciq_status check_run(int device, const ciq_plan *plan, ciq_type type, siz
     const uint32_t implemented = device == CIQ_DEVICE_CPU ? row->info.host_semantics : row->info.gpu_semantics;
     if (implemented == 0) {
         return ciq_fail(CIQ_ERR_UNSUPPORTED, "kernel variant %s is not available on %s", row->info.name,
+                        device == CIQ_DEVICE_CPU ? "the CPU" : "a GPU");
+    }
+    const uint32_t runs = ciq_registry_semantics(*row, type, device == CIQ_DEVICE_CPU);  // less k_type_semantics
+    if ((int)plan->semantics >= 0 && plan->semantics < CIQ_SEMANTICS_ANY && (implemented & (1u << plan->semantics)) &&
+        !(runs & (1u << plan->semantics))) {
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "kernel variant %s does not run %s weights in %s semantics on %s",
+                        row->info.name, ciq_type_name(type), ciq_semantics_name(plan->semantics),
                         device == CIQ_DEVICE_CPU ? "the CPU" : "a GPU");
     }
     if ((int)plan->semantics < 0 || plan->semantics >= CIQ_SEMANTICS_ANY || !(implemented & (1u << plan->semantics))) {

@@ -334,8 +334,8 @@ ciq_status ciq_scale(int device, const float *x, float s, int64_t n, float *out)
 static ciq_status check_table(const char *what, int type, int64_t rows, int64_t k) {
     const int values = ciq_block_values(type);
     if (values == 0) {
-        return ciq_fail(CIQ_ERR_UNSUPPORTED, "%s: ggml type %d is not one of F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, "
-                        "Q5_K, Q6_K", what, type);
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "%s: ggml type %d is not one of F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_1, "
+                        "Q5_1, Q4_K, Q5_K, Q6_K", what, type);
     }
     CIQ_TRY(ciq_check_count(what, "rows", rows));
     if (k < 1 || k % values) {

@@ -10,6 +10,9 @@
 #define Q4_0_BLOCK_BYTES 18   // the 32-value block types: half d, then their quants
 #define Q5_0_BLOCK_BYTES 22
 #define Q8_0_BLOCK_BYTES 34
+#define Q4_1_BLOCK_BYTES 20   // half d, half m, then their quants: value = q * d + m
+#define Q5_1_BLOCK_BYTES 24
+#define Q8_1_BLOCK_BYTES 36   // ggml's block_q8_1: half d, half s, int8 qs[32]
 #define Q4_K_BLOCK_BYTES 144
 #define Q6_K_BLOCK_BYTES 210
 #define Q8_K_BLOCK_BYTES 292

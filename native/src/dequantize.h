@@ -11,6 +11,7 @@ CIQ_HOST_DEVICE int ciq_block_values(int type) {
     switch (type) {
         case CIQ_TYPE_F32: case CIQ_TYPE_F16: case CIQ_TYPE_BF16: return 1;
         case CIQ_TYPE_Q4_0: case CIQ_TYPE_Q5_0: case CIQ_TYPE_Q8_0: return 32;
+        case CIQ_TYPE_Q4_1: case CIQ_TYPE_Q5_1: return 32;
         case CIQ_TYPE_Q4_K: case CIQ_TYPE_Q5_K: case CIQ_TYPE_Q6_K: return 256;
         default: return 0;
     }
@@ -22,6 +23,8 @@ CIQ_HOST_DEVICE int ciq_block_bytes(int type) {
         case CIQ_TYPE_Q4_0: return Q4_0_BLOCK_BYTES;
         case CIQ_TYPE_Q5_0: return Q5_0_BLOCK_BYTES;
         case CIQ_TYPE_Q8_0: return Q8_0_BLOCK_BYTES;
+        case CIQ_TYPE_Q4_1: return Q4_1_BLOCK_BYTES;
+        case CIQ_TYPE_Q5_1: return Q5_1_BLOCK_BYTES;
         case CIQ_TYPE_Q4_K: return Q4_K_BLOCK_BYTES;
         case CIQ_TYPE_Q5_K: return 176;
         case CIQ_TYPE_Q6_K: return Q6_K_BLOCK_BYTES;
@@ -44,6 +47,14 @@ CIQ_HOST_DEVICE float ciq_dq_sub(float a, float b) {
     return __fsub_rn(a, b);
 #else
     return a - b;
+#endif
+}
+
+CIQ_HOST_DEVICE float ciq_dq_add(float a, float b) {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+    return __fadd_rn(a, b);
+#else
+    return a + b;
 #endif
 }
 
@@ -75,6 +86,16 @@ CIQ_HOST_DEVICE float ciq_dequantize_value(int type, const uint8_t *b, int i) {
             const int low = i < 16 ? (b[6 + i] & 0xF) : (b[6 + i - 16] >> 4);
             const int q = (low | (int)((qh >> i) & 1) << 4) - 16;
             return ciq_dq_mul((float)q, ciq_dq_half(b));
+        }
+        case CIQ_TYPE_Q4_1: {  // half d, half m, qs[16]: value j as Q4_0's, then q * d + m
+            const int q = i < 16 ? (b[4 + i] & 0xF) : (b[4 + i - 16] >> 4);
+            return ciq_dq_add(ciq_dq_mul((float)q, ciq_dq_half(b)), ciq_dq_half(b + 2));
+        }
+        case CIQ_TYPE_Q5_1: {  // half d, half m, qh (4 bytes: bit j the fifth bit of value j), qs[16]
+            const uint32_t qh = (uint32_t)b[4] | (uint32_t)b[5] << 8 | (uint32_t)b[6] << 16 | (uint32_t)b[7] << 24;
+            const int low = i < 16 ? (b[8 + i] & 0xF) : (b[8 + i - 16] >> 4);
+            const int q = low | (int)((qh >> i) & 1) << 4;
+            return ciq_dq_add(ciq_dq_mul((float)q, ciq_dq_half(b)), ciq_dq_half(b + 2));
         }
         case CIQ_TYPE_Q4_K: {  // 64-value chunk c: sub-block 2c (low nibbles of qs[32c..]), 2c+1 (high nibbles)
             const int c = i / 64, l = i % 32, sub = i / 32;

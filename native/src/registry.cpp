@@ -3,6 +3,7 @@
 //
 //   k_variants       : name, semantics, weight types, token range, architecture predicate, launcher per variant.
 //   k_layouts        : which activation layout a semantics uses for a weight type (ciq_activations_size: its bytes).
+//   k_type_semantics : where a variant runs a weight type in fewer semantics than its row says.
 //   k_auto_*         : AUTO's order per backend (the first entry that fits wins), measured on the H200.
 //   k_offload        : from how many tokens and weight values a variant beats llama.cpp's own mul_mat (the ggml
 //                      plugin's choice).
@@ -42,6 +43,9 @@ static ciq_status launch_q32(int device, ciq_variant, ciq_semantics semantics, c
                              int64_t rows, int64_t k, const void *x, int64_t tokens, void *out, ciq_out_type out_type) {
     if (out_type != CIQ_OUT_F32) return ciq_fail(CIQ_ERR_UNSUPPORTED, "kernel variant q32 writes float32 output only");
     if (device == CIQ_DEVICE_CPU) {
+        if (type == CIQ_TYPE_Q4_1 || type == CIQ_TYPE_Q5_1) {  // cpu semantics only (k_type_semantics)
+            return ciq_cpu_gemm_q32_q8_1(type, weight, rows, k, x, tokens, (float *)out);
+        }
         return semantics == CIQ_SEMANTICS_CPU ? ciq_cpu_gemm_q32_q8_0(type, weight, rows, k, x, tokens, (float *)out)
                                               : ciq_cpu_gemm_q32_mmq(type, weight, rows, k, x, tokens, (float *)out);
     }
@@ -89,14 +93,15 @@ static ciq_status launch_wgmma(int device, ciq_variant, ciq_semantics, ciq_type 
 
 #define SEM(s) (1u << CIQ_SEMANTICS_##s)
 #define K_QUANTS 2, {CIQ_TYPE_Q4_K, CIQ_TYPE_Q6_K}
-#define BLOCK32 3, {CIQ_TYPE_Q4_0, CIQ_TYPE_Q5_0, CIQ_TYPE_Q8_0}
+#define BLOCK32 5, {CIQ_TYPE_Q4_0, CIQ_TYPE_Q5_0, CIQ_TYPE_Q8_0, CIQ_TYPE_Q4_1, CIQ_TYPE_Q5_1}
 #define ANY_TOKENS 1, INT64_MAX, 1
 #define ANY_TOKENS_K64 1, INT64_MAX, F16_K_UNIT
 #define ALL_TYPES 5, {CIQ_TYPE_Q4_K, CIQ_TYPE_Q6_K, CIQ_TYPE_Q4_0, CIQ_TYPE_Q5_0, CIQ_TYPE_Q8_0}
+#define AUTO_TYPES 7, {CIQ_TYPE_Q4_K, CIQ_TYPE_Q6_K, CIQ_TYPE_Q4_0, CIQ_TYPE_Q5_0, CIQ_TYPE_Q8_0, CIQ_TYPE_Q4_1, CIQ_TYPE_Q5_1}
 
 static const ciq_variant_row k_variants[CIQ_VARIANT_COUNT] = {
     {CIQ_VARIANT_AUTO,
-     {"auto", CIQ_SEMANTICS_ANY, SEM(CPU) | SEM(MMQ) | SEM(MMVQ), SEM(CPU) | SEM(MMQ) | SEM(F16) | SEM(MMVQ), ALL_TYPES,
+     {"auto", CIQ_SEMANTICS_ANY, SEM(CPU) | SEM(MMQ) | SEM(MMVQ), SEM(CPU) | SEM(MMQ) | SEM(F16) | SEM(MMVQ), AUTO_TYPES,
       ANY_TOKENS,
       "GGML_CIQ_VARIANT (GPU), else the registry's AUTO order for the device"},
      nullptr, nullptr},
@@ -128,7 +133,7 @@ static const ciq_variant_row k_variants[CIQ_VARIANT_COUNT] = {
      on_hopper_90a, launch_wgmma},
     {CIQ_VARIANT_Q32,
      {"q32", CIQ_SEMANTICS_CPU, SEM(CPU) | SEM(MMQ), SEM(MMQ), BLOCK32, ANY_TOKENS,
-      "32-block types: host tinyBLAS lanes (cpu) or MMQ's formula (mmq); GPU 64-row tile (mmq)"},
+      "32-block types: host tinyBLAS lanes (cpu) or MMQ's formula (mmq); GPU 64-row tile (mmq); Q4_1/Q5_1 host cpu"},
      on_host_or_gpu_wmma, launch_q32},
     {CIQ_VARIANT_MMVQ,
      {"mmvq", CIQ_SEMANTICS_MMVQ, SEM(MMVQ), SEM(MMVQ), ALL_TYPES, 1, 8, 1,
@@ -154,6 +159,21 @@ static const LayoutChoice k_layouts[] = {
     {CIQ_SEMANTICS_MMVQ, CIQ_TYPE_Q4_K, CIQ_LAYOUT_Q8_1},       {CIQ_SEMANTICS_MMVQ, CIQ_TYPE_Q6_K, CIQ_LAYOUT_Q8_1},
     {CIQ_SEMANTICS_MMVQ, CIQ_TYPE_Q4_0, CIQ_LAYOUT_Q8_1},       {CIQ_SEMANTICS_MMVQ, CIQ_TYPE_Q5_0, CIQ_LAYOUT_Q8_1},
     {CIQ_SEMANTICS_MMVQ, CIQ_TYPE_Q8_0, CIQ_LAYOUT_Q8_1},
+    {CIQ_SEMANTICS_CPU, CIQ_TYPE_Q4_1, CIQ_LAYOUT_Q8_1_CPU},   {CIQ_SEMANTICS_CPU, CIQ_TYPE_Q5_1, CIQ_LAYOUT_Q8_1_CPU},
+};
+
+// A variant row has one weight-type list for all its semantics and devices; where it runs a type in fewer, the
+// semantics it runs that type in (host, GPU). Planning refuses the rest (CIQ_ERR_UNSUPPORTED) and AUTO skips them.
+struct TypeSemantics {
+    ciq_variant variant;
+    ciq_type type;
+    uint32_t host_semantics;
+    uint32_t gpu_semantics;
+};
+static const TypeSemantics k_type_semantics[] = {
+    // llama.cpp x86 CPU's vec_dot_q{4,5}_1_q8_1 only (cpu/gemm_q32.cpp); no MMQ formula, no GPU kernel for them.
+    {CIQ_VARIANT_Q32, CIQ_TYPE_Q4_1, SEM(CPU), 0},
+    {CIQ_VARIANT_Q32, CIQ_TYPE_Q5_1, SEM(CPU), 0},
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -239,9 +259,19 @@ bool ciq_registry_covers(const ciq_variant_row &row, ciq_type type) {
     return false;
 }
 
+uint32_t ciq_registry_semantics(const ciq_variant_row &row, ciq_type type, bool host) {
+    uint32_t mask = host ? row.info.host_semantics : row.info.gpu_semantics;
+    if (!ciq_registry_covers(row, type)) return 0;
+    for (const TypeSemantics &t : k_type_semantics) {
+        if (t.variant == row.variant && t.type == type) mask &= host ? t.host_semantics : t.gpu_semantics;
+    }
+    return mask;
+}
+
 int ciq_type_block_values(ciq_type type) {
     switch (type) {
         case CIQ_TYPE_Q4_0: case CIQ_TYPE_Q5_0: case CIQ_TYPE_Q8_0: return 32;
+        case CIQ_TYPE_Q4_1: case CIQ_TYPE_Q5_1: return 32;
         case CIQ_TYPE_Q4_K: case CIQ_TYPE_Q6_K: return QK_K;
         default: return 0;
     }
@@ -254,6 +284,8 @@ int ciq_type_block_bytes(ciq_type type) {
         case CIQ_TYPE_Q8_0: return Q8_0_BLOCK_BYTES;
         case CIQ_TYPE_Q4_K: return Q4_K_BLOCK_BYTES;
         case CIQ_TYPE_Q6_K: return Q6_K_BLOCK_BYTES;
+        case CIQ_TYPE_Q4_1: return Q4_1_BLOCK_BYTES;
+        case CIQ_TYPE_Q5_1: return Q5_1_BLOCK_BYTES;
         default: return 0;
     }
 }
@@ -265,6 +297,8 @@ const char *ciq_type_name(ciq_type type) {
         case CIQ_TYPE_Q4_0: return "Q4_0";
         case CIQ_TYPE_Q5_0: return "Q5_0";
         case CIQ_TYPE_Q8_0: return "Q8_0";
+        case CIQ_TYPE_Q4_1: return "Q4_1";
+        case CIQ_TYPE_Q5_1: return "Q5_1";
         case CIQ_TYPE_Q4_K: return "Q4_K";
         case CIQ_TYPE_Q5_K: return "Q5_K";
         case CIQ_TYPE_Q6_K: return "Q6_K";
@@ -339,7 +373,7 @@ ciq_status ciq_activations_size(ciq_layout layout, int64_t tokens, int64_t k, si
         case CIQ_LAYOUT_Q8_K: unit = QK_K; break;
         case CIQ_LAYOUT_F16: unit = F16_K_UNIT; break;
         case CIQ_LAYOUT_Q8_1_MMQ_DS4: case CIQ_LAYOUT_Q8_1_MMQ_D4: unit = Q8_1_MMQ_VALUES; break;
-        case CIQ_LAYOUT_Q8_0: case CIQ_LAYOUT_Q8_1: unit = 32; break;
+        case CIQ_LAYOUT_Q8_0: case CIQ_LAYOUT_Q8_1: case CIQ_LAYOUT_Q8_1_CPU: unit = 32; break;
         default: return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "unknown activation layout %d", (int)layout);
     }
     if (k < unit || k % unit) {
@@ -351,6 +385,7 @@ ciq_status ciq_activations_size(ciq_layout layout, int64_t tokens, int64_t k, si
         case CIQ_LAYOUT_F16: *bytes = ciq_f16_scale_offset(tokens, k) + (size_t)tokens * sizeof(float); break;
         case CIQ_LAYOUT_Q8_0: *bytes = (size_t)(tokens * k) + (size_t)(tokens * (k / 32)) * sizeof(float); break;
         case CIQ_LAYOUT_Q8_1: *bytes = (size_t)(tokens * (k / 32)) * 36; break;  // block_q8_1: half d, half sum, qs[32]
+        case CIQ_LAYOUT_Q8_1_CPU: *bytes = (size_t)(tokens * (k / 32)) * Q8_1_BLOCK_BYTES; break;
         default: *bytes = (size_t)(tokens * (k / Q8_1_MMQ_VALUES)) * Q8_1_MMQ_BLOCK_BYTES; break;
     }
     return CIQ_OK;
@@ -392,8 +427,10 @@ static ciq_status resolve_auto(const ciq_device_facts &facts, ciq_semantics sema
     const ciq_variant_row *k_rejected = nullptr;  // a variant that would have run but for K
     for (size_t i = 0; i < entries; ++i) {
         const ciq_variant_row &row = k_variants[table[i].variant];
-        if (table[i].semantics == semantics && tokens <= table[i].max_tokens && ciq_registry_covers(row, type) &&
-            row.runs_on(facts) && row.launch != nullptr) {
+        const uint32_t runs = ciq_registry_semantics(row, type, facts.host);  // 0 where it never runs the type here
+        if (table[i].semantics == semantics && tokens <= table[i].max_tokens && runs != 0 &&
+            (semantics == CIQ_SEMANTICS_ANY || (runs & (1u << semantics))) && row.runs_on(facts) &&
+            row.launch != nullptr) {
             if (k % row.info.k_multiple == 0) {
                 *resolved = table[i].variant;
                 return CIQ_OK;
@@ -406,11 +443,20 @@ static ciq_status resolve_auto(const ciq_device_facts &facts, ciq_semantics sema
                         "needs a multiple of %lld)", ciq_semantics_name(semantics), ciq_type_name(type), (long long)k,
                         k_rejected->info.name, (long long)k_rejected->info.k_multiple);
     }
-    uint32_t implemented = 0;  // by any variant of the registry for this weight type and kind of device
+    uint32_t implemented = 0, listed = 0;  // by any variant of the registry for this weight type and kind of device;
+                                           // listed: by the rows that list the type, whatever k_type_semantics says
     for (const ciq_variant_row &row : k_variants) {
         if (row.variant != CIQ_VARIANT_AUTO && ciq_registry_covers(row, type)) {
-            implemented |= facts.host ? row.info.host_semantics : row.info.gpu_semantics;
+            implemented |= ciq_registry_semantics(row, type, facts.host);
+            listed |= facts.host ? row.info.host_semantics : row.info.gpu_semantics;
         }
+    }
+    if (semantics != CIQ_SEMANTICS_ANY && !(implemented & (1u << semantics)) && (listed & (1u << semantics))) {
+        char names[32];
+        semantics_names(implemented, names);
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "no kernel of this build runs %s weights in %s semantics on %s (%s%s)",
+                        ciq_type_name(type), ciq_semantics_name(semantics), facts.host ? "the CPU" : "a GPU",
+                        implemented ? "only in " : "in no semantics there", implemented ? names : "");
     }
     if (semantics != CIQ_SEMANTICS_ANY && !(implemented & (1u << semantics))) {
         char names[32];
@@ -444,7 +490,7 @@ ciq_status ciq_gemm_plan(int device, ciq_variant variant, ciq_semantics semantic
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "unknown semantics %d", (int)semantics);
     }
     if (!ciq_registry_covers(k_variants[CIQ_VARIANT_AUTO], type)) {
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "weight type %s (%d) is not Q4_K, Q6_K, Q4_0, Q5_0 or Q8_0",
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "weight type %s (%d) is not Q4_K, Q6_K, Q4_0, Q5_0, Q8_0, Q4_1 or Q5_1",
                         ciq_type_name(type), (int)type);
     }
     CIQ_TRY(ciq_check_count("ciq_gemm", "tokens", tokens));
@@ -471,7 +517,19 @@ ciq_status ciq_gemm_plan(int device, ciq_variant variant, ciq_semantics semantic
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "kernel variant %s needs K a multiple of %lld, got %lld",
                         row->info.name, (long long)row->info.k_multiple, (long long)k);
     }
-    const uint32_t implemented = facts.host ? row->info.host_semantics : row->info.gpu_semantics;
+    const uint32_t listed = facts.host ? row->info.host_semantics : row->info.gpu_semantics;
+    const uint32_t implemented = ciq_registry_semantics(*row, type, facts.host);
+    if (implemented != listed && (semantics == CIQ_SEMANTICS_ANY ? implemented == 0 : !(implemented & (1u << semantics)))) {
+        if (implemented == 0) {
+            return ciq_fail(CIQ_ERR_UNSUPPORTED, "kernel variant %s does not run %s weights on %s", row->info.name,
+                            ciq_type_name(type), facts.host ? "the CPU" : "a GPU");
+        }
+        char names[32];
+        semantics_names(implemented, names);
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "kernel variant %s runs %s weights in %s semantics only on %s, not %s",
+                        row->info.name, ciq_type_name(type), names, facts.host ? "the CPU" : "a GPU",
+                        ciq_semantics_name(semantics));
+    }
     ciq_semantics resolved_semantics = semantics;
     if (semantics == CIQ_SEMANTICS_ANY) {  // the variant's own; where it does not run that on this device, its first
         resolved_semantics = row->info.semantics;

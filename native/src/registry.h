@@ -30,6 +30,9 @@ struct ciq_variant_row {
 const ciq_variant_row *ciq_registry_row(ciq_variant variant);
 // Whether a row multiplies this weight type.
 bool ciq_registry_covers(const ciq_variant_row &row, ciq_type type);
+// The semantics bits a row runs this weight type in on the host (host = true) or a GPU: its row's, less what
+// registry.cpp's k_type_semantics takes away; 0 where it does not multiply the type.
+uint32_t ciq_registry_semantics(const ciq_variant_row &row, ciq_type type, bool host);
 // Values per block and bytes per block of a weight type (0 for a type no variant reads).
 int ciq_type_block_values(ciq_type type);
 int ciq_type_block_bytes(ciq_type type);

@@ -12,6 +12,10 @@ ciq_status ciq_cpu_gemm_q32_mmq(int type, const void *weight, int64_t rows, int6
                                 int64_t tokens, float *out);
 ciq_status ciq_cpu_gemm_q32_q8_0(int type, const void *weight, int64_t rows, int64_t k, const void *x_q8_0,
                                  int64_t tokens, float *out);
+// Q4_1 / Q5_1 in CPU semantics (cpu/gemm_q32.cpp): llama.cpp x86's quantize_row_q8_1 and vec_dot_q{4,5}_1_q8_1.
+ciq_status ciq_cpu_quantize_q8_1_cpu(const float *x, void *out, int64_t tokens, int64_t k);
+ciq_status ciq_cpu_gemm_q32_q8_1(int type, const void *weight, int64_t rows, int64_t k, const void *x_q8_1_cpu,
+                                 int64_t tokens, float *out);
 bool ciq_cpu_avx2(void);  // the host kernels' AVX2 paths run (AVX2 and FMA; GGML_CIQ_CPU_ISA=scalar turns them off)
 // MMVQ semantics (llama.cpp CUDA mul_mat_vec_q, 1..8 tokens): x_q8_1 is [tokens][K/32] block_q8_1 (36 B: half d,
 // half sum, int8 qs[32]); types Q4_0, Q5_0, Q8_0, Q4_K, Q6_K; out float32 [tokens][rows]. cpu/gemm_mmvq.cpp.
