@@ -301,7 +301,8 @@ def captured_tensor_diffs(model: ModelFile, capture, reference: str, bar: float,
     """Every captured weight mul_mat, in llama.cpp's graph order, through our kernel of llama.cpp's semantics on
     exactly llama.cpp's input, against llama.cpp's output: per captured call (micro-batch), the registry's AUTO kernel
     for the semantics llama.cpp ran there (reference_semantics: cpu on the CPU; on CUDA mmvq for 1..8 tokens, else
-    mmq), where the registry has one for the weight (our_kernel_takes; the q32 variant reported as "q8_0" on the CPU).
+    mmq), where the registry has one for the weight (our_kernel_takes; the q32 variant reported on the CPU by its
+    activations, "q8_0" or "q8_1").
     These are judged against the bar; the other weights are listed with a float64 product."""
     device = "cpu" if reference == "llamacpp-cpu" else "cuda"
     capability = cuda_compute_capability() if device == "cuda" else (9, 0)
@@ -320,7 +321,10 @@ def captured_tensor_diffs(model: ModelFile, capture, reference: str, bar: float,
                 ran = [(variant, n) for (variant, type_name), n in native.dispatch_counts().items() if n]
                 if len(ran) != 1 or ran[0][1] != 1:
                     raise InvalidArgumentError(f"{name}: dispatch counters do not show exactly one launch ({ran})")
-                kernels.append("q8_0" if ran[0][0] == "q32" and device == "cpu" else ran[0][0])
+                if ran[0][0] == "q32" and device == "cpu":  # named by its activations: q8_0 or q8_1 (Q4_1/Q5_1)
+                    kernels.append("q8_1" if tensor.ggml_type in quants.Q32_1_TYPES else "q8_0")
+                else:
+                    kernels.append(ran[0][0])
             ours, kernel = np.concatenate(pieces), "+".join(dict.fromkeys(kernels))
         elif tensor.ggml_type in quants.BLOCK_LAYOUT:
             ours, kernel, judged = _f64_product(tensor, x), "f64", False

@@ -19,7 +19,7 @@ from .resources import Closeable
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _SOURCE_HEADER = _PACKAGE_DIR.parent / "native" / "include" / "ggml_ciq.h"
 _LIBRARY_NAMES = ("libggml_ciq.so", "libggml_ciq.dylib", "ggml_ciq.dll")
-API_VERSION = 14  # GGML_CIQ_API_VERSION of the header this package's code is written against
+API_VERSION = 15  # GGML_CIQ_API_VERSION of the header this package's code is written against
 
 def _header_path() -> Path:
     for candidate in (_PACKAGE_DIR / "include" / "ggml_ciq.h", _SOURCE_HEADER):
@@ -346,6 +346,17 @@ class Buffer(Closeable):
         if self.ptr is not None:
             self.native.check(self.native.lib.ciq_memory_free(self.device, self.ptr))
             self.ptr = None
+
+
+def glu_into(device: int, order_id: int, kind_id: int, gate_ptr, up_ptr, out_ptr, size: int, row: int) -> None:
+    """ciq_glu of `size` float32 values in rows of `row`: one call, or one a row where llama.cpp CPU's SIMD order
+    (whose 8-value blocks run from each row's start: ggml_ciq.h) meets rows that are not whole blocks."""
+    n = load()
+    if order_id != n.lib.CIQ_ORDER_LLAMACPP_CPU or row % 8 == 0 or size <= row:
+        n.check(n.lib.ciq_glu(device, order_id, kind_id, gate_ptr, up_ptr, size, out_ptr))
+        return
+    for start in range(0, size, row):
+        n.check(n.lib.ciq_glu(device, order_id, kind_id, gate_ptr + start, up_ptr + start, row, out_ptr + start))
 
 
 def activations_layout(semantics: str, weight_type: int) -> str:

@@ -34,7 +34,8 @@ class NativeOps(BufferOps, PointwiseOps, AttentionOps, GemmOps):
     ``llamacpp_small_batches`` (GPU, with semantics "mmq"): where llama.cpp CUDA multiplies by mul_mat_vec_q (1..8
     tokens, quants.llamacpp_cuda_uses_mmvq), every quantized weight runs the `mmvq` variant in its semantics, as
     llama.cpp does. ``op_order`` is whose float order rms_norm, rope and glu follow: "host" (llama.cpp CPU's, either
-    device) or "llamacpp_cuda" (llama.cpp CUDA's kernels, GPU only; ggml_ciq.h ciq_op_order). ``fuse`` (host order;
+    device), "llamacpp_cuda" (llama.cpp CUDA's kernels, GPU only) or "llamacpp_cpu" (llama.cpp x86 AVX2's SIMD SiLU,
+    CPU only; ggml_ciq.h ciq_op_order). ``fuse`` (host order;
     the engine's "fast" semantics): stacked weights (one GEMM's values over the stacked rows: stack_weights), norms,
     residual adds and q/k RoPE with the K/V stores fused (linear_group's norm, linear's add, rope_kv_store: the same
     values); GGML_CIQ_FUSE=0 in the environment turns it off."""
@@ -67,8 +68,10 @@ class NativeOps(BufferOps, PointwiseOps, AttentionOps, GemmOps):
         orders = native.enum_names("ciq_op_order", "CIQ_ORDER_")
         if op_order not in orders:
             raise InvalidArgumentError(f"unknown op order {op_order!r} (choose from {', '.join(orders)})")
-        if op_order != "host" and self.device < 0:
+        if op_order == "llamacpp_cuda" and self.device < 0:
             raise InvalidArgumentError(f"op order {op_order!r} runs on a GPU, not the CPU")
+        if op_order == "llamacpp_cpu" and self.device >= 0:
+            raise InvalidArgumentError(f"op order {op_order!r} runs on the CPU, not a GPU")
         self.op_order, self._op_order_id = op_order, orders.index(op_order)
         self.timings: dict[str, float] = defaultdict(float)
         self._pending: list = []  # (op class, marked timer) not yet in timings

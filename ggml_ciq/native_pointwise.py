@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import native
 from .errors import InvalidArgumentError, ShapeError
 from .native_buffers import DeviceArray
 
@@ -89,8 +90,8 @@ class PointwiseOps:
         """act(gate) * up; kind "silu" or "gelu" (tanh GELU: ggml's fp16 table on the CPU, float on a GPU)."""
         gate, up, kind_id = self._glu_inputs(gate, up, kind)
         out = self.empty(gate.shape)
-        self.native.check(self.native.lib.ciq_glu(self.device, self._op_order_id, kind_id, self._fp(gate),
-                                                  self._fp(up), gate.size, self._fp(out)))
+        native.glu_into(self.device, self._op_order_id, kind_id, self._fp(gate), self._fp(up), self._fp(out), gate.size,
+                        gate.shape[-1] if gate.shape else 1)
         return out
 
     def _glu_inputs(self, gate, up, kind: str):

@@ -9,7 +9,8 @@ captured from llama.cpp's own forward pass of Gemma 3 270M:
   the matrix (repacked Q4_K GEMM, tiled K-quant matmul, vec_dot; docs/SEMANTICS.md).
 - Attention without flash attention over the f16 K/V cache: libggml_ciq's host kernel "ggml" (q and the softmax
   weights rounded to f16, llamafile's f16 GEMM lanes, ggml's SIMD expf and softmax sum).
-- GELU: libggml_ciq's host ciq_glu: ggml's fp16 table, built as ggml's x86 FMA build builds it (float32,
+- GLU: libggml_ciq's host ciq_glu in CIQ_ORDER_LLAMACPP_CPU: SiLU as ggml_vec_swiglu_f32's AVX2 lanes (ggml_v_expf,
+  expf on each row's tail); GELU through ggml's fp16 table, built as ggml's x86 FMA build builds it (float32,
   `1 + a*x*x` fused, the C library's tanhf).
 With llama.cpp's GEMM outputs substituted, every other op reproduces its hidden states bit for bit (NOTES.md); the
 GEMMs follow its float order, so prompts of >= 8 tokens per micro-batch reproduce its logits exactly on an x86 AVX2
@@ -174,18 +175,21 @@ class NumpyOps(HostArrays):
         cache[start:start + len(x)] = x.astype(np.float16)
 
     def glu(self, gate, up, kind: str):
-        """act(gate) * up: SiLU in float32, or GELU through ggml's fp16 table (x <= -10: 0, x >= 10: x; the host
-        ciq_glu)."""
-        if kind == "silu":
-            return self._track((gate / (np.float32(1) + np.exp(-gate))) * up)
-        if kind == "gelu":
-            n = native.load()
-            gate, up = np.ascontiguousarray(gate, np.float32), np.ascontiguousarray(up, np.float32)
-            out = np.empty_like(gate)
-            n.check(n.lib.ciq_glu(n.lib.CIQ_DEVICE_CPU, n.lib.CIQ_ORDER_HOST, n.lib.CIQ_GLU_GELU, n.ffi.from_buffer("float[]", gate),
-                                  n.ffi.from_buffer("float[]", up), gate.size, n.ffi.from_buffer("float[]", out)))
-            return self._track(out)
-        raise UnsupportedTypeError(f"unknown GLU kind {kind!r} (silu or gelu)")
+        """act(gate) * up over rows of gate's last axis: libggml_ciq's host ciq_glu, SiLU in llama.cpp x86 AVX2's
+        order (CIQ_ORDER_LLAMACPP_CPU: ggml_v_expf on each row's 8-value blocks, expf on its tail), GELU through
+        ggml's fp16 table (x <= -10: 0, x >= 10: x)."""
+        if kind not in ("silu", "gelu"):
+            raise UnsupportedTypeError(f"unknown GLU kind {kind!r} (silu or gelu)")
+        n = native.load()
+        gate, up = np.ascontiguousarray(gate, np.float32), np.ascontiguousarray(up, np.float32)
+        if gate.shape != up.shape:
+            raise ShapeError(f"glu: gate {gate.shape} and up {up.shape} differ")
+        out = np.empty_like(gate)
+        kind_id = n.lib.CIQ_GLU_SILU if kind == "silu" else n.lib.CIQ_GLU_GELU
+        native.glu_into(n.lib.CIQ_DEVICE_CPU, n.lib.CIQ_ORDER_LLAMACPP_CPU, kind_id, n.ffi.from_buffer("float[]", gate),
+                        n.ffi.from_buffer("float[]", up), n.ffi.from_buffer("float[]", out), gate.size,
+                        gate.shape[-1] if gate.ndim else 1)
+        return self._track(out)
 
     def add(self, a, b):
         return self._track(a + b)

@@ -39,9 +39,12 @@ _EXACT_IN_FLOAT32 = (quants.F32, quants.F16, quants.BF16, quants.Q4_0, quants.Q5
 def dequantize_exact(ggml_type: int, data, rows: int, k: int) -> np.ndarray:
     """A [rows, k] tensor's values exactly: float32 where float32 holds them exactly (the types in
     _EXACT_IN_FLOAT32, ggml's own dequantization), float64 for Q4_K and Q5_K (d*sc*q - dmin*m without ggml's float32
-    rounding of the difference)."""
+    rounding of the difference), Q4_1 and Q5_1 (q*d + m without ggml's float32 rounding of the sum)."""
     if ggml_type in _EXACT_IN_FLOAT32:
         return quants.dequantize(ggml_type, data, rows, k)
+    if ggml_type in quants.Q32_1_TYPES:
+        q, d, m = quants.q32_1_fields(ggml_type, data, rows, k)
+        return (q * d.astype(np.float64)[..., None] + m.astype(np.float64)[..., None]).reshape(rows, k)
     if ggml_type == quants.Q4_K:
         d, dmin, sc, m, q = quants.q4_K_fields(data, rows, k)
     elif ggml_type == quants.Q5_K:
@@ -57,8 +60,9 @@ def dequantize_exact(ggml_type: int, data, rows: int, k: int) -> np.ndarray:
 
 
 def exact_bytes(tensor: Tensor) -> int:
-    """Bytes of a tensor's exact values as ReferenceWeight keeps them (float32, float64 for Q4_K/Q5_K)."""
-    return tensor.rows * tensor.k * (8 if tensor.ggml_type in (quants.Q4_K, quants.Q5_K) else 4)
+    """Bytes of a tensor's exact values as ReferenceWeight keeps them (float32; float64 for Q4_K/Q5_K/Q4_1/Q5_1)."""
+    wide = (quants.Q4_K, quants.Q5_K) + quants.Q32_1_TYPES
+    return tensor.rows * tensor.k * (8 if tensor.ggml_type in wide else 4)
 
 
 def check_host_memory(model: ModelFile, extra_bytes: int = 0) -> None:

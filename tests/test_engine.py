@@ -58,8 +58,10 @@ def agreement(ours, theirs):
 
 
 @pytest.mark.parametrize("architecture", catalog.SMALL_ARCHITECTURES)
-def test_small_model_matches_llamacpp(architecture, llama, native_lib, rng, tmp_path):
-    """Two-layer random models of each architecture, 41 random tokens in micro-batches of 16 (a tail of 9)."""
+def test_small_model_matches_llamacpp(architecture, llama, native_lib, rng, tmp_path, llamacpp_avx2):
+    """Two-layer random models of each architecture, 41 random tokens in micro-batches of 16 (a tail of 9): against
+    llama.cpp's AVX2 build every logit bit for bit (SwiGLU in its SIMD order: CIQ_ORDER_LLAMACPP_CPU), against
+    another build within llama.cpp's own rounding spread."""
     path = catalog.write_small_model(tmp_path / f"{architecture}.gguf", architecture)
     tokens = rng.integers(3, 512, 41)
     _, theirs = llama_logits(path, tokens, tmp_path)
@@ -72,6 +74,8 @@ def test_small_model_matches_llamacpp(architecture, llama, native_lib, rng, tmp_
     # Measured over 5 token draws per architecture: NMSE 6e-5 .. 4e-4, top-1 0.925 .. 1.0 (random weights with
     # outlier channels amplify rounding flips); a wrong RoPE pairing is ~0.5 (test_wrong_rope_pairing_is_caught).
     assert err <= 2e-3 and top1 >= 0.85
+    if llamacpp_avx2:
+        assert err == 0.0, f"{architecture}: NMSE {err:.3g} against llama.cpp's AVX2 build (bit for bit expected)"
     if architecture == "gemma3":
         assert engine.hp.sliding_window == 16 and engine.hp.is_sliding(0) and not engine.hp.is_sliding(5)
 

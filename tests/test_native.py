@@ -95,7 +95,8 @@ CDEF_SHA256 = {2: "4a2d9f159019c7458ae310183d425a220dd7d0e41cd353f738031334d4b9a
                11: "dba9f49f9bd5f85086cfbc74f086003750a9223e4c063b1309dedb3b91ad064f",  # 11: ciq_gemm_quantized_outputs (stacked weights' outputs apart, residual adds from the epilogue), ciq_rms_norm_activations, ciq_rope_kv_store
                12: "1700a6a76fb6e854081b5cf516d1682cd1456f8af6e6172c3897e3107ce2b171",  # 12: CIQ_ATTENTION_WGMMA (Hopper attention: wgmma, TMA, 128-query tiles)
                13: "ce5fc3624ec967ea0f143f6755a18346bd5fc2272663febf1a07b38bec8b1ff1",  # 13: ciq_wgmma_launch_count (wgmma's SS / RS / stream-K launches)
-               14: "0d1865cc562a6c714abd6585d17cb05ff805b94176f9b6c5346e8d5bf75addae"}  # 14: ciq_gemm_quantized_group (two weights, one launch), ciq_gemm_quantized_glu (the GLU from the epilogue)
+               14: "0d1865cc562a6c714abd6585d17cb05ff805b94176f9b6c5346e8d5bf75addae",  # 14: ciq_gemm_quantized_group (two weights, one launch), ciq_gemm_quantized_glu (the GLU from the epilogue)
+               15: "4dc0f891fdce410527335b093c27358fdf7ad72fe06573b90efbbba4cdd89892"}  # 15: CIQ_TYPE_Q4_1/Q5_1, CIQ_LAYOUT_Q8_1_CPU, CIQ_ORDER_LLAMACPP_CPU, ciq_registry_semantics
 
 
 def cdef_sha256() -> str:

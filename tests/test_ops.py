@@ -582,6 +582,35 @@ def test_glu_silu(ops, rng, n):
     assert nmse(out, ref) <= 1e-12  # same order; expf vs numpy's float32 exp (<= 1 ulp apart)
 
 
+def test_llamacpp_cpu_order_is_the_host_order_but_simd_silu(native_lib, rng):
+    """CIQ_ORDER_LLAMACPP_CPU: SiLU through ggml_v_expf on each 8-value block from the first value (not bit-equal to
+    expf's: the test can fail), expf on the n % 8 tail (bit-equal to the host order there); GELU the host order's;
+    a GPU refuses the order, unknown orders are named."""
+    n, lib, ffi = native_lib, native_lib.lib, native_lib.ffi
+    gate = (rng.standard_normal(4099) * 6).astype(np.float32)
+    up = rng.standard_normal(4099).astype(np.float32)
+
+    def glu(order, kind):
+        out = np.full_like(gate, np.nan)
+        n.check(lib.ciq_glu(lib.CIQ_DEVICE_CPU, order, kind, ffi.from_buffer("float[]", gate),
+                            ffi.from_buffer("float[]", up), gate.size, ffi.from_buffer("float[]", out)))
+        return out
+
+    simd, host = glu(lib.CIQ_ORDER_LLAMACPP_CPU, lib.CIQ_GLU_SILU), glu(lib.CIQ_ORDER_HOST, lib.CIQ_GLU_SILU)
+    assert np.array_equal(simd[4096:], host[4096:]) and not np.array_equal(simd[:4096], host[:4096])
+    assert nmse(simd, host) <= 1e-12
+    assert np.array_equal(glu(lib.CIQ_ORDER_LLAMACPP_CPU, lib.CIQ_GLU_GELU), glu(lib.CIQ_ORDER_HOST, lib.CIQ_GLU_GELU))
+    out = np.empty_like(gate)
+    assert lib.ciq_glu(lib.CIQ_DEVICE_CPU, 3, lib.CIQ_GLU_SILU, ffi.from_buffer("float[]", gate),
+                       ffi.from_buffer("float[]", up), 8, ffi.from_buffer("float[]", out)) == lib.CIQ_ERR_INVALID_ARGUMENT
+    assert "LLAMACPP_CPU 2" in ffi.string(lib.ciq_last_error()).decode()
+    with pytest.raises(InvalidArgumentError, match="runs on a GPU, not the CPU"):
+        NativeOps("cpu", op_order="llamacpp_cuda")
+    if native.device_count():
+        with pytest.raises(InvalidArgumentError, match="runs on the CPU, not a GPU"):
+            NativeOps("cuda", op_order="llamacpp_cpu")
+
+
 @pytest.mark.parametrize("n", [1, 17, 4096, 4099])
 def test_glu_gelu(ops, rng, n):
     gate = (rng.standard_normal(n) * 5).astype(np.float32)
@@ -1140,26 +1169,27 @@ OPS_VS_LLAMACPP = [  # (kind, shape): Gemma 3 270M's widths (640, head 256, 4/1 
     ("rms_norm_mul", (37 * 4, 256)), ("rope_neox", (37, 4, 256)), ("rope_neox", (37, 1, 256)), ("rope_norm", (19, 3, 64)),
     ("rms_norm_mul_rope_neox", (37, 4, 256)), ("rms_norm_mul_rope_neox", (37, 1, 256)),
     ("rms_norm_mul_rope_norm", (19, 3, 64)), ("rms_norm_mul_rope_neox", (5, 2, 1030)),
-    ("geglu", (37, 2048)), ("swiglu", (9, 700)), ("scale", (37, 1024)),
+    ("geglu", (37, 2048)), ("swiglu", (9, 700)), ("swiglu", (3, 4864)), ("scale", (37, 1024)),
 ]
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("kind, shape", OPS_VS_LLAMACPP)
-def test_ops_equal_llamacpp_bit_for_bit(llama, native_lib, rng, device, kind, shape):
-    """Our ops in llama.cpp's order on a device (host order on the CPU; llamacpp_cuda on the GPU) against llama.cpp's
-    own ops on the same device, as its graphs chain them (RMS_NORM + MUL + ADD, which ggml-cuda fuses; ROPE at
-    positions past 0 with Gemma's bases; the split GLUs; SCALE): the same values. The CPU half runs in CI."""
+def test_ops_equal_llamacpp_bit_for_bit(llama, native_lib, rng, device, kind, shape, llamacpp_avx2):
+    """Our ops in llama.cpp's order on a device (llamacpp_cpu on the CPU: the host order, SiLU in AVX2's lanes;
+    llamacpp_cuda on the GPU) against llama.cpp's own ops on the same device, as its graphs chain them (RMS_NORM +
+    MUL + ADD, which ggml-cuda fuses; ROPE at positions past 0 with Gemma's bases; the split GLUs, SwiGLU rows with
+    and without a tail of 8; SCALE): the same values. The CPU half runs in CI."""
     from ggml_ciq.llamacpp import OpGraph
 
     if device == "cuda":
         _gpu_or_skip()
         if "CUDA0" not in llama.devices():
             pytest.skip("needs llama.cpp built with CUDA (GGML_CIQ_LLAMACPP_LIB)")
-    elif kind == "swiglu":
-        pytest.skip("not claimed: ggml CPU's SwiGLU uses its vectorized SiLU (exp approximation), ours libm's expf; "
-                    "NMSE 2.0e-16..2.9e-16 (results-archive-1:bench/results/cpu/swiglu-vs-ggml-cpu.txt)")
-    ops = PoisonedOps(device, op_order="llamacpp_cuda" if device == "cuda" else "host")
+    elif kind == "swiglu" and not llamacpp_avx2:
+        pytest.skip("SwiGLU follows llama.cpp's AVX2 build (8-lane ggml_v_expf); this llama.cpp is built for another "
+                    "ISA (AVX-512: 16 lanes)")
+    ops = PoisonedOps(device, op_order="llamacpp_cuda" if device == "cuda" else "llamacpp_cpu")
     x = (rng.standard_normal(shape) * 3).astype(np.float32)
     eps, base, s = 1e-6, 1e6 if shape[-1] == 256 else 1e4, 0.0625
     inputs, extra = {"x": x}, {}

@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define GGML_CIQ_API_VERSION 14
+#define GGML_CIQ_API_VERSION 15
 
 /* CDEF-BEGIN */
 typedef enum { CIQ_DEVICE_CPU = -1 } ciq_device_index; /* the host as a device; GPUs are 0..n-1 */
@@ -279,8 +279,11 @@ typedef enum {
 } ciq_attention_kernel;
 
 typedef enum {                 /* whose float order the norm, RoPE and GLU ops follow */
-    CIQ_ORDER_HOST = 0,        /* llama.cpp CPU's (x86) order with IEEE float ops, on either device */
-    CIQ_ORDER_LLAMACPP_CUDA = 1 /* GPU only: llama.cpp CUDA's kernels' expressions and its -use_fast_math build */
+    CIQ_ORDER_HOST = 0,         /* llama.cpp CPU's (x86) order with IEEE float ops, on either device */
+    CIQ_ORDER_LLAMACPP_CUDA = 1, /* GPU only: llama.cpp CUDA's kernels' expressions and its -use_fast_math build */
+    CIQ_ORDER_LLAMACPP_CPU = 2   /* host only: llama.cpp x86 AVX2 build's SIMD expressions where they are not HOST's:
+                                    SiLU as ggml_vec_swiglu_f32 (per 8 values from 0: x / (1 + ggml_v_expf(-x)); the
+                                    n % 8 last: expf). Every other op: HOST's values */
 } ciq_op_order;
 
 /* out[n][d] = x * 1/sqrt(mean(x^2) + eps), then * weight[d] unless weight is NULL (ggml rms_norm, mul), then

@@ -10,13 +10,17 @@
 #include <string>
 #include <vector>
 
-// CIQ_ORDER_LLAMACPP_CUDA runs on a GPU only; unknown orders are invalid.
+// CIQ_ORDER_LLAMACPP_CUDA runs on a GPU only, CIQ_ORDER_LLAMACPP_CPU on the host only; unknown orders are invalid.
 static ciq_status check_order(const char *what, int device, ciq_op_order order) {
-    if (order != CIQ_ORDER_HOST && order != CIQ_ORDER_LLAMACPP_CUDA) {
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: unknown float order %d (HOST 0, LLAMACPP_CUDA 1)", what, (int)order);
+    if (order != CIQ_ORDER_HOST && order != CIQ_ORDER_LLAMACPP_CUDA && order != CIQ_ORDER_LLAMACPP_CPU) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: unknown float order %d (HOST 0, LLAMACPP_CUDA 1, LLAMACPP_CPU 2)",
+                        what, (int)order);
     }
     if (order == CIQ_ORDER_LLAMACPP_CUDA && device == CIQ_DEVICE_CPU) {
         return ciq_fail(CIQ_ERR_UNSUPPORTED, "%s: llama.cpp CUDA's float order runs on a GPU, not the CPU", what);
+    }
+    if (order == CIQ_ORDER_LLAMACPP_CPU && device != CIQ_DEVICE_CPU) {
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "%s: llama.cpp CPU's SIMD float order runs on the CPU, not a GPU", what);
     }
     return CIQ_OK;
 }
@@ -257,7 +261,7 @@ ciq_status ciq_glu(int device, ciq_op_order order, ciq_glu_kind kind, const floa
     CIQ_TRY(ciq_check_count("ciq_glu", "n", n));
     CIQ_TRY(ciq_check_device(device));
     CIQ_TRY(check_order("ciq_glu", device, order));
-    CIQ_ROUTE(device, ciq_cpu_glu(kind, gate, up, n, out), ciq_cuda_glu(order, kind, gate, up, n, out));
+    CIQ_ROUTE(device, ciq_cpu_glu(order, kind, gate, up, n, n, out), ciq_cuda_glu(order, kind, gate, up, n, out));
 }
 
 // An op fused into ciq_activations_quantize (`apart` names the op it fuses): the host runs the op into float32
@@ -299,7 +303,7 @@ ciq_status ciq_glu_activations(int device, ciq_op_order order, ciq_glu_kind kind
     }
     return fused_activations(
         "ciq_glu_activations", "ciq_glu", device, order, layout, tokens, k, out,
-        [&](float *values) { return ciq_cpu_glu(kind, gate, up, tokens * k, values); },
+        [&](float *values) { return ciq_cpu_glu(order, kind, gate, up, tokens * k, k, values); },
         [&] { return CIQ_GPU_CALL(ciq_cuda_glu_convert_f16(kind == CIQ_GLU_GELU, gate, up, out, tokens, k)); });
 }
 

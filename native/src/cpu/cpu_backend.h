@@ -35,7 +35,9 @@ ciq_status ciq_cpu_attention(const float *q, const uint16_t *k_cache, const uint
                              int64_t heads, int64_t heads_kv, int64_t head_dim, int64_t n_past, float scale,
                              int64_t window, float *out);
 ciq_status ciq_cpu_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values);
-ciq_status ciq_cpu_glu(ciq_glu_kind kind, const float *gate, const float *up, int64_t n, float *out);
+// row: values per row of llama.cpp's op (CIQ_ORDER_LLAMACPP_CPU's SiLU runs its SIMD lanes from each row's start).
+ciq_status ciq_cpu_glu(ciq_op_order order, ciq_glu_kind kind, const float *gate, const float *up, int64_t n,
+                       int64_t row, float *out);
 ciq_status ciq_cpu_add(const float *a, int64_t n, const float *b, int64_t b_n, float *out);
 ciq_status ciq_cpu_scale(const float *x, float s, int64_t n, float *out);
 ciq_status ciq_cpu_get_rows(int type, const void *table, int64_t k, const int32_t *ids, int64_t n, float *out);

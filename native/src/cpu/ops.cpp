@@ -3,7 +3,7 @@
 //              out = (x * scale) * weight, then + add in a second rounding (ggml CPU does not fuse the add).
 //   rope     : theta_0 = pos, theta_i = theta_{i-1} * powf(base, -2/head_dim) (ggml's rope cache), cosf/sinf;
 //              (fma(x0, cos, -(x1 sin)), fma(x0, sin, x1 cos)): ggml's rotate_pairs as GCC contracts it on x86.
-//   glu      : silu = x / (1 + expf(-x)); gelu through ggml's fp16 table (x rounded to f16, the table entry computed
+//   glu      : silu = x / (1 + expf(-x)) (CIQ_ORDER_LLAMACPP_CPU: ggml_v_expf but for each row's last row % 8); gelu through ggml's fp16 table (x rounded to f16, the table entry computed
 //              in float and rounded to f16; x <= -10 gives 0, x >= 10 gives x), then * up.
 //   attention: per query and head, s_p = (sum_e q_e k_pe, e ascending) * scale; m = max s_p; w_p = expf(s_p - m);
 //              out_e = (sum_p w_p v_pe) / (sum_p w_p), keys ascending.
@@ -235,7 +235,26 @@ static const std::vector<uint16_t> &gelu_table() {
     return table;
 }
 
-ciq_status ciq_cpu_glu(ciq_glu_kind kind, const float *gate, const float *up, int64_t n, float *out) {
+// llama.cpp x86 AVX2's SiLU: ggml_vec_swiglu_f32 per row of `row` values, 8 from the row's start at a time through
+// ggml_v_silu (x / (1 + ggml_v_expf(0 - x))), the row's last row % 8 through ggml_silu_f32 (libm expf); then * up.
+// Elementwise, so value i takes the vector expression when its place in the row lies before the row's tail.
+__attribute__((target_clones("fma", "default")))
+static void silu_llamacpp(const float *gate, const float *up, int64_t n, int64_t row, float *out) {
+    const int64_t vector_end = row - row % 8;
+#pragma omp parallel for schedule(static) if (n >= PARALLEL_MIN)
+    for (int64_t i = 0; i < n; ++i) {
+        const float x = gate[i];
+        const float e = i % row < vector_end ? ggml_expf(0.0f - x) : std::exp(-x);
+        out[i] = x / (1.0f + e) * up[i];
+    }
+}
+
+ciq_status ciq_cpu_glu(ciq_op_order order, ciq_glu_kind kind, const float *gate, const float *up, int64_t n,
+                       int64_t row, float *out) {
+    if (kind == CIQ_GLU_SILU && order == CIQ_ORDER_LLAMACPP_CPU) {
+        silu_llamacpp(gate, up, n, row, out);
+        return CIQ_OK;
+    }
     if (kind == CIQ_GLU_SILU) {
 #pragma omp parallel for schedule(static) if (n >= PARALLEL_MIN)
         for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];

@@ -155,43 +155,38 @@ struct wgmma_stream_k {
 // (wgmma_threads). wgmma_roles is the one place the order is written and role_of_warpgroup() the one function that
 // reads a warpgroup's role from it; every index below (consumer c, the producers' threads, the RS producer's TMA
 // threads) derives from wgmma_roles:
+// producers first, then the consumers, in both forms:
 //   SS (gemm_wgmma_kernel)    warpgroups 0 .. PW-1 the producers, PW and PW+1 the consumers 0 and 1;
-//   RS (gemm_wgmma_rs_kernel) warpgroups 0 and 1 the consumers 0 and 1, warpgroup 2 the producer, which gives its
-//                             registers to the consumers (setmaxnreg 56 / 224).
-// The forms keep the orders their machine code was measured in: a producers-first RS form (its setmaxnreg split and
-// TMA threads moved) is a change to measure on a GPU, not a relabelling.
+//   RS (gemm_wgmma_rs_kernel) warpgroup 0 the producer, which gives its registers to the consumers (setmaxnreg
+//                             56 / 224), warpgroups 1 and 2 the consumers 0 and 1.
 #define WGMMA_CONSUMERS 2
 enum wgmma_role { WGMMA_CONSUMER = 0, WGMMA_PRODUCER = 1 };
 template <int PW, bool RS> struct wgmma_roles {
     static_assert(PW == 1 || (PW == 2 && !RS), "producer warpgroups: 1 or 2 (SS), 1 (RS)");
-    static constexpr bool producers_first = !RS;
     static constexpr int producers = RS ? 1 : PW;
-    static constexpr int consumer0 = producers_first ? producers : 0;         // the first consumer warpgroup
-    static constexpr int producer0 = producers_first ? 0 : WGMMA_CONSUMERS;  // the first producer warpgroup
+    static constexpr int consumer0 = producers;  // the first consumer warpgroup
+    static constexpr int producer0 = 0;          // the first producer warpgroup
     static constexpr unsigned producer_begin = 128u * producer0, producer_end = producer_begin + 128u * producers;
 };
 // The role of the warpgroup (thread / 128) of CTA thread `thread`: the producers are the warpgroups before the
-// consumers (SS) or after them (RS). Compared on the thread index, as the roles were read before they were named:
-// the same machine code. (The SS kernel's branch compares threadIdx.x with wgmma_roles::producer_end itself, tied to
+// consumers. Compared on the thread index, as the roles were read before they were named: the same machine code. (The SS kernel's branch compares threadIdx.x with wgmma_roles::producer_end itself, tied to
 // this function by a static_assert: there a call, even inlined, changes the TMA_W kernels' machine code.)
 template <int PW, bool RS> static constexpr __host__ __device__ __forceinline__ wgmma_role role_of_warpgroup(unsigned thread) {
-    using L = wgmma_roles<PW, RS>;
-    if constexpr (L::producers_first) return wgmma_role(thread < L::producer_end);
-    else return wgmma_role(thread >= L::producer_begin);
+    return wgmma_role(thread < wgmma_roles<PW, RS>::producer_end);
 }
 static_assert(role_of_warpgroup<2, false>(255) == WGMMA_PRODUCER && role_of_warpgroup<2, false>(256) == WGMMA_CONSUMER &&
                   role_of_warpgroup<1, false>(127) == WGMMA_PRODUCER && role_of_warpgroup<1, false>(128) == WGMMA_CONSUMER &&
-                  role_of_warpgroup<1, true>(255) == WGMMA_CONSUMER && role_of_warpgroup<1, true>(256) == WGMMA_PRODUCER,
-              "SS: producers then consumers; RS: consumers then the producer");
+                  role_of_warpgroup<1, true>(127) == WGMMA_PRODUCER && role_of_warpgroup<1, true>(128) == WGMMA_CONSUMER,
+              "producers, then consumers");
 // A consumer warpgroup's index c (0, 1). (Unsigned arithmetic, as the indices were computed before the roles were named: the same machine code.)
 template <int PW, bool RS> static constexpr __host__ __device__ __forceinline__ int wgmma_consumer_of(unsigned wg) {
     return (int)(wg - (unsigned)wgmma_roles<PW, RS>::consumer0);
 }
-// The CTA thread of the producers' thread t (the RS producer's TMA threads: t = 0 and 32, CTA threads 256 and 288).
+// The CTA thread of the producers' thread t (the RS producer's TMA threads: t = 0 and 32, CTA threads 0 and 32).
 template <int PW, bool RS> static constexpr __host__ __device__ __forceinline__ unsigned wgmma_producer_cta_thread(int t) {
     return 128u * wgmma_roles<PW, RS>::producer0 + (unsigned)t;
 }
-// Threads of a CTA: SS 128 PW producers then 256 consumers; RS 256 consumers then a producer warpgroup. (An RS kernel
+// Threads of a CTA: 128 PW producers (RS: one warpgroup) then 256 consumers. (An RS kernel
 // of a tile config with 2 SS producer warpgroups still has one.)
 static constexpr __host__ __device__ int wgmma_threads(int PW, bool RS) { return 128 * ((RS ? 1 : PW) + WGMMA_CONSUMERS); }
 
@@ -638,8 +633,8 @@ static __device__ __forceinline__ void wgmma_consume(uint8_t *smem, uint64_t *fu
 
 // ---- the RS form (GGML_CIQ_WGMMA_RS): the consumers dequantize into wgmma's register operand ---------------------
 // Shared memory traffic per product is what bounds the SS form (A written by the producers, then read by wgmma);
-// here the producer warpgroup (after the two consumer warpgroups, its registers given to them) only issues TMA copies:
-// thread 256 the B stages (after the PDL wait), thread 288 (another warp: neither's waits hold up the other) the staged
+// here the producer warpgroup (before the two consumer warpgroups, its registers given to them) only issues TMA copies:
+// thread 0 the B stages (after the PDL wait), thread 32 (another warp: neither's waits hold up the other) the staged
 // super-blocks (RS_WSLOTS slots; wempty: the 8 consumer warps' reads of a slot done); the consumers read their rows'
 // quants from the staged block, build the A fragments (rs_frag) and issue wgmma with A from registers. Fragments
 // alternate between two register sets: a stage's wgmma group may still run while the next stage's set is built, and a
@@ -651,7 +646,7 @@ static __device__ __forceinline__ void wgmma_produce_rs(const CUtensorMap &xmap,
                                                         uint64_t *wempty, int kb0, int nsb, int64_t wrow0, int tok0,
                                                         int it0, int sb0) {
     constexpr int WB = wgmma_rs_wbox(T), block_bytes = wgmma_unit_bytes(T);  // wrow0: the tile's first row in wmap
-    if (threadIdx.x == wgmma_producer_cta_thread<1, true>(32)) {  // weights (the producer's warp 1, CTA thread 288):
+    if (threadIdx.x == wgmma_producer_cta_thread<1, true>(32)) {  // weights (the producer's warp 1, CTA thread 32):
         // no kernel writes them, so before the PDL wait
         for (int sb = 0; sb < nsb; ++sb) {
             const int n = sb0 + sb, ws = n % RS_WSLOTS;
@@ -659,7 +654,7 @@ static __device__ __forceinline__ void wgmma_produce_rs(const CUtensorMap &xmap,
             mbar_arrive_expect_tx(&wfull[ws], CIQ_WGMMA_ROWS * WB);
             tma_load_2d(wraw + ws * SLOT, &wmap, (kb0 + sb) * block_bytes & ~15, (int)wrow0, &wfull[ws]);
         }
-    } else if (threadIdx.x == wgmma_producer_cta_thread<1, true>(0)) {  // activations (its warp 0, CTA thread 256)
+    } else if (threadIdx.x == wgmma_producer_cta_thread<1, true>(0)) {  // activations (its warp 0, CTA thread 0)
         wait_for_previous_grid();
         for (int it = 0; it < 4 * nsb; ++it) {
             const int ring = it0 + it, slot = ring % STAGES;
@@ -678,7 +673,7 @@ static __device__ __forceinline__ void wgmma_consume_rs(uint8_t *smem, const uin
     constexpr int WB = wgmma_rs_wbox(T), block_bytes = wgmma_unit_bytes(T);
     wait_for_previous_grid();
     const int cw = wgmma_consumer_of<1, true>(threadIdx.x / 128), warp = (threadIdx.x % 128) / 32,
-              lane = threadIdx.x % 32;  // warpgroups 0, 1
+              lane = threadIdx.x % 32;  // warpgroups 1, 2
     const int row = 64 * cw + 16 * warp + lane / 4;
 #pragma unroll
     for (int j = 0; j < BN / 2; ++j) acc[j] = 0.0f;
