@@ -41,7 +41,11 @@ def test_diff_native_cpu_on_gemma(llama, native_lib, gemma_model, tmp_path):
                             tmp_path / "g.json")
     assert rc == 0, err
     report = json.loads((tmp_path / "g.json").read_text())
-    assert len(report["tensors"]) == 36 and {t["variant"] for t in report["tensors"]} == {"cpu"}
+    # Every quantized weight of Gemma 3 has a CPU kernel of ours: the K-quants on `cpu`, Q5_0 / Q8_0 on `q32`.
+    ran = {(t["type"], t["variant"]) for t in report["tensors"]}
+    assert len(report["tensors"]) == len(gemma_model.quantized_weights()) == 127
+    assert ran == {("Q4_K", "cpu"), ("Q6_K", "cpu"), ("Q5_0", "q32"), ("Q8_0", "q32")}
+    assert all(t["passed"] for t in report["tensors"])
 
 
 def test_diff_all_quantized_reports_other_types(llama, gemma_model):
@@ -123,8 +127,10 @@ def test_bad_inputs_one_line_exit_2(tmp_path, default_model, gemma_model, llama)
     (tmp_path / "cut.gguf").write_bytes(data[: len(data) * 2 // 3])
     rc, _, err = ggml_ciq("diff", tmp_path / "cut.gguf")
     assert_one_line_error(rc, err, "truncated: tensor", "cut.gguf")
-    rc, _, err = ggml_ciq("diff", gemma_model.path, "--tensor", "blk.0.attn_q.weight")
-    assert_one_line_error(rc, err, "blk.0.attn_q.weight", "Q5_0", "Q4_K or Q6_K")
+    rc, _, err = ggml_ciq("diff", gemma_model.path, "--tensor", "blk.0.attn_norm.weight")
+    assert_one_line_error(rc, err, "blk.0.attn_norm.weight", "F32", "no kernel of ours multiplies")
+    rc, _, err = ggml_ciq("diff", gemma_model.path, "--tensor", "blk.0.nope")
+    assert_one_line_error(rc, err, "no tensor named blk.0.nope")
     rc, _, err = ggml_ciq("bench", "gemm", "--shape", "Q4_K:16:300")
     assert_one_line_error(rc, err, "K % 256")
     rc, _, err = ggml_ciq("diff", "--backend", "ciq-cuda", "--reference", "llamacpp-cuda")
@@ -143,7 +149,9 @@ def test_unsupported_tensor_type_one_line(tmp_path, llama):
     rc, _, err = ggml_ciq("diff", path, "--all-quantized")
     assert_one_line_error(rc, err, "blk.0.ffn_down.weight", "Q2_K", "does not decode")
     rc, _, err = ggml_ciq("diff", path)
-    assert_one_line_error(rc, err, "no Q4_K/Q6_K weights")
+    assert_one_line_error(rc, err, "no weight of a type our kernels multiply", "(Q2_K)", "Q4_K, Q6_K")
+    rc, _, err = ggml_ciq("diff", path, "--tensor", "blk.0.ffn_down.weight")
+    assert_one_line_error(rc, err, "blk.0.ffn_down.weight", "Q2_K", "no kernel of ours multiplies")
 
 
 @pytest.mark.parametrize("argv", [["frobnicate"], ["diff", "--tokens", "many"]])
