@@ -247,7 +247,7 @@ def _check_diff(args) -> None:
     from . import diff
 
     if args.prompt is None:
-        stray = _used(args, "--layer-bar", "--flash-attn", "--llamacpp-extra-buffers")
+        stray = _used(args, "--layer-bar", "--flash-attn", "--spread", "--llamacpp-extra-buffers")
         if stray:
             raise CiqError(f"{', '.join(stray)} belong to diff --prompt (the diff on llama.cpp's own activations)")
     else:
@@ -445,7 +445,9 @@ def cmd_diff(args) -> int:
                   f"worst llama.cpp-vs-f64 NMSE {_fmt(s['worst_llamacpp_vs_f64'])}")
     if args.json:
         _write_json(args.json, report.to_json())
-    return 1 if s["failed"] else 0
+    for error in report.errors:  # llama.cpp's crash in its spread prefill: the diff above ran without the spread
+        print(f"ggml-ciq: {error['message']}", file=sys.stderr)
+    return 1 if s["failed"] or report.errors else 0
 
 
 def _check_diff_memory(tensors, tokens: int) -> None:
@@ -479,7 +481,7 @@ def _diff_activations(args) -> int:
         report = activation_diff(path, args.prompt, reference=args.reference, bar=args.bar, layer_bar=args.layer_bar,
                                  threads=args.threads, flash_attn=_on_off(args.flash_attn),
                                  progress=lambda what: progress.update(task, description=what, advance=1),
-                                 extra_buffers=args.llamacpp_extra_buffers)
+                                 extra_buffers=args.llamacpp_extra_buffers, spread=args.spread)
     cuda = report.reference == "llamacpp-cuda"
     report.environment = (bench.gpu_environment() if cuda else
                           bench.cpu_environment(args.threads or native.build_info()["threads"]))
@@ -492,11 +494,13 @@ def _diff_activations(args) -> int:
                           f"{report.tokens} prompt tokens, {report.reference}", columns, rows,
                  stacks=[((2, 3, 4), "type\nrows x K\nkernel"), ((5, 6), "NMSE vs\nllama.cpp")],
                  stacked_note="NMSE above max|d|")
+    spread = f", or llama.cpp's own spread where larger: its prefill with {report.spread}" if report.spread else ""
+    columns = [("layer", "number"), ("NMSE", "number"), ("max|d|", "number")] + \
+        ([("llama.cpp spread", "number")] if report.spread else []) + [("", "text")]
     _print_table(console, f"our engine's hidden state after each layer vs llama.cpp's l_out (bar "
-                          f"{report.layer_bar:.0e})",
-                 [("layer", "number"), ("NMSE", "number"), ("max|d|", "number"), ("", "text")],
-                 [[str(d.layer), _fmt(d.nmse), _fmt(d.max_abs),
-                   "[red]first above the bar[/]" if d.layer == report.first_diverging_layer else ""]
+                          f"{report.layer_bar:.0e}{spread})", columns,
+                 [[str(d.layer), _fmt(d.nmse), _fmt(d.max_abs)] + ([_fmt(d.spread)] if report.spread else []) +
+                  ["[red]first above the bar[/]" if d.layer == report.first_diverging_layer else ""]
                   for d in report.layers])
     if not cuda:
         console.print(_llamacpp_path(report.llamacpp), highlight=False)
@@ -506,10 +510,13 @@ def _diff_activations(args) -> int:
                   f"{s['tensors'] - s['judged']} other tensors listed")
     diverging = report.first_diverging_layer
     console.print(f"hidden states: {'no layer' if diverging is None else f'layer {diverging} is the first'} above "
-                  f"NMSE {report.layer_bar:.0e}; logits NMSE {_fmt(report.logits_nmse)}")
+                  f"NMSE {report.layer_bar:.0e}{' or llama.cpp' + chr(39) + 's own spread' if report.spread else ''}; "
+                  f"logits NMSE {_fmt(report.logits_nmse)}")
     if args.json:
         _write_json(args.json, report.to_json())
-    return 1 if s["failed"] else 0
+    for error in report.errors:  # llama.cpp's crash in its spread prefill: the diff above ran without the spread
+        print(f"ggml-ciq: {error['message']}", file=sys.stderr)
+    return 1 if s["failed"] or report.errors else 0
 
 
 TOKENIZE = """
@@ -954,6 +961,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                                  "diverging layer (default 1e-4)")
     p.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
                    help="with --prompt: llama.cpp's flash attention (auto: on for CUDA, off on the CPU)")
+    p.add_argument("--spread", choices=("auto", "on", "off"), default="auto",
+                   help="with --prompt: a second llama.cpp prefill, flash attention toggled: its own spread per layer "
+                        "raises that layer's bar to it (auto: unless ours follows this llama.cpp bit for bit, its "
+                        "AVX2 CPU build)")
     p.add_argument("--llamacpp-extra-buffers", action="store_true", help=EXTRA_BUFFERS_HELP)
     p.set_defaults(func=cmd_diff)
 

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from . import native, quants
-from .errors import CiqError, InvalidArgumentError, UnsupportedTypeError
+from .errors import CiqError, InvalidArgumentError, LlamaCppCrash, UnsupportedTypeError
 from .model import ModelFile, Tensor
 
 BACKENDS = ("auto", "reference", "ciq-cpu", "ciq-cuda")
@@ -245,6 +245,8 @@ class LayerStateDiff:
     layer: int
     nmse: float
     max_abs: float
+    spread: float | None = None         # llama.cpp's own: its flash-attention-toggled prefill vs its capture
+    bar: float | None = None            # this layer's bar: the layer bar, or llama.cpp's spread where that is larger
 
 
 @dataclass
@@ -256,12 +258,14 @@ class ActivationDiffReport:
     semantics: str
     bar: float
     layer_bar: float
+    spread: str | None = None           # what llama.cpp's spread run changed ("flash attention on"), None: not run
     tensors: list[CapturedTensorDiff] = field(default_factory=list)
     layers: list[LayerStateDiff] = field(default_factory=list)
     first_diverging_layer: int | None = None
     logits_nmse: float | None = None    # our engine's logits vs llama.cpp's, all positions
     environment: dict = field(default_factory=dict)
     llamacpp: dict = field(default_factory=dict)  # which llama.cpp CPU path ran (LlamaModel.provenance)
+    errors: list = field(default_factory=list)  # llama.cpp's crash in its spread prefill (LlamaCppCrash.to_json)
 
     @property
     def failures(self) -> list[CapturedTensorDiff]:
@@ -352,7 +356,16 @@ def hidden_state_diffs(ours: list[np.ndarray], capture) -> list[LayerStateDiff]:
 
 
 def first_diverging_layer(layers: list[LayerStateDiff], bar: float = LAYER_BAR) -> int | None:
-    return next((d.layer for d in layers if not d.nmse <= bar), None)
+    """The first layer whose hidden-state NMSE is above `bar`, or above llama.cpp's own spread there where that
+    was measured and is larger."""
+    return next((d.layer for d in layers if not d.nmse <= max(bar, d.spread or 0.0)), None)
+
+
+def follows_bit_for_bit(device: str, provenance: dict) -> bool:
+    """Whether our engine follows this llama.cpp's arithmetic end to end, bit for bit: its CPU AVX2 build with plain
+    weight buffers (docs/SEMANTICS.md). Elsewhere (an AVX-512 build, extra buffer types, CUDA) the hidden states are
+    rounding-level apart, and llama.cpp's own spread is the yardstick."""
+    return device == "cpu" and provenance.get("llamacpp_cpu_path") == "avx2" and not provenance.get("extra_buffers")
 
 
 def resolve_reference(reference: str) -> str:
@@ -367,28 +380,43 @@ def resolve_reference(reference: str) -> str:
     return reference
 
 
+SPREADS = ("auto", "on", "off")
+
+
 def activation_diff(path, prompt: str, reference: str = "auto", bar: float = 1e-10, layer_bar: float = LAYER_BAR,
                     threads: int | None = None, flash_attn: bool | None = None,
-                    progress=None, extra_buffers: bool = False) -> ActivationDiffReport:
+                    progress=None, extra_buffers: bool = False, spread: str = "auto") -> ActivationDiffReport:
     """llama.cpp prefills `prompt` (its tokenizer, BOS as by default) with the eval callback on, in a child process
     (isolation.py: a crash there is LlamaCppCrash); every weight mul_mat's captured input goes through our kernel
     and is compared with llama.cpp's output; then our engine prefills the same tokens on the same device and its
     hidden state after each layer is compared with llama.cpp's "l_out-N". flash_attn: llama.cpp's flash attention
     (None: on for CUDA, off on the CPU; see LlamaContext). extra_buffers: llama.cpp's CPU extra buffer types
-    (llama_model.EXTRA_BUFFERS_WARNING). `progress(text)` is called per step."""
+    (llama_model.EXTRA_BUFFERS_WARNING). spread: a second llama.cpp prefill with flash attention toggled, its
+    hidden states against the first: llama.cpp's own spread per layer, which raises that layer's bar to it ("auto":
+    where ours does not follow llama.cpp bit for bit, follows_bit_for_bit). `progress(text)` is called per step."""
     from .engine import Transformer
     from .isolation import run_isolated
 
+    if spread not in SPREADS:
+        raise InvalidArgumentError(f"unknown spread {spread!r} (choose from {', '.join(SPREADS)})")
     model = ModelFile(path)
     reference = resolve_reference(reference)
     device = "cuda" if reference == "llamacpp-cuda" else "cpu"
     if threads:
         native.set_num_threads(threads)
-    got = run_isolated(f"its {device.upper()} capture", _capture_prefill, str(path), device, threads, prompt,
-                       flash_attn, extra_buffers)
+    spread_crash = None
+    try:
+        got = run_isolated(f"its {device.upper()} capture", _capture_prefill, str(path), device, threads, prompt,
+                           flash_attn, extra_buffers, spread=spread)
+    except LlamaCppCrash as crash:  # in the spread prefill: the capture finished, the diff goes on without it
+        if "capture" not in crash.finished:
+            raise
+        got, spread_crash = crash.finished, crash.renamed("its spread prefill")
     tokens, theirs, capture, n_ctx, n_ubatch = (got[k] for k in ("tokens", "logits", "capture", "n_ctx", "n_ubatch"))
     report = ActivationDiffReport(str(path), prompt, len(tokens), reference, REFERENCE_SEMANTICS[reference], bar,
-                                  layer_bar, llamacpp=got["provenance"])
+                                  layer_bar, got.get("spread_run"), llamacpp=got["provenance"])
+    if spread_crash is not None:
+        report.errors.append(spread_crash.to_json())
     report.tensors = captured_tensor_diffs(model, capture, reference, bar, progress)
     semantics = {"mmvq" if "mmvq" in t.kernel else REFERENCE_SEMANTICS[reference] for t in report.tensors if t.judged}
     report.semantics = "+".join(sorted(semantics)) or report.semantics  # CUDA: mmvq for calls of 1..8 tokens
@@ -398,16 +426,22 @@ def activation_diff(path, prompt: str, reference: str = "auto", bar: float = 1e-
     if progress:
         progress("engine")
     report.layers = hidden_state_diffs(hidden, capture)
+    for d in report.layers:
+        if "spread_hidden" in got:
+            d.spread = quants.nmse(got["spread_hidden"][d.layer], capture.hidden_state(d.layer))
+        d.bar = max(layer_bar, d.spread or 0.0)
     report.first_diverging_layer = first_diverging_layer(report.layers, layer_bar)
     report.logits_nmse = quants.nmse(np.asarray(ours, np.float32).reshape(theirs.shape), theirs)
     return report
 
 
 def _capture_prefill(emit, path: str, device: str, threads: int | None, prompt: str, flash_attn: bool | None,
-                     extra_buffers: bool, n_tokens: int | None = None, attention: bool = False) -> None:
+                     extra_buffers: bool, n_tokens: int | None = None, attention: bool = False,
+                     spread: str = "off") -> None:
     """llama.cpp's prefill with the eval callback on, in isolation.py's child: emits the tokens (of `prompt`, or with
     n_tokens of compare's evaluation text, repeated if shorter), the provenance, the context's sizes, all logits and
-    the Capture."""
+    the Capture; with spread on (auto: where ours does not follow this llama.cpp bit for bit) a second prefill with
+    flash attention toggled, its hidden states ("spread_hidden") and what it changed ("spread_run")."""
     from .compare import _repeat_to, evaluation_text
     from .isolation import crash_point
     from .llama_model import LlamaModel
@@ -422,8 +456,16 @@ def _capture_prefill(emit, path: str, device: str, threads: int | None, prompt: 
             emit("n_ubatch", ctx.n_batch)
             crash_point("capture")
             logits, capture = ctx.capture(tokens, attention=attention)
-    emit("logits", logits)
-    emit("capture", capture)
+            flash, n_batch = ctx.flash_attn, ctx.n_batch
+        emit("logits", logits)
+        emit("capture", capture)
+        del logits, capture
+        if spread == "on" or spread == "auto" and not follows_bit_for_bit(device, llama.provenance()):
+            with llama.context_for(len(tokens), flash_attn=not flash, n_batch=n_batch, eval_callback=True) as ctx:
+                crash_point("spread")
+                other = ctx.capture(tokens, weights=False)[1]
+                emit("spread_hidden", {layer: other.hidden_state(layer) for layer in other.hidden})
+                emit("spread_run", f"flash attention {'on' if ctx.flash_attn else 'off'}")
 
 
 @dataclass

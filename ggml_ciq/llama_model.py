@@ -249,7 +249,8 @@ class Capture:
     model weight (keyed by the weight's GGUF name), and llama.cpp's per-layer hidden states ("l_out-N"). Rows are
     tokens; several micro-batches are concatenated in order."""
 
-    def __init__(self, attention: bool = False):
+    def __init__(self, attention: bool = False, weights: bool = True):
+        self.weights = weights  # False: the hidden states only (no weight mul_mat kept)
         self.mul_mat: dict[str, tuple[list, list]] = {}
         self.hidden: dict[int, list] = {}
         # attention=True: every FLASH_ATTN_EXT node in graph order (flash attention on), see AttentionCall
@@ -541,7 +542,7 @@ class LlamaContext(Closeable):
         if capture is None:
             return not ask  # asked: no node wanted; observing: continue
         name = ffi.string(t.name).decode(errors="replace")
-        is_mul_mat = t.op == self.library.mul_mat_op and t.src[0] != ffi.NULL and \
+        is_mul_mat = capture.weights and t.op == self.library.mul_mat_op and t.src[0] != ffi.NULL and \
             Capture.is_weight(ffi.string(t.src[0].name).decode(errors="replace"))
         is_attention = capture.attention is not None and t.op == self.library.flash_attn_op
         if ask:
@@ -562,12 +563,12 @@ class LlamaContext(Closeable):
             return False
         return True
 
-    def capture(self, tokens, attention: bool = False) -> tuple[np.ndarray, Capture]:
+    def capture(self, tokens, attention: bool = False, weights: bool = True) -> tuple[np.ndarray, Capture]:
         """Prefill with the eval callback on: (all-position logits, Capture); attention=True also keeps every flash
-        attention node's inputs and output (Capture.attention)."""
+        attention node's inputs and output (Capture.attention); weights=False keeps only the hidden states."""
         if not self.eval_callback:
             raise InvalidArgumentError("LlamaModel(eval_callback=True) is needed to capture tensors")
-        self._capture = capture = Capture(attention)
+        self._capture = capture = Capture(attention, weights)
         try:
             logits = self.prefill(tokens, all_logits=True)
         except BackendError:

@@ -52,6 +52,8 @@ INVALID = [
     (["diff", "--threads", "100000"], "argument --threads: must be from 1 to 512, got 100000"),
     (["diff", "--layer-bar", "1e-3"], "--layer-bar belong to diff --prompt"),
     (["diff", "--flash-attn", "on"], "--flash-attn belong to diff --prompt"),
+    (["diff", "--spread", "on"], "--spread belong to diff --prompt"),
+    (["diff", "--prompt", "hi", "--spread", "maybe"], "argument --spread: invalid choice"),
     (["diff", "--flash-attn", "maybe"], "argument --flash-attn: invalid choice: 'maybe'"),
     (["diff", "--prompt", "  "], "argument --prompt: is empty"),
     (["diff", "--prompt", "hi", "--layer-bar", "0"], "argument --layer-bar: must be a finite number > 0"),

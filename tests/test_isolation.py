@@ -97,6 +97,21 @@ def test_diff_prompt_reports_a_llamacpp_crash(llama, default_model):
     assert "Traceback" not in proc.stderr
 
 
+def test_diff_prompt_keeps_the_diff_when_the_spread_prefill_crashes(llama, default_model, tmp_path):
+    """A fault in llama.cpp's second (spread) prefill: the diff on the finished capture is printed and written, its
+    layers held to the layer bar alone, the crash its last line and in --json; exit 1."""
+    out = tmp_path / "d.json"
+    proc = _cli("diff", str(default_model.path), "--prompt", "Hello world", "--reference", "llamacpp-cpu",
+                "--spread", "on", "--json", str(out), crash="spread")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("ggml-ciq: llama.cpp crashed (SIGSEGV) in its spread prefill: "), last
+    assert "Traceback" not in proc.stderr and "PASS: 15 tensors judged" in proc.stdout
+    data = json.loads(out.read_text())
+    assert [e["step"] for e in data["errors"]] == ["its spread prefill"] and data["spread"] is None
+    assert len(data["layers"]) == 2 and all(d["spread"] is None and d["bar"] == 1e-4 for d in data["layers"])
+
+
 def test_libllama_loads_without_extra_buffer_types_and_says_so(llama, default_model):
     """The default load puts no weight into CPU_REPACK / AMX buffers; extra_buffers=True is llama.cpp's own default
     (its REPACK feature then moves the Q4_K weights there; only loaded here, never decoded: on AMX that is the crash).

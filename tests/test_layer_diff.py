@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ggml_ciq import cli, engine, quants
-from ggml_ciq.diff import LAYER_BAR, captured_tensor_diffs, first_diverging_layer, hidden_state_diffs
+from ggml_ciq.diff import LAYER_BAR, LayerStateDiff, captured_tensor_diffs, first_diverging_layer, hidden_state_diffs
 from ggml_ciq.llama_model import LlamaModel
 from ggml_ciq.model import ModelFile
 
@@ -92,16 +92,34 @@ def test_hidden_states_name_the_broken_layer(native_lib, model, captured, monkey
     assert first_diverging_layer(broken) == expected
 
 
-def test_diff_prompt_cli(llama, native_lib, default_model, tmp_path, capsys):
-    rc = cli.main(["diff", str(default_model.path), "--prompt", PROMPT, "--reference", "llamacpp-cpu", "--json",
-                   str(tmp_path / "d.json")])
+def test_first_diverging_layer_against_llamacpp_spread():
+    """A layer is named where its NMSE is above the layer bar and above llama.cpp's own spread there (measured)."""
+    layers = [LayerStateDiff(0, 5e-5, 0.1), LayerStateDiff(1, 2e-4, 0.1, spread=3e-4),
+              LayerStateDiff(2, 2e-4, 0.1, spread=1e-4), LayerStateDiff(3, 1.0, 0.1)]
+    assert first_diverging_layer(layers) == 2
+    assert first_diverging_layer(layers[:2]) is None and first_diverging_layer(layers[3:]) == 3
+    assert first_diverging_layer([LayerStateDiff(0, float("nan"), 0.0, spread=1.0)]) == 0
+
+
+@pytest.mark.parametrize("spread", ["auto", "on"])
+def test_diff_prompt_cli(llama, native_lib, default_model, tmp_path, capsys, llamacpp_avx2, spread):
+    """diff --prompt on the embedded model; --spread on (auto: against a build ours does not follow bit for bit) adds
+    llama.cpp's own per-layer spread, its flash-attention-toggled prefill, and each layer's bar rises to it."""
+    rc = cli.main(["diff", str(default_model.path), "--prompt", PROMPT, "--reference", "llamacpp-cpu", "--spread",
+                   spread, "--json", str(tmp_path / "d.json")])
     out = capsys.readouterr().out
     assert rc == 0 and "PASS: 15 tensors judged" in out
     report = json.loads((tmp_path / "d.json").read_text())
     assert report["reference"] == "llamacpp-cpu" and report["semantics"] == "cpu" and report["tokens"] >= 64
     assert len(report["tensors"]) == 15 and all(t["nmse"] <= 1e-10 for t in report["tensors"])
     assert [d["layer"] for d in report["layers"]] == [0, 1]
-    first = next((d["layer"] for d in report["layers"] if d["nmse"] > 1e-4), None)
+    measured = spread == "on" or not llamacpp_avx2
+    assert report["spread"] == ("flash attention on" if measured else None)
+    for d in report["layers"]:
+        assert (d["spread"] > 0) if measured else d["spread"] is None  # flash attention's float order is another
+        assert d["bar"] == max(1e-4, d["spread"] or 0.0)
+    assert ("llama.cpp spread" in out) == measured
+    first = next((d["layer"] for d in report["layers"] if d["nmse"] > d["bar"]), None)
     assert report["first_diverging_layer"] == report["summary"]["first_diverging_layer"] == first
     assert report["logits_nmse"] < 1e-2 and "device" in report["environment"]
 

@@ -62,7 +62,8 @@ def test_diff_every_weight_bit_for_bit(llama, native_lib, real_model, tmp_path, 
 def test_diff_prompt_every_layer(llama, native_lib, real_model, tmp_path, capsys, llamacpp_avx2):
     """`ggml-ciq diff --prompt` on llama.cpp CPU's own prefill: every weight mul_mat judged (none only listed), each
     bit for bit on llama.cpp's captured inputs, and the engine's hidden state after every layer within the layer bar
-    (against the AVX2 build: equal)."""
+    (against the AVX2 build: equal; against an AVX-512 build, whose other ops ours does not follow, within the bar or
+    llama.cpp's own spread: Qwen2.5 reaches 2.6e-4 at its last layer, llama.cpp's flash attention toggle 2.7e-4)."""
     name, model = real_model
     prompt, _ = PROMPTS[name]
     rc = cli.main(["diff", name, "--prompt", prompt * 4, "--reference", "llamacpp-cpu", "--json",
@@ -77,7 +78,10 @@ def test_diff_prompt_every_layer(llama, native_lib, real_model, tmp_path, capsys
     print(f"{name}: {len(report['tensors'])} GEMMs, worst layer NMSE {worst:.2e}, logits {report['logits_nmse']:.2e}")
     assert report["first_diverging_layer"] is None
     if llamacpp_avx2:
-        assert worst == 0.0 and report["logits_nmse"] == 0.0
+        assert worst == 0.0 and report["logits_nmse"] == 0.0 and report["spread"] is None
+    else:  # an AVX-512 build: each layer no further from it than its own flash-attention-toggled prefill
+        assert report["spread"] == "flash attention on"
+        assert all(d["nmse"] <= max(1e-4, d["spread"]) for d in report["layers"])
 
 
 def test_prefill_answers(llama, native_lib, real_model, tmp_path, capsys):
