@@ -963,8 +963,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --prompt: llama.cpp's flash attention (auto: on for CUDA, off on the CPU)")
     p.add_argument("--spread", choices=("auto", "on", "off"), default="auto",
                    help="with --prompt: a second llama.cpp prefill, flash attention toggled: its own spread per layer "
-                        "raises that layer's bar to it (auto: unless ours follows this llama.cpp bit for bit, its "
-                        "AVX2 CPU build)")
+                        "raises that layer's bar to it (auto: unless ours follows this llama.cpp bit for bit: its "
+                        "CUDA build and its AVX2 CPU build)")
     p.add_argument("--llamacpp-extra-buffers", action="store_true", help=EXTRA_BUFFERS_HELP)
     p.set_defaults(func=cmd_diff)
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from ggml_ciq import cli, engine, quants
-from ggml_ciq.diff import LAYER_BAR, LayerStateDiff, captured_tensor_diffs, first_diverging_layer, hidden_state_diffs
+from ggml_ciq.diff import (LAYER_BAR, LayerStateDiff, captured_tensor_diffs, first_diverging_layer, follows_bit_for_bit,
+                           hidden_state_diffs)
 from ggml_ciq.llama_model import LlamaModel
 from ggml_ciq.model import ModelFile
 
@@ -20,7 +21,10 @@ PROMPT = ("It is a truth universally acknowledged, that a single man in possessi
 
 @pytest.fixture(scope="module")
 def captured(llama, model):
-    """(tokens, llama.cpp's logits, Capture) of llama.cpp's CPU prefill of PROMPT, once per model."""
+    """(tokens, llama.cpp's logits, Capture) of llama.cpp's CPU prefill of PROMPT, once per model (llama.cpp loads
+    only a whole model: on the GPU machine's K-quant extract of Gemma, as gemma_full, a skip)."""
+    if "token_embd.weight" not in model.tensors:
+        pytest.skip(f"{model.path} holds only Gemma's K-quant tensors, not the whole model")
     with LlamaModel(model.path) as lm:
         tokens = lm.tokenize(PROMPT)
         with lm.context_for(len(tokens), eval_callback=True) as ctx:
@@ -99,6 +103,15 @@ def test_first_diverging_layer_against_llamacpp_spread():
     assert first_diverging_layer(layers) == 2
     assert first_diverging_layer(layers[:2]) is None and first_diverging_layer(layers[3:]) == 3
     assert first_diverging_layer([LayerStateDiff(0, float("nan"), 0.0, spread=1.0)]) == 0
+
+
+def test_spread_auto_runs_where_ours_does_not_follow_llamacpp():
+    """--spread auto: llama.cpp's CUDA build and its AVX2 CPU build with plain buffers, which ours follows bit for
+    bit, get the plain layer bar; an AVX-512 build or one with extra buffer types their own spread."""
+    assert follows_bit_for_bit("cuda", {}) and follows_bit_for_bit("cpu", {"llamacpp_cpu_path": "avx2"})
+    assert not follows_bit_for_bit("cpu", {"llamacpp_cpu_path": "avx512-vnni", "extra_buffers": False})
+    assert not follows_bit_for_bit("cpu", {"llamacpp_cpu_path": "avx2", "extra_buffers": True})
+    assert not follows_bit_for_bit("cpu", {})
 
 
 @pytest.mark.parametrize("spread", ["auto", "on"])
