@@ -134,7 +134,7 @@ def make_ops(device="cpu", semantics: str = "llamacpp"):
       dequantized to bf16 (cuBLAS), float32 SIMT attention (q and p not rounded to f16).
     - fast: the fastest measured kernel per op, the path the speed claims are about (STATUS.md). GPU: AUTO GEMMs
       (`wgmma` above 8 tokens on Hopper, for Q4_0/Q5_0/Q8_0 too where K is a multiple of 64: 6x the q32 variant on
-      Gemma 3 270M's, results-archive-1:bench/results/h200/profile-04ab8d8/; `mmvq` for the K-quants at 1..8 tokens, q32 for the
+      Gemma 3 270M's, 41d23b3:bench/results/h200/profile-04ab8d8/; `mmvq` for the K-quants at 1..8 tokens, q32 for the
       32-block types there), mma attention.
       CPU: llama.cpp's arithmetic (NumpyOps; the exact float orders are also the fastest host paths we have)."""
     if semantics not in SEMANTICS:

@@ -446,7 +446,7 @@ class LlamaContext(Closeable):
     flash_attn None (auto): on for CUDA (llama-bench's setting for the speed comparison), off on the CPU, where
     llama.cpp's flash attention rounds Q to f16 and depends on the micro-batch size: on Gemma 3 270M, 128 tokens,
     FA on vs off gives top-1 93.0%, mean KLD 9.6e-3, and FA on with n_ubatch 32 vs 512 top-1 95.3%, mean KLD
-    1.2e-2, while FA off is bit-identical across n_ubatch (results-archive-1:bench/results/cpu/llamacpp-self-consistency-*.txt).
+    1.2e-2, while FA off is bit-identical across n_ubatch (41d23b3:bench/results/cpu/llamacpp-self-consistency-*.txt).
     eval_callback=True installs the callback `capture` needs (the scheduler then asks Python about every node, so
     timed runs go without it)."""
 

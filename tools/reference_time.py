@@ -1,7 +1,7 @@
 """How long the float64 reference forward pass (`--device reference`, ggml_ciq.reference_ops) takes on Gemma 3 270M:
 N random token ids, all logits, micro-batches of 512; load and forward seconds, and the profile's top entries.
 
-    python3 tools/reference_time.py 4096        # results-archive-1:bench/results/cpu/reference-time-gemma3-270m.txt
+    python3 tools/reference_time.py 4096        # 41d23b3:bench/results/cpu/reference-time-gemma3-270m.txt
 """
 import cProfile, pstats, time, sys, numpy as np
 from ggml_ciq import catalog

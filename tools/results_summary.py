@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write bench/results/summary/<claim>.json: one small summary per STATUS.md claim, read from the archived files.
 
-The raw measurements left the working tree at 41d23b3 (tag results-archive-1); this reads them from git, so it
+The raw measurements left the working tree at 41d23b3; this reads them from git, so it
 needs no checkout of them:
 
     python3 tools/results_summary.py            # rewrites bench/results/summary/ (run from the repository root)
@@ -9,7 +9,7 @@ needs no checkout of them:
 
 Each summary keeps the run's device, GPU clocks line, our commit and llama.cpp's, and per source file its figures
 (bench rows, compare arms and pairs, test and sanitizer summary lines); `source` names the archived file
-(`git show results-archive-1:<path>`). A new claim: add it to CLAIMS with the files behind it.
+(`git show 41d23b3:<path>`). A new claim: add it to CLAIMS with the files behind it.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ARCHIVE = "results-archive-1"   # = 41d23b3
+ARCHIVE = "41d23b3"   # the last commit with the raw files (a tag does not travel with every clone)
 H, C = "bench/results/h200/", "bench/results/cpu/"   # paths inside the archive
 
 # claim id -> (the claim, archived files). STATUS.md's rows name these ids.

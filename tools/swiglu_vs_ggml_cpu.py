@@ -1,5 +1,5 @@
 """ggml CPU's SwiGLU (ggml_swiglu_split through the bridge) against ours in the host order (ciq_glu silu): the
-measurement behind docs/SEMANTICS.md's "SwiGLU is not ggml CPU's" (results-archive-1:bench/results/cpu/swiglu-vs-ggml-cpu.txt).
+measurement behind docs/SEMANTICS.md's "SwiGLU is not ggml CPU's" (41d23b3:bench/results/cpu/swiglu-vs-ggml-cpu.txt).
 
     python tools/swiglu_vs_ggml_cpu.py
 """
