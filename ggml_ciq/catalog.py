@@ -127,9 +127,11 @@ def write_default_model(path: Path) -> Path:
 SMALL_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 
 
-def write_small_model(path: Path, architecture: str, seed: int = 0, drop: tuple[str, ...] = ()) -> Path:
+def write_small_model(path: Path, architecture: str, seed: int = 0, drop: tuple[str, ...] = (),
+                      ffn_type: int = quants.Q4_K) -> Path:
     """A two-layer random model of one architecture with the default model's shapes and vocabulary, Q4_K/Q6_K
-    weights (qwen2: q/k/v biases; qwen3, gemma3: q/k norms; gemma3: post norms, tied output), for engine tests.
+    weights (qwen2: q/k/v biases; qwen3, gemma3: q/k norms; gemma3: post norms, tied output), for engine tests;
+    ffn_gate/ffn_up of type `ffn_type` (Q4_K, or Q5_K as a Q5_K_M file has them).
     Tensors named in `drop` are left out (a broken file for error tests)."""
     if architecture not in SMALL_ARCHITECTURES:
         raise GGUFFileError(f"no small-model recipe for {architecture} (have {', '.join(SMALL_ARCHITECTURES)})")
@@ -173,8 +175,8 @@ def write_small_model(path: Path, architecture: str, seed: int = 0, drop: tuple[
                 add_norm(f"{p}.post_attention_norm.weight", e)
                 add_norm(f"{p}.post_ffw_norm.weight", e)
             add_norm(f"{p}.ffn_norm.weight", e)
-            add(f"{p}.ffn_gate.weight", quants.Q4_K, f, e)
-            add(f"{p}.ffn_up.weight", quants.Q4_K, f, e)
+            add(f"{p}.ffn_gate.weight", ffn_type, f, e)
+            add(f"{p}.ffn_up.weight", ffn_type, f, e)
             add(f"{p}.ffn_down.weight", quants.Q6_K, e, f)
         add_norm("output_norm.weight", e)
         if architecture != "gemma3":

@@ -224,9 +224,9 @@ LAYER_BAR = 1e-4  # hidden-state NMSE above which a layer is named as the first 
 
 @dataclass
 class CapturedTensorDiff:
-    """One weight's mul_mat on llama.cpp's captured input: our kernel of llama.cpp's semantics (Q4_K/Q6_K,
-    Q4_0/Q5_0/Q8_0; judged against the bar) or, for other types, the float64 product of the dequantized weight
-    (listed only)."""
+    """One weight's mul_mat on llama.cpp's captured input: our kernel of llama.cpp's semantics where the registry has
+    one (our_kernel_takes; judged against the bar) or else the float64 product of the dequantized weight (listed
+    only)."""
     name: str
     type: str
     layer: int | None

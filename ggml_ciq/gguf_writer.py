@@ -48,8 +48,9 @@ def add_blocks(writer, name: str, ggml_type: int, blocks: np.ndarray) -> None:
 
 
 def add_keep_quant(writer, name: str, ggml_type: int, w: np.ndarray) -> None:
-    """Float weights [rows, K] quantized to Q4_K or Q6_K by our numpy quantizer (ggml_ciq.quants)."""
-    data = quants.quantize_q4_K(w) if ggml_type == quants.Q4_K else quants.quantize_q6_K(w)
+    """Float weights [rows, K] quantized to Q4_K, Q5_K or Q6_K by our numpy quantizer (ggml_ciq.quants)."""
+    quantize = {quants.Q4_K: quants.quantize_q4_K, quants.Q5_K: quants.quantize_q5_K}.get(ggml_type, quants.quantize_q6_K)
+    data = quantize(w)
     add_blocks(writer, name, ggml_type, data.reshape(w.shape[0], -1))
 
 

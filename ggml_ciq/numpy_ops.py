@@ -5,7 +5,7 @@ captured from llama.cpp's own forward pass of Gemma 3 270M:
 - 32-block weights (Q4_0, Q5_0, Q8_0): libggml_ciq's q32 variant in cpu semantics (q8_0 activations as ggml's
   AVX2 `quantize_row_q8_0`, llamafile `tinyBLAS_Q0_AVX`'s float order); Q4_1/Q5_1 the same variant on q8_1
   activations as `quantize_row_q8_1`, `ggml_vec_dot_q{4,5}_1_q8_1`'s float order.
-- Q4_K/Q6_K: libggml_ciq's keep-quant GEMM in cpu semantics, in the float order of the kernel llama.cpp runs for
+- Q4_K/Q5_K/Q6_K: libggml_ciq's keep-quant GEMM in cpu semantics, in the float order of the kernel llama.cpp runs for
   the matrix (repacked Q4_K GEMM, tiled K-quant matmul, vec_dot; docs/SEMANTICS.md).
 - Attention without flash attention over the f16 K/V cache: libggml_ciq's host kernel "ggml" (q and the softmax
   weights rounded to f16, llamafile's f16 GEMM lanes, ggml's SIMD expf and softmax sum).
@@ -76,7 +76,7 @@ class NumpyWeight:
 
     def __init__(self, tensor: Tensor):
         self.name, self.ggml_type, self.rows, self.k = tensor.name, tensor.ggml_type, tensor.rows, tensor.k
-        if tensor.is_keep_quant:
+        if tensor.ggml_type in quants.HOST_KEEP_QUANT_TYPES and len(tensor.shape) == 2:  # the host's "cpu" variant
             self.kind = "keep-quant"
             self.problem = native.GemmProblem.upload(tensor.ggml_type, tensor.raw(), tensor.rows, tensor.k, "cpu")
             self.nbytes = tensor.raw().nbytes

@@ -22,6 +22,7 @@ TYPE_NAMES = {F32: "F32", F16: "F16", Q4_0: "Q4_0", Q5_0: "Q5_0", Q8_0: "Q8_0", 
 BLOCK_LAYOUT = {F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q4_0: (32, 18), Q5_0: (32, 22), Q8_0: (32, 34),
                 Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210), Q8_K: (256, 292), Q4_1: (32, 20), Q5_1: (32, 24)}
 KEEP_QUANT_TYPES = (Q4_K, Q6_K)
+HOST_KEEP_QUANT_TYPES = KEEP_QUANT_TYPES + (Q5_K,)  # the host "cpu" variant's: Q5_K in cpu semantics only
 Q32_TYPES = (Q4_0, Q5_0, Q8_0)  # 32-value blocks: int8 values and one fp16 scale per block (the q32 variant)
 Q32_1_TYPES = (Q4_1, Q5_1)  # 32-value blocks with an fp16 d and m each: the q32 variant in cpu semantics, host only
 
@@ -87,13 +88,13 @@ def dequantize_q4_K(data, rows: int, k: int) -> np.ndarray:
     return (d1[..., None] * q.astype(np.float32) - m1[..., None]).reshape(rows, k)
 
 
-def quantize_q4_K(x: np.ndarray) -> np.ndarray:
-    """Simple deterministic Q4_K quantizer (min/max per sub-block; not ggml's search) -> raw bytes."""
+def _quantize_scale_min(x: np.ndarray, top: int):
+    """Q4_K/Q5_K's simple deterministic quantizer (min/max per sub-block; not ggml's search), quants 0..top ->
+    (fp16 d, dmin [rows, nb]; the 12 packed scale bytes [rows, nb, 12]; q uint8 [rows, nb, 8, 32])."""
     rows, k = x.shape
-    row_bytes(Q4_K, k)
     xb = x.astype(np.float32).reshape(rows, k // QK_K, 8, 32)
     lo = np.minimum(xb.min(-1), 0.0)
-    scale = (xb.max(-1) - lo) / 15.0
+    scale = (xb.max(-1) - lo) / np.float32(top)
     d = (scale.max(-1) / 63.0).astype(np.float16)
     dmin = ((-lo).max(-1) / 63.0).astype(np.float16)
     df, dminf = d.astype(np.float32)[..., None], dmin.astype(np.float32)[..., None]
@@ -101,17 +102,41 @@ def quantize_q4_K(x: np.ndarray) -> np.ndarray:
     m = np.clip(np.rint(np.divide(-lo, dminf, out=np.zeros_like(lo), where=dminf > 0)), 0, 63).astype(np.int32)
     step = (df * sc)[..., None]
     q = np.divide(xb + (dminf * m)[..., None], step, out=np.zeros_like(xb), where=step > 0)
-    q = np.clip(np.rint(q), 0, 15).astype(np.uint8)
-    out = np.zeros((rows, k // QK_K, 144), np.uint8)
-    out[..., 0:2] = d.view(np.uint8).reshape(rows, -1, 2)
-    out[..., 2:4] = dmin.view(np.uint8).reshape(rows, -1, 2)
+    q = np.clip(np.rint(q), 0, top).astype(np.uint8)
     s = np.zeros((rows, k // QK_K, 12), np.int32)
     s[..., 0:4] = sc[..., 0:4] | ((sc[..., 4:8] >> 4) << 6)
     s[..., 4:8] = m[..., 0:4] | ((m[..., 4:8] >> 4) << 6)
     s[..., 8:12] = (sc[..., 4:8] & 0xF) | ((m[..., 4:8] & 0xF) << 4)
-    out[..., 4:16] = s.astype(np.uint8)
-    qc = q.reshape(rows, -1, 4, 2, 32)
-    out[..., 16:144] = (qc[:, :, :, 0] | (qc[:, :, :, 1] << 4)).reshape(rows, -1, 128)
+    return d, dmin, s.astype(np.uint8), q
+
+
+def _pack_k4(rows: int, nb: int, d, dmin, scales, q, nbytes: int) -> np.ndarray:
+    """d, dmin, scales[12] first, the low nibbles (value e of chunk c: qs[32c + e%32], low then high nibble) last."""
+    out = np.zeros((rows, nb, nbytes), np.uint8)
+    out[..., 0:2] = d.view(np.uint8).reshape(rows, -1, 2)
+    out[..., 2:4] = dmin.view(np.uint8).reshape(rows, -1, 2)
+    out[..., 4:16] = scales
+    qc = (q & 0xF).reshape(rows, -1, 4, 2, 32)
+    out[..., nbytes - 128:] = (qc[:, :, :, 0] | (qc[:, :, :, 1] << 4)).reshape(rows, -1, 128)
+    return out
+
+
+def quantize_q4_K(x: np.ndarray) -> np.ndarray:
+    """Simple deterministic Q4_K quantizer (min/max per sub-block; not ggml's search) -> raw bytes."""
+    rows, k = x.shape
+    row_bytes(Q4_K, k)
+    d, dmin, scales, q = _quantize_scale_min(x, 15)
+    return _pack_k4(rows, k // QK_K, d, dmin, scales, q, 144).reshape(-1)
+
+
+def quantize_q5_K(x: np.ndarray) -> np.ndarray:
+    """The same quantizer with 5-bit quants (0..31) -> raw Q5_K bytes: bit j of qh[l] is bit 4 of value 32j + l."""
+    rows, k = x.shape
+    row_bytes(Q5_K, k)
+    d, dmin, scales, q = _quantize_scale_min(x, 31)
+    out = _pack_k4(rows, k // QK_K, d, dmin, scales, q, 176)
+    high = (q >> 4).reshape(rows, -1, 8, 32).astype(np.uint8)
+    out[..., 16:48] = (high << np.arange(8, dtype=np.uint8)[:, None]).sum(axis=2, dtype=np.uint8)
     return out.reshape(-1)
 
 
@@ -378,7 +403,7 @@ def q8_1_mmq_fields(blocks: np.ndarray, weight_type: int, tokens: int, k: int):
 # Reference GEMMs, out[tokens, rows] = X @ W^T. Integer sums are exact; float parts run in float64.
 
 def gemm_cpu_semantics(weight_type: int, data, rows: int, k: int, x: np.ndarray) -> np.ndarray:
-    """llama.cpp CPU semantics: Q8_K activations, integer sub-block sums, float per super-block."""
+    """llama.cpp CPU semantics: Q8_K activations, integer sub-block sums, float per super-block (Q4_K, Q5_K, Q6_K)."""
     xq = quantize_q8_K(_check_activations(x, QK_K))
     return gemm_cpu_semantics_quantized(weight_type, data, rows, k, xq)
 
@@ -388,8 +413,11 @@ def gemm_cpu_semantics_quantized(weight_type: int, data, rows: int, k: int, xq: 
     q8 = xq["qs"].astype(np.float64)                      # [tokens, nb, 256]
     dy = xq["d"].astype(np.float64)                       # [tokens, nb]
     xf = (dy[..., None] * q8).reshape(tokens, k)          # exact products
-    if weight_type == Q4_K:
-        d, dmin, sc, m, q = q4_K_fields(data, rows, k)
+    if weight_type in (Q4_K, Q5_K):
+        if weight_type == Q4_K:
+            d, dmin, sc, m, q = q4_K_fields(data, rows, k)
+        else:
+            d, dmin, sc, m, q = q5_K_fields(_blocks(data, Q5_K, rows, k), rows, k)
         wf = (d.astype(np.float64)[..., None, None] * sc[..., None] * q).reshape(rows, k)
         bsum32 = xq["bsums"].astype(np.float64).reshape(tokens, -1, 8, 2).sum(-1)   # [tokens, nb, 8]
         xmin = (dy[..., None] * bsum32).reshape(tokens, -1)
@@ -399,7 +427,8 @@ def gemm_cpu_semantics_quantized(weight_type: int, data, rows: int, k: int, xq: 
         d, sc, q = q6_K_fields(data, rows, k)
         wf = (d.astype(np.float64)[..., None, None] * sc[..., None] * q.reshape(rows, -1, 16, 16)).reshape(rows, k)
         return xf @ wf.T
-    raise UnsupportedTypeError(f"keep-quant GEMM supports Q4_K and Q6_K, not {type_name(weight_type)}")
+    raise UnsupportedTypeError(f"keep-quant GEMM in cpu semantics supports Q4_K, Q5_K and Q6_K, not "
+                               f"{type_name(weight_type)}")
 
 
 def gemm_mmq_semantics(weight_type: int, data, rows: int, k: int, x: np.ndarray) -> np.ndarray:

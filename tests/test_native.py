@@ -96,7 +96,8 @@ CDEF_SHA256 = {2: "4a2d9f159019c7458ae310183d425a220dd7d0e41cd353f738031334d4b9a
                12: "1700a6a76fb6e854081b5cf516d1682cd1456f8af6e6172c3897e3107ce2b171",  # 12: CIQ_ATTENTION_WGMMA (Hopper attention: wgmma, TMA, 128-query tiles)
                13: "ce5fc3624ec967ea0f143f6755a18346bd5fc2272663febf1a07b38bec8b1ff1",  # 13: ciq_wgmma_launch_count (wgmma's SS / RS / stream-K launches)
                14: "0d1865cc562a6c714abd6585d17cb05ff805b94176f9b6c5346e8d5bf75addae",  # 14: ciq_gemm_quantized_group (two weights, one launch), ciq_gemm_quantized_glu (the GLU from the epilogue)
-               15: "4dc0f891fdce410527335b093c27358fdf7ad72fe06573b90efbbba4cdd89892"}  # 15: CIQ_TYPE_Q4_1/Q5_1, CIQ_LAYOUT_Q8_1_CPU, CIQ_ORDER_LLAMACPP_CPU, ciq_registry_semantics
+               15: "4dc0f891fdce410527335b093c27358fdf7ad72fe06573b90efbbba4cdd89892",  # 15: CIQ_TYPE_Q4_1/Q5_1, CIQ_LAYOUT_Q8_1_CPU, CIQ_ORDER_LLAMACPP_CPU, ciq_registry_semantics
+               16: "28067411ccc0085f2779565939253ad369f83240d2cddea4192468bab78d4010"}  # 16: Q5_K on the host (cpu variant, cpu semantics only)
 
 
 def cdef_sha256() -> str:
@@ -141,7 +142,7 @@ def test_plan_resolves_auto_as_gemm_dispatches(native_lib, rng, device):
     if device == "cuda" and native.device_count() == 0:
         pytest.skip("no CUDA device (or libggml_ciq built without CUDA)")
     rows, k = 40, 512
-    for ggml_type in (Q.Q4_K, Q.Q6_K, Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q4_1, Q.Q5_1):
+    for ggml_type in (Q.Q4_K, Q.Q6_K, Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q4_1, Q.Q5_1, Q.Q5_K):
         raw = rng.integers(0, 256, rows * Q.row_bytes(ggml_type, k), dtype=np.uint8)
         raw.reshape(rows * k // Q.BLOCK_LAYOUT[ggml_type][0], -1)[:, -2:] = 0  # Q4_K/Q6_K: finite d; 32-block: see below
         if ggml_type in Q.Q32_TYPES + Q.Q32_1_TYPES:
@@ -254,9 +255,12 @@ def test_c_api_rejects_bad_calls(native_lib):
         status, error = call(lib.ciq_gemm, -1, variant, semantics, lib.CIQ_TYPE_Q4_K, wptr, nbytes, rows, k, xptr,
                              tokens, optr, lib.CIQ_OUT_F32)
         assert status == lib.CIQ_ERR_INVALID_ARGUMENT and message in error, (message, error)
+    status, error = call(lib.ciq_gemm, -1, lib.CIQ_VARIANT_CPU, lib.CIQ_SEMANTICS_CPU, 10, wp, 144, 1, 256, xp, 1, op,
+                         lib.CIQ_OUT_F32)  # Q2_K: no kernel of ours
+    assert status == lib.CIQ_ERR_INVALID_ARGUMENT and "not Q4_K, Q5_K" in error
     status, error = call(lib.ciq_gemm, -1, lib.CIQ_VARIANT_CPU, lib.CIQ_SEMANTICS_CPU, lib.CIQ_TYPE_Q5_K, wp, 144, 1,
                          256, xp, 1, op, lib.CIQ_OUT_F32)
-    assert status == lib.CIQ_ERR_INVALID_ARGUMENT and "not Q4_K" in error
+    assert status == lib.CIQ_ERR_INVALID_ARGUMENT and "Q5_K [1 x 256] needs 176 weight bytes" in error
     status, error = call(lib.ciq_gemm, -1, lib.CIQ_VARIANT_MMA, lib.CIQ_SEMANTICS_MMQ, lib.CIQ_TYPE_Q4_K, wp, 144, 1,
                          256, xp, 1, op, lib.CIQ_OUT_F32)
     assert status == lib.CIQ_ERR_UNSUPPORTED and "not available on the CPU" in error

@@ -118,7 +118,8 @@ def test_plugin_prefills_leave_host_memory_flat(plugin_path, cpu_device, offload
     assert growth < FLAT_BYTES
 
 
-@pytest.mark.parametrize("ggml_type,rows,k,tokens", [(Q4_K, 72, 512, 13), (Q6_K, 37, 256, 9), (Q8_0, 33, 96, 5)])
+@pytest.mark.parametrize("ggml_type,rows,k,tokens", [(Q4_K, 72, 512, 13), (Q6_K, 37, 256, 9), (Q8_0, 33, 96, 5),
+                                                     (Q5_K, 37, 512, 5), (Q5_K, 37, 768, 17)])
 def test_mul_mat_graph_on_the_plugin_device(plugin_path, cpu_device, offload_all, llama, ggml_type, rows, k,
                                             tokens):
     """One MUL_MAT computed by the plugin's backend (tensors in its buffer type) against llama.cpp CPU's mul_mat on
@@ -246,8 +247,8 @@ def test_supports_op_declines_layouts_we_do_not_run(plugin_path, plugin_device, 
                     lib.ggml_mul_mat(ctx, w, lib.ggml_view_2d(ctx, wide, k, tokens, 2 * k * 4, 0)), False),
                 "permuted activations": (lib.ggml_mul_mat(ctx, w, lib.ggml_permute(ctx, x3, 1, 0, 2, 3)), False),
                 "broadcast batch": (lib.ggml_mul_mat(ctx, w, lib.ggml_new_tensor_3d(ctx, F32, k, tokens, 4)), False),
-                "q5_K weight (not covered)": (
-                    lib.ggml_mul_mat(ctx, lib.ggml_new_tensor_2d(ctx, Q5_K, k, rows), x), False),
+                "q5_K weight (host only)": (  # cpu semantics on the host only (registry.cpp's k_type_semantics)
+                    lib.ggml_mul_mat(ctx, lib.ggml_new_tensor_2d(ctx, Q5_K, k, rows), x), plugin_device == "CIQ_CPU"),
                 "f32 weight (not covered)": (
                     lib.ggml_mul_mat(ctx, lib.ggml_new_tensor_2d(ctx, F32, k, rows), x), False),
             }

@@ -1,10 +1,10 @@
 /* ggml_ciq.h - the contract of libggml_ciq: keep-quant (CIQ) GEMM over GGUF blocks (Q4_K, Q6_K; Q4_0, Q5_0, Q8_0;
- * Q4_1, Q5_1 on the host).
+ * Q4_1, Q5_1, Q5_K on the host).
  *
  * Conventions, said once:
  *   weight W   : [rows = output features][K = input features], raw GGUF blocks, row-major by block
  *                (Q4_K 144 B / 256 values, Q6_K 210 B / 256, Q4_0 18 B / 32, Q5_0 22 B / 32, Q8_0 34 B / 32,
- *                Q4_1 20 B / 32, Q5_1 24 B / 32).
+ *                Q4_1 20 B / 32, Q5_1 24 B / 32, Q5_K 176 B / 256).
  *   activations: X[tokens][K] float32, token-major.
  *   output     : out[tokens][rows] = X @ W^T, token-major, float32 or bf16.
  *   device     : CIQ_DEVICE_CPU (-1) is the host; 0..n-1 are GPUs. Pointers live on the device named.
@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define GGML_CIQ_API_VERSION 15
+#define GGML_CIQ_API_VERSION 16
 
 /* CDEF-BEGIN */
 typedef enum { CIQ_DEVICE_CPU = -1 } ciq_device_index; /* the host as a device; GPUs are 0..n-1 */
@@ -73,7 +73,7 @@ typedef enum {
 
 typedef enum {
     CIQ_VARIANT_AUTO = 0,         /* GGML_CIQ_VARIANT from the environment (GPU), else the registry's AUTO order */
-    CIQ_VARIANT_CPU = 1,          /* host K-quant kernel: AVX-VNNI, AVX2 or scalar int8 dot, threaded */
+    CIQ_VARIANT_CPU = 1,          /* host K-quant kernel: AVX-VNNI, AVX2 or scalar int8 dot, threaded; Q5_K: cpu only */
     CIQ_VARIANT_WMMA = 2,         /* warp-private 16x16 WMMA tile, 4 warps */
     CIQ_VARIANT_WMMA_WIDE = 3,    /* the same, 8 warps */
     CIQ_VARIANT_WMMA_SHARED = 4,  /* 8 warps, activation rows staged in shared memory */

@@ -14,6 +14,7 @@
 #define Q5_1_BLOCK_BYTES 24
 #define Q8_1_BLOCK_BYTES 36   // ggml's block_q8_1: half d, half s, int8 qs[32]
 #define Q4_K_BLOCK_BYTES 144
+#define Q5_K_BLOCK_BYTES 176
 #define Q6_K_BLOCK_BYTES 210
 #define Q8_K_BLOCK_BYTES 292
 #define Q8_1_MMQ_VALUES 128
@@ -26,6 +27,13 @@ struct block_q4_K {
     uint16_t dmin;       // super-block scale for the 6-bit sub-block mins
     uint8_t scales[12];  // 8 scales and 8 mins, 6 bits each (get_scale_min_k4)
     uint8_t qs[128];     // 4-bit quants: value e of chunk c=e/64 is low nibble of qs[32c + e%32] for e%64 < 32, else high
+};
+struct block_q5_K {
+    uint16_t d;          // as block_q4_K's
+    uint16_t dmin;
+    uint8_t scales[12];
+    uint8_t qh[32];      // the fifth bits: bit 2c (low 32 values of chunk c) and 2c+1 (high 32) of qh[e%32]
+    uint8_t qs[128];     // the low 4 bits, as block_q4_K's
 };
 struct block_q6_K {
     uint8_t ql[128];     // low 4 bits
@@ -43,6 +51,7 @@ struct block_q8_1_mmq {
     int8_t qs[Q8_1_MMQ_VALUES];
 };
 static_assert(sizeof(block_q4_K) == Q4_K_BLOCK_BYTES, "block_q4_K");
+static_assert(sizeof(block_q5_K) == Q5_K_BLOCK_BYTES, "block_q5_K");
 static_assert(sizeof(block_q6_K) == Q6_K_BLOCK_BYTES, "block_q6_K");
 static_assert(sizeof(block_q8_K) == Q8_K_BLOCK_BYTES, "block_q8_K");
 static_assert(sizeof(block_q8_1_mmq) == Q8_1_MMQ_BLOCK_BYTES, "block_q8_1_mmq");
@@ -50,7 +59,8 @@ static_assert(sizeof(block_q8_1_mmq) == Q8_1_MMQ_BLOCK_BYTES, "block_q8_1_mmq");
 // f16 activation layout (f16 semantics): f16 [tokens][K], then at this offset float scale[tokens].
 static inline size_t ciq_f16_scale_offset(int64_t tokens, int64_t k) { return ((size_t)tokens * k * 2 + 255) & ~(size_t)255; }
 
-// Bytes of one weight row of K values for the K-quant types (Q4_K, Q6_K).
+// Bytes of one weight row of K values for the K-quant types (Q4_K, Q5_K, Q6_K).
 static inline size_t ciq_weight_row_bytes(ciq_type type, int64_t k) {
-    return (size_t)(k / QK_K) * (type == CIQ_TYPE_Q4_K ? Q4_K_BLOCK_BYTES : Q6_K_BLOCK_BYTES);
+    return (size_t)(k / QK_K) * (type == CIQ_TYPE_Q4_K ? Q4_K_BLOCK_BYTES : type == CIQ_TYPE_Q5_K ? Q5_K_BLOCK_BYTES
+                                                                                                 : Q6_K_BLOCK_BYTES);
 }

@@ -4,10 +4,10 @@
 
 #include <atomic>
 
-// GEMM dispatches: [variant][type slot] (slots: Q4_K, Q6_K, Q4_0, Q5_0, Q8_0, Q4_1, Q5_1, the types a variant
+// GEMM dispatches: [variant][type slot] (slots: Q4_K, Q6_K, Q4_0, Q5_0, Q8_0, Q4_1, Q5_1, Q5_K, the types a variant
 // multiplies).
 static const ciq_type k_counted_types[] = {CIQ_TYPE_Q4_K, CIQ_TYPE_Q6_K, CIQ_TYPE_Q4_0, CIQ_TYPE_Q5_0, CIQ_TYPE_Q8_0,
-                                           CIQ_TYPE_Q4_1, CIQ_TYPE_Q5_1};
+                                           CIQ_TYPE_Q4_1, CIQ_TYPE_Q5_1, CIQ_TYPE_Q5_K};
 constexpr int COUNTED_TYPES = sizeof(k_counted_types) / sizeof(k_counted_types[0]);
 static std::atomic<uint64_t> g_dispatch[CIQ_VARIANT_COUNT][COUNTED_TYPES];
 static std::atomic<uint64_t> g_wgmma_launches[CIQ_WGMMA_FORM_GLU + 1];

@@ -26,7 +26,7 @@ CIQ_HOST_DEVICE int ciq_block_bytes(int type) {
         case CIQ_TYPE_Q4_1: return Q4_1_BLOCK_BYTES;
         case CIQ_TYPE_Q5_1: return Q5_1_BLOCK_BYTES;
         case CIQ_TYPE_Q4_K: return Q4_K_BLOCK_BYTES;
-        case CIQ_TYPE_Q5_K: return 176;
+        case CIQ_TYPE_Q5_K: return Q5_K_BLOCK_BYTES;
         case CIQ_TYPE_Q6_K: return Q6_K_BLOCK_BYTES;
         default: return 0;
     }

@@ -93,11 +93,14 @@ static ciq_status launch_wgmma(int device, ciq_variant, ciq_semantics, ciq_type 
 
 #define SEM(s) (1u << CIQ_SEMANTICS_##s)
 #define K_QUANTS 2, {CIQ_TYPE_Q4_K, CIQ_TYPE_Q6_K}
+#define HOST_K_QUANTS 3, {CIQ_TYPE_Q4_K, CIQ_TYPE_Q6_K, CIQ_TYPE_Q5_K}
 #define BLOCK32 5, {CIQ_TYPE_Q4_0, CIQ_TYPE_Q5_0, CIQ_TYPE_Q8_0, CIQ_TYPE_Q4_1, CIQ_TYPE_Q5_1}
 #define ANY_TOKENS 1, INT64_MAX, 1
 #define ANY_TOKENS_K64 1, INT64_MAX, F16_K_UNIT
 #define ALL_TYPES 5, {CIQ_TYPE_Q4_K, CIQ_TYPE_Q6_K, CIQ_TYPE_Q4_0, CIQ_TYPE_Q5_0, CIQ_TYPE_Q8_0}
-#define AUTO_TYPES 7, {CIQ_TYPE_Q4_K, CIQ_TYPE_Q6_K, CIQ_TYPE_Q4_0, CIQ_TYPE_Q5_0, CIQ_TYPE_Q8_0, CIQ_TYPE_Q4_1, CIQ_TYPE_Q5_1}
+// AUTO lists every type some variant multiplies: 8, all of ciq_variant_info.weight_types (a ninth needs a new API).
+#define AUTO_TYPES 8, {CIQ_TYPE_Q4_K, CIQ_TYPE_Q6_K, CIQ_TYPE_Q4_0, CIQ_TYPE_Q5_0, CIQ_TYPE_Q8_0, CIQ_TYPE_Q4_1, CIQ_TYPE_Q5_1, \
+                      CIQ_TYPE_Q5_K}
 
 static const ciq_variant_row k_variants[CIQ_VARIANT_COUNT] = {
     {CIQ_VARIANT_AUTO,
@@ -106,8 +109,8 @@ static const ciq_variant_row k_variants[CIQ_VARIANT_COUNT] = {
       "GGML_CIQ_VARIANT (GPU), else the registry's AUTO order for the device"},
      nullptr, nullptr},
     {CIQ_VARIANT_CPU,
-     {"cpu", CIQ_SEMANTICS_CPU, SEM(CPU) | SEM(MMQ), 0, K_QUANTS, ANY_TOKENS,
-      "host K-quant kernel: AVX-VNNI, AVX2 or scalar int8 dot products, threaded"},
+     {"cpu", CIQ_SEMANTICS_CPU, SEM(CPU) | SEM(MMQ), 0, HOST_K_QUANTS, ANY_TOKENS,
+      "host K-quant kernel: AVX-VNNI, AVX2 or scalar int8 dot products, threaded; Q5_K cpu only"},
      on_host, launch_cpu},
     {CIQ_VARIANT_WMMA,
      {"wmma", CIQ_SEMANTICS_CPU, 0, SEM(CPU), K_QUANTS, ANY_TOKENS, "warp-private 16x16 WMMA tile, 4 warps"},
@@ -160,6 +163,7 @@ static const LayoutChoice k_layouts[] = {
     {CIQ_SEMANTICS_MMVQ, CIQ_TYPE_Q4_0, CIQ_LAYOUT_Q8_1},       {CIQ_SEMANTICS_MMVQ, CIQ_TYPE_Q5_0, CIQ_LAYOUT_Q8_1},
     {CIQ_SEMANTICS_MMVQ, CIQ_TYPE_Q8_0, CIQ_LAYOUT_Q8_1},
     {CIQ_SEMANTICS_CPU, CIQ_TYPE_Q4_1, CIQ_LAYOUT_Q8_1_CPU},   {CIQ_SEMANTICS_CPU, CIQ_TYPE_Q5_1, CIQ_LAYOUT_Q8_1_CPU},
+    {CIQ_SEMANTICS_CPU, CIQ_TYPE_Q5_K, CIQ_LAYOUT_Q8_K},
 };
 
 // A variant row has one weight-type list for all its semantics and devices; where it runs a type in fewer, the
@@ -174,6 +178,8 @@ static const TypeSemantics k_type_semantics[] = {
     // llama.cpp x86 CPU's vec_dot_q{4,5}_1_q8_1 only (cpu/gemm_q32.cpp); no MMQ formula, no GPU kernel for them.
     {CIQ_VARIANT_Q32, CIQ_TYPE_Q4_1, SEM(CPU), 0},
     {CIQ_VARIANT_Q32, CIQ_TYPE_Q5_1, SEM(CPU), 0},
+    // llama.cpp x86 CPU's tiled K-quant matmul and vec_dot_q5_K_q8_K only (cpu/gemm_kernels.cpp).
+    {CIQ_VARIANT_CPU, CIQ_TYPE_Q5_K, SEM(CPU), 0},
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -272,7 +278,7 @@ int ciq_type_block_values(ciq_type type) {
     switch (type) {
         case CIQ_TYPE_Q4_0: case CIQ_TYPE_Q5_0: case CIQ_TYPE_Q8_0: return 32;
         case CIQ_TYPE_Q4_1: case CIQ_TYPE_Q5_1: return 32;
-        case CIQ_TYPE_Q4_K: case CIQ_TYPE_Q6_K: return QK_K;
+        case CIQ_TYPE_Q4_K: case CIQ_TYPE_Q5_K: case CIQ_TYPE_Q6_K: return QK_K;
         default: return 0;
     }
 }
@@ -283,6 +289,7 @@ int ciq_type_block_bytes(ciq_type type) {
         case CIQ_TYPE_Q5_0: return Q5_0_BLOCK_BYTES;
         case CIQ_TYPE_Q8_0: return Q8_0_BLOCK_BYTES;
         case CIQ_TYPE_Q4_K: return Q4_K_BLOCK_BYTES;
+        case CIQ_TYPE_Q5_K: return Q5_K_BLOCK_BYTES;
         case CIQ_TYPE_Q6_K: return Q6_K_BLOCK_BYTES;
         case CIQ_TYPE_Q4_1: return Q4_1_BLOCK_BYTES;
         case CIQ_TYPE_Q5_1: return Q5_1_BLOCK_BYTES;
@@ -490,7 +497,8 @@ ciq_status ciq_gemm_plan(int device, ciq_variant variant, ciq_semantics semantic
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "unknown semantics %d", (int)semantics);
     }
     if (!ciq_registry_covers(k_variants[CIQ_VARIANT_AUTO], type)) {
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "weight type %s (%d) is not Q4_K, Q6_K, Q4_0, Q5_0, Q8_0, Q4_1 or Q5_1",
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "weight type %s (%d) is not Q4_K, Q5_K, Q6_K, Q4_0, Q5_0, Q8_0, Q4_1 or "
+                        "Q5_1",
                         ciq_type_name(type), (int)type);
     }
     CIQ_TRY(ciq_check_count("ciq_gemm", "tokens", tokens));

@@ -2,12 +2,14 @@
 // (CIQ_ISA = scalar | avx2 | avxvnni); cpu_backend.cpp picks one at run time.
 //
 // Each thread takes a run of weight rows, unpacks one row at a time into unsigned 8-bit quants (Q4_K 0..15,
-// Q6_K 0..63) plus per-sub-block scales, and dots that row with every token. The integer kernel is
-// "isums of 128 values": four 32-value sums (Q4_K) or eight 16-value sums (Q6_K), unsigned x signed bytes.
+// Q5_K 0..31, Q6_K 0..63) plus per-sub-block scales, and dots that row with every token. The integer kernel is
+// "isums of 128 values": four 32-value sums (Q4_K, Q5_K) or eight 16-value sums (Q6_K), unsigned x signed bytes
+// (maddubs pairs stay below 2 * 63 * 128: no int16 saturation).
 #include "cpu_backend.h"
 #include "../fp16.h"
 
 #include <cmath>
+#include <type_traits>
 #include <vector>
 #if defined(CIQ_ISA_AVX2) || defined(CIQ_ISA_AVXVNNI)
 #include <immintrin.h>
@@ -64,14 +66,31 @@ inline void isums16x8(const uint8_t *w, const int8_t *a, int32_t *out) { isums_n
 // One weight row, unpacked. Per super-block b: quants q[256b..], and the scales each semantics needs.
 struct UnpackedRow {
     std::vector<uint8_t> q;
-    std::vector<int32_t> scale, min;     // Q4_K: 8 per block; Q6_K: 16 scales per block
+    std::vector<int32_t> scale, min;     // Q4_K, Q5_K: 8 per block; Q6_K: 16 scales per block
     std::vector<double> d, dmin;         // super-block scales
     std::vector<double> mmq_a, mmq_b;    // Q4_K MMQ: half(d*sc), -half(dmin*m) per 32 values
 };
 
-void unpack_q4_K(const block_q4_K *blocks, int64_t nb, bool mmq, UnpackedRow &row) {
+// Q5_K's fifth bits into 256 unpacked low nibbles: q[64c + l] |= bit 2c of qh[l] << 4, q[64c + 32 + l] |= bit 2c+1.
+inline void add_fifth_bits(const uint8_t *qh, uint8_t *q) {
+#if defined(CIQ_ISA_AVX2) || defined(CIQ_ISA_AVXVNNI)
+    const __m256i h = _mm256_loadu_si256((const __m256i *)qh), one = _mm256_set1_epi8(1);
+    for (int j = 0; j < 8; ++j) {  // bit j of each byte, moved to bit 4 (16-bit shifts; the mask drops what crossed)
+        const __m256i bit = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, j), one), 4);
+        _mm256_storeu_si256((__m256i *)(q + 32 * j), _mm256_or_si256(_mm256_loadu_si256((const __m256i *)(q + 32 * j)), bit));
+    }
+#else
+    for (int j = 0; j < 8; ++j) {
+        for (int l = 0; l < 32; ++l) q[32 * j + l] |= ((qh[l] >> j) & 1) << 4;
+    }
+#endif
+}
+
+// Q4_K's row, or Q5_K's (the same fields, its fifth bits ORed in; Q5_K runs in CPU semantics only).
+template <class Block>
+void unpack_q4_K(const Block *blocks, int64_t nb, bool mmq, UnpackedRow &row) {
     for (int64_t b = 0; b < nb; ++b) {
-        const block_q4_K &x = blocks[b];
+        const Block &x = blocks[b];
         const float d = ciq_fp16_to_fp32(x.d), dmin = ciq_fp16_to_fp32(x.dmin);
         row.d[b] = d;
         row.dmin[b] = dmin;
@@ -100,6 +119,7 @@ void unpack_q4_K(const block_q4_K *blocks, int64_t nb, bool mmq, UnpackedRow &ro
             }
 #endif
         }
+        if constexpr (std::is_same_v<Block, block_q5_K>) add_fifth_bits(x.qh, q);
     }
 }
 
@@ -147,11 +167,16 @@ void unpack_q6_K(const block_q6_K *blocks, int64_t nb, UnpackedRow &row) {
 //          sc[c]); acc[l] = fma(dy*d, lane_l, acc[l]); out = ((a4+a0)+(a6+a2)) + ((a5+a1)+(a7+a3)); Q4_K adds
 //          four min lanes, acc[8+p] = fma(-dy*dmin, m[2p]*(bsums[4p]+bsums[4p+1]) + m[2p+1]*(...), acc[8+p]),
 //          as ((m0+m2)+(m1+m3)) after the eight.
+// Q5_K: TILED is Q4_K's (the same template instance of the tiled matmul; only the unpack differs). LANES
+// (ggml_vec_dot_q5_K_q8_K) has Q4_K's eight lanes, but its mins are one scalar per output, acc[8] = summs =
+// fma(-dy*dmin, s_min, summs) with s_min the integer sum of Q4_K's four min lanes, out = lanes + summs. The fma:
+// ggml's C files build as gnu11 (C_EXTENSIONS on), where GCC contracts `summs += dmin * s_min`; unfused, 3-35% of
+// the outputs differ from llama.cpp's at K >= 512.
 // llama.cpp's AVX-512 build gives the same GEMM outputs (its tiled kernel's mul + add contracted to fma by GCC); its
 // other ops run 16-wide float vectors, rounding-level apart from the engine (compare's provenance names the build).
 enum CpuOrder { TILED, LANES };
 
-// Float accumulators of one output in CPU semantics: eight lanes and Q4_K's four min lanes.
+// Float accumulators of one output in CPU semantics: eight lanes and Q4_K's four min lanes (Q5_K: one, acc[8]).
 constexpr int CPU_ACCUMULATORS = 12;
 
 // The integer lanes of llama.cpp's AVX2 vec_dot over one super-block: lane l sums, over the eight 32-value chunks c,
@@ -202,6 +227,19 @@ void superblock_cpu_q4_K(const UnpackedRow &row, int64_t b, const block_q8_K &y,
     const float d = y.d * (float)row.d[b], dmin = -y.d * (float)row.dmin[b];
     for (int l = 0; l < 8; ++l) acc[l] = std::fma(d, (float)lane[l], acc[l]);
     for (int p = 0; p < 4; ++p) acc[8 + p] = std::fma(dmin, (float)summ[p], acc[8 + p]);
+}
+
+void superblock_cpu_q5_K(const UnpackedRow &row, int64_t b, const block_q8_K &y, CpuOrder order, float *acc) {
+    if (order == TILED) return superblock_cpu_q4_K(row, b, y, order, acc);
+    const uint8_t *q = row.q.data() + b * QK_K;
+    const int32_t *sc = row.scale.data() + b * 8, *m = row.min.data() + b * 8;
+    int32_t s_min = 0;
+    for (int p = 0; p < 8; ++p) s_min += m[p] * (y.bsums[2 * p] + y.bsums[2 * p + 1]);
+    int32_t lane[8];
+    scaled_lanes(q, y.qs, sc, sc, 1, lane);
+    const float d = y.d * (float)row.d[b], dmin = -y.d * (float)row.dmin[b];
+    for (int l = 0; l < 8; ++l) acc[l] = std::fma(d, (float)lane[l], acc[l]);
+    acc[8] = std::fma(dmin, (float)s_min, acc[8]);  // summs += dmin * S, contracted by GCC (see CpuOrder)
 }
 
 void superblock_cpu_q6_K(const UnpackedRow &row, int64_t b, const block_q8_K &y, CpuOrder order, float *acc) {
@@ -269,6 +307,7 @@ std::vector<int32_t> q8_1_mmq_sums16(const block_q8_1_mmq *x, int64_t tokens, in
 inline float finish_cpu(ciq_type type, CpuOrder order, const float *a) {
     if (order == TILED) return a[0];
     const float lanes = ((a[4] + a[0]) + (a[6] + a[2])) + ((a[5] + a[1]) + (a[7] + a[3]));
+    if (type == CIQ_TYPE_Q5_K) return lanes + a[8];
     return type == CIQ_TYPE_Q4_K ? lanes + ((a[8] + a[10]) + (a[9] + a[11])) : lanes;
 }
 
@@ -319,6 +358,8 @@ ciq_status CIQ_FN(ciq_cpu_gemm)(ciq_semantics semantics, ciq_type type, const vo
                 const uint8_t *w = (const uint8_t *)weight + (r0 + i) * row_bytes;
                 if (type == CIQ_TYPE_Q4_K) {
                     unpack_q4_K((const block_q4_K *)w, nb, mmq, tile[i]);
+                } else if (type == CIQ_TYPE_Q5_K) {
+                    unpack_q4_K((const block_q5_K *)w, nb, false, tile[i]);
                 } else {
                     unpack_q6_K((const block_q6_K *)w, nb, tile[i]);
                 }
@@ -340,6 +381,8 @@ ciq_status CIQ_FN(ciq_cpu_gemm)(ciq_semantics semantics, ciq_type type, const vo
                                 const block_q8_K &y = x8[t * nb + b];
                                 if (type == CIQ_TYPE_Q4_K) {
                                     superblock_cpu_q4_K(row, b, y, order, facc[i][j]);
+                                } else if (type == CIQ_TYPE_Q5_K) {
+                                    superblock_cpu_q5_K(row, b, y, order, facc[i][j]);
                                 } else {
                                     superblock_cpu_q6_K(row, b, y, order, facc[i][j]);
                                 }
