@@ -27,7 +27,8 @@ class Shape:
         return f"{quants.type_name(self.ggml_type)}:{self.rows}:{self.k}"
 
 
-BENCH_TYPES = quants.KEEP_QUANT_TYPES + quants.Q32_TYPES  # the K-quant kernels' and the q32 kernel's
+# every weight type a kernel of ours multiplies: the K-quant kernels' (Q5_K: host cpu, GPU mma) and the q32 kernel's
+BENCH_TYPES = quants.HOST_KEEP_QUANT_TYPES + quants.Q32_TYPES + quants.Q32_1_TYPES
 
 
 def parse_shape(text: str) -> Shape:
@@ -158,13 +159,14 @@ def shape_set(name: str) -> tuple[list[Shape], list[int]]:
 
 def random_blocks(shape: Shape, seed: int = 0) -> np.ndarray:
     """Valid random blocks, fast at any size: random quants and scales, fp16 (super-)block scales near 1e-3 (Q4_K:
-    d and dmin at bytes 0-3; Q6_K: d at 208; Q4_0/Q5_0/Q8_0: d at bytes 0-1 of every 32-value block)."""
+    d and dmin at bytes 0-3, Q5_K and Q4_1/Q5_1 (d, m) too; Q6_K: d at 208; Q4_0/Q5_0/Q8_0: d at bytes 0-1 of every
+    32-value block)."""
     rng = np.random.default_rng(seed)
     values, block_bytes = quants.BLOCK_LAYOUT[shape.ggml_type]
     quants.row_bytes(shape.ggml_type, shape.k)  # ShapeError unless K is whole blocks
     blocks = rng.integers(0, 256, size=(shape.rows * shape.k // values, block_bytes), dtype=np.uint8)
     halves = (np.abs(rng.normal(1e-3, 3e-4, size=(blocks.shape[0], 2))) + 1e-5).astype(np.float16).view(np.uint8)
-    if shape.ggml_type == quants.Q4_K:
+    if shape.ggml_type in (quants.Q4_K, quants.Q5_K) + quants.Q32_1_TYPES:
         blocks[:, 0:4] = halves.reshape(-1, 4)
     elif shape.ggml_type == quants.Q6_K:
         blocks[:, 208:210] = halves[:, 0:2]

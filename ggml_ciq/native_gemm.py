@@ -94,19 +94,27 @@ class GemmOps:
         return Weight(tensor.name, tensor.ggml_type, tensor.rows, tensor.k, "bf16", dense)
 
     def _block_kind(self, tensor: Tensor) -> str | None:
-        """The Weight kind that keeps this tensor in its GGUF blocks on these ops: "keep-quant" (Q4_K/Q6_K), "q32"
-        (Q4_0/Q5_0/Q8_0 on a GPU where _block32_raw), else None (dequantized)."""
+        """The Weight kind that keeps this tensor in its GGUF blocks on these ops: "keep-quant" (Q4_K/Q6_K; Q5_K where
+        planned), "q32" (Q4_0/Q5_0/Q8_0, Q4_1/Q5_1 on a GPU where _block32_raw), else None (dequantized)."""
         if tensor.is_keep_quant:
             return "keep-quant"
-        if self.device >= 0 and tensor.ggml_type in quants.Q32_TYPES and self._block32_raw(tensor):
+        if tensor.ggml_type == quants.Q5_K and len(tensor.shape) == 2:  # where a kernel takes it in these semantics
+            try:  # (host: cpu semantics; GPU: mma in MMQ's, also AUTO's "any"; no f16 kernel: bf16 then)
+                native.plan("auto", self.device, self.semantics, tensor.ggml_type, tensor.rows, tensor.k, 9)
+            except CiqError:
+                return None
+            return "keep-quant"
+        if (self.device >= 0 and tensor.ggml_type in quants.Q32_TYPES + quants.Q32_1_TYPES
+                and self._block32_raw(tensor)):
             return "q32"
         return None
 
     def _block32_raw(self, tensor: Tensor) -> bool:
-        """Whether a Q4_0/Q5_0/Q8_0 weight stays in its blocks on this GPU: in f16 semantics where the registry has a
-        kernel for it (wgmma: Hopper, K a multiple of 64), else (bf16 then) never; otherwise where the q32 variant
-        takes it (q32_kernel, K a multiple of 128: its q8_1-mmq activations). With semantics "any" the registry then
-        picks per token count (wgmma above 8 tokens where it runs this K, q32 at 1..8 and elsewhere)."""
+        """Whether a 32-block weight stays in its blocks on this GPU: in f16 semantics where the registry has a
+        kernel for it (wgmma: Q4_0/Q5_0/Q8_0 on Hopper, K a multiple of 64), else (bf16 then) never; otherwise where
+        the q32 variant takes it (q32_kernel: any K, a multiple of 32, its q8_1-mmq activations zero-padded). With
+        semantics "any" the registry then picks per token count (wgmma above 8 tokens where it runs this type and K,
+        q32 at 1..8 and elsewhere)."""
         if self.semantics == "f16":
             try:
                 native.plan("auto", self.device, "f16", tensor.ggml_type, tensor.rows, tensor.k,
@@ -114,7 +122,7 @@ class GemmOps:
             except CiqError:
                 return False
             return True
-        return self.q32_kernel and tensor.k % 128 == 0
+        return self.q32_kernel
 
     def stack_weights(self, tensors: list[Tensor]) -> Weight | None:
         """One weight of these matrices' rows stacked (q/k/v, gate/up: one GEMM launch, its outputs apart through
@@ -262,9 +270,9 @@ class GemmOps:
     def _kernel(self, weight: Weight, tokens: int) -> tuple[int, int]:
         """(variant, semantics) ids of a quantized weight's GEMM at this token count."""
         lib = self.native.lib
-        if self._compute_capability and quants.llamacpp_cuda_uses_mmvq(weight.ggml_type, tokens,
-                                                                        self._compute_capability):
-            return lib.CIQ_VARIANT_MMVQ, lib.CIQ_SEMANTICS_MMVQ
+        if (self._compute_capability and weight.ggml_type in quants.MMVQ_TYPES
+                and quants.llamacpp_cuda_uses_mmvq(weight.ggml_type, tokens, self._compute_capability)):
+            return lib.CIQ_VARIANT_MMVQ, lib.CIQ_SEMANTICS_MMVQ  # (Q4_1/Q5_1/Q5_K: no mmvq of ours, MMQ's formula)
         if weight.kind == "q32" and not self._block32_auto:  # llama.cpp CUDA MMQ's semantics
             return lib.CIQ_VARIANT_Q32, lib.CIQ_SEMANTICS_MMQ
         return lib.CIQ_VARIANT_AUTO, self._semantics_id

@@ -361,42 +361,57 @@ def _round_half_away(v: np.ndarray) -> np.ndarray:
     return np.copysign(f + (a - f >= 0.5), v)
 
 
+MMQ_DS4_TYPES = (Q4_K, Q5_K, Q4_0, Q4_1, Q5_1)  # q8_1-mmq scale words half2 {d, s}; the other types float d (D4)
+MMQ_TYPES = MMQ_DS4_TYPES + (Q6_K, Q5_0, Q8_0)
+
+
+def q8_1_mmq_blocks(k: int) -> int:
+    """q8_1-mmq blocks of one token for K values (a multiple of 32): the last one zero-padded, as llama.cpp pads src1."""
+    return -(-k // Q8_1_MMQ_VALUES)
+
+
 def quantize_q8_1_mmq(x: np.ndarray, weight_type: int) -> np.ndarray:
-    """llama.cpp quantize_mmq_q8_1: [K/128, tokens] blocks of 144 B (DS4 for Q4_K, D4 for Q6_K)."""
-    x = _check_activations(x, Q8_1_MMQ_VALUES)
-    if weight_type not in KEEP_QUANT_TYPES:
-        raise UnsupportedTypeError(f"q8_1-mmq layout is defined here for Q4_K/Q6_K, not {type_name(weight_type)}")
+    """llama.cpp quantize_mmq_q8_1: [ceil(K/128), tokens] blocks of 144 B (DS4 for MMQ_DS4_TYPES, D4 for Q6_K, Q5_0,
+    Q8_0); K a multiple of 32, the values past K zeros (q = 0, d = 0, s = 0)."""
+    x = _check_activations(x, 32)
+    if weight_type not in MMQ_TYPES:
+        raise UnsupportedTypeError(f"q8_1-mmq layout is not defined for {type_name(weight_type)} weights")
     tokens, k = x.shape
-    xg = x.reshape(tokens, k // 32, 32)
+    nblocks = q8_1_mmq_blocks(k)
+    padded = np.zeros((tokens, nblocks * Q8_1_MMQ_VALUES), np.float32)
+    padded[:, :k] = x
+    xg = padded.reshape(tokens, -1, 32)
     amax = np.abs(xg).max(-1)
     with np.errstate(divide="ignore", invalid="ignore"):
         d_inv = np.float32(127.0) / amax
         q = _round_half_away(xg * d_inv[..., None])
         d = np.float32(1.0) / d_inv
     q = np.where(amax[..., None] > 0, q, 0).astype(np.int8)
-    t = xg.reshape(tokens, k // 32, 8, 4)
+    t = xg.reshape(tokens, -1, 8, 4)
     t = ((t[..., 0] + t[..., 1]) + t[..., 2]) + t[..., 3]
     s = ((t[..., 0] + t[..., 4]) + (t[..., 2] + t[..., 6])) + ((t[..., 1] + t[..., 5]) + (t[..., 3] + t[..., 7]))
-    if weight_type == Q4_K:
+    if weight_type in MMQ_DS4_TYPES:
         with np.errstate(over="ignore"):  # sums beyond fp16 range become inf, as on the GPU
             words = np.stack([d.astype(np.float16), s.astype(np.float16)], axis=-1).view(np.uint32)[..., 0]
     else:
         words = d.astype(np.float32).view(np.uint32)
-    out = np.empty((k // Q8_1_MMQ_VALUES, tokens, Q8_1_MMQ_BYTES), np.uint8)
+    out = np.empty((nblocks, tokens, Q8_1_MMQ_BYTES), np.uint8)
     out[..., 0:16] = words.reshape(tokens, -1, 4).transpose(1, 0, 2).copy().view(np.uint8)
     out[..., 16:] = q.view(np.uint8).reshape(tokens, -1, Q8_1_MMQ_VALUES).transpose(1, 0, 2)
     return out
 
 
 def q8_1_mmq_fields(blocks: np.ndarray, weight_type: int, tokens: int, k: int):
-    """Unpack q8_1-mmq blocks into (q [tokens, K] int, d8 [tokens, K/32] f32, s8 or None)."""
-    b = blocks.reshape(k // Q8_1_MMQ_VALUES, tokens, Q8_1_MMQ_BYTES)
-    q = b[..., 16:].view(np.int8).transpose(1, 0, 2).reshape(tokens, k).astype(np.int32)
-    words = np.ascontiguousarray(b[..., 0:16]).view(np.uint32).transpose(1, 0, 2).reshape(tokens, k // 32)
-    if weight_type == Q4_K:
-        halves = words.copy().view(np.float16).reshape(tokens, k // 32, 2).astype(np.float32)
+    """Unpack q8_1-mmq blocks into (q [tokens, K] int, d8 [tokens, K/32] f32, s8 [tokens, K/32] f32 or None for D4);
+    the padding past K dropped."""
+    nblocks = q8_1_mmq_blocks(k)
+    b = blocks.reshape(nblocks, tokens, Q8_1_MMQ_BYTES)
+    q = b[..., 16:].view(np.int8).transpose(1, 0, 2).reshape(tokens, -1)[:, :k].astype(np.int32)
+    words = np.ascontiguousarray(b[..., 0:16]).view(np.uint32).transpose(1, 0, 2).reshape(tokens, -1)[:, :k // 32]
+    if weight_type in MMQ_DS4_TYPES:
+        halves = np.ascontiguousarray(words).view(np.float16).reshape(tokens, k // 32, 2).astype(np.float32)
         return q, halves[..., 0], halves[..., 1]
-    return q, words.copy().view(np.float32), None
+    return q, np.ascontiguousarray(words).view(np.float32), None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -442,8 +457,9 @@ def gemm_mmq_semantics_quantized(weight_type: int, data, rows: int, k: int, xq: 
                                  tokens: int) -> np.ndarray:
     q8, d8, s8 = q8_1_mmq_fields(xq, weight_type, tokens, k)
     xf = (np.repeat(d8.astype(np.float64), 32, axis=1) * q8)
-    if weight_type == Q4_K:
-        d, dmin, sc, m, q = q4_K_fields(data, rows, k)
+    if weight_type in (Q4_K, Q5_K):  # Q5_K: MMQ's Q4_K formula (vec_dot_q8_1_q8_1_mma) on its 0..31 quants
+        d, dmin, sc, m, q = (q4_K_fields(data, rows, k) if weight_type == Q4_K
+                             else q5_K_fields(_blocks(data, Q5_K, rows, k), rows, k))
         a = (d[..., None] * sc.astype(np.float32)).astype(np.float16).astype(np.float64)
         b = -(dmin[..., None] * m.astype(np.float32)).astype(np.float16).astype(np.float64)
         wf = (a[..., None] * q).reshape(rows, k)
@@ -452,15 +468,20 @@ def gemm_mmq_semantics_quantized(weight_type: int, data, rows: int, k: int, xq: 
         d, sc, q = q6_K_fields(data, rows, k)
         wf = (d.astype(np.float64)[..., None, None] * sc[..., None] * q.reshape(rows, -1, 16, 16)).reshape(rows, k)
         return xf @ wf.T
-    raise UnsupportedTypeError(f"keep-quant GEMM supports Q4_K and Q6_K, not {type_name(weight_type)}")
+    raise UnsupportedTypeError(f"keep-quant GEMM in MMQ semantics supports Q4_K, Q5_K and Q6_K, not "
+                               f"{type_name(weight_type)}")
 
 
 def gemm_q32_mmq_quantized(ggml_type: int, data, rows: int, k: int, xq: np.ndarray, tokens: int) -> np.ndarray:
-    """The q32 variant's MMQ semantics (llama.cpp CUDA MMQ for Q4_0/Q5_0/Q8_0) on q8_1-mmq bytes (DS4 for Q4_0, D4 for
-    Q5_0/Q8_0): sum over blocks of d_w * d8 * isum, exact in float64."""
-    q8, d8, _ = q8_1_mmq_fields(xq, Q4_K if ggml_type == Q4_0 else Q6_K, tokens, k)
-    qw, dw = q32_fields(ggml_type, data, rows, k)
+    """The q32 variant's MMQ semantics (llama.cpp CUDA MMQ for the 32-value block types) on q8_1-mmq bytes: sum over
+    blocks of d_w * d8 * isum (Q4_1 / Q5_1: plus m_w * s8), exact in float64."""
+    q8, d8, s8 = q8_1_mmq_fields(xq, ggml_type, tokens, k)
     xf = np.repeat(d8.astype(np.float64), 32, axis=1) * q8
+    if ggml_type in Q32_1_TYPES:
+        qw, dw, mw = q32_1_fields(ggml_type, data, rows, k)
+        return (xf @ (dw.astype(np.float64)[..., None] * qw).reshape(rows, k).T
+                + s8.astype(np.float64) @ mw.astype(np.float64).T)
+    qw, dw = q32_fields(ggml_type, data, rows, k)
     return xf @ (dw.astype(np.float64)[..., None] * qw).reshape(rows, k).T
 
 
@@ -492,8 +513,9 @@ def dequantize_f16(weight_type: int, data, rows: int, k: int) -> np.ndarray:
     if weight_type in (Q4_0, Q5_0, Q8_0):
         q, d = q32_fields(weight_type, data, rows, k)
         return (d.astype(np.float64)[..., None] * q).astype(np.float16).reshape(rows, k)
-    if weight_type == Q4_K:
-        d, dmin, sc, m, q = q4_K_fields(data, rows, k)
+    if weight_type in (Q4_K, Q5_K):  # Q5_K: MMQ's Q4_K formula (vec_dot_q8_1_q8_1_mma) on its 0..31 quants
+        d, dmin, sc, m, q = (q4_K_fields(data, rows, k) if weight_type == Q4_K
+                             else q5_K_fields(_blocks(data, Q5_K, rows, k), rows, k))
         a = (d[..., None] * sc.astype(np.float32)).astype(np.float16).astype(np.float64)
         b = (dmin[..., None] * m.astype(np.float32)).astype(np.float16).astype(np.float64)
         return (a[..., None] * q - b[..., None]).astype(np.float16).reshape(rows, k)

@@ -9,7 +9,7 @@ import pytest
 
 from ggml_ciq import native
 from ggml_ciq import quants as Q
-from ggml_ciq.errors import BackendError
+from ggml_ciq.errors import BackendError, CiqError
 from ggml_ciq.model import Tensor
 from test_ops import random_table
 
@@ -115,16 +115,13 @@ def test_numpy_ops_weight_runs_q32(llama, native_lib, rng, ggml_type):
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
-def test_other_semantics_refused_cleanly(native_lib, rng, ggml_type):
-    """The q32 row lists Q4_1/Q5_1 for all its semantics; planning refuses them outside cpu semantics on the host with
-    CIQ_ERR_UNSUPPORTED naming the type (never a wrong kernel), AUTO included; a forged MMQ plan does not run."""
+def test_host_plans_cpu_and_mmq_semantics(native_lib, rng, ggml_type):
+    """The q32 variant runs Q4_1/Q5_1 on the host in cpu semantics (q8_1-cpu activations) and in MMQ's (q8_1-mmq DS4,
+    K any multiple of 32: llama.cpp CUDA's vec_dot_q8_1_q8_1_mma, tests/test_ops.py test_gemm_q32); every other
+    variant refuses them there with an error naming the type."""
     n = native_lib
     lib, name = n.lib, Q.type_name(ggml_type)
     plan = n.ffi.new("ciq_plan *")
-    for variant in (lib.CIQ_VARIANT_Q32, lib.CIQ_VARIANT_AUTO):
-        status = lib.ciq_gemm_plan(lib.CIQ_DEVICE_CPU, variant, lib.CIQ_SEMANTICS_MMQ, ggml_type, 64, 576, 9, plan)
-        error = n.ffi.string(lib.ciq_last_error()).decode()
-        assert status == lib.CIQ_ERR_UNSUPPORTED and name in error and "mmq" in error, (variant, error)
     for variant, semantics in ((lib.CIQ_VARIANT_MMVQ, lib.CIQ_SEMANTICS_MMVQ), (lib.CIQ_VARIANT_CPU, lib.CIQ_SEMANTICS_CPU),
                                (lib.CIQ_VARIANT_WGMMA, lib.CIQ_SEMANTICS_F16)):
         assert lib.ciq_gemm_plan(lib.CIQ_DEVICE_CPU, variant, semantics, ggml_type, 64, 576, 2, plan) != lib.CIQ_OK
@@ -132,18 +129,11 @@ def test_other_semantics_refused_cleanly(native_lib, rng, ggml_type):
         p = native.plan("auto", "cpu", semantics, ggml_type, 64, 576, 9)
         assert (p.variant, p.semantics, p.layout) == ("q32", "cpu", "q8_1_cpu")
         assert p.activation_bytes == 9 * 576 // 32 * 36
-    # A plan forged for MMQ semantics: ciq_gemm_quantized refuses it too.
-    assert lib.ciq_gemm_plan(lib.CIQ_DEVICE_CPU, lib.CIQ_VARIANT_Q32, lib.CIQ_SEMANTICS_MMQ, Q.Q4_0, 64, 512, 9,
-                             plan) == lib.CIQ_OK
-    raw = random_table(rng, ggml_type, 64, 512)
-    xq = np.zeros(plan.activation_bytes, np.uint8)
-    out = np.zeros((9, 64), np.float32)
-    status = lib.ciq_gemm_quantized(lib.CIQ_DEVICE_CPU, plan, ggml_type, n.ffi.from_buffer(raw), raw.size, 64, 512,
-                                    n.ffi.from_buffer(xq), 9, n.ffi.from_buffer(out), lib.CIQ_OUT_F32)
-    error = n.ffi.string(lib.ciq_last_error()).decode()
-    assert status == lib.CIQ_ERR_UNSUPPORTED and name in error, error
-    with pytest.raises(BackendError, match=name):
-        native.gemm_q32(raw, np.zeros((9, 512), np.float32), ggml_type, 64, 512, "cpu", semantics="mmq")
+    p = native.plan("auto", "cpu", "mmq", ggml_type, 64, 576, 9)
+    assert (p.variant, p.semantics, p.layout) == ("q32", "mmq", "q8_1_mmq_ds4")
+    assert p.activation_bytes == 9 * 5 * 144  # 576 values: 4.5 blocks of 128, the last zero-padded
+    with pytest.raises(CiqError, match=name):  # the host has no f16 semantics at all: InvalidArgumentError
+        native.plan("auto", "cpu", "f16", ggml_type, 64, 576, 9)
 
 
 def test_python_type_ids_are_the_headers(native_lib):
@@ -154,12 +144,17 @@ def test_python_type_ids_are_the_headers(native_lib):
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
-def test_gpu_refuses_them_cleanly(native_lib, ggml_type):
-    """On a GPU no kernel multiplies Q4_1/Q5_1 (NativeOps dequantizes them to bf16): AUTO and q32 both refuse in
-    planning with CIQ_ERR_UNSUPPORTED naming the type."""
+def test_gpu_plans_mmq_only(native_lib, ggml_type):
+    """On a GPU the q32 kernel multiplies Q4_1/Q5_1 in MMQ's semantics (AUTO picks it at every token count); f16 and
+    cpu semantics are refused in planning with CIQ_ERR_UNSUPPORTED naming the type (NativeOps' f16 semantics then
+    dequantizes them to bf16)."""
     if native.device_count() == 0:
         pytest.skip("no GPU (or libggml_ciq built without CUDA)")
     name = Q.type_name(ggml_type)
     for variant, semantics in (("auto", "any"), ("auto", "mmq"), ("q32", "mmq"), ("q32", "any")):
+        for tokens in (1, 9, 512):
+            p = native.plan(variant, 0, semantics, ggml_type, 64, 576, tokens)
+            assert (p.variant, p.semantics, p.layout) == ("q32", "mmq", "q8_1_mmq_ds4"), (variant, semantics, tokens)
+    for semantics in ("f16", "cpu"):
         with pytest.raises(BackendError, match=name):
-            native.plan(variant, 0, semantics, ggml_type, 64, 512, 9)
+            native.plan("auto", 0, semantics, ggml_type, 64, 512, 9)

@@ -65,12 +65,17 @@ def test_gpu_q8_K_byte_identical(weight_type, rng):
 
 
 @pytest.mark.parametrize("weight_type", [Q.Q4_K, Q.Q6_K])
-def test_gpu_q8_1_mmq_mirrors_llamacpp_fast_math(weight_type, rng):
+@pytest.mark.parametrize("pad", [0, 64])
+def test_gpu_q8_1_mmq_mirrors_llamacpp_fast_math(weight_type, pad, rng):
     """The GPU quantizer uses llama.cpp's fast-math division: the same bytes as the IEEE reference except d within
-    2 ulp (exact after fp16 rounding almost always) and q off by one only at rounding ties."""
+    2 ulp (exact after fp16 rounding almost always) and q off by one only at rounding ties. pad: K 64 short of a
+    multiple of 128 (the last block's second half zero: q 0, d 0, s 0 as llama.cpp pads)."""
     for x in _inputs(rng):
+        x = x[:, :x.shape[1] - pad] if pad else x
         tokens, k = x.shape
-        gpu = native.quantize_activations(x, "mmq", weight_type, "cuda").reshape(k // 128, tokens, 144)
+        gpu = native.quantize_activations(x, "mmq", weight_type, "cuda").reshape(Q.q8_1_mmq_blocks(k), tokens, 144)
+        if pad:
+            assert not gpu[-1, :, 16 + 64:].any() and not gpu[-1, :, 8:16].any()
         ref = Q.quantize_q8_1_mmq(x, weight_type)
         q_gpu, d_gpu, s_gpu = Q.q8_1_mmq_fields(gpu, weight_type, tokens, k)
         q_ref, d_ref, s_ref = Q.q8_1_mmq_fields(ref, weight_type, tokens, k)
@@ -503,6 +508,29 @@ def test_mma_matches_llamacpp_mmq_tails(llama_cuda, rows, rng):
             ours = run_checked(data, x, "mma", ggml_type=weight_type, rows=rows, k=k)
             theirs = llama_cuda.mul_mat(weight_type, data, rows, k, x, device="CUDA0")
             assert Q.nmse(ours, theirs) <= 1e-10, (weight_type, rows, tokens)
+
+
+MMQ_ONLY = [(Q.Q4_0, "q32"), (Q.Q5_0, "q32"), (Q.Q8_0, "q32"), (Q.Q4_1, "q32"), (Q.Q5_1, "q32"), (Q.Q5_K, "mma")]
+
+
+@pytest.mark.parametrize("ggml_type, variant", MMQ_ONLY, ids=[Q.type_name(t) for t, _ in MMQ_ONLY])
+@pytest.mark.parametrize("rows, k", [(640, 576), (1000, 1536), (576, 896)])
+def test_q32_and_q5k_match_llamacpp_mmq(llama_cuda, ggml_type, variant, rows, k, rng):
+    """The 32-block types (q32) and Q5_K (mma) against llama.cpp CUDA's MMQ, bit for bit, on llama.cpp's own
+    quantization of Gaussian weights, at the K of real models that are no multiple of 128 (576: SmolLM2; 896: Qwen2.5;
+    the activations' last q8_1-mmq block zero-padded as llama.cpp pads src1), rows at and off its 128-row tile, token
+    tails, 640 x 576 split by MMQ's stream-k: which kernel ran is counted."""
+    if ggml_type == Q.Q5_K and k % 256:
+        k = 1024 + 512 if k == 1536 else 768  # Q5_K needs whole 256-value super-blocks
+    data = llama_cuda.quantize_chunk(ggml_type, (rng.standard_normal((rows, k)) * 0.02).astype(np.float32))
+    for tokens in (9, 131, 512):
+        x = rng.standard_normal((tokens, k)).astype(np.float32)
+        x[:, 3] *= 40.0  # an outlier channel
+        ours = run_checked(data, x, variant, ggml_type=ggml_type, rows=rows, k=k)
+        theirs = llama_cuda.mul_mat(ggml_type, data, rows, k, x, device="CUDA0")
+        err = Q.nmse(ours, theirs)
+        print(f"{Q.type_name(ggml_type)} {rows} x {k} tokens={tokens}: NMSE {err:.2e}")
+        assert err <= 1e-10, (Q.type_name(ggml_type), rows, k, tokens, err)
 
 
 @pytest.mark.parametrize("ggml_type", [Q.Q4_K, Q.Q6_K])

@@ -116,7 +116,7 @@ def emu(tmp_path_factory):
                 "attention_split.cuh": {"launch": 1, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
                 "attention_llamacpp.cu": {"launch": 1, "mma": 0, "ldmatrix": 0, "extern_shared": 1},
                 "mma_sync.cuh": {"launch": 0, "mma": 2, "ldmatrix": 1, "extern_shared": 0},
-                "gemm_q32.cu": {"launch": 3, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
+                "gemm_q32.cu": {"launch": 1, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
                 "gemm_mma.cu": {"launch": 2, "mma": 2, "ldmatrix": 2, "extern_shared": 1}}
     for name, want in expected.items():
         path = build / "src" / "cuda" / name
@@ -453,14 +453,19 @@ def test_rows_emulated(emu, rng, ggml_type):
     assert np.array_equal(bf16, bf16_bits(ref))
 
 
-@pytest.mark.parametrize("ggml_type", [Q.Q4_0, Q.Q5_0, Q.Q8_0], ids=["Q4_0", "Q5_0", "Q8_0"])
-def test_gemm_q32_emulated(emu, rng, ggml_type):
+Q32_ALL = [Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q4_1, Q.Q5_1]
+
+
+@pytest.mark.parametrize("k", [384, 576, 96])
+@pytest.mark.parametrize("ggml_type", Q32_ALL, ids=[Q.type_name(t) for t in Q32_ALL])
+def test_gemm_q32_emulated(emu, rng, ggml_type, k):
     """gemm_q32.cu's kernel on the host's q8_1 activations: 70 rows (a tail of the 64-row tile), 37 tokens (of 32),
-    K = 384 (three 128-value steps), against the float64 reference of the same bytes."""
-    rows, k, tokens = 70, 384, 37
+    K = 384 (three 128-value steps), 576 and 96 (a last step of two and three blocks: zero-padded activations, as
+    SmolLM2's hidden size), against the float64 reference of the same bytes."""
+    rows, tokens = 70, 37
     raw = random_table(rng, ggml_type, rows, k)
     x = rng.standard_normal((tokens, k)).astype(np.float32)
-    xq = Q.quantize_q8_1_mmq(x, Q.Q4_K if ggml_type == Q.Q4_0 else Q.Q6_K)
+    xq = Q.quantize_q8_1_mmq(x, ggml_type)
     out = poisoned((tokens, rows))
     call(emu, "emu_gemm_q32", ggml_type, raw, rows, k, xq, tokens, out)
     err = nmse(out, Q.gemm_q32_mmq_quantized(ggml_type, raw, rows, k, xq, tokens))
@@ -498,12 +503,21 @@ def mmq_segment_starts(plan, rows, tile, iter_blocks=8):
 
 
 def q32_mmq_stream_k(ggml_type, raw, rows, k, xq, tokens, seams=True):
-    """MMQ's float32 arithmetic for Q4_0/Q5_0/Q8_0, block by block: acc = fma(float(isum) * d_w, d8, acc) per segment
-    (the fma through float64: a*b is exact there), the segments added as its fixup adds them."""
-    q8, d8, _ = Q.q8_1_mmq_fields(xq, Q.Q4_K if ggml_type == Q.Q4_0 else Q.Q6_K, tokens, k)
-    qw, dw = Q.q32_fields(ggml_type, raw, rows, k)
+    """MMQ's float32 arithmetic for the 32-block types, block by block: acc = fma(float(isum) * d_w, d8, acc) (Q4_1 /
+    Q5_1: acc = fma(d_w * d8, float(isum), acc), then fma(m_w, s8, acc)) per segment (the fma through float64: a*b is
+    exact there), the segments added as its fixup adds them."""
+    q8, d8, s8 = Q.q8_1_mmq_fields(xq, ggml_type, tokens, k)
+    if ggml_type in Q.Q32_1_TYPES:
+        qw, dw, mw = Q.q32_1_fields(ggml_type, raw, rows, k)
+    else:
+        qw, dw = Q.q32_fields(ggml_type, raw, rows, k)
     isum = np.einsum("tbv,rbv->trb", q8.reshape(tokens, k // 32, 32).astype(np.int64), qw.astype(np.int64))
-    a = (isum.astype(np.float32) * dw[None]).astype(np.float32)  # [tokens, rows, blocks]
+    if ggml_type in Q.Q32_1_TYPES:  # [tokens, rows, blocks]
+        dd = (dw[None] * d8[:, None, :]).astype(np.float32)
+        step = lambda t, rs, b, acc: _fma(mw[rs, b], s8[t, b], _fma(dd[t, rs, b], isum[t, rs, b], acc))  # noqa: E731
+    else:
+        a = (isum.astype(np.float32) * dw[None]).astype(np.float32)
+        step = lambda t, rs, b, acc: _fma(a[t, rs, b], d8[t, b], acc)  # noqa: E731
     plan = mmq_plan(rows, k, tokens)
     out = np.empty((tokens, rows), np.float32)
     for t in range(tokens):
@@ -515,7 +529,7 @@ def q32_mmq_stream_k(ggml_type, raw, rows, k, xq, tokens, seams=True):
             for s0, s1 in zip(bounds, bounds[1:]):
                 acc = np.zeros(min(128, rows - r0), np.float32)
                 for b in range(s0, s1):
-                    acc = (a[t, r0:r0 + 128, b].astype(np.float64) * np.float64(d8[t, b]) + acc).astype(np.float32)
+                    acc = step(t, slice(r0, r0 + 128), b, acc)
                 parts.append(acc)
             earlier = np.zeros_like(parts[-1])
             for p in reversed(parts[:-1]):
@@ -524,15 +538,17 @@ def q32_mmq_stream_k(ggml_type, raw, rows, k, xq, tokens, seams=True):
     return out
 
 
-@pytest.mark.parametrize("ggml_type", [Q.Q4_0, Q.Q5_0, Q.Q8_0])
-@pytest.mark.parametrize("rows, k, tokens", [(128, 1024, 40), (200, 640, 37), (256, 2048, 130), (128, 4096, 40)])
+@pytest.mark.parametrize("ggml_type", Q32_ALL, ids=[Q.type_name(t) for t in Q32_ALL])
+@pytest.mark.parametrize("rows, k, tokens", [(128, 1024, 40), (200, 640, 37), (256, 2048, 130), (128, 4096, 40),
+                                             (192, 1728, 40)])
 def test_gemm_q32_emulated_mmq_seams(emu, rng, ggml_type, rows, k, tokens):
     """Where MMQ splits a tile's K over CTAs (these shapes fill few of an H200's 132 SMs: e.g. 128 x 1024 at 40 tokens
     is one tile cut at blocks 8, 16, 24), the q32 kernel restarts its sums at MMQ's seams and adds the segments as its
-    fixup does: the same bits as a float32 model of MMQ's order, and not those of one pass."""
+    fixup does: the same bits as a float32 model of MMQ's order, and not those of one pass. 1728 = 54 blocks (a last
+    MMQ iteration of 6 blocks, as SmolLM2's FFN)."""
     raw = random_table(rng, ggml_type, rows, k)
     x = rng.standard_normal((tokens, k)).astype(np.float32)
-    xq = Q.quantize_q8_1_mmq(x, Q.Q4_K if ggml_type == Q.Q4_0 else Q.Q6_K)
+    xq = Q.quantize_q8_1_mmq(x, ggml_type)
     out = poisoned((tokens, rows))
     call(emu, "emu_gemm_q32", ggml_type, raw, rows, k, xq, tokens, out)
     plan = mmq_plan(rows, k, tokens)
@@ -568,9 +584,10 @@ def kquant_mmq_stream_k(ggml_type, raw, rows, k, xq, tokens, seams=True):
     tmp = sum of fma(sc_lo*isum_lo + sc_hi*isum_hi, d8, tmp), acc = fma(tmp, d, acc)), per MMQ segment (one super-block
     an iteration), the segments added as its fixup adds them."""
     nb = k // 256
-    if ggml_type == Q.Q4_K:
-        q8, d8, s8 = Q.q8_1_mmq_fields(xq, Q.Q4_K, tokens, k)
-        d, dmin, sc, m, q = Q.q4_K_fields(raw, rows, k)
+    if ggml_type in (Q.Q4_K, Q.Q5_K):  # Q5_K: MMQ's same formula on its 0..31 quants
+        q8, d8, s8 = Q.q8_1_mmq_fields(xq, ggml_type, tokens, k)
+        d, dmin, sc, m, q = (Q.q4_K_fields(raw, rows, k) if ggml_type == Q.Q4_K
+                             else Q.q5_K_fields(raw.reshape(rows, -1), rows, k))
         wa = (d[..., None] * sc.astype(np.float32)).astype(np.float16).astype(np.float32)   # [rows, nb, 8]
         wb = -(dmin[..., None] * m.astype(np.float32)).astype(np.float16).astype(np.float32)
         isum = np.einsum("tbiv,rbiv->trbi", q8.reshape(tokens, nb, 8, 32).astype(np.int64), q.astype(np.int64))
@@ -587,7 +604,7 @@ def kquant_mmq_stream_k(ggml_type, raw, rows, k, xq, tokens, seams=True):
     def segment(t, r, b0, b1):
         acc = np.zeros(r.stop - r.start, np.float32)
         for b in range(b0, b1):
-            if ggml_type == Q.Q4_K:
+            if ggml_type in (Q.Q4_K, Q.Q5_K):
                 for i in range(8):
                     a = (wa[r, b, i] * d8[t, b, i]).astype(np.float32)
                     acc = _fma(a, isum[t, r, b, i].astype(np.float32), acc)
@@ -614,14 +631,14 @@ def kquant_mmq_stream_k(ggml_type, raw, rows, k, xq, tokens, seams=True):
     return out
 
 
-@pytest.mark.parametrize("ggml_type", [Q.Q4_K, Q.Q6_K])
+@pytest.mark.parametrize("ggml_type", [Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=["Q4_K", "Q5_K", "Q6_K"])
 @pytest.mark.parametrize("rows, k, tokens", [(128, 1024, 40), (136, 512, 20), (256, 512, 130)])
 def test_gemm_mma_emulated_mmq_order(emu, rng, ggml_type, rows, k, tokens):
     """gemm_mma.cu's kernel (int8 mma and ldmatrix emulated exactly) in MMQ's float32 order: Q6_K's per-128-value
     sums, and MMQ's stream-k seams where it splits K (128 x 1024 at 40 tokens: one tile cut at each super-block; 136
     rows: the fallback widths; 130 tokens: MMQ's J = 80 puts a seam inside a 128-token CTA, so 16-token CTAs run):
     the same bits as a float32 model of MMQ, and not those of one pass."""
-    quantize = {Q.Q4_K: Q.quantize_q4_K, Q.Q6_K: Q.quantize_q6_K}[ggml_type]
+    quantize = {Q.Q4_K: Q.quantize_q4_K, Q.Q5_K: Q.quantize_q5_K, Q.Q6_K: Q.quantize_q6_K}[ggml_type]
     raw = quantize((rng.standard_normal((rows, k)) * 0.02).astype(np.float32))
     x = rng.standard_normal((tokens, k)).astype(np.float32)
     xq = Q.quantize_q8_1_mmq(x, ggml_type)

@@ -155,43 +155,43 @@ def test_reference_bad_input(rng):
 # The host C twin and the CUDA kernel (emulated), bit for bit
 
 
-def test_host_quantize_q8_1(host, rng):
-    x = activations(rng, 5, 2048)
-    out = poisoned((5, 64), Q.Q8_1_DTYPE)
-    call(host, "mmvq_quantize", x, out, 5, 2048)
+def check_quantize(lib, rng, tokens, k):
+    """The library's quantize_q8_1 (into a poisoned buffer) against quants.quantize_q8_1, byte for byte."""
+    x = activations(rng, tokens, k)
+    out = poisoned((tokens, k // 32), Q.Q8_1_DTYPE)
+    call(lib, "mmvq_quantize", x, out, tokens, k)
     assert out.tobytes() == Q.quantize_q8_1(x).tobytes()
+
+
+def check_gemm(lib, rng, ggml_type, rows, k, tokens):
+    """The library's gemm_mmvq (into a poisoned buffer) against quants' MMVQ reference, bit for bit."""
+    w = random_table(rng, ggml_type, rows, k)
+    xq = Q.quantize_q8_1(activations(rng, tokens, k))
+    out = poisoned((tokens, rows))
+    call(lib, "mmvq_gemm", ggml_type, w, rows, k, xq, tokens, out)
+    ref = Q.gemm_mmvq_semantics_quantized(ggml_type, w, rows, k, xq)
+    assert np.array_equal(out, ref), f"{np.sum(out != ref)} of {out.size} differ"
+
+
+def test_host_quantize_q8_1(host, rng):
+    check_quantize(host, rng, 5, 2048)
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
 @pytest.mark.parametrize("tokens", [1, 2, 5, 8])
 def test_host_gemm_bit_exact(host, rng, ggml_type, tokens):
-    rows, k = 37, K_OF[ggml_type]
-    w = random_table(rng, ggml_type, rows, k)
-    xq = Q.quantize_q8_1(activations(rng, tokens, k))
-    out = poisoned((tokens, rows))
-    call(host, "mmvq_gemm", ggml_type, w, rows, k, xq, tokens, out)
-    ref = Q.gemm_mmvq_semantics_quantized(ggml_type, w, rows, k, xq)
-    assert np.array_equal(out, ref), f"{np.sum(out != ref)} of {out.size} differ"
+    check_gemm(host, rng, ggml_type, 37, K_OF[ggml_type], tokens)
 
 
 def test_emulated_quantize_q8_1(emulated, rng):
-    x = activations(rng, 3, 512)
-    out = poisoned((3, 16), Q.Q8_1_DTYPE)
-    call(emulated, "mmvq_quantize", x, out, 3, 512)
-    assert out.tobytes() == Q.quantize_q8_1(x).tobytes()
+    check_quantize(emulated, rng, 3, 512)
 
 
 # The emulation runs a thread per CUDA thread: few rows (5: a tail of the 2-row CTA), K with a tail of the CTA's step.
 @pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
 @pytest.mark.parametrize("tokens", [1, 2, 5, 8])
 def test_emulated_gemm_bit_exact(emulated, rng, ggml_type, tokens):
-    rows, k = 5, {Q.Q4_K: 256 * 9, Q.Q6_K: 256 * 5}.get(ggml_type, 32 * 70)
-    w = random_table(rng, ggml_type, rows, k)
-    xq = Q.quantize_q8_1(activations(rng, tokens, k))
-    out = poisoned((tokens, rows))
-    call(emulated, "mmvq_gemm", ggml_type, w, rows, k, xq, tokens, out)
-    ref = Q.gemm_mmvq_semantics_quantized(ggml_type, w, rows, k, xq)
-    assert np.array_equal(out, ref), f"{np.sum(out != ref)} of {out.size} differ"
+    check_gemm(emulated, rng, ggml_type, 5, {Q.Q4_K: 256 * 9, Q.Q6_K: 256 * 5}.get(ggml_type, 32 * 70), tokens)
 
 
 def test_emulated_gemm_rejects(emulated, rng):

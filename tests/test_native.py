@@ -97,7 +97,8 @@ CDEF_SHA256 = {2: "4a2d9f159019c7458ae310183d425a220dd7d0e41cd353f738031334d4b9a
                13: "ce5fc3624ec967ea0f143f6755a18346bd5fc2272663febf1a07b38bec8b1ff1",  # 13: ciq_wgmma_launch_count (wgmma's SS / RS / stream-K launches)
                14: "0d1865cc562a6c714abd6585d17cb05ff805b94176f9b6c5346e8d5bf75addae",  # 14: ciq_gemm_quantized_group (two weights, one launch), ciq_gemm_quantized_glu (the GLU from the epilogue)
                15: "4dc0f891fdce410527335b093c27358fdf7ad72fe06573b90efbbba4cdd89892",  # 15: CIQ_TYPE_Q4_1/Q5_1, CIQ_LAYOUT_Q8_1_CPU, CIQ_ORDER_LLAMACPP_CPU, ciq_registry_semantics
-               16: "28067411ccc0085f2779565939253ad369f83240d2cddea4192468bab78d4010"}  # 16: Q5_K on the host (cpu variant, cpu semantics only)
+               16: "28067411ccc0085f2779565939253ad369f83240d2cddea4192468bab78d4010",  # 16: Q5_K on the host (cpu variant, cpu semantics only)
+               17: "28067411ccc0085f2779565939253ad369f83240d2cddea4192468bab78d4010"}  # 17: q8_1-mmq for any K % 32 (zero-padded), Q4_1/Q5_1 in MMQ semantics (q32, host and GPU), Q5_K in MMQ semantics on a GPU (mma)
 
 
 def cdef_sha256() -> str:
@@ -269,8 +270,10 @@ def test_c_api_rejects_bad_calls(native_lib):
     assert status == lib.CIQ_ERR_INVALID_ARGUMENT and "does not multiply Q4_0" in error
     status, error = call(lib.ciq_activations_quantize, -1, lib.CIQ_LAYOUT_Q8_K, NULL, NULL, 1, 256)
     assert status == lib.CIQ_ERR_INVALID_ARGUMENT
-    status, error = call(lib.ciq_activations_size, lib.CIQ_LAYOUT_Q8_1_MMQ_D4, 1, 96, n.ffi.new("size_t *"))
-    assert status == lib.CIQ_ERR_INVALID_ARGUMENT and "multiple of 128" in error
+    status, error = call(lib.ciq_activations_size, lib.CIQ_LAYOUT_Q8_1_MMQ_D4, 1, 80, n.ffi.new("size_t *"))
+    assert status == lib.CIQ_ERR_INVALID_ARGUMENT and "multiple of 32" in error
+    size = n.ffi.new("size_t *")
+    assert lib.ciq_activations_size(lib.CIQ_LAYOUT_Q8_1_MMQ_D4, 3, 96, size) == lib.CIQ_OK and size[0] == 3 * 144
     status, error = call(lib.ciq_gemm_quantized, -1, NULL, lib.CIQ_TYPE_Q4_K, wp, 144, 1, 256, xp, 1, op,
                          lib.CIQ_OUT_F32)
     assert status == lib.CIQ_ERR_INVALID_ARGUMENT and "NULL" in error

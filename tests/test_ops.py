@@ -995,16 +995,22 @@ def test_attention_bad_input(native_lib, rng):
 
 # ---- GEMMs, arrays, memory, timing -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("ggml_type", Q.Q32_TYPES, ids=[Q.type_name(t) for t in Q.Q32_TYPES])
-@pytest.mark.parametrize("rows, k, tokens", [(1013, 640, 1), (77, 384, 17), (64, 128, 131)])
+Q32_ALL_TYPES = Q.Q32_TYPES + Q.Q32_1_TYPES
+
+
+@pytest.mark.parametrize("ggml_type", Q32_ALL_TYPES, ids=[Q.type_name(t) for t in Q32_ALL_TYPES])
+@pytest.mark.parametrize("rows, k, tokens", [(1013, 640, 1), (77, 384, 17), (64, 128, 131), (75, 576, 37),
+                                             (33, 1536, 9)])
 def test_gemm_q32(ops, rng, ggml_type, rows, k, tokens):
     """The q32 variant (llama.cpp CUDA MMQ's semantics for 32-value blocks) against the float64 reference on the
-    device's own q8_1 activations. Tails: rows not a multiple of the 64-row tile, tokens not of 32, K not of 256;
-    the output is NaN-poisoned first (native.gemm_q32)."""
+    device's own q8_1 activations. Tails: rows not a multiple of the 64-row tile, tokens not of 32, K not of 256 and
+    not of 128 (576: the activations' last block zero-padded); the output is NaN-poisoned first (native.gemm_q32)."""
     raw = random_table(rng, ggml_type, rows, k)
     x = rng.standard_normal((tokens, k)).astype(np.float32)
     x[:, 5] *= 50.0  # an outlier channel
-    xq = native.quantize_activations(x, "mmq", Q.Q4_K if ggml_type == Q.Q4_0 else Q.Q6_K, ops.device)  # DS4 / D4
+    xq = native.quantize_activations(x, "mmq", ggml_type, ops.device)  # DS4 or D4, as the registry lays them out
+    if ops.device < 0:  # the host's bytes are the reference's (the GPU's: tests/test_cuda.py, to llama.cpp's fast math)
+        assert np.array_equal(xq, Q.quantize_q8_1_mmq(x, ggml_type).reshape(-1))
     native.dispatch_reset()
     out = native.gemm_q32(raw, x, ggml_type, rows, k, ops.device)
     counts = native.dispatch_counts()
@@ -1017,8 +1023,8 @@ def test_gemm_q32(ops, rng, ggml_type, rows, k, tokens):
 
 def test_gemm_q32_bad_input(native_lib, rng):
     raw = random_table(rng, Q.Q8_0, 4, 96)
-    with pytest.raises(InvalidArgumentError, match="multiple of 128"):
-        native.gemm_q32(raw, np.zeros((2, 96), np.float32), Q.Q8_0, 4, 96)
+    with pytest.raises(ShapeError, match="K % 32 == 0, got K=80"):
+        native.gemm_q32(raw[:4 * 2 * 34], np.zeros((2, 80), np.float32), Q.Q8_0, 4, 80)
     with pytest.raises(UnsupportedTypeError, match="is not Q4_0"):
         native.gemm_q32(random_table(rng, Q.Q4_K, 4, 256), np.zeros((2, 256), np.float32), Q.Q4_K, 4, 256)
     with pytest.raises(InvalidArgumentError, match="unknown semantics"):

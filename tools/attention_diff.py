@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict
 
 from ggml_ciq import diff, environment
-from ggml_ciq.errors import CiqError
+from tool_cli import run_main
 
 
 def main(argv=None) -> int:
@@ -28,12 +28,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", required=True)
     p.add_argument("--save", help="SAVE-TOKENS.npz per token count: the inputs and llama.cpp's output of its first and "
                                   "last node (offline analysis)")
-    args = p.parse_args(argv)
-    try:
-        return run(args)
-    except (CiqError, OSError) as exc:
-        print(f"attention_diff: error: {exc}", file=sys.stderr)
-        return 2
+    return run_main("attention_diff", p, run, argv)
 
 
 def run(args) -> int:

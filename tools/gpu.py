@@ -46,6 +46,10 @@ NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
 KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED = {"out", "cell", "rep"}  # placeholders of `ab` itself
 PART_PREFIX = "gemma3-270m.gguf.part"
+# Catalog models that travel in parts (prepare --model): the name -> (its file on the machine, the variable that points
+# the catalog at it there). Gemma's whole file is also {gemma}.
+PART_MODELS = {"gemma3-270m": ("gemma3-270m.gguf", "GGML_CIQ_GEMMA3_270M"),
+               "smollm2-135m": ("smollm2-135m.gguf", "GGML_CIQ_SMOLLM2_135M")}
 
 
 class UsageError(Exception):
@@ -81,6 +85,9 @@ def environment() -> dict:
                 "GGML_CIQ_LLAMACPP_LIB": llama_py / "llama_cpp" / "lib", "GGML_CIQ_LLAMACPP_SRC": p["sdist"],
                 "GGML_CIQ_GEMMA3_270M": gemma, "GGML_CIQ_CACHE": TMP / "ciq-cache",
                 "GGML_CIQ_LLAMA3_VOCAB": p["device"] / "ggml-vocab-llama-bpe.gguf"}
+    for name, (file, variable) in PART_MODELS.items():
+        if name != "gemma3-270m" and (TMP / file).is_file():
+            defaults[variable] = TMP / file
     for key, value in defaults.items():
         env.setdefault(key, str(value))
     if (p["device"] / "LLAMACPP_COMMIT").is_file():
@@ -453,7 +460,8 @@ def wait(args) -> int:
 
 
 def stage(args) -> int:
-    """Keeps the carried parts; once all are here (checked against SHA256SUMS) joins them into the whole Gemma."""
+    """Keeps the carried parts; once all are here (checked against SHA256SUMS) joins them into the whole model (Gemma,
+    or the PART_MODELS file SHA256SUMS names)."""
     p = paths()
     if (ROOT / ".device-extra").is_dir():
         shutil.copytree(ROOT / ".device-extra", p["device"], dirs_exist_ok=True)
@@ -461,29 +469,30 @@ def stage(args) -> int:
     if (ROOT / ".device-parts").is_dir():
         for f in (ROOT / ".device-parts").iterdir():
             shutil.copy2(f, p["parts"] / f.name)
-    if p["gemma"].is_file():
-        print(f"{p['gemma']}: staged")
-        return 0
     sums = p["parts"] / "SHA256SUMS"
     if not sums.is_file():
         print("no parts yet (carry .device-parts/PART and .device-parts/SHA256SUMS)")
         return 0
     entries = [line.split(None, 1) for line in sums.read_text().splitlines() if line.strip()]
     whole = [(h, n.strip()) for h, n in entries if ".part" not in n]
+    target = TMP / whole[0][1] if whole else p["gemma"]
+    if target.is_file():
+        print(f"{target}: staged")
+        return 0
     parts = [(h, n.strip()) for h, n in entries if ".part" in n]
     missing = [n for h, n in parts if not (p["parts"] / n).is_file() or sha256(p["parts"] / n) != h]
     print(f"parts: {len(parts) - len(missing)} of {len(parts)} here" + (f"; missing {' '.join(missing)}" if missing else ""))
     if missing:
         return 0
-    tmp = p["gemma"].with_name(p["gemma"].name + ".tmp")
+    tmp = target.with_name(target.name + ".tmp")
     with open(tmp, "wb") as joined:
         for _, name in parts:
             with open(p["parts"] / name, "rb") as part:
                 shutil.copyfileobj(part, joined, 16 * MIB)
     if whole and sha256(tmp) != whole[0][0]:
         raise UsageError(f"{tmp}: the joined parts do not match SHA256SUMS")
-    tmp.replace(p["gemma"])
-    print(f"{p['gemma']}: joined, {p['gemma'].stat().st_size / MIB:.1f} MiB, checked")
+    tmp.replace(target)
+    print(f"{target}: joined, {target.stat().st_size / MIB:.1f} MiB, checked")
     return 0
 
 
@@ -661,7 +670,7 @@ def plan_calls(tree: int, items: list) -> list:
     for path, _ in items:
         if path == sums:
             continue
-        need = [path] + ([sums] if PART_PREFIX in path else [])
+        need = [path] + ([sums] if ".part" in path else [])
         for call in calls:
             merged = call + [c for c in need if c not in call]
             if tree + sum(sizes.get(c, 0) for c in merged) <= CALL_LIMIT and len(merged) <= 8:
@@ -749,21 +758,23 @@ def prepare(args) -> int:
                                                                                                "usr_03.txt")))
     version = subprocess.run(["dpkg-query", "-W", "-f=${Version}", "vim-runtime"], capture_output=True, text=True)
     (device / "perplexity-text.source").write_text(f"{manual}/usr_02.txt + usr_03.txt (vim-runtime {version.stdout})\n")
-    gemma = Path(subprocess.run([sys.executable, "-c", "from ggml_ciq import catalog; print(catalog.gemma3_270m_path())"],
-                                cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout.strip())
+    code = f"from ggml_ciq import catalog; print(catalog.resolve_model({args.model!r}))"
+    model = Path(subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                                check=True).stdout.strip())
     part_size = args.part_size * MIB if args.part_size else auto_part_size(tree_bytes())
-    split_parts(gemma, ROOT / ".device-parts", part_size)
+    split_parts(model, ROOT / ".device-parts", part_size, PART_MODELS[args.model][0])
     return print_plan(part_size)
 
 
-def split_parts(gemma: Path, folder: Path, part_size: int) -> None:
-    """The whole Gemma file in parts of part_size bytes, with SHA256SUMS (the whole file's line first)."""
+def split_parts(model: Path, folder: Path, part_size: int, name: str = "gemma3-270m.gguf") -> None:
+    """The whole model file in parts of part_size bytes, with SHA256SUMS (the whole file's line first: its name on the
+    machine)."""
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    lines = [f"{sha256(gemma)}  gemma3-270m.gguf"]
-    with open(gemma, "rb") as f:
+    lines = [f"{sha256(model)}  {name}"]
+    with open(model, "rb") as f:
         for i, piece in enumerate(iter(lambda: f.read(part_size), b"")):
-            part = folder / f"{PART_PREFIX}{i:02d}"
+            part = folder / f"{name}.part{i:02d}"
             part.write_bytes(piece)
             lines.append(f"{hashlib.sha256(piece).hexdigest()}  {part.name}")
     (folder / "SHA256SUMS").write_text("\n".join(lines) + "\n")
@@ -812,6 +823,8 @@ def build_parser() -> Parser:
     p.add_argument("--baseline", metavar="COMMIT", help="also that commit's native/ in .baseline/ (for --libs base)")
     p.add_argument("--baseline-only", action="store_true", help="with --baseline: stage nothing else")
     p.add_argument("--plan-only", action="store_true", help="only print what each call carries")
+    p.add_argument("--model", default="gemma3-270m", choices=sorted(PART_MODELS),
+                   help="the catalog model whose whole file travels in parts (default gemma3-270m)")
     p.set_defaults(func=prepare)
 
     p = sub.add_parser("setup", help="wheels -> /tmp/site; starts the CUDA builds in the background (then: wait)")

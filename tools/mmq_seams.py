@@ -19,20 +19,15 @@ import numpy as np
 
 from ggml_ciq import environment, native
 from ggml_ciq import quants as Q
-from ggml_ciq.errors import CiqError
 from ggml_ciq.llamacpp import LlamaCpp
+from tool_cli import run_main
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", required=True)
     p.add_argument("--tokens", type=int, nargs="+", default=[512, 88, 200])
-    args = p.parse_args(argv)
-    try:
-        return run(args)
-    except (CiqError, OSError) as exc:
-        print(f"mmq_seams: error: {exc}", file=sys.stderr)
-        return 2
+    return run_main("mmq_seams", p, run, argv)
 
 
 def run(args) -> int:

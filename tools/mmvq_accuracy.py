@@ -28,7 +28,7 @@ def product(semantics: str, tensor, x: np.ndarray) -> np.ndarray:
     if t in Q.Q32_TYPES:  # the 32-block types: mmq as the q32 variant (K a multiple of 128), no f16 or cpu reference
         if semantics != "mmq" or k % 128:
             return None
-        return Q.gemm_q32_mmq_quantized(t, raw, rows, k, Q.quantize_q8_1_mmq(x, Q.Q4_K if t == Q.Q4_0 else Q.Q6_K),
+        return Q.gemm_q32_mmq_quantized(t, raw, rows, k, Q.quantize_q8_1_mmq(x, t),
                                         x.shape[0])
     return Q.REFERENCE_GEMMS[semantics](t, raw, rows, k, x)
 

@@ -133,8 +133,9 @@ def mmvq_case():
 
 
 def mmq_seams_case(variants):
-    """MMQ's stream-k seams (mmq_stream_k.cuh): q32 on the 32-block types and mma on the K-quants at shapes MMQ splits
-    (640 rows: 5 tiles on 132 SMs), at 512 tokens, a tail of 88 and 200 (mma: 16-token CTAs inside MMQ's J = 112)."""
+    """MMQ's stream-k seams (mmq_stream_k.cuh): q32 on the 32-block types (K 640 and 576) and mma on the K-quants (Q5_K
+    too) at shapes MMQ splits (640 rows: 5 tiles on 132 SMs), at 512 tokens, a tail of 88 and 200 (mma: 16-token CTAs
+    inside MMQ's J = 112)."""
     from ggml_ciq.llamacpp import LlamaCpp
 
     rng = np.random.default_rng(3)
@@ -143,14 +144,15 @@ def mmq_seams_case(variants):
     except Exception as exc:  # llama.cpp quantizes the 32-block types here; without it, only the K-quants
         print(f"mmq seams: no llama.cpp ({exc}): K-quants only")
         quantize = None
-    cases = [(t, "mma", 2048) for t in (Q.Q4_K, Q.Q6_K)] + ([(t, "q32", 640) for t in (Q.Q4_0, Q.Q5_0, Q.Q8_0)]
-                                                            if quantize else [])
+    block32 = (Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q4_1, Q.Q5_1)  # K 576: the activations' last block zero-padded
+    cases = [(t, "mma", 2048) for t in (Q.Q4_K, Q.Q5_K, Q.Q6_K)] + (
+        [(t, "q32", k) for t in block32 for k in (640, 576)] if quantize else [])
     for weight_type, variant, k in cases:
         if variant not in variants:
             continue
         w = (rng.standard_normal((640, k)) * 0.02).astype(np.float32)
         data = (quantize(weight_type, w) if variant == "q32" else
-                {Q.Q4_K: Q.quantize_q4_K, Q.Q6_K: Q.quantize_q6_K}[weight_type](w))
+                {Q.Q4_K: Q.quantize_q4_K, Q.Q5_K: Q.quantize_q5_K, Q.Q6_K: Q.quantize_q6_K}[weight_type](w))
         for tokens in (88, 200, 512):
             x = rng.standard_normal((tokens, k)).astype(np.float32)
             out = native.gemm(data, x, variant=variant, device="cuda", semantics="mmq", ggml_type=weight_type,
@@ -363,23 +365,15 @@ def fusion_case():
         print(f"wgmma tail {Q.type_name(weight_type)} {rows} x {kk} tokens={tokens}: finite={np.isfinite(out).all()}")
 
 
+# The cases that run only alone (one argument): the argument -> its case.
+ALONE_CASES = {"engine": engine_case, "fusion": fusion_case, "attention-split": attention_split_case,
+               "wgmma-stream-k": wgmma_stream_k_case, "wgmma-rs": wgmma_rs_case,
+               "wgmma-group-glu": wgmma_group_glu_case, "attention-wgmma": attention_wgmma_case, "ops": ops_case}
+
+
 def main(variants):
-    if variants == ["engine"]:
-        return engine_case()
-    if variants == ["fusion"]:
-        return fusion_case()
-    if variants == ["attention-split"]:
-        return attention_split_case()
-    if variants == ["wgmma-stream-k"]:
-        return wgmma_stream_k_case()
-    if variants == ["wgmma-rs"]:
-        return wgmma_rs_case()
-    if variants == ["wgmma-group-glu"]:
-        return wgmma_group_glu_case()
-    if variants == ["attention-wgmma"]:
-        return attention_wgmma_case()
-    if variants == ["ops"]:
-        return ops_case()
+    if len(variants) == 1 and variants[0] in ALONE_CASES:
+        return ALONE_CASES[variants[0]]()
     if "wgmma-block32" in variants:
         wgmma_block32_case()
         variants = [v for v in variants if v != "wgmma-block32"]

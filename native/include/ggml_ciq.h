@@ -10,8 +10,9 @@
  *   device     : CIQ_DEVICE_CPU (-1) is the host; 0..n-1 are GPUs. Pointers live on the device named.
  *   Activation layouts (ciq_layout; ciq_activations_size gives the bytes):
  *   Q8_K       : [tokens][K/256] blocks of 292 B (float d, int8 qs[256], int16 bsums[16]), as ggml.
- *   q8_1-mmq   : [K/128][tokens] blocks of 144 B, as llama.cpp CUDA MMQ's block_q8_1_mmq:
- *                4 scale words then int8 qs[128]; DS4 (half2 d,s per 32) for Q4_K/Q4_0, D4 (float d per 32) for the rest.
+ *   q8_1-mmq   : [ceil(K/128)][tokens] blocks of 144 B, as llama.cpp CUDA MMQ's block_q8_1_mmq: 4 scale words then
+ *                int8 qs[128]; DS4 (half2 d,s per 32) for Q4_K/Q5_K/Q4_0/Q4_1/Q5_1, D4 (float d per 32) for the rest;
+ *                K a multiple of 32, the values past K zeros (q 0, d 0, s 0: llama.cpp's padding of src1).
  *   f16        : f16 [tokens][K] of x * 2^-e_t, then (at a 256-byte boundary) float scale[tokens] = 2^e_t, with
  *                e_t putting the token's largest |x| in [2^14, 2^15).
  *   q8_0 (host): int8 [tokens][K] as ggml's AVX2 quantize_row_q8_0, then float d[tokens][K/32] (fp16-rounded).
@@ -36,7 +37,7 @@
 extern "C" {
 #endif
 
-#define GGML_CIQ_API_VERSION 16
+#define GGML_CIQ_API_VERSION 17
 
 /* CDEF-BEGIN */
 typedef enum { CIQ_DEVICE_CPU = -1 } ciq_device_index; /* the host as a device; GPUs are 0..n-1 */

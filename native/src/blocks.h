@@ -19,6 +19,9 @@
 #define Q8_K_BLOCK_BYTES 292
 #define Q8_1_MMQ_VALUES 128
 #define Q8_1_MMQ_BLOCK_BYTES 144
+// q8_1-mmq blocks of a token for K values (K a multiple of 32): the last block zero-padded, as llama.cpp pads src1
+// (its quantize_mmq_q8_1 writes q = 0, d = 0, s = 0 past ne00).
+#define CIQ_Q8_1_MMQ_BLOCKS(k) (((k) + Q8_1_MMQ_VALUES - 1) / Q8_1_MMQ_VALUES)
 #define F16_K_UNIT 64  // the f16 layout's K multiple: wgmma's pipeline stage (two 32-value blocks)
 
 // Block layouts, identical to ggml's (ggml-common.h). Scales are IEEE half bit patterns.

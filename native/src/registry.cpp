@@ -43,11 +43,10 @@ static ciq_status launch_q32(int device, ciq_variant, ciq_semantics semantics, c
                              int64_t rows, int64_t k, const void *x, int64_t tokens, void *out, ciq_out_type out_type) {
     if (out_type != CIQ_OUT_F32) return ciq_fail(CIQ_ERR_UNSUPPORTED, "kernel variant q32 writes float32 output only");
     if (device == CIQ_DEVICE_CPU) {
-        if (type == CIQ_TYPE_Q4_1 || type == CIQ_TYPE_Q5_1) {  // cpu semantics only (k_type_semantics)
-            return ciq_cpu_gemm_q32_q8_1(type, weight, rows, k, x, tokens, (float *)out);
-        }
-        return semantics == CIQ_SEMANTICS_CPU ? ciq_cpu_gemm_q32_q8_0(type, weight, rows, k, x, tokens, (float *)out)
-                                              : ciq_cpu_gemm_q32_mmq(type, weight, rows, k, x, tokens, (float *)out);
+        if (semantics != CIQ_SEMANTICS_CPU) return ciq_cpu_gemm_q32_mmq(type, weight, rows, k, x, tokens, (float *)out);
+        return type == CIQ_TYPE_Q4_1 || type == CIQ_TYPE_Q5_1
+                   ? ciq_cpu_gemm_q32_q8_1(type, weight, rows, k, x, tokens, (float *)out)
+                   : ciq_cpu_gemm_q32_q8_0(type, weight, rows, k, x, tokens, (float *)out);
     }
 #ifdef GGML_CIQ_WITH_CUDA
     return ciq_cuda_gemm_q32(type, weight, rows, k, x, tokens, (float *)out);
@@ -93,7 +92,7 @@ static ciq_status launch_wgmma(int device, ciq_variant, ciq_semantics, ciq_type 
 
 #define SEM(s) (1u << CIQ_SEMANTICS_##s)
 #define K_QUANTS 2, {CIQ_TYPE_Q4_K, CIQ_TYPE_Q6_K}
-#define HOST_K_QUANTS 3, {CIQ_TYPE_Q4_K, CIQ_TYPE_Q6_K, CIQ_TYPE_Q5_K}
+#define HOST_K_QUANTS 3, {CIQ_TYPE_Q4_K, CIQ_TYPE_Q6_K, CIQ_TYPE_Q5_K}  // the cpu variant's, and mma's (GPU)
 #define BLOCK32 5, {CIQ_TYPE_Q4_0, CIQ_TYPE_Q5_0, CIQ_TYPE_Q8_0, CIQ_TYPE_Q4_1, CIQ_TYPE_Q5_1}
 #define ANY_TOKENS 1, INT64_MAX, 1
 #define ANY_TOKENS_K64 1, INT64_MAX, F16_K_UNIT
@@ -127,8 +126,8 @@ static const ciq_variant_row k_variants[CIQ_VARIANT_COUNT] = {
       "WMMA, 8 warps, 2-D grid, 48 staged activation rows reused"},
      on_gpu_sm80, launch_wmma},  // more than the 64 KB of LDS an RDNA workgroup gets
     {CIQ_VARIANT_MMA,
-     {"mma", CIQ_SEMANTICS_MMQ, 0, SEM(MMQ), K_QUANTS, ANY_TOKENS,
-      "MMQ-class 128-row tile, mma.sync m16n8k32 (CUDA only)"},
+     {"mma", CIQ_SEMANTICS_MMQ, 0, SEM(MMQ), HOST_K_QUANTS, ANY_TOKENS,
+      "MMQ-class 128-row tile, mma.sync m16n8k32 (CUDA only; Q5_K as MMQ runs it, Q4_K's formula)"},
      on_gpu_sm80, launch_mma},
     {CIQ_VARIANT_WGMMA,
      {"wgmma", CIQ_SEMANTICS_F16, 0, SEM(F16), ALL_TYPES, ANY_TOKENS_K64,
@@ -136,7 +135,7 @@ static const ciq_variant_row k_variants[CIQ_VARIANT_COUNT] = {
      on_hopper_90a, launch_wgmma},
     {CIQ_VARIANT_Q32,
      {"q32", CIQ_SEMANTICS_CPU, SEM(CPU) | SEM(MMQ), SEM(MMQ), BLOCK32, ANY_TOKENS,
-      "32-block types: host tinyBLAS lanes (cpu) or MMQ's formula (mmq); GPU 64-row tile (mmq); Q4_1/Q5_1 host cpu"},
+      "32-block types: host tinyBLAS lanes or ggml's vec_dot (cpu), MMQ's formula (mmq: host, GPU 64-row tile)"},
      on_host_or_gpu_wmma, launch_q32},
     {CIQ_VARIANT_MMVQ,
      {"mmvq", CIQ_SEMANTICS_MMVQ, SEM(MMVQ), SEM(MMVQ), ALL_TYPES, 1, 8, 1,
@@ -163,6 +162,7 @@ static const LayoutChoice k_layouts[] = {
     {CIQ_SEMANTICS_MMVQ, CIQ_TYPE_Q4_0, CIQ_LAYOUT_Q8_1},       {CIQ_SEMANTICS_MMVQ, CIQ_TYPE_Q5_0, CIQ_LAYOUT_Q8_1},
     {CIQ_SEMANTICS_MMVQ, CIQ_TYPE_Q8_0, CIQ_LAYOUT_Q8_1},
     {CIQ_SEMANTICS_CPU, CIQ_TYPE_Q4_1, CIQ_LAYOUT_Q8_1_CPU},   {CIQ_SEMANTICS_CPU, CIQ_TYPE_Q5_1, CIQ_LAYOUT_Q8_1_CPU},
+    {CIQ_SEMANTICS_MMQ, CIQ_TYPE_Q4_1, CIQ_LAYOUT_Q8_1_MMQ_DS4}, {CIQ_SEMANTICS_MMQ, CIQ_TYPE_Q5_1, CIQ_LAYOUT_Q8_1_MMQ_DS4},
     {CIQ_SEMANTICS_CPU, CIQ_TYPE_Q5_K, CIQ_LAYOUT_Q8_K},
 };
 
@@ -175,9 +175,9 @@ struct TypeSemantics {
     uint32_t gpu_semantics;
 };
 static const TypeSemantics k_type_semantics[] = {
-    // llama.cpp x86 CPU's vec_dot_q{4,5}_1_q8_1 only (cpu/gemm_q32.cpp); no MMQ formula, no GPU kernel for them.
-    {CIQ_VARIANT_Q32, CIQ_TYPE_Q4_1, SEM(CPU), 0},
-    {CIQ_VARIANT_Q32, CIQ_TYPE_Q5_1, SEM(CPU), 0},
+    // llama.cpp x86 CPU's vec_dot_q{4,5}_1_q8_1 on the host (cpu/gemm_q32.cpp); MMQ's vec_dot_q8_1_q8_1 on both.
+    {CIQ_VARIANT_Q32, CIQ_TYPE_Q4_1, SEM(CPU) | SEM(MMQ), SEM(MMQ)},
+    {CIQ_VARIANT_Q32, CIQ_TYPE_Q5_1, SEM(CPU) | SEM(MMQ), SEM(MMQ)},
     // llama.cpp x86 CPU's tiled K-quant matmul and vec_dot_q5_K_q8_K only (cpu/gemm_kernels.cpp).
     {CIQ_VARIANT_CPU, CIQ_TYPE_Q5_K, SEM(CPU), 0},
 };
@@ -379,7 +379,7 @@ ciq_status ciq_activations_size(ciq_layout layout, int64_t tokens, int64_t k, si
     switch (layout) {
         case CIQ_LAYOUT_Q8_K: unit = QK_K; break;
         case CIQ_LAYOUT_F16: unit = F16_K_UNIT; break;
-        case CIQ_LAYOUT_Q8_1_MMQ_DS4: case CIQ_LAYOUT_Q8_1_MMQ_D4: unit = Q8_1_MMQ_VALUES; break;
+        case CIQ_LAYOUT_Q8_1_MMQ_DS4: case CIQ_LAYOUT_Q8_1_MMQ_D4:  // the last 128-value block zero-padded
         case CIQ_LAYOUT_Q8_0: case CIQ_LAYOUT_Q8_1: case CIQ_LAYOUT_Q8_1_CPU: unit = 32; break;
         default: return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "unknown activation layout %d", (int)layout);
     }
@@ -393,7 +393,7 @@ ciq_status ciq_activations_size(ciq_layout layout, int64_t tokens, int64_t k, si
         case CIQ_LAYOUT_Q8_0: *bytes = (size_t)(tokens * k) + (size_t)(tokens * (k / 32)) * sizeof(float); break;
         case CIQ_LAYOUT_Q8_1: *bytes = (size_t)(tokens * (k / 32)) * 36; break;  // block_q8_1: half d, half sum, qs[32]
         case CIQ_LAYOUT_Q8_1_CPU: *bytes = (size_t)(tokens * (k / 32)) * Q8_1_BLOCK_BYTES; break;
-        default: *bytes = (size_t)(tokens * (k / Q8_1_MMQ_VALUES)) * Q8_1_MMQ_BLOCK_BYTES; break;
+        default: *bytes = (size_t)(tokens * CIQ_Q8_1_MMQ_BLOCKS(k)) * Q8_1_MMQ_BLOCK_BYTES; break;
     }
     return CIQ_OK;
 }

@@ -191,6 +191,21 @@ template <class T, class Source> T exchange(const T &value, Source source) {
     return result;
 }
 
+// The fragments of a whole warp (mma.sync's operands): every lane publishes `mine`; unpack(g, t, f) then runs on each
+// lane l's fragments f, g = l / 4, t = l % 4 (the PTX ISA's fragment layouts are in those terms).
+template <class T, class Unpack> void unpack_warp_fragments(const T &mine, Unpack unpack) {
+    static_assert(sizeof(T) <= 64, "slot size");
+    Warp &w = warp();
+    std::memcpy(w.slots[lane()], &mine, sizeof(T));
+    w.sync.arrive_and_wait();
+    for (int l = 0; l < 32; ++l) {
+        T f;
+        std::memcpy(&f, w.slots[l], sizeof(T));
+        unpack(l / 4, l % 4, f);
+    }
+    w.sync.arrive_and_wait();
+}
+
 inline unsigned char *dynamic_smem() { return cta->dynamic_smem.data(); }
 
 // mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 (PTX ISA, "Matrix Fragments for mma.m16n8k16"), g = lane / 4,
@@ -201,19 +216,12 @@ struct MmaFragments {
     uint32_t a[4], b[2];
 };
 inline void mma_16816(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
-    Warp &w = warp();
-    const MmaFragments mine{{a0, a1, a2, a3}, {b0, b1}};
-    std::memcpy(w.slots[lane()], &mine, sizeof(mine));
-    w.sync.arrive_and_wait();
     float A[16][16], B[16][8];
     auto half_at = [](uint32_t reg, int which) {
         const uint16_t bits = (uint16_t)(which ? reg >> 16 : reg & 0xFFFF);
         return (float)__ushort_as_half(bits);
     };
-    for (int l = 0; l < 32; ++l) {
-        MmaFragments f;
-        std::memcpy(&f, w.slots[l], sizeof(f));
-        const int g = l / 4, t = l % 4;
+    unpack_warp_fragments(MmaFragments{{a0, a1, a2, a3}, {b0, b1}}, [&](int g, int t, const MmaFragments &f) {
         for (int j = 0; j < 2; ++j) {
             A[g][2 * t + j] = half_at(f.a[0], j);
             A[g + 8][2 * t + j] = half_at(f.a[1], j);
@@ -222,8 +230,7 @@ inline void mma_16816(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_
             B[2 * t + j][g] = half_at(f.b[0], j);
             B[2 * t + 8 + j][g] = half_at(f.b[1], j);
         }
-    }
-    w.sync.arrive_and_wait();
+    });
     const int g = lane() / 4, t = lane() % 4;
     for (int i = 0; i < 4; ++i) {
         const int row = g + 8 * (i / 2), col = 2 * t + i % 2;
@@ -286,16 +293,9 @@ struct MmaS8Fragments {
     int a[4], b[2];
 };
 inline void mma_s8(bool k16, int c[4], int a0, int a1, int a2, int a3, int b0, int b1, int cin) {
-    Warp &w = warp();
-    const MmaS8Fragments mine{{a0, a1, a2, a3}, {b0, b1}};
-    std::memcpy(w.slots[lane()], &mine, sizeof(mine));
-    w.sync.arrive_and_wait();
     int A[16][32] = {}, B[32][8] = {};
     auto byte_at = [](int reg, int j) { return (int)(int8_t)((uint32_t)reg >> (8 * j)); };
-    for (int l = 0; l < 32; ++l) {
-        MmaS8Fragments f;
-        std::memcpy(&f, w.slots[l], sizeof(f));
-        const int g = l / 4, t = l % 4;
+    unpack_warp_fragments(MmaS8Fragments{{a0, a1, a2, a3}, {b0, b1}}, [&](int g, int t, const MmaS8Fragments &f) {
         for (int j = 0; j < 4; ++j) {
             A[g][4 * t + j] = byte_at(f.a[0], j);
             A[g + 8][4 * t + j] = byte_at(f.a[1], j);
@@ -306,8 +306,7 @@ inline void mma_s8(bool k16, int c[4], int a0, int a1, int a2, int a3, int b0, i
                 B[16 + 4 * t + j][g] = byte_at(f.b[1], j);
             }
         }
-    }
-    w.sync.arrive_and_wait();
+    });
     const int g = lane() / 4, t = lane() % 4;
     for (int i = 0; i < 4; ++i) {
         const int row = g + 8 * (i / 2), col = 2 * t + i % 2;

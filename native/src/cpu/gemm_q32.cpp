@@ -1,8 +1,8 @@
-// Host GEMMs of the 32-block types (Q4_0, Q5_0, Q8_0): the q32 variant on the CPU (its GPU twin: cuda/gemm_q32.cu).
-//   MMQ semantics: q8_1-mmq activations, llama.cpp CUDA MMQ's per-block formula.
-//   CPU semantics: q8_0 activations [tokens][K] int8 then d[tokens][K/32], llamafile tinyBLAS_Q0_AVX's lanes.
-// Weights are unpacked per chunk of rows into int8 values and float scales (for_each_q32_chunk).
-// Q4_1 / Q5_1 (CPU semantics only): q8_1-cpu activations, ggml's vec_dot_q{4,5}_1_q8_1 (the end of this file).
+// Host GEMMs of the 32-block types: the q32 variant on the CPU (its GPU twin: cuda/gemm_q32.cu).
+//   MMQ semantics (all five): q8_1-mmq activations, llama.cpp CUDA MMQ's per-block formula.
+//   CPU semantics, Q4_0 / Q5_0 / Q8_0: q8_0 activations [tokens][K] int8 then d[tokens][K/32], llamafile
+//   tinyBLAS_Q0_AVX's lanes; Q4_1 / Q5_1: q8_1-cpu activations, ggml's vec_dot_q{4,5}_1_q8_1 (the end of this file).
+// Weights are unpacked per chunk of rows into int8 values and float scales (for_each_q32_chunk, for_each_q32_1_chunk).
 #include "cpu_backend.h"
 #include "../dequantize.h"
 #include "../fp16.h"
@@ -179,11 +179,19 @@ ciq_status ciq_cpu_gemm_q32_q8_0(int type, const void *weight, int64_t rows, int
     return CIQ_OK;
 }
 
-// The q32 variant in MMQ semantics on the host: the GPU kernel's formula (cuda/gemm_q32.cu) on the host's q8_1-mmq bytes.
+// The q32 variant in MMQ semantics on the host: the GPU kernel's formula (cuda/gemm_q32.cu) on the host's q8_1-mmq bytes
+// (block b of a token in q8_1-mmq block b / 4, K any multiple of 32). Q4_0 / Q5_0 / Q8_0: acc = fma(isum * d_w, d8, acc);
+// Q4_1 / Q5_1 (after the definitions below): acc = fma(d_w * d8, isum, acc), acc = fma(m_w, s8, acc).
+static float q8_1_mmq_half(uint32_t scale, bool high) { return ciq_fp16_to_fp32((uint16_t)(high ? scale >> 16 : scale)); }
+
+static ciq_status q32_1_mmq(int type, const void *weight, int64_t rows, int64_t k, const block_q8_1_mmq *xq,
+                            int64_t tokens, float *out);
+
 ciq_status ciq_cpu_gemm_q32_mmq(int type, const void *weight, int64_t rows, int64_t k, const void *x_q8_1_mmq,
                                 int64_t tokens, float *out) {
     const int64_t nb = k / 32;
     const block_q8_1_mmq *xq = (const block_q8_1_mmq *)x_q8_1_mmq;
+    if (type == CIQ_TYPE_Q4_1 || type == CIQ_TYPE_Q5_1) return q32_1_mmq(type, weight, rows, k, xq, tokens, out);
     for_each_q32_chunk(type, weight, rows, k, [&](int64_t r0, int64_t n, const int8_t *qc, const float *dc) {
         for (int64_t r = r0; r < r0 + n; ++r) {
             const int8_t *q = qc + (r - r0) * k;
@@ -195,7 +203,7 @@ ciq_status ciq_cpu_gemm_q32_mmq(int type, const void *weight, int64_t rows, int6
                     int isum = 0;
                     for (int j = 0; j < 32; ++j) isum += (int)q[b * 32 + j] * (int)xb.qs[(b % 4) * 32 + j];
                     const uint32_t scale = xb.scales[b % 4];
-                    const float d8 = type == 2 ? ciq_fp16_to_fp32((uint16_t)(scale & 0xFFFF)) : ciq_bits_to_float(scale);
+                    const float d8 = type == CIQ_TYPE_Q4_0 ? q8_1_mmq_half(scale, false) : ciq_bits_to_float(scale);
                     acc = std::fma((float)isum * d[b], d8, acc);
                 }
                 out[t * rows + r] = acc;
@@ -332,6 +340,32 @@ ciq_status ciq_cpu_quantize_q8_1_cpu(const float *x, void *out, int64_t tokens, 
         std::memcpy(y + i * Q8_1_BLOCK_BYTES, &dh, 2);
         std::memcpy(y + i * Q8_1_BLOCK_BYTES + 2, &sh, 2);
     }
+    return CIQ_OK;
+}
+
+// Q4_1 / Q5_1 in MMQ semantics (ciq_cpu_gemm_q32_mmq): llama.cpp CUDA's vec_dot_q8_1_q8_1_mma per block, in K order.
+static ciq_status q32_1_mmq(int type, const void *weight, int64_t rows, int64_t k, const block_q8_1_mmq *xq,
+                            int64_t tokens, float *out) {
+    const int64_t nb = k / 32;
+    for_each_q32_1_chunk(type, weight, rows, k, [&](int64_t r0, int64_t n, const uint8_t *qc, const float *dc,
+                                                    const float *mc) {
+        for (int64_t r = r0; r < r0 + n; ++r) {
+            const uint8_t *q = qc + (r - r0) * k;
+            const float *d = dc + (r - r0) * nb, *m = mc + (r - r0) * nb;
+            for (int64_t t = 0; t < tokens; ++t) {
+                float acc = 0.0f;
+                for (int64_t b = 0; b < nb; ++b) {
+                    const block_q8_1_mmq &xb = xq[(b / 4) * tokens + t];
+                    int isum = 0;
+                    for (int j = 0; j < 32; ++j) isum += (int)q[b * 32 + j] * (int)xb.qs[(b % 4) * 32 + j];
+                    const uint32_t scale = xb.scales[b % 4];
+                    acc = std::fma(d[b] * q8_1_mmq_half(scale, false), (float)isum, acc);
+                    acc = std::fma(m[b], q8_1_mmq_half(scale, true), acc);
+                }
+                out[t * rows + r] = acc;
+            }
+        }
+    });
     return CIQ_OK;
 }
 

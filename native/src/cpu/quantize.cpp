@@ -58,14 +58,16 @@ static void quantize_group_q8_1(const float *x, int8_t *q, float *d, float *sum)
 
 ciq_status ciq_cpu_quantize_q8_1_mmq(bool ds4, const float *x, void *out, int64_t tokens, int64_t k) {
     block_q8_1_mmq *y = (block_q8_1_mmq *)out;
-    const int64_t nblocks = k / Q8_1_MMQ_VALUES;
+    const int64_t nblocks = CIQ_Q8_1_MMQ_BLOCKS(k);
+    static const float zeros[32] = {};  // the padding past K (K a multiple of 32): q = 0, d = 0, s = 0
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < tokens * nblocks; ++i) {
         const int64_t token = i / nblocks, kb = i % nblocks;
         block_q8_1_mmq *block = y + kb * tokens + token;
         for (int g = 0; g < 4; ++g) {
             float d, sum;
-            quantize_group_q8_1(x + token * k + kb * Q8_1_MMQ_VALUES + g * 32, block->qs + g * 32, &d, &sum);
+            const int64_t c = kb * Q8_1_MMQ_VALUES + g * 32;
+            quantize_group_q8_1(c < k ? x + token * k + c : zeros, block->qs + g * 32, &d, &sum);
             block->scales[g] = ds4 ? (uint32_t)ciq_fp32_to_fp16(d) | ((uint32_t)ciq_fp32_to_fp16(sum) << 16)
                                    : ciq_float_to_bits(d);
         }

@@ -4,16 +4,17 @@
 // stage (global loads into registers in batches, dequantize into shared memory), barrier, mma, barrier. Latency
 // is hidden by batching the loads and by the other CTAs of the SM (cp.async double buffering measured no faster).
 // Shared memory (STRIDE = 272 B per staged row):
-//   wq [128][STRIDE] int8   weights in natural k order: Q4_K the nibble 0..15, Q6_K q6-32.
+//   wq [128][STRIDE] int8   weights in natural k order: Q4_K the nibble 0..15, Q5_K nibble | 5th bit 0..31, Q6_K q6-32.
 //   xq [J][STRIDE]   int8   activations (block_q8_1_mmq qs), natural k order.
-//   ws [8][128]      float2 per 32-value sub-block i and row: Q4_K {A_i, B_i} = {half(d*sc_i), -half(dmin*m_i)},
+//   ws [8][128]      float2 per 32-value sub-block i and row: Q4_K, Q5_K {A_i, B_i} = {half(d*sc_i), -half(dmin*m_i)},
 //                           Q6_K {sc_2i, sc_2i+1} (the int8 scales as floats).
-//   xs [8][J]        float2 per sub-block and token: Q4_K {d8, s8} of the DS4 half2, Q6_K {d8, 0}.
+//   xs [8][J]        float2 per sub-block and token: Q4_K, Q5_K {d8, s8} of the DS4 half2, Q6_K {d8, 0}.
 //   wd [128]         float per row, Q6_K only: d.
 // The 16 B pad per 256 B row puts the 8 rows of every ldmatrix 8x16 B phase on disjoint bank quads.
 // Warps form a WM x (8/WM) grid: warp w owns rows (w%WM)*TM .. +TM and tokens (w/WM)*TN .. +TN (TM = 128/WM,
 // TN = J*WM/8), i.e. (TM/16) x (TN/8) mma tiles of 16 rows x 8 tokens with fp32 accumulators in the C fragment
-// layout. Per sub-block: Q4_K one m16n8k32, acc += A*d8*isum + B*s8 (llama.cpp vec_dot_q8_1_q8_1_mma); Q6_K two
+// layout. Per sub-block: Q4_K / Q5_K one m16n8k32, acc += A*d8*isum + B*s8 (llama.cpp vec_dot_q8_1_q8_1_mma, which
+// MMQ runs for both: Q5_K's load_tiles differs from Q4_K's only in the quants' fifth bit); Q6_K two
 // m16n8k16 (one per 16-value scale), tmp = fma(sc_lo*isum_lo + sc_hi*isum_hi, d8, tmp) (MMQ's int32, exact in fp32
 // as |.| < 2^24), and per 128-value half (4 sub-blocks, tmp from 0) acc = fma(tmp, d, acc), the float order of
 // vec_dot_q6_K_q8_1_mma (Turing/Ampere path). The int32 accumulators start at 0x4B400000 (1.5*2^23 as float), so that
@@ -55,6 +56,12 @@ static constexpr int k_magic_bits = 0x4B400000;
 static __device__ __forceinline__ float isum_of(int c) { return __int_as_float(c) - 12582912.0f; }
 
 static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// Q4_K and Q5_K share the sub-block formula and the scale layout ({d, dmin}, scales[12]); Q5_K adds qh[32] before qs.
+static constexpr __host__ __device__ bool q45_K(ciq_type T) { return T == CIQ_TYPE_Q4_K || T == CIQ_TYPE_Q5_K; }
+static constexpr __host__ __device__ int mma_block_bytes(ciq_type T) {
+    return T == CIQ_TYPE_Q4_K ? Q4_K_BLOCK_BYTES : T == CIQ_TYPE_Q5_K ? Q5_K_BLOCK_BYTES : Q6_K_BLOCK_BYTES;
+}
 
 // A fragment of m16n8k32 for 16 rows x 32 bytes (row stride CIQ_MMA_STRIDE): lanes 0-15 address rows 0-15 at
 // byte 0, lanes 16-31 rows 0-15 at byte 16, giving a0 (row g, k 4t..4t+3), a1 (row g+8), a2 (row g, k 16+4t..), a3.
@@ -98,17 +105,21 @@ static __device__ __forceinline__ void mma_k16(int (&c)[4], int a0, int a1, int 
 template <ciq_type T, int BATCH>
 static __device__ __forceinline__ void stage_weights(const uint8_t *__restrict__ w, int64_t row_bytes, int64_t row0,
                                                      int64_t rows, int kb, int8_t *wq, float2 *ws, float *wd) {
-    constexpr int block_bytes = T == CIQ_TYPE_Q4_K ? Q4_K_BLOCK_BYTES : Q6_K_BLOCK_BYTES;
+    constexpr int block_bytes = mma_block_bytes(T);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const uint8_t *base = w + (int64_t)kb * block_bytes;
 #pragma unroll
     for (int it0 = 0; it0 < 16; it0 += BATCH) {
-        uint32_t raw[BATCH][2];  // Q4_K: qs word lane; Q6_K: ql word lane, qh word 8(lane/16) + lane%8
+        uint32_t raw[BATCH][2];  // Q4_K: qs word lane; Q5_K: that and qh word lane%8; Q6_K: ql word lane, qh word
+                                 // 8(lane/16) + lane%8
 #pragma unroll
         for (int b = 0; b < BATCH; ++b) {
             const uint8_t *blk = base + min(row0 + 8 * (it0 + b) + warp, rows - 1) * row_bytes;
             if constexpr (T == CIQ_TYPE_Q4_K) {
                 raw[b][0] = __ldg((const uint32_t *)(blk + 16) + lane);
+            } else if constexpr (T == CIQ_TYPE_Q5_K) {
+                raw[b][0] = __ldg((const uint32_t *)(blk + 48) + lane);
+                raw[b][1] = __ldg((const uint32_t *)(blk + 16) + lane % 8);
             } else {
                 const uint16_t *ql = (const uint16_t *)blk + 2 * lane;
                 const uint16_t *qh = (const uint16_t *)blk + 64 + 16 * (lane / 16) + 2 * (lane % 8);
@@ -122,6 +133,10 @@ static __device__ __forceinline__ void stage_weights(const uint8_t *__restrict__
             if constexpr (T == CIQ_TYPE_Q4_K) {  // qs word l: low nibbles = values 64(l/8) + 4(l%8) + 0..3, high +32
                 dst[16 * (lane / 8) + lane % 8] = raw[b][0] & 0x0F0F0F0F;
                 dst[16 * (lane / 8) + lane % 8 + 8] = (raw[b][0] >> 4) & 0x0F0F0F0F;
+            } else if constexpr (T == CIQ_TYPE_Q5_K) {  // the same, each byte's fifth bit from qh: bit 2(l/8) (low
+                const uint32_t qh = raw[b][1] >> (2 * (lane / 8));  // nibbles) and 2(l/8)+1 (high) of qh byte e%32
+                dst[16 * (lane / 8) + lane % 8] = (raw[b][0] & 0x0F0F0F0F) | ((qh << 4) & 0x10101010);
+                dst[16 * (lane / 8) + lane % 8 + 8] = ((raw[b][0] >> 4) & 0x0F0F0F0F) | ((qh << 3) & 0x10101010);
             } else {  // ql word l: values 128(l/16) + 32((l/8)%2) + 4(l%8) + 0..3, high nibbles +64
                 const uint32_t ql = raw[b][0], qh = raw[b][1] >> (2 * ((lane / 8) % 2));
                 dst[2 * lane - lane % 16] = __vsub4((ql & 0x0F0F0F0F) | ((qh << 4) & 0x30303030), 0x20202020);
@@ -131,7 +146,7 @@ static __device__ __forceinline__ void stage_weights(const uint8_t *__restrict__
     }
     const int r = threadIdx.x / 2, h = threadIdx.x % 2;
     const uint8_t *blk = base + min(row0 + r, rows - 1) * row_bytes;
-    if constexpr (T == CIQ_TYPE_Q4_K) {
+    if constexpr (q45_K(T)) {
         const uint32_t *hdr = (const uint32_t *)blk;  // {d, dmin}, scales[12]
         const uint32_t dm = __ldg(hdr), s0 = __ldg(hdr + 1), s1 = __ldg(hdr + 2), s2 = __ldg(hdr + 3);
         const float d = __low2float(*(const __half2 *)&dm), dmin = __high2float(*(const __half2 *)&dm);
@@ -186,8 +201,8 @@ template <ciq_type T, int J> struct act_tile {
         for (int it = 0; it < SW; ++it) {
             const int idx = it * CIQ_MMA_THREADS + threadIdx.x;
             if (c == 0 && idx < J * 8)
-                xs[idx % 8 * J + idx / 8] = T == CIQ_TYPE_Q4_K ? __half22float2(*(const __half2 *)&s[it])
-                                                               : make_float2(__uint_as_float(s[it]), 0.0f);
+                xs[idx % 8 * J + idx / 8] = q45_K(T) ? __half22float2(*(const __half2 *)&s[it])
+                                                     : make_float2(__uint_as_float(s[it]), 0.0f);
         }
     }
 };
@@ -211,7 +226,7 @@ __global__ void __launch_bounds__(CIQ_MMA_THREADS, MIN_CTAS)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
     const int wr = (warp % WM) * TM, wt = (warp / WM) * TN;  // warp's first row and token in the tile
     const int64_t row0 = (int64_t)blockIdx.x * CIQ_MMA_ROWS, tok0 = (int64_t)blockIdx.y * J;
-    const int64_t row_bytes = (int64_t)nb * (T == CIQ_TYPE_Q4_K ? Q4_K_BLOCK_BYTES : Q6_K_BLOCK_BYTES);
+    const int64_t row_bytes = (int64_t)nb * mma_block_bytes(T);
 
     // MMQ's segments of this CTA's tile (mmq_stream_k.cuh): when its tokens lie in one MMQ token tile (its rows are
     // one MMQ row tile) and out is float32, the segments run last first: the last into out, the others summed into
@@ -273,7 +288,7 @@ __global__ void __launch_bounds__(CIQ_MMA_THREADS, MIN_CTAS)
 #pragma unroll
                     for (int m = 0; m < MT; ++m) {
                         int c0[4], c1[4];
-                        if constexpr (T == CIQ_TYPE_Q4_K) {
+                        if constexpr (q45_K(T)) {
                             mma_k32(c0, a[m], b[0], b[1]);
                         } else {
                             mma_k16(c0, a[m][0], a[m][1], b[0]);
@@ -284,7 +299,7 @@ __global__ void __launch_bounds__(CIQ_MMA_THREADS, MIN_CTAS)
                             const float2 wv = wsc[m][e / 2];
                             const float d8 = e % 2 ? xsc.z : xsc.x, s8 = e % 2 ? xsc.w : xsc.y;
                             float &sum = acc[m][n][e];
-                            if constexpr (T == CIQ_TYPE_Q4_K) {
+                            if constexpr (q45_K(T)) {
                                 sum = fmaf(wv.x * d8, isum_of(c0[e]), sum);
                                 sum = fmaf(wv.y, s8, sum);
                             } else {  // sc_lo*isum_lo + sc_hi*isum_hi, exact (MMQ's int32)
@@ -372,13 +387,14 @@ static ciq_status dispatch_mma(int config, const void *weight, int64_t rows, int
 
 ciq_status ciq_cuda_gemm_mma(ciq_type type, const void *weight, int64_t rows, int64_t k, const void *x_q8_1_mmq,
                              int64_t tokens, void *out, ciq_out_type out_type) {
-    if (type != CIQ_TYPE_Q4_K && type != CIQ_TYPE_Q6_K)
+    if (type != CIQ_TYPE_Q4_K && type != CIQ_TYPE_Q5_K && type != CIQ_TYPE_Q6_K)
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_mma: unknown weight type %d", (int)type);
     if (!weight || !x_q8_1_mmq || !out || rows < 1 || tokens < 1 || k < QK_K || k % QK_K != 0)
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_mma: bad arguments (rows %lld, k %lld, tokens %lld)",
                         (long long)rows, (long long)k, (long long)tokens);
-    if (((uintptr_t)x_q8_1_mmq | (type == CIQ_TYPE_Q4_K ? (uintptr_t)weight : 0)) % 4 != 0)
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_mma: activations (and Q4_K weights) must be 4-byte aligned");
+    if (((uintptr_t)x_q8_1_mmq | (q45_K(type) ? (uintptr_t)weight : 0)) % 4 != 0)
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT,
+                        "ciq_cuda_gemm_mma: activations (and Q4_K/Q5_K weights) must be 4-byte aligned");
     int device, sms;
     const ciq_status status = ciq_current_gpu_sms("ciq_cuda_gemm_mma", &device, &sms);
     if (status != CIQ_OK) return status;
@@ -394,9 +410,12 @@ ciq_status ciq_cuda_gemm_mma(ciq_type type, const void *weight, int64_t rows, in
     if ((tokens + k_mma_configs[config].tokens - 1) / k_mma_configs[config].tokens > 65535 || k / QK_K > INT32_MAX)
         return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_mma: problem too large (k %lld, tokens %lld)", (long long)k,
                         (long long)tokens);
-    return type == CIQ_TYPE_Q4_K
-               ? dispatch_mma<CIQ_TYPE_Q4_K>(config, weight, rows, k, x_q8_1_mmq, tokens, out, out_type, mmq)
-               : dispatch_mma<CIQ_TYPE_Q6_K>(config, weight, rows, k, x_q8_1_mmq, tokens, out, out_type, mmq);
+    const void *x = x_q8_1_mmq;
+    switch (type) {
+        case CIQ_TYPE_Q4_K: return dispatch_mma<CIQ_TYPE_Q4_K>(config, weight, rows, k, x, tokens, out, out_type, mmq);
+        case CIQ_TYPE_Q5_K: return dispatch_mma<CIQ_TYPE_Q5_K>(config, weight, rows, k, x, tokens, out, out_type, mmq);
+        default: return dispatch_mma<CIQ_TYPE_Q6_K>(config, weight, rows, k, x, tokens, out, out_type, mmq);
+    }
 }
 
 #else  // HIP: no mma.sync

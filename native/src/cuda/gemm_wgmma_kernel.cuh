@@ -57,7 +57,7 @@ static_assert(CIQ_WGMMA_KSTAGE == F16_K_UNIT, "the f16 layout's K multiple (bloc
 
 #define WSLOTS 2                          // super-blocks of weights staged in shared memory (TMA_W kernels)
 
-// A measurement build, never the default (tools/gpu_run.sh gemm-diag builds it apart): CIQ_WGMMA_DIAG=1 leaves out the
+// A measurement build, never the default (tools/gpu.py setup --diag N builds it apart): CIQ_WGMMA_DIAG=1 leaves out the
 // producers' dequantization (the A tiles keep what the ring holds), 2 the consumers' wgmma (the outputs are 0): the
 // time of either side alone, so that a change is aimed at the side that bounds the kernel.
 #ifndef CIQ_WGMMA_DIAG

@@ -129,15 +129,16 @@ static __device__ __forceinline__ float ftz_add(float a, float b) {
 // Lanes 8i..8i+7 form the 32-value group i. The xor butterfly over offsets 4, 2, 1 adds the per-lane sums in
 // exactly llama.cpp's order: ((t0+t4)+(t2+t6))+((t1+t5)+(t3+t7)).
 __global__ void __launch_bounds__(QUANTIZE_WARPS_PER_BLOCK * CIQ_WARP_SIZE)
-quantize_q8_1_mmq_kernel(const float *__restrict__ x, uint8_t *__restrict__ out, int64_t tokens,
+quantize_q8_1_mmq_kernel(const float *__restrict__ x, uint8_t *__restrict__ out, int64_t tokens, int64_t k,
                          int64_t chunks_per_token, bool ds4, bool x_aligned16) {
     const int64_t chunk = (int64_t)blockIdx.x * QUANTIZE_WARPS_PER_BLOCK + threadIdx.x / CIQ_WARP_SIZE;
     if (chunk >= tokens * chunks_per_token) return;  // the whole warp leaves together
     const int lane = threadIdx.x % CIQ_WARP_SIZE;
     const int64_t token = chunk / chunks_per_token;
     const int64_t k_chunk = chunk % chunks_per_token;
+    const int64_t column = k_chunk * Q8_1_MMQ_VALUES + 4 * lane;  // past K (a multiple of 32): zeros, as llama.cpp pads
 
-    const float4 v = load_float4(x + chunk * Q8_1_MMQ_VALUES + 4 * lane, x_aligned16);
+    const float4 v = column < k ? load_float4(x + token * k + column, x_aligned16) : make_float4(0.f, 0.f, 0.f, 0.f);
 
     float amax = fmaxf(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fabsf(v.z)), fabsf(v.w));
     float sum = ftz_add(ftz_add(ftz_add(v.x, v.y), v.z), v.w);
@@ -184,12 +185,12 @@ ciq_status ciq_cuda_quantize_q8_K(const float *x, void *out, int64_t tokens, int
 }
 
 ciq_status ciq_cuda_quantize_q8_1_mmq(bool ds4, const float *x, void *out, int64_t tokens, int64_t k) {
-    const int64_t chunks_per_token = k / Q8_1_MMQ_VALUES;
+    const int64_t chunks_per_token = CIQ_Q8_1_MMQ_BLOCKS(k);
     const int64_t chunks = tokens * chunks_per_token;
     if (chunks == 0) return CIQ_OK;
     const int64_t grid = (chunks + QUANTIZE_WARPS_PER_BLOCK - 1) / QUANTIZE_WARPS_PER_BLOCK;
     quantize_q8_1_mmq_kernel<<<(unsigned)grid, QUANTIZE_WARPS_PER_BLOCK * CIQ_WARP_SIZE, 0, ciq_stream()>>>(
-        x, static_cast<uint8_t *>(out), tokens, chunks_per_token, ds4, is_aligned16(x));
+        x, static_cast<uint8_t *>(out), tokens, k, chunks_per_token, ds4, is_aligned16(x));
     CIQ_CUDA_LAUNCH_CHECK("quantize_q8_1_mmq");
     return CIQ_OK;
 }
