@@ -70,7 +70,7 @@ INVALID = [
     (["bench", "gemm", "--shape", "Q4_K:0:256"], "--shape Q4_K:0:256: ROWS and K must be >= 1"),
     (["bench", "gemm", "--shape", "Q4_K:-1:256"], "expected TYPE:ROWS:K"),
     (["bench", "gemm", "--shape", "Q4_K:16"], "expected TYPE:ROWS:K"),
-    (["bench", "gemm", "--shape", "F16:16:256"], "our GEMM kernels take Q4_K, Q6_K, Q4_0, Q5_0, Q8_0"),
+    (["bench", "gemm", "--shape", "F16:16:256"], "our GEMM kernels take Q4_K, Q6_K, Q5_K, Q4_0, Q5_0, Q8_0, Q4_1, Q5_1"),
     (["bench", "gemm", "--shapes", "llama4"], "unknown shape set 'llama4'"),
     (["bench", "gemm", "--tokens", "0"], "argument --tokens: must be >= 1, got 0"),
     (["bench", "gemm", "--tokens", "8,,16"], "argument --tokens: expects comma-separated whole numbers"),
