@@ -493,9 +493,9 @@ def gemm(weight, x: np.ndarray, variant: str = "auto", device="cpu", semantics: 
 
 def gemm_q32(data, x: np.ndarray, ggml_type: int, rows: int, k: int, device="cpu",
              semantics: str = "mmq") -> np.ndarray:
-    """out[tokens, rows] = x @ W^T for Q4_0/Q5_0/Q8_0 bytes: ciq_gemm with the q32 variant, semantics "mmq"
-    (llama.cpp CUDA MMQ's, host or GPU) or "cpu" (llama.cpp x86 CPU's, host only); Q4_1/Q5_1 bytes in "cpu" only
-    (the library refuses the rest)."""
+    """out[tokens, rows] = x @ W^T for 32-block bytes (Q4_0/Q5_0/Q8_0/Q4_1/Q5_1, K any multiple of 32): ciq_gemm
+    with the q32 variant, semantics "mmq" (llama.cpp CUDA MMQ's, host or GPU) or "cpu" (llama.cpp x86 CPU's, host
+    only)."""
     q32 = variant_info("q32")
     if ggml_type not in q32.weight_types:
         raise UnsupportedTypeError(f"gemm_q32: {quants.type_name(ggml_type)} is not "

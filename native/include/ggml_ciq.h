@@ -1,5 +1,5 @@
 /* ggml_ciq.h - the contract of libggml_ciq: keep-quant (CIQ) GEMM over GGUF blocks (Q4_K, Q6_K; Q4_0, Q5_0, Q8_0;
- * Q4_1, Q5_1, Q5_K on the host).
+ * Q4_1, Q5_1: host in cpu and mmq semantics, GPU in mmq; Q5_K: host cpu, GPU mmq; no f16 kernel for these three).
  *
  * Conventions, said once:
  *   weight W   : [rows = output features][K = input features], raw GGUF blocks, row-major by block
