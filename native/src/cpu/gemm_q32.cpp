@@ -187,6 +187,20 @@ static float q8_1_mmq_half(uint32_t scale, bool high) { return ciq_fp16_to_fp32(
 static ciq_status q32_1_mmq(int type, const void *weight, int64_t rows, int64_t k, const block_q8_1_mmq *xq,
                             int64_t tokens, float *out);
 
+// One output in MMQ semantics: weight row q (nb blocks of 32 quants) against token t's q8_1-mmq blocks, each block's
+// exact integer dot product and scale word folded into acc, in K order, by step(block, isum, scale word, acc).
+template <class Q, class Step>
+static float mmq_row_dot(const Q *q, int64_t nb, const block_q8_1_mmq *xq, int64_t tokens, int64_t t, Step step) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; ++b) {
+        const block_q8_1_mmq &xb = xq[(b / 4) * tokens + t];
+        int isum = 0;
+        for (int j = 0; j < 32; ++j) isum += (int)q[b * 32 + j] * (int)xb.qs[(b % 4) * 32 + j];
+        acc = step(b, isum, xb.scales[b % 4], acc);
+    }
+    return acc;
+}
+
 ciq_status ciq_cpu_gemm_q32_mmq(int type, const void *weight, int64_t rows, int64_t k, const void *x_q8_1_mmq,
                                 int64_t tokens, float *out) {
     const int64_t nb = k / 32;
@@ -197,16 +211,10 @@ ciq_status ciq_cpu_gemm_q32_mmq(int type, const void *weight, int64_t rows, int6
             const int8_t *q = qc + (r - r0) * k;
             const float *d = dc + (r - r0) * nb;
             for (int64_t t = 0; t < tokens; ++t) {
-                float acc = 0.0f;
-                for (int64_t b = 0; b < nb; ++b) {
-                    const block_q8_1_mmq &xb = xq[(b / 4) * tokens + t];
-                    int isum = 0;
-                    for (int j = 0; j < 32; ++j) isum += (int)q[b * 32 + j] * (int)xb.qs[(b % 4) * 32 + j];
-                    const uint32_t scale = xb.scales[b % 4];
+                out[t * rows + r] = mmq_row_dot(q, nb, xq, tokens, t, [&](int64_t b, int isum, uint32_t scale, float acc) {
                     const float d8 = type == CIQ_TYPE_Q4_0 ? q8_1_mmq_half(scale, false) : ciq_bits_to_float(scale);
-                    acc = std::fma((float)isum * d[b], d8, acc);
-                }
-                out[t * rows + r] = acc;
+                    return std::fma((float)isum * d[b], d8, acc);
+                });
             }
         }
     });
@@ -353,16 +361,10 @@ static ciq_status q32_1_mmq(int type, const void *weight, int64_t rows, int64_t 
             const uint8_t *q = qc + (r - r0) * k;
             const float *d = dc + (r - r0) * nb, *m = mc + (r - r0) * nb;
             for (int64_t t = 0; t < tokens; ++t) {
-                float acc = 0.0f;
-                for (int64_t b = 0; b < nb; ++b) {
-                    const block_q8_1_mmq &xb = xq[(b / 4) * tokens + t];
-                    int isum = 0;
-                    for (int j = 0; j < 32; ++j) isum += (int)q[b * 32 + j] * (int)xb.qs[(b % 4) * 32 + j];
-                    const uint32_t scale = xb.scales[b % 4];
+                out[t * rows + r] = mmq_row_dot(q, nb, xq, tokens, t, [&](int64_t b, int isum, uint32_t scale, float acc) {
                     acc = std::fma(d[b] * q8_1_mmq_half(scale, false), (float)isum, acc);
-                    acc = std::fma(m[b], q8_1_mmq_half(scale, true), acc);
-                }
-                out[t * rows + r] = acc;
+                    return std::fma(m[b], q8_1_mmq_half(scale, true), acc);
+                });
             }
         }
     });
