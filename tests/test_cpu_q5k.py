@@ -1,7 +1,7 @@
 """Q5_K weights in cpu semantics (the host "cpu" variant): llama.cpp x86 CPU's mul_mat for them, bit for bit. From 8
 tokens llama.cpp runs its tiled K-quant matmul (Q4_K's template instance: Q4_K's float order on 5-bit quants), under 8
 ggml_vec_dot_q5_K_q8_K (Q4_K's eight lanes, the mins one fused scalar after them); native/src/cpu/gemm_kernels.cpp
-says the float orders. Q8_K activations, as for Q4_K/Q6_K. No MMQ formula and no GPU kernel for Q5_K: refused."""
+says the float orders. Q8_K activations, as for Q4_K/Q6_K. On a GPU: MMQ's semantics (mma), tests/test_cuda.py."""
 
 import numpy as np
 import pytest
@@ -147,15 +147,20 @@ def test_python_type_id_is_the_headers(native_lib):
     """quants.Q5_K and its block layout are ggml_ciq.h's CIQ_TYPE_Q5_K and the library's block size."""
     assert Q.Q5_K == native_lib.lib.CIQ_TYPE_Q5_K == 13
     assert Q.BLOCK_LAYOUT[Q.Q5_K] == (256, 176) and Q.Q5_K in native.variant_info("cpu").weight_types
-    assert Q.Q5_K in Q.HOST_KEEP_QUANT_TYPES and Q.Q5_K not in Q.KEEP_QUANT_TYPES  # no GPU kernel
+    assert Q.Q5_K in Q.HOST_KEEP_QUANT_TYPES and Q.Q5_K not in Q.KEEP_QUANT_TYPES  # no f16 kernel
 
 
-def test_gpu_refuses_it_cleanly(native_lib):
-    """On a GPU no kernel multiplies Q5_K (NativeOps dequantizes it to bf16): AUTO and the GPU variants refuse in
-    planning, CIQ_ERR_UNSUPPORTED (AUTO) naming the type."""
+def test_gpu_plans_mma_in_mmq_semantics(native_lib):
+    """On a GPU the mma kernel multiplies Q5_K in MMQ's semantics (MMQ's Q4_K formula on 5-bit quants; bit for bit
+    with llama.cpp CUDA: tests/test_cuda.py), AUTO's "any" and "mmq" included; cpu and f16 semantics and the WMMA
+    variants refuse it in planning, naming the type (NativeOps' f16 semantics then dequantizes it to bf16)."""
     if native.device_count() == 0:
         pytest.skip("no GPU (or libggml_ciq built without CUDA)")
-    for variant, semantics in (("auto", "any"), ("auto", "mmq"), ("auto", "cpu"), ("mma", "mmq"), ("wmma", "cpu")):
+    for variant, semantics in (("auto", "any"), ("auto", "mmq"), ("mma", "mmq")):
+        for tokens in (1, 9, 512):
+            p = native.plan(variant, 0, semantics, Q5_K, 64, 512, tokens)
+            assert (p.variant, p.semantics, p.layout) == ("mma", "mmq", "q8_1_mmq_ds4"), (variant, semantics, tokens)
+    for variant, semantics in (("auto", "cpu"), ("auto", "f16"), ("wmma", "cpu"), ("wgmma", "f16")):
         with pytest.raises(CiqError, match="Q5_K"):
             native.plan(variant, 0, semantics, Q5_K, 64, 512, 9)
 
@@ -205,3 +210,26 @@ def test_cli_diff_takes_q5k(q5k_model, llama, native_lib, tmp_path, tokens):
     assert len(rows) == 4, rows
     for t in rows:
         assert t["variant"] == "cpu" and t["ours_vs_llamacpp"] == 0.0 and t["ours_vs_f64"] == t["llamacpp_vs_f64"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("semantics", ["llamacpp", "fast"])
+def test_gpu_engine_runs_q5k_on_mma(q5k_model, native_lib, rng, semantics):
+    """The GPU engine keeps the Q5_K weights in their blocks and runs them on mma (MMQ's semantics; the fast semantics
+    too, AUTO having no f16 kernel for Q5_K), once per weight and micro-batch, near the CPU engine's logits."""
+    from ggml_ciq.engine import Transformer, make_ops
+    from ggml_ciq.model import ModelFile
+    from test_engine import agreement
+
+    if native.device_count() == 0:
+        pytest.skip("needs a CUDA device and libggml_ciq built with CUDA")
+    m = ModelFile(q5k_model)
+    tokens = rng.integers(3, 512, 41)
+    cpu = Transformer(m, n_ubatch=16).forward(tokens, all_logits=True)
+    native.dispatch_reset()
+    gpu = Transformer(m, ops=make_ops("cuda", semantics), n_ubatch=16).forward(tokens, all_logits=True)
+    counts = native.dispatch_counts()
+    assert counts[("mma", "Q5_K")] >= 3 * 2 and counts[("cpu", "Q5_K")] == 0, counts  # gate and up apart or stacked
+    top1, kl, err = agreement(gpu, cpu)
+    print(f"Q5_K model, cuda {semantics} vs cpu engine: NMSE {err:.2e}, top-1 {top1:.3f}, KL {kl:.2e}; {counts}")
+    assert err <= 3e-3 and top1 >= 0.85
