@@ -393,7 +393,7 @@ CHECKS = {"diff": _check_diff, "bench": _check_bench, "prefill": _check_prefill,
 
 def cmd_diff(args) -> int:
     from . import catalog, native, quants
-    from .diff import DiffReport, Differ, activations, select_tensors
+    from .diff import DiffReport, Differ, activations, not_diffed, select_tensors
     from .model import ModelFile
 
     if args.prompt is not None:
@@ -410,7 +410,7 @@ def cmd_diff(args) -> int:
                        f"float64 (ours: {', '.join(quants.type_name(t) for t in native.weight_types(differ.device))})")
     _check_diff_memory(tensors, args.tokens)
     report = DiffReport(str(path), args.tokens, args.seed, differ.backend, differ.reference, differ.semantics, args.bar,
-                        environment=differ.environment())
+                        environment=differ.environment(), not_diffed=not_diffed(model, tensors))
     with _progress(console) as progress:
         task = progress.add_task("diff", total=len(tensors))
         for tensor in tensors:
@@ -443,6 +443,13 @@ def cmd_diff(args) -> int:
     console.print(f"{verdict}: {s['compared']} tensors compared, {s['failed']} {rule}; "
                   f"worst ours-vs-llama.cpp NMSE {_fmt(s['worst_ours_vs_llamacpp'])}, "
                   f"worst llama.cpp-vs-f64 NMSE {_fmt(s['worst_llamacpp_vs_f64'])}")
+    if report.not_diffed:
+        by_why = {}
+        for t in report.not_diffed:
+            by_why.setdefault(t["why"], []).append(f"{t['name']} ({t['type']})")
+        for why, names in by_why.items():
+            shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+            console.print(f"not diffed, {why} on {differ.backend}: {shown}", highlight=False)
     if args.json:
         _write_json(args.json, report.to_json())
     return 1 if s["failed"] else 0

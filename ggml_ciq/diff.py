@@ -87,6 +87,7 @@ class DiffReport:
     bar: float
     tensors: list[TensorDiff] = field(default_factory=list)
     environment: dict = field(default_factory=dict)
+    not_diffed: list[dict] = field(default_factory=list)  # quantized weights no kernel of ours takes: name, type, why
 
     @property
     def failures(self) -> list[TensorDiff]:
@@ -196,19 +197,30 @@ class Differ:
         return d
 
 
+def not_diffed(model: ModelFile, tensors: list[Tensor]) -> list[dict]:
+    """The quantized 2-D weights left out of a diff (no kernel of ours multiplies them here), each with why."""
+    chosen = {t.name for t in tensors}
+    return [{"name": t.name, "type": t.type_name,
+             "why": "no kernel of ours here" if t.ggml_type in quants.BLOCK_LAYOUT else "llama.cpp only (not decoded)"}
+            for t in model.quantized_weights() if t.name not in chosen]
+
+
 def select_tensors(model: ModelFile, takes, all_quantized: bool, names: list[str] | None = None) -> list[Tensor]:
     """The weights a kernel of ours multiplies (`takes(tensor)`: Differ.takes at the diff's token count), or with
-    all_quantized every quantized 2-D weight (the others then with llama.cpp vs float64 only); optionally only the
-    named ones. A named tensor ours does not take (without all_quantized), or a type we cannot decode, is an error
-    naming it."""
+    all_quantized every quantized 2-D weight of a type ggml-ciq decodes (the others then with llama.cpp vs float64
+    only); optionally only the named ones. A named tensor ours does not take (without all_quantized), or of a type we
+    cannot decode, is an error naming it."""
     if names:
         tensors = [model.tensor(name) for name in names]
         for t in tensors:
+            if t.ggml_type not in quants.BLOCK_LAYOUT:
+                break  # the decode check below names it
             if not all_quantized and not takes(t):
                 raise UnsupportedTypeError(f"tensor {t.name} is {t.type_name} ({t.rows} x {t.k}), which no kernel of "
                                            f"ours multiplies here; --all-quantized lists it with llama.cpp vs float64")
-    else:
-        tensors = [t for t in model.quantized_weights() if all_quantized or takes(t)]
+    else:  # types ggml-ciq cannot decode stay out (not_diffed names them)
+        tensors = [t for t in model.quantized_weights()
+                   if (all_quantized and t.ggml_type in quants.BLOCK_LAYOUT) or takes(t)]
     for t in tensors:
         if t.ggml_type not in quants.BLOCK_LAYOUT:
             raise UnsupportedTypeError(f"{model.path}: tensor {t.name} has type {t.type_name}, which ggml-ciq "

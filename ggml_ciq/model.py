@@ -75,7 +75,9 @@ class Tensor:
         return self.data.reshape(-1).view(np.uint8)
 
     def dequantize(self) -> np.ndarray:
-        """float32 [rows, cols]."""
+        """float32 [rows, cols]; a type ggml-ciq does not decode is an error naming the tensor."""
+        if self.ggml_type not in quants.BLOCK_LAYOUT:
+            raise quants.unsupported_type(self.ggml_type, self.name)
         return quants.dequantize(self.ggml_type, self.raw(), self.rows, self.k)
 
 

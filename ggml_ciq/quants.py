@@ -41,10 +41,17 @@ def type_name(ggml_type: int) -> str:
         return f"type {ggml_type}"
 
 
+def unsupported_type(ggml_type: int, what: str = "") -> UnsupportedTypeError:
+    """The error for a tensor type ggml-ciq does not decode, naming what it decodes (`what`: the tensor, if known)."""
+    decoded = ", ".join(type_name(t) for t in BLOCK_LAYOUT if t != Q8_K)
+    return UnsupportedTypeError(f"{what + ': ' if what else ''}unsupported tensor type {type_name(ggml_type)} "
+                                f"(ggml-ciq decodes {decoded})")
+
+
 def row_bytes(ggml_type: int, k: int) -> int:
     """Bytes of one row of k values; ShapeError if k is not a whole number of blocks."""
     if ggml_type not in BLOCK_LAYOUT:
-        raise UnsupportedTypeError(f"unsupported tensor type {type_name(ggml_type)}")
+        raise unsupported_type(ggml_type)
     values, nbytes = BLOCK_LAYOUT[ggml_type]
     if k % values:
         raise ShapeError(f"{type_name(ggml_type)} rows need K % {values} == 0, got K={k}")
@@ -216,7 +223,7 @@ def dequantize(ggml_type: int, data, rows: int, k: int) -> np.ndarray:
     if ggml_type in Q32_1_TYPES:
         q, d, m = q32_1_fields(ggml_type, raw, rows, k)
         return (q.astype(np.float32) * d[..., None] + m[..., None]).reshape(rows, k)  # ggml's q*d + m, two roundings
-    raise UnsupportedTypeError(f"unsupported tensor type {type_name(ggml_type)}")
+    raise unsupported_type(ggml_type)
 
 
 def q32_fields(ggml_type: int, data, rows: int, k: int) -> tuple[np.ndarray, np.ndarray]:

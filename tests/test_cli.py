@@ -244,3 +244,56 @@ def test_bench_takes_each_variant_to_the_types_it_multiplies(native_lib):
     assert bench.runs("mmvq", q4k, 8) and not bench.runs("mmvq", q4k, 9)
     with pytest.raises(InvalidArgumentError, match="no shape and token count that both variants multiply"):
         bench.bench_ab([q8], [17], "mma", "wgmma")
+
+
+@pytest.fixture(scope="module")
+def q2k_model(llama, tmp_path_factory):
+    """The default model with blk.1.ffn_up.weight requantized to Q2_K by llama.cpp (a type llama.cpp runs and
+    ggml-ciq does not decode)."""
+    import gguf
+
+    from ggml_ciq import catalog
+    from ggml_ciq.model import ModelFile
+
+    src = catalog.default_model_path()
+    model, reader = ModelFile(src), gguf.GGUFReader(str(src))
+    path = tmp_path_factory.mktemp("q2k") / "default-q2k.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for f in reader.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture":
+            continue
+        if f.types[0] == gguf.GGUFValueType.ARRAY:
+            writer.add_key_value(f.name, f.contents(), f.types[0], f.types[1])
+        else:
+            writer.add_key_value(f.name, f.contents(), f.types[0])
+    for t in reader.tensors:
+        if t.name == "blk.1.ffn_up.weight":
+            w = model.tensor(t.name).dequantize()
+            blocks = llama.quantize_chunk(10, w).reshape(w.shape[0], -1)  # GGML_TYPE_Q2_K
+            writer.add_tensor(t.name, blocks, raw_dtype=gguf.GGMLQuantizationType.Q2_K)
+        else:
+            writer.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_type_we_do_not_decode(q2k_model, native_lib, tmp_path):
+    """A Q2_K weight: diff runs every other weight and names it as not diffed (output and JSON), --all-quantized too;
+    naming it with --tensor, and a prefill, fail in one line naming the tensor and the type, exit 2."""
+    rc, out, err = ggml_ciq("diff", q2k_model, "--tokens", 3, "--json", tmp_path / "d.json")
+    assert rc == 0 and "PASS" in out and "blk.1.ffn_up.weight (Q2_K)" in out, (out[-1500:], err)
+    report = json.loads((tmp_path / "d.json").read_text())
+    assert report["not_diffed"] == [{"name": "blk.1.ffn_up.weight", "type": "Q2_K",
+                                     "why": "llama.cpp only (not decoded)"}]
+    assert "blk.1.ffn_up.weight" not in {t["name"] for t in report["tensors"]} and report["tensors"]
+    rc, out, err = ggml_ciq("diff", q2k_model, "--tokens", 3, "--all-quantized")
+    assert rc == 0 and "blk.1.ffn_up.weight (Q2_K)" in out, (out[-1500:], err)
+    for args in (("diff", q2k_model, "--tensor", "blk.1.ffn_up.weight"),
+                 ("prefill", q2k_model, "--prompt", "The capital of France is")):
+        rc, out, err = ggml_ciq(*args)
+        lines = err.strip().splitlines()
+        assert rc == 2 and len(lines) == 1 and "blk.1.ffn_up.weight" in lines[0] and "Q2_K" in lines[0], (args, err)
+        assert "Traceback" not in err
