@@ -250,6 +250,7 @@ class Plugin:
             raise LibraryNotFoundError(f"the ggml plugin libggml-ciq is not built (pip install . builds it where "
                                        f"llama-cpp-python {PINNED}'s headers can be had; or set {PLUGIN_ENV})")
         native.load()  # first: the plugin binds to this libggml_ciq (same soname), so its dispatch counters are ours
+        native.plan("auto", "cpu", "any", 12, 1, 256, 1)  # the switches it plans with (GGML_CIQ_OFFLOAD...) are valid
         self.ggml = llama or LlamaCpp.load()
         if self.ggml is LlamaCpp.load():  # ggml's log (load_backend: ..., a refusal) into libllama's captured log
             from .llama_model import _Library

@@ -304,3 +304,25 @@ def test_compare_third_arm(plugin_path, cpu_device, offload_all, default_model, 
     assert arm.tokens_per_second > 0
     agreement = result.pair(LLAMACPP, PLUGIN).agreement
     assert agreement["positions"] == 40 and agreement["nmse"] <= 1e-10
+
+
+def test_bad_switch_value_is_one_line(plugin_path, llama):
+    """GGML_CIQ_OFFLOAD=bogus: loading the plugin into ggml directly (as llama.cpp's tools do, GGML_BACKEND_PATH) gives
+    one ggml-ciq log line naming the variable and what it takes, and no plugin (never a silent decline of every op);
+    from Python, plugin.Plugin raises that error before loading. Each in a fresh process (the plugin registers once)."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, GGML_CIQ_OFFLOAD="bogus")
+    code = ("import cffi, sys; ffi = cffi.FFI(); ffi.cdef('void * ggml_backend_load(const char * path);'); "
+            "lib = ffi.dlopen(sys.argv[1], ffi.RTLD_GLOBAL); print('loaded' if lib.ggml_backend_load(sys.argv[2].encode()) else 'none')")
+    proc = subprocess.run([sys.executable, "-c", code, str(_lib_file(llama.lib_dir, "ggml")), str(plugin_path)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "none", (proc.stdout, proc.stderr[-2000:])
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("ggml-ciq:")]
+    assert len(ours) == 1 and "GGML_CIQ_OFFLOAD=bogus is not all or none" in ours[0], proc.stderr[-2000:]
+    code = ("from ggml_ciq import plugin\ntry:\n    plugin.Plugin(plugin.Path(__import__('sys').argv[1]))\n"
+            "except Exception as e:\n    print(type(e).__name__, e)")
+    proc = subprocess.run([sys.executable, "-c", code, str(plugin_path)], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.stdout.strip() == "InvalidArgumentError GGML_CIQ_OFFLOAD=bogus is not all or none", proc.stderr[-2000:]

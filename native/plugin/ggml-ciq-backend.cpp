@@ -334,6 +334,17 @@ bool ggml_matches() {
     return false;
 }
 
+// The library's runtime switches the plugin's planning reads (GGML_CIQ_OFFLOAD, GGML_CIQ_VARIANT...) are valid: a
+// value they do not take is one log line and no plugin, never a silent "decline every op".
+bool switches_valid() {
+    ciq_plan plan;
+    if (ciq_gemm_plan(CIQ_DEVICE_CPU, CIQ_VARIANT_AUTO, CIQ_SEMANTICS_ANY, CIQ_TYPE_Q4_K, 1, 256, 1, &plan) !=
+        CIQ_ERR_INVALID_ARGUMENT)
+        return true;
+    GGML_LOG_ERROR("ggml-ciq: %s; the plugin offers no device (docs/PLUGIN.md)\n", ciq_last_error());
+    return false;
+}
+
 // One device at most: CIQ0 when the ggml has CUDA0 and libggml_ciq sees a GPU; CIQ_CPU when the ggml has no GPU
 // device at all; none otherwise (a CUDA llama.cpp on a machine where our library has no GPU: nothing to offer).
 void discover_device() {
@@ -366,7 +377,7 @@ ggml_backend_reg_t ggml_backend_ciq_reg(void) {
     static bool usable = false;
     static std::once_flag once;
     std::call_once(once, [] {
-        usable = ggml_matches();
+        usable = ggml_matches() && switches_valid();
         if (usable) {
             discover_device();
             g_ggml_device.reg = &reg;
