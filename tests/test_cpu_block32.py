@@ -156,5 +156,5 @@ def test_gpu_plans_mmq_only(native_lib, ggml_type):
             p = native.plan(variant, 0, semantics, ggml_type, 64, 576, tokens)
             assert (p.variant, p.semantics, p.layout) == ("q32", "mmq", "q8_1_mmq_ds4"), (variant, semantics, tokens)
     for semantics in ("f16", "cpu"):
-        with pytest.raises(BackendError, match=name):
+        with pytest.raises(CiqError, match=name):
             native.plan("auto", 0, semantics, ggml_type, 64, 512, 9)

@@ -389,14 +389,13 @@ def test_wgmma_programmatic_launch_same_values(weight_type, wgmma, rng, monkeypa
 
 def test_auto_picks_wgmma_for_block32_where_k_allows(wgmma):
     """AUTO on Hopper: the 32-block types on wgmma above 8 tokens where K is a multiple of 64 (Gemma's 640), q32 at
-    1..8 tokens; at K = 96 no GPU kernel takes them (q32's q8_1-mmq activations need K % 128, wgmma K % 64): an error
-    naming the multiple, not a wrong kernel."""
+    1..8 tokens; at K = 96 q32 (its q8_1-mmq activations zero-padded; wgmma needs K % 64); f16 semantics there is an
+    error naming the multiple, not a wrong kernel."""
     assert native.resolve_variant("auto", "cuda", "any", Q.Q5_0, 2048, 640, 512) == "wgmma"
     assert native.resolve_variant("auto", "cuda", "any", Q.Q8_0, 262144, 640, 9) == "wgmma"
     assert native.resolve_variant("auto", "cuda", "any", Q.Q8_0, 262144, 640, 8) == "q32"
     assert native.resolve_variant("auto", "cuda", "any", Q.Q4_0, 512, 384, 512) == "wgmma"
-    with pytest.raises(CiqError, match="multiple of 128, got 96"):
-        native.resolve_variant("auto", "cuda", "any", Q.Q5_0, 512, 96, 512)
+    assert native.resolve_variant("auto", "cuda", "any", Q.Q5_0, 512, 96, 512) == "q32"  # any K % 32 (API v17)
     assert native.resolve_variant("auto", "cuda", "f16", Q.Q5_0, 512, 640, 1) == "wgmma"
     with pytest.raises(CiqError, match=r"f16 semantics for Q8_0 weights at K = 96 \(wgmma needs a multiple of 64\)"):
         native.resolve_variant("auto", "cuda", "f16", Q.Q8_0, 512, 96, 512)
@@ -526,7 +525,11 @@ def test_q32_and_q5k_match_llamacpp_mmq(llama_cuda, ggml_type, variant, rows, k,
     for tokens in (9, 131, 512):
         x = rng.standard_normal((tokens, k)).astype(np.float32)
         x[:, 3] *= 40.0  # an outlier channel
-        ours = run_checked(data, x, variant, ggml_type=ggml_type, rows=rows, k=k)
+        native.dispatch_reset()
+        ours = native.gemm(data, x, variant=variant, device="cuda", semantics="mmq", ggml_type=ggml_type, rows=rows,
+                           k=k)
+        counts = native.dispatch_counts()
+        assert counts[(variant, Q.type_name(ggml_type))] == 1 and sum(counts.values()) == 1, counts
         theirs = llama_cuda.mul_mat(ggml_type, data, rows, k, x, device="CUDA0")
         err = Q.nmse(ours, theirs)
         print(f"{Q.type_name(ggml_type)} {rows} x {k} tokens={tokens}: NMSE {err:.2e}")

@@ -163,7 +163,7 @@ static const LayoutChoice k_layouts[] = {
     {CIQ_SEMANTICS_MMVQ, CIQ_TYPE_Q8_0, CIQ_LAYOUT_Q8_1},
     {CIQ_SEMANTICS_CPU, CIQ_TYPE_Q4_1, CIQ_LAYOUT_Q8_1_CPU},   {CIQ_SEMANTICS_CPU, CIQ_TYPE_Q5_1, CIQ_LAYOUT_Q8_1_CPU},
     {CIQ_SEMANTICS_MMQ, CIQ_TYPE_Q4_1, CIQ_LAYOUT_Q8_1_MMQ_DS4}, {CIQ_SEMANTICS_MMQ, CIQ_TYPE_Q5_1, CIQ_LAYOUT_Q8_1_MMQ_DS4},
-    {CIQ_SEMANTICS_CPU, CIQ_TYPE_Q5_K, CIQ_LAYOUT_Q8_K},
+    {CIQ_SEMANTICS_CPU, CIQ_TYPE_Q5_K, CIQ_LAYOUT_Q8_K},       {CIQ_SEMANTICS_MMQ, CIQ_TYPE_Q5_K, CIQ_LAYOUT_Q8_1_MMQ_DS4},
 };
 
 // A variant row has one weight-type list for all its semantics and devices; where it runs a type in fewer, the
