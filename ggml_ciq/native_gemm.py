@@ -110,18 +110,22 @@ class GemmOps:
         return None
 
     def _block32_raw(self, tensor: Tensor) -> bool:
-        """Whether a 32-block weight stays in its blocks on this GPU: in f16 semantics where the registry has a
-        kernel for it (wgmma: Q4_0/Q5_0/Q8_0 on Hopper, K a multiple of 64), else (bf16 then) never; otherwise where
-        the q32 variant takes it (q32_kernel: any K, a multiple of 32, its q8_1-mmq activations zero-padded). With
-        semantics "any" the registry then picks per token count (wgmma above 8 tokens where it runs this type and K,
-        q32 at 1..8 and elsewhere)."""
-        if self.semantics == "f16":
+        """Whether a 32-block weight stays in its blocks on this GPU. f16 semantics: where the registry has a kernel
+        for it (wgmma: Q4_0/Q5_0/Q8_0 on Hopper, K a multiple of 64), else (bf16 then) never. mmq semantics: where the
+        q32 variant takes it (q32_kernel: every type, any K a multiple of 32, its q8_1-mmq activations zero-padded).
+        "any" (the fast path): where wgmma takes it, and Q4_0/Q5_0/Q8_0 at K % 128 == 0 (q32; the registry then picks
+        per token count: wgmma above 8 tokens where it runs, q32 at 1..8 and elsewhere); the rest in bf16, which
+        measured faster than q32 (q32 0.22x-0.24x MMQ at 8B shapes; SmolLM2-135M Q4_1 prefill 122k t/s with bf16
+        against 69k with q32: bench/results/summary/prefill-smollm2.json)."""
+        if self.semantics in ("f16", "any"):
             try:
                 native.plan("auto", self.device, "f16", tensor.ggml_type, tensor.rows, tensor.k,
                             native.variant_info("mmvq").max_tokens + 1)  # above the small batches
+                return True
             except CiqError:
-                return False
-            return True
+                if self.semantics == "f16":
+                    return False
+            return self.q32_kernel and tensor.ggml_type in quants.Q32_TYPES and tensor.k % 128 == 0
         return self.q32_kernel
 
     def stack_weights(self, tensors: list[Tensor]) -> Weight | None:
