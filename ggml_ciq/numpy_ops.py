@@ -80,10 +80,10 @@ class NumpyWeight:
             self.kind = "keep-quant"
             self.problem = native.GemmProblem.upload(tensor.ggml_type, tensor.raw(), tensor.rows, tensor.k, "cpu")
             self.nbytes = tensor.raw().nbytes
-        elif tensor.ggml_type in quants.Q32_TYPES + quants.Q32_1_TYPES:
+        elif tensor.ggml_type in quants.Q32_TYPES + quants.Q32_1_TYPES:  # the q32 variant, uploaded once (as above)
             self.kind = "q32"
-            self.raw = np.ascontiguousarray(tensor.raw())
-            self.nbytes = self.raw.nbytes
+            self.problem = native.GemmProblem.upload(tensor.ggml_type, tensor.raw(), tensor.rows, tensor.k, "cpu")
+            self.nbytes = tensor.raw().nbytes
         else:
             self.kind = "dense"
             self.dense = tensor.dequantize().astype(np.float64)
@@ -95,7 +95,7 @@ class NumpyWeight:
         if self.kind == "keep-quant":
             return self.problem.run(x, variant="auto", semantics="cpu", poison=False)
         if self.kind == "q32":
-            return native.gemm_q32(self.raw, x, self.ggml_type, self.rows, self.k, "cpu", semantics="cpu")
+            return self.problem.run(x, variant="q32", semantics="cpu", poison=False)
         if self.ggml_type == quants.F16:
             x = x.astype(np.float16).astype(np.float32)
         elif self.ggml_type == quants.BF16:
