@@ -45,6 +45,20 @@ inline void isums32x4(const uint8_t *w, const int8_t *a, int32_t *out) {
     _mm_storeu_si128((__m128i *)out, _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
 }
 
+// One super-block's sum over its eight 32-value chunks c of scale[c] * (the chunk's integer dot product), exact: maddubs
+// pairs stay within int16 (quants <= 31, |a| <= 128: 2 * 31 * 128), madd by the 6-bit scale within int32.
+inline int32_t scaled_sum32x8(const uint8_t *w, const int8_t *a, const int32_t *scale) {
+    __m256i sum = _mm256_setzero_si256();
+    for (int c = 0; c < 8; ++c) {
+        const __m256i pairs = _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(w + 32 * c)),
+                                                   _mm256_loadu_si256((const __m256i *)(a + 32 * c)));
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, _mm256_set1_epi16((int16_t)scale[c])));
+    }
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1)));
+}
+
 inline void isums16x8(const uint8_t *w, const int8_t *a, int32_t *out) {
     const __m256i h = half_sums(w, a);
     const __m128i lo = _mm256_castsi256_si128(h), hi = _mm256_extracti128_si256(h, 1);
@@ -61,6 +75,12 @@ inline void isums_n(const uint8_t *w, const int8_t *a, int32_t *out, int group, 
 }
 inline void isums32x4(const uint8_t *w, const int8_t *a, int32_t *out) { isums_n(w, a, out, 32, 4); }
 inline void isums16x8(const uint8_t *w, const int8_t *a, int32_t *out) { isums_n(w, a, out, 16, 8); }
+inline int32_t scaled_sum32x8(const uint8_t *w, const int8_t *a, const int32_t *scale) {
+    int32_t is[8], s = 0;
+    isums_n(w, a, is, 32, 8);
+    for (int c = 0; c < 8; ++c) s += scale[c] * is[c];
+    return s;
+}
 #endif
 
 // One weight row, unpacked. Per super-block b: quants q[256b..], and the scales each semantics needs.
@@ -212,11 +232,7 @@ void superblock_cpu_q4_K(const UnpackedRow &row, int64_t b, const block_q8_K &y,
         summ[p] = m[2 * p] * (y.bsums[4 * p] + y.bsums[4 * p + 1]) + m[2 * p + 1] * (y.bsums[4 * p + 2] + y.bsums[4 * p + 3]);
     }
     if (order == TILED) {
-        int32_t is[8];
-        isums32x4(q, y.qs, is);
-        isums32x4(q + 128, y.qs + 128, is + 4);
-        int32_t s = 0;
-        for (int j = 0; j < 8; ++j) s += sc[j] * is[j];
+        const int32_t s = scaled_sum32x8(q, y.qs, sc);
         const int32_t s_min = summ[0] + summ[1] + summ[2] + summ[3];
         const float d = (float)row.d[b], dmin = (float)row.dmin[b];
         acc[0] = std::fma(std::fma(-dmin, (float)s_min, d * (float)s), y.d, acc[0]);
