@@ -405,9 +405,11 @@ def cmd_diff(args) -> int:
     tensors = select_tensors(model, lambda t: differ.takes(t, args.tokens), args.all_quantized, args.tensor)
     if not tensors:
         types = sorted({t.type_name for t in model.quantized_weights()})
+        hint = ("and none of a type ggml-ciq decodes" if args.all_quantized
+                else "--all-quantized lists them with llama.cpp vs float64")
         raise CiqError(f"{path}: no weight of a type our kernels multiply on {differ.backend} "
-                       f"({', '.join(types) or 'no quantized weights'}); --all-quantized lists them with llama.cpp vs "
-                       f"float64 (ours: {', '.join(quants.type_name(t) for t in native.weight_types(differ.device))})")
+                       f"({', '.join(types) or 'no quantized weights'}); {hint} "
+                       f"(ours: {', '.join(quants.type_name(t) for t in native.weight_types(differ.device))})")
     _check_diff_memory(tensors, args.tokens)
     report = DiffReport(str(path), args.tokens, args.seed, differ.backend, differ.reference, differ.semantics, args.bar,
                         environment=differ.environment(), not_diffed=not_diffed(model, tensors))
