@@ -212,10 +212,8 @@ def select_tensors(model: ModelFile, takes, all_quantized: bool, names: list[str
     cannot decode, is an error naming it."""
     if names:
         tensors = [model.tensor(name) for name in names]
-        for t in tensors:
-            if t.ggml_type not in quants.BLOCK_LAYOUT:
-                break  # the decode check below names it
-            if not all_quantized and not takes(t):
+        for t in tensors:  # (a type we do not decode: the check below names it)
+            if t.ggml_type in quants.BLOCK_LAYOUT and not all_quantized and not takes(t):
                 raise UnsupportedTypeError(f"tensor {t.name} is {t.type_name} ({t.rows} x {t.k}), which no kernel of "
                                            f"ours multiplies here; --all-quantized lists it with llama.cpp vs float64")
     else:  # types ggml-ciq cannot decode stay out (not_diffed names them)

@@ -98,16 +98,22 @@ class GemmOps:
         planned), "q32" (Q4_0/Q5_0/Q8_0, Q4_1/Q5_1 on a GPU where _block32_raw), else None (dequantized)."""
         if tensor.is_keep_quant:
             return "keep-quant"
-        if tensor.ggml_type == quants.Q5_K and len(tensor.shape) == 2:  # where a kernel takes it in these semantics
-            try:  # (host: cpu semantics; GPU: mma in MMQ's, also AUTO's "any"; no f16 kernel: bf16 then)
-                native.plan("auto", self.device, self.semantics, tensor.ggml_type, tensor.rows, tensor.k, 9)
-            except CiqError:
-                return None
-            return "keep-quant"
+        if tensor.ggml_type == quants.Q5_K and len(tensor.shape) == 2:  # host: cpu semantics; GPU: mma (MMQ's, and
+            return "keep-quant" if self._planned(tensor, self.semantics) else None  # "any"); no f16 kernel: bf16
         if (self.device >= 0 and tensor.ggml_type in quants.Q32_TYPES + quants.Q32_1_TYPES
                 and self._block32_raw(tensor)):
             return "q32"
         return None
+
+    def _planned(self, tensor: Tensor, semantics: str) -> bool:
+        """Whether the registry has a kernel for this weight in these semantics on this device above the small
+        batches (its plan for the prefill's token counts)."""
+        try:
+            native.plan("auto", self.device, semantics, tensor.ggml_type, tensor.rows, tensor.k,
+                        native.variant_info("mmvq").max_tokens + 1)
+        except CiqError:
+            return False
+        return True
 
     def _block32_raw(self, tensor: Tensor) -> bool:
         """Whether a 32-block weight stays in its blocks on this GPU. f16 semantics: where the registry has a kernel
@@ -117,15 +123,11 @@ class GemmOps:
         per token count: wgmma above 8 tokens where it runs, q32 at 1..8 and elsewhere); the rest in bf16, which
         measured faster than q32 (q32 0.22x-0.24x MMQ at 8B shapes; SmolLM2-135M Q4_1 prefill 122k t/s with bf16
         against 69k with q32: bench/results/summary/prefill-smollm2.json)."""
-        if self.semantics in ("f16", "any"):
-            try:
-                native.plan("auto", self.device, "f16", tensor.ggml_type, tensor.rows, tensor.k,
-                            native.variant_info("mmvq").max_tokens + 1)  # above the small batches
-                return True
-            except CiqError:
-                if self.semantics == "f16":
-                    return False
-            return self.q32_kernel and tensor.ggml_type in quants.Q32_TYPES and tensor.k % 128 == 0
+        if self.semantics == "f16":
+            return self._planned(tensor, "f16")
+        if self.semantics == "any":
+            return self._planned(tensor, "f16") or (self.q32_kernel and tensor.ggml_type in quants.Q32_TYPES
+                                                     and tensor.k % 128 == 0)
         return self.q32_kernel
 
     def stack_weights(self, tensors: list[Tensor]) -> Weight | None:

@@ -180,7 +180,7 @@ def build(build_dir: Path | str, library: Path | str | None = None, ggml_version
     from .errors import BackendError
 
     if library is None:
-        from . import native
+        from . import native, quants
 
         library = native.load().path
     build_dir = Path(build_dir)
@@ -241,7 +241,7 @@ class Plugin:
         process's, LlamaCpp.load())."""
         import cffi
 
-        from . import native
+        from . import native, quants
         from .errors import BackendError, LibraryNotFoundError
         from .llamacpp import LlamaCpp, _lib_file
 
@@ -250,7 +250,7 @@ class Plugin:
             raise LibraryNotFoundError(f"the ggml plugin libggml-ciq is not built (pip install . builds it where "
                                        f"llama-cpp-python {PINNED}'s headers can be had; or set {PLUGIN_ENV})")
         native.load()  # first: the plugin binds to this libggml_ciq (same soname), so its dispatch counters are ours
-        native.plan("auto", "cpu", "any", 12, 1, 256, 1)  # the switches it plans with (GGML_CIQ_OFFLOAD...) are valid
+        native.plan("auto", "cpu", "any", quants.Q4_K, 1, 256, 1)  # the switches it plans with (GGML_CIQ_OFFLOAD...)
         self.ggml = llama or LlamaCpp.load()
         if self.ggml is LlamaCpp.load():  # ggml's log (load_backend: ..., a refusal) into libllama's captured log
             from .llama_model import _Library
