@@ -98,8 +98,8 @@ class GemmOps:
         planned), "q32" (Q4_0/Q5_0/Q8_0, Q4_1/Q5_1 on a GPU where _block32_raw), else None (dequantized)."""
         if tensor.is_keep_quant:
             return "keep-quant"
-        if tensor.ggml_type == quants.Q5_K and len(tensor.shape) == 2:  # host: cpu semantics; GPU: mma (MMQ's, and
-            return "keep-quant" if self._planned(tensor, self.semantics) else None  # "any"); no f16 kernel: bf16
+        if tensor.ggml_type == quants.Q5_K and len(tensor.shape) == 2:  # host: cpu semantics; GPU: mma (MMQ's),
+            return "keep-quant" if self._planned(tensor, self.semantics) else None  # wgmma (f16, "any" on Hopper)
         if (self.device >= 0 and tensor.ggml_type in quants.Q32_TYPES + quants.Q32_1_TYPES
                 and self._block32_raw(tensor)):
             return "q32"
@@ -117,12 +117,12 @@ class GemmOps:
 
     def _block32_raw(self, tensor: Tensor) -> bool:
         """Whether a 32-block weight stays in its blocks on this GPU. f16 semantics: where the registry has a kernel
-        for it (wgmma: Q4_0/Q5_0/Q8_0 on Hopper, K a multiple of 64), else (bf16 then) never. mmq semantics: where the
-        q32 variant takes it (q32_kernel: every type, any K a multiple of 32, its q8_1-mmq activations zero-padded).
-        "any" (the fast path): where wgmma takes it, and Q4_0/Q5_0/Q8_0 at K % 128 == 0 (q32; the registry then picks
-        per token count: wgmma above 8 tokens where it runs, q32 at 1..8 and elsewhere); the rest in bf16, which
-        measured faster than q32 (q32 0.22x-0.24x MMQ at 8B shapes; SmolLM2-135M Q4_1 prefill 122k t/s with bf16
-        against 69k with q32: bench/results/summary/prefill-smollm2.json)."""
+        for it (wgmma: every 32-block type on Hopper, K a multiple of 64), else (bf16 then) never. mmq semantics: where
+        the q32 variant takes it (q32_kernel: every type, any K a multiple of 32, its q8_1-mmq activations
+        zero-padded). "any" (the fast path): where wgmma takes it, and Q4_0/Q5_0/Q8_0 at K % 128 == 0 (q32; the
+        registry then picks per token count: wgmma above 8 tokens where it runs, q32 at 1..8 and elsewhere); the rest
+        in bf16, which measured faster than q32 (q32 0.22x-0.24x MMQ at 8B shapes; SmolLM2-135M Q4_1 prefill 122k t/s
+        with bf16 against 69k with q32: bench/results/summary/prefill-smollm2.json)."""
         if self.semantics == "f16":
             return self._planned(tensor, "f16")
         if self.semantics == "any":
@@ -278,7 +278,7 @@ class GemmOps:
         lib = self.native.lib
         if (self._compute_capability and weight.ggml_type in quants.MMVQ_TYPES
                 and quants.llamacpp_cuda_uses_mmvq(weight.ggml_type, tokens, self._compute_capability)):
-            return lib.CIQ_VARIANT_MMVQ, lib.CIQ_SEMANTICS_MMVQ  # (Q4_1/Q5_1/Q5_K: no mmvq of ours, MMQ's formula)
+            return lib.CIQ_VARIANT_MMVQ, lib.CIQ_SEMANTICS_MMVQ
         if weight.kind == "q32" and not self._block32_auto:  # llama.cpp CUDA MMQ's semantics
             return lib.CIQ_VARIANT_Q32, lib.CIQ_SEMANTICS_MMQ
         return lib.CIQ_VARIANT_AUTO, self._semantics_id

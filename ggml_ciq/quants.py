@@ -24,7 +24,7 @@ BLOCK_LAYOUT = {F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q4_0: (32, 18), Q5_0: (3
 KEEP_QUANT_TYPES = (Q4_K, Q6_K)
 HOST_KEEP_QUANT_TYPES = KEEP_QUANT_TYPES + (Q5_K,)  # the host "cpu" variant's: Q5_K in cpu semantics only
 Q32_TYPES = (Q4_0, Q5_0, Q8_0)  # 32-value blocks: int8 values and one fp16 scale per block (the q32 variant)
-Q32_1_TYPES = (Q4_1, Q5_1)  # 32-value blocks with an fp16 d and m each: the q32 variant in cpu semantics, host only
+Q32_1_TYPES = (Q4_1, Q5_1)  # 32-value blocks with an fp16 d and m each (value = q*d + m)
 
 Q8_K_DTYPE = np.dtype([("d", "<f4"), ("qs", "i1", QK_K), ("bsums", "<i2", QK_K // 16)])
 Q8_1_MMQ_BYTES = 144
@@ -514,12 +514,15 @@ def f16_layout(x: np.ndarray) -> np.ndarray:
 
 
 def dequantize_f16(weight_type: int, data, rows: int, k: int) -> np.ndarray:
-    """f16 semantics' weights, one rounding each: Q4_K fma(q, half(d*sc), -half(dmin*m)), Q6_K (q-32)*half(d*sc);
-    Q4_0 / Q5_0 / Q8_0 q*d (q their signed values, d the block's fp16 scale: the product is exact before the
-    rounding)."""
+    """f16 semantics' weights, one rounding each: Q4_K and Q5_K fma(q, half(d*sc), -half(dmin*m)), Q6_K
+    (q-32)*half(d*sc); Q4_0 / Q5_0 / Q8_0 q*d (q their signed values, d the block's fp16 scale: the product is exact
+    before the rounding); Q4_1 / Q5_1 fma(q, d, m)."""
     if weight_type in (Q4_0, Q5_0, Q8_0):
         q, d = q32_fields(weight_type, data, rows, k)
         return (d.astype(np.float64)[..., None] * q).astype(np.float16).reshape(rows, k)
+    if weight_type in Q32_1_TYPES:  # fma(q, d, m): q*d + m is exact in float64 (its bits lie within 2^-24 .. 2^21)
+        q, d, m = q32_1_fields(weight_type, data, rows, k)
+        return (d.astype(np.float64)[..., None] * q + m.astype(np.float64)[..., None]).astype(np.float16).reshape(rows, k)
     if weight_type in (Q4_K, Q5_K):  # Q5_K: MMQ's Q4_K formula (vec_dot_q8_1_q8_1_mma) on its 0..31 quants
         d, dmin, sc, m, q = (q4_K_fields(data, rows, k) if weight_type == Q4_K
                              else q5_K_fields(_blocks(data, Q5_K, rows, k), rows, k))
@@ -530,7 +533,8 @@ def dequantize_f16(weight_type: int, data, rows: int, k: int) -> np.ndarray:
         d, sc, q = q6_K_fields(data, rows, k)
         s = (d[..., None] * sc.astype(np.float32)).astype(np.float16).astype(np.float64)
         return (s[..., None] * q.reshape(rows, -1, 16, 16)).astype(np.float16).reshape(rows, k)
-    raise UnsupportedTypeError(f"f16 semantics cover Q4_K, Q6_K, Q4_0, Q5_0 and Q8_0, not {type_name(weight_type)}")
+    raise UnsupportedTypeError(f"f16 semantics cover Q4_K, Q5_K, Q6_K, Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1, "
+                               f"not {type_name(weight_type)}")
 
 
 def gemm_f16_semantics(weight_type: int, data, rows: int, k: int, x: np.ndarray) -> np.ndarray:
@@ -569,7 +573,7 @@ REFERENCE_GEMMS = {"cpu": gemm_cpu_semantics, "mmq": gemm_mmq_semantics, "f16": 
 
 Q8_1_DTYPE = np.dtype([("d", "<f2"), ("s", "<f2"), ("qs", "i1", 32)])  # ggml block_q8_1: half2 ds {d, sum}, qs
 MMVQ_MAX_TOKENS = 8  # MMVQ_MAX_BATCH_SIZE
-MMVQ_TYPES = (Q4_0, Q5_0, Q8_0, Q4_K, Q6_K)
+MMVQ_TYPES = (Q4_0, Q5_0, Q8_0, Q4_K, Q6_K, Q4_1, Q5_1, Q5_K)
 Q8_1_INV_127 = np.float32(1.0 / 127.0)  # nvcc folds amax / 127.0f into amax * this under -use_fast_math
 
 
@@ -627,6 +631,22 @@ def _q8_1_fields(xq: np.ndarray, k: int):
     return xq["qs"].astype(np.int32), xq["d"].astype(np.float32), xq["s"].astype(np.float32)
 
 
+def _half_products(dw, mw, d8, s8):
+    """MMVQ's Q4_1/Q5_1 scale products, [rows, tokens, blocks] float32: half(d_w*d8) and half(m_w*s8), as __hmul2 (the
+    products of two fp16 values are exact in float32; one rounding to fp16, inf beyond its range)."""
+    with np.errstate(over="ignore"):
+        d4d8 = (dw[:, None, :] * d8[None]).astype(np.float16).astype(np.float32)
+        m4s8 = (mw[:, None, :] * s8[None]).astype(np.float16).astype(np.float32)
+    return d4d8, m4s8
+
+
+def _q45_K_fields(weight_type: int, data, rows: int, k: int):
+    """(d, dmin, sc, m, q [rows, nb, 8, 32]) of Q4_K (quants 0..15) or Q5_K (0..31) data."""
+    if weight_type == Q4_K:
+        return q4_K_fields(data, rows, k)
+    return q5_K_fields(_blocks(data, Q5_K, rows, k), rows, k)
+
+
 def _mmvq_partials(weight_type: int, data, rows: int, k: int, q8, d8, s8, r0: int, r1: int):
     """Each thread's contribution per 256- or 32-value block for rows r0..r1: (tpb, op, a, b) with arrays
     [rows, tokens, blocks, tpb]; op "fma": the thread adds fma(a, b, acc), "add": acc + a (b None)."""
@@ -647,12 +667,24 @@ def _mmvq_partials(weight_type: int, data, rows: int, k: int, q8, d8, s8, r0: in
         c = np.float32(-4.0 if weight_type == Q4_0 else -8.0)
         inner = _fma32(d8[None, :, :, None], isum.astype(np.float32), (s8 * c)[None, :, :, None])
         return 2, "fma", np.broadcast_to(dw[:, None, :, None], inner.shape), inner
+    if weight_type in Q32_1_TYPES:
+        # Q4_1 / Q5_1: 2 threads per block, the values of Q4_0's split (quants 0..15 / 0..31); the fp16 products
+        # d4d8 = half(d_w*d8), m4s8 = half(m_w*s8) (__hmul2); r = fma(d4d8, float(isum), m4s8/2) (each of the two
+        # threads adds half the offset term), acc = acc + r.
+        qw, dw, mw = q32_1_fields(weight_type, data, rows, k)
+        qw, dw, mw = qw[r0:r1].astype(np.int32), dw[r0:r1], mw[r0:r1]
+        nb = k // 32
+        isum = (qw.reshape(-1, 1, nb, 2, 2, 8) * q8.reshape(1, tokens, nb, 2, 2, 8)).sum((-1, -3))
+        d4d8, m4s8 = _half_products(dw, mw, d8, s8)
+        r = _fma32(d4d8[..., None], isum.astype(np.float32), (m4s8 * np.float32(0.5))[..., None])
+        return 2, "add", r, None
     nb = k // QK_K
-    if weight_type == Q4_K:
+    if weight_type in (Q4_K, Q5_K):
         # 16 threads per super-block: thread s = 4c + l takes sub-blocks 2c, 2c+1 at positions 4l..4l+3 and
         # 16+4l..16+4l+3. sumf_d = fma(d8_1, sc_1*dot_1, d8_0*(sc_0*dot_0)), sumf_m likewise with m and the q8
         # sums; r = fma(sumf_d, d, -(sumf_m*dmin)); acc = acc + r.
-        d, dmin, sc, m, q = q4_K_fields(data, rows, k)
+        # Q5_K: the same split and arithmetic (vec_dot_q5_K_q8_1_impl_vmmq) on its 0..31 quants.
+        d, dmin, sc, m, q = _q45_K_fields(weight_type, data, rows, k)
         d, dmin, sc, m, q = d[r0:r1], dmin[r0:r1], sc[r0:r1], m[r0:r1], q[r0:r1]
         qs = q.reshape(-1, 1, nb, 4, 2, 2, 4, 4)                      # [r, ., kb, c, i, hh, l, b]
         xs = q8.reshape(1, tokens, nb, 4, 2, 2, 4, 4)
@@ -738,7 +770,8 @@ REFERENCE_GEMMS["mmvq"] = gemm_mmvq_semantics  # the registry's mmvq variant (1.
 def gemm_mmvq_exact(weight_type: int, data, rows: int, k: int, xq: np.ndarray) -> np.ndarray:
     """MMVQ's formula on the same q8_1 bytes with every float step exact (float64; only the order of additions
     differs from the kernel): K-quants d*Σ_j sc_j*d8_j*Σq*q8 - dmin*Σ_j m_j*d8_j*Σq8 (Q6_K without the min term);
-    Q4_0/Q5_0 d_w*(d8*Σ raw*q8 - c*s8) with raw = q+8 (c = 8) or q+16 (c = 16); Q8_0 d_w*d8*Σq*q8."""
+    Q4_0/Q5_0 d_w*(d8*Σ raw*q8 - c*s8) with raw = q+8 (c = 8) or q+16 (c = 16); Q8_0 d_w*d8*Σq*q8; Q4_1/Q5_1
+    Σ half(d_w*d8)*Σq*q8 + half(m_w*s8) (the fp16 products are MMVQ's formula, not its order)."""
     q8, d8, s8 = _q8_1_fields(xq, k)
     tokens = q8.shape[0]
     q8 = q8.reshape(tokens, k).astype(np.float64)
@@ -751,8 +784,14 @@ def gemm_mmvq_exact(weight_type: int, data, rows: int, k: int, xq: np.ndarray) -
         off = 8 if weight_type == Q4_0 else 16
         raw = (qw.astype(np.float64) + off) * dw.astype(np.float64)[..., None]
         return xf @ raw.reshape(rows, k).T - off * (s8 @ dw.astype(np.float64).T)
-    if weight_type == Q4_K:
-        d, dmin, sc, m, q = q4_K_fields(data, rows, k)
+    if weight_type in Q32_1_TYPES:
+        qw, dw, mw = q32_1_fields(weight_type, data, rows, k)
+        d4d8, m4s8 = _half_products(dw, mw, d8.astype(np.float32), s8.astype(np.float32))   # [rows, tokens, blocks]
+        isum = np.einsum("rbj,tbj->trb", qw.astype(np.float64), q8.reshape(tokens, -1, 32))
+        return (np.einsum("trb,rtb->tr", isum, d4d8.astype(np.float64))
+                + m4s8.astype(np.float64).sum(-1).T)
+    if weight_type in (Q4_K, Q5_K):
+        d, dmin, sc, m, q = _q45_K_fields(weight_type, data, rows, k)
         wf = (d.astype(np.float64)[..., None, None] * sc[..., None] * q).reshape(rows, k)
         qsum = (d8 * q8.reshape(tokens, -1, 32).sum(-1))                 # [tokens, K/32]
         return xf @ wf.T - qsum @ (dmin.astype(np.float64)[..., None] * m).reshape(rows, -1).T

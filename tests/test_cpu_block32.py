@@ -118,13 +118,15 @@ def test_numpy_ops_weight_runs_q32(llama, native_lib, rng, ggml_type):
 def test_host_plans_cpu_and_mmq_semantics(native_lib, rng, ggml_type):
     """The q32 variant runs Q4_1/Q5_1 on the host in cpu semantics (q8_1-cpu activations) and in MMQ's (q8_1-mmq DS4,
     K any multiple of 32: llama.cpp CUDA's vec_dot_q8_1_q8_1_mma, tests/test_ops.py test_gemm_q32); every other
-    variant refuses them there with an error naming the type."""
+    variant but mmvq (llama.cpp CUDA's mul_mat_vec_q, 1..8 tokens; API v18) refuses them there with an error naming
+    the type."""
     n = native_lib
     lib, name = n.lib, Q.type_name(ggml_type)
     plan = n.ffi.new("ciq_plan *")
-    for variant, semantics in ((lib.CIQ_VARIANT_MMVQ, lib.CIQ_SEMANTICS_MMVQ), (lib.CIQ_VARIANT_CPU, lib.CIQ_SEMANTICS_CPU),
-                               (lib.CIQ_VARIANT_WGMMA, lib.CIQ_SEMANTICS_F16)):
+    for variant, semantics in ((lib.CIQ_VARIANT_CPU, lib.CIQ_SEMANTICS_CPU), (lib.CIQ_VARIANT_WGMMA, lib.CIQ_SEMANTICS_F16)):
         assert lib.ciq_gemm_plan(lib.CIQ_DEVICE_CPU, variant, semantics, ggml_type, 64, 576, 2, plan) != lib.CIQ_OK
+    assert lib.ciq_gemm_plan(lib.CIQ_DEVICE_CPU, lib.CIQ_VARIANT_MMVQ, lib.CIQ_SEMANTICS_MMVQ, ggml_type, 64, 576, 2,
+                             plan) == lib.CIQ_OK and plan.variant == lib.CIQ_VARIANT_MMVQ
     for semantics in ("any", "cpu"):
         p = native.plan("auto", "cpu", semantics, ggml_type, 64, 576, 9)
         assert (p.variant, p.semantics, p.layout) == ("q32", "cpu", "q8_1_cpu")

@@ -116,8 +116,8 @@ def test_plan_and_k_refused_in_one_line(native_lib):
 
 def test_other_semantics_refused_cleanly(native_lib, llama, rng):
     """The cpu row lists Q5_K for both its host semantics; planning refuses MMQ with CIQ_ERR_UNSUPPORTED naming the
-    type (never a wrong kernel), AUTO included; the GPU-only and MMVQ variants do not take it; a forged MMQ plan does
-    not run."""
+    type (never a wrong kernel), AUTO included; the GPU-only and q32 variants do not take it (mmvq does since API v18,
+    test_mmvq.py); a forged MMQ plan does not run."""
     n = native_lib
     lib = n.lib
     plan = n.ffi.new("ciq_plan *")
@@ -125,9 +125,8 @@ def test_other_semantics_refused_cleanly(native_lib, llama, rng):
         status = lib.ciq_gemm_plan(lib.CIQ_DEVICE_CPU, variant, lib.CIQ_SEMANTICS_MMQ, Q5_K, 64, 512, 9, plan)
         error = n.ffi.string(lib.ciq_last_error()).decode()
         assert status == lib.CIQ_ERR_UNSUPPORTED and "Q5_K" in error and "mmq" in error, (variant, error)
-    for variant, semantics in ((lib.CIQ_VARIANT_MMVQ, lib.CIQ_SEMANTICS_MMVQ), (lib.CIQ_VARIANT_Q32, lib.CIQ_SEMANTICS_CPU),
-                               (lib.CIQ_VARIANT_WGMMA, lib.CIQ_SEMANTICS_F16), (lib.CIQ_VARIANT_MMA, lib.CIQ_SEMANTICS_MMQ),
-                               (lib.CIQ_VARIANT_AUTO, lib.CIQ_SEMANTICS_MMVQ)):
+    for variant, semantics in ((lib.CIQ_VARIANT_Q32, lib.CIQ_SEMANTICS_CPU), (lib.CIQ_VARIANT_WGMMA, lib.CIQ_SEMANTICS_F16),
+                               (lib.CIQ_VARIANT_MMA, lib.CIQ_SEMANTICS_MMQ), (lib.CIQ_VARIANT_AUTO, lib.CIQ_SEMANTICS_F16)):
         assert lib.ciq_gemm_plan(lib.CIQ_DEVICE_CPU, variant, semantics, Q5_K, 64, 512, 2, plan) != lib.CIQ_OK
     # A plan made for Q4_K in MMQ semantics: ciq_gemm_quantized refuses to run Q5_K with it.
     assert lib.ciq_gemm_plan(lib.CIQ_DEVICE_CPU, lib.CIQ_VARIANT_CPU, lib.CIQ_SEMANTICS_MMQ, Q.Q4_K, 64, 512, 9,

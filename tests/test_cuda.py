@@ -136,15 +136,14 @@ def test_staged_variants_with_partial_block_tiles(variant, rng):
         assert Q.nmse(out, ref) <= 1e-10, (rows, tokens)
 
 
-@pytest.mark.parametrize("weight_type", [Q.Q4_K, Q.Q6_K])
+@pytest.mark.parametrize("weight_type", [Q.Q4_K, Q.Q5_K, Q.Q6_K])
 def test_wgmma_tiles_splits_and_tails(weight_type, wgmma, rng):
     """Every tile width (64/128/256 tokens) and split-K factor (cluster size) the planner picks, odd row and token
     counts, large activations (f16 range), both weight paths of Q6_K: staged by TMA (K = 4096, 2048: 16-byte row
-    pitch) and read into registers (K = 768, 2304, 1024, 256: 630 B ... rows)."""
-    quantize = Q.quantize_q4_K if weight_type == Q.Q4_K else Q.quantize_q6_K
+    pitch) and read into registers (K = 768, 2304, 1024, 256: 630 B ... rows); Q4_K and Q5_K always staged."""
     for rows, k, tokens in ((128, 4096, 64), (1000, 768, 3), (4097, 2048, 131), (1024, 4096, 512),
                             (300, 2304, 257), (2048, 1024, 2047), (129, 256, 1)):
-        data = quantize((rng.standard_normal((rows, k)) * 0.02).astype(np.float32))
+        data = _k_quant_weights(rng, weight_type, rows, k)
         x = (rng.standard_normal((tokens, k)) * rng.choice([1e-3, 1.0, 3e4], size=(tokens, 1))).astype(np.float32)
         out = run_checked(data, x, "wgmma", ggml_type=weight_type, rows=rows, k=k)
         assert Q.nmse(out, Q.gemm_f16_semantics(weight_type, data, rows, k, x)) <= 1e-10, (rows, k, tokens)
@@ -169,7 +168,7 @@ def test_wgmma_tail_split(weight_type, wgmma, rng, monkeypatch):
 
 
 def _k_quant_weights(rng, weight_type, rows, k):
-    quantize = Q.quantize_q4_K if weight_type == Q.Q4_K else Q.quantize_q6_K
+    quantize = {Q.Q4_K: Q.quantize_q4_K, Q.Q5_K: Q.quantize_q5_K, Q.Q6_K: Q.quantize_q6_K}[weight_type]
     return quantize((rng.standard_normal((rows, k)) * 0.02).astype(np.float32))
 
 
@@ -182,7 +181,7 @@ def _wgmma_with(monkeypatch, switch, values, data, x, weight_type, rows, k):
     return outs
 
 
-@pytest.mark.parametrize("weight_type", [Q.Q4_K, Q.Q6_K])
+@pytest.mark.parametrize("weight_type", [Q.Q4_K, Q.Q5_K, Q.Q6_K])
 def test_wgmma_stream_k_forced(weight_type, wgmma, rng, monkeypatch):
     """GGML_CIQ_WGMMA_STREAMK=2 (every tile streamed: one CTA an SM, each a contiguous range of the tiles' K units, a
     tile's partial sums handed to the CTA that finishes it): ranges of one unit (up to 15 peers a tile), ranges over
@@ -294,7 +293,7 @@ def test_wgmma_stream_k_planned(weight_type, wgmma, rng, monkeypatch):
         assert np.array_equal(planned, plain) != streams, (rows, k, tokens)
 
 
-@pytest.mark.parametrize("weight_type", [Q.Q4_K, Q.Q6_K])
+@pytest.mark.parametrize("weight_type", [Q.Q4_K, Q.Q5_K, Q.Q6_K])
 def test_wgmma_rs_same_bits_as_ss(weight_type, wgmma, rng, monkeypatch):
     """The RS form (consumers dequantize into wgmma's register operand; GGML_CIQ_WGMMA_RS=1, the default) against the
     SS form (=0) on the same plan: the same bits (the same f16 weights, K slices and accumulation order), both within
@@ -315,7 +314,7 @@ def test_wgmma_rs_same_bits_as_ss(weight_type, wgmma, rng, monkeypatch):
     for rows, k, tokens, env in cases:
         for name, value in env.items():
             monkeypatch.setenv(name, value)
-        staged = weight_type == Q.Q4_K or k % 2048 == 0
+        staged = weight_type != Q.Q6_K or k % 2048 == 0
         data = _k_quant_weights(rng, weight_type, rows, k)
         x = (rng.standard_normal((tokens, k)) * rng.choice([1e-3, 1.0, 3e4], size=(tokens, 1))).astype(np.float32)
         outs = {}
@@ -334,12 +333,14 @@ def test_wgmma_rs_same_bits_as_ss(weight_type, wgmma, rng, monkeypatch):
 
 
 def block32_weights(rng, ggml_type: int, rows: int, k: int) -> np.ndarray:
-    """Raw Q4_0/Q5_0/Q8_0 blocks: random quants (every bit pattern, Q5_0's high bits included) and fp16 scales of
-    either sign spread over 2^-14 .. 2^-2 (f16 products from subnormal to large)."""
+    """Raw Q4_0/Q5_0/Q8_0/Q4_1/Q5_1 blocks: random quants (every bit pattern, the high bits included) and fp16
+    scales (and Q4_1/Q5_1 offsets m) of either sign spread over 2^-14 .. 2^-2 (f16 products from subnormal to
+    large)."""
     values, nbytes = Q.BLOCK_LAYOUT[ggml_type]
     blocks = rng.integers(0, 256, (rows * k // values, nbytes), dtype=np.uint8)
-    d = (rng.choice([-1.0, 1.0], len(blocks)) * np.exp2(rng.uniform(-14, -2, len(blocks)))).astype(np.float16)
-    blocks[:, 0:2] = d.view(np.uint8).reshape(-1, 2)
+    for offset in (0, 2) if ggml_type in Q.Q32_1_TYPES else (0,):
+        d = (rng.choice([-1.0, 1.0], len(blocks)) * np.exp2(rng.uniform(-14, -2, len(blocks)))).astype(np.float16)
+        blocks[:, offset:offset + 2] = d.view(np.uint8).reshape(-1, 2)
     return blocks.reshape(-1)
 
 
@@ -347,12 +348,12 @@ BLOCK32_SHAPES = ((2048, 640, 512), (1000, 640, 3), (4097, 2048, 131), (129, 64,
                   (300, 2176, 131), (256, 640, 2047), (1024, 4096, 64), (262144 // 64, 640, 77))
 
 
-@pytest.mark.parametrize("weight_type", [Q.Q4_0, Q.Q5_0, Q.Q8_0])
+@pytest.mark.parametrize("weight_type", [Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q4_1, Q.Q5_1])
 def test_wgmma_block32_tiles_splits_and_tails(weight_type, wgmma, rng):
     """wgmma on the 32-value block types (two blocks a pipeline stage, read from global memory): every tile width and
     split-K factor the planner picks, K = 64 (one stage) to 4096, K = 2112 and 2176 (33 and 34 stages: neither a
     multiple of one of the raw rings, 2 and 3 sets), odd row and token counts, activations from 1e-3 to 3e4 (f16 range) - against the numpy f16 semantics
-    (q * d rounded once to f16), NaN-poisoned outputs, the dispatch counter naming wgmma."""
+    (q * d, Q4_1/Q5_1 fma(q, d, m), rounded once to f16), NaN-poisoned outputs, the dispatch counter naming wgmma."""
     for rows, k, tokens in BLOCK32_SHAPES:
         data = block32_weights(rng, weight_type, rows, k)
         x = (rng.standard_normal((tokens, k)) * rng.choice([1e-3, 1.0, 3e4], size=(tokens, 1))).astype(np.float32)
@@ -364,20 +365,18 @@ def test_wgmma_block32_tiles_splits_and_tails(weight_type, wgmma, rng):
         assert Q.nmse(out, exact) <= 1e-5, (rows, k, tokens, Q.nmse(out, exact))
 
 
-@pytest.mark.parametrize("weight_type", [Q.Q4_K, Q.Q6_K, Q.Q5_0, Q.Q8_0])
+@pytest.mark.parametrize("weight_type", [Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q5_0, Q.Q8_0, Q.Q5_1])
 def test_wgmma_programmatic_launch_same_values(weight_type, wgmma, rng, monkeypatch):
     """GGML_CIQ_WGMMA_PDL=1 (the GEMM launched while the activation conversion still runs, waiting on it): the same
     bits as the ordinary launch, on a split-K shape, a multi-wave one and a tail; K-quants also with (Q6_K, K = 2304)
     weights read into registers, the 32-value block types (whose producers prefetch weights before waiting on the
     conversion) at Gemma's K = 640 and K = 2112. The conversion's scratch holds another input's bytes before each PDL
     run, so a GEMM reading it before the conversion is done gets other values."""
-    block32 = weight_type in Q.Q32_TYPES
+    block32 = weight_type in Q.Q32_TYPES + Q.Q32_1_TYPES
     shapes = (((1024, 640, 512), (4097, 2112, 131), (14336, 4096, 512)) if block32 else
               ((1024, 4096, 512), (4097, 2048, 131), (14336, 4096, 512), (300, 2304, 257)))
-    quantize = Q.quantize_q4_K if weight_type == Q.Q4_K else Q.quantize_q6_K
     for rows, k, tokens in shapes:
-        data = (block32_weights(rng, weight_type, rows, k) if block32 else
-                quantize((rng.standard_normal((rows, k)) * 0.02).astype(np.float32)))
+        data = block32_weights(rng, weight_type, rows, k) if block32 else _k_quant_weights(rng, weight_type, rows, k)
         x, other = (rng.standard_normal((2, tokens, k)) * [[[1.0]], [[3e3]]]).astype(np.float32)
         monkeypatch.setenv("GGML_CIQ_WGMMA_PDL", "0")
         plain = run_checked(data, x, "wgmma", ggml_type=weight_type, rows=rows, k=k)
@@ -397,6 +396,9 @@ def test_auto_picks_wgmma_for_block32_where_k_allows(wgmma):
     assert native.resolve_variant("auto", "cuda", "any", Q.Q4_0, 512, 384, 512) == "wgmma"
     assert native.resolve_variant("auto", "cuda", "any", Q.Q5_0, 512, 96, 512) == "q32"  # any K % 32 (API v17)
     assert native.resolve_variant("auto", "cuda", "f16", Q.Q5_0, 512, 640, 1) == "wgmma"
+    for t in (Q.Q4_1, Q.Q5_1):  # API v18: wgmma takes them (fma(q, d, m)), q32 at 1..8 tokens (MMQ's formula)
+        assert native.resolve_variant("auto", "cuda", "any", t, 576, 576, 512) == "wgmma"
+        assert native.resolve_variant("auto", "cuda", "any", t, 576, 576, 8) == "q32"
     with pytest.raises(CiqError, match=r"f16 semantics for Q8_0 weights at K = 96 \(wgmma needs a multiple of 64\)"):
         native.resolve_variant("auto", "cuda", "f16", Q.Q8_0, 512, 96, 512)
     with pytest.raises(CiqError, match="kernel variant wgmma needs K a multiple of 64, got 96"):
@@ -407,6 +409,8 @@ def test_auto_picks_wgmma_on_hopper_for_prefill(wgmma):
     assert native.resolve_variant("auto", "cuda", "any", Q.Q4_K, 4096, 4096, 512) == "wgmma"
     assert native.resolve_variant("auto", "cuda", "any", Q.Q6_K, 4096, 4096, 4) == "mmvq"  # llama.cpp: MMVQ
     assert native.resolve_variant("auto", "cuda", "f16", Q.Q6_K, 4096, 4096, 4) == "wgmma"
+    assert native.resolve_variant("auto", "cuda", "any", Q.Q5_K, 4096, 4096, 512) == "wgmma"  # API v18
+    assert native.resolve_variant("auto", "cuda", "any", Q.Q5_K, 4096, 4096, 4) == "mmvq"
 
 
 def test_bf16_output(default_model, rng):

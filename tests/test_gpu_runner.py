@@ -333,3 +333,16 @@ def test_native_llamacpp_runs_use_its_libraries_and_package_together(out, monkey
     assert str(root / "llama") not in native["PYTHONPATH"].split(":")
     args = gpu.build_parser().parse_args(["setup", "--native-cpu", "--no-llama"])
     assert args.native_cpu and args.no_llama
+
+
+def test_setup_builds_from_a_snapshot_of_the_sources(out):
+    """setup's builds read a copy of native/ (and ggml_ciq/plugin.py, models/ beside it that its CMake reads), not the
+    tree that every later call lays out anew; a second snapshot replaces the first whole."""
+    dest = gpu.paths()["ciq_src"]
+    src = gpu.snapshot_sources(dest)
+    assert src == dest / "native" and (src / "CMakeLists.txt").is_file()
+    assert (dest / "ggml_ciq" / "plugin.py").is_file() and (dest / "models" / "llama3_8b_synthetic.py").is_file()
+    assert not list(dest.rglob("__pycache__"))
+    (src / "stale.txt").write_text("left from an earlier lease")
+    gpu.snapshot_sources(dest)
+    assert not (src / "stale.txt").exists()

@@ -21,9 +21,10 @@ ROOT = Path(__file__).resolve().parents[1]
 EMULATION = Path(__file__).resolve().parent / "cuda_on_cpu"
 TYPES = list(Q.MMVQ_TYPES)
 IDS = [Q.type_name(t) for t in TYPES]
+K_QUANTS = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
 # K with a tail: the blocks per row are not a multiple of the blocks a CTA takes per step (2 threads per 32-block:
-# 64 or 32 blocks a step; Q8_0 32 or 16; Q4_K 8 or 4; Q6_K 4 or 2), and several steps.
-K_OF = {Q.Q4_0: 32 * 150, Q.Q5_0: 32 * 150, Q.Q8_0: 32 * 150, Q.Q4_K: 256 * 11, Q.Q6_K: 256 * 11}
+# 64 or 32 blocks a step; Q8_0 32 or 16; Q4_K/Q5_K 8 or 4; Q6_K 4 or 2), and several steps.
+K_OF = {t: 256 * 11 if t in K_QUANTS else 32 * 150 for t in TYPES}
 
 DRIVER = r"""
 #include "cpu/cpu_backend.h"
@@ -145,8 +146,8 @@ def test_reference_bad_input(rng):
     w = random_table(rng, Q.Q4_K, 4, 256)
     with pytest.raises(ShapeError, match="1..8 tokens"):
         Q.gemm_mmvq_semantics(Q.Q4_K, w, 4, 256, np.zeros((9, 256), np.float32))
-    with pytest.raises(UnsupportedTypeError, match="Q5_K"):
-        Q.gemm_mmvq_semantics(Q.Q5_K, np.zeros(176 * 4, np.uint8), 4, 256, np.zeros((1, 256), np.float32))
+    with pytest.raises(UnsupportedTypeError, match="Q2_K"):
+        Q.gemm_mmvq_semantics(10, np.zeros(84 * 4, np.uint8), 4, 256, np.zeros((1, 256), np.float32))
     with pytest.raises(ShapeError):
         Q.quantize_q8_1(np.zeros((1, 100), np.float32))
 
@@ -191,7 +192,8 @@ def test_emulated_quantize_q8_1(emulated, rng):
 @pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
 @pytest.mark.parametrize("tokens", [1, 2, 5, 8])
 def test_emulated_gemm_bit_exact(emulated, rng, ggml_type, tokens):
-    check_gemm(emulated, rng, ggml_type, 5, {Q.Q4_K: 256 * 9, Q.Q6_K: 256 * 5}.get(ggml_type, 32 * 70), tokens)
+    check_gemm(emulated, rng, ggml_type, 5, {Q.Q4_K: 256 * 9, Q.Q5_K: 256 * 9, Q.Q6_K: 256 * 5}.get(ggml_type, 32 * 70),
+               tokens)
 
 
 def test_emulated_gemm_rejects(emulated, rng):
@@ -213,17 +215,18 @@ def test_emulated_gemm_rejects(emulated, rng):
 @pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
 @pytest.mark.parametrize("tokens", [1, 2, 5, 8])
 def test_cpu_semantics_small_batch_vs_llamacpp_cpu(llama, native_lib, rng, ggml_type, tokens):
-    """Bit-exact with llama.cpp CPU's mul_mat (a plain CPU buffer, the one every model load of ours uses) for Q4_K and
-    Q6_K (their vec_dot lanes under 8 tokens, the tiled matmul at 8) and the 32-block types (tinyBLAS), whatever the
-    row count (gemm_kernels.cpp)."""
+    """Bit-exact with llama.cpp CPU's mul_mat (a plain CPU buffer, the one every model load of ours uses) for Q4_K,
+    Q5_K and Q6_K (their vec_dot lanes under 8 tokens, the tiled matmul at 8) and the 32-block types (tinyBLAS;
+    Q4_1/Q5_1 vec_dot_q{4,5}_1_q8_1), whatever the row count (gemm_kernels.cpp, gemm_q32.cpp)."""
     from ggml_ciq import native
 
-    k = 1024 if ggml_type in Q.Q32_TYPES else 2048
+    block32 = ggml_type in Q.Q32_TYPES + Q.Q32_1_TYPES
+    k = 1024 if block32 else 2048
     x = activations(rng, tokens, k)
     for rows in (37, 64):
         w = random_table(rng, ggml_type, rows, k)
         ll = llama.mul_mat(ggml_type, w, rows, k, x, device="CPU", threads=2)
-        if ggml_type in Q.Q32_TYPES:
+        if block32:
             ours = native.gemm_q32(w, x, ggml_type, rows, k, "cpu", semantics="cpu")
         else:
             ours = native.gemm(w, x, variant="cpu", device="cpu", semantics="cpu", ggml_type=ggml_type, rows=rows, k=k)
@@ -290,7 +293,7 @@ def test_gpu_auto_small_batch(gpu):
 
     for t in TYPES:
         for tokens in (1, 5, 8):
-            want = "mmvq" if t in Q.KEEP_QUANT_TYPES else "q32"
+            want = "mmvq" if t in K_QUANTS else "q32"
             assert native.resolve_variant("auto", "cuda", "any", t, 1024, 2048, tokens) == want
     assert native.resolve_variant("auto", "cuda", "any", Q.Q4_K, 1024, 2048, 9) in ("wgmma", "mma")
 

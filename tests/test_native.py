@@ -98,7 +98,8 @@ CDEF_SHA256 = {2: "4a2d9f159019c7458ae310183d425a220dd7d0e41cd353f738031334d4b9a
                14: "0d1865cc562a6c714abd6585d17cb05ff805b94176f9b6c5346e8d5bf75addae",  # 14: ciq_gemm_quantized_group (two weights, one launch), ciq_gemm_quantized_glu (the GLU from the epilogue)
                15: "4dc0f891fdce410527335b093c27358fdf7ad72fe06573b90efbbba4cdd89892",  # 15: CIQ_TYPE_Q4_1/Q5_1, CIQ_LAYOUT_Q8_1_CPU, CIQ_ORDER_LLAMACPP_CPU, ciq_registry_semantics
                16: "28067411ccc0085f2779565939253ad369f83240d2cddea4192468bab78d4010",  # 16: Q5_K on the host (cpu variant, cpu semantics only)
-               17: "28067411ccc0085f2779565939253ad369f83240d2cddea4192468bab78d4010"}  # 17: q8_1-mmq for any K % 32 (zero-padded), Q4_1/Q5_1 in MMQ semantics (q32, host and GPU), Q5_K in MMQ semantics on a GPU (mma)
+               17: "28067411ccc0085f2779565939253ad369f83240d2cddea4192468bab78d4010",  # 17: q8_1-mmq for any K % 32 (zero-padded), Q4_1/Q5_1 in MMQ semantics (q32, host and GPU), Q5_K in MMQ semantics on a GPU (mma)
+               18: "9fabe8cd29708df5a978cca77780752a54df50fe67423e324aba07ca43c4e771"}  # 18: Q4_1/Q5_1/Q5_K in mmvq (host and GPU) and f16 (wgmma)
 
 
 def cdef_sha256() -> str:
@@ -335,7 +336,7 @@ def test_f16_layout_on_the_host_matches_numpy(native_lib, rng):
 def test_f16_layout_of_block32_weights(native_lib, rng):
     """The f16 layout (wgmma's activations) at K a multiple of 64, as Gemma's 640 for its Q5_0/Q8_0 weights: the host
     bytes equal numpy's; K = 96 fails with the multiple named."""
-    for weight_type in (Q.Q4_0, Q.Q5_0, Q.Q8_0):
+    for weight_type in (Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q4_1, Q.Q5_1):
         x = (rng.standard_normal((5, 640)) * rng.choice([1e-3, 1.0, 3e4], size=(5, 1))).astype(np.float32)
         assert np.array_equal(native.quantize_activations(x, "f16", weight_type, "cpu"), Q.f16_layout(x))
     with pytest.raises(InvalidArgumentError, match="K must be a positive multiple of 64, got 96"):
@@ -346,7 +347,8 @@ def test_wgmma_registry_row(native_lib):
     """One table says what wgmma multiplies: every weight type, the 32-value block types at K a multiple of 64 (the
     only variant with a K multiple beyond its types' blocks); on the CPU it is not available, and AUTO never names it."""
     info = native.variant_info("wgmma")
-    assert set(info.weight_types) == {Q.Q4_K, Q.Q6_K, Q.Q4_0, Q.Q5_0, Q.Q8_0} and info.k_multiple == 64
+    assert set(info.weight_types) == {Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q4_1, Q.Q5_1}
+    assert info.k_multiple == 64 and set(native.variant_info("mmvq").weight_types) == set(info.weight_types)
     assert info.gpu_semantics == ("f16",) and not info.host_semantics
     assert all(v.k_multiple == 1 for v in native.variants() if v.name != "wgmma")
     assert not native.variant_available("cpu", "wgmma")

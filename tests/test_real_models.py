@@ -117,3 +117,62 @@ def test_compare_verdict(llama, native_lib, real_model, tmp_path, capsys, llamac
         assert pairs["llama.cpp", "ours llamacpp"]["nmse"] == 0.0
     exact, theirs = pairs["reference", "ours exact"], pairs["reference", "llama.cpp"]
     assert exact["kld_mean"] < 0.1 * theirs["kld_mean"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# On a GPU (skipped without one): every weight type of these files through our CUDA kernels
+
+
+@pytest.fixture(scope="module")
+def llama_cuda(llama, native_lib):
+    if native.device_count() == 0 or "CUDA0" not in llama.devices():
+        pytest.skip("needs a CUDA GPU, a CUDA build of libggml_ciq and llama.cpp with CUDA0")
+    return llama
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [5, 131])
+def test_gpu_diff_every_weight_bit_for_bit(llama_cuda, real_model, tmp_path, capsys, tokens):
+    """`ggml-ciq diff --backend ciq-cuda --reference llamacpp-cuda`: every quantized weight (SmolLM2's Q4_1 at K 576
+    and 1536, Qwen2.5's Q5_0/Q8_0/Q4_K/Q6_K at K 896 and 4864) through a CUDA kernel of ours, bit for bit with
+    llama.cpp CUDA in the arithmetic it runs for the token count: 5 tokens MMVQ (ours mmvq, every type), 131 MMQ
+    (ours q32 for the 32-value blocks, mma for the K-quants)."""
+    name, model = real_model
+    rc = cli.main(["diff", name, "--tokens", str(tokens), "--backend", "ciq-cuda", "--reference", "llamacpp-cuda",
+                   "--json", str(tmp_path / "d.json")])
+    out = capsys.readouterr().out
+    report = json.loads((tmp_path / "d.json").read_text())
+    assert rc == 0 and "PASS" in out, out[-2000:]
+    assert {t["name"] for t in report["tensors"]} == {t.name for t in _quantized(model)}
+    variants = {t["variant"] for t in report["tensors"]}
+    assert variants == {"mmvq"} if tokens <= 8 else variants <= {"q32", "mma"}, variants
+    assert all(t["ours_vs_llamacpp"] == 0.0 for t in report["tensors"]), \
+        [(t["name"], t["ours_vs_llamacpp"]) for t in report["tensors"] if t["ours_vs_llamacpp"]]
+
+
+@pytest.mark.gpu
+def test_gpu_fast_prefill_every_weight_on_wgmma(llama_cuda, real_model, rng):
+    """The fast path on Hopper keeps every quantized weight in its blocks and multiplies it on wgmma (API v18: Q4_1,
+    Q5_1 and Q5_K too; K 576 and 896 are multiples of 64): a 77-token prompt (all logits, the output weight too) runs
+    no q32, mma or bf16 GEMM, and stays within f16 rounding of the float64 reference (the bars leave a broken op no
+    room; the printout gives the distances)."""
+    from ggml_ciq.compare import logits_agreement
+    from ggml_ciq.engine import Transformer, make_ops
+    from test_engine import _gemm_weights
+
+    if not native.variant_available("cuda", "wgmma"):
+        pytest.skip("needs a Hopper GPU and a build with sm_90a (wgmma)")
+    name, model = real_model
+    tokens = rng.integers(3, model.config.vocab_size, 77)
+    reference = Transformer(model, device="reference", n_ctx=128).forward(tokens, all_logits=True)
+    engine = Transformer(model, ops=make_ops("cuda", "fast"), n_ctx=128, n_ubatch=128)
+    weights = [engine.output.weight] + [w for layer in engine.layers for w in _gemm_weights(layer)]
+    assert {w.kind for w in weights} <= {"keep-quant", "q32"}, {w.kind for w in weights}
+    native.dispatch_reset()
+    ours = engine.forward(tokens, all_logits=True)
+    counts = {key: n for key, n in native.dispatch_counts().items() if n}
+    assert {variant for variant, _ in counts} == {"wgmma"}, counts
+    assert {type_name for _, type_name in counts} == {quants.type_name(w.ggml_type) for w in weights}, counts
+    a = logits_agreement(ours, reference)
+    print(f"{name} fast vs float64 reference: top-1 {a['top1']:.4f}, KLD mean {a['kld_mean']:.2e}")
+    assert np.isfinite(ours).all() and a["top1"] >= 0.95 and a["kld_mean"] <= 5e-3

@@ -49,7 +49,8 @@ PART_PREFIX = "gemma3-270m.gguf.part"
 # Catalog models that travel in parts (prepare --model): the name -> (its file on the machine, the variable that points
 # the catalog at it there). Gemma's whole file is also {gemma}.
 PART_MODELS = {"gemma3-270m": ("gemma3-270m.gguf", "GGML_CIQ_GEMMA3_270M"),
-               "smollm2-135m": ("smollm2-135m.gguf", "GGML_CIQ_SMOLLM2_135M")}
+               "smollm2-135m": ("smollm2-135m.gguf", "GGML_CIQ_SMOLLM2_135M"),
+               "qwen2.5-coder-0.5b": ("qwen2.5-coder-0.5b.gguf", "GGML_CIQ_QWEN25_CODER_05B")}
 
 
 class UsageError(Exception):
@@ -59,7 +60,8 @@ class UsageError(Exception):
 def paths() -> dict:
     """Where setup puts things on the machine."""
     return {"site": TMP / "site", "device": TMP / "device", "sdist": TMP / SDIST_NAME, "llama_build": TMP / "llama-cuda",
-            "llama_py": TMP / "llama", "ciq_build": TMP / "ciq-build", "base_src": TMP / "ciq-base-src",
+            "llama_py": TMP / "llama", "ciq_build": TMP / "ciq-build", "ciq_src": TMP / "ciq-src",
+            "base_src": TMP / "ciq-base-src",
             "base_build": TMP / "ciq-base", "jobs": TMP / "gpu-jobs", "logs": TMP / "gpu-logs", "parts": TMP / "parts",
             "gemma": TMP / "gemma3-270m.gguf", "commit": TMP / "ciq-commit",
             "native_build": TMP / "llama-native", "native_py": TMP / "llama-native-py"}
@@ -385,6 +387,14 @@ def llama_job(name: str, build: Path, py: Path, options: list, targets: str, env
                             f"ln -s {build / 'bin'} {py / 'llama_cpp' / 'lib'}"], env, args.force)
 
 
+def snapshot_sources(dest: Path) -> Path:
+    """native/ with what its CMake reads beside it (ggml_ciq/plugin.py, models/) copied to dest; its native/."""
+    shutil.rmtree(dest, ignore_errors=True)
+    for name in ("native", "ggml_ciq", "models"):
+        shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    return dest / "native"
+
+
 def setup(args) -> int:
     p = paths()
     if (ROOT / ".device").is_dir():
@@ -401,7 +411,11 @@ def setup(args) -> int:
     env = environment()
     archs = os.environ.get("GGML_CIQ_CUDA_ARCHITECTURES", args.archs)
     cuda = ["-DGGML_CIQ_CUDA=ON", f"-DGGML_CIQ_CUDA_ARCHITECTURES={archs}"]
-    states = [start_job("ciq", [cmake("native", p["ciq_build"], *cuda), f"ninja -C {p['ciq_build']}"], env,
+    # The builds read a snapshot of the sources, not the tree: every later call lays the tree out anew (a stage call
+    # during a build once left the compiler a missing file).
+    building = [n for n in ["ciq"] + [f"diag{n}" for n in args.diag] if job_status(n)[0] == "running"]
+    src = p["ciq_src"] / "native" if building else snapshot_sources(p["ciq_src"])  # never under a running build
+    states = [start_job("ciq", [cmake(src, p["ciq_build"], *cuda), f"ninja -C {p['ciq_build']}"], env,
                         args.force)]
     if not args.no_llama:
         states.append(llama_job("llama", p["llama_build"], p["llama_py"], [
@@ -423,7 +437,7 @@ def setup(args) -> int:
             f"ninja -C {p['base_build']}"], env, args.force))
     for n in args.diag:
         build = TMP / f"ciq-diag{n}"
-        states.append(start_job(f"diag{n}", [cmake("native", build, *cuda, "-DGGML_CIQ_PLUGIN=OFF",
+        states.append(start_job(f"diag{n}", [cmake(src, build, *cuda, "-DGGML_CIQ_PLUGIN=OFF",
                                                    f"-DCMAKE_CUDA_FLAGS=-DCIQ_WGMMA_DIAG={n}"),
                                              f"ninja -C {build}"], env, args.force))
     print("; ".join(states) + " (`wait` blocks until they end)")

@@ -112,8 +112,8 @@ def mmvq_case():
     """ciq_quantize q8_1 and the mmvq kernel for every type it multiplies: 1..8 tokens (each a template), a row tail of
     the 2-row CTA, K with a tail of the CTA's step."""
     rng = np.random.default_rng(2)
-    for weight_type, k in ((Q.Q4_K, 256 * 11), (Q.Q6_K, 256 * 11), (Q.Q4_0, 32 * 150), (Q.Q5_0, 32 * 150),
-                           (Q.Q8_0, 32 * 150)):
+    for weight_type, k in ((Q.Q4_K, 256 * 11), (Q.Q6_K, 256 * 11), (Q.Q5_K, 256 * 11), (Q.Q4_0, 32 * 150),
+                           (Q.Q5_0, 32 * 150), (Q.Q8_0, 32 * 150), (Q.Q4_1, 32 * 150), (Q.Q5_1, 32 * 150)):
         values, block_bytes = Q.BLOCK_LAYOUT[weight_type]
         rows = 1013
         raw = rng.integers(0, 256, (rows * k // values, block_bytes), dtype=np.uint8)
@@ -122,7 +122,7 @@ def mmvq_case():
             raw[:, 208:210] = scale
         else:
             raw[:, 0:2] = scale
-        if weight_type == Q.Q4_K:  # dmin too: random bytes there are inf/NaN half the time (nmse=inf, nothing checked)
+        if weight_type in (Q.Q4_K, Q.Q5_K, Q.Q4_1, Q.Q5_1):  # dmin / m too: random bytes there are inf/NaN half the
             raw[:, 2:4] = rng.uniform(0, 0.05, (len(raw), 1)).astype(np.float16).view(np.uint8)
         for tokens in range(1, 9):
             x = rng.standard_normal((tokens, k)).astype(np.float32)
@@ -162,12 +162,15 @@ def mmq_seams_case(variants):
 
 def wgmma_block32_case():
     """wgmma on the 32-value block types: the three tile widths (3, 131 and 512 tokens), a split-K shape (K 2112: 33
-    stages, no multiple of the 2-set raw ring; 1000 + 13 rows: a row tail) and Gemma's K = 640."""
+    stages, no multiple of the 2-set raw ring; 1000 + 13 rows: a row tail), Gemma's K = 640 and SmolLM2's 576."""
     rng = np.random.default_rng(3)
-    for weight_type, (rows, k) in itertools.product((Q.Q4_0, Q.Q5_0, Q.Q8_0), ((1013, 2112), (2048, 640))):
+    for weight_type, (rows, k) in itertools.product((Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q4_1, Q.Q5_1),
+                                                    ((1013, 2112), (2048, 640), (1536, 576))):
         values, nbytes = Q.BLOCK_LAYOUT[weight_type]
         raw = rng.integers(0, 256, (rows * k // values, nbytes), dtype=np.uint8)
         raw[:, 0:2] = rng.uniform(-0.1, 0.1, (len(raw), 1)).astype(np.float16).view(np.uint8)
+        if weight_type in Q.Q32_1_TYPES:  # m
+            raw[:, 2:4] = rng.uniform(-0.1, 0.1, (len(raw), 1)).astype(np.float16).view(np.uint8)
         for tokens in (3, 131, 512):
             x = rng.standard_normal((tokens, k)).astype(np.float32)
             out = native.gemm(raw.reshape(-1), x, variant="wgmma", device="cuda", semantics="f16",
@@ -197,12 +200,19 @@ def wgmma_stream_k_case():
 
 def wgmma_rs_case():
     """wgmma's RS form (A fragments dequantized in the consumers' registers): tiles of 64, 128 and 256 tokens, row and
-    token tails, split-K clusters, stream-K forced (at 256 tokens over several tiles), Q4_K and Q6_K (staged by TMA,
-    Q6_K in 240-byte box rows)."""
+    token tails, split-K clusters, stream-K forced (at 256 tokens over several tiles), Q4_K, Q5_K and Q6_K (staged by
+    TMA, Q6_K in 240-byte box rows); Q5_K in the SS form too."""
     rng = np.random.default_rng(6)
+    os.environ["GGML_CIQ_WGMMA_RS"] = "0"
+    for rows, k, tokens in ((1013, 2048, 131), (300, 1024, 512)):
+        data = Q.quantize_q5_K((rng.standard_normal((rows, k)) * 0.02).astype(np.float32))
+        x = rng.standard_normal((tokens, k)).astype(np.float32)
+        out = native.gemm(data, x, variant="wgmma", device="cuda", semantics="f16", ggml_type=Q.Q5_K, rows=rows, k=k)
+        print(f"wgmma ss Q5_K {rows} x {k} tokens={tokens}: "
+              f"nmse={Q.nmse(out, Q.gemm_f16_semantics(Q.Q5_K, data, rows, k, x)):.2e}")
     os.environ["GGML_CIQ_WGMMA_RS"] = "1"
     for (weight_type, quantize), (rows, k, tokens, config, sk) in itertools.product(
-            ((Q.Q4_K, Q.quantize_q4_K), (Q.Q6_K, Q.quantize_q6_K)),
+            ((Q.Q4_K, Q.quantize_q4_K), (Q.Q5_K, Q.quantize_q5_K), (Q.Q6_K, Q.quantize_q6_K)),
             ((300, 2048, 131, "1", "0"), (1000, 4096, 64, "0", "0"), (1024, 4096, 512, "1", "0"), (2049, 2048, 257, "1", "2"),
              (1024, 4096, 512, "2", "0"), (4097, 2048, 509, "2", "0"), (5000, 2048, 300, "2", "2"))):
         os.environ["GGML_CIQ_WGMMA_CONFIG"], os.environ["GGML_CIQ_WGMMA_STREAMK"] = config, sk

@@ -1,5 +1,6 @@
 /* ggml_ciq.h - the contract of libggml_ciq: keep-quant (CIQ) GEMM over GGUF blocks (Q4_K, Q6_K; Q4_0, Q5_0, Q8_0;
- * Q4_1, Q5_1: host in cpu and mmq semantics, GPU in mmq; Q5_K: host cpu, GPU mmq; no f16 kernel for these three).
+ * Q4_1, Q5_1: host in cpu, mmq and mmvq semantics, GPU in mmq, f16 and mmvq; Q5_K: host cpu and mmvq, GPU mmq, f16
+ * and mmvq).
  *
  * Conventions, said once:
  *   weight W   : [rows = output features][K = input features], raw GGUF blocks, row-major by block
@@ -37,7 +38,7 @@
 extern "C" {
 #endif
 
-#define GGML_CIQ_API_VERSION 17
+#define GGML_CIQ_API_VERSION 18
 
 /* CDEF-BEGIN */
 typedef enum { CIQ_DEVICE_CPU = -1 } ciq_device_index; /* the host as a device; GPUs are 0..n-1 */
@@ -80,9 +81,9 @@ typedef enum {
     CIQ_VARIANT_WMMA_SHARED = 4,  /* 8 warps, activation rows staged in shared memory */
     CIQ_VARIANT_WMMA_BIGTILE = 5, /* 8 warps, 2-D grid, 48 staged activation rows reused */
     CIQ_VARIANT_MMA = 6,          /* MMQ-class 128-row tile, mma.sync m16n8k32 */
-    CIQ_VARIANT_WGMMA = 7,        /* Hopper (sm_90a): TMA + warp-specialized wgmma on f16 */
-    CIQ_VARIANT_Q32 = 8,          /* the 32-block types (Q4_0, Q5_0, Q8_0): host cpu|mmq, GPU mmq; Q4_1, Q5_1: host cpu */
-    CIQ_VARIANT_MMVQ = 9,         /* llama.cpp's mul_mat_vec_q, 1..8 tokens, K-quant and 32-block types: host and GPU */
+    CIQ_VARIANT_WGMMA = 7,        /* Hopper (sm_90a): TMA + warp-specialized wgmma on f16, every type of this header */
+    CIQ_VARIANT_Q32 = 8,          /* the 32-block types (Q4_0, Q5_0, Q8_0, Q4_1, Q5_1): host cpu|mmq, GPU mmq */
+    CIQ_VARIANT_MMVQ = 9,         /* llama.cpp's mul_mat_vec_q, 1..8 tokens, every type of this header: host and GPU */
     CIQ_VARIANT_COUNT = 10
 } ciq_variant;
 

@@ -3,13 +3,13 @@
 // quants.gemm_mmvq_semantics_quantized).
 //
 // Layouts:
-//   weight : [rows][K] GGUF blocks (Q4_0, Q5_0, Q8_0: 32 values; Q4_K, Q6_K: 256 values).
+//   weight : [rows][K] GGUF blocks (Q4_0, Q5_0, Q8_0, Q4_1, Q5_1: 32 values; Q4_K, Q5_K, Q6_K: 256 values).
 //   x_q8_1 : [tokens][K/32] ggml block_q8_1 (36 B: half d, half sum, int8 qs[32]), as llama.cpp's quantize_q8_1.
 //   out    : float32 [tokens][rows].
 //
 // The arithmetic, per output (row, token), as the kernel does it on an NVIDIA GPU (llama.cpp's generic table, Ampere
 // to Blackwell): a CTA of nwarps = 4 (1..4 tokens) or 2 (5..8) warps; thread tid = 32*warp + lane is part
-// s = tid % tpb (threads per weight block: Q4_0/Q5_0 2, Q8_0 4, Q4_K 16, Q6_K 32) of the blocks
+// s = tid % tpb (threads per weight block: Q4_0/Q5_0/Q4_1/Q5_1 2, Q8_0 4, Q4_K/Q5_K 16, Q6_K 32) of the blocks
 // kb = tid / tpb + n * (nwarps*32 / tpb), accumulated in n order from 0.f by the type's step below. Lane x of warp 0
 // then adds warps 1.. in order, and the xor butterfly (offsets 16, 8, 4, 2, 1) sums the lanes. Each fmaf is a
 // fused multiply-add where nvcc fuses one in llama.cpp's SASS (sm_90a, -use_fast_math); everything else is a plain
@@ -18,6 +18,7 @@
 #include "../fp16.h"
 
 #include <cmath>
+#include <type_traits>
 
 namespace {
 
@@ -61,6 +62,32 @@ float step_q4_5_0(const uint8_t *blk, const block_q8_1 *y, int s, float acc) {
     return std::fma(d_w, inner, acc);
 }
 
+// Q4_1 / Q5_1 ({half d, half m[, qh], qs}): Q4_0's split, quants 0..15 / 0..31; d4d8 = half(d_w*d8), m4s8 =
+// half(m_w*s8) (the GPU's __hmul2: the float product of two halves is exact, one rounding to half);
+// acc = acc + fma(d4d8, float(isum), m4s8/2).
+template <int TYPE>
+float step_q4_5_1(const uint8_t *blk, const block_q8_1 *y, int s, float acc) {
+    const uint16_t d_w = (uint16_t)(blk[0] | blk[1] << 8), m_w = (uint16_t)(blk[2] | blk[3] << 8);
+    uint32_t qh = 0;
+    const uint8_t *qs = blk + 4;
+    if (TYPE == 7) {
+        qh = (uint32_t)blk[4] | (uint32_t)blk[5] << 8 | (uint32_t)blk[6] << 16 | (uint32_t)blk[7] << 24;
+        qs = blk + 8;
+    }
+    int isum = 0;
+    for (int v = 8 * s; v < 8 * s + 8; ++v) {
+        int lo = qs[v] & 15, hi = qs[v] >> 4;
+        if (TYPE == 7) {
+            lo |= ((qh >> v) & 1) << 4;
+            hi |= ((qh >> (v + 16)) & 1) << 4;
+        }
+        isum += lo * y->qs[v] + hi * y->qs[v + 16];
+    }
+    const float d4d8 = ciq_fp16_to_fp32(ciq_fp32_to_fp16(ciq_fp16_to_fp32(d_w) * ciq_fp16_to_fp32(y->d)));
+    const float m4s8 = ciq_fp16_to_fp32(ciq_fp32_to_fp16(ciq_fp16_to_fp32(m_w) * ciq_fp16_to_fp32(y->s)));
+    return acc + std::fma(d4d8, (float)isum, m4s8 * 0.5f);
+}
+
 // Q8_0: thread s takes values 8s..8s+7; acc = fma(d_w*d8, float(isum), acc).
 float step_q8_0(const uint8_t *blk, const block_q8_1 *y, int s, float acc) {
     const float d_w = ciq_fp16_to_fp32((uint16_t)(blk[0] | blk[1] << 8));
@@ -68,11 +95,13 @@ float step_q8_0(const uint8_t *blk, const block_q8_1 *y, int s, float acc) {
     return std::fma(d_w * ciq_fp16_to_fp32(y->d), (float)isum, acc);
 }
 
-// Q4_K: thread s = 4c + l takes sub-blocks 2c + i (i = 0, 1) at positions 4l..4l+3 and 16+4l..16+4l+3;
-// sumf_d = fma(d8_1, float(sc_1*dot_1), d8_0*float(sc_0*dot_0)), sumf_m the same with m and the q8 sums;
-// acc = acc + fma(sumf_d, d, -(sumf_m*dmin)).
-float step_q4_K(const uint8_t *blk, const block_q8_1 *y, int s, float acc) {
-    const block_q4_K *b = (const block_q4_K *)blk;
+// Q4_K / Q5_K: thread s = 4c + l takes sub-blocks 2c + i (i = 0, 1) at positions 4l..4l+3 and 16+4l..16+4l+3
+// (Q5_K's fifth bit: bit 2c + i of qh at the position); sumf_d = fma(d8_1, float(sc_1*dot_1), d8_0*float(sc_0*dot_0)),
+// sumf_m the same with m and the q8 sums; acc = acc + fma(sumf_d, d, -(sumf_m*dmin)).
+template <int TYPE>
+float step_q45_K(const uint8_t *blk, const block_q8_1 *y, int s, float acc) {
+    using block = std::conditional_t<TYPE == 12, block_q4_K, block_q5_K>;
+    const block *b = (const block *)blk;
     const int c = s / 4, l = s % 4;
     float sumf_d = 0.f, sumf_m = 0.f;
     for (int i = 0; i < 2; ++i) {
@@ -90,8 +119,9 @@ float step_q4_K(const uint8_t *blk, const block_q8_1 *y, int s, float acc) {
         for (int h = 0; h < 2; ++h) {
             for (int e = 0; e < 4; ++e) {
                 const int r = 16 * h + 4 * l + e;
-                const int q4 = (b->qs[32 * c + r] >> (4 * i)) & 15;
-                dot1 += q4 * yj->qs[r];
+                int q = (b->qs[32 * c + r] >> (4 * i)) & 15;
+                if constexpr (TYPE == 13) q |= ((b->qh[r] >> j) & 1) << 4;
+                dot1 += q * yj->qs[r];
                 dot2 += yj->qs[r];
             }
         }
@@ -128,9 +158,16 @@ float step_q6_K(const uint8_t *blk, const block_q8_1 *y, int s, float acc) {
 
 template <int TYPE>
 void gemm_mmvq(const uint8_t *weight, int64_t rows, int64_t k, const block_q8_1 *x, int64_t tokens, float *out) {
-    constexpr int qk = TYPE == 12 || TYPE == 14 ? 256 : 32;
-    constexpr int block_bytes = TYPE == 2 ? 18 : TYPE == 6 ? 22 : TYPE == 8 ? 34 : TYPE == 12 ? 144 : 210;
-    constexpr int tpb = TYPE == 2 || TYPE == 6 ? 2 : TYPE == 8 ? 4 : TYPE == 12 ? 16 : 32;
+    constexpr int qk = TYPE >= 12 ? 256 : 32;
+    constexpr int block_bytes = TYPE == 2    ? Q4_0_BLOCK_BYTES
+                                : TYPE == 3  ? Q4_1_BLOCK_BYTES
+                                : TYPE == 6  ? Q5_0_BLOCK_BYTES
+                                : TYPE == 7  ? Q5_1_BLOCK_BYTES
+                                : TYPE == 8  ? Q8_0_BLOCK_BYTES
+                                : TYPE == 12 ? Q4_K_BLOCK_BYTES
+                                : TYPE == 13 ? Q5_K_BLOCK_BYTES
+                                             : Q6_K_BLOCK_BYTES;
+    constexpr int tpb = TYPE == 8 ? 4 : TYPE == 12 || TYPE == 13 ? 16 : TYPE == 14 ? 32 : 2;
     const int nwarps = tokens <= 4 ? 4 : 2;
     const int threads = nwarps * MMVQ_WARP, per_iter = threads / tpb;
     const int64_t nb = k / qk, x_blocks = k / 32;
@@ -147,7 +184,8 @@ void gemm_mmvq(const uint8_t *weight, int64_t rows, int64_t k, const block_q8_1 
                     const int s = tid % tpb;
                     if constexpr (TYPE == 2 || TYPE == 6) acc = step_q4_5_0<TYPE>(blk, y, s, acc);
                     if constexpr (TYPE == 8) acc = step_q8_0(blk, y, s, acc);
-                    if constexpr (TYPE == 12) acc = step_q4_K(blk, y, s, acc);
+                    if constexpr (TYPE == 3 || TYPE == 7) acc = step_q4_5_1<TYPE>(blk, y, s, acc);
+                    if constexpr (TYPE == 12 || TYPE == 13) acc = step_q45_K<TYPE>(blk, y, s, acc);
                     if constexpr (TYPE == 14) acc = step_q6_K(blk, y, s, acc);
                 }
                 lane[tid] = acc;
@@ -199,7 +237,10 @@ ciq_status ciq_cpu_gemm_mmvq(int type, const void *weight, int64_t rows, int64_t
         case 2: gemm_mmvq<2>(w, rows, k, x, tokens, out); return CIQ_OK;
         case 6: gemm_mmvq<6>(w, rows, k, x, tokens, out); return CIQ_OK;
         case 8: gemm_mmvq<8>(w, rows, k, x, tokens, out); return CIQ_OK;
+        case 3: gemm_mmvq<3>(w, rows, k, x, tokens, out); return CIQ_OK;
+        case 7: gemm_mmvq<7>(w, rows, k, x, tokens, out); return CIQ_OK;
         case 12: gemm_mmvq<12>(w, rows, k, x, tokens, out); return CIQ_OK;
+        case 13: gemm_mmvq<13>(w, rows, k, x, tokens, out); return CIQ_OK;
         case 14: gemm_mmvq<14>(w, rows, k, x, tokens, out); return CIQ_OK;
         default: return ciq_fail(CIQ_ERR_UNSUPPORTED, "MMVQ: unsupported weight type %d", type);
     }

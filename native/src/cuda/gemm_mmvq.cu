@@ -5,20 +5,23 @@
 // Layouts:
 //   x      : float32 [tokens][K], K a multiple of 32.
 //   x_q8_1 : [tokens][K/32] ggml block_q8_1 (36 B: half d, half sum, int8 qs[32]); 4-byte aligned.
-//   weight : [rows][K] GGUF blocks: Q4_0 18 B, Q5_0 22 B, Q8_0 34 B per 32 values (2-byte aligned; read as 16-bit
-//            words), Q4_K 144 B, Q6_K 210 B per 256 values (Q6_K read as 16-bit words).
+//   weight : [rows][K] GGUF blocks: Q4_0 18 B, Q5_0 22 B, Q8_0 34 B, Q4_1 20 B, Q5_1 24 B per 32 values (2-byte
+//            aligned; read as 16-bit words), Q4_K 144 B, Q5_K 176 B, Q6_K 210 B per 256 values (Q6_K read as 16-bit
+//            words).
 //   out    : float32 [tokens][rows].
 //
 // Roles, as llama.cpp's mul_mat_vec_q on NVIDIA (its generic table: Ampere, Ada, Hopper, Blackwell): a CTA of
 // NWARPS = 4 (1..4 tokens) or 2 (5..8) warps computes ROWS = 1 (one token) or 2 rows for every token. Thread
 // tid = 32*warp + lane is part s = tid % TPB of the weight blocks kb = tid/TPB + n*(NWARPS*32/TPB) (TPB threads
-// per block: Q4_0/Q5_0 2, Q8_0 4, Q4_K 16, Q6_K 32), accumulated in n order from 0.f by the type's step (below, as
+// per block: Q4_0/Q5_0/Q4_1/Q5_1 2, Q8_0 4, Q4_K/Q5_K 16, Q6_K 32), accumulated in n order from 0.f by the type's step (below, as
 // in vecdotq.cuh). Warps 1.. park their sums in shared memory; lane x of warp 0 adds them in warp order, and the
 // xor butterfly (offsets 16, 8, 4, 2, 1) sums the lanes. Lane i writes row i.
 // Float operations are explicit round-to-nearest intrinsics: exactly the FFMA / FMUL / FADD that nvcc emits for
 // llama.cpp's expressions (read from its sm_90a SASS, -use_fast_math), so a fast-math build changes nothing. llama.cpp
 // flushes subnormals (.FTZ); these do not, which matters only below 2^-126.
 #include "common.cuh"
+
+#include <type_traits>
 
 namespace {
 
@@ -35,7 +38,10 @@ template <int TYPE> struct mmvq_traits;
 template <> struct mmvq_traits<2> { static constexpr int qk = 32, bytes = Q4_0_BLOCK_BYTES, tpb = 2; };  // Q4_0
 template <> struct mmvq_traits<6> { static constexpr int qk = 32, bytes = Q5_0_BLOCK_BYTES, tpb = 2; };  // Q5_0
 template <> struct mmvq_traits<8> { static constexpr int qk = 32, bytes = Q8_0_BLOCK_BYTES, tpb = 4; };  // Q8_0
+template <> struct mmvq_traits<3> { static constexpr int qk = 32, bytes = Q4_1_BLOCK_BYTES, tpb = 2; };  // Q4_1
+template <> struct mmvq_traits<7> { static constexpr int qk = 32, bytes = Q5_1_BLOCK_BYTES, tpb = 2; };  // Q5_1
 template <> struct mmvq_traits<12> { static constexpr int qk = 256, bytes = Q4_K_BLOCK_BYTES, tpb = 16; };  // Q4_K
+template <> struct mmvq_traits<13> { static constexpr int qk = 256, bytes = Q5_K_BLOCK_BYTES, tpb = 16; };  // Q5_K
 template <> struct mmvq_traits<14> { static constexpr int qk = 256, bytes = Q6_K_BLOCK_BYTES, tpb = 32; };  // Q6_K
 
 __device__ __forceinline__ int load_b2(const uint8_t *p, int i32) {  // 32 bits at a 2-byte aligned address
@@ -45,6 +51,18 @@ __device__ __forceinline__ int load_b2(const uint8_t *p, int i32) {  // 32 bits 
 __device__ __forceinline__ int load_b4(const void *p, int i32) { return reinterpret_cast<const int *>(p)[i32]; }
 __device__ __forceinline__ int sub32_bytes(int v) {  // each byte minus 32 (bytes are 0..63)
     return (int)(((uint32_t)v | 0x80808080u) - 0x20202020u) ^ (int)0x80808080u;
+}
+
+// Q5_0 / Q5_1: the quants' fifth bits, qh bit 4(iqs) + n to bit 4 of byte n (vi0) and bit 16 + 4(iqs) + n (vi1).
+__device__ __forceinline__ void q5_high_bits(int vh, int &vi0, int &vi1) {
+    vi0 |= (vh << 4) & 0x00000010;
+    vi0 |= (vh << 11) & 0x00001000;
+    vi0 |= (vh << 18) & 0x00100000;
+    vi0 |= (vh << 25) & 0x10000000;
+    vi1 |= (vh >> 12) & 0x00000010;
+    vi1 |= (vh >> 5) & 0x00001000;
+    vi1 |= (vh << 2) & 0x00100000;
+    vi1 |= (vh << 9) & 0x10000000;
 }
 
 // Q4_0 / Q5_0: thread s takes bytes 8s..8s+7 of qs (values 8s..8s+7 in the low nibbles, 16+8s.. in the high);
@@ -62,17 +80,9 @@ __device__ __forceinline__ float step_q4_5_0(const uint8_t *blk, const block_q8_
             vi1 = (v >> 4) & 0x0F0F0F0F;
         } else {
             const int vl = load_b2(blk + 6, iqs + i);
-            const int vh = load_b2(blk + 2, 0) >> (4 * (iqs + i));
             vi0 = vl & 0x0F0F0F0F;
-            vi0 |= (vh << 4) & 0x00000010;
-            vi0 |= (vh << 11) & 0x00001000;
-            vi0 |= (vh << 18) & 0x00100000;
-            vi0 |= (vh << 25) & 0x10000000;
             vi1 = (vl >> 4) & 0x0F0F0F0F;
-            vi1 |= (vh >> 12) & 0x00000010;
-            vi1 |= (vh >> 5) & 0x00001000;
-            vi1 |= (vh << 2) & 0x00100000;
-            vi1 |= (vh << 9) & 0x10000000;
+            q5_high_bits(load_b2(blk + 2, 0) >> (4 * (iqs + i)), vi0, vi1);
         }
         sumi = ciq_dot4(vi0, load_b4(y->qs, iqs + i), sumi);
         sumi = ciq_dot4(vi1, load_b4(y->qs, iqs + i + 4), sumi);
@@ -81,6 +91,27 @@ __device__ __forceinline__ float step_q4_5_0(const uint8_t *blk, const block_q8_
     const float d8 = ciq_half_to_float(y->d), s8 = ciq_half_to_float(y->s);
     const float inner = __fmaf_rn(d8, (float)sumi, __fmul_rn(s8, TYPE == 2 ? -4.f : -8.f));
     return __fmaf_rn(d_w, inner, acc);
+}
+
+// Q4_1 / Q5_1 (blocks {half d, half m[, qh], qs}): Q4_0's split of the values, quants 0..15 / 0..31; d4d8 =
+// half(d_w*d8) and m4s8 = half(m_w*s8) (llama.cpp's __hmul2 under FAST_FP16_AVAILABLE: one fp16 rounding of an exact
+// product); acc = acc + fma(d4d8, float(isum), m4s8/2) (the two threads of a block each add half the offset term).
+template <int TYPE>
+__device__ __forceinline__ float step_q4_5_1(const uint8_t *blk, const block_q8_1 *y, int s, float acc) {
+    const int iqs = 2 * s;
+    int sumi = 0;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int v = load_b2(blk + (TYPE == 3 ? 4 : 8), iqs + i);
+        int vi0 = v & 0x0F0F0F0F, vi1 = (v >> 4) & 0x0F0F0F0F;
+        if constexpr (TYPE == 7) q5_high_bits(load_b2(blk + 4, 0) >> (4 * (iqs + i)), vi0, vi1);
+        sumi = ciq_dot4(vi0, load_b4(y->qs, iqs + i), sumi);
+        sumi = ciq_dot4(vi1, load_b4(y->qs, iqs + i + 4), sumi);
+    }
+    const uint16_t *dm = reinterpret_cast<const uint16_t *>(blk);
+    const float d4d8 = ciq_half_to_float(__half_as_ushort(__hmul(__ushort_as_half(dm[0]), __ushort_as_half(y->d))));
+    const float m4s8 = ciq_half_to_float(__half_as_ushort(__hmul(__ushort_as_half(dm[1]), __ushort_as_half(y->s))));
+    return __fadd_rn(acc, __fmaf_rn(d4d8, (float)sumi, __fmul_rn(m4s8, 0.5f)));
 }
 
 // Q8_0: thread s takes values 8s..8s+7; acc = fma(d_w*d8, float(isum), acc).
@@ -92,13 +123,20 @@ __device__ __forceinline__ float step_q8_0(const uint8_t *blk, const block_q8_1 
     return __fmaf_rn(__fmul_rn(d_w, ciq_half_to_float(y->d)), (float)sumi, acc);
 }
 
-// Q4_K: thread s = 4c + l takes sub-blocks 2c + i (i = 0, 1) at positions 4l..4l+3 and 16+4l..16+4l+3;
-// sumf_d = fma(d8_1, float(sc_1*dot_1), d8_0*float(sc_0*dot_0)), sumf_m the same with m and the q8 sums;
-// acc = acc + fma(sumf_d, d, -(sumf_m*dmin)).
-__device__ __forceinline__ float step_q4_K(const uint8_t *blk, const block_q8_1 *y, int s, float acc) {
-    const block_q4_K *b = reinterpret_cast<const block_q4_K *>(blk);
+// Q4_K / Q5_K: thread s = 4c + l takes sub-blocks 2c + i (i = 0, 1) at positions 4l..4l+3 and 16+4l..16+4l+3
+// (Q5_K: bit 2c + i of the qh bytes at those positions is the fifth bit); sumf_d = fma(d8_1, float(sc_1*dot_1),
+// d8_0*float(sc_0*dot_0)), sumf_m the same with m and the q8 sums; acc = acc + fma(sumf_d, d, -(sumf_m*dmin)).
+template <int TYPE>
+__device__ __forceinline__ float step_q45_K(const uint8_t *blk, const block_q8_1 *y, int s, float acc) {
+    using block = std::conditional_t<TYPE == 12, block_q4_K, block_q5_K>;
+    const block *b = reinterpret_cast<const block *>(blk);
     const int c = s / 4, l = s % 4;
     const int v0 = load_b4(b->qs, 8 * c + l), v1 = load_b4(b->qs, 8 * c + l + 4);
+    int h0 = 0, h1 = 0;
+    if constexpr (TYPE == 13) {
+        h0 = load_b4(b->qh, l) >> (2 * c);
+        h1 = load_b4(b->qh, l + 4) >> (2 * c);
+    }
     float sumf_d = 0.f, sumf_m = 0.f;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -106,8 +144,9 @@ __device__ __forceinline__ float step_q4_K(const uint8_t *blk, const block_q8_1 
         ciq_q4_K_scale_min(2 * c + i, b->scales, &sc, &m);
         const block_q8_1 *yi = y + 2 * c + i;
         const int u0 = load_b4(yi->qs, l), u1 = load_b4(yi->qs, l + 4);
-        const int dot1 =
-            ciq_dot4((v1 >> (4 * i)) & 0x0F0F0F0F, u1, ciq_dot4((v0 >> (4 * i)) & 0x0F0F0F0F, u0, 0));
+        const int q0 = ((v0 >> (4 * i)) & 0x0F0F0F0F) | (((h0 >> i) << 4) & 0x10101010);
+        const int q1 = ((v1 >> (4 * i)) & 0x0F0F0F0F) | (((h1 >> i) << 4) & 0x10101010);
+        const int dot1 = ciq_dot4(q1, u1, ciq_dot4(q0, u0, 0));
         const int dot2 = ciq_dot4(0x01010101, u1, ciq_dot4(0x01010101, u0, 0));
         const float d8 = ciq_half_to_float(yi->d);
         sumf_d = i == 0 ? __fmul_rn(d8, (float)(dot1 * sc)) : __fmaf_rn(d8, (float)(dot1 * sc), sumf_d);
@@ -167,7 +206,8 @@ gemm_mmvq_kernel(const uint8_t *__restrict__ weight, int64_t rows, int64_t k, co
                 const uint8_t *blk = weight + (row * nb + kb) * BYTES;
                 if constexpr (TYPE == 2 || TYPE == 6) tmp[j][i] = step_q4_5_0<TYPE>(blk, y, s, tmp[j][i]);
                 if constexpr (TYPE == 8) tmp[j][i] = step_q8_0(blk, y, s, tmp[j][i]);
-                if constexpr (TYPE == 12) tmp[j][i] = step_q4_K(blk, y, s, tmp[j][i]);
+                if constexpr (TYPE == 3 || TYPE == 7) tmp[j][i] = step_q4_5_1<TYPE>(blk, y, s, tmp[j][i]);
+                if constexpr (TYPE == 12 || TYPE == 13) tmp[j][i] = step_q45_K<TYPE>(blk, y, s, tmp[j][i]);
                 if constexpr (TYPE == 14) tmp[j][i] = step_q6_K(blk, y, s, tmp[j][i]);
             }
         }
@@ -279,7 +319,10 @@ ciq_status ciq_cuda_gemm_mmvq(int ggml_type, const void *weight, int64_t rows, i
         case 2: launch_mmvq_tokens<2>(weight, rows, k, x_q8_1, tokens, out); break;
         case 6: launch_mmvq_tokens<6>(weight, rows, k, x_q8_1, tokens, out); break;
         case 8: launch_mmvq_tokens<8>(weight, rows, k, x_q8_1, tokens, out); break;
+        case 3: launch_mmvq_tokens<3>(weight, rows, k, x_q8_1, tokens, out); break;
+        case 7: launch_mmvq_tokens<7>(weight, rows, k, x_q8_1, tokens, out); break;
         case 12: launch_mmvq_tokens<12>(weight, rows, k, x_q8_1, tokens, out); break;
+        case 13: launch_mmvq_tokens<13>(weight, rows, k, x_q8_1, tokens, out); break;
         case 14: launch_mmvq_tokens<14>(weight, rows, k, x_q8_1, tokens, out); break;
         default: return ciq_fail(CIQ_ERR_UNSUPPORTED, "MMVQ: unsupported weight type %d", ggml_type);
     }

@@ -254,15 +254,15 @@ template <ciq_type T>
 static ciq_status run_wgmma(const void *x_f16, int64_t k, const void *weight, int64_t row_bytes, int64_t rows, int nb,
                             const float *scales, int64_t tokens, int sms, int64_t l2_bytes, const ciq_wgmma_switches &sw,
                             const wgmma_stream_k &ws, const wgmma_outputs &outs, ciq_out_type out_type) {
-    // Q4_K rows (144 B blocks, 16-byte-aligned weights) always allow it; Q6_K rows (210 B) when K % 2048 == 0; the
-    // 32-value block types never (their blocks straddle any 16-byte box).
+    // Q4_K / Q5_K rows (144 / 176 B blocks, 16-byte-aligned weights) always allow it; Q6_K rows (210 B) when
+    // K % 2048 == 0; the 32-value block types never (their blocks straddle any 16-byte box).
     const bool tma_w = wgmma_kquant(T) && (uintptr_t)weight % 16 == 0 && row_bytes % 16 == 0;
     wgmma_plan plan;
-    if constexpr (T == CIQ_TYPE_Q4_K || T == CIQ_TYPE_Q6_K) {
+    if constexpr (wgmma_kquant(T)) {
         if (tma_w) plan = sw.rs ? pick_plan<T, true, true>(rows, tokens, nb, sms, l2_bytes, sw)
                                 : pick_plan<T, true, false>(rows, tokens, nb, sms, l2_bytes, sw);
     }
-    if constexpr (T != CIQ_TYPE_Q4_K) {  // Q4_K rows always allow TMA
+    if constexpr (!wgmma_always_staged(T)) {  // Q4_K/Q5_K rows always allow TMA
         if (!tma_w) plan = pick_plan<T, false, false>(rows, tokens, nb, sms, l2_bytes, sw);
     }
     plan.partial = ws.partial, plan.flags = ws.flags;
@@ -279,10 +279,10 @@ static ciq_status run_wgmma(const void *x_f16, int64_t k, const void *weight, in
                       : dispatch_wgmma<T, true, false>(xmap, wmap, weight, rows, nb, scales, tokens, plan, outs, out_type);
         }
     }
-    if constexpr (T != CIQ_TYPE_Q4_K) {
+    if constexpr (!wgmma_always_staged(T)) {
         return dispatch_wgmma<T, false, false>(xmap, xmap, weight, rows, nb, scales, tokens, plan, outs, out_type);
     } else {
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma: Q4_K weights must be 16-byte aligned");
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma: Q4_K/Q5_K weights must be 16-byte aligned");
     }
 }
 
@@ -332,18 +332,18 @@ static ciq_status wgmma_check_size(const char *fn, int64_t rows, int64_t k, int6
 static ciq_status gemm_wgmma(int device, const ciq_wgmma_switches &switches, ciq_type type, const void *weight,
                              int64_t rows, int64_t k, const void *x_f16, int64_t tokens, const wgmma_outputs &outs,
                              ciq_out_type out_type) {
-    if (type != CIQ_TYPE_Q4_K && type != CIQ_TYPE_Q6_K && type != CIQ_TYPE_Q4_0 && type != CIQ_TYPE_Q5_0 &&
-        type != CIQ_TYPE_Q8_0)
+    if (type != CIQ_TYPE_Q4_K && type != CIQ_TYPE_Q5_K && type != CIQ_TYPE_Q6_K && type != CIQ_TYPE_Q4_0 &&
+        type != CIQ_TYPE_Q5_0 && type != CIQ_TYPE_Q8_0 && type != CIQ_TYPE_Q4_1 && type != CIQ_TYPE_Q5_1)
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma: unknown weight type %d", (int)type);
-    const int64_t unit_values = type == CIQ_TYPE_Q4_K || type == CIQ_TYPE_Q6_K ? QK_K : CIQ_WGMMA_KSTAGE;
+    const int64_t unit_values = wgmma_kquant(type) ? QK_K : CIQ_WGMMA_KSTAGE;
     if (k <= 0 || k % unit_values != 0)  // whole super-blocks; the 32-value blocks two to a stage
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma: K must be a multiple of %lld for weight type %d, "
                         "got %lld", (long long)unit_values, (int)type, (long long)k);
     CIQ_TRY(wgmma_check_size("ciq_cuda_gemm_wgmma", rows, k, tokens));
-    if ((uintptr_t)x_f16 % 16 != 0 || (uintptr_t)weight % (type == CIQ_TYPE_Q4_K ? 16 : 2) != 0)
+    if ((uintptr_t)x_f16 % 16 != 0 || (uintptr_t)weight % (wgmma_always_staged(type) ? 16 : 2) != 0)
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT,
-                        "ciq_cuda_gemm_wgmma: activations (and Q4_K weights) must be 16-byte aligned, other weights "
-                        "2-byte");
+                        "ciq_cuda_gemm_wgmma: activations (and Q4_K/Q5_K weights) must be 16-byte aligned, other "
+                        "weights 2-byte");
     const ciq_wgmma_switches sw = wgmma_plan_switches(switches);
     wgmma_device dev;
     CIQ_TRY(wgmma_device_state(device, dev));
@@ -360,6 +360,9 @@ static ciq_status gemm_wgmma(int device, const ciq_wgmma_switches &switches, ciq
         CIQ_WGMMA_RUN(CIQ_TYPE_Q4_0)
         CIQ_WGMMA_RUN(CIQ_TYPE_Q5_0)
         CIQ_WGMMA_RUN(CIQ_TYPE_Q8_0)
+        CIQ_WGMMA_RUN(CIQ_TYPE_Q4_1)
+        CIQ_WGMMA_RUN(CIQ_TYPE_Q5_1)
+        CIQ_WGMMA_RUN(CIQ_TYPE_Q5_K)
 #undef CIQ_WGMMA_RUN
         default: return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma: unknown weight type %d", (int)type);
     }

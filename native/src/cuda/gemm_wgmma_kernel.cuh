@@ -6,9 +6,10 @@
 //   X16 = f16(x * 2^-e_t), scale_t = 2^e_t: activations converted once per call (convert_f16.cu), each
 //         token with the power of two that puts its largest |x| in (2^14, 2^15] (no f16 overflow, 11-bit mantissa);
 //   W16 = the GGUF blocks dequantized in the kernel, one f16 rounding per weight:
-//         Q4_K  fma(q, half(d*sc), -half(dmin*m))   (MMQ's fp16 sub-block scale and min)
+//         Q4_K, Q5_K  fma(q, half(d*sc), -half(dmin*m))   (MMQ's fp16 sub-block scale and min; Q5_K's q 0..31)
 //         Q6_K  (q - 32) * half(d*sc)
 //         Q4_0 (q - 8) * d, Q5_0 (q - 16) * d, Q8_0 q * d   (the 32-value blocks: d their fp16 scale)
+//         Q4_1, Q5_1  fma(q, d, m)                          (d, m their fp16 scale and offset)
 // so the block scales are applied while dequantizing and nothing is rescaled per sub-block.
 // A weight "unit" is what one split-K share counts in: a K-quant super-block (256 values, 4 pipeline stages) or a
 // pair of 32-value blocks (64 values, one stage; K a multiple of 64).
@@ -24,9 +25,9 @@
 //   producers (warpgroups 0 .. PW-1): thread 0 issues the TMA copy of the B tile (cp.async.bulk.tensor, zero-filled
 //     past the last token); all 128*PW threads dequantize the A tile from the raw GGUF blocks, which either
 //     - TMA_W: thread 0 stages in shared memory, one super-block x 128 rows per box, WSLOTS super-blocks ahead
-//       (every Q4_K matrix; Q6_K when its 210 B rows have a 16-byte pitch, K % 2048 == 0), or
+//       (every Q4_K and Q5_K matrix; Q6_K when its 210 B rows have a 16-byte pitch, K % 2048 == 0), or
 //     - each thread loads from global memory into registers, PREFETCH stages ahead (other Q6_K matrices, and
-//       the 32-value block types, whose 18/22/34-byte blocks no TMA box fits).
+//       the 32-value block types, whose 18/20/22/24/34-byte blocks no TMA box fits).
 //   consumers: rows 64c .. +63, 4 x wgmma m64nBNk16 per stage, one group in flight.
 // The RS form (staged weights, every tile; GGML_CIQ_WGMMA_RS, default on): no A tile. Two producer
 // threads issue the TMA copies (the B stages; the staged super-blocks), and each consumer thread
@@ -44,6 +45,8 @@
 // (wgmma_kernel); the host planner (pick_plan), tensor maps, launch and entry points in gemm_wgmma.cu.
 #pragma once
 #include "wgmma_ptx.cuh"
+
+#include <type_traits>
 
 #if !defined(GGML_CIQ_HIP)
 #include <cudaTypedefs.h>
@@ -67,15 +70,28 @@ static_assert(CIQ_WGMMA_KSTAGE == F16_K_UNIT, "the f16 layout's K multiple (bloc
 static constexpr __host__ __device__ int wgmma_stage_bytes(int BN) { return CIQ_WGMMA_ROWS * 128 + BN * 128; }
 // A staged weight row: one GGUF block in a TMA box of 16-byte multiples. TMA boxes start at 16-byte multiples, so a
 // Q6_K block (210 B) lands at offset (210 kb) % 16 <= 14 of its 224-byte box row.
-static constexpr __host__ __device__ int wgmma_wbox(ciq_type T) { return T == CIQ_TYPE_Q4_K ? 144 : 224; }
+static constexpr __host__ __device__ int wgmma_wbox(ciq_type T) {
+    return T == CIQ_TYPE_Q4_K ? Q4_K_BLOCK_BYTES : T == CIQ_TYPE_Q5_K ? Q5_K_BLOCK_BYTES : 224;
+}
 // Pipeline stages (64 K values each) per weight unit, and a unit's bytes in one row.
-static constexpr __host__ __device__ bool wgmma_kquant(ciq_type T) { return T == CIQ_TYPE_Q4_K || T == CIQ_TYPE_Q6_K; }
+static constexpr __host__ __device__ bool wgmma_kquant(ciq_type T) {
+    return T == CIQ_TYPE_Q4_K || T == CIQ_TYPE_Q5_K || T == CIQ_TYPE_Q6_K;
+}
+// K-quants whose every row allows a tensor map (16-byte blocks): Q4_K and Q5_K, always staged.
+static constexpr __host__ __device__ bool wgmma_always_staged(ciq_type T) { return T == CIQ_TYPE_Q4_K || T == CIQ_TYPE_Q5_K; }
 static constexpr __host__ __device__ int wgmma_unit_stages(ciq_type T) { return wgmma_kquant(T) ? 4 : 1; }
 static constexpr __host__ __device__ int wgmma_block32_bytes(ciq_type T) {
-    return T == CIQ_TYPE_Q4_0 ? Q4_0_BLOCK_BYTES : T == CIQ_TYPE_Q5_0 ? Q5_0_BLOCK_BYTES : Q8_0_BLOCK_BYTES;
+    return T == CIQ_TYPE_Q4_0   ? Q4_0_BLOCK_BYTES
+           : T == CIQ_TYPE_Q5_0 ? Q5_0_BLOCK_BYTES
+           : T == CIQ_TYPE_Q4_1 ? Q4_1_BLOCK_BYTES
+           : T == CIQ_TYPE_Q5_1 ? Q5_1_BLOCK_BYTES
+                                : Q8_0_BLOCK_BYTES;
 }
 static constexpr __host__ __device__ int wgmma_unit_bytes(ciq_type T) {
-    return T == CIQ_TYPE_Q4_K ? Q4_K_BLOCK_BYTES : T == CIQ_TYPE_Q6_K ? Q6_K_BLOCK_BYTES : 2 * wgmma_block32_bytes(T);
+    return T == CIQ_TYPE_Q4_K   ? Q4_K_BLOCK_BYTES
+           : T == CIQ_TYPE_Q5_K ? Q5_K_BLOCK_BYTES
+           : T == CIQ_TYPE_Q6_K ? Q6_K_BLOCK_BYTES
+                                : 2 * wgmma_block32_bytes(T);
 }
 static constexpr __host__ __device__ int wgmma_smem_bytes(ciq_type T, int BN, int stages, bool tma_w) {
     return 1024 + stages * wgmma_stage_bytes(BN) + (tma_w ? WSLOTS * CIQ_WGMMA_ROWS * wgmma_wbox(T) : 0) +
@@ -100,7 +116,9 @@ static_assert(wgmma_smem_bytes(CIQ_TYPE_Q6_K, 64, 7, true) <= 232448 && wgmma_sm
 // are wgmma_rs_wbox bytes apart (Q6_K: 240, so that 8 rows' 16-bit loads fall in distinct banks; 224 would put rows r and
 // r + 4 in the same ones).
 #define RS_WSLOTS 3
-static constexpr __host__ __device__ int wgmma_rs_wbox(ciq_type T) { return T == CIQ_TYPE_Q4_K ? 144 : 240; }
+static constexpr __host__ __device__ int wgmma_rs_wbox(ciq_type T) {
+    return T == CIQ_TYPE_Q4_K ? Q4_K_BLOCK_BYTES : T == CIQ_TYPE_Q5_K ? Q5_K_BLOCK_BYTES : 240;
+}
 static constexpr __host__ __device__ int wgmma_rs_smem_bytes(ciq_type T, int BN, int stages) {
     return 1024 + stages * BN * 128 + RS_WSLOTS * CIQ_WGMMA_ROWS * wgmma_rs_wbox(T) + (2 * stages + 2 * RS_WSLOTS) * 8;
 }
@@ -235,20 +253,24 @@ template <bool SMEM, typename V> static __device__ __forceinline__ V ld(const ui
     else return __ldg((const V *)p);
 }
 
-// Q4_K: per row p the 8 qs bytes 32c + 8i .. +7 (low nibbles: chunk i, sub-block 2c; high: chunk i+4, 2c+1) and
-// the 16-byte header {d, dmin, scales[12]}.
-template <int R, bool SMEM> struct raw_stage<CIQ_TYPE_Q4_K, R, SMEM> {  // staged only: Q4_K rows always allow TMA
-    static_assert(SMEM, "Q4_K blocks are read from shared memory");
-    static constexpr int RSTEP = CIQ_WGMMA_ROWS / R;
+// Q4_K / Q5_K: per row p the 8 qs bytes 32c + 8i .. +7 (low nibbles: chunk i, sub-block 2c; high: chunk i+4, 2c+1),
+// Q5_K's 8 qh bytes 8i .. +7 (bit 2c: the low chunk's fifth bits, 2c+1 the high's) and the 16-byte header
+// {d, dmin, scales[12]}.
+template <ciq_type T, int R> struct raw_stage_q45_K {  // staged only: Q4_K/Q5_K rows always allow TMA
+    static constexpr int RSTEP = CIQ_WGMMA_ROWS / R, QS = T == CIQ_TYPE_Q5_K ? 48 : 16;
     uint2 qs[R];
+    uint2 qh[T == CIQ_TYPE_Q5_K ? R : 1];
     uint4 hdr[R];
     __device__ __forceinline__ void load(const uint8_t *const (&blk)[R], int c, int i) {
 #pragma unroll
         for (int p = 0; p < R; ++p) {
-            qs[p] = ld<true, uint2>(blk[p] + 16 + 32 * c + 8 * i);
+            qs[p] = ld<true, uint2>(blk[p] + QS + 32 * c + 8 * i);
+            if constexpr (T == CIQ_TYPE_Q5_K) qh[p] = ld<true, uint2>(blk[p] + 16 + 8 * i);
             hdr[p] = ld<true, uint4>(blk[p]);
         }
     }
+    // Q5_K: bit b of each byte of the qh word to bit 4.
+    static __device__ __forceinline__ uint32_t fifth_bits(uint32_t h, int b) { return ((h >> b) & 0x01010101u) << 4; }
     static __device__ __forceinline__ uint32_t scale_byte(const uint4 &h, int n) {  // scales[n]
         const uint32_t w = n < 4 ? h.y : n < 8 ? h.z : h.w;
         return (w >> 8 * (n % 4)) & 0xFF;
@@ -278,9 +300,13 @@ template <int R, bool SMEM> struct raw_stage<CIQ_TYPE_Q4_K, R, SMEM> {  // stage
 #pragma unroll
             for (int w = 0; w < 2; ++w) {
                 const uint32_t q = w ? qs[p].y : qs[p].x;
+                uint32_t lo = q & 0x0F0F0F0F;
+                if constexpr (T == CIQ_TYPE_Q5_K) lo |= fifth_bits(w ? qh[p].y : qh[p].x, 2 * c);
                 __half2 l0, l1, h0, h1;
-                bytes_to_half2(q & 0x0F0F0F0F, bias, l0, l1);
-                bytes_to_half2((q >> 4) & 0x0F0F0F0F, bias, h0, h1);
+                bytes_to_half2(lo, bias, l0, l1);
+                uint32_t hi = (q >> 4) & 0x0F0F0F0F;
+                if constexpr (T == CIQ_TYPE_Q5_K) hi |= fifth_bits(w ? qh[p].y : qh[p].x, 2 * c + 1);
+                bytes_to_half2(hi, bias, h0, h1);
                 o[0][2 * w] = h2u(__hfma2(l0, s0, nm0));
                 o[0][2 * w + 1] = h2u(__hfma2(l1, s0, nm0));
                 o[1][2 * w] = h2u(__hfma2(h0, s1, nm1));
@@ -289,6 +315,12 @@ template <int R, bool SMEM> struct raw_stage<CIQ_TYPE_Q4_K, R, SMEM> {  // stage
             store_pair(a_tile, r, i, o);
         }
     }
+};
+template <int R, bool SMEM> struct raw_stage<CIQ_TYPE_Q4_K, R, SMEM> : raw_stage_q45_K<CIQ_TYPE_Q4_K, R> {
+    static_assert(SMEM, "Q4_K blocks are read from shared memory");
+};
+template <int R, bool SMEM> struct raw_stage<CIQ_TYPE_Q5_K, R, SMEM> : raw_stage_q45_K<CIQ_TYPE_Q5_K, R> {
+    static_assert(SMEM, "Q5_K blocks are read from shared memory");
 };
 
 // Q6_K, stage c = half h (c/2), nibble (c%2): per row p the ql bytes 64h + 8i .. +7 (chunk i) and 64h + 32 + 8i
@@ -348,11 +380,12 @@ template <int R, bool SMEM> struct raw_stage<CIQ_TYPE_Q6_K, R, SMEM> {
 
 // The 32-value block types, read from global memory: a stage is blocks b = 0, 1 of the unit; chunk i of the stage
 // (values 8i .. 8i+7 of block 0) and chunk i + 4 (the same of block 1). Per row p and block b: the 8 quant bytes,
-// Q5_0's high-bit byte and the fp16 d. Bytes become f16 (1024 + byte) less a bias (exact small integers), times d:
-// one f16 rounding of q * d, as dequantize_f16 in ggml_ciq/quants.py.
+// Q5_0's high-bit byte and the fp16 d (and m). Bytes become f16 (1024 + byte) less a bias (exact small integers),
+// times d (plus m, fused): one f16 rounding of q * d (+ m), as dequantize_f16 in ggml_ciq/quants.py.
 //   Q8_0 {d, qs[32]}: value j = int8 qs[j]                          (byte ^ 0x80 less 1152)
 //   Q4_0 {d, qs[16]}: value j = nibble j of qs (low: j < 16) - 8     (less 1032)
 //   Q5_0 {d, qh[4], qs[16]}: the same nibble | bit j of qh << 4, - 16 (less 1040)
+//   Q4_1 {d, m, qs[16]}, Q5_1 {d, m, qh[4], qs[16]}: Q4_0's / Q5_0's quants unbiased (less 1024), fma(q, d, m)
 // 8 bytes at a 2-byte-aligned address as four 16-bit loads: never a byte past them (ldg8_a2's three aligned words
 // may read up to 4 bytes past, beyond a buffer that ends with the block: a Q4_0/Q5_0/Q8_0 block's last chunk is its
 // last 8 bytes).
@@ -363,10 +396,12 @@ static __device__ __forceinline__ uint2 ldg8_u16(const uint8_t *p) {
 
 template <ciq_type T, int R> struct raw_stage_block32 {
     static constexpr int RSTEP = CIQ_WGMMA_ROWS / R, BYTES = wgmma_block32_bytes(T);
-    static constexpr int QS = T == CIQ_TYPE_Q5_0 ? 6 : 2;  // offset of qs in the block
+    static constexpr bool OFFSET = T == CIQ_TYPE_Q4_1 || T == CIQ_TYPE_Q5_1;  // {d, m}: value = q * d + m
+    static constexpr bool HIGH = T == CIQ_TYPE_Q5_0 || T == CIQ_TYPE_Q5_1;    // a qh word of fifth bits
+    static constexpr int QH = OFFSET ? 4 : 2, QS = QH + (HIGH ? 4 : 0);       // offsets of qh and qs in the block
     uint2 q[R][2];
-    uint16_t d[R][2];
-    uint8_t h[R][2];  // Q5_0: qh byte i (the high bits of chunk i's 8 values)
+    std::conditional_t<OFFSET, uint32_t, uint16_t> d[R][2];  // the fp16 d (Q4_1/Q5_1: d | m << 16, one register)
+    uint8_t h[R][2];  // Q5_0/Q5_1: qh byte i (the high bits of chunk i's 8 values)
     __device__ __forceinline__ void load(const uint8_t *const (&blk)[R], int, int i) {
 #pragma unroll
         for (int p = 0; p < R; ++p)
@@ -375,7 +410,8 @@ template <ciq_type T, int R> struct raw_stage_block32 {
                 const uint8_t *bp = blk[p] + BYTES * b;
                 q[p][b] = ldg8_u16(bp + QS + (T == CIQ_TYPE_Q8_0 ? 8 * i : 8 * (i & 1)));
                 d[p][b] = __ldg((const uint16_t *)bp);
-                if constexpr (T == CIQ_TYPE_Q5_0) h[p][b] = __ldg(bp + 2 + i);
+                if constexpr (OFFSET) d[p][b] |= (uint32_t)__ldg((const uint16_t *)bp + 1) << 16;
+                if constexpr (HIGH) h[p][b] = __ldg(bp + QH + i);
             }
     }
     // Bit n of the 4 bits hb4 to bit 4 of byte n.
@@ -383,25 +419,32 @@ template <ciq_type T, int R> struct raw_stage_block32 {
         return (hb4 & 1) << 4 | (hb4 & 2) << 11 | (hb4 & 4) << 18 | (hb4 & 8) << 25;
     }
     __device__ __forceinline__ void dequant(uint8_t *a_tile, int, int i, int r0) const {
-        const __half2 bias = __half2half2(__ushort_as_half(T == CIQ_TYPE_Q8_0 ? 0x6480 : T == CIQ_TYPE_Q5_0 ? 0x6410 : 0x6408));
+        const __half2 bias = __half2half2(__ushort_as_half(T == CIQ_TYPE_Q8_0 ? 0x6480 : T == CIQ_TYPE_Q5_0 ? 0x6410
+                                                           : T == CIQ_TYPE_Q4_0 ? 0x6408 : 0x6400));
         const int shift = T == CIQ_TYPE_Q8_0 ? 0 : 4 * (i >> 1);  // chunks 2, 3: the high nibbles
 #pragma unroll
         for (int p = 0; p < R; ++p) {
             uint32_t o[2][4];
 #pragma unroll
             for (int b = 0; b < 2; ++b) {
-                const __half2 d2 = __half2half2(__ushort_as_half(d[p][b]));
+                const __half2 d2 = __half2half2(__ushort_as_half((uint16_t)d[p][b]));
 #pragma unroll
                 for (int w = 0; w < 2; ++w) {
                     const uint32_t word = w ? q[p][b].y : q[p][b].x;
                     uint32_t v;
                     if constexpr (T == CIQ_TYPE_Q8_0) v = word ^ 0x80808080u;
                     else v = (word >> shift) & 0x0F0F0F0Fu;
-                    if constexpr (T == CIQ_TYPE_Q5_0) v |= spread4((uint32_t)(h[p][b] >> (4 * w)) & 0xF);
+                    if constexpr (HIGH) v |= spread4((uint32_t)(h[p][b] >> (4 * w)) & 0xF);
                     __half2 v0, v1;
                     bytes_to_half2(v, bias, v0, v1);
-                    o[b][2 * w] = h2u(__hmul2(v0, d2));
-                    o[b][2 * w + 1] = h2u(__hmul2(v1, d2));
+                    if constexpr (OFFSET) {
+                        const __half2 m2 = __half2half2(__ushort_as_half((uint16_t)(d[p][b] >> 16)));
+                        o[b][2 * w] = h2u(__hfma2(v0, d2, m2));
+                        o[b][2 * w + 1] = h2u(__hfma2(v1, d2, m2));
+                    } else {
+                        o[b][2 * w] = h2u(__hmul2(v0, d2));
+                        o[b][2 * w + 1] = h2u(__hmul2(v1, d2));
+                    }
                 }
             }
             store_pair(a_tile, r0 + RSTEP * p, i, o);
@@ -411,6 +454,8 @@ template <ciq_type T, int R> struct raw_stage_block32 {
 template <int R> struct raw_stage<CIQ_TYPE_Q4_0, R, false> : raw_stage_block32<CIQ_TYPE_Q4_0, R> {};
 template <int R> struct raw_stage<CIQ_TYPE_Q5_0, R, false> : raw_stage_block32<CIQ_TYPE_Q5_0, R> {};
 template <int R> struct raw_stage<CIQ_TYPE_Q8_0, R, false> : raw_stage_block32<CIQ_TYPE_Q8_0, R> {};
+template <int R> struct raw_stage<CIQ_TYPE_Q4_1, R, false> : raw_stage_block32<CIQ_TYPE_Q4_1, R> {};
+template <int R> struct raw_stage<CIQ_TYPE_Q5_1, R, false> : raw_stage_block32<CIQ_TYPE_Q5_1, R> {};
 
 // ---- the RS form: a consumer thread's A fragments from the staged blocks ----------------------------------------
 // wgmma's register A operand is, per warp, the m16k16 fragment of its 16 rows: thread (g, q) = (lane/4, lane%4) holds
@@ -424,34 +469,41 @@ static __device__ __forceinline__ uint32_t lds16x2(const uint8_t *p, int apart) 
 }
 template <ciq_type T> struct rs_frag;
 
-// Q4_K stage c: qs bytes 32c .. 32c+31; slice j takes the bytes 16(j%2) + 2q (+1) and + 8, low nibbles for j < 2
-// (sub-block 2c), high for j >= 2 (2c+1).
-template <> struct rs_frag<CIQ_TYPE_Q4_K> {
+// Q4_K / Q5_K stage c: qs bytes 32c .. 32c+31; slice j takes the bytes 16(j%2) + 2q (+1) and + 8, low nibbles for
+// j < 2 (sub-block 2c), high for j >= 2 (2c+1); Q5_K the qh bytes at the same positions, bit 2c (j < 2) or 2c+1.
+template <ciq_type T> struct rs_frag_q45_K {
     uint4 hdr[2];
     __device__ __forceinline__ void header(const uint8_t *const (&blk)[2]) {
         hdr[0] = *(const uint4 *)blk[0];
         hdr[1] = *(const uint4 *)blk[1];
     }
     __device__ __forceinline__ void build(const uint8_t *const (&blk)[2], int c, int q, uint32_t (&a)[4][4]) const {
-        using raw = raw_stage<CIQ_TYPE_Q4_K, 4, true>;
+        using raw = raw_stage_q45_K<T, 4>;
         const __half2 bias = __half2half2(__ushort_as_half(0x6400));  // 1024
 #pragma unroll
         for (int p = 0; p < 2; ++p) {
-            const uint8_t *qs = blk[p] + 16 + 32 * c + 2 * q;
+            const uint8_t *qs = blk[p] + raw::QS + 32 * c + 2 * q;
             const uint32_t w[2] = {lds16x2(qs, 8), lds16x2(qs + 16, 8)};
+            uint32_t hb[2] = {0, 0};
+            if constexpr (T == CIQ_TYPE_Q5_K) hb[0] = lds16x2(blk[p] + 16 + 2 * q, 8), hb[1] = lds16x2(blk[p] + 32 + 2 * q, 8);
             __half2 s[2], nm[2];
             raw::scale_min(hdr[p], 2 * c, s[0], nm[0]);
             raw::scale_min(hdr[p], 2 * c + 1, s[1], nm[1]);
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
+                uint32_t v = (j < 2 ? w[j % 2] : w[j % 2] >> 4) & 0x0F0F0F0F;
+                if constexpr (T == CIQ_TYPE_Q5_K) v |= raw::fifth_bits(hb[j % 2], 2 * c + j / 2);
                 __half2 lo, hi;
-                bytes_to_half2((j < 2 ? w[j % 2] : w[j % 2] >> 4) & 0x0F0F0F0F, bias, lo, hi);
+                bytes_to_half2(v, bias, lo, hi);
                 a[j][p] = h2u(__hfma2(lo, s[j / 2], nm[j / 2]));
                 a[j][p + 2] = h2u(__hfma2(hi, s[j / 2], nm[j / 2]));
             }
         }
     }
 };
+
+template <> struct rs_frag<CIQ_TYPE_Q4_K> : rs_frag_q45_K<CIQ_TYPE_Q4_K> {};
+template <> struct rs_frag<CIQ_TYPE_Q5_K> : rs_frag_q45_K<CIQ_TYPE_Q5_K> {};
 
 // Q6_K stage c = half h (c/2), nibble odd (c%2): slice j takes the ql bytes 64h + 16j + 2q (+1) and + 8, the qh bytes
 // 32h + 16(j%2) + 2q (+1) and + 8 (bit pair 2(2 odd + j/2)), and scale 8h + 4 odd + j.
@@ -556,7 +608,8 @@ static __device__ __forceinline__ void wgmma_produce(const CUtensorMap &xmap, co
     } else {  // raw blocks from global memory into registers, PREFETCH stages ahead
         // 2, except Q6_K and Q5_0 with one producer warpgroup (4 rows per thread), whose third raw set spills
         // (ptxas -v; cuobjdump --dump-resource-usage: Q5_0 at 168 registers and an 8-byte stack with 2).
-        constexpr int PREFETCH = (T == CIQ_TYPE_Q6_K || T == CIQ_TYPE_Q5_0) && PW == 1 ? 1 : 2;
+        constexpr int PREFETCH =
+            (T == CIQ_TYPE_Q6_K || T == CIQ_TYPE_Q5_0 || T == CIQ_TYPE_Q4_1 || T == CIQ_TYPE_Q5_1) && PW == 1 ? 1 : 2;
         static_assert(SPU == 4 || SPU == 1, "K-quant super-blocks (4 stages) or 32-value block pairs (1)");
         const int64_t row_bytes = (int64_t)nb * block_bytes;
         const uint8_t *rowp[R];
