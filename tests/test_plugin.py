@@ -247,8 +247,8 @@ def test_supports_op_declines_layouts_we_do_not_run(plugin_path, plugin_device, 
                     lib.ggml_mul_mat(ctx, w, lib.ggml_view_2d(ctx, wide, k, tokens, 2 * k * 4, 0)), False),
                 "permuted activations": (lib.ggml_mul_mat(ctx, w, lib.ggml_permute(ctx, x3, 1, 0, 2, 3)), False),
                 "broadcast batch": (lib.ggml_mul_mat(ctx, w, lib.ggml_new_tensor_3d(ctx, F32, k, tokens, 4)), False),
-                "q5_K weight (host only)": (  # cpu semantics on the host only (registry.cpp's k_type_semantics)
-                    lib.ggml_mul_mat(ctx, lib.ggml_new_tensor_2d(ctx, Q5_K, k, rows), x), plugin_device == "CIQ_CPU"),
+                "q5_K weight": (  # the host in cpu semantics, the GPU in MMQ's (mma, API v17): llama.cpp's own order
+                    lib.ggml_mul_mat(ctx, lib.ggml_new_tensor_2d(ctx, Q5_K, k, rows), x), True),
                 "f32 weight (not covered)": (
                     lib.ggml_mul_mat(ctx, lib.ggml_new_tensor_2d(ctx, F32, k, rows), x), False),
             }
