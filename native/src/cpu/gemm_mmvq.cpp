@@ -37,26 +37,24 @@ inline int dot_bytes(const uint8_t *w, const int8_t *x, int n) {  // signed weig
     return s;
 }
 
-// Q4_0 / Q5_0: thread s takes the values 8s..8s+7 and 16+8s..16+8s+7 with their raw quants (q+8, q+16);
-// inner = fma(d8, float(isum), -c*s8) with c = 4 (Q4_0) or 8 (Q5_0) per thread; acc = fma(d_w, inner, acc).
+// The 32-value blocks of 4- and 5-bit quants, two threads a block: thread s takes the values 8s..8s+7 and
+// 16+8s..16+8s+7 and sums their raw quants (qh: the fifth bits, or none) times the q8 values.
+int raw_isum(const uint8_t *qs, const uint8_t *qh, const block_q8_1 *y, int s) {
+    const uint32_t h = qh ? (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24 : 0;
+    int isum = 0;
+    for (int v = 8 * s; v < 8 * s + 8; ++v) {
+        const int lo = (qs[v] & 15) | ((h >> v) & 1) << 4, hi = (qs[v] >> 4) | ((h >> (v + 16)) & 1) << 4;
+        isum += lo * y->qs[v] + hi * y->qs[v + 16];
+    }
+    return isum;
+}
+
+// Q4_0 / Q5_0: raw_isum of the raw quants (q+8, q+16); inner = fma(d8, float(isum), -c*s8) with c = 4 (Q4_0) or 8
+// (Q5_0) per thread; acc = fma(d_w, inner, acc).
 template <int TYPE>
 float step_q4_5_0(const uint8_t *blk, const block_q8_1 *y, int s, float acc) {
     const float d_w = ciq_fp16_to_fp32((uint16_t)(blk[0] | blk[1] << 8));
-    uint32_t qh = 0;
-    const uint8_t *qs = blk + 2;
-    if (TYPE == 6) {
-        qh = (uint32_t)blk[2] | (uint32_t)blk[3] << 8 | (uint32_t)blk[4] << 16 | (uint32_t)blk[5] << 24;
-        qs = blk + 6;
-    }
-    int isum = 0;
-    for (int v = 8 * s; v < 8 * s + 8; ++v) {
-        int lo = qs[v] & 15, hi = qs[v] >> 4;
-        if (TYPE == 6) {
-            lo |= ((qh >> v) & 1) << 4;
-            hi |= ((qh >> (v + 16)) & 1) << 4;
-        }
-        isum += lo * y->qs[v] + hi * y->qs[v + 16];
-    }
+    const int isum = raw_isum(blk + (TYPE == 6 ? 6 : 2), TYPE == 6 ? blk + 2 : nullptr, y, s);
     const float d8 = ciq_fp16_to_fp32(y->d), s8 = ciq_fp16_to_fp32(y->s);
     const float inner = std::fma(d8, (float)isum, s8 * (TYPE == 2 ? -4.f : -8.f));
     return std::fma(d_w, inner, acc);
@@ -68,21 +66,7 @@ float step_q4_5_0(const uint8_t *blk, const block_q8_1 *y, int s, float acc) {
 template <int TYPE>
 float step_q4_5_1(const uint8_t *blk, const block_q8_1 *y, int s, float acc) {
     const uint16_t d_w = (uint16_t)(blk[0] | blk[1] << 8), m_w = (uint16_t)(blk[2] | blk[3] << 8);
-    uint32_t qh = 0;
-    const uint8_t *qs = blk + 4;
-    if (TYPE == 7) {
-        qh = (uint32_t)blk[4] | (uint32_t)blk[5] << 8 | (uint32_t)blk[6] << 16 | (uint32_t)blk[7] << 24;
-        qs = blk + 8;
-    }
-    int isum = 0;
-    for (int v = 8 * s; v < 8 * s + 8; ++v) {
-        int lo = qs[v] & 15, hi = qs[v] >> 4;
-        if (TYPE == 7) {
-            lo |= ((qh >> v) & 1) << 4;
-            hi |= ((qh >> (v + 16)) & 1) << 4;
-        }
-        isum += lo * y->qs[v] + hi * y->qs[v + 16];
-    }
+    const int isum = raw_isum(blk + (TYPE == 7 ? 8 : 4), TYPE == 7 ? blk + 4 : nullptr, y, s);
     const float d4d8 = ciq_fp16_to_fp32(ciq_fp32_to_fp16(ciq_fp16_to_fp32(d_w) * ciq_fp16_to_fp32(y->d)));
     const float m4s8 = ciq_fp16_to_fp32(ciq_fp32_to_fp16(ciq_fp16_to_fp32(m_w) * ciq_fp16_to_fp32(y->s)));
     return acc + std::fma(d4d8, (float)isum, m4s8 * 0.5f);

@@ -65,28 +65,29 @@ __device__ __forceinline__ void q5_high_bits(int vh, int &vi0, int &vi1) {
     vi1 |= (vh << 9) & 0x10000000;
 }
 
-// Q4_0 / Q5_0: thread s takes bytes 8s..8s+7 of qs (values 8s..8s+7 in the low nibbles, 16+8s.. in the high);
-// inner = fma(d8, float(isum of raw quants), -c*s8) with c = 4 (Q4_0) or 8 (Q5_0); acc = fma(d_w, inner, acc).
-template <int TYPE>
-__device__ __forceinline__ float step_q4_5_0(const uint8_t *blk, const block_q8_1 *y, int s, float acc) {
+// The 32-value blocks of 4- and 5-bit quants, two threads a block: thread s takes bytes 8s..8s+7 of qs (values
+// 8s..8s+7 in the low nibbles, 16+8s.. in the high; HIGH: the fifth bits from the qh word) and sums their raw quants
+// times the q8 values.
+template <bool HIGH>
+__device__ __forceinline__ int raw_isum(const uint8_t *qs, const uint8_t *qh, const block_q8_1 *y, int s) {
     const int iqs = 2 * s;
     int sumi = 0;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-        int vi0, vi1;
-        if constexpr (TYPE == 2) {
-            const int v = load_b2(blk + 2, iqs + i);
-            vi0 = v & 0x0F0F0F0F;
-            vi1 = (v >> 4) & 0x0F0F0F0F;
-        } else {
-            const int vl = load_b2(blk + 6, iqs + i);
-            vi0 = vl & 0x0F0F0F0F;
-            vi1 = (vl >> 4) & 0x0F0F0F0F;
-            q5_high_bits(load_b2(blk + 2, 0) >> (4 * (iqs + i)), vi0, vi1);
-        }
+        const int v = load_b2(qs, iqs + i);
+        int vi0 = v & 0x0F0F0F0F, vi1 = (v >> 4) & 0x0F0F0F0F;
+        if constexpr (HIGH) q5_high_bits(load_b2(qh, 0) >> (4 * (iqs + i)), vi0, vi1);
         sumi = ciq_dot4(vi0, load_b4(y->qs, iqs + i), sumi);
         sumi = ciq_dot4(vi1, load_b4(y->qs, iqs + i + 4), sumi);
     }
+    return sumi;
+}
+
+// Q4_0 / Q5_0: raw_isum of the raw quants; inner = fma(d8, float(isum), -c*s8) with c = 4 (Q4_0) or 8 (Q5_0);
+// acc = fma(d_w, inner, acc).
+template <int TYPE>
+__device__ __forceinline__ float step_q4_5_0(const uint8_t *blk, const block_q8_1 *y, int s, float acc) {
+    const int sumi = raw_isum<TYPE == 6>(blk + (TYPE == 6 ? 6 : 2), blk + 2, y, s);
     const float d_w = ciq_half_to_float(*reinterpret_cast<const uint16_t *>(blk));
     const float d8 = ciq_half_to_float(y->d), s8 = ciq_half_to_float(y->s);
     const float inner = __fmaf_rn(d8, (float)sumi, __fmul_rn(s8, TYPE == 2 ? -4.f : -8.f));
@@ -98,16 +99,7 @@ __device__ __forceinline__ float step_q4_5_0(const uint8_t *blk, const block_q8_
 // product); acc = acc + fma(d4d8, float(isum), m4s8/2) (the two threads of a block each add half the offset term).
 template <int TYPE>
 __device__ __forceinline__ float step_q4_5_1(const uint8_t *blk, const block_q8_1 *y, int s, float acc) {
-    const int iqs = 2 * s;
-    int sumi = 0;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int v = load_b2(blk + (TYPE == 3 ? 4 : 8), iqs + i);
-        int vi0 = v & 0x0F0F0F0F, vi1 = (v >> 4) & 0x0F0F0F0F;
-        if constexpr (TYPE == 7) q5_high_bits(load_b2(blk + 4, 0) >> (4 * (iqs + i)), vi0, vi1);
-        sumi = ciq_dot4(vi0, load_b4(y->qs, iqs + i), sumi);
-        sumi = ciq_dot4(vi1, load_b4(y->qs, iqs + i + 4), sumi);
-    }
+    const int sumi = raw_isum<TYPE == 7>(blk + (TYPE == 7 ? 8 : 4), blk + 4, y, s);
     const uint16_t *dm = reinterpret_cast<const uint16_t *>(blk);
     const float d4d8 = ciq_half_to_float(__half_as_ushort(__hmul(__ushort_as_half(dm[0]), __ushort_as_half(y->d))));
     const float m4s8 = ciq_half_to_float(__half_as_ushort(__hmul(__ushort_as_half(dm[1]), __ushort_as_half(y->s))));
