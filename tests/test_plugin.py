@@ -35,10 +35,10 @@ def plugin_path(llama, native_lib, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def plugin_device(plugin_path):
-    """The device the plugin offers in this process: CIQ_CPU over a CPU-only llama.cpp, CIQ0 over a CUDA one."""
+    """The device the tests use: CIQ_CPU over a CPU-only llama.cpp, CIQ0 (the first of one per GPU) over a CUDA one."""
     with plugin.Plugin(plugin_path) as loaded:
         devices = loaded.devices
-    assert len(devices) == 1
+    assert devices == ["CIQ_CPU"] or devices[0] == "CIQ0", devices
     return devices[0]
 
 
@@ -326,3 +326,34 @@ def test_bad_switch_value_is_one_line(plugin_path, llama):
     proc = subprocess.run([sys.executable, "-c", code, str(plugin_path)], env=env, capture_output=True, text=True,
                           timeout=120)
     assert proc.stdout.strip() == "InvalidArgumentError GGML_CIQ_OFFLOAD=bogus is not all or none", proc.stderr[-2000:]
+
+
+def test_one_device_per_cuda_device(plugin_path, llama):
+    """CIQi for each CUDAi that the ggml has and libggml_ciq sees, whatever their count (llama.cpp's layer split,
+    `-dev CIQ0/CUDA0/CIQ1/CUDA1 -ts 0/1/0/1`, carries a model over several GPUs through our kernels), each lending
+    CUDAi's buffers (named in its description); CIQ_CPU alone over a ggml without GPU devices. The same holds in a
+    process where CUDA_VISIBLE_DEVICES hides every GPU: no CIQ GPU device then."""
+    import subprocess
+    import sys
+
+    from ggml_ciq import native
+
+    ggml_gpus = [name for name in llama.devices() if name.startswith("CUDA")]
+    n = 0
+    while f"CUDA{n}" in ggml_gpus and n < native.device_count():
+        n += 1
+    with plugin.Plugin(plugin_path) as loaded:
+        described = loaded.describe()["devices"]
+    if n:
+        assert [d["name"] for d in described] == [f"CIQ{i}" for i in range(n)], described
+        assert all(d["description"].endswith(f"(CUDA{i}'s memory)") for i, d in enumerate(described)), described
+    elif not ggml_gpus:
+        assert [d["name"] for d in described] == ["CIQ_CPU"], described
+    else:  # a CUDA ggml where libggml_ciq sees no GPU: nothing to offer
+        assert described == [], described
+    code = ("from ggml_ciq import plugin\nwith plugin.Plugin(plugin.Path(__import__('sys').argv[1])) as p:\n"
+            "    print(','.join(p.devices))")
+    proc = subprocess.run([sys.executable, "-c", code, str(plugin_path)], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert proc.returncode == 0 and proc.stdout.strip() in ("CIQ_CPU", ""), (proc.stdout, proc.stderr[-2000:])
+    assert not proc.stdout.strip().startswith("CIQ0"), proc.stdout

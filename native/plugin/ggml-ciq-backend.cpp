@@ -4,11 +4,13 @@
 // walks the nodes. It is a thin adapter from ggml tensors onto the libggml_ciq C API: which kernel runs, and
 // whether it is worth taking the op at all, is asked of the library (ciq_gemm_adapter below), never decided here.
 //
-// Devices (at most one is exposed, chosen when ggml loads the plugin):
-//   CIQ0     GGML_BACKEND_DEVICE_TYPE_GPU, when the ggml it is loaded into has a CUDA0 device and libggml_ciq sees a
-//            GPU. It hands out CUDA0's own buffer type, so weights, KV cache and activations stay in CUDA0's memory
-//            and its MUL_MATs read tensor->data as device pointers (libggml_ciq device 0). Run as
-//            `-dev CIQ0/CUDA0 -ts 0/1`.
+// Devices (chosen when ggml loads the plugin):
+//   CIQi     GGML_BACKEND_DEVICE_TYPE_GPU, one for each CUDAi of the ggml it is loaded into (i = 0, 1, ... while ggml
+//            has CUDAi and libggml_ciq sees GPU i: both count the CUDA runtime's devices in its order). CIQi hands out
+//            CUDAi's own buffer type, so weights, KV cache and activations stay in CUDAi's memory and its MUL_MATs
+//            read tensor->data as device pointers (libggml_ciq device i). Run as `-dev CIQ0/CUDA0 -ts 0/1`; over
+//            several GPUs `-dev CIQ0/CUDA0/CIQ1/CUDA1 -ts 0/1/0/1` (llama.cpp's layer split: each layer's weights in
+//            one CUDAi's buffers, its MUL_MATs on CIQi).
 //   CIQ_CPU  GGML_BACKEND_DEVICE_TYPE_ACCEL over a ggml without GPU devices: the CPU buffer type (as ggml-blas),
 //            our CPU kernels in llama.cpp CPU's semantics. Weights must be raw GGUF blocks: load the model without
 //            CPU repacking (llama_model_params.use_extra_bufts = false, `--no-repack`); repacked buffers are not host
@@ -100,8 +102,9 @@ struct device_context {
     std::string name, description;
 };
 
-device_context g_device;
-ggml_backend_device g_ggml_device;
+constexpr int MAX_DEVICES = 16;  // ggml's GGML_CUDA_MAX_DEVICES
+device_context g_devices[MAX_DEVICES];
+ggml_backend_device g_ggml_devices[MAX_DEVICES];
 int g_device_count = 0;
 
 ggml_guid_t backend_guid() {
@@ -296,7 +299,7 @@ size_t reg_get_device_count(ggml_backend_reg_t) { return (size_t)g_device_count;
 
 ggml_backend_dev_t reg_get_device(ggml_backend_reg_t, size_t index) {
     GGML_ASSERT((int)index < g_device_count);
-    return &g_ggml_device;
+    return &g_ggml_devices[index];
 }
 
 void set_n_threads(ggml_backend_t backend, int n_threads) {
@@ -345,29 +348,33 @@ bool switches_valid() {
     return false;
 }
 
-// One device at most: CIQ0 when the ggml has CUDA0 and libggml_ciq sees a GPU; CIQ_CPU when the ggml has no GPU
-// device at all; none otherwise (a CUDA llama.cpp on a machine where our library has no GPU: nothing to offer).
-void discover_device() {
+// CIQi for CUDA0, CUDA1, ... as long as the ggml has CUDAi and libggml_ciq sees GPU i; CIQ_CPU when the ggml has no
+// GPU device at all; none otherwise (a CUDA llama.cpp on a machine where our library has no GPU: nothing to offer).
+void discover_devices() {
     bool ggml_has_gpu = false;
     for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
         const enum ggml_backend_dev_type type = ggml_backend_dev_type(ggml_backend_dev_get(i));
         ggml_has_gpu |= type == GGML_BACKEND_DEVICE_TYPE_GPU || type == GGML_BACKEND_DEVICE_TYPE_IGPU;
     }
-    ggml_backend_dev_t cuda = ggml_backend_dev_by_name("CUDA0");
     int gpus = 0;
     if (ciq_device_count(&gpus) != CIQ_OK) gpus = 0;
-    char name[256] = "";
-    if (cuda != nullptr && gpus > 0 && ciq_device_name(0, name, sizeof name) == CIQ_OK) {
-        g_device = {0, cuda, "CIQ0", std::string("ggml-ciq keep-quant GEMM on ") + name + " (CUDA0's memory)"};
-    } else if (!ggml_has_gpu) {
-        g_device = {CIQ_DEVICE_CPU, nullptr, "CIQ_CPU", "ggml-ciq keep-quant GEMM on the CPU (llama.cpp CPU semantics)"};
-    } else {
-        GGML_LOG_INFO("ggml-ciq: %s, so the plugin offers no device\n",
-                      cuda == nullptr ? "this ggml has GPU devices but no CUDA0" : "libggml_ciq sees no CUDA GPU");
-        return;
+    for (int i = 0; i < MAX_DEVICES && i < gpus; i++) {
+        const std::string cuda_name = "CUDA" + std::to_string(i);
+        ggml_backend_dev_t cuda = ggml_backend_dev_by_name(cuda_name.c_str());
+        char name[256] = "";
+        if (cuda == nullptr || ciq_device_name(i, name, sizeof name) != CIQ_OK) break;
+        g_devices[i] = {i, cuda, "CIQ" + std::to_string(i),
+                        std::string("ggml-ciq keep-quant GEMM on ") + name + " (" + cuda_name + "'s memory)"};
+        g_device_count = i + 1;
     }
-    g_ggml_device = {device_interface, nullptr, &g_device};
-    g_device_count = 1;
+    if (g_device_count == 0 && !ggml_has_gpu) {
+        g_devices[0] = {CIQ_DEVICE_CPU, nullptr, "CIQ_CPU", "ggml-ciq keep-quant GEMM on the CPU (llama.cpp CPU semantics)"};
+        g_device_count = 1;
+    } else if (g_device_count == 0) {
+        GGML_LOG_INFO("ggml-ciq: %s, so the plugin offers no device\n",
+                      ggml_backend_dev_by_name("CUDA0") == nullptr ? "this ggml has GPU devices but no CUDA0"
+                                                                   : "libggml_ciq sees no CUDA GPU");
+    }
 }
 
 }  // namespace
@@ -379,8 +386,8 @@ ggml_backend_reg_t ggml_backend_ciq_reg(void) {
     std::call_once(once, [] {
         usable = ggml_matches() && switches_valid();
         if (usable) {
-            discover_device();
-            g_ggml_device.reg = &reg;
+            discover_devices();
+            for (int i = 0; i < g_device_count; i++) g_ggml_devices[i] = {device_interface, &reg, &g_devices[i]};
         }
     });
     return usable ? &reg : nullptr;
