@@ -540,12 +540,14 @@ def test_q32_and_q5k_match_llamacpp_mmq(llama_cuda, ggml_type, variant, rows, k,
         assert err <= 1e-10, (Q.type_name(ggml_type), rows, k, tokens, err)
 
 
-@pytest.mark.parametrize("ggml_type", [Q.Q4_K, Q.Q6_K])
+@pytest.mark.parametrize("ggml_type", [Q.Q4_K, Q.Q6_K, Q.Q5_K])
 def test_offload_table_on_hopper(wgmma, ggml_type, monkeypatch):
     """The ggml plugin takes a MUL_MAT where the registry's measured table says wgmma beats llama.cpp end to end: 128
     tokens and up (in llama-bench the 8B lost at 32 and 64 tokens, won at 128), weights of 1024x4096 values and up
-    (the Llama-3-8B shapes that won); never Gemma 3 270M's 640x2048, which lost. GGML_CIQ_OFFLOAD overrides."""
+    (the Llama-3-8B shapes that won); never Gemma 3 270M's 640x2048, which lost; Q5_K as Q4_K (API v18), never Q4_1 /
+    Q5_1. GGML_CIQ_OFFLOAD overrides."""
     monkeypatch.delenv("GGML_CIQ_OFFLOAD", raising=False)
+    assert not any(native.plan("auto", "cuda", "any", t, 4096, 4096, 512).offload for t in (Q.Q4_1, Q.Q5_1))
     take = {(rows, k, tokens): native.plan("auto", "cuda", "any", ggml_type, rows, k, tokens).offload
             for rows, k, tokens in ((1024, 4096, 128), (1024, 4096, 512), (14336, 4096, 2048), (4096, 14336, 129),
                                     (1024, 4096, 127), (4096, 4096, 64), (1023, 4096, 512), (640, 2048, 512),

@@ -204,6 +204,38 @@ def test_gemma_stays_on_cuda0_by_the_measured_table(plugin_path, plugin_device, 
     assert logits_agreement(logits, reference)["nmse"] <= 1e-10
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("ggml_type,rows,k,tokens", [(Q4_K, 4096, 4096, 512), (Q6_K, 4096, 4096, 128),
+                                                     (Q4_K, 14336, 4096, 201), (Q5_K, 4096, 14336, 129)])
+def test_default_table_mul_mats_on_ciq0(plugin_path, plugin_device, llama, monkeypatch, ggml_type, rows, k, tokens):
+    """The conformance cases test-backend-ops lacks (its MUL_MATs are all under the offload table: 0/0 there without
+    GGML_CIQ_OFFLOAD=all): one MUL_MAT at a size the default table gives CIQ0 (8B shapes from 128 tokens; odd token
+    counts), its supports_op taken, computed on CIQ0's backend by our wgmma (dispatch counters) against llama.cpp
+    CUDA0's own MMQ on the same blocks: test-backend-ops' bar for MUL_MAT (NMSE < 5e-4), and closer to the float64
+    product than CUDA0 is (f16 semantics against MMQ's q8_1 activations)."""
+    if plugin_device != "CIQ0":
+        pytest.skip(f"the plugin offers {plugin_device} here, not the GPU device CIQ0")
+    if not native.variant_available("cuda", "wgmma"):
+        pytest.skip("the default table offloads on Hopper (wgmma) only")
+    monkeypatch.delenv("GGML_CIQ_OFFLOAD", raising=False)
+    rng = np.random.default_rng(37)
+    weight = llama.quantize_chunk(ggml_type, (rng.standard_normal((rows, k)) * 0.02).astype(np.float32))
+    x = rng.standard_normal((tokens, k)).astype(np.float32)
+    assert native.plan("auto", "cuda", "any", ggml_type, rows, k, tokens).offload
+    theirs = llama.mul_mat(ggml_type, weight, rows, k, x, device="CUDA0")
+    with plugin.Plugin(plugin_path):
+        native.dispatch_reset()
+        ours = llama.mul_mat(ggml_type, weight, rows, k, x, device="CIQ0")
+        counts = {key: n for key, n in native.dispatch_counts().items() if n}
+    assert counts == {("wgmma", quants.type_name(ggml_type)): 1}, counts
+    truth = quants.gemm_f64(ggml_type, weight, rows, k, x)
+    print(f"{quants.type_name(ggml_type)} {rows} x {k}, {tokens} tokens: CIQ0 vs CUDA0 NMSE "
+          f"{quants.nmse(ours, theirs):.2e}; to float64 CIQ0 {quants.nmse(ours, truth):.2e}, "
+          f"CUDA0 {quants.nmse(theirs, truth):.2e}")
+    assert quants.nmse(ours, theirs) < 5e-4
+    assert quants.nmse(ours, truth) < quants.nmse(theirs, truth)
+
+
 _GGML_CDEF = """
 struct ggml_context; struct ggml_tensor; struct ggml_backend_device;
 struct ggml_init_params { size_t mem_size; void * mem_buffer; bool no_alloc; };

@@ -251,6 +251,11 @@ static const OffloadThreshold k_offload[] = {
     // 1.21x, pp512 1.71x - the switches eat the kernel's lead below 128 tokens.
     {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q4_K, 128, 1024 * 4096},
     {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q6_K, 128, 1024 * 4096},
+    // Q5_K (API v18): wgmma runs it as Q4_K (staged, RS form) and measured in Q4_K's class against MMQ at 8B shapes
+    // (H100, bench/results/summary/gemm-new-types-8b.json: 1.37x-1.48x at 16 tokens, 2.05x-2.57x at 128, 2.73x-3.37x
+    // at 512), so Q4_K's end-to-end thresholds. Q4_1 / Q5_1 (1.13x-1.22x at 128, 1.50x-1.63x at 512) are not
+    // offloaded: at 128 tokens their lead is what the two backend switches cost.
+    {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q5_K, 128, 1024 * 4096},
 };
 
 // ---------------------------------------------------------------------------------------------
