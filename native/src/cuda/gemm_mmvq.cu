@@ -94,6 +94,12 @@ __device__ __forceinline__ float step_q4_5_0(const uint8_t *blk, const block_q8_
     return __fmaf_rn(d_w, inner, acc);
 }
 
+// llama.cpp's __hmul of two fp16 values, as a float: their float product is exact (11-bit significands), so one
+// rounding to fp16 of it is the fp16 product (correctly rounded, inf past the range).
+__device__ __forceinline__ float half_product(uint16_t a, uint16_t b) {
+    return __half2float(__float2half_rn(__fmul_rn(ciq_half_to_float(a), ciq_half_to_float(b))));
+}
+
 // Q4_1 / Q5_1 (blocks {half d, half m[, qh], qs}): Q4_0's split of the values, quants 0..15 / 0..31; d4d8 =
 // half(d_w*d8) and m4s8 = half(m_w*s8) (llama.cpp's __hmul2 under FAST_FP16_AVAILABLE: one fp16 rounding of an exact
 // product); acc = acc + fma(d4d8, float(isum), m4s8/2) (the two threads of a block each add half the offset term).
@@ -101,8 +107,7 @@ template <int TYPE>
 __device__ __forceinline__ float step_q4_5_1(const uint8_t *blk, const block_q8_1 *y, int s, float acc) {
     const int sumi = raw_isum<TYPE == 7>(blk + (TYPE == 7 ? 8 : 4), blk + 4, y, s);
     const uint16_t *dm = reinterpret_cast<const uint16_t *>(blk);
-    const float d4d8 = ciq_half_to_float(__half_as_ushort(__hmul(__ushort_as_half(dm[0]), __ushort_as_half(y->d))));
-    const float m4s8 = ciq_half_to_float(__half_as_ushort(__hmul(__ushort_as_half(dm[1]), __ushort_as_half(y->s))));
+    const float d4d8 = half_product(dm[0], y->d), m4s8 = half_product(dm[1], y->s);
     return __fadd_rn(acc, __fmaf_rn(d4d8, (float)sumi, __fmul_rn(m4s8, 0.5f)));
 }
 
