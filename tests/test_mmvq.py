@@ -196,6 +196,27 @@ def test_emulated_gemm_bit_exact(emulated, rng, ggml_type, tokens):
                tokens)
 
 
+def test_emulated_gemm_refuses_misaligned_weights(emulated, rng):
+    """The CUDA kernel reads Q4_K/Q5_K blocks as 32-bit words (the others as 16-bit ones): a weight pointer off that
+    alignment is an error naming it, the output untouched, never a misaligned load."""
+    ffi, handle = emulated
+    ptr = lambda a: ffi.cast("void *", ffi.from_buffer(a))  # noqa: E731
+    xq = Q.quantize_q8_1(np.ones((1, 256), np.float32))
+    for ggml_type, offset, ok in ((Q.Q4_K, 2, False), (Q.Q5_K, 2, False), (Q.Q6_K, 2, True), (Q.Q4_1, 1, False),
+                                  (Q.Q4_1, 2, True)):
+        w = random_table(rng, ggml_type, 2, 256)
+        buf = np.zeros(w.size + 8, np.uint8)
+        buf[offset:offset + w.size] = w
+        out = poisoned((1, 2))
+        status = handle.mmvq_gemm(ggml_type, ffi.cast("uint8_t *", ptr(buf)) + offset, 2, 256, ptr(xq), 1,
+                                  ffi.cast("float *", ptr(out)))
+        if ok:
+            assert status == 0 and np.isfinite(out).all(), Q.type_name(ggml_type)
+        else:
+            assert status != 0 and "aligned" in ffi.string(handle.mmvq_last_error()).decode()
+            assert np.isnan(out).all()
+
+
 def test_emulated_gemm_rejects(emulated, rng):
     ffi, handle = emulated
     w = random_table(rng, Q.Q4_K, 2, 256)

@@ -312,6 +312,10 @@ ciq_status ciq_cuda_gemm_mmvq(int ggml_type, const void *weight, int64_t rows, i
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "MMVQ runs 1..%d tokens, got %lld", MMVQ_MAX_TOKENS, (long long)tokens);
     }
     if (rows == 0) return CIQ_OK;
+    const int align = ggml_type == 12 || ggml_type == 13 ? 4 : 2;  // Q4_K/Q5_K read qs and qh as 32-bit words
+    if ((uintptr_t)weight % align != 0) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "MMVQ: weights of type %d must be %d-byte aligned", ggml_type, align);
+    }
     switch (ggml_type) {
         case 2: launch_mmvq_tokens<2>(weight, rows, k, x_q8_1, tokens, out); break;
         case 6: launch_mmvq_tokens<6>(weight, rows, k, x_q8_1, tokens, out); break;
