@@ -10,6 +10,7 @@ import contextlib
 import importlib.util
 import os
 import pathlib
+import re
 import sys
 
 import cffi
@@ -125,7 +126,16 @@ ffi.cdef(_CDEF)
 
 
 def _lib_file(directory, stem):
-    """The shared library `stem` (e.g. "ggml-base") in `directory`, or None."""
+    """The shared library `stem` (e.g. "ggml-base") in `directory`, or None. Of ggml's own libraries the file named as
+    its soname (libggml.so.0) where there is one: libllama links them by soname, and llama-cpp-python's wheel holds
+    libggml.so, libggml.so.0 and libggml.so.0.25.3 as three copies, not links, so opening libggml.so after
+    `import llama_cpp` loaded libllama would map a second ggml, whose backend registry (the plugin's devices)
+    libllama never sees."""
+    directory = pathlib.Path(directory)
+    if stem.startswith("ggml"):
+        sonames = sorted(f for f in directory.glob(f"lib{stem}.so.*") if re.fullmatch(rf"lib{re.escape(stem)}\.so\.\d+", f.name))
+        if sonames:
+            return sonames[0]
     for name in (f"lib{stem}.so", f"lib{stem}.dylib", f"{stem}.dll"):
         if (directory / name).is_file():
             return directory / name

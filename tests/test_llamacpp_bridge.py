@@ -33,6 +33,22 @@ def test_library_info():
     assert (BRIDGE.type_size(Q6_K), BRIDGE.type_size(Q8_K), BRIDGE.type_size(F32)) == (210, 292, 4)
 
 
+def test_ggml_libraries_opened_by_their_soname_file(tmp_path):
+    """llama-cpp-python's wheel holds libggml.so, libggml.so.0 and libggml.so.0.25.3 as copies, not links; libllama
+    links libggml.so.0 by soname. ggml's libraries are opened as that file (one ggml in the process, whichever of
+    `import llama_cpp` and ours comes first: the plugin's devices in the registry libllama reads); libllama itself as
+    libllama.so, the file llama-cpp-python opens; a plain libggml.so where there is no soname file."""
+    for name in ("libggml.so", "libggml.so.0", "libggml.so.0.25.3", "libggml-base.so", "libggml-base.so.0",
+                 "libllama.so", "libllama.so.0"):
+        (tmp_path / name).write_bytes(b"")
+    assert llamacpp._lib_file(tmp_path, "ggml").name == "libggml.so.0"
+    assert llamacpp._lib_file(tmp_path, "ggml-base").name == "libggml-base.so.0"
+    assert llamacpp._lib_file(tmp_path, "llama").name == "libllama.so"
+    (tmp_path / "libggml.so.0").unlink()
+    assert llamacpp._lib_file(tmp_path, "ggml").name == "libggml.so"
+    assert llamacpp._lib_file(tmp_path, "ggml-cpu") is None
+
+
 def test_find_library_dir_errors(tmp_path, monkeypatch):
     with pytest.raises(LibraryNotFoundError, match="GGML_CIQ_LLAMACPP_LIB"):
         llamacpp.find_library_dir(tmp_path)

@@ -389,3 +389,53 @@ def test_one_device_per_cuda_device(plugin_path, llama):
                           env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
     assert proc.returncode == 0 and proc.stdout.strip() in ("CIQ_CPU", ""), (proc.stdout, proc.stderr[-2000:])
     assert not proc.stdout.strip().startswith("CIQ0"), proc.stdout
+
+
+_GENERATE = """
+    import json, sys
+    from llama_cpp import Llama
+    plugin_path, model_path, prompt, with_plugin = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+    if with_plugin:
+        from ggml_ciq import native, plugin
+        loaded = plugin.Plugin(plugin.Path(plugin_path))  # into the libggml llama_cpp loaded: CIQ_CPU, an ACCEL device
+        native.dispatch_reset()
+    llm = Llama(model_path=model_path, n_ctx=256, n_threads=2, n_gpu_layers=0, seed=0, verbose=False)
+    ids = []
+    for token in llm.generate(llm.tokenize(prompt.encode()), top_k=1, temp=0.0, repeat_penalty=1.0):
+        ids.append(int(token))
+        if len(ids) == 16:
+            break
+    gemms = sum(native.dispatch_counts().values()) if with_plugin else 0
+    print(json.dumps({"ids": ids, "gemms": gemms, "text": llm.detokenize(ids).decode(errors="replace")}))
+"""
+
+
+def test_llama_cpp_python_generates_through_the_plugin(plugin_path, cpu_device, gemma_full, tmp_path):
+    """The Python user's path: llama-cpp-python's own `Llama` over a CPU-only llama.cpp, with the plugin loaded into
+    its ggml (CIQ_CPU joins every context as an ACCEL device) and every MUL_MAT offloaded: 16 tokens generated at
+    temperature 0 from Gemma 3 270M, prompt and each decode step through our CPU kernels (dispatch counters), the same
+    tokens as llama.cpp alone (llama.cpp CPU's semantics, bit for bit). Each run in its own process (a plugin
+    registers once); both load the weights in plain buffers (tests/llamacpp_python.py)."""
+    import json
+    import subprocess
+    import sys
+
+    import llamacpp_python
+
+    script = tmp_path / "generate.py"
+    script.write_text(llamacpp_python.script(_GENERATE))
+    prompt = "The capital of France is"
+    runs = {}
+    for with_plugin in ("0", "1"):
+        env = dict(os.environ, GGML_CIQ_OFFLOAD="all")
+        proc = subprocess.run([sys.executable, str(script), str(plugin_path), str(gemma_full.path), prompt, with_plugin],
+                              env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[with_plugin] = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"llama.cpp: {runs['0']['text']!r}; through the plugin: {runs['1']['text']!r} "
+          f"({runs['1']['gemms']} GEMMs of ours)")
+    assert len(runs["0"]["ids"]) == 16 and runs["1"]["ids"] == runs["0"]["ids"]
+    # the prompt's GEMMs and 15 decode steps' (the 16th token needs no step of its own): Gemma's 18 layers x 7
+    # weights (+ the tied output) a step, in whole steps
+    per_step = 18 * 7 + 1
+    assert runs["1"]["gemms"] >= 16 * per_step - per_step and runs["1"]["gemms"] % per_step == 0, runs["1"]["gemms"]
