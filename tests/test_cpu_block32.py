@@ -147,16 +147,23 @@ def test_python_type_ids_are_the_headers(native_lib):
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
 def test_gpu_plans_mmq_only(native_lib, ggml_type):
-    """On a GPU the q32 kernel multiplies Q4_1/Q5_1 in MMQ's semantics (AUTO picks it at every token count); f16 and
-    cpu semantics are refused in planning with CIQ_ERR_UNSUPPORTED naming the type (NativeOps' f16 semantics then
-    dequantizes them to bf16)."""
+    """On a GPU the q32 kernel multiplies Q4_1/Q5_1 in MMQ's semantics (AUTO's "mmq" at every token count, "any" at
+    1..8 tokens); above 8 tokens AUTO's "any" takes wgmma on Hopper (f16, `fma(q, d, m)`, API v18; K 576 is a multiple
+    of 64), q32 elsewhere; cpu semantics is refused in planning with CIQ_ERR_UNSUPPORTED naming the type, and so is
+    f16 where there is no wgmma."""
     if native.device_count() == 0:
         pytest.skip("no GPU (or libggml_ciq built without CUDA)")
     name = Q.type_name(ggml_type)
-    for variant, semantics in (("auto", "any"), ("auto", "mmq"), ("q32", "mmq"), ("q32", "any")):
+    hopper = native.variant_available("cuda", "wgmma")
+    q32 = ("q32", "mmq", "q8_1_mmq_ds4")
+    for variant, semantics in (("auto", "mmq"), ("q32", "mmq"), ("q32", "any")):
         for tokens in (1, 9, 512):
             p = native.plan(variant, 0, semantics, ggml_type, 64, 576, tokens)
-            assert (p.variant, p.semantics, p.layout) == ("q32", "mmq", "q8_1_mmq_ds4"), (variant, semantics, tokens)
-    for semantics in ("f16", "cpu"):
+            assert (p.variant, p.semantics, p.layout) == q32, (variant, semantics, tokens)
+    for tokens in (1, 8, 9, 512):
+        p = native.plan("auto", 0, "any", ggml_type, 64, 576, tokens)
+        want = ("wgmma", "f16", "f16") if hopper and tokens > 8 else q32
+        assert (p.variant, p.semantics, p.layout) == want, tokens
+    for semantics in ("cpu",) if hopper else ("f16", "cpu"):
         with pytest.raises(CiqError, match=name):
             native.plan("auto", 0, semantics, ggml_type, 64, 512, 9)

@@ -146,20 +146,28 @@ def test_python_type_id_is_the_headers(native_lib):
     """quants.Q5_K and its block layout are ggml_ciq.h's CIQ_TYPE_Q5_K and the library's block size."""
     assert Q.Q5_K == native_lib.lib.CIQ_TYPE_Q5_K == 13
     assert Q.BLOCK_LAYOUT[Q.Q5_K] == (256, 176) and Q.Q5_K in native.variant_info("cpu").weight_types
-    assert Q.Q5_K in Q.HOST_KEEP_QUANT_TYPES and Q.Q5_K not in Q.KEEP_QUANT_TYPES  # no f16 kernel
+    assert Q.Q5_K in Q.HOST_KEEP_QUANT_TYPES and Q.Q5_K not in Q.KEEP_QUANT_TYPES  # kept in blocks where planned
 
 
 def test_gpu_plans_mma_in_mmq_semantics(native_lib):
     """On a GPU the mma kernel multiplies Q5_K in MMQ's semantics (MMQ's Q4_K formula on 5-bit quants; bit for bit
-    with llama.cpp CUDA: tests/test_cuda.py), AUTO's "any" and "mmq" included; cpu and f16 semantics and the WMMA
-    variants refuse it in planning, naming the type (NativeOps' f16 semantics then dequantizes it to bf16)."""
+    with llama.cpp CUDA: tests/test_cuda.py) at every token count; AUTO's "any" takes mmvq at 1..8 tokens (llama.cpp's
+    MMVQ, API v18) and above them wgmma on Hopper (f16, API v18), else mma; cpu semantics and the WMMA variants refuse
+    it in planning, naming the type, and so does f16 where there is no wgmma."""
     if native.device_count() == 0:
         pytest.skip("no GPU (or libggml_ciq built without CUDA)")
-    for variant, semantics in (("auto", "any"), ("auto", "mmq"), ("mma", "mmq")):
+    hopper = native.variant_available("cuda", "wgmma")
+    mma, f16 = ("mma", "mmq", "q8_1_mmq_ds4"), ("wgmma", "f16", "f16")
+    for variant, semantics in (("auto", "mmq"), ("mma", "mmq")):
         for tokens in (1, 9, 512):
             p = native.plan(variant, 0, semantics, Q5_K, 64, 512, tokens)
-            assert (p.variant, p.semantics, p.layout) == ("mma", "mmq", "q8_1_mmq_ds4"), (variant, semantics, tokens)
-    for variant, semantics in (("auto", "cpu"), ("auto", "f16"), ("wmma", "cpu"), ("wgmma", "f16")):
+            assert (p.variant, p.semantics, p.layout) == mma, (variant, semantics, tokens)
+    for tokens, want in ((1, ("mmvq", "mmvq", "q8_1")), (8, ("mmvq", "mmvq", "q8_1")), (9, f16 if hopper else mma),
+                         (512, f16 if hopper else mma)):
+        p = native.plan("auto", 0, "any", Q5_K, 64, 512, tokens)
+        assert (p.variant, p.semantics, p.layout) == want, tokens
+    refused = [("auto", "cpu"), ("wmma", "cpu")] + ([] if hopper else [("auto", "f16"), ("wgmma", "f16")])
+    for variant, semantics in refused:
         with pytest.raises(CiqError, match="Q5_K"):
             native.plan(variant, 0, semantics, Q5_K, 64, 512, 9)
 
@@ -214,8 +222,9 @@ def test_cli_diff_takes_q5k(q5k_model, llama, native_lib, tmp_path, tokens):
 @pytest.mark.gpu
 @pytest.mark.parametrize("semantics", ["llamacpp", "fast"])
 def test_gpu_engine_runs_q5k_on_mma(q5k_model, native_lib, rng, semantics):
-    """The GPU engine keeps the Q5_K weights in their blocks and runs them on mma (MMQ's semantics; the fast semantics
-    too, AUTO having no f16 kernel for Q5_K), once per weight and micro-batch, near the CPU engine's logits."""
+    """The GPU engine keeps the Q5_K weights in their blocks and runs them on mma in MMQ's semantics, and in the fast
+    semantics on wgmma where there is one (Hopper, API v18; mma elsewhere), once per weight and micro-batch (16, 16
+    and 9 tokens: none at MMVQ's sizes), near the CPU engine's logits."""
     from ggml_ciq.engine import Transformer, make_ops
     from ggml_ciq.model import ModelFile
     from test_engine import agreement
@@ -228,7 +237,9 @@ def test_gpu_engine_runs_q5k_on_mma(q5k_model, native_lib, rng, semantics):
     native.dispatch_reset()
     gpu = Transformer(m, ops=make_ops("cuda", semantics), n_ubatch=16).forward(tokens, all_logits=True)
     counts = native.dispatch_counts()
-    assert counts[("mma", "Q5_K")] >= 3 * 2 and counts[("cpu", "Q5_K")] == 0, counts  # gate and up apart or stacked
+    kernel = "wgmma" if semantics == "fast" and native.variant_available("cuda", "wgmma") else "mma"
+    assert counts[(kernel, "Q5_K")] >= 3 * 2 and counts[("cpu", "Q5_K")] == 0, counts  # gate and up apart or stacked
+    assert sum(n for (v, t), n in counts.items() if t == "Q5_K" and v != kernel) == 0, counts
     top1, kl, err = agreement(gpu, cpu)
     print(f"Q5_K model, cuda {semantics} vs cpu engine: NMSE {err:.2e}, top-1 {top1:.3f}, KL {kl:.2e}; {counts}")
     # The bound of test_engine.py's cuda-vs-cpu engine test (MMQ's q8_1 or f16 against the CPU's q8_K on a random model
