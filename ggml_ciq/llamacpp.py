@@ -133,7 +133,8 @@ def _lib_file(directory, stem):
     libllama never sees."""
     directory = pathlib.Path(directory)
     if stem.startswith("ggml"):
-        sonames = sorted(f for f in directory.glob(f"lib{stem}.so.*") if re.fullmatch(rf"lib{re.escape(stem)}\.so\.\d+", f.name))
+        soname = re.compile(rf"lib{re.escape(stem)}\.so\.\d+")
+        sonames = sorted(f for f in directory.glob(f"lib{stem}.so.*") if soname.fullmatch(f.name))
         if sonames:
             return sonames[0]
     for name in (f"lib{stem}.so", f"lib{stem}.dylib", f"{stem}.dll"):

@@ -180,7 +180,7 @@ def build(build_dir: Path | str, library: Path | str | None = None, ggml_version
     from .errors import BackendError
 
     if library is None:
-        from . import native, quants
+        from . import native
 
         library = native.load().path
     build_dir = Path(build_dir)

@@ -60,6 +60,12 @@ float step_q4_5_0(const uint8_t *blk, const block_q8_1 *y, int s, float acc) {
     return std::fma(d_w, inner, acc);
 }
 
+// The GPU's __hmul of two fp16 values, as a float: their float product is exact (11-bit significands), so one
+// rounding of it to fp16 is the fp16 product.
+float half_product(uint16_t a, uint16_t b) {
+    return ciq_fp16_to_fp32(ciq_fp32_to_fp16(ciq_fp16_to_fp32(a) * ciq_fp16_to_fp32(b)));
+}
+
 // Q4_1 / Q5_1 ({half d, half m[, qh], qs}): Q4_0's split, quants 0..15 / 0..31; d4d8 = half(d_w*d8), m4s8 =
 // half(m_w*s8) (the GPU's __hmul2: the float product of two halves is exact, one rounding to half);
 // acc = acc + fma(d4d8, float(isum), m4s8/2).
@@ -67,8 +73,7 @@ template <int TYPE>
 float step_q4_5_1(const uint8_t *blk, const block_q8_1 *y, int s, float acc) {
     const uint16_t d_w = (uint16_t)(blk[0] | blk[1] << 8), m_w = (uint16_t)(blk[2] | blk[3] << 8);
     const int isum = raw_isum(blk + (TYPE == 7 ? 8 : 4), TYPE == 7 ? blk + 4 : nullptr, y, s);
-    const float d4d8 = ciq_fp16_to_fp32(ciq_fp32_to_fp16(ciq_fp16_to_fp32(d_w) * ciq_fp16_to_fp32(y->d)));
-    const float m4s8 = ciq_fp16_to_fp32(ciq_fp32_to_fp16(ciq_fp16_to_fp32(m_w) * ciq_fp16_to_fp32(y->s)));
+    const float d4d8 = half_product(d_w, y->d), m4s8 = half_product(m_w, y->s);
     return acc + std::fma(d4d8, (float)isum, m4s8 * 0.5f);
 }
 
