@@ -443,7 +443,7 @@ def _llamacpp_arms(emit, path: str, device: str, threads: int, n_tokens: int | N
 
 
 def _plugin_arm(emit, path: str, device: str, threads: int, tokens, flash_attn: bool, repeat: int) -> None:
-    """llama.cpp with the plugin loaded (CPU: its CIQ_CPU device; CUDA: devices CIQ0 and CUDA0), timed as llama.cpp,
+    """llama.cpp with the plugin loaded (CPU: its CIQ_CPU device beside llama.cpp CPU; CUDA: device CIQ0), timed as llama.cpp,
     in isolation.py's child; its settings name the plugin's devices and count the GEMMs our library ran. Emits its
     logits and its Arm."""
     from . import native
@@ -453,7 +453,7 @@ def _plugin_arm(emit, path: str, device: str, threads: int, tokens, flash_attn: 
 
     with Plugin() as loaded:
         devices = loaded.devices
-        options = {} if device == "cpu" else {"devices": [d for d in devices if d != "CIQ_CPU"] + ["CUDA0"]}
+        options = {} if device == "cpu" else {"devices": ["CIQ0"]}  # CUDA0 with our GEMMs: the whole graph
         native.dispatch_reset()
         with LlamaModel(path, device=device, threads=threads, **options) as model, \
                 model.context_for(len(tokens), n_batch=512, flash_attn=flash_attn) as ctx:

@@ -329,8 +329,8 @@ class LlamaModel(Closeable):
         arithmetic, the one our CPU engine follows (docs/SEMANTICS.md), llama.cpp 0c1e570's AMX mul_mat, which
         segfaults on Q4_K (EXTRA_BUFFERS_WARNING), is never reached, and the plugin's CIQ_CPU device can read the
         weights. extra_buffers=True is llama.cpp's own default, for measuring it. devices names the ggml devices of
-        a "cuda" model, the last one holding every layer (["CIQ0", "CUDA0"]: the plugin's GPU device is offered each
-        MUL_MAT first, docs/PLUGIN.md)."""
+        a "cuda" model, the last one holding every layer (["CIQ0"]: the plugin's GPU device, CUDA0 with our GEMMs,
+        runs the whole graph; docs/PLUGIN.md)."""
         self._model = None
         path = Path(path)
         if not path.is_file():
@@ -369,7 +369,7 @@ class LlamaModel(Closeable):
             mparams.devices = self._devices
             mparams.main_gpu = len(devices) - 1
             if len(devices) > 1:
-                # As llama-bench's `-dev CIQ0/CUDA0 -ts 0/1`: split by layer with every layer on the last device, so
+                # As llama-bench's `-dev A/B -ts 0/1`: split by layer with every layer on the last device, so
                 # the others stay in the context's scheduler (in front, taking the ops they support) and hold no
                 # weights. Split mode NONE would keep the main device alone and drop the rest.
                 mparams.split_mode = LLAMA_SPLIT_MODE_LAYER

@@ -7,6 +7,7 @@ libggml_ciq in use (headers: $GGML_CIQ_LLAMACPP_SRC or the cached/fetched sdist)
 GGML_CIQ_REQUIRE_LLAMACPP=1."""
 
 import os
+import textwrap
 from collections import Counter
 
 import cffi
@@ -156,7 +157,7 @@ def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all
             reference = ctx.prefill(tokens)
     with plugin.Plugin(plugin_path):
         native.dispatch_reset()
-        with LlamaModel(path, device="cuda", devices=["CIQ0", "CUDA0"]) as model, \
+        with LlamaModel(path, device="cuda", devices=["CIQ0"]) as model, \
                 model.context_for(len(tokens), flash_attn=False) as ctx:
             logits = ctx.prefill(tokens)
         counts = native.dispatch_counts()
@@ -177,31 +178,100 @@ def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all
 
 
 @pytest.mark.gpu
-def test_gemma_stays_on_cuda0_by_the_measured_table(plugin_path, plugin_device, gemma_full, monkeypatch):
-    """Without GGML_CIQ_OFFLOAD the registry's offload table decides: Gemma 3 270M's weights (640 x 1024 and the
-    like, under 1024 x 4096 values) lost end to end when offloaded, so CIQ0 declines every one of its MUL_MATs, our
-    library runs no GEMM, and the logits are CUDA0's own (same semantics: NMSE <= 1e-10)."""
+@pytest.mark.parametrize("flash_attn", [False, True])
+def test_ciq0_offloading_nothing_is_cuda0(plugin_path, plugin_device, gemma_full, monkeypatch, flash_attn):
+    """CIQ0 is CUDA0 with our GEMMs: with GGML_CIQ_OFFLOAD=none it takes the whole graph (the model's only device) and
+    hands every node to its CUDA0 backend as graph views, so the logits are CUDA0's own, bit for bit, and our library
+    runs nothing."""
     from ggml_ciq.compare import logits_agreement
     from ggml_ciq.llama_model import LlamaModel
 
     if plugin_device != "CIQ0":
         pytest.skip(f"the plugin offers {plugin_device} here, not the GPU device CIQ0")
-    monkeypatch.delenv("GGML_CIQ_OFFLOAD", raising=False)
+    monkeypatch.setenv("GGML_CIQ_OFFLOAD", "none")
     text = open(PROMPT).read()
     with LlamaModel(gemma_full.path, device="cuda") as model:
         tokens = model.tokenize(text)
-        with model.context_for(len(tokens), flash_attn=False) as ctx:
+        with model.context_for(len(tokens), flash_attn=flash_attn) as ctx:
             reference = ctx.prefill(tokens)
     with plugin.Plugin(plugin_path):
         native.dispatch_reset()
-        with LlamaModel(gemma_full.path, device="cuda", devices=["CIQ0", "CUDA0"]) as model, \
-                model.context_for(len(tokens), flash_attn=False) as ctx:
+        with LlamaModel(gemma_full.path, device="cuda", devices=["CIQ0"]) as model, \
+                model.context_for(len(tokens), flash_attn=flash_attn) as ctx:
             logits = ctx.prefill(tokens)
+            again = ctx.prefill(tokens)  # CUDA0's CUDA graphs of the views, replayed
             load_log = model.load_log
         counts = native.dispatch_counts()
-    assert "using device CIQ0" in load_log  # in the model's devices (split mode NONE would have dropped it)
+    assert "using device CIQ0" in load_log
     assert sum(counts.values()) == 0, counts
-    assert logits_agreement(logits, reference)["nmse"] <= 1e-10
+    assert logits_agreement(logits, reference)["nmse"] == 0
+    assert logits_agreement(again, reference)["nmse"] == 0
+
+
+_GENERATE_GPU = """
+    import ctypes, json, sys
+    import llama_cpp.llama_cpp as _bindings
+    from llama_cpp import Llama
+    from ggml_ciq import native, plugin
+    plugin_path, model_path, prompt, device = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+    loaded = plugin.Plugin(plugin.Path(plugin_path))  # into the libggml llama_cpp loaded: CIQ0 beside CUDA0
+    handle = loaded._lib.ggml_backend_dev_by_name(device.encode())
+    assert handle != loaded.ffi.NULL, device
+    _devices = (ctypes.c_void_p * 2)(int(loaded.ffi.cast("uintptr_t", handle)), None)
+    _with_devices = _bindings.llama_model_default_params
+    def _on_device():
+        params = _with_devices()
+        params.devices = ctypes.cast(_devices, ctypes.c_void_p).value  # the model on that device alone
+        return params
+    _bindings.llama_model_default_params = _on_device
+    native.dispatch_reset()
+    llm = Llama(model_path=model_path, n_ctx=256, n_gpu_layers=-1, seed=0, verbose=False)
+    ids = []
+    for token in llm.generate(llm.tokenize(prompt.encode()), top_k=1, temp=0.0, repeat_penalty=1.0):
+        ids.append(int(token))
+        if len(ids) == 16:
+            break
+    print(json.dumps({"ids": ids, "gemms": sum(native.dispatch_counts().values()),
+                      "text": llm.detokenize(ids).decode(errors="replace")}))
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offload", ["table", "all"])
+def test_llama_cpp_python_generates_on_ciq0(plugin_path, plugin_device, gemma_full, tmp_path, offload):
+    """The Python user's path on a GPU: llama-cpp-python's own `Llama` with its model on CIQ0 (the plugin loaded into
+    its ggml), 16 tokens at temperature 0 from Gemma 3 270M, against the same on CUDA0. The measured table takes none
+    of a short prompt's or a decode step's MUL_MATs: the same tokens, bit for bit, and no GEMM of ours. With every
+    MUL_MAT offloaded (GGML_CIQ_OFFLOAD=all: wgmma on the prompt, mmvq on each step) every step's GEMMs are ours;
+    the semantics differ from MMQ's and MMVQ's, so the bar is the first token and the count (printed: both texts)."""
+    import json
+    import subprocess
+    import sys
+
+    if plugin_device != "CIQ0":
+        pytest.skip(f"the plugin offers {plugin_device} here, not the GPU device CIQ0")
+    script = tmp_path / "generate.py"
+    script.write_text(textwrap.dedent(_GENERATE_GPU))
+    env = dict(os.environ)
+    env.pop("GGML_CIQ_OFFLOAD", None)
+    if offload == "all":
+        env["GGML_CIQ_OFFLOAD"] = "all"
+    runs = {}
+    for device in ("CUDA0", "CIQ0"):
+        proc = subprocess.run([sys.executable, str(script), str(plugin_path), str(gemma_full.path),
+                               "The capital of France is", device], env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[device] = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"CUDA0: {runs['CUDA0']['text']!r}; CIQ0 ({offload}): {runs['CIQ0']['text']!r} "
+          f"({runs['CIQ0']['gemms']} GEMMs of ours)")
+    assert len(runs["CUDA0"]["ids"]) == 16 and runs["CUDA0"]["gemms"] == 0
+    if offload == "table":
+        assert runs["CIQ0"]["ids"] == runs["CUDA0"]["ids"] and runs["CIQ0"]["gemms"] == 0
+    else:
+        per_step = 18 * 7 + 1  # Gemma's 18 layers x 7 weights + the tied output, in whole steps
+        assert runs["CIQ0"]["ids"][0] == runs["CUDA0"]["ids"][0]
+        assert runs["CIQ0"]["gemms"] >= 15 * per_step and runs["CIQ0"]["gemms"] % per_step == 0, runs["CIQ0"]["gemms"]
 
 
 @pytest.mark.gpu

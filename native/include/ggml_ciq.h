@@ -38,7 +38,7 @@
 extern "C" {
 #endif
 
-#define GGML_CIQ_API_VERSION 18
+#define GGML_CIQ_API_VERSION 19
 
 /* CDEF-BEGIN */
 typedef enum { CIQ_DEVICE_CPU = -1 } ciq_device_index; /* the host as a device; GPUs are 0..n-1 */
@@ -251,6 +251,14 @@ ciq_status ciq_graph_capture_begin(int device);
 ciq_status ciq_graph_capture_end(int device, void **graph);
 ciq_status ciq_graph_launch(void *graph);
 ciq_status ciq_graph_free(void *graph);
+
+/* Ordering this thread's GPU calls against another library's CUDA streams (the ggml plugin against ggml-cuda's)
+ * without a host wait. event is a cudaEvent_t created on that GPU by the other library. wait: this thread's later
+ * calls on device run after the work event recorded (cudaStreamWaitEvent on the stream they are issued to); record:
+ * event records this thread's calls issued so far on device (cudaEventRecord), for the other library to wait on.
+ * Both may run inside a capture. CPU: CIQ_ERR_UNSUPPORTED. */
+ciq_status ciq_stream_wait_event(int device, void *event);
+ciq_status ciq_stream_record_event(int device, void *event);
 
 /* Transformer ops for the prefill engine. Tensors are contiguous and row-major (rows first, features last), all
  * float math is float32, f16 is IEEE half (the K/V cache), bf16 the upper half of a float32. out may equal an

@@ -1,20 +1,19 @@
 // ggml-ciq-backend.cpp - a ggml backend (loadable plugin) whose MUL_MATs run through libggml_ciq. docs/PLUGIN.md.
 //
-// Shaped like ggml-blas: one registry, a device that accelerates MUL_MAT and nothing else, a graph_compute that
-// walks the nodes. It is a thin adapter from ggml tensors onto the libggml_ciq C API: which kernel runs, and
-// whether it is worth taking the op at all, is asked of the library (ciq_gemm_adapter below), never decided here.
+// A thin adapter from ggml tensors onto the libggml_ciq C API: which kernel runs, and whether it is worth taking a
+// MUL_MAT at all, is asked of the library (ciq_gemm_adapter below), never decided here.
 //
 // Devices (chosen when ggml loads the plugin):
 //   CIQi     GGML_BACKEND_DEVICE_TYPE_GPU, one for each CUDAi of the ggml it is loaded into (i = 0, 1, ... while ggml
-//            has CUDAi and libggml_ciq sees GPU i: both count the CUDA runtime's devices in its order). CIQi hands out
-//            CUDAi's own buffer type, so weights, KV cache and activations stay in CUDAi's memory and its MUL_MATs
-//            read tensor->data as device pointers (libggml_ciq device i). Run as `-dev CIQ0/CUDA0 -ts 0/1`; over
-//            several GPUs `-dev CIQ0/CUDA0/CIQ1/CUDA1 -ts 0/1/0/1` (llama.cpp's layer split: each layer's weights in
-//            one CUDAi's buffers, its MUL_MATs on CIQi).
-//   CIQ_CPU  GGML_BACKEND_DEVICE_TYPE_ACCEL over a ggml without GPU devices: the CPU buffer type (as ggml-blas),
-//            our CPU kernels in llama.cpp CPU's semantics. Weights must be raw GGUF blocks: load the model without
-//            CPU repacking (llama_model_params.use_extra_bufts = false, `--no-repack`); repacked buffers are not host
-//            buffers in ggml's sense, so this device never claims their ops.
+//            has CUDAi and libggml_ciq sees GPU i: both count the CUDA runtime's devices in its order). CIQi is CUDAi
+//            with our GEMMs: it hands out CUDAi's buffer types, claims every op CUDAi claims, and its graph_compute
+//            runs the MUL_MATs the library takes itself and every other run of nodes through a CUDAi backend of its
+//            own (ggml-cuda's kernels, fusions and CUDA graphs), the two streams ordered by events: a micro-batch is
+//            one split and no host wait. Run as `-dev CIQ0`; over several GPUs `-dev CIQ0/CIQ1 -sm layer`.
+//   CIQ_CPU  GGML_BACKEND_DEVICE_TYPE_ACCEL over a ggml without GPU devices: the CPU buffer type (as ggml-blas), a
+//            device that takes MUL_MATs only, our CPU kernels in llama.cpp CPU's semantics. Weights must be raw GGUF
+//            blocks: load the model without CPU repacking (llama_model_params.use_extra_bufts = false,
+//            `--no-repack`); repacked buffers are not host buffers in ggml's sense, so it never claims their ops.
 //
 // It must run inside exactly the ggml it was compiled against (GGML_BACKEND_API_VERSION does not change when ggml's
 // op enum or tensor struct do): ggml_backend_init returns NULL with one log line otherwise.
@@ -52,6 +51,12 @@ struct gemm_request {
     float *out = nullptr;
 };
 
+#define CIQ_TRY_PLUGIN(call)                  \
+    do {                                      \
+        const ciq_status status_ = (call);    \
+        if (status_ != CIQ_OK) return status_; \
+    } while (0)
+
 ciq_status ciq_gemm_adapter(const gemm_request &r, bool execute, bool *offload) {
     // The host device promises llama.cpp CPU's semantics; a GPU runs whatever its fastest kernel implements.
     const ciq_semantics semantics = r.device == CIQ_DEVICE_CPU ? CIQ_SEMANTICS_CPU : CIQ_SEMANTICS_ANY;
@@ -65,6 +70,39 @@ ciq_status ciq_gemm_adapter(const gemm_request &r, bool execute, bool *offload) 
     const ciq_status status = ciq_gemm_plan(r.device, CIQ_VARIANT_AUTO, semantics, type, r.rows, r.k, r.tokens, &plan);
     *offload = status == CIQ_OK && plan.offload;
     return status;
+}
+
+// The activations one graph_compute has converted into a plan's layout, kept for the next MUL_MATs on the same
+// tensor (q/k/v, gate/up): ciq_gemm's values (it is plan, convert, ciq_gemm_quantized), one conversion. The caller
+// forgets them (valid = false) whenever a node may have written over the tensor since.
+struct converted_activations {
+    bool valid = false;
+    const void *x = nullptr;
+    int64_t tokens = 0, k = 0;
+    ciq_layout layout{};
+    void *buffer = nullptr;  // libggml_ciq device memory, grown on demand
+    size_t capacity = 0;
+};
+
+ciq_status ciq_gemm_converting_once(const gemm_request &r, converted_activations *c) {
+    ciq_plan plan;
+    CIQ_TRY_PLUGIN(ciq_gemm_plan(r.device, CIQ_VARIANT_AUTO, CIQ_SEMANTICS_ANY, (ciq_type)r.type, r.rows, r.k, r.tokens,
+                                 &plan));
+    const bool same = c->valid && c->x == r.x && c->tokens == r.tokens && c->k == r.k && c->layout == plan.activation_layout;
+    if (!same) {
+        c->valid = false;
+        if (c->capacity < plan.activation_bytes) {
+            if (c->buffer != nullptr) CIQ_TRY_PLUGIN(ciq_memory_free(r.device, c->buffer));  // waits for its readers
+            c->buffer = nullptr;
+            c->capacity = 0;
+            CIQ_TRY_PLUGIN(ciq_memory_alloc(r.device, plan.activation_bytes, &c->buffer));
+            c->capacity = plan.activation_bytes;
+        }
+        CIQ_TRY_PLUGIN(ciq_activations_quantize(r.device, plan.activation_layout, r.x, c->buffer, r.tokens, r.k));
+        *c = converted_activations{true, r.x, r.tokens, r.k, plan.activation_layout, c->buffer, c->capacity};
+    }
+    return ciq_gemm_quantized(r.device, &plan, (ciq_type)r.type, r.weight, r.weight_nbytes, r.rows, r.k, c->buffer,
+                              r.tokens, r.out, CIQ_OUT_F32);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -97,8 +135,8 @@ bool mul_mat_offloaded(int device, const ggml_tensor *node) {
 // Devices.
 
 struct device_context {
-    int ciq_device;                    // CIQ_DEVICE_CPU or 0
-    ggml_backend_dev_t cuda = nullptr; // GPU: CUDA0, whose buffer type we hand out
+    int ciq_device;                    // CIQ_DEVICE_CPU or the GPU's index
+    ggml_backend_dev_t cuda = nullptr; // GPU: CUDAi, whose buffer types, ops and kernels CIQi builds on
     std::string name, description;
 };
 
@@ -112,33 +150,24 @@ ggml_guid_t backend_guid() {
     return &guid;
 }
 
-// -- backend (stream) --
+const device_context *device_of(ggml_backend_t backend) { return (const device_context *)backend->device->context; }
 
-const char *backend_get_name(ggml_backend_t backend) {
-    return ((device_context *)backend->device->context)->name.c_str();
+const char *backend_get_name(ggml_backend_t backend) { return device_of(backend)->name.c_str(); }
+
+// A MUL_MAT the library takes on this device: a layout we accept, the plan's offload verdict, and on a GPU a weight
+// in CUDAi's plain buffers (not the row-split buffer type of `-sm row`, whose tensor->data is no device pointer).
+bool mul_mat_ours(const device_context *dev, const ggml_tensor *node) {
+    if (node->op != GGML_OP_MUL_MAT || !mul_mat_offloaded(dev->ciq_device, node)) return false;
+    if (dev->cuda == nullptr) return true;
+    const ggml_tensor *w = node->src[0]->view_src != nullptr ? node->src[0]->view_src : node->src[0];
+    return w->buffer == nullptr || ggml_backend_buffer_get_type(w->buffer) == ggml_backend_dev_buffer_type(dev->cuda);
 }
 
-void backend_free(ggml_backend_t backend) { delete backend; }
+// -- the host device (CIQ_CPU): MUL_MATs only; the CPU backend runs everything else --
 
-bool gpu_idle(const device_context *dev);
-
-void backend_synchronize(ggml_backend_t backend) { gpu_idle((const device_context *)backend->device->context); }
-
-// Waits for everything queued on the GPU (CUDA0's streams included): ciq_device_synchronize is cudaDeviceSynchronize.
-bool gpu_idle(const device_context *dev) {
-    if (dev->ciq_device == CIQ_DEVICE_CPU || ciq_device_synchronize(dev->ciq_device) == CIQ_OK) return true;
-    GGML_LOG_ERROR("ggml-ciq: %s: %s\n", dev->name.c_str(), ciq_last_error());
-    return false;
-}
-
-// Runs the split's MUL_MATs in order between two waits for the whole GPU (docs/PLUGIN.md, "Ordering"). Our kernels
-// run on libggml_ciq's stream, which does not order itself against CUDA0's non-blocking streams, and the scheduler
-// synchronizes the previous backend at a backend switch only when the next split copies no inputs: the wait before
-// covers a split that does, the wait after orders us before whatever runs next. (A split always starts with a
-// MUL_MAT - the scheduler cuts none at a view - so both waits happen once per split.)
-ggml_status backend_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
-    const device_context *dev = (const device_context *)backend->device->context;
-    bool ran = false;
+// Runs the split's MUL_MATs in order (the scheduler hands this device nothing else but views).
+ggml_status cpu_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
+    const device_context *dev = device_of(backend);
     for (int i = 0; i < graph->n_nodes; i++) {
         ggml_tensor *node = graph->nodes[i];
         if ((node->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) continue;
@@ -157,8 +186,6 @@ ggml_status backend_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
                                    node->name);
                     return GGML_STATUS_FAILED;
                 }
-                if (!ran && !gpu_idle(dev)) return GGML_STATUS_FAILED;
-                ran = true;
                 if (ciq_gemm_adapter(r, true, &unused) != CIQ_OK) {
                     GGML_LOG_ERROR("ggml-ciq: %s: MUL_MAT %s: %s\n", dev->name.c_str(), node->name, ciq_last_error());
                     return GGML_STATUS_FAILED;
@@ -170,27 +197,213 @@ ggml_status backend_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
                 return GGML_STATUS_FAILED;
         }
     }
-    return !ran || gpu_idle(dev) ? GGML_STATUS_SUCCESS : GGML_STATUS_FAILED;
+    return GGML_STATUS_SUCCESS;
 }
 
-const ggml_backend_i backend_interface = {
+void cpu_backend_free(ggml_backend_t backend) { delete backend; }
+
+const ggml_backend_i cpu_backend_interface = {
     /* .get_name            = */ backend_get_name,
-    /* .free                = */ backend_free,
+    /* .free                = */ cpu_backend_free,
     /* .set_tensor_async    = */ nullptr,
     /* .get_tensor_async    = */ nullptr,
     /* .set_tensor_2d_async = */ nullptr,
     /* .get_tensor_2d_async = */ nullptr,
     /* .cpy_tensor_async    = */ nullptr,
-    /* .synchronize         = */ backend_synchronize,
+    /* .synchronize         = */ nullptr,
     /* .graph_plan_create   = */ nullptr,
     /* .graph_plan_free     = */ nullptr,
     /* .graph_plan_update   = */ nullptr,
     /* .graph_plan_compute  = */ nullptr,
-    /* .graph_compute       = */ backend_graph_compute,
+    /* .graph_compute       = */ cpu_graph_compute,
     /* .event_record        = */ nullptr,
     /* .event_wait          = */ nullptr,
     /* .graph_optimize      = */ nullptr,
 };
+
+// -- the GPU devices (CIQi): CUDAi with our MUL_MATs --
+//
+// Streams. CUDAi's backend (ggml-cuda) queues its work on a non-blocking stream of its own; libggml_ciq queues ours
+// on this thread's stream. Two ggml events of CUDAi (cudaEvents) order them without a host wait: before our first
+// MUL_MAT after CUDAi's work, CUDAi records to_ciq and our stream waits for it (ciq_stream_wait_event); before CUDAi's
+// first node after our MUL_MATs, our stream records to_cuda and CUDAi's stream waits for it (ggml_backend_event_wait).
+// graph_compute ends with CUDAi's stream behind everything it queued, so CUDAi's async copies, its synchronize and
+// the scheduler's own ordering hold for CIQi as they do for CUDAi.
+
+struct gpu_backend {
+    ggml_backend_t cuda = nullptr;           // CUDAi's backend: every node but our MUL_MATs, tensor copies, syncs
+    ggml_backend_event_t to_ciq = nullptr;   // recorded on CUDAi's stream, waited for by ours
+    ggml_backend_event_t to_cuda = nullptr;  // recorded on ours, waited for by CUDAi's stream
+    converted_activations x;                 // shared by the MUL_MATs of one graph_compute on the same activations
+};
+
+gpu_backend *gpu_of(ggml_backend_t backend) { return (gpu_backend *)backend->context; }
+
+// The inner backend a CIQi backend stands for (ggml-cuda's async copies accept only CUDA backends); others as given.
+ggml_backend_t cuda_of(ggml_backend_t backend);
+
+void gpu_backend_free(ggml_backend_t backend) {
+    gpu_backend *ctx = gpu_of(backend);
+    if (ctx->cuda != nullptr) ggml_backend_synchronize(ctx->cuda);
+    if (ctx->x.buffer != nullptr) ciq_memory_free(device_of(backend)->ciq_device, ctx->x.buffer);
+    if (ctx->to_ciq != nullptr) ggml_backend_event_free(ctx->to_ciq);
+    if (ctx->to_cuda != nullptr) ggml_backend_event_free(ctx->to_cuda);
+    if (ctx->cuda != nullptr) ggml_backend_free(ctx->cuda);
+    delete ctx;
+    delete backend;
+}
+
+void gpu_set_tensor_async(ggml_backend_t backend, ggml_tensor *tensor, const void *data, size_t offset, size_t size) {
+    ggml_backend_tensor_set_async(gpu_of(backend)->cuda, tensor, data, offset, size);
+}
+
+void gpu_get_tensor_async(ggml_backend_t backend, const ggml_tensor *tensor, void *data, size_t offset, size_t size) {
+    ggml_backend_tensor_get_async(gpu_of(backend)->cuda, tensor, data, offset, size);
+}
+
+void gpu_set_tensor_2d_async(ggml_backend_t backend, ggml_tensor *tensor, const void *data, size_t offset, size_t size,
+                             size_t n_copies, size_t stride_tensor, size_t stride_data) {
+    ggml_backend_tensor_set_2d_async(gpu_of(backend)->cuda, tensor, data, offset, size, n_copies, stride_tensor,
+                                     stride_data);
+}
+
+void gpu_get_tensor_2d_async(ggml_backend_t backend, const ggml_tensor *tensor, void *data, size_t offset, size_t size,
+                             size_t n_copies, size_t stride_tensor, size_t stride_data) {
+    ggml_backend_tensor_get_2d_async(gpu_of(backend)->cuda, tensor, data, offset, size, n_copies, stride_tensor,
+                                     stride_data);
+}
+
+bool gpu_cpy_tensor_async(ggml_backend_t backend_src, ggml_backend_t backend_dst, const ggml_tensor *src,
+                          ggml_tensor *dst) {
+    ggml_backend_t cuda_dst = cuda_of(backend_dst);
+    return cuda_dst->iface.cpy_tensor_async != nullptr &&
+           cuda_dst->iface.cpy_tensor_async(cuda_of(backend_src), cuda_dst, src, dst);
+}
+
+void gpu_synchronize(ggml_backend_t backend) { ggml_backend_synchronize(gpu_of(backend)->cuda); }
+
+// CUDAi's own node order and fusion lifetimes, so that what CUDAi runs is what it would run alone. Not under
+// GGML_CUDA_GRAPH_OPT=1: its concurrent-stream regions span whole graphs, and CIQi hands CUDAi runs of nodes.
+void gpu_graph_optimize(ggml_backend_t backend, ggml_cgraph *graph, ggml_backend_graph_optimize_params *params) {
+    static const bool concurrent_regions = [] {
+        const char *env = std::getenv("GGML_CUDA_GRAPH_OPT");
+        return env != nullptr && std::atoi(env) == 1;
+    }();
+    ggml_backend_t cuda = gpu_of(backend)->cuda;
+    if (!concurrent_regions && cuda->iface.graph_optimize != nullptr) cuda->iface.graph_optimize(cuda, graph, params);
+}
+
+// A node CUDAi computes nothing for (ggml-cuda's ggml_cuda_is_view_or_noop): a run of them needs no call into it.
+bool computes_nothing(const ggml_tensor *node) {
+    switch (node->op) {
+        case GGML_OP_NONE:
+        case GGML_OP_RESHAPE:
+        case GGML_OP_VIEW:
+        case GGML_OP_PERMUTE:
+        case GGML_OP_TRANSPOSE:
+            return true;
+        default:
+            return ggml_is_empty(node) || (node->flags & GGML_TENSOR_FLAG_COMPUTE) == 0;
+    }
+}
+
+bool overlaps(const ggml_tensor *t, const void *begin, size_t nbytes) {
+    const char *a = (const char *)t->data, *b = (const char *)begin;
+    return a != nullptr && a < b + nbytes && b < a + ggml_nbytes(t);
+}
+
+// One micro-batch: runs of CUDAi's nodes as graph views through CUDAi (its fusions and CUDA graphs, keyed by a view's
+// first node), our MUL_MATs between them, the streams ordered by the two events.
+ggml_status gpu_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
+    const device_context *dev = device_of(backend);
+    gpu_backend *ctx = gpu_of(backend);
+    bool cuda_ahead = true;  // CUDAi's stream may hold work ours has not waited for (the scheduler's input copies)
+    bool ciq_ahead = false;  // ours holds MUL_MATs CUDAi's stream has not waited for
+    int run_start = 0;       // the first node of the current run of CUDAi's nodes
+    bool run_computes = false;
+    ctx->x.valid = false;    // a new graph: nothing converted is known to be current
+
+    auto cuda_after_ciq = [&]() -> bool {
+        if (!ciq_ahead) return true;
+        if (ciq_stream_record_event(dev->ciq_device, ctx->to_cuda->context) != CIQ_OK) return false;
+        ggml_backend_event_wait(ctx->cuda, ctx->to_cuda);
+        ciq_ahead = false;
+        return true;
+    };
+    auto flush = [&](int end) -> ggml_status {  // CUDAi runs nodes [run_start, end)
+        if (run_computes) {
+            if (!cuda_after_ciq()) return GGML_STATUS_FAILED;
+            ggml_cgraph view = ggml_graph_view(graph, run_start, end);
+            const ggml_status status = ggml_backend_graph_compute_async(ctx->cuda, &view);
+            if (status != GGML_STATUS_SUCCESS) return status;
+            cuda_ahead = true;
+        }
+        run_start = end + 1;
+        run_computes = false;
+        return GGML_STATUS_SUCCESS;
+    };
+    auto fail = [&](const ggml_tensor *node) {
+        GGML_LOG_ERROR("ggml-ciq: %s: MUL_MAT %s: %s\n", dev->name.c_str(), node->name, ciq_last_error());
+        cuda_after_ciq();
+        return GGML_STATUS_FAILED;
+    };
+
+    for (int i = 0; i < graph->n_nodes; i++) {
+        ggml_tensor *node = graph->nodes[i];
+        if (computes_nothing(node)) continue;
+        if (!mul_mat_ours(dev, node)) {
+            run_computes = true;
+            if (ctx->x.valid && overlaps(node, ctx->x.x, (size_t)ctx->x.tokens * ctx->x.k * sizeof(float)))
+                ctx->x.valid = false;  // it writes over the converted activations' source
+            continue;
+        }
+        const ggml_status status = flush(i);
+        if (status != GGML_STATUS_SUCCESS) {
+            cuda_after_ciq();
+            return status;
+        }
+        if (cuda_ahead) {
+            ggml_backend_event_record(ctx->to_ciq, ctx->cuda);
+            if (ciq_stream_wait_event(dev->ciq_device, ctx->to_ciq->context) != CIQ_OK) return fail(node);
+            cuda_ahead = false;
+        }
+        gemm_request r{};
+        mul_mat_request(dev->ciq_device, node, &r);  // mul_mat_ours accepted its layout
+        ciq_ahead = true;
+        if (ciq_gemm_converting_once(r, &ctx->x) != CIQ_OK) return fail(node);
+        if (ctx->x.valid && overlaps(node, ctx->x.x, (size_t)ctx->x.tokens * ctx->x.k * sizeof(float)))
+            ctx->x.valid = false;
+    }
+    const ggml_status status = flush(graph->n_nodes);
+    if (!cuda_after_ciq()) {
+        GGML_LOG_ERROR("ggml-ciq: %s: %s\n", dev->name.c_str(), ciq_last_error());
+        return GGML_STATUS_FAILED;
+    }
+    return status;
+}
+
+const ggml_backend_i gpu_backend_interface = {
+    /* .get_name            = */ backend_get_name,
+    /* .free                = */ gpu_backend_free,
+    /* .set_tensor_async    = */ gpu_set_tensor_async,
+    /* .get_tensor_async    = */ gpu_get_tensor_async,
+    /* .set_tensor_2d_async = */ gpu_set_tensor_2d_async,
+    /* .get_tensor_2d_async = */ gpu_get_tensor_2d_async,
+    /* .cpy_tensor_async    = */ gpu_cpy_tensor_async,
+    /* .synchronize         = */ gpu_synchronize,
+    /* .graph_plan_create   = */ nullptr,
+    /* .graph_plan_free     = */ nullptr,
+    /* .graph_plan_update   = */ nullptr,
+    /* .graph_plan_compute  = */ nullptr,
+    /* .graph_compute       = */ gpu_graph_compute,
+    /* .event_record        = */ nullptr,
+    /* .event_wait          = */ nullptr,
+    /* .graph_optimize      = */ gpu_graph_optimize,
+};
+
+ggml_backend_t cuda_of(ggml_backend_t backend) {
+    return backend != nullptr && backend->iface.graph_compute == gpu_graph_compute ? gpu_of(backend)->cuda : backend;
+}
 
 // -- device --
 
@@ -200,9 +413,13 @@ const char *device_get_description(ggml_backend_dev_t dev) {
     return ((device_context *)dev->context)->description.c_str();
 }
 
-void device_get_memory(ggml_backend_dev_t, size_t *free, size_t *total) {
-    *free = 0;  // no memory of its own: the GPU device's tensors live in CUDA0's buffers, the CPU one's in host memory
+// CIQi's tensors live in CUDAi's memory, which it reports (llama.cpp's --fit and default split read it); the host
+// device owns none (0/0: llama.cpp then reads host memory, as for ggml-blas).
+void device_get_memory(ggml_backend_dev_t dev, size_t *free, size_t *total) {
+    const device_context *ctx = (const device_context *)dev->context;
+    *free = 0;
     *total = 0;
+    if (ctx->cuda != nullptr) ggml_backend_dev_memory(ctx->cuda, free, total);
 }
 
 enum ggml_backend_dev_type device_get_type(ggml_backend_dev_t dev) {
@@ -211,25 +428,43 @@ enum ggml_backend_dev_type device_get_type(ggml_backend_dev_t dev) {
 }
 
 void device_get_props(ggml_backend_dev_t dev, ggml_backend_dev_props *props) {
-    const bool host = ((device_context *)dev->context)->ciq_device == CIQ_DEVICE_CPU;
+    const device_context *ctx = (const device_context *)dev->context;
+    const bool gpu = ctx->cuda != nullptr;
+    ggml_backend_dev_props cuda{};
+    if (gpu) ggml_backend_dev_get_props(ctx->cuda, &cuda);
     props->name = device_get_name(dev);
     props->description = device_get_description(dev);
     props->type = device_get_type(dev);
-    props->device_id = nullptr;  // not CUDA0's PCI id: llama.cpp would drop one of two devices with the same id
+    props->device_id = nullptr;  // not CUDAi's PCI id: llama.cpp would drop one of two devices with the same id
     device_get_memory(dev, &props->memory_free, &props->memory_total);
     props->caps = {
-        /* .async                = */ false,
-        /* .host_buffer          = */ false,
-        /* .buffer_from_host_ptr = */ host,
-        /* .events               = */ false,  // also keeps llama.cpp's pipeline parallelism (events on all) off
-        // Weights load as CUDA0's (its buffer type) or as the CPU's, from an mmap'd file as theirs do; false here
+        /* .async                = */ gpu && cuda.caps.async,        // CUDAi's async copies, delegated
+        /* .host_buffer          = */ gpu && cuda.caps.host_buffer,  // CUDAi's pinned host buffers
+        /* .buffer_from_host_ptr = */ !gpu,
+        /* .events               = */ false,  // keeps llama.cpp's pipeline parallelism (events on all devices) off
+        // Weights load as CUDAi's (its buffer type) or as the CPU's, from an mmap'd file as theirs do; false here
         // would turn mmap off for the whole model (llama-model.cpp asks every device of the model).
         /* .mmap_support         = */ true,
     };
 }
 
-ggml_backend_t device_init_backend(ggml_backend_dev_t dev, const char *) {
-    return new ggml_backend{backend_guid(), backend_interface, dev, nullptr};
+ggml_backend_t device_init_backend(ggml_backend_dev_t dev, const char *params) {
+    const device_context *ctx = (const device_context *)dev->context;
+    if (ctx->cuda == nullptr) return new ggml_backend{backend_guid(), cpu_backend_interface, dev, nullptr};
+    gpu_backend *gpu = new gpu_backend;
+    gpu->cuda = ggml_backend_dev_init(ctx->cuda, params);
+    if (gpu->cuda != nullptr) {
+        gpu->to_ciq = ggml_backend_event_new(ctx->cuda);
+        gpu->to_cuda = ggml_backend_event_new(ctx->cuda);
+    }
+    ggml_backend_t backend = new ggml_backend{backend_guid(), gpu_backend_interface, dev, gpu};
+    if (gpu->cuda == nullptr || gpu->to_ciq == nullptr || gpu->to_cuda == nullptr) {
+        GGML_LOG_ERROR("ggml-ciq: %s: cannot start %s's backend and events\n", ctx->name.c_str(),
+                       ggml_backend_dev_name(ctx->cuda));
+        gpu_backend_free(backend);
+        return nullptr;
+    }
+    return backend;
 }
 
 ggml_backend_buffer_type_t device_get_buffer_type(ggml_backend_dev_t dev) {
@@ -237,21 +472,28 @@ ggml_backend_buffer_type_t device_get_buffer_type(ggml_backend_dev_t dev) {
     return ctx->cuda ? ggml_backend_dev_buffer_type(ctx->cuda) : ggml_backend_cpu_buffer_type();
 }
 
+ggml_backend_buffer_type_t device_get_host_buffer_type(ggml_backend_dev_t dev) {
+    const device_context *ctx = (const device_context *)dev->context;
+    return ctx->cuda ? ggml_backend_dev_host_buffer_type(ctx->cuda) : nullptr;
+}
+
 ggml_backend_buffer_t device_buffer_from_host_ptr(ggml_backend_dev_t, void *ptr, size_t size, size_t) {
     return ggml_backend_cpu_buffer_from_ptr(ptr, size);
 }
 
-// Input and view nodes: test-backend-ops asks about every tensor of a case before it allocates any, and counts 0/0
-// without them (as ggml-blas). In a llama.cpp graph the scheduler would hand an allocated view (of the KV cache, of a
-// compute buffer) to the first device that accepts its buffer - CIQ0 accepts CUDA0's - so they are claimed only while
-// unallocated or over a weights buffer, and CIQ0 holds nothing but what it computes. This changes no split: the
-// scheduler skips view ops when it cuts splits (GGML_SCHED_DEBUG=2 shows the same splits with and without it).
+// Host device, input and view nodes: test-backend-ops asks about every tensor of a case before it allocates any, and
+// counts 0/0 without them (as ggml-blas). In a llama.cpp graph the scheduler would hand an allocated view (of a
+// compute buffer) to the first device that accepts its buffer, so they are claimed only while unallocated or over a
+// weights buffer, and CIQ_CPU holds nothing but what it computes.
 bool view_taken(const ggml_tensor *op) {
     const ggml_tensor *base = op->view_src != nullptr ? op->view_src : op;
     return base->buffer == nullptr || ggml_backend_buffer_get_usage(base->buffer) == GGML_BACKEND_BUFFER_USAGE_WEIGHTS;
 }
 
+// GPU: what CUDAi takes, and the MUL_MATs the library takes. Host: MUL_MATs the library takes, and views.
 bool device_supports_op(ggml_backend_dev_t dev, const ggml_tensor *op) {
+    const device_context *ctx = (const device_context *)dev->context;
+    if (ctx->cuda != nullptr) return mul_mat_ours(ctx, op) || ggml_backend_dev_supports_op(ctx->cuda, op);
     switch (op->op) {
         case GGML_OP_NONE:
         case GGML_OP_RESHAPE:
@@ -260,17 +502,23 @@ bool device_supports_op(ggml_backend_dev_t dev, const ggml_tensor *op) {
         case GGML_OP_TRANSPOSE:
             return view_taken(op);
         case GGML_OP_MUL_MAT:
-            return mul_mat_offloaded(((device_context *)dev->context)->ciq_device, op);
+            return mul_mat_ours(ctx, op);
         default:
             return false;
     }
 }
 
-// GPU: exactly CUDA0's buffer type. CPU: host buffers in ggml's standard layout (plain and mmap'd CPU buffers; not
-// the CPU backend's repacked "extra" buffers, whose is_host is false).
+// GPU: CUDAi's buffer types. Host: host buffers in ggml's standard layout (plain and mmap'd CPU buffers; not the CPU
+// backend's repacked "extra" buffers, whose is_host is false).
 bool device_supports_buft(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buft) {
     const device_context *ctx = (const device_context *)dev->context;
-    return ctx->cuda ? buft == ggml_backend_dev_buffer_type(ctx->cuda) : ggml_backend_buft_is_host(buft);
+    return ctx->cuda ? ggml_backend_dev_supports_buft(ctx->cuda, buft) : ggml_backend_buft_is_host(buft);
+}
+
+// GPU: CUDAi's rule for ops on weights in host memory (large batches copy them over). Host: never.
+bool device_offload_op(ggml_backend_dev_t dev, const ggml_tensor *op) {
+    const device_context *ctx = (const device_context *)dev->context;
+    return ctx->cuda != nullptr && ggml_backend_dev_offload_op(ctx->cuda, op);
 }
 
 const ggml_backend_device_i device_interface = {
@@ -281,11 +529,11 @@ const ggml_backend_device_i device_interface = {
     /* .get_props            = */ device_get_props,
     /* .init_backend         = */ device_init_backend,
     /* .get_buffer_type      = */ device_get_buffer_type,
-    /* .get_host_buffer_type = */ nullptr,
+    /* .get_host_buffer_type = */ device_get_host_buffer_type,
     /* .buffer_from_host_ptr = */ device_buffer_from_host_ptr,
     /* .supports_op          = */ device_supports_op,
     /* .supports_buft        = */ device_supports_buft,
-    /* .offload_op           = */ nullptr,
+    /* .offload_op           = */ device_offload_op,
     /* .event_new            = */ nullptr,
     /* .event_free           = */ nullptr,
     /* .event_synchronize    = */ nullptr,

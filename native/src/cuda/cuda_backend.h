@@ -28,6 +28,8 @@ ciq_status ciq_cuda_graph_begin(int device);
 ciq_status ciq_cuda_graph_end(int device, void **graph);
 ciq_status ciq_cuda_graph_launch(void *graph);
 ciq_status ciq_cuda_graph_free(void *graph);
+ciq_status ciq_cuda_stream_wait_event(int device, void *event);    // ciq_stream() waits for another library's event
+ciq_status ciq_cuda_stream_record_event(int device, void *event);  // records ciq_stream()'s work in that event
 ciq_status ciq_cuda_event_record(int device, void **event);  // creates and records an event
 ciq_status ciq_cuda_event_elapsed(void *start, void *stop, float *milliseconds);  // syncs stop, frees both (stop NULL: frees start)
 

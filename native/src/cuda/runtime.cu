@@ -140,6 +140,18 @@ ciq_status ciq_cuda_scratch(int device, int slot, size_t nbytes, void **ptr) {
     return CIQ_OK;
 }
 
+ciq_status ciq_cuda_stream_wait_event(int device, void *event) {
+    CIQ_CUDA_CHECK(cudaSetDevice(device), "cudaSetDevice");
+    CIQ_CUDA_CHECK(cudaStreamWaitEvent(ciq_stream(), (cudaEvent_t)event, 0), "cudaStreamWaitEvent");
+    return CIQ_OK;
+}
+
+ciq_status ciq_cuda_stream_record_event(int device, void *event) {
+    CIQ_CUDA_CHECK(cudaSetDevice(device), "cudaSetDevice");
+    CIQ_CUDA_CHECK(cudaEventRecord((cudaEvent_t)event, ciq_stream()), "cudaEventRecord");
+    return CIQ_OK;
+}
+
 ciq_status ciq_cuda_event_record(int device, void **event) {
     if (t_capture_device >= 0) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "timers do not run inside a graph capture");
     CIQ_CUDA_CHECK(cudaSetDevice(device), "cudaSetDevice");
