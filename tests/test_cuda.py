@@ -542,18 +542,30 @@ def test_q32_and_q5k_match_llamacpp_mmq(llama_cuda, ggml_type, variant, rows, k,
 
 @pytest.mark.parametrize("ggml_type", [Q.Q4_K, Q.Q6_K, Q.Q5_K])
 def test_offload_table_on_hopper(wgmma, ggml_type, monkeypatch):
-    """The ggml plugin takes a MUL_MAT where the registry's measured table says wgmma beats llama.cpp end to end: 128
-    tokens and up (in llama-bench the 8B lost at 32 and 64 tokens, won at 128), weights of 1024x4096 values and up
-    (the Llama-3-8B shapes that won); never Gemma 3 270M's 640x2048, which lost; Q5_K as Q4_K (API v18), never Q4_1 /
-    Q5_1. GGML_CIQ_OFFLOAD overrides."""
+    """The ggml plugin takes a MUL_MAT where the registry's measured table (API v19: CIQ0 takes the whole graph, no
+    host waits) says wgmma beats llama.cpp end to end: Llama-3-8B-sized weights (1024 x 4096 values and up) from 16
+    tokens, any weight from 128 (Gemma 3 270M's 640-row ones); decode (1..8 tokens) never. GGML_CIQ_OFFLOAD
+    overrides."""
     monkeypatch.delenv("GGML_CIQ_OFFLOAD", raising=False)
-    assert not any(native.plan("auto", "cuda", "any", t, 4096, 4096, 512).offload for t in (Q.Q4_1, Q.Q5_1))
     take = {(rows, k, tokens): native.plan("auto", "cuda", "any", ggml_type, rows, k, tokens).offload
-            for rows, k, tokens in ((1024, 4096, 128), (1024, 4096, 512), (14336, 4096, 2048), (4096, 14336, 129),
-                                    (1024, 4096, 127), (4096, 4096, 64), (1023, 4096, 512), (640, 2048, 512),
-                                    (640, 1024, 4096))}
-    assert take == {(1024, 4096, 128): True, (1024, 4096, 512): True, (14336, 4096, 2048): True,
-                    (4096, 14336, 129): True, (1024, 4096, 127): False, (4096, 4096, 64): False,
-                    (1023, 4096, 512): False, (640, 2048, 512): False, (640, 1024, 4096): False}
-    monkeypatch.setenv("GGML_CIQ_OFFLOAD", "all")
-    assert native.plan("auto", "cuda", "any", ggml_type, 640, 2048, 512).offload
+            for rows, k, tokens in ((1024, 4096, 16), (1024, 4096, 15), (14336, 4096, 2048), (4096, 14336, 33),
+                                    (1023, 4096, 127), (1023, 4096, 128), (640, 2048, 512), (640, 1024, 127),
+                                    (4096, 4096, 8), (4096, 4096, 1))}
+    assert take == {(1024, 4096, 16): True, (1024, 4096, 15): False, (14336, 4096, 2048): True,
+                    (4096, 14336, 33): True, (1023, 4096, 127): False, (1023, 4096, 128): True,
+                    (640, 2048, 512): True, (640, 1024, 127): False, (4096, 4096, 8): False, (4096, 4096, 1): False}
+    monkeypatch.setenv("GGML_CIQ_OFFLOAD", "none")
+    assert not native.plan("auto", "cuda", "any", ggml_type, 4096, 4096, 512).offload
+
+
+@pytest.mark.parametrize("ggml_type", [Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q4_1, Q.Q5_1])
+def test_offload_table_block32_on_hopper(wgmma, ggml_type, monkeypatch):
+    """The 32-value block types through wgmma from 128 tokens: Q4_1 / Q5_1 at any size, Q4_0 / Q5_0 / Q8_0 only below
+    the 8B's smallest weight (1024 x 4096 values), where wgmma is no faster than MMQ."""
+    monkeypatch.delenv("GGML_CIQ_OFFLOAD", raising=False)
+    any_size = ggml_type in (Q.Q4_1, Q.Q5_1)
+    take = {(rows, k, tokens): native.plan("auto", "cuda", "any", ggml_type, rows, k, tokens).offload
+            for rows, k, tokens in ((576, 576, 128), (576, 576, 127), (1536, 576, 512), (1023, 4096, 512),
+                                    (1024, 4096, 512), (4096, 4096, 2048))}
+    assert take == {(576, 576, 128): True, (576, 576, 127): False, (1536, 576, 512): True, (1023, 4096, 512): True,
+                    (1024, 4096, 512): any_size, (4096, 4096, 2048): any_size}

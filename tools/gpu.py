@@ -544,16 +544,14 @@ def sanitize(args) -> int:
 
 
 def compare(args) -> int:
-    """`ggml-ciq compare` at each token count: Gemma 3 270M (staged) with every weight offloaded and the plugin arm
-    when built, or the synthetic Llama-3-8B (speed only)."""
+    """`ggml-ciq compare` at each token count: Gemma 3 270M (staged) with the plugin arm when built (the registry's
+    offload table; GGML_CIQ_OFFLOAD=all for every weight), or the synthetic Llama-3-8B (speed only)."""
     p, env = paths(), environment()
     gemma = args.model == "gemma3-270m"
     if gemma and not p["gemma"].is_file():
         raise UsageError(f"no {p['gemma']}: stage the parts first")
     model = str(p["gemma"]) if gemma else args.model
     name = Path(args.model).stem
-    if gemma:
-        env.setdefault("GGML_CIQ_OFFLOAD", "all")
     plugin = gemma and not args.no_plugin and (p["llama_build"] / "bin" / "libggml-cuda.so").is_file() and \
         (p["ciq_build"] / "libggml-ciq.so").is_file()
     reference = args.reference or ("on" if gemma else "off")

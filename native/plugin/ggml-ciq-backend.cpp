@@ -29,6 +29,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #if !defined(CIQ_PLUGIN_GGML_VERSION) || !defined(CIQ_PLUGIN_LLAMACPP_COMMIT) || !defined(CIQ_PLUGIN_LLAMA_CPP_PYTHON)
 #error "native/plugin/CMakeLists.txt defines the versions this plugin is built against"
@@ -230,11 +231,29 @@ const ggml_backend_i cpu_backend_interface = {
 // graph_compute ends with CUDAi's stream behind everything it queued, so CUDAi's async copies, its synchronize and
 // the scheduler's own ordering hold for CIQi as they do for CUDAi.
 
+// A graph's plan: CUDAi's runs of nodes and our MUL_MATs, in order. Made once per graph the scheduler hands over
+// (ggml gives each split graph a uid; the same uid is the same graph, nodes and addresses: ggml-cuda skips its own
+// checks on it too), so a replayed micro-batch or decode step costs no walk over its nodes.
+struct step {
+    int begin, end;  // CUDAi's run of nodes [begin, end), or our MUL_MAT nodes[begin] (end = begin + 1)
+    bool ours;
+    bool fresh_x;    // ours: convert its activations (else the previous MUL_MAT's conversion is of the same tensor,
+                     // which no node in between wrote)
+};
+
+struct graph_plan {
+    uint64_t uid = 0;  // 0: not cached (a graph without a uid)
+    ggml_tensor **nodes = nullptr;
+    int n_nodes = 0;
+    std::vector<step> steps;
+};
+
 struct gpu_backend {
     ggml_backend_t cuda = nullptr;           // CUDAi's backend: every node but our MUL_MATs, tensor copies, syncs
     ggml_backend_event_t to_ciq = nullptr;   // recorded on CUDAi's stream, waited for by ours
     ggml_backend_event_t to_cuda = nullptr;  // recorded on ours, waited for by CUDAi's stream
     converted_activations x;                 // shared by the MUL_MATs of one graph_compute on the same activations
+    std::vector<graph_plan> plans;           // the recent graphs' plans (the scheduler alternates a few graphs)
 };
 
 gpu_backend *gpu_of(ggml_backend_t backend) { return (gpu_backend *)backend->context; }
@@ -312,15 +331,60 @@ bool overlaps(const ggml_tensor *t, const void *begin, size_t nbytes) {
     return a != nullptr && a < b + nbytes && b < a + ggml_nbytes(t);
 }
 
-// One micro-batch: runs of CUDAi's nodes as graph views through CUDAi (its fusions and CUDA graphs, keyed by a view's
-// first node), our MUL_MATs between them, the streams ordered by the two events.
+graph_plan make_plan(const device_context *dev, ggml_cgraph *graph) {
+    graph_plan plan{graph->uid, graph->nodes, graph->n_nodes, {}};
+    int run_start = 0;
+    bool run_computes = false;
+    const ggml_tensor *x = nullptr;  // the last MUL_MAT's activations, while no node since wrote over them
+    for (int i = 0; i < graph->n_nodes; i++) {
+        const ggml_tensor *node = graph->nodes[i];
+        if (computes_nothing(node)) continue;
+        if (!mul_mat_ours(dev, node)) {
+            run_computes = true;
+            if (x != nullptr && overlaps(node, x->data, ggml_nbytes(x))) x = nullptr;
+            continue;
+        }
+        if (run_computes) plan.steps.push_back({run_start, i, false, false});
+        run_start = i + 1;
+        run_computes = false;
+        const ggml_tensor *src = node->src[1];
+        plan.steps.push_back({i, i + 1, true, src != x});
+        x = overlaps(node, src->data, ggml_nbytes(src)) ? nullptr : src;
+    }
+    if (run_computes) plan.steps.push_back({run_start, graph->n_nodes, false, false});
+    return plan;
+}
+
+const graph_plan &plan_of(const device_context *dev, gpu_backend *ctx, ggml_cgraph *graph) {
+    constexpr size_t kept = 16;
+    if (graph->uid != 0) {
+        for (const graph_plan &p : ctx->plans)
+            if (p.uid == graph->uid && p.nodes == graph->nodes && p.n_nodes == graph->n_nodes) return p;
+        if (ctx->plans.size() == kept) ctx->plans.erase(ctx->plans.begin());
+        ctx->plans.push_back(make_plan(dev, graph));
+        return ctx->plans.back();
+    }
+    static thread_local graph_plan uncached;
+    uncached = make_plan(dev, graph);
+    return uncached;
+}
+
+// A uid of a run of a graph with a uid: the same run of the same graph gets the same one, in a range ggml's counter
+// (ggml_graph_next_uid, from 1 up) never reaches.
+uint64_t run_uid(uint64_t graph_uid, size_t step) {
+    if (graph_uid == 0) return 0;
+    return (uint64_t(1) << 63) | ((graph_uid & ((uint64_t(1) << 43) - 1)) << 20) | (step & ((1u << 20) - 1));
+}
+
+// One micro-batch: CUDAi's runs of nodes through CUDAi as graph views (its fusions and CUDA graphs, keyed by a view's
+// first node; the whole graph as it is when nothing is ours), our MUL_MATs between them, the streams ordered by the
+// two events.
 ggml_status gpu_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
     const device_context *dev = device_of(backend);
     gpu_backend *ctx = gpu_of(backend);
+    const graph_plan &plan = plan_of(dev, ctx, graph);
     bool cuda_ahead = true;  // CUDAi's stream may hold work ours has not waited for (the scheduler's input copies)
     bool ciq_ahead = false;  // ours holds MUL_MATs CUDAi's stream has not waited for
-    int run_start = 0;       // the first node of the current run of CUDAi's nodes
-    bool run_computes = false;
     ctx->x.valid = false;    // a new graph: nothing converted is known to be current
 
     auto cuda_after_ciq = [&]() -> bool {
@@ -330,56 +394,48 @@ ggml_status gpu_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
         ciq_ahead = false;
         return true;
     };
-    auto flush = [&](int end) -> ggml_status {  // CUDAi runs nodes [run_start, end)
-        if (run_computes) {
-            if (!cuda_after_ciq()) return GGML_STATUS_FAILED;
-            ggml_cgraph view = ggml_graph_view(graph, run_start, end);
-            const ggml_status status = ggml_backend_graph_compute_async(ctx->cuda, &view);
-            if (status != GGML_STATUS_SUCCESS) return status;
-            cuda_ahead = true;
-        }
-        run_start = end + 1;
-        run_computes = false;
-        return GGML_STATUS_SUCCESS;
-    };
     auto fail = [&](const ggml_tensor *node) {
         GGML_LOG_ERROR("ggml-ciq: %s: MUL_MAT %s: %s\n", dev->name.c_str(), node->name, ciq_last_error());
         cuda_after_ciq();
         return GGML_STATUS_FAILED;
     };
 
-    for (int i = 0; i < graph->n_nodes; i++) {
-        ggml_tensor *node = graph->nodes[i];
-        if (computes_nothing(node)) continue;
-        if (!mul_mat_ours(dev, node)) {
-            run_computes = true;
-            if (ctx->x.valid && overlaps(node, ctx->x.x, (size_t)ctx->x.tokens * ctx->x.k * sizeof(float)))
-                ctx->x.valid = false;  // it writes over the converted activations' source
+    for (size_t i = 0; i < plan.steps.size(); i++) {
+        const step &s = plan.steps[i];
+        if (!s.ours) {
+            if (!cuda_after_ciq()) {
+                GGML_LOG_ERROR("ggml-ciq: %s: %s\n", dev->name.c_str(), ciq_last_error());
+                return GGML_STATUS_FAILED;
+            }
+            ggml_status status;
+            if (s.begin == 0 && s.end == graph->n_nodes) {
+                status = ggml_backend_graph_compute_async(ctx->cuda, graph);
+            } else {
+                ggml_cgraph view = ggml_graph_view(graph, s.begin, s.end);
+                view.uid = run_uid(graph->uid, i);
+                status = ggml_backend_graph_compute_async(ctx->cuda, &view);
+            }
+            if (status != GGML_STATUS_SUCCESS) return status;
+            cuda_ahead = true;
             continue;
         }
-        const ggml_status status = flush(i);
-        if (status != GGML_STATUS_SUCCESS) {
-            cuda_after_ciq();
-            return status;
-        }
+        ggml_tensor *node = graph->nodes[s.begin];
         if (cuda_ahead) {
             ggml_backend_event_record(ctx->to_ciq, ctx->cuda);
             if (ciq_stream_wait_event(dev->ciq_device, ctx->to_ciq->context) != CIQ_OK) return fail(node);
             cuda_ahead = false;
         }
+        if (s.fresh_x) ctx->x.valid = false;
         gemm_request r{};
-        mul_mat_request(dev->ciq_device, node, &r);  // mul_mat_ours accepted its layout
+        mul_mat_request(dev->ciq_device, node, &r);  // the plan took it: a layout mul_mat_ours accepted
         ciq_ahead = true;
         if (ciq_gemm_converting_once(r, &ctx->x) != CIQ_OK) return fail(node);
-        if (ctx->x.valid && overlaps(node, ctx->x.x, (size_t)ctx->x.tokens * ctx->x.k * sizeof(float)))
-            ctx->x.valid = false;
     }
-    const ggml_status status = flush(graph->n_nodes);
     if (!cuda_after_ciq()) {
         GGML_LOG_ERROR("ggml-ciq: %s: %s\n", dev->name.c_str(), ciq_last_error());
         return GGML_STATUS_FAILED;
     }
-    return status;
+    return GGML_STATUS_SUCCESS;
 }
 
 const ggml_backend_i gpu_backend_interface = {

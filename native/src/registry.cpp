@@ -225,37 +225,45 @@ static const AutoChoice k_auto_hip[] = {  // AMD: no mma; wide and bigtile excee
     {CIQ_SEMANTICS_MMVQ, 8, CIQ_VARIANT_MMVQ},
 };
 
-// Offload: a variant runs a weight type faster than llama.cpp's own mul_mat from min_tokens on, for weights of at least
-// min_weight_values values (rows x K), end to end inside llama.cpp: activation quantization on both sides, and the
-// scheduler's switch to our device and back (a synchronization each way) on ours. A (variant, type) without an entry
-// is never offloaded. Measured on the H200 (bench/results/h200/offload-3f4cfb3/): mmvq runs 0.29x-1.06x llama.cpp's
-// MMVQ at 1 and 8 tokens; the GPU q32 kernel 0.19x-0.36x MMQ on 4096-row and larger 32-block weights (1.2x-1.5x only
-// on Gemma 3 270M's tiny ones, which the weight-size bound below excludes anyway); mma is 0.63x-0.73x MMQ
-// (bench/results/h200/wgmma-5d360bc-*.json), the WMMA family slower still (bench/results/h200/llama3-8b-n512.json);
-// the host kernels run at 0.6x-0.8x llama.cpp CPU (bench/results/cpu/compare-gemma3-270m-{512,2048,4096}.json).
+// Offload: a variant runs a weight type faster than llama.cpp's own mul_mat from min_tokens on, for weights of
+// min_weight_values to max_weight_values values (rows x K; 0: no upper bound), end to end inside llama.cpp through the
+// ggml plugin, where CIQi takes the whole graph and orders our stream against CUDAi's with events (no host wait; API
+// v19). A (variant, type) without an entry is never offloaded. mmvq runs 0.29x-1.06x llama.cpp's MMVQ at 1 and 8
+// tokens (bench/results/h200/offload-3f4cfb3/), so decode stays llama.cpp's; the GPU q32 kernel 0.19x-0.36x MMQ on
+// 4096-row and larger 32-block weights; mma 0.63x-0.73x MMQ (bench/results/h200/wgmma-5d360bc-*.json), the WMMA
+// family slower still; the host kernels 0.6x-0.8x llama.cpp CPU (bench/results/cpu/compare-gemma3-270m-*.json).
 struct OffloadThreshold {
     bool (*device)(const ciq_device_facts &d);
     ciq_variant variant;
     ciq_type type;
     int64_t min_tokens;
     int64_t min_weight_values;
+    int64_t max_weight_values;  // 0: none
 };
+constexpr int64_t k_8b_weights = 1024 * 4096;  // the smallest Llama-3-8B weight (k/v: 1024 x 4096)
 static const OffloadThreshold k_offload[] = {
-    // wgmma vs llama.cpp MMQ on the H200, Llama-3-8B shapes (bench/results/h200/offload-3f4cfb3/, activation
-    // quantization on both sides): 0.89x-1.13x at 9 and 16 tokens (slower on 12 of 20 cases), 1.09x-1.32x at 32 (all
-    // 10 faster), 1.42x-1.72x at 64, 1.89x-2.24x at 128, 2.5x/2.8x at 512. Weight size: in llama-bench
-    // (plugin-0eb01a5/) the Llama-3-8B shapes, 1024x4096 (4.2M values) and up, gained 1.79x (pp512) and 1.68x (pp2048)
-    // end to end, while Gemma 3 270M's, 640x1024 and 640x2048 (0.7M, 1.3M), lost (0.99x, 0.93x) although wgmma runs
-    // them at 2.0x-2.6x MMQ alone: a 10-15 us GEMM does not pay for the two backend switches around it. Tokens, end
-    // to end (llama-bench, synthetic Llama-3-8B, plugin-ac2ab62/, offloading from 32): pp32 0.69x, pp64 0.87x, pp128
-    // 1.21x, pp512 1.71x - the switches eat the kernel's lead below 128 tokens.
-    {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q4_K, 128, 1024 * 4096},
-    {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q6_K, 128, 1024 * 4096},
-    // Q5_K (API v18): wgmma runs it as Q4_K (staged, RS form) and measured in Q4_K's class against MMQ at 8B shapes
-    // (H100, bench/results/summary/gemm-new-types-8b.json: 1.37x-1.48x at 16 tokens, 2.05x-2.57x at 128, 2.73x-3.37x
-    // at 512), so Q4_K's end-to-end thresholds. Q4_1 / Q5_1 (1.13x-1.22x at 128, 1.50x-1.63x at 512) are not
-    // offloaded: at 128 tokens their lead is what the two backend switches cost.
-    {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q5_K, 128, 1024 * 4096},
+    // K-quants. llama-bench on an H100 through the plugin (API v19, bench/results/summary/plugin-graph-h100.json),
+    // every MUL_MAT of the model offloaded, against CUDA0 alone (both run orders): synthetic Llama-3-8B (Q4_K / Q6_K)
+    // pp16 1.13x, pp32 1.30x-1.31x, pp64 1.58x-1.61x, pp128 2.01x-2.04x, pp512 2.36x-2.40x; Gemma 3 270M (640-row
+    // weights, with its Q5_0 / Q8_0) pp32 0.96x (as with nothing offloaded), pp128 1.43x-1.44x, pp512 1.28x-1.30x,
+    // pp4096 1.39x-1.40x. So 8B-sized weights from 16 tokens (below, kernel alone: 0.89x-1.13x at 9-16), any weight
+    // from 128. Q5_K runs through Q4_K's kernel and measured in its class (gemm-new-types-8b).
+    {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q4_K, 16, k_8b_weights, 0},
+    {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q6_K, 16, k_8b_weights, 0},
+    {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q5_K, 16, k_8b_weights, 0},
+    {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q4_K, 128, 0, 0},
+    {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q6_K, 128, 0, 0},
+    {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q5_K, 128, 0, 0},
+    // The 32-value block types through wgmma (f16 semantics), from 128 tokens: SmolLM2-135M (Q4_1 with Q8_0, hidden
+    // 576) every MUL_MAT offloaded pp32 1.07x-1.08x, pp128 1.78x-1.82x, pp512 1.50x-1.54x, pp2048 1.56x-1.57x;
+    // Gemma's Q5_0 / Q8_0 inside the figures above. Q4_1 / Q5_1 at any size (8B shapes, kernel alone: 1.13x-1.22x MMQ at 128 tokens, 1.50x-1.63x at
+    // 512); Q4_0 / Q5_0 / Q8_0 only below the 8B's weights, where wgmma is no faster than MMQ (0.96x / 1.00x at 512;
+    // Q5_0 4096 x 4096 0.57x at 16 tokens: gemm-block32-8b). Q4_0 by its class: no catalog model has it.
+    {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q4_1, 128, 0, 0},
+    {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q5_1, 128, 0, 0},
+    {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q4_0, 128, 0, k_8b_weights - 1},
+    {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q5_0, 128, 0, k_8b_weights - 1},
+    {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q8_0, 128, 0, k_8b_weights - 1},
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -488,8 +496,10 @@ static ciq_status offload_decision(const ciq_device_facts &facts, ciq_variant va
     if (*offload >= 0) return CIQ_OK;
     *offload = 0;
     for (const OffloadThreshold &t : k_offload) {
-        if (t.variant == variant && t.type == type && t.device(facts) && tokens >= t.min_tokens &&
-            (k >= t.min_weight_values || rows >= (t.min_weight_values + k - 1) / k))  // rows x k >= min, no overflow
+        // rows x k against the bounds without overflow: rows >= ceil(min / k), rows <= floor(max / k)
+        const bool above = k >= t.min_weight_values || rows >= (t.min_weight_values + k - 1) / k;
+        const bool below = t.max_weight_values == 0 || rows <= t.max_weight_values / k;
+        if (t.variant == variant && t.type == type && t.device(facts) && tokens >= t.min_tokens && above && below)
             *offload = 1;
     }
     return CIQ_OK;
