@@ -211,11 +211,12 @@ def test_ciq0_offloading_nothing_is_cuda0(plugin_path, plugin_device, gemma_full
 _GENERATE_GPU = """
     import ctypes, faulthandler, json, sys
     faulthandler.enable()
-    import llama_cpp.llama_cpp as _bindings
-    from llama_cpp import Llama
     from ggml_ciq import native, plugin
     plugin_path, model_path, prompt, device = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
-    loaded = plugin.Plugin(plugin.Path(plugin_path))  # into the libggml llama_cpp loaded: CIQ0 beside CUDA0
+    # the plugin first, into the libggml (its soname file) that llama_cpp's libllama then binds to: CIQ0 beside CUDA0
+    loaded = plugin.Plugin(plugin.Path(plugin_path))
+    import llama_cpp.llama_cpp as _bindings
+    from llama_cpp import Llama
     handle = loaded._lib.ggml_backend_dev_by_name(device.encode())
     assert handle != loaded.ffi.NULL, device
     _devices = (ctypes.c_void_p * 2)(int(loaded.ffi.cast("uintptr_t", handle)), None)

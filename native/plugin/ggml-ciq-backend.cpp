@@ -27,8 +27,10 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #if !defined(CIQ_PLUGIN_GGML_VERSION) || !defined(CIQ_PLUGIN_LLAMACPP_COMMIT) || !defined(CIQ_PLUGIN_LLAMA_CPP_PYTHON)
@@ -254,6 +256,10 @@ struct gpu_backend {
     ggml_backend_event_t to_cuda = nullptr;  // recorded on ours, waited for by CUDAi's stream
     converted_activations x;                 // shared by the MUL_MATs of one graph_compute on the same activations
     std::vector<graph_plan> plans;           // the recent graphs' plans (the scheduler alternates a few graphs)
+    // The library's offload answer per (weight type, rows, K, tokens): a rebuilt graph (a new uid: llama.cpp builds
+    // one per decode step it cannot reuse) is planned without asking the library per MUL_MAT again. Read once per
+    // backend: GGML_CIQ_OFFLOAD and the rest of the switches are fixed for a backend's life.
+    std::map<std::tuple<int, int64_t, int64_t, int64_t>, bool> offloads;
 };
 
 gpu_backend *gpu_of(ggml_backend_t backend) { return (gpu_backend *)backend->context; }
@@ -331,7 +337,21 @@ bool overlaps(const ggml_tensor *t, const void *begin, size_t nbytes) {
     return a != nullptr && a < b + nbytes && b < a + ggml_nbytes(t);
 }
 
-graph_plan make_plan(const device_context *dev, ggml_cgraph *graph) {
+// mul_mat_ours with the library's offload answer remembered per shape.
+bool mul_mat_ours_remembered(const device_context *dev, gpu_backend *ctx, const ggml_tensor *node) {
+    if (node->op != GGML_OP_MUL_MAT || node->src[0] == nullptr || node->src[1] == nullptr) return false;
+    const std::tuple<int, int64_t, int64_t, int64_t> key{node->src[0]->type, node->src[0]->ne[1], node->src[0]->ne[0],
+                                                          node->src[1]->ne[1]};
+    gemm_request r{};
+    if (!mul_mat_request(dev->ciq_device, node, &r)) return false;
+    auto found = ctx->offloads.find(key);
+    if (found == ctx->offloads.end()) found = ctx->offloads.emplace(key, mul_mat_offloaded(dev->ciq_device, node)).first;
+    if (!found->second) return false;
+    const ggml_tensor *w = node->src[0]->view_src != nullptr ? node->src[0]->view_src : node->src[0];
+    return w->buffer == nullptr || ggml_backend_buffer_get_type(w->buffer) == ggml_backend_dev_buffer_type(dev->cuda);
+}
+
+graph_plan make_plan(const device_context *dev, gpu_backend *ctx, ggml_cgraph *graph) {
     graph_plan plan{graph->uid, graph->nodes, graph->n_nodes, {}};
     int run_start = 0;
     bool run_computes = false;
@@ -339,7 +359,7 @@ graph_plan make_plan(const device_context *dev, ggml_cgraph *graph) {
     for (int i = 0; i < graph->n_nodes; i++) {
         const ggml_tensor *node = graph->nodes[i];
         if (computes_nothing(node)) continue;
-        if (!mul_mat_ours(dev, node)) {
+        if (!mul_mat_ours_remembered(dev, ctx, node)) {
             run_computes = true;
             if (x != nullptr && overlaps(node, x->data, ggml_nbytes(x))) x = nullptr;
             continue;
@@ -361,11 +381,11 @@ const graph_plan &plan_of(const device_context *dev, gpu_backend *ctx, ggml_cgra
         for (const graph_plan &p : ctx->plans)
             if (p.uid == graph->uid && p.nodes == graph->nodes && p.n_nodes == graph->n_nodes) return p;
         if (ctx->plans.size() == kept) ctx->plans.erase(ctx->plans.begin());
-        ctx->plans.push_back(make_plan(dev, graph));
+        ctx->plans.push_back(make_plan(dev, ctx, graph));
         return ctx->plans.back();
     }
     static thread_local graph_plan uncached;
-    uncached = make_plan(dev, graph);
+    uncached = make_plan(dev, ctx, graph);
     return uncached;
 }
 
