@@ -217,9 +217,10 @@ _GENERATE_GPU = """
     loaded = plugin.Plugin(plugin.Path(plugin_path))
     import llama_cpp.llama_cpp as _bindings
     from llama_cpp import Llama
-    handle = loaded._lib.ggml_backend_dev_by_name(device.encode())
-    assert handle != loaded.ffi.NULL, device
-    _devices = (ctypes.c_void_p * 2)(int(loaded.ffi.cast("uintptr_t", handle)), None)
+    from ggml_ciq.llamacpp import ffi as _ffi
+    handle = loaded.ggml._lib.ggml_backend_dev_by_name(device.encode())
+    assert handle != _ffi.NULL, device
+    _devices = (ctypes.c_void_p * 2)(int(_ffi.cast("uintptr_t", handle)), None)
     _with_devices = _bindings.llama_model_default_params
     def _on_device():
         params = _with_devices()
