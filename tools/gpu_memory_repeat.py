@@ -9,7 +9,7 @@ cycling over every kernel variant the device has and 1..64 tokens, with a refuse
 shape) every 50th; each (variant, tokens) result must be the same bits every time, and the dispatch counters say
 which kernels ran. Prefills run the engine with NativeOps on the device (libggml_ciq's ops and kernels). With --plugin-prefills N
 (and llama.cpp with the ggml plugin, docs/PLUGIN.md) libllama runs N more prefills with every weight MUL_MAT offered
-to the plugin's device (GGML_CIQ_OFFLOAD=all): CIQ0 before CUDA0 on a GPU, CIQ_CPU over unrepacked CPU weights
+to the plugin's device (GGML_CIQ_OFFLOAD=all): CIQ0 holding the model on a GPU, CIQ_CPU over unrepacked CPU weights
 otherwise, a new llama.cpp context every call (its buffers allocated and freed each time). Device memory is
 cudaMemGetInfo's used bytes (the whole device: run nothing else on it), host memory the RSS; on --device cpu the RSS
 is the device memory.
@@ -168,7 +168,7 @@ def repeat_plugin_prefills(path: Path, device: int, calls: int, warm_up: int, me
         if name not in loaded.devices:
             raise CiqError(f"the plugin offers {', '.join(loaded.devices)} here, not {name} for device {device}")
         if device >= 0:
-            model = LlamaModel(path, device="cuda", devices=[name, f"CUDA{device}"])
+            model = LlamaModel(path, device="cuda", devices=[name])  # CIQi takes the whole graph
         else:
             model = LlamaModel(path, device="cpu", threads=1)
         native.dispatch_reset()
