@@ -375,6 +375,62 @@ def test_supports_op_declines_layouts_we_do_not_run(plugin_path, plugin_device, 
         lib.ggml_free(ctx)
 
 
+_PLAN_CDEF = """
+struct ggml_cgraph; struct ggml_backend_reg;
+struct ggml_cgraph * ggml_new_graph(struct ggml_context * ctx);
+void ggml_build_forward_expand(struct ggml_cgraph * cgraph, struct ggml_tensor * tensor);
+int ggml_graph_n_nodes(struct ggml_cgraph * cgraph);
+struct ggml_tensor * ggml_rms_norm(struct ggml_context * ctx, struct ggml_tensor * a, float eps);
+struct ggml_tensor * ggml_scale(struct ggml_context * ctx, struct ggml_tensor * a, float s);
+struct ggml_tensor * ggml_scale_inplace(struct ggml_context * ctx, struct ggml_tensor * a, float s);
+struct ggml_backend_reg * ggml_backend_dev_backend_reg(struct ggml_backend_device * device);
+void * ggml_backend_reg_get_proc_address(struct ggml_backend_reg * reg, const char * name);
+"""
+
+
+def test_gpu_plan_runs_and_shared_activations(plugin_path, plugin_device, offload_all, llama):
+    """The plan CIQi's graph_compute runs (CI has no GPU, so through the plugin's "ggml_ciq_plugin_plan" hook, with
+    the plugin device's own offload answers): runs of other nodes between our MUL_MATs, tiling the graph; a MUL_MAT on
+    the same activations as the previous one of ours reuses their conversion (fresh_x 0) unless a node in between
+    wrote over them (an in-place scale); derived run uids (0 for a graph without a uid) in a range ggml's counter never
+    reaches, one per step."""
+    ffi = cffi.FFI()
+    ffi.cdef(_GGML_CDEF + _PLAN_CDEF)
+    lib = ffi.dlopen(str(_lib_file(llama.lib_dir, "ggml")))
+    ctx = lib.ggml_init(ffi.new("struct ggml_init_params *", [64 << 20, ffi.NULL, False])[0])
+    try:
+        with plugin.Plugin(plugin_path):
+            dev = lib.ggml_backend_dev_by_name(plugin_device.encode())
+            address = lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_dev_backend_reg(dev),
+                                                            b"ggml_ciq_plugin_plan")
+            assert address != ffi.NULL
+            plan = ffi.cast("int (*)(struct ggml_cgraph *, int, uint64_t, int32_t *, uint64_t *, int)", address)
+            k, tokens = 256, 8
+            weight = lambda: lib.ggml_new_tensor_2d(ctx, Q4_K, k, k)  # noqa: E731
+            n = lib.ggml_rms_norm(ctx, lib.ggml_new_tensor_2d(ctx, F32, k, tokens), 1e-6)
+            q = lib.ggml_mul_mat(ctx, weight(), n)
+            q_scaled = lib.ggml_scale(ctx, q, 2.0)
+            m = lib.ggml_rms_norm(ctx, lib.ggml_new_tensor_2d(ctx, F32, k, tokens), 1e-6)
+            graph = lib.ggml_new_graph(ctx)
+            for node in (q_scaled, lib.ggml_mul_mat(ctx, weight(), n), lib.ggml_mul_mat(ctx, weight(), n),
+                         lib.ggml_mul_mat(ctx, weight(), q_scaled), lib.ggml_mul_mat(ctx, weight(), m),
+                         lib.ggml_scale_inplace(ctx, m, 0.5), lib.ggml_mul_mat(ctx, weight(), m)):
+                lib.ggml_build_forward_expand(graph, node)
+            count = lib.ggml_graph_n_nodes(graph)
+            rows, uids = ffi.new("int32_t[64]"), ffi.new("uint64_t[16]")
+            steps = plan(graph, 0, 5, rows, uids, 16)
+            got = [tuple(rows[4 * i:4 * i + 4]) for i in range(steps)]
+            # nodes: n, q, q_scaled, k, v, o (on q_scaled), m, d1 (on m), m *= 0.5 in place, d2 (on m)
+            assert count == 10
+            assert got == [(0, 1, 0, 0), (1, 2, 1, 1), (2, 3, 0, 0), (3, 4, 1, 0), (4, 5, 1, 0), (5, 6, 1, 1),
+                           (6, 7, 0, 0), (7, 8, 1, 1), (8, 9, 0, 0), (9, 10, 1, 1)], got
+            assert [uids[i] for i in range(steps)] == [(1 << 63) | (5 << 20) | i for i in range(steps)]
+            assert plan(graph, 0, 0, rows, uids, 16) == steps and all(uids[i] == 0 for i in range(steps))
+            assert plan(graph, 99, 5, rows, uids, 16) == -1
+    finally:
+        lib.ggml_free(ctx)
+
+
 def test_plugin_refuses_another_ggml(llama, native_lib, tmp_path):
     """A plugin built for another ggml version (here: told at build time it is for ggml 0.15.0) is refused by its
     own ggml_backend_init with one log line naming both versions, and loading raises a BackendError."""

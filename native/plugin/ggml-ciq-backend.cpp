@@ -347,6 +347,7 @@ bool mul_mat_ours_remembered(const device_context *dev, gpu_backend *ctx, const 
     auto found = ctx->offloads.find(key);
     if (found == ctx->offloads.end()) found = ctx->offloads.emplace(key, mul_mat_offloaded(dev->ciq_device, node)).first;
     if (!found->second) return false;
+    if (dev->cuda == nullptr) return true;  // the host device's plan (plan_for_tests)
     const ggml_tensor *w = node->src[0]->view_src != nullptr ? node->src[0]->view_src : node->src[0];
     return w->buffer == nullptr || ggml_backend_buffer_get_type(w->buffer) == ggml_backend_dev_buffer_type(dev->cuda);
 }
@@ -394,6 +395,25 @@ const graph_plan &plan_of(const device_context *dev, gpu_backend *ctx, ggml_cgra
 uint64_t run_uid(uint64_t graph_uid, size_t step) {
     if (graph_uid == 0) return 0;
     return (uint64_t(1) << 63) | ((graph_uid & ((uint64_t(1) << 43) - 1)) << 20) | (step & ((1u << 20) - 1));
+}
+
+// The plan CIQi's graph_compute runs for a graph, for the tests (CI has no GPU; reached through the registry's
+// get_proc_address as "ggml_ciq_plugin_plan"): plugin device `index`'s plan (the host device plans with its own
+// offload answers), as rows {begin, end, ours, fresh_x} and each step's run uid were the graph's uid `uid`. Returns
+// the step count (at most max_steps rows are written), -1 for a device index out of range.
+int plan_for_tests(ggml_cgraph *graph, int index, uint64_t uid, int32_t *rows, uint64_t *uids, int max_steps) {
+    if (index < 0 || index >= g_device_count) return -1;
+    gpu_backend scratch;
+    const graph_plan plan = make_plan(&g_devices[index], &scratch, graph);
+    for (size_t i = 0; i < plan.steps.size() && (int)i < max_steps; i++) {
+        const step &st = plan.steps[i];
+        rows[4 * i + 0] = st.begin;
+        rows[4 * i + 1] = st.end;
+        rows[4 * i + 2] = st.ours;
+        rows[4 * i + 3] = st.fresh_x;
+        uids[i] = run_uid(uid, i);
+    }
+    return (int)plan.steps.size();
 }
 
 // One micro-batch: CUDAi's runs of nodes through CUDAi as graph views (its fusions and CUDA graphs, keyed by a view's
@@ -638,6 +658,7 @@ const char *build_info_json() {
 void *reg_get_proc_address(ggml_backend_reg_t, const char *name) {
     if (std::strcmp(name, "ggml_backend_set_n_threads") == 0) return (void *)set_n_threads;
     if (std::strcmp(name, "ggml_ciq_plugin_info") == 0) return (void *)build_info_json;
+    if (std::strcmp(name, "ggml_ciq_plugin_plan") == 0) return (void *)plan_for_tests;
     return nullptr;
 }
 
