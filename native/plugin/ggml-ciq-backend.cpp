@@ -347,9 +347,9 @@ bool mul_mat_ours_remembered(const device_context *dev, gpu_backend *ctx, const 
     auto found = ctx->offloads.find(key);
     if (found == ctx->offloads.end()) found = ctx->offloads.emplace(key, mul_mat_offloaded(dev->ciq_device, node)).first;
     if (!found->second) return false;
-    if (dev->cuda == nullptr) return true;  // the host device's plan (plan_for_tests)
+    if (dev->cuda == nullptr) return true;  // plan_for_tests' probe
     const ggml_tensor *w = node->src[0]->view_src != nullptr ? node->src[0]->view_src : node->src[0];
-    return w->buffer == nullptr || ggml_backend_buffer_get_type(w->buffer) == ggml_backend_dev_buffer_type(dev->cuda);
+    return w->buffer != nullptr && ggml_backend_buffer_get_type(w->buffer) == ggml_backend_dev_buffer_type(dev->cuda);
 }
 
 graph_plan make_plan(const device_context *dev, gpu_backend *ctx, ggml_cgraph *graph) {
@@ -398,13 +398,15 @@ uint64_t run_uid(uint64_t graph_uid, size_t step) {
 }
 
 // The plan CIQi's graph_compute runs for a graph, for the tests (CI has no GPU; reached through the registry's
-// get_proc_address as "ggml_ciq_plugin_plan"): plugin device `index`'s plan (the host device plans with its own
-// offload answers), as rows {begin, end, ours, fresh_x} and each step's run uid were the graph's uid `uid`. Returns
+// get_proc_address as "ggml_ciq_plugin_plan"): plugin device `index`'s plan with the library's offload answers for
+// it but no buffer-type check, as rows {begin, end, ours, fresh_x} and each step's run uid were the graph's uid `uid`. Returns
 // the step count (at most max_steps rows are written), -1 for a device index out of range.
 int plan_for_tests(ggml_cgraph *graph, int index, uint64_t uid, int32_t *rows, uint64_t *uids, int max_steps) {
     if (index < 0 || index >= g_device_count) return -1;
+    device_context probe = g_devices[index];
+    probe.cuda = nullptr;  // the library's answers for that device, no buffer-type check: any graph's tensors will do
     gpu_backend scratch;
-    const graph_plan plan = make_plan(&g_devices[index], &scratch, graph);
+    const graph_plan plan = make_plan(&probe, &scratch, graph);
     for (size_t i = 0; i < plan.steps.size() && (int)i < max_steps; i++) {
         const step &st = plan.steps[i];
         rows[4 * i + 0] = st.begin;
@@ -429,9 +431,12 @@ ggml_status gpu_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
 
     auto cuda_after_ciq = [&]() -> bool {
         if (!ciq_ahead) return true;
-        if (ciq_stream_record_event(dev->ciq_device, ctx->to_cuda->context) != CIQ_OK) return false;
-        ggml_backend_event_wait(ctx->cuda, ctx->to_cuda);
         ciq_ahead = false;
+        if (ciq_stream_record_event(dev->ciq_device, ctx->to_cuda->context) != CIQ_OK) {
+            ciq_device_synchronize(dev->ciq_device);  // no event: our MUL_MATs done before anything that follows
+            return false;
+        }
+        ggml_backend_event_wait(ctx->cuda, ctx->to_cuda);
         return true;
     };
     auto fail = [&](const ggml_tensor *node) {
@@ -531,7 +536,9 @@ void device_get_props(ggml_backend_dev_t dev, ggml_backend_dev_props *props) {
     props->name = device_get_name(dev);
     props->description = device_get_description(dev);
     props->type = device_get_type(dev);
-    props->device_id = nullptr;  // not CUDAi's PCI id: llama.cpp would drop one of two devices with the same id
+    // CUDAi's PCI id: llama.cpp's default device list (no -dev) keeps one device per id, CUDAi (registered first), so
+    // a plain run never splits a model over CUDAi and CIQi (one GPU counted twice); -dev CIQi names it explicitly.
+    props->device_id = gpu ? cuda.device_id : nullptr;
     device_get_memory(dev, &props->memory_free, &props->memory_total);
     props->caps = {
         /* .async                = */ gpu && cuda.caps.async,        // CUDAi's async copies, delegated
