@@ -155,6 +155,12 @@ ggml_guid_t backend_guid() {
 
 const device_context *device_of(ggml_backend_t backend) { return (const device_context *)backend->device->context; }
 
+// Input and view ops: no computation of their own (ggml-cuda's ggml_cuda_is_view_or_noop, with empty tensors).
+bool is_view_op(ggml_op op) {
+    return op == GGML_OP_NONE || op == GGML_OP_RESHAPE || op == GGML_OP_VIEW || op == GGML_OP_PERMUTE ||
+           op == GGML_OP_TRANSPOSE;
+}
+
 const char *backend_get_name(ggml_backend_t backend) { return device_of(backend)->name.c_str(); }
 
 // A MUL_MAT the library takes on this device: a layout we accept, the plan's offload verdict, and on a GPU a weight
@@ -173,31 +179,21 @@ ggml_status cpu_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
     const device_context *dev = device_of(backend);
     for (int i = 0; i < graph->n_nodes; i++) {
         ggml_tensor *node = graph->nodes[i];
-        if ((node->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) continue;
-        switch (node->op) {
-            case GGML_OP_NONE:
-            case GGML_OP_RESHAPE:
-            case GGML_OP_VIEW:
-            case GGML_OP_PERMUTE:
-            case GGML_OP_TRANSPOSE:
-                break;
-            case GGML_OP_MUL_MAT: {
-                gemm_request r{};
-                bool unused;
-                if (!mul_mat_request(dev->ciq_device, node, &r)) {
-                    GGML_LOG_ERROR("ggml-ciq: %s: MUL_MAT %s has a layout this device declines\n", dev->name.c_str(),
-                                   node->name);
-                    return GGML_STATUS_FAILED;
-                }
-                if (ciq_gemm_adapter(r, true, &unused) != CIQ_OK) {
-                    GGML_LOG_ERROR("ggml-ciq: %s: MUL_MAT %s: %s\n", dev->name.c_str(), node->name, ciq_last_error());
-                    return GGML_STATUS_FAILED;
-                }
-                break;
-            }
-            default:
-                GGML_LOG_ERROR("ggml-ciq: %s: unsupported op %s\n", dev->name.c_str(), ggml_op_desc(node));
-                return GGML_STATUS_FAILED;
+        if ((node->flags & GGML_TENSOR_FLAG_COMPUTE) == 0 || is_view_op(node->op)) continue;
+        gemm_request r{};
+        bool unused;
+        if (node->op != GGML_OP_MUL_MAT) {
+            GGML_LOG_ERROR("ggml-ciq: %s: unsupported op %s\n", dev->name.c_str(), ggml_op_desc(node));
+            return GGML_STATUS_FAILED;
+        }
+        if (!mul_mat_request(dev->ciq_device, node, &r)) {
+            GGML_LOG_ERROR("ggml-ciq: %s: MUL_MAT %s has a layout this device declines\n", dev->name.c_str(),
+                           node->name);
+            return GGML_STATUS_FAILED;
+        }
+        if (ciq_gemm_adapter(r, true, &unused) != CIQ_OK) {
+            GGML_LOG_ERROR("ggml-ciq: %s: MUL_MAT %s: %s\n", dev->name.c_str(), node->name, ciq_last_error());
+            return GGML_STATUS_FAILED;
         }
     }
     return GGML_STATUS_SUCCESS;
@@ -320,16 +316,7 @@ void gpu_graph_optimize(ggml_backend_t backend, ggml_cgraph *graph, ggml_backend
 
 // A node CUDAi computes nothing for (ggml-cuda's ggml_cuda_is_view_or_noop): a run of them needs no call into it.
 bool computes_nothing(const ggml_tensor *node) {
-    switch (node->op) {
-        case GGML_OP_NONE:
-        case GGML_OP_RESHAPE:
-        case GGML_OP_VIEW:
-        case GGML_OP_PERMUTE:
-        case GGML_OP_TRANSPOSE:
-            return true;
-        default:
-            return ggml_is_empty(node) || (node->flags & GGML_TENSOR_FLAG_COMPUTE) == 0;
-    }
+    return is_view_op(node->op) || ggml_is_empty(node) || (node->flags & GGML_TENSOR_FLAG_COMPUTE) == 0;
 }
 
 bool overlaps(const ggml_tensor *t, const void *begin, size_t nbytes) {
@@ -597,18 +584,7 @@ bool view_taken(const ggml_tensor *op) {
 bool device_supports_op(ggml_backend_dev_t dev, const ggml_tensor *op) {
     const device_context *ctx = (const device_context *)dev->context;
     if (ctx->cuda != nullptr) return mul_mat_ours(ctx, op) || ggml_backend_dev_supports_op(ctx->cuda, op);
-    switch (op->op) {
-        case GGML_OP_NONE:
-        case GGML_OP_RESHAPE:
-        case GGML_OP_VIEW:
-        case GGML_OP_PERMUTE:
-        case GGML_OP_TRANSPOSE:
-            return view_taken(op);
-        case GGML_OP_MUL_MAT:
-            return mul_mat_ours(ctx, op);
-        default:
-            return false;
-    }
+    return is_view_op(op->op) ? view_taken(op) : mul_mat_ours(ctx, op);
 }
 
 // GPU: CUDAi's buffer types. Host: host buffers in ggml's standard layout (plain and mmap'd CPU buffers; not the CPU
