@@ -36,7 +36,7 @@ MAY_BE_NULL = {("ciq_rms_norm", "weight"), ("ciq_rms_norm", "add"), ("ciq_rms_no
                ("ciq_rope_kv_store", "v"), ("ciq_memory_free", "ptr"), ("ciq_graph_free", "graph")}
 # Functions whose valid call needs what the CPU does not have (a GPU) or that take no misusable argument.
 NOT_ON_CPU = {"ciq_gemm_dense_bf16", "ciq_graph_capture_begin", "ciq_graph_capture_end", "ciq_graph_launch",
-              "ciq_graph_free"}
+              "ciq_graph_free", "ciq_stream_wait_event", "ciq_stream_record_event"}
 # Parameters any value of which is valid (a thread count <= 0 means all cores; a memset byte).
 ANY_VALUE = {("ciq_threads_set", "threads"), ("ciq_memory_fill", "value")}
 # Parameters that are not a size or a count: a negative value is an offset the callee cannot check.
@@ -216,8 +216,8 @@ def test_forged_plan_is_refused(native_lib, field, value):
 
 
 def test_graph_calls_on_the_cpu_and_foreign_handles(native_lib):
-    """CUDA graphs on the CPU device: unsupported, said in one line; a pointer that is not a captured graph: an error
-    for launch and free (the library tracks its graphs); freeing NULL: nothing to do."""
+    """CUDA graphs and stream events on the CPU device: unsupported, said in one line; a pointer that is not a captured
+    graph: an error for launch and free (the library tracks its graphs); freeing NULL: nothing to do."""
     n = native_lib
     status, message = _status_and_message(n, n.lib.ciq_graph_capture_begin(n.lib.CIQ_DEVICE_CPU))
     assert status == n.lib.CIQ_ERR_UNSUPPORTED and "need a GPU" in message, message
@@ -229,3 +229,6 @@ def test_graph_calls_on_the_cpu_and_foreign_handles(native_lib):
         status, message = _status_and_message(n, call(foreign))
         assert status == n.lib.CIQ_ERR_INVALID_ARGUMENT and "not a captured graph" in message, message
     assert n.lib.ciq_graph_free(n.ffi.NULL) == n.lib.CIQ_OK
+    for call in (n.lib.ciq_stream_wait_event, n.lib.ciq_stream_record_event):  # the plugin's stream ordering
+        status, message = _status_and_message(n, call(n.lib.CIQ_DEVICE_CPU, foreign))
+        assert status == n.lib.CIQ_ERR_UNSUPPORTED and "the host has no streams" in message, message
