@@ -250,29 +250,25 @@ ciq_status ciq_timer_stop(void *timer, float *milliseconds) {
 // ---------------------------------------------------------------------------------------------
 // Ordering against another library's streams
 
-static ciq_status stream_event(const char *what, int device, void *event) {
+// record: the event records this thread's work on device; else this thread's later work waits for it.
+static ciq_status stream_event(const char *what, int device, void *event, bool record) {
     if (event == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: event is NULL", what);
     CIQ_TRY(ciq_check_device(device));
     if (device == CIQ_DEVICE_CPU) return ciq_fail(CIQ_ERR_UNSUPPORTED, "%s: the host has no streams", what);
-    return CIQ_OK;
+#ifdef GGML_CIQ_WITH_CUDA
+    return record ? ciq_cuda_stream_record_event(device, event) : ciq_cuda_stream_wait_event(device, event);
+#else
+    (void)record;
+    return ciq_fail(CIQ_ERR_UNSUPPORTED, "%s: this build has no CUDA", what);
+#endif
 }
 
 ciq_status ciq_stream_wait_event(int device, void *event) {
-    CIQ_TRY(stream_event("ciq_stream_wait_event", device, event));
-#ifdef GGML_CIQ_WITH_CUDA
-    return ciq_cuda_stream_wait_event(device, event);
-#else
-    return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_stream_wait_event: this build has no CUDA");
-#endif
+    return stream_event("ciq_stream_wait_event", device, event, false);
 }
 
 ciq_status ciq_stream_record_event(int device, void *event) {
-    CIQ_TRY(stream_event("ciq_stream_record_event", device, event));
-#ifdef GGML_CIQ_WITH_CUDA
-    return ciq_cuda_stream_record_event(device, event);
-#else
-    return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_stream_record_event: this build has no CUDA");
-#endif
+    return stream_event("ciq_stream_record_event", device, event, true);
 }
 
 // ---------------------------------------------------------------------------------------------
