@@ -475,8 +475,8 @@ def wait(args) -> int:
 
 
 def stage(args) -> int:
-    """Keeps the carried parts; joins each model whose parts are all here (checked against its sums file: FILE.sha256,
-    whose first line names the whole file, or the older single SHA256SUMS) into /tmp/FILE, once."""
+    """Keeps the carried parts; joins each model whose parts are all here (checked against its sums file FILE.sha256,
+    whose first line names the whole file) into /tmp/FILE, once."""
     p = paths()
     if (ROOT / ".device-extra").is_dir():
         shutil.copytree(ROOT / ".device-extra", p["device"], dirs_exist_ok=True)
@@ -484,7 +484,7 @@ def stage(args) -> int:
     if (ROOT / ".device-parts").is_dir():
         for f in (ROOT / ".device-parts").iterdir():
             shutil.copy2(f, p["parts"] / f.name)
-    sums_files = sorted(p["parts"].glob("*" + SUMS_SUFFIX)) + [f for f in [p["parts"] / "SHA256SUMS"] if f.is_file()]
+    sums_files = sorted(p["parts"].glob("*" + SUMS_SUFFIX))
     if not sums_files:
         print(f"no parts yet (carry .device-parts/PART and its .device-parts/FILE{SUMS_SUFFIX})")
         return 0
@@ -496,8 +496,8 @@ def stage(args) -> int:
 def join_parts(sums: Path, p: dict) -> None:
     """One model: how many of its parts are here, or the whole file joined and checked."""
     entries = [line.split(None, 1) for line in sums.read_text().splitlines() if line.strip()]
-    whole = [(h, n.strip()) for h, n in entries if ".part" not in n]
-    target = TMP / whole[0][1] if whole else p["gemma"]
+    whole_hash, whole_name = entries[0][0], entries[0][1].strip()  # split_parts writes the whole file's line first
+    target = TMP / whole_name
     if target.is_file():
         print(f"{target}: staged")
         return
@@ -512,7 +512,7 @@ def join_parts(sums: Path, p: dict) -> None:
         for _, name in parts:
             with open(p["parts"] / name, "rb") as part:
                 shutil.copyfileobj(part, joined, 16 * MIB)
-    if whole and sha256(tmp) != whole[0][0]:
+    if sha256(tmp) != whole_hash:
         raise UsageError(f"{tmp}: the joined parts do not match {sums.name}")
     tmp.replace(target)
     print(f"{target}: joined, {target.stat().st_size / MIB:.1f} MiB, checked")

@@ -60,9 +60,11 @@ struct gemm_request {
         if (status_ != CIQ_OK) return status_; \
     } while (0)
 
+// The host device promises llama.cpp CPU's semantics; a GPU runs whatever its fastest kernel implements.
+ciq_semantics semantics_on(int device) { return device == CIQ_DEVICE_CPU ? CIQ_SEMANTICS_CPU : CIQ_SEMANTICS_ANY; }
+
 ciq_status ciq_gemm_adapter(const gemm_request &r, bool execute, bool *offload) {
-    // The host device promises llama.cpp CPU's semantics; a GPU runs whatever its fastest kernel implements.
-    const ciq_semantics semantics = r.device == CIQ_DEVICE_CPU ? CIQ_SEMANTICS_CPU : CIQ_SEMANTICS_ANY;
+    const ciq_semantics semantics = semantics_on(r.device);
     const ciq_type type = (ciq_type)r.type;  // ciq_type values are ggml's type ids
     *offload = false;
     if (execute) {
@@ -89,8 +91,8 @@ struct converted_activations {
 
 ciq_status ciq_gemm_converting_once(const gemm_request &r, converted_activations *c) {
     ciq_plan plan;
-    CIQ_TRY_PLUGIN(ciq_gemm_plan(r.device, CIQ_VARIANT_AUTO, CIQ_SEMANTICS_ANY, (ciq_type)r.type, r.rows, r.k, r.tokens,
-                                 &plan));
+    CIQ_TRY_PLUGIN(ciq_gemm_plan(r.device, CIQ_VARIANT_AUTO, semantics_on(r.device), (ciq_type)r.type, r.rows, r.k,
+                                 r.tokens, &plan));
     const bool same = c->valid && c->x == r.x && c->tokens == r.tokens && c->k == r.k && c->layout == plan.activation_layout;
     if (!same) {
         c->valid = false;
@@ -163,13 +165,19 @@ bool is_view_op(ggml_op op) {
 
 const char *backend_get_name(ggml_backend_t backend) { return device_of(backend)->name.c_str(); }
 
-// A MUL_MAT the library takes on this device: a layout we accept, the plan's offload verdict, and on a GPU a weight
-// in CUDAi's plain buffers (not the row-split buffer type of `-sm row`, whose tensor->data is no device pointer).
-bool mul_mat_ours(const device_context *dev, const ggml_tensor *node) {
-    if (node->op != GGML_OP_MUL_MAT || !mul_mat_offloaded(dev->ciq_device, node)) return false;
+// A MUL_MAT's weight where our kernels can read it: on the host any, on a GPU in CUDAi's plain buffers (not the
+// row-split buffer type of `-sm row`, whose tensor->data is no device pointer); unallocated only where the caller
+// asks before allocation (supports_op: test-backend-ops asks first).
+bool weight_readable(const device_context *dev, const ggml_tensor *node, bool allocated) {
     if (dev->cuda == nullptr) return true;
     const ggml_tensor *w = node->src[0]->view_src != nullptr ? node->src[0]->view_src : node->src[0];
-    return w->buffer == nullptr || ggml_backend_buffer_get_type(w->buffer) == ggml_backend_dev_buffer_type(dev->cuda);
+    if (w->buffer == nullptr) return !allocated;
+    return ggml_backend_buffer_get_type(w->buffer) == ggml_backend_dev_buffer_type(dev->cuda);
+}
+
+// A MUL_MAT the library takes on this device: a layout we accept, the plan's offload verdict, a weight we can read.
+bool mul_mat_ours(const device_context *dev, const ggml_tensor *node) {
+    return node->op == GGML_OP_MUL_MAT && mul_mat_offloaded(dev->ciq_device, node) && weight_readable(dev, node, false);
 }
 
 // -- the host device (CIQ_CPU): MUL_MATs only; the CPU backend runs everything else --
@@ -333,10 +341,7 @@ bool mul_mat_ours_remembered(const device_context *dev, gpu_backend *ctx, const 
     if (!mul_mat_request(dev->ciq_device, node, &r)) return false;
     auto found = ctx->offloads.find(key);
     if (found == ctx->offloads.end()) found = ctx->offloads.emplace(key, mul_mat_offloaded(dev->ciq_device, node)).first;
-    if (!found->second) return false;
-    if (dev->cuda == nullptr) return true;  // plan_for_tests' probe
-    const ggml_tensor *w = node->src[0]->view_src != nullptr ? node->src[0]->view_src : node->src[0];
-    return w->buffer != nullptr && ggml_backend_buffer_get_type(w->buffer) == ggml_backend_dev_buffer_type(dev->cuda);
+    return found->second && weight_readable(dev, node, true);
 }
 
 graph_plan make_plan(const device_context *dev, gpu_backend *ctx, ggml_cgraph *graph) {
@@ -386,8 +391,8 @@ uint64_t run_uid(uint64_t graph_uid, size_t step) {
 
 // The plan CIQi's graph_compute runs for a graph, for the tests (CI has no GPU; reached through the registry's
 // get_proc_address as "ggml_ciq_plugin_plan"): plugin device `index`'s plan with the library's offload answers for
-// it but no buffer-type check, as rows {begin, end, ours, fresh_x} and each step's run uid were the graph's uid `uid`. Returns
-// the step count (at most max_steps rows are written), -1 for a device index out of range.
+// it but no buffer-type check, as rows {begin, end, ours, fresh_x} and each step's run uid were the graph's uid
+// `uid`. Returns the step count (at most max_steps rows are written), -1 for a device index out of range.
 int plan_for_tests(ggml_cgraph *graph, int index, uint64_t uid, int32_t *rows, uint64_t *uids, int max_steps) {
     if (index < 0 || index >= g_device_count) return -1;
     device_context probe = g_devices[index];
@@ -426,8 +431,11 @@ ggml_status gpu_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
         ggml_backend_event_wait(ctx->cuda, ctx->to_cuda);
         return true;
     };
-    auto fail = [&](const ggml_tensor *node) {
-        GGML_LOG_ERROR("ggml-ciq: %s: MUL_MAT %s: %s\n", dev->name.c_str(), node->name, ciq_last_error());
+    auto fail = [&](const ggml_tensor *node) {  // node NULL: ordering CUDAi after our MUL_MATs failed
+        if (node != nullptr)
+            GGML_LOG_ERROR("ggml-ciq: %s: MUL_MAT %s: %s\n", dev->name.c_str(), node->name, ciq_last_error());
+        else
+            GGML_LOG_ERROR("ggml-ciq: %s: %s\n", dev->name.c_str(), ciq_last_error());
         cuda_after_ciq();
         return GGML_STATUS_FAILED;
     };
@@ -435,10 +443,7 @@ ggml_status gpu_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
     for (size_t i = 0; i < plan.steps.size(); i++) {
         const step &s = plan.steps[i];
         if (!s.ours) {
-            if (!cuda_after_ciq()) {
-                GGML_LOG_ERROR("ggml-ciq: %s: %s\n", dev->name.c_str(), ciq_last_error());
-                return GGML_STATUS_FAILED;
-            }
+            if (!cuda_after_ciq()) return fail(nullptr);
             ggml_status status;
             if (s.begin == 0 && s.end == graph->n_nodes) {
                 status = ggml_backend_graph_compute_async(ctx->cuda, graph);
@@ -463,11 +468,7 @@ ggml_status gpu_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
         ciq_ahead = true;
         if (ciq_gemm_converting_once(r, &ctx->x) != CIQ_OK) return fail(node);
     }
-    if (!cuda_after_ciq()) {
-        GGML_LOG_ERROR("ggml-ciq: %s: %s\n", dev->name.c_str(), ciq_last_error());
-        return GGML_STATUS_FAILED;
-    }
-    return GGML_STATUS_SUCCESS;
+    return cuda_after_ciq() ? GGML_STATUS_SUCCESS : fail(nullptr);
 }
 
 const ggml_backend_i gpu_backend_interface = {

@@ -256,9 +256,10 @@ static const OffloadThreshold k_offload[] = {
     {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q5_K, 128, 0, 0},
     // The 32-value block types through wgmma (f16 semantics), from 128 tokens: SmolLM2-135M (Q4_1 with Q8_0, hidden
     // 576) every MUL_MAT offloaded pp32 1.07x-1.08x, pp128 1.78x-1.82x, pp512 1.50x-1.54x, pp2048 1.56x-1.57x;
-    // Gemma's Q5_0 / Q8_0 inside the figures above. Q4_1 / Q5_1 at any size (8B shapes, kernel alone: 1.13x-1.22x MMQ at 128 tokens, 1.50x-1.63x at
-    // 512); Q4_0 / Q5_0 / Q8_0 only below the 8B's weights, where wgmma is no faster than MMQ (0.96x / 1.00x at 512;
-    // Q5_0 4096 x 4096 0.57x at 16 tokens: gemm-block32-8b). Q4_0 by its class: no catalog model has it.
+    // Gemma's Q5_0 / Q8_0 inside the figures above. Q4_1 / Q5_1 at any size (8B shapes, kernel alone: 1.13x-1.22x
+    // MMQ at 128 tokens, 1.50x-1.63x at 512); Q4_0 / Q5_0 / Q8_0 only below the 8B's weights, where wgmma is no faster
+    // than MMQ (0.96x / 1.00x at 512; Q5_0 4096 x 4096 0.57x at 16 tokens: gemm-block32-8b). Q4_0 by its class: no
+    // catalog model has it.
     {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q4_1, 128, 0, 0},
     {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q5_1, 128, 0, 0},
     {on_hopper_90a, CIQ_VARIANT_WGMMA, CIQ_TYPE_Q4_0, 128, 0, k_8b_weights - 1},
