@@ -103,7 +103,7 @@ def test_malformed_grid_as_a_process_prints_no_traceback(tmp_path):
 
 
 @pytest.mark.parametrize("verb", ["prepare", "setup", "wait", "stage", "test", "sanitize", "ab", "compare", "run",
-                                  "env", "pack"])
+                                  "chain", "collect", "env", "pack"])
 def test_every_verb_has_help(verb, capsys):
     rc, stdout, _ = run_main([verb, "--help"], capsys)
     assert rc == 0 and stdout.startswith(f"usage: gpu.py {verb}")
@@ -316,6 +316,29 @@ def test_the_plan_keeps_every_call_within_64_mib():
     calls = gpu.plan_calls(2 * mib, items)
     assert calls == [[".device", ".device-parts/a.gguf.part00", ".device-parts/a.gguf.sha256",
                       ".device-parts/a.gguf.part01", ".device-parts/b.gguf.part00", ".device-parts/b.gguf.sha256"]]
+
+
+def test_chain_runs_every_line_detached_and_collect_brings_the_results(out, capsys, monkeypatch, tmp_path):
+    """A lease's steps past one call: `chain FILE` starts its lines in order in a new session (a failing line does not
+    stop the rest; each writes into OUT=/tmp/lease-out, `$G` is the runner), `collect` waits for the last one and
+    copies the results into $OUT; without a chain, or with an empty file, one-line errors and exit 2."""
+    monkeypatch.setattr(gpu, "ROOT", tmp_path / "tree")
+    (tmp_path / "tree" / "tools").mkdir(parents=True)
+    (tmp_path / "tree" / "tools" / "gpu.py").write_text(PATH.read_text())
+    rc, _, err = run_main(["collect", "--timeout", "0"], capsys)
+    assert rc == 2 and "no chain" in err and err.count("\n") == 1
+    (tmp_path / "tree" / "lines.txt").write_text("# a comment\n\n")
+    rc, _, err = run_main(["chain", "lines.txt"], capsys)
+    assert rc == 2 and "no command lines" in err
+    (tmp_path / "tree" / "lines.txt").write_text("echo first > $OUT/a.txt\nfalse\n"
+                                                 "sleep 0.2; $G env > $OUT/env.txt\n")
+    rc, stdout, _ = run_main(["chain", "lines.txt"], capsys)
+    assert rc == 0 and "3 lines" in stdout
+    rc, stdout, err = run_main(["collect", "--timeout", "60", "--poll", "0.05"], capsys)
+    assert rc == 0, (stdout, err)
+    assert [line.split()[1] for line in stdout.splitlines() if line.startswith("== rc=")] == ["rc=0", "rc=1", "rc=0"]
+    assert (out / "a.txt").read_text() == "first\n" and "PYTHONPATH" in (out / "env.txt").read_text()
+    assert (out / "DONE").is_file() and "false" in (out / "chain.log").read_text()
 
 
 def test_test_verb_passes_pytest_options_through():

@@ -8,6 +8,8 @@ A lease (every line one `run` call; the machine goes back ~30 s after a call, it
                        python3 tools/gpu.py sanitize engine ops
                        python3 tools/gpu.py ab --grid GGML_CIQ_WGMMA_RS=0,1 -- ggml-ciq bench gemm ... --json {out}
                        python3 tools/gpu.py compare --tokens 512,4096; python3 tools/gpu.py pack
+  or, for more than a call:  python3 tools/gpu.py wait && python3 tools/gpu.py chain tools/leases/NAME.txt
+                       python3 tools/gpu.py collect       (until exit 0; each call keeps the machine while it waits)
 Results land under $OUT (default /tmp/out); a call brings back at most 8 files, 2 folders deep: end with `pack`.
 Every verb has --help; docs/GPU.md has the recipes (plugin checks, llama-bench, lib-ab, diag builds).
 Standard library only: the machine's python3 has no numpy, cffi or gguf until `setup` installs the carried wheels.
@@ -656,6 +658,58 @@ def pack(args) -> int:
     return 0
 
 
+def chain_dir() -> Path:
+    return TMP / "lease-out"
+
+
+def chain(args) -> int:
+    """FILE's lines, one after another, in a new session (they outlive the call; a call in flight, e.g. `collect`,
+    keeps the machine): each a shell command with this environment, `$G` this runner and OUT=/tmp/lease-out, so the
+    verbs' results gather there; each line's start, exit code and output go to its chain.log, a failure does not stop
+    the rest. Then `collect`."""
+    path = ROOT / args.file
+    if not path.is_file():
+        raise UsageError(f"{args.file}: no such file (the lines of a chain, e.g. tools/leases/*.txt)")
+    lines = [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    if not lines:
+        raise UsageError(f"{args.file}: no command lines")
+    out = chain_dir()
+    if out.is_dir() and not (out / "DONE").is_file() and (out / "chain.log").is_file() and not args.force:
+        raise UsageError(f"a chain is running ({out}/chain.log; --force starts another)")
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    log = out / "chain.log"
+    log.write_text("")
+    steps = [f"printf '== %s %s\\n' \"$(date +%T)\" {shlex.quote(line)} >> {log}\n( {line} ) >> {log} 2>&1\n"
+             f"echo \"== rc=$? $(date +%T)\" >> {log}\n" for line in lines]
+    script = TMP / "lease-chain.sh"
+    script.write_text(f"cd {ROOT}\n" + "".join(steps) + f"touch {out / 'DONE'}\n")
+    env = dict(environment(), OUT=str(out), G=f"{sys.executable} {ROOT / 'tools' / 'gpu.py'}")
+    subprocess.Popen(["bash", str(script)], env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL, start_new_session=True)
+    print(f"chain: {len(lines)} lines of {args.file} started; `collect` waits for them")
+    return 0
+
+
+def collect(args) -> int:
+    """Waits for the chain (at most --timeout s), then copies /tmp/lease-out into $OUT and packs it: exit 0 when the
+    chain has ended, 3 when it still runs (what it had so far comes back; call collect again)."""
+    out = chain_dir()
+    if not (out / "chain.log").is_file():
+        raise UsageError("no chain: start one with `chain FILE` (in this lease: /tmp goes with the machine)")
+    deadline = time.monotonic() + args.timeout
+    while not (out / "DONE").is_file() and time.monotonic() < deadline:
+        time.sleep(args.poll)
+    done = (out / "DONE").is_file()
+    print("\n".join(line for line in (out / "chain.log").read_text(errors="replace").splitlines()
+                    if line.startswith("== ")))
+    shutil.copytree(out, out_dir(), dirs_exist_ok=True)
+    pack(argparse.Namespace(name=args.name, force=False))
+    if not done:
+        print("the chain still runs: call collect again")
+    return 0 if done else 3
+
+
 # ---- here, with network --------------------------------------------------------------------------------------------
 
 def extract(archive: Path, dest: Path) -> None:
@@ -922,6 +976,17 @@ def build_parser() -> Parser:
     p.add_argument("--json-stdout", action="store_true", help="stdout alone into $OUT/NAME.json (llama-bench -o json)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- the command ({gemma}, {llama_bin}, {plugin}, ...)")
     p.set_defaults(func=run)
+
+    p = sub.add_parser("chain", help="a file's command lines one after another, detached, into /tmp/lease-out")
+    p.add_argument("file", help="the lines, relative to the tree (tools/leases/*.txt); $G is this runner")
+    p.add_argument("--force", action="store_true", help="start even while another chain runs")
+    p.set_defaults(func=chain)
+
+    p = sub.add_parser("collect", help="wait for the chain, its results into $OUT, packed (exit 3: still running)")
+    p.add_argument("--timeout", type=float, default=540, help="seconds (default 540: inside a 10-minute call)")
+    p.add_argument("--poll", type=float, default=5, help=argparse.SUPPRESS)
+    p.add_argument("--name", default="lease", help="the archive's name when packed (default lease)")
+    p.set_defaults(func=collect)
 
     p = sub.add_parser("env", help="this environment as shell exports")
     p.set_defaults(func=show_env)
