@@ -30,7 +30,7 @@ VALID_FOR = {"ciq_activations_size": {"layout": 0},
 HANDLES = {("ciq_memory_free", "ptr"): "malloc", ("ciq_timer_mark", "timer"): "timer", ("ciq_timer_stop", "timer"): "timer",
            ("ciq_gemm_quantized", "plan"): "plan", ("ciq_gemm_quantized_outputs", "plan"): "plan",
            ("ciq_gemm_quantized_outputs", "outputs"): "outputs", ("ciq_gemm_quantized_glu", "plan"): "plan",
-           ("ciq_gemm_quantized_group", "weights"): "weights"}
+           ("ciq_gemm_quantized_group", "weights"): "weights", ("ciq_switch_on", "name"): "switch"}
 # Pointer parameters that may legitimately be NULL.
 MAY_BE_NULL = {("ciq_rms_norm", "weight"), ("ciq_rms_norm", "add"), ("ciq_rms_norm_activations", "weight"),
                ("ciq_rope_kv_store", "v"), ("ciq_memory_free", "ptr"), ("ciq_graph_free", "graph")}
@@ -86,6 +86,10 @@ def _handle(n, kind):
         w.outputs, w.n_outputs = outputs, 1
         _KEEP.extend([blocks, plan, outputs])  # the owners: the struct's pointers do not keep them alive
         return weights
+    if kind == "switch":  # an on/off switch's name
+        name = n.ffi.new("char[]", b"GGML_CIQ_FUSE")
+        _KEEP.append(name)
+        return name
     out = n.ffi.new("void **")
     status = n.lib.ciq_memory_alloc(-1, 64, out) if kind == "malloc" else n.lib.ciq_timer_start(-1, out)
     assert status == n.lib.CIQ_OK
@@ -232,3 +236,18 @@ def test_graph_calls_on_the_cpu_and_foreign_handles(native_lib):
     for call in (n.lib.ciq_stream_wait_event, n.lib.ciq_stream_record_event):  # the plugin's stream ordering
         status, message = _status_and_message(n, call(n.lib.CIQ_DEVICE_CPU, foreign))
         assert status == n.lib.CIQ_ERR_UNSUPPORTED and "the host has no streams" in message, message
+
+
+def test_switch_on_reads_the_words_and_names_bad_ones(monkeypatch):
+    """ciq_switch_on: the on/off words in any case, unset or empty on; a value it does not take and a name that is
+    not an on/off switch each an error naming them (the plugin then offers no device: test_plugin)."""
+    n = native.load()
+    on = n.ffi.new("int *")
+    for value, want in (("", 1), ("0", 0), ("Off", 0), ("no", 0), ("1", 1), ("TRUE", 1), (" yes ", 1)):
+        monkeypatch.setenv("GGML_CIQ_FUSE", value)
+        assert n.lib.ciq_switch_on(b"GGML_CIQ_FUSE", on) == n.lib.CIQ_OK and on[0] == want, value
+    monkeypatch.setenv("GGML_CIQ_FUSE", "sometimes")
+    status, message = _status_and_message(n, n.lib.ciq_switch_on(b"GGML_CIQ_FUSE", on))
+    assert status == n.lib.CIQ_ERR_INVALID_ARGUMENT and "GGML_CIQ_FUSE='sometimes'" in message, message
+    status, message = _status_and_message(n, n.lib.ciq_switch_on(b"GGML_CIQ_OFFLOAD", on))
+    assert status == n.lib.CIQ_ERR_INVALID_ARGUMENT and "'GGML_CIQ_OFFLOAD' is not an on/off switch" in message

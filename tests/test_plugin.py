@@ -139,28 +139,54 @@ def test_mul_mat_graph_on_the_plugin_device(plugin_path, cpu_device, offload_all
 
 
 @pytest.mark.gpu
-def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all, gemma_full):
+@pytest.mark.parametrize("fuse", ["1", "0"])
+def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all, gemma_full, llama, monkeypatch,
+                                         fuse):
     """Over a CUDA llama.cpp (docs/GPU.md: the plugin's recipes): Gemma 3 270M with devices CIQ0/CUDA0, every weight
     MUL_MAT through the plugin (GGML_CIQ_OFFLOAD=all), against CUDA0 alone, flash attention off on both. The
     semantics differ (wgmma's f16 products, not MMQ's), so this is a sanity bar - a race against CUDA0's stream or a
-    misread tensor gives unrelated logits - while llama-perplexity's KL divergence is the measured comparison."""
+    misread tensor gives unrelated logits - while llama-perplexity's KL divergence is the measured comparison.
+    GGML_CIQ_FUSE=1 (the default): the plan's steps counted by kind say a layer ran as one CUDA0 run and ours (attention
+    norm, q/k/v, ...: 2 norms of ours feeding MUL_MATs, 2 post-norms with their residual, 1 GEGLU); 0: API v19's plan,
+    MUL_MATs alone."""
     from ggml_ciq.compare import logits_agreement
     from ggml_ciq.llama_model import LlamaModel
 
     if plugin_device != "CIQ0":
         pytest.skip(f"the plugin offers {plugin_device} here, not the GPU device CIQ0")
+    monkeypatch.setenv("GGML_CIQ_FUSE", fuse)
     path = gemma_full.path
     text = open(PROMPT).read()
     with LlamaModel(path, device="cuda") as model:
         tokens = model.tokenize(text)
         with model.context_for(len(tokens), flash_attn=False) as ctx:
             reference = ctx.prefill(tokens)
+    ffi = cffi.FFI()
+    ffi.cdef(_GGML_CDEF + _PLAN_CDEF)
+    lib = ffi.dlopen(str(_lib_file(llama.lib_dir, "ggml")))
     with plugin.Plugin(plugin_path):
+        dev = lib.ggml_backend_dev_by_name(b"CIQ0")
+        address = lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_dev_backend_reg(dev), b"ggml_ciq_plugin_steps")
+        read_steps = ffi.cast("void (*)(uint64_t *, int)", address)
+        steps = ffi.new("uint64_t[7]")
+        read_steps(steps, 1)
         native.dispatch_reset()
         with LlamaModel(path, device="cuda", devices=["CIQ0"]) as model, \
                 model.context_for(len(tokens), flash_attn=False) as ctx:
             logits = ctx.prefill(tokens)
         counts = native.dispatch_counts()
+        read_steps(steps, 1)
+    runs, mul_mats, norm_acts, glu_acts, norm_adds, with_add, fused = list(steps)
+    print(f"steps: {runs} CUDA0 runs, {mul_mats} MUL_MATs ({with_add} with their ADD), {norm_acts} norms, {glu_acts} "
+          f"GEGLUs ({fused} fused), {norm_adds} post-norms")
+    layers = 18
+    if fuse == "1":
+        assert (mul_mats, norm_acts, glu_acts, norm_adds, with_add) == (7 * layers + 1, 2 * layers + 1, layers,
+                                                                          2 * layers, 0)
+        assert runs <= layers + 2  # the embedding's scale, then one per layer
+    else:
+        assert (mul_mats, norm_acts, glu_acts, norm_adds, with_add, fused) == (7 * layers + 1, 0, 0, 0, 0, 0)
+        assert runs >= 5 * layers
     keep_quant = {t: sum(n for (variant, wt), n in counts.items() if wt == t and variant != "cpu")
                   for t in ("Q4_K", "Q6_K")}
     assert keep_quant == {"Q4_K": 27, "Q6_K": 9}
@@ -383,28 +409,51 @@ int ggml_graph_n_nodes(struct ggml_cgraph * cgraph);
 struct ggml_tensor * ggml_rms_norm(struct ggml_context * ctx, struct ggml_tensor * a, float eps);
 struct ggml_tensor * ggml_scale(struct ggml_context * ctx, struct ggml_tensor * a, float s);
 struct ggml_tensor * ggml_scale_inplace(struct ggml_context * ctx, struct ggml_tensor * a, float s);
+struct ggml_tensor * ggml_new_tensor_1d(struct ggml_context * ctx, int type, int64_t ne0);
+struct ggml_tensor * ggml_mul(struct ggml_context * ctx, struct ggml_tensor * a, struct ggml_tensor * b);
+struct ggml_tensor * ggml_add(struct ggml_context * ctx, struct ggml_tensor * a, struct ggml_tensor * b);
+struct ggml_tensor * ggml_swiglu_split(struct ggml_context * ctx, struct ggml_tensor * a, struct ggml_tensor * b);
 struct ggml_backend_reg * ggml_backend_dev_backend_reg(struct ggml_backend_device * device);
 void * ggml_backend_reg_get_proc_address(struct ggml_backend_reg * reg, const char * name);
 """
 
 
-def test_gpu_plan_runs_and_shared_activations(plugin_path, plugin_device, offload_all, llama):
-    """The plan CIQi's graph_compute runs (CI has no GPU, so through the plugin's "ggml_ciq_plugin_plan" hook, with
-    the plugin device's own offload answers): runs of other nodes between our MUL_MATs, tiling the graph; a MUL_MAT on
-    the same activations as the previous one of ours reuses their conversion (fresh_x 0) unless a node in between
-    wrote over them (an in-place scale); derived run uids (0 for a graph without a uid) in a range ggml's counter never
-    reaches, one per step."""
+def _plan_hook(lib, ffi, plugin_device):
+    """The plugin's plan hook: graph, uid -> (steps as (kind, node, mul, add, flags, run length), uids, run nodes)."""
+    dev = lib.ggml_backend_dev_by_name(plugin_device.encode())
+    address = lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_dev_backend_reg(dev), b"ggml_ciq_plugin_plan")
+    assert address != ffi.NULL
+    hook = ffi.cast("int (*)(struct ggml_cgraph *, int, uint64_t, int32_t *, uint64_t *, int32_t *, int)", address)
+
+    def plan(graph, uid, index=0):
+        rows, uids, runs = ffi.new("int32_t[384]"), ffi.new("uint64_t[64]"), ffi.new("int32_t[256]")
+        steps = hook(graph, index, uid, rows, uids, runs, 64)
+        if steps < 0:
+            return steps
+        got = [tuple(rows[6 * i:6 * i + 6]) for i in range(steps)]
+        n_run = sum(row[5] for row in got)
+        return got, [uids[i] for i in range(steps)], list(runs[0:n_run])
+
+    return plan
+
+
+RUN, MUL_MAT, NORM_ACT, GLU_ACT, NORM_ADD = range(5)  # the plan's step kinds (ggml-ciq-backend.cpp step_kind)
+
+
+def test_gpu_plan_runs_and_shared_activations(plugin_path, plugin_device, offload_all, llama, monkeypatch):
+    """API v19's plan (GGML_CIQ_FUSE=0) CIQi's graph_compute runs (CI has no GPU, so through the plugin's
+    "ggml_ciq_plugin_plan" hook, with the plugin device's own offload answers): runs of other nodes between our
+    MUL_MATs, tiling the graph; a MUL_MAT on the same activations as the previous one of ours reuses their conversion
+    (fresh_x 0) unless a node in between wrote over them (an in-place scale); derived run uids (0 for a graph without a
+    uid) in a range ggml's counter never reaches, one per step."""
+    monkeypatch.setenv("GGML_CIQ_FUSE", "0")
     ffi = cffi.FFI()
     ffi.cdef(_GGML_CDEF + _PLAN_CDEF)
     lib = ffi.dlopen(str(_lib_file(llama.lib_dir, "ggml")))
     ctx = lib.ggml_init(ffi.new("struct ggml_init_params *", [64 << 20, ffi.NULL, False])[0])
     try:
         with plugin.Plugin(plugin_path):
-            dev = lib.ggml_backend_dev_by_name(plugin_device.encode())
-            address = lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_dev_backend_reg(dev),
-                                                            b"ggml_ciq_plugin_plan")
-            assert address != ffi.NULL
-            plan = ffi.cast("int (*)(struct ggml_cgraph *, int, uint64_t, int32_t *, uint64_t *, int)", address)
+            plan = _plan_hook(lib, ffi, plugin_device)
             k, tokens = 256, 8
             weight = lambda: lib.ggml_new_tensor_2d(ctx, Q4_K, k, k)  # noqa: E731
             n = lib.ggml_rms_norm(ctx, lib.ggml_new_tensor_2d(ctx, F32, k, tokens), 1e-6)
@@ -417,16 +466,111 @@ def test_gpu_plan_runs_and_shared_activations(plugin_path, plugin_device, offloa
                          lib.ggml_scale_inplace(ctx, m, 0.5), lib.ggml_mul_mat(ctx, weight(), m)):
                 lib.ggml_build_forward_expand(graph, node)
             count = lib.ggml_graph_n_nodes(graph)
-            rows, uids = ffi.new("int32_t[64]"), ffi.new("uint64_t[16]")
-            steps = plan(graph, 0, 5, rows, uids, 16)
-            got = [tuple(rows[4 * i:4 * i + 4]) for i in range(steps)]
+            got, uids, runs = plan(graph, 5)
             # nodes: n, q, q_scaled, k, v, o (on q_scaled), m, d1 (on m), m *= 0.5 in place, d2 (on m)
             assert count == 10
-            assert got == [(0, 1, 0, 0), (1, 2, 1, 1), (2, 3, 0, 0), (3, 4, 1, 0), (4, 5, 1, 0), (5, 6, 1, 1),
-                           (6, 7, 0, 0), (7, 8, 1, 1), (8, 9, 0, 0), (9, 10, 1, 1)], got
-            assert [uids[i] for i in range(steps)] == [(1 << 63) | (5 << 20) | i for i in range(steps)]
-            assert plan(graph, 0, 0, rows, uids, 16) == steps and all(uids[i] == 0 for i in range(steps))
-            assert plan(graph, 99, 5, rows, uids, 16) == -1
+            assert got == [(RUN, 0, -1, -1, 0, 1), (MUL_MAT, 1, -1, -1, 1, 0), (RUN, 2, -1, -1, 0, 1),
+                           (MUL_MAT, 3, -1, -1, 0, 0), (MUL_MAT, 4, -1, -1, 0, 0), (MUL_MAT, 5, -1, -1, 1, 0),
+                           (RUN, 6, -1, -1, 0, 1), (MUL_MAT, 7, -1, -1, 1, 0), (RUN, 8, -1, -1, 0, 1),
+                           (MUL_MAT, 9, -1, -1, 1, 0)], got
+            assert runs == [0, 2, 6, 8]
+            assert uids == [(1 << 63) | (5 << 20) | i for i in range(len(got))]
+            assert plan(graph, 0)[1] == [0] * len(got)
+            assert plan(graph, 5, index=99) == -1
+            monkeypatch.setenv("GGML_CIQ_FUSE", "sometimes")
+            assert plan(graph, 5) == -1  # a value the switch does not take: no plan
+    finally:
+        lib.ggml_free(ctx)
+
+
+def test_gpu_plan_fuses_a_layer(plugin_path, plugin_device, offload_all, llama):
+    """The fused plan (the default) on a llama-shaped layer with a Gemma post-norm, through the plan hook: the attention
+    norm a step of ours feeding q/v/k (their activations converted once), v and k moved before q's stand-in RoPE (a
+    scale) so the attention's nodes are one CUDAi run, o's and down's residual ADDs written with their products, the
+    FFN norm and SwiGLU steps of ours feeding their MUL_MATs, the post-norm's RMS_NORM + MUL + ADD one step; fused
+    (no float32 product, conversion in the op's kernel) exactly where the MUL_MATs reading it take the f16 layout
+    (the library's plan for this device says which)."""
+    ffi = cffi.FFI()
+    ffi.cdef(_GGML_CDEF + _PLAN_CDEF)
+    lib = ffi.dlopen(str(_lib_file(llama.lib_dir, "ggml")))
+    ctx = lib.ggml_init(ffi.new("struct ggml_init_params *", [64 << 20, ffi.NULL, False])[0])
+    try:
+        with plugin.Plugin(plugin_path):
+            plan = _plan_hook(lib, ffi, plugin_device)
+            k, tokens = 256, 64
+            weight = lambda: lib.ggml_new_tensor_2d(ctx, Q4_K, k, k)  # noqa: E731
+            row = lambda: lib.ggml_new_tensor_1d(ctx, F32, k)  # noqa: E731
+            x, residual = (lib.ggml_new_tensor_2d(ctx, F32, k, tokens) for _ in range(2))
+            attn = lib.ggml_mul(ctx, lib.ggml_rms_norm(ctx, x, 1e-6), row())                      # 0, 1
+            q = lib.ggml_mul_mat(ctx, weight(), attn)                                              # 2
+            q_roped = lib.ggml_scale(ctx, q, 2.0)                                                  # 3
+            v = lib.ggml_mul_mat(ctx, weight(), attn)                                              # 4
+            k_ = lib.ggml_mul_mat(ctx, weight(), attn)                                             # 5
+            k_roped = lib.ggml_scale(ctx, k_, 0.5)                                                 # 6
+            heads = lib.ggml_add(ctx, lib.ggml_add(ctx, q_roped, k_roped), v)                      # 7, 8
+            ffn_inp = lib.ggml_add(ctx, lib.ggml_mul_mat(ctx, weight(), heads), residual)          # 9, 10
+            ffn = lib.ggml_mul(ctx, lib.ggml_rms_norm(ctx, ffn_inp, 1e-6), row())                  # 11, 12
+            gate, up = lib.ggml_mul_mat(ctx, weight(), ffn), lib.ggml_mul_mat(ctx, weight(), ffn)  # 13, 14
+            glu = lib.ggml_swiglu_split(ctx, gate, up)                                             # 15
+            out = lib.ggml_add(ctx, lib.ggml_mul_mat(ctx, weight(), glu), ffn_inp)                 # 16, 17
+            post = lib.ggml_add(ctx, lib.ggml_mul(ctx, lib.ggml_rms_norm(ctx, out, 1e-6), row()),  # 18, 19, 20
+                                residual)
+            graph = lib.ggml_new_graph(ctx)
+            for node in (attn, q, q_roped, v, k_, k_roped, heads, ffn_inp, ffn, gate, up, glu, out, post):
+                lib.ggml_build_forward_expand(graph, node)
+            assert lib.ggml_graph_n_nodes(graph) == 21
+            f16 = native.plan("auto", 0 if plugin_device != "CIQ_CPU" else "cpu",
+                              "any" if plugin_device != "CIQ_CPU" else "cpu", Q4_K, k, k, tokens).layout == "F16"
+            fused = 2 if f16 else 0
+            got, uids, runs = plan(graph, 7)
+            assert got == [(NORM_ACT, 0, 1, -1, fused, 0), (MUL_MAT, 2, -1, -1, 0 if f16 else 1, 0),
+                           (MUL_MAT, 4, -1, -1, 0, 0), (MUL_MAT, 5, -1, -1, 0, 0), (RUN, 3, -1, -1, 0, 4),
+                           (MUL_MAT, 9, -1, 10, 1, 0), (NORM_ACT, 11, 12, -1, fused, 0),
+                           (MUL_MAT, 13, -1, -1, 0 if f16 else 1, 0), (MUL_MAT, 14, -1, -1, 0, 0),
+                           (GLU_ACT, 15, -1, -1, fused, 0), (MUL_MAT, 16, -1, 17, 0 if f16 else 1, 0),
+                           (NORM_ADD, 18, 19, 20, 0, 0)], got
+            assert runs == [3, 6, 7, 8]
+            assert uids == [(1 << 63) | (7 << 20) | i for i in range(len(got))]
+    finally:
+        lib.ggml_free(ctx)
+
+
+def test_gpu_plan_keeps_order_and_float32_where_needed(plugin_path, plugin_device, offload_all, llama):
+    """What the fused plan must not do: move a MUL_MAT before a run that writes its activations or reads its output
+    (here a scale in place over the norm's product, and one reading q's product); fuse a norm whose RMS_NORM has
+    another reader; take an ADD that broadcasts a row over the product."""
+    ffi = cffi.FFI()
+    ffi.cdef(_GGML_CDEF + _PLAN_CDEF)
+    lib = ffi.dlopen(str(_lib_file(llama.lib_dir, "ggml")))
+    ctx = lib.ggml_init(ffi.new("struct ggml_init_params *", [64 << 20, ffi.NULL, False])[0])
+    try:
+        with plugin.Plugin(plugin_path):
+            plan = _plan_hook(lib, ffi, plugin_device)
+            k, tokens = 256, 64
+            weight = lambda: lib.ggml_new_tensor_2d(ctx, Q4_K, k, k)  # noqa: E731
+            row = lib.ggml_new_tensor_1d(ctx, F32, k)
+            x = lib.ggml_new_tensor_2d(ctx, F32, k, tokens)
+            norm = lib.ggml_rms_norm(ctx, x, 1e-6)
+            attn = lib.ggml_mul(ctx, norm, row)                          # 0 RMS_NORM, 1 MUL
+            q = lib.ggml_mul_mat(ctx, weight(), attn)                    # 2
+            q2 = lib.ggml_scale(ctx, q, 2.0)                             # 3 reads q
+            o = lib.ggml_mul_mat(ctx, weight(), q2)                      # 4: after 3 (reads its product)
+            scaled = lib.ggml_scale_inplace(ctx, attn, 0.5)              # 5 writes over attn
+            v = lib.ggml_mul_mat(ctx, weight(), scaled)                  # 6: after 5 (reads what it wrote)
+            other = lib.ggml_add(ctx, lib.ggml_mul(ctx, norm, row), o)   # 7 MUL (norm read twice), 8 ADD
+            with_residual = lib.ggml_add(ctx, lib.ggml_mul_mat(ctx, weight(), other), x)  # 9 MUL_MAT, 10 ADD: taken
+            broadcast = lib.ggml_add(ctx, lib.ggml_mul_mat(ctx, weight(), with_residual),  # 11 MUL_MAT, 12 ADD of
+                                     lib.ggml_new_tensor_2d(ctx, F32, k, 1))                # one row: not taken
+            graph = lib.ggml_new_graph(ctx)
+            for node in (attn, q, q2, o, scaled, v, other, with_residual, broadcast):
+                lib.ggml_build_forward_expand(graph, node)
+            assert lib.ggml_graph_n_nodes(graph) == 13
+            got, _, runs = plan(graph, 3)
+            kinds = [(row_[0], row_[1]) for row_ in got]
+            assert kinds == [(RUN, 0), (MUL_MAT, 2), (RUN, 3), (MUL_MAT, 4), (RUN, 5), (MUL_MAT, 6), (RUN, 7),
+                             (MUL_MAT, 9), (MUL_MAT, 11), (RUN, 12)], got
+            assert got[7][3] == 10 and got[8][3] == -1  # the residual ADD taken, the broadcast one not
+            assert runs == [0, 1, 3, 5, 7, 8, 12]
     finally:
         lib.ggml_free(ctx)
 
@@ -475,20 +619,22 @@ def test_compare_third_arm(plugin_path, cpu_device, offload_all, default_model, 
 
 
 def test_bad_switch_value_is_one_line(plugin_path, llama):
-    """GGML_CIQ_OFFLOAD=bogus: loading the plugin into ggml directly (as llama.cpp's tools do, GGML_BACKEND_PATH) gives
-    one ggml-ciq log line naming the variable and what it takes, and no plugin (never a silent decline of every op);
+    """GGML_CIQ_OFFLOAD=bogus (or GGML_CIQ_FUSE=sometimes): loading the plugin into ggml directly (as llama.cpp's tools
+    do, GGML_BACKEND_PATH) gives one ggml-ciq log line naming the variable and what it takes, and no plugin (never a silent decline of every op);
     from Python, plugin.Plugin raises that error before loading. Each in a fresh process (the plugin registers once)."""
     import subprocess
     import sys
 
-    env = dict(os.environ, GGML_CIQ_OFFLOAD="bogus")
     code = ("import cffi, sys; ffi = cffi.FFI(); ffi.cdef('void * ggml_backend_load(const char * path);'); "
             "lib = ffi.dlopen(sys.argv[1], ffi.RTLD_GLOBAL); print('loaded' if lib.ggml_backend_load(sys.argv[2].encode()) else 'none')")
-    proc = subprocess.run([sys.executable, "-c", code, str(_lib_file(llama.lib_dir, "ggml")), str(plugin_path)],
-                          env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and proc.stdout.strip() == "none", (proc.stdout, proc.stderr[-2000:])
-    ours = [line for line in proc.stderr.splitlines() if line.startswith("ggml-ciq:")]
-    assert len(ours) == 1 and "GGML_CIQ_OFFLOAD=bogus is not all or none" in ours[0], proc.stderr[-2000:]
+    for variable, value, said in (("GGML_CIQ_OFFLOAD", "bogus", "GGML_CIQ_OFFLOAD=bogus is not all or none"),
+                                  ("GGML_CIQ_FUSE", "sometimes", "GGML_CIQ_FUSE='sometimes': expected 1 or 0")):
+        proc = subprocess.run([sys.executable, "-c", code, str(_lib_file(llama.lib_dir, "ggml")), str(plugin_path)],
+                              env=dict(os.environ, **{variable: value}), capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and proc.stdout.strip() == "none", (proc.stdout, proc.stderr[-2000:])
+        ours = [line for line in proc.stderr.splitlines() if line.startswith("ggml-ciq:")]
+        assert len(ours) == 1 and said in ours[0], proc.stderr[-2000:]
+    env = dict(os.environ, GGML_CIQ_OFFLOAD="bogus")
     code = ("from ggml_ciq import plugin\ntry:\n    plugin.Plugin(plugin.Path(__import__('sys').argv[1]))\n"
             "except Exception as e:\n    print(type(e).__name__, e)")
     proc = subprocess.run([sys.executable, "-c", code, str(plugin_path)], env=env, capture_output=True, text=True,

@@ -25,6 +25,7 @@
 
 #include "ggml_ciq.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -89,25 +90,38 @@ struct converted_activations {
     size_t capacity = 0;
 };
 
-ciq_status ciq_gemm_converting_once(const gemm_request &r, converted_activations *c) {
+// Our buffer for converted activations holds at least `bytes` (a bigger one replaces it; freeing waits for readers).
+ciq_status reserve_activations(int device, converted_activations *c, size_t bytes) {
+    if (c->capacity >= bytes) return CIQ_OK;
+    c->valid = false;
+    if (c->buffer != nullptr) CIQ_TRY_PLUGIN(ciq_memory_free(device, c->buffer));
+    c->buffer = nullptr;
+    c->capacity = 0;
+    CIQ_TRY_PLUGIN(ciq_memory_alloc(device, bytes, &c->buffer));
+    c->capacity = bytes;
+    return CIQ_OK;
+}
+
+// ciq_gemm's values for r, its activations converted unless c holds their conversion; with `add` (float32, r's
+// output shape) the product plus add written to r.out (ciq_gemm_quantized_outputs' addend: ADD after MUL_MAT).
+ciq_status ciq_gemm_converting_once(const gemm_request &r, converted_activations *c, const float *add = nullptr) {
     ciq_plan plan;
     CIQ_TRY_PLUGIN(ciq_gemm_plan(r.device, CIQ_VARIANT_AUTO, semantics_on(r.device), (ciq_type)r.type, r.rows, r.k,
                                  r.tokens, &plan));
     const bool same = c->valid && c->x == r.x && c->tokens == r.tokens && c->k == r.k && c->layout == plan.activation_layout;
     if (!same) {
         c->valid = false;
-        if (c->capacity < plan.activation_bytes) {
-            if (c->buffer != nullptr) CIQ_TRY_PLUGIN(ciq_memory_free(r.device, c->buffer));  // waits for its readers
-            c->buffer = nullptr;
-            c->capacity = 0;
-            CIQ_TRY_PLUGIN(ciq_memory_alloc(r.device, plan.activation_bytes, &c->buffer));
-            c->capacity = plan.activation_bytes;
-        }
+        CIQ_TRY_PLUGIN(reserve_activations(r.device, c, plan.activation_bytes));
         CIQ_TRY_PLUGIN(ciq_activations_quantize(r.device, plan.activation_layout, r.x, c->buffer, r.tokens, r.k));
         *c = converted_activations{true, r.x, r.tokens, r.k, plan.activation_layout, c->buffer, c->capacity};
     }
-    return ciq_gemm_quantized(r.device, &plan, (ciq_type)r.type, r.weight, r.weight_nbytes, r.rows, r.k, c->buffer,
-                              r.tokens, r.out, CIQ_OUT_F32);
+    if (add == nullptr) {
+        return ciq_gemm_quantized(r.device, &plan, (ciq_type)r.type, r.weight, r.weight_nbytes, r.rows, r.k, c->buffer,
+                                  r.tokens, r.out, CIQ_OUT_F32);
+    }
+    const ciq_gemm_output output{r.rows, r.out, add};
+    return ciq_gemm_quantized_outputs(r.device, &plan, (ciq_type)r.type, r.weight, r.weight_nbytes, r.rows, r.k,
+                                      c->buffer, r.tokens, &output, 1, CIQ_OUT_F32);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -237,33 +251,66 @@ const ggml_backend_i cpu_backend_interface = {
 // graph_compute ends with CUDAi's stream behind everything it queued, so CUDAi's async copies, its synchronize and
 // the scheduler's own ordering hold for CIQi as they do for CUDAi.
 
-// A graph's plan: CUDAi's runs of nodes and our MUL_MATs, in order. Made once per graph the scheduler hands over
-// (ggml gives each split graph a uid; the same uid is the same graph, nodes and addresses: ggml-cuda skips its own
-// checks on it too), so a replayed micro-batch or decode step costs no walk over its nodes.
+// A graph's plan: the steps graph_compute runs, in order. Made once per graph the scheduler hands over (ggml gives
+// each split graph a uid; the same uid is the same graph, nodes and addresses: ggml-cuda skips its own checks on it
+// too), so a replayed micro-batch or decode step costs no walk over its nodes.
+//
+// Steps (GGML_CIQ_FUSE=0: RUN and MUL_MAT alone, no ADD taken, nothing moved; API v19's plan):
+//   RUN       CUDAi's nodes between ours, in graph order (less the nodes our steps took), run as one graph view.
+//   MUL_MAT   one of the MUL_MATs the library takes; with `add`, the ADD of its product and a residual that follows
+//             it, written in the same call as product + residual (ciq_gemm_quantized_outputs' addend, the values of
+//             ADD after MUL_MAT: one float32 sum).
+//   NORM_ACT  RMS_NORM, then MUL by a weight row, whose product only our MUL_MATs read: `fused` (all of them on the
+//             f16 layout) ciq_rms_norm_activations straight into their shared activations, no float32 product
+//             written; otherwise ciq_rms_norm in llama.cpp CUDA's order into MUL's tensor (CUDAi's values), which the
+//             MUL_MATs then convert.
+//   GLU_ACT   SWIGLU / GEGLU (split, gate first) whose product only our MUL_MATs read: ciq_glu_activations / ciq_glu
+//             the same way.
+//   NORM_ADD  RMS_NORM, MUL by a weight row, ADD of a residual, right after a step of ours (Gemma's post-norms):
+//             ciq_rms_norm with weight and addend in llama.cpp CUDA's order (its fused kernel's values) into ADD's
+//             tensor.
+// A step of ours that reads nothing the pending CUDAi run writes and writes nothing that run reads or writes runs
+// before it when the step before the run is ours: ggml orders q's RoPE (Gemma: q's norm, RoPE and scale) between the
+// q and the k/v projections, which then run back to back, and a llama or Gemma layer is one CUDAi run (its RoPEs, KV
+// writes and attention) between two of our stretches: two stream hand-overs a layer where API v19's plan had ten.
+enum step_kind : int { STEP_RUN = 0, STEP_MUL_MAT = 1, STEP_NORM_ACT = 2, STEP_GLU_ACT = 3, STEP_NORM_ADD = 4 };
+
 struct step {
-    int begin, end;  // CUDAi's run of nodes [begin, end), or our MUL_MAT nodes[begin] (end = begin + 1)
-    bool ours;
-    bool fresh_x;    // ours: convert its activations (else the previous MUL_MAT's conversion is of the same tensor,
-                     // which no node in between wrote)
+    step_kind kind = STEP_RUN;
+    int node = -1;          // RUN: its first node; else the MUL_MAT, RMS_NORM or GLU
+    int mul = -1;           // NORM_ACT / NORM_ADD: the MUL by the norm's weight
+    int add = -1;           // MUL_MAT / NORM_ADD: the ADD of a residual (-1: none)
+    bool fresh_x = false;   // MUL_MAT: convert its activations (else ours converted them last and nothing wrote since)
+    bool fused = false;     // NORM_ACT / GLU_ACT: into the shared activations, no float32 product written
+    std::vector<ggml_tensor *> run;  // RUN: its nodes, in order
+    std::vector<int> run_index;      // RUN: their indices in the graph (the tests' view)
 };
 
 struct graph_plan {
     uint64_t uid = 0;  // 0: not cached (a graph without a uid)
     ggml_tensor **nodes = nullptr;
     int n_nodes = 0;
+    bool whole = false;  // nothing ours: the graph goes to CUDAi as it is
     std::vector<step> steps;
 };
 
+// The library's answer for one MUL_MAT shape on this device: whether it takes it, and its plan's activation layout.
+struct mul_mat_answer {
+    bool offload = false;
+    ciq_layout layout{};
+};
+
 struct gpu_backend {
-    ggml_backend_t cuda = nullptr;           // CUDAi's backend: every node but our MUL_MATs, tensor copies, syncs
+    ggml_backend_t cuda = nullptr;           // CUDAi's backend: every node but ours, tensor copies, syncs
     ggml_backend_event_t to_ciq = nullptr;   // recorded on CUDAi's stream, waited for by ours
     ggml_backend_event_t to_cuda = nullptr;  // recorded on ours, waited for by CUDAi's stream
+    bool fuse = true;                        // GGML_CIQ_FUSE when the backend started: fused steps, steps moved
     converted_activations x;                 // shared by the MUL_MATs of one graph_compute on the same activations
     std::vector<graph_plan> plans;           // the recent graphs' plans (the scheduler alternates a few graphs)
-    // The library's offload answer per (weight type, rows, K, tokens): a rebuilt graph (a new uid: llama.cpp builds
-    // one per decode step it cannot reuse) is planned without asking the library per MUL_MAT again. Read once per
-    // backend: GGML_CIQ_OFFLOAD and the rest of the switches are fixed for a backend's life.
-    std::map<std::tuple<int, int64_t, int64_t, int64_t>, bool> offloads;
+    // The library's answer per (weight type, rows, K, tokens): a rebuilt graph (a new uid: llama.cpp builds one per
+    // decode step it cannot reuse) is planned without asking the library per MUL_MAT again. Read once per backend:
+    // GGML_CIQ_OFFLOAD and the rest of the switches are fixed for a backend's life.
+    std::map<std::tuple<int, int64_t, int64_t, int64_t>, mul_mat_answer> answers;
 };
 
 gpu_backend *gpu_of(ggml_backend_t backend) { return (gpu_backend *)backend->context; }
@@ -327,45 +374,346 @@ bool computes_nothing(const ggml_tensor *node) {
     return is_view_op(node->op) || ggml_is_empty(node) || (node->flags & GGML_TENSOR_FLAG_COMPUTE) == 0;
 }
 
-bool overlaps(const ggml_tensor *t, const void *begin, size_t nbytes) {
-    const char *a = (const char *)t->data, *b = (const char *)begin;
-    return a != nullptr && a < b + nbytes && b < a + ggml_nbytes(t);
+// Memory a step or node reads or writes: [p, p + n).
+struct span {
+    const char *p = nullptr;
+    size_t n = 0;
+};
+
+span span_of(const ggml_tensor *t) {
+    return t != nullptr && t->data != nullptr ? span{(const char *)t->data, ggml_nbytes(t)} : span{};
 }
 
-// mul_mat_ours with the library's offload answer remembered per shape.
-bool mul_mat_ours_remembered(const device_context *dev, gpu_backend *ctx, const ggml_tensor *node) {
+bool overlap(span a, span b) { return a.p != nullptr && b.p != nullptr && a.p < b.p + b.n && b.p < a.p + a.n; }
+
+bool overlaps(const ggml_tensor *t, const void *begin, size_t nbytes) {
+    return overlap(span_of(t), span{(const char *)begin, nbytes});
+}
+
+// The library's answer for a MUL_MAT, remembered per shape; false for a node that is not a MUL_MAT we accept.
+bool mul_mat_answer_of(const device_context *dev, gpu_backend *ctx, const ggml_tensor *node, mul_mat_answer *answer) {
     if (node->op != GGML_OP_MUL_MAT || node->src[0] == nullptr || node->src[1] == nullptr) return false;
-    const std::tuple<int, int64_t, int64_t, int64_t> key{node->src[0]->type, node->src[0]->ne[1], node->src[0]->ne[0],
-                                                          node->src[1]->ne[1]};
     gemm_request r{};
     if (!mul_mat_request(dev->ciq_device, node, &r)) return false;
-    auto found = ctx->offloads.find(key);
-    if (found == ctx->offloads.end()) found = ctx->offloads.emplace(key, mul_mat_offloaded(dev->ciq_device, node)).first;
-    return found->second && weight_readable(dev, node, true);
+    const std::tuple<int, int64_t, int64_t, int64_t> key{r.type, r.rows, r.k, r.tokens};
+    auto found = ctx->answers.find(key);
+    if (found == ctx->answers.end()) {
+        ciq_plan plan;
+        mul_mat_answer a;
+        if (ciq_gemm_plan(r.device, CIQ_VARIANT_AUTO, semantics_on(r.device), (ciq_type)r.type, r.rows, r.k, r.tokens,
+                          &plan) == CIQ_OK) {
+            a = mul_mat_answer{plan.offload != 0, plan.activation_layout};
+        }
+        found = ctx->answers.emplace(key, a).first;
+    }
+    *answer = found->second;
+    return true;
 }
 
-graph_plan make_plan(const device_context *dev, gpu_backend *ctx, ggml_cgraph *graph) {
-    graph_plan plan{graph->uid, graph->nodes, graph->n_nodes, {}};
-    int run_start = 0;
-    bool run_computes = false;
-    const ggml_tensor *x = nullptr;  // the last MUL_MAT's activations, while no node since wrote over them
-    for (int i = 0; i < graph->n_nodes; i++) {
-        const ggml_tensor *node = graph->nodes[i];
-        if (computes_nothing(node)) continue;
-        if (!mul_mat_ours_remembered(dev, ctx, node)) {
-            run_computes = true;
-            if (x != nullptr && overlaps(node, x->data, ggml_nbytes(x))) x = nullptr;
-            continue;
-        }
-        if (run_computes) plan.steps.push_back({run_start, i, false, false});
-        run_start = i + 1;
-        run_computes = false;
-        const ggml_tensor *src = node->src[1];
-        plan.steps.push_back({i, i + 1, true, src != x});
-        x = overlaps(node, src->data, ggml_nbytes(src)) ? nullptr : src;
+// mul_mat_ours with the library's answer remembered per shape.
+bool mul_mat_ours_remembered(const device_context *dev, gpu_backend *ctx, const ggml_tensor *node,
+                             ciq_layout *layout = nullptr) {
+    mul_mat_answer a;
+    if (!mul_mat_answer_of(dev, ctx, node, &a) || !a.offload || !weight_readable(dev, node, true)) return false;
+    if (layout != nullptr) *layout = a.layout;
+    return true;
+}
+
+// -- pattern checks for the fused steps (ggml's own conditions for its fusions: ggml_node_has_n_uses) --
+
+// Float32, contiguous, 2-D: the tensors our row ops take.
+bool plain_f32(const ggml_tensor *t) {
+    return t != nullptr && t->type == GGML_TYPE_F32 && ggml_is_contiguous(t) && t->ne[2] == 1 && t->ne[3] == 1;
+}
+
+// How many nodes of the graph (the whole micro-batch's: split graphs share their parent's counts) read t; -1 if
+// the graph does not know t.
+int uses_of(const ggml_cgraph *graph, const ggml_tensor *t) {
+    if (graph->use_counts == nullptr || graph->visited_hash_set.keys == nullptr) return -1;
+    const size_t pos = ggml_hash_find(&graph->visited_hash_set, t);
+    if (pos == GGML_HASHSET_FULL || !ggml_bitset_get(graph->visited_hash_set.used, pos) ||
+        graph->visited_hash_set.keys[pos] != t)
+        return -1;
+    return graph->use_counts[pos];
+}
+
+// A result no one may read in memory but its `n` readers: not a view, not an output, read n times.
+bool read_only_by(const ggml_cgraph *graph, const ggml_tensor *t, int n) {
+    return t->view_src == nullptr && (t->flags & GGML_TENSOR_FLAG_OUTPUT) == 0 && uses_of(graph, t) == n;
+}
+
+// The next node after i that computes something, or -1.
+int next_computing(const ggml_cgraph *graph, int i) {
+    for (int j = i + 1; j < graph->n_nodes; j++)
+        if (!computes_nothing(graph->nodes[j])) return j;
+    return -1;
+}
+
+// A MUL by a float32 weight row of norm's width (either operand order): the weight, or NULL.
+const ggml_tensor *norm_weight(const ggml_tensor *mul, const ggml_tensor *norm) {
+    if (mul->op != GGML_OP_MUL || !plain_f32(mul) || !ggml_are_same_shape(mul, norm)) return nullptr;
+    const ggml_tensor *w = mul->src[0] == norm ? mul->src[1] : mul->src[1] == norm ? mul->src[0] : nullptr;
+    if (w == nullptr || w == norm || w->type != GGML_TYPE_F32 || !ggml_is_contiguous(w) || w->ne[0] != norm->ne[0] ||
+        ggml_nrows(w) != 1)
+        return nullptr;
+    return w;
+}
+
+// An ADD of `sum`'s product and a residual of its shape (either order), sum read by nothing else: the residual, or
+// NULL. The ADD may take the product's memory but must not partly overlap the residual (`exact`: an ADD in place over
+// the residual allowed, as ciq_rms_norm's out may equal its add; otherwise no overlap at all, as the GEMM's addend).
+const ggml_tensor *residual_of(const ggml_cgraph *graph, const ggml_tensor *add, const ggml_tensor *sum, bool exact) {
+    if (add->op != GGML_OP_ADD || !plain_f32(add) || !ggml_are_same_shape(add, sum)) return nullptr;
+    const ggml_tensor *r = add->src[0] == sum ? add->src[1] : add->src[1] == sum ? add->src[0] : nullptr;
+    if (r == nullptr || r == sum || !plain_f32(r) || !ggml_are_same_shape(r, sum) || !read_only_by(graph, sum, 1))
+        return nullptr;
+    if (overlap(span_of(r), span_of(add)) && !(exact && r->data == add->data)) return nullptr;
+    return r;
+}
+
+// Whether every reader of t is a MUL_MAT of ours taking t as its activations (counted against ggml's use count),
+// and whether they all take the f16 layout (*f16: the fused conversion's).
+bool read_by_our_mul_mats(const device_context *dev, gpu_backend *ctx, const ggml_cgraph *graph, int from,
+                          const ggml_tensor *t, bool *f16) {
+    int readers = 0;
+    *f16 = true;
+    for (int k = from; k < graph->n_nodes; k++) {
+        const ggml_tensor *node = graph->nodes[k];
+        bool reads = false;
+        for (int s = 0; s < GGML_MAX_SRC; s++) reads = reads || node->src[s] == t;
+        if (!reads) continue;
+        ciq_layout layout{};
+        if (node->src[1] != t || node->src[0] == t || !mul_mat_ours_remembered(dev, ctx, node, &layout)) return false;
+        *f16 = *f16 && layout == CIQ_LAYOUT_F16;
+        readers++;
     }
-    if (run_computes) plan.steps.push_back({run_start, graph->n_nodes, false, false});
-    return plan;
+    return readers > 0 && read_only_by(graph, t, readers);
+}
+
+// -- planning --
+
+struct planner {
+    const device_context *dev;
+    gpu_backend *ctx;
+    ggml_cgraph *graph;
+    const std::vector<int> &declined;  // fused steps (their first node) that must write their float32 product
+    graph_plan plan;
+    std::vector<char> taken;           // nodes a step of ours covers
+    std::vector<int> pending;          // CUDAi's nodes since our last step
+    bool pending_computes = false;
+    const ggml_tensor *x = nullptr;    // the tensor ours converted last, while nothing wrote over it since
+    bool x_fused = false;              // ... made by a fused step (no float32 in memory: only its readers may follow)
+    int x_readers_left = 0;            // fused: its readers not yet planned
+    int x_step_node = -1;              // fused: the step's first node
+    int failed = -1;                   // a fused step whose readers do not follow it: plan again with it declined
+
+    ggml_tensor *node(int i) const { return graph->nodes[i]; }
+
+    void memory_of(const step &s, std::vector<span> *reads, std::vector<span> *writes) const {
+        auto read = [&](const ggml_tensor *t) { reads->push_back(span_of(t)); };
+        switch (s.kind) {
+            case STEP_MUL_MAT:
+                read(node(s.node)->src[0]);
+                read(node(s.node)->src[1]);
+                if (s.add >= 0) {
+                    const ggml_tensor *a = node(s.add);
+                    read(a->src[0] == node(s.node) ? a->src[1] : a->src[0]);
+                    writes->push_back(span_of(a));
+                } else {
+                    writes->push_back(span_of(node(s.node)));
+                }
+                break;
+            case STEP_NORM_ACT:
+                read(node(s.node)->src[0]);
+                read(norm_weight(node(s.mul), node(s.node)));
+                if (!s.fused) writes->push_back(span_of(node(s.mul)));
+                break;
+            case STEP_GLU_ACT:
+                read(node(s.node)->src[0]);
+                read(node(s.node)->src[1]);
+                if (!s.fused) writes->push_back(span_of(node(s.node)));
+                break;
+            case STEP_NORM_ADD: {
+                const ggml_tensor *a = node(s.add);
+                read(node(s.node)->src[0]);
+                read(norm_weight(node(s.mul), node(s.node)));
+                read(a->src[0] == node(s.mul) ? a->src[1] : a->src[0]);
+                writes->push_back(span_of(a));
+                break;
+            }
+            case STEP_RUN: break;
+        }
+    }
+
+    // Whether s may run before the pending run: it reads nothing the run writes, writes nothing the run touches.
+    bool independent_of_pending(const step &s) const {
+        std::vector<span> reads, writes;
+        memory_of(s, &reads, &writes);
+        for (int i : pending) {
+            const ggml_tensor *n = node(i);
+            if (computes_nothing(n)) continue;
+            const span dst = span_of(n);
+            for (const span &w : writes) {
+                if (overlap(w, dst)) return false;
+                for (int k = 0; k < GGML_MAX_SRC; k++)
+                    if (overlap(w, span_of(n->src[k]))) return false;
+            }
+            for (const span &r : reads)
+                if (overlap(r, dst)) return false;
+        }
+        return true;
+    }
+
+    void flush_run() {
+        if (pending_computes) {
+            step r;
+            r.kind = STEP_RUN;
+            r.node = pending.front();
+            for (int i : pending) {
+                r.run.push_back(node(i));
+                r.run_index.push_back(i);
+            }
+            plan.steps.push_back(std::move(r));
+        }
+        pending.clear();  // a run of nodes that compute nothing needs no call into CUDAi
+        pending_computes = false;
+    }
+
+    // A fused step's activations are the only copy of its product: anything but its readers converting next fails it.
+    bool conversion_starts() {
+        if (x_fused && x_readers_left > 0) {
+            failed = x_step_node;
+            return false;
+        }
+        return true;
+    }
+
+    void emit(step s) {
+        const bool before_run = ctx->fuse && pending_computes && !plan.steps.empty() &&
+                                plan.steps.back().kind != STEP_RUN && independent_of_pending(s);
+        if (!before_run) flush_run();
+        taken[s.node] = 1;
+        if (s.mul >= 0) taken[s.mul] = 1;
+        if (s.add >= 0) taken[s.add] = 1;
+        if (s.kind == STEP_MUL_MAT) {
+            const ggml_tensor *src = node(s.node)->src[1];
+            s.fresh_x = src != x;
+            if (!s.fresh_x && x_fused) x_readers_left--;
+            if (s.fresh_x && !conversion_starts()) return;
+            if (s.fresh_x) {
+                x = src;
+                x_fused = false;
+            }
+        } else if (s.kind == STEP_NORM_ACT || s.kind == STEP_GLU_ACT) {
+            if (!conversion_starts()) return;
+            const ggml_tensor *product = node(s.kind == STEP_NORM_ACT ? s.mul : s.node);
+            x = s.fused ? product : nullptr;
+            x_fused = s.fused;
+            x_readers_left = s.fused ? uses_of(graph, product) : 0;
+            x_step_node = s.node;
+        }
+        if (x != nullptr && !x_fused) {  // a step that writes over the converted tensor makes it stale
+            std::vector<span> reads, writes;
+            memory_of(s, &reads, &writes);
+            for (const span &w : writes)
+                if (overlap(w, span_of(x))) x = nullptr;
+        }
+        plan.steps.push_back(std::move(s));
+    }
+
+    bool declined_here(int i) const {
+        for (int d : declined)
+            if (d == i) return true;
+        return false;
+    }
+
+    // The fused step starting at node i, if one matches (kind STEP_RUN: none).
+    step match_fused(int i) {
+        step s;
+        ggml_tensor *n = node(i);
+        if (n->op == GGML_OP_RMS_NORM && plain_f32(n) && plain_f32(n->src[0]) && read_only_by(graph, n, 1)) {
+            const int j = next_computing(graph, i);
+            if (j < 0 || norm_weight(node(j), n) == nullptr) return s;
+            const int k = next_computing(graph, j);
+            if (k >= 0 && !plan.steps.empty() && plan.steps.back().kind != STEP_RUN && !pending_computes &&
+                residual_of(graph, node(k), node(j), true) != nullptr) {
+                s.kind = STEP_NORM_ADD;
+                s.node = i;
+                s.mul = j;
+                s.add = k;
+                return s;
+            }
+            bool f16 = false;
+            if (read_by_our_mul_mats(dev, ctx, graph, j + 1, node(j), &f16)) {
+                s.kind = STEP_NORM_ACT;
+                s.node = i;
+                s.mul = j;
+                s.fused = f16 && !declined_here(i);
+            }
+            return s;
+        }
+        if (n->op == GGML_OP_GLU && n->src[1] != nullptr && ggml_get_op_params_i32(n, 1) == 0 &&
+            (ggml_get_glu_op(n) == GGML_GLU_OP_SWIGLU || ggml_get_glu_op(n) == GGML_GLU_OP_GEGLU) && plain_f32(n) &&
+            plain_f32(n->src[0]) && plain_f32(n->src[1]) && ggml_are_same_shape(n, n->src[0]) &&
+            ggml_are_same_shape(n, n->src[1])) {
+            bool f16 = false;
+            if (read_by_our_mul_mats(dev, ctx, graph, i + 1, n, &f16)) {
+                s.kind = STEP_GLU_ACT;
+                s.node = i;
+                s.fused = f16 && !declined_here(i);
+            }
+        }
+        return s;
+    }
+
+    void make() {
+        plan = graph_plan{graph->uid, graph->nodes, graph->n_nodes, false, {}};
+        taken.assign(graph->n_nodes, 0);
+        for (int i = 0; i < graph->n_nodes && failed < 0; i++) {
+            if (taken[i]) continue;
+            ggml_tensor *n = node(i);
+            if (computes_nothing(n)) {
+                pending.push_back(i);
+                continue;
+            }
+            if (mul_mat_ours_remembered(dev, ctx, n)) {
+                step s;
+                s.kind = STEP_MUL_MAT;
+                s.node = i;
+                const int j = ctx->fuse ? next_computing(graph, i) : -1;
+                if (j >= 0 && residual_of(graph, node(j), n, false) != nullptr) s.add = j;
+                emit(std::move(s));
+                continue;
+            }
+            if (ctx->fuse) {
+                step s = match_fused(i);
+                if (s.kind != STEP_RUN) {
+                    emit(std::move(s));
+                    continue;
+                }
+            }
+            pending.push_back(i);
+            pending_computes = true;
+            if (x != nullptr && !x_fused && overlaps(n, x->data, ggml_nbytes(x))) x = nullptr;
+        }
+        if (failed < 0 && x_fused && x_readers_left > 0) failed = x_step_node;
+        flush_run();
+        bool ours = false;
+        for (const step &s : plan.steps) ours = ours || s.kind != STEP_RUN;
+        plan.whole = !ours;
+    }
+};
+
+// The plan for a graph: fused steps whose readers do not follow them are declined (they then write their product)
+// until none is left.
+graph_plan make_plan(const device_context *dev, gpu_backend *ctx, ggml_cgraph *graph) {
+    std::vector<int> declined;
+    for (;;) {
+        planner p{dev, ctx, graph, declined, {}, {}, {}};
+        p.make();
+        if (p.failed < 0) return std::move(p.plan);
+        declined.push_back(p.failed);
+    }
 }
 
 const graph_plan &plan_of(const device_context *dev, gpu_backend *ctx, ggml_cgraph *graph) {
@@ -390,50 +738,140 @@ uint64_t run_uid(uint64_t graph_uid, size_t step) {
 }
 
 // The plan CIQi's graph_compute runs for a graph, for the tests (CI has no GPU; reached through the registry's
-// get_proc_address as "ggml_ciq_plugin_plan"): plugin device `index`'s plan with the library's offload answers for
-// it but no buffer-type check, as rows {begin, end, ours, fresh_x} and each step's run uid were the graph's uid
-// `uid`. Returns the step count (at most max_steps rows are written), -1 for a device index out of range.
-int plan_for_tests(ggml_cgraph *graph, int index, uint64_t uid, int32_t *rows, uint64_t *uids, int max_steps) {
+// get_proc_address as "ggml_ciq_plugin_plan"): plugin device `index`'s plan with the library's answers for it but no
+// buffer-type check, GGML_CIQ_FUSE as the environment sets it now, and each step's run uid as if the graph's uid were
+// `uid`. Per step, rows {kind, node, mul, add, fresh_x | fused << 1, run length}; the runs' node indices one after
+// another into run_nodes (room for the graph's node count). Returns the step count (at most max_steps rows are
+// written), -1 for a device index out of range or a GGML_CIQ_FUSE it does not take.
+int plan_for_tests(ggml_cgraph *graph, int index, uint64_t uid, int32_t *rows, uint64_t *uids, int32_t *run_nodes,
+                   int max_steps) {
     if (index < 0 || index >= g_device_count) return -1;
     device_context probe = g_devices[index];
     probe.cuda = nullptr;  // the library's answers for that device, no buffer-type check: any graph's tensors will do
     gpu_backend scratch;
+    int fuse = 1;
+    if (ciq_switch_on("GGML_CIQ_FUSE", &fuse) != CIQ_OK) return -1;
+    scratch.fuse = fuse != 0;
     const graph_plan plan = make_plan(&probe, &scratch, graph);
+    int written = 0;
     for (size_t i = 0; i < plan.steps.size() && (int)i < max_steps; i++) {
         const step &st = plan.steps[i];
-        rows[4 * i + 0] = st.begin;
-        rows[4 * i + 1] = st.end;
-        rows[4 * i + 2] = st.ours;
-        rows[4 * i + 3] = st.fresh_x;
+        int32_t *row = rows + 6 * i;
+        row[0] = st.kind, row[1] = st.node, row[2] = st.mul, row[3] = st.add;
+        row[4] = (st.fresh_x ? 1 : 0) | (st.fused ? 2 : 0);
+        row[5] = (int32_t)st.run.size();
+        for (int k : st.run_index)
+            if (written < graph->n_nodes) run_nodes[written++] = k;
         uids[i] = run_uid(uid, i);
     }
     return (int)plan.steps.size();
 }
 
-// One micro-batch: CUDAi's runs of nodes through CUDAi as graph views (its fusions and CUDA graphs, keyed by a view's
-// first node; the whole graph as it is when nothing is ours), our MUL_MATs between them, the streams ordered by the
-// two events.
+// -- running a plan --
+
+// The steps CIQi backends have run since the last reset, by kind (STEP_RUN .. STEP_NORM_ADD), then MUL_MATs with their
+// ADD and fused NORM_ACT / GLU_ACT steps: which path ran, for the GPU tests ("ggml_ciq_plugin_steps").
+constexpr int STEP_COUNTS = 7;
+std::atomic<uint64_t> g_step_counts[STEP_COUNTS];
+
+void count_step(const step &s) {
+    g_step_counts[s.kind]++;
+    if (s.kind == STEP_MUL_MAT && s.add >= 0) g_step_counts[5]++;
+    if (s.fused) g_step_counts[6]++;
+}
+
+// counts[0..7): g_step_counts; reset != 0 zeroes them after reading.
+void steps_for_tests(uint64_t *counts, int reset) {
+    for (int i = 0; i < STEP_COUNTS; i++) counts[i] = reset ? g_step_counts[i].exchange(0) : g_step_counts[i].load();
+}
+
+// One step of ours on our stream.
+ciq_status run_ours(const device_context *dev, gpu_backend *ctx, ggml_cgraph *graph, const step &s) {
+    const int device = dev->ciq_device;
+    ggml_tensor *n = graph->nodes[s.node];
+    switch (s.kind) {
+        case STEP_MUL_MAT: {
+            if (s.fresh_x) ctx->x.valid = false;
+            gemm_request r{};
+            mul_mat_request(device, n, &r);  // the plan took it: a layout mul_mat_ours accepted
+            const float *residual = nullptr;
+            if (s.add >= 0) {
+                ggml_tensor *a = graph->nodes[s.add];
+                residual = (const float *)(a->src[0] == n ? a->src[1] : a->src[0])->data;
+                r.out = (float *)a->data;
+            }
+            return ciq_gemm_converting_once(r, &ctx->x, residual);
+        }
+        case STEP_NORM_ACT:
+        case STEP_GLU_ACT: {
+            const bool norm = s.kind == STEP_NORM_ACT;
+            ggml_tensor *product = norm ? graph->nodes[s.mul] : n;
+            const ggml_tensor *a = n->src[0];
+            const int64_t k = product->ne[0], tokens = product->ne[1];
+            const float eps = norm ? ggml_get_op_params_f32(n, 0) : 0.0f;
+            const float *w = norm ? (const float *)norm_weight(product, n)->data : nullptr;
+            const ciq_glu_kind kind = ggml_get_glu_op(n) == GGML_GLU_OP_GEGLU ? CIQ_GLU_GELU : CIQ_GLU_SILU;
+            if (!s.fused) {
+                ctx->x.valid = false;  // the product's float32 values change: whatever ours converted is stale
+                return norm ? ciq_rms_norm(device, CIQ_ORDER_LLAMACPP_CUDA, (const float *)a->data, w, nullptr, eps,
+                                           tokens, k, (float *)product->data)
+                            : ciq_glu(device, CIQ_ORDER_LLAMACPP_CUDA, kind, (const float *)a->data,
+                                      (const float *)n->src[1]->data, tokens * k, (float *)product->data);
+            }
+            size_t bytes = 0;
+            CIQ_TRY_PLUGIN(ciq_activations_size(CIQ_LAYOUT_F16, tokens, k, &bytes));
+            CIQ_TRY_PLUGIN(reserve_activations(device, &ctx->x, bytes));
+            ctx->x.valid = false;
+            CIQ_TRY_PLUGIN(norm ? ciq_rms_norm_activations(device, CIQ_ORDER_HOST, (const float *)a->data, w, eps,
+                                                           tokens, k, CIQ_LAYOUT_F16, ctx->x.buffer)
+                                : ciq_glu_activations(device, CIQ_ORDER_HOST, kind, (const float *)a->data,
+                                                      (const float *)n->src[1]->data, tokens, k, CIQ_LAYOUT_F16,
+                                                      ctx->x.buffer));
+            ctx->x = converted_activations{true, product->data, tokens, k, CIQ_LAYOUT_F16, ctx->x.buffer,
+                                           ctx->x.capacity};
+            return CIQ_OK;
+        }
+        case STEP_NORM_ADD: {
+            ggml_tensor *mul = graph->nodes[s.mul], *a = graph->nodes[s.add];
+            const ggml_tensor *residual = a->src[0] == mul ? a->src[1] : a->src[0];
+            return ciq_rms_norm(device, CIQ_ORDER_LLAMACPP_CUDA, (const float *)n->src[0]->data,
+                                (const float *)norm_weight(mul, n)->data, (const float *)residual->data,
+                                ggml_get_op_params_f32(n, 0), a->ne[1], a->ne[0], (float *)a->data);
+        }
+        case STEP_RUN: break;
+    }
+    return CIQ_OK;
+}
+
+// One micro-batch: CUDAi's runs through CUDAi as graph views of the plan's node lists (its fusions and CUDA graphs,
+// keyed by a view's first node and uid; the whole graph as it is when nothing is ours), our steps between them, the
+// streams ordered by the two events.
 ggml_status gpu_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
     const device_context *dev = device_of(backend);
     gpu_backend *ctx = gpu_of(backend);
     const graph_plan &plan = plan_of(dev, ctx, graph);
+    if (plan.whole) {
+        g_step_counts[STEP_RUN]++;
+        return ggml_backend_graph_compute_async(ctx->cuda, graph);
+    }
     bool cuda_ahead = true;  // CUDAi's stream may hold work ours has not waited for (the scheduler's input copies)
-    bool ciq_ahead = false;  // ours holds MUL_MATs CUDAi's stream has not waited for
+    bool ciq_ahead = false;  // ours holds steps CUDAi's stream has not waited for
     ctx->x.valid = false;    // a new graph: nothing converted is known to be current
 
     auto cuda_after_ciq = [&]() -> bool {
         if (!ciq_ahead) return true;
         ciq_ahead = false;
         if (ciq_stream_record_event(dev->ciq_device, ctx->to_cuda->context) != CIQ_OK) {
-            ciq_device_synchronize(dev->ciq_device);  // no event: our MUL_MATs done before anything that follows
+            ciq_device_synchronize(dev->ciq_device);  // no event: our steps done before anything that follows
             return false;
         }
         ggml_backend_event_wait(ctx->cuda, ctx->to_cuda);
         return true;
     };
-    auto fail = [&](const ggml_tensor *node) {  // node NULL: ordering CUDAi after our MUL_MATs failed
+    auto fail = [&](const ggml_tensor *node) {  // node NULL: ordering CUDAi after our steps failed
         if (node != nullptr)
-            GGML_LOG_ERROR("ggml-ciq: %s: MUL_MAT %s: %s\n", dev->name.c_str(), node->name, ciq_last_error());
+            GGML_LOG_ERROR("ggml-ciq: %s: %s %s: %s\n", dev->name.c_str(), ggml_op_desc(node), node->name,
+                           ciq_last_error());
         else
             GGML_LOG_ERROR("ggml-ciq: %s: %s\n", dev->name.c_str(), ciq_last_error());
         cuda_after_ciq();
@@ -442,31 +880,26 @@ ggml_status gpu_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
 
     for (size_t i = 0; i < plan.steps.size(); i++) {
         const step &s = plan.steps[i];
-        if (!s.ours) {
+        count_step(s);
+        if (s.kind == STEP_RUN) {
             if (!cuda_after_ciq()) return fail(nullptr);
-            ggml_status status;
-            if (s.begin == 0 && s.end == graph->n_nodes) {
-                status = ggml_backend_graph_compute_async(ctx->cuda, graph);
-            } else {
-                ggml_cgraph view = ggml_graph_view(graph, s.begin, s.end);
-                view.uid = run_uid(graph->uid, i);
-                status = ggml_backend_graph_compute_async(ctx->cuda, &view);
-            }
+            ggml_cgraph view = ggml_graph_view(graph, 0, 0);  // the parent's use counts and hash set
+            view.nodes = const_cast<ggml_tensor **>(s.run.data());
+            view.n_nodes = (int)s.run.size();
+            view.uid = run_uid(graph->uid, i);
+            const ggml_status status = ggml_backend_graph_compute_async(ctx->cuda, &view);
             if (status != GGML_STATUS_SUCCESS) return status;
             cuda_ahead = true;
             continue;
         }
-        ggml_tensor *node = graph->nodes[s.begin];
+        ggml_tensor *node = graph->nodes[s.node];
         if (cuda_ahead) {
             ggml_backend_event_record(ctx->to_ciq, ctx->cuda);
             if (ciq_stream_wait_event(dev->ciq_device, ctx->to_ciq->context) != CIQ_OK) return fail(node);
             cuda_ahead = false;
         }
-        if (s.fresh_x) ctx->x.valid = false;
-        gemm_request r{};
-        mul_mat_request(dev->ciq_device, node, &r);  // the plan took it: a layout mul_mat_ours accepted
         ciq_ahead = true;
-        if (ciq_gemm_converting_once(r, &ctx->x) != CIQ_OK) return fail(node);
+        if (run_ours(dev, ctx, graph, s) != CIQ_OK) return fail(node);
     }
     return cuda_after_ciq() ? GGML_STATUS_SUCCESS : fail(nullptr);
 }
@@ -543,6 +976,9 @@ ggml_backend_t device_init_backend(ggml_backend_dev_t dev, const char *params) {
     const device_context *ctx = (const device_context *)dev->context;
     if (ctx->cuda == nullptr) return new ggml_backend{backend_guid(), cpu_backend_interface, dev, nullptr};
     gpu_backend *gpu = new gpu_backend;
+    int fuse = 1;
+    ciq_switch_on("GGML_CIQ_FUSE", &fuse);  // checked when the plugin started (switches_valid)
+    gpu->fuse = fuse != 0;
     gpu->cuda = ggml_backend_dev_init(ctx->cuda, params);
     if (gpu->cuda != nullptr) {
         gpu->to_ciq = ggml_backend_event_new(ctx->cuda);
@@ -643,6 +1079,7 @@ void *reg_get_proc_address(ggml_backend_reg_t, const char *name) {
     if (std::strcmp(name, "ggml_backend_set_n_threads") == 0) return (void *)set_n_threads;
     if (std::strcmp(name, "ggml_ciq_plugin_info") == 0) return (void *)build_info_json;
     if (std::strcmp(name, "ggml_ciq_plugin_plan") == 0) return (void *)plan_for_tests;
+    if (std::strcmp(name, "ggml_ciq_plugin_steps") == 0) return (void *)steps_for_tests;
     return nullptr;
 }
 
@@ -670,8 +1107,10 @@ bool ggml_matches() {
 // value they do not take is one log line and no plugin, never a silent "decline every op".
 bool switches_valid() {
     ciq_plan plan;
+    int fuse = 1;
     if (ciq_gemm_plan(CIQ_DEVICE_CPU, CIQ_VARIANT_AUTO, CIQ_SEMANTICS_ANY, CIQ_TYPE_Q4_K, 1, 256, 1, &plan) !=
-        CIQ_ERR_INVALID_ARGUMENT)
+            CIQ_ERR_INVALID_ARGUMENT &&
+        ciq_switch_on("GGML_CIQ_FUSE", &fuse) == CIQ_OK)
         return true;
     GGML_LOG_ERROR("ggml-ciq: %s; the plugin offers no device (docs/PLUGIN.md)\n", ciq_last_error());
     return false;

@@ -1,5 +1,6 @@
 // The C API's device calls: version and build facts, devices, memory, threads, timers and CUDA graphs.
 #include "checks.h"
+#include "switches.h"
 
 #include <chrono>
 #include <cstdio>
@@ -22,6 +23,14 @@
 ciq_status ciq_api_version(int *version) {
     if (version == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_api_version: version is NULL");
     *version = GGML_CIQ_API_VERSION;
+    return CIQ_OK;
+}
+
+ciq_status ciq_switch_on(const char *name, int *on) {
+    if (on == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_switch_on: on is NULL");
+    bool value = true;
+    CIQ_TRY(ciq_switches_on_off(name, &value));
+    *on = value ? 1 : 0;
     return CIQ_OK;
 }
 

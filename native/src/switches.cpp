@@ -67,8 +67,10 @@ constexpr SwitchRow k_switches[SWITCH_COUNT] = {
     {LLAMACPP_FA_BLOCKS_PER_SM, "GGML_CIQ_LLAMACPP_FA_BLOCKS_PER_SM", "a positive integer (another value: 2)", "2",
      "cuda/attention_llamacpp.cu", "llama.cpp flash attention's CTAs per SM (its stream-k grid) for another GPU "
      "or build"},
-    {FUSE, "GGML_CIQ_FUSE", "1/on/true/yes | 0/off/false/no", "on", "Python: ggml_ciq/ops.py (environment.switch)",
-     "0 turns every API v11 fusion off (A/B runs)"},
+    {FUSE, "GGML_CIQ_FUSE", "1/on/true/yes | 0/off/false/no", "on",
+     "Python: ggml_ciq/ops.py (environment.switch); the ggml plugin's plans (ciq_switch_on, when a backend starts)",
+     "0 turns every API v11 fusion off (A/B runs); in the ggml plugin, its fused steps and reordered MUL_MATs (CIQi "
+     "then runs our MUL_MATs alone, API v19's plan)"},
     {FUSE_GLU, "GGML_CIQ_FUSE_GLU", "1/on/true/yes | 0/off/false/no", "on",
      "Python: ggml_ciq/ops.py (environment.switch)", "0 keeps the GLU in down's activation conversion (no gate/up "
      "product fused into the wgmma epilogue)"},
@@ -123,19 +125,30 @@ ciq_status ciq_switches_offload(int *offload) {
     return CIQ_OK;
 }
 
-// The Python switches' words (environment.switch), never a guess.
-ciq_status ciq_switches_attention_wgmma(bool *take) {
-    *take = true;
-    const char *v = switch_value(ATTENTION_WGMMA);
+// An on/off switch in the Python switches' words (environment.switch), never a guess: 1/on/true/yes or
+// 0/off/false/no in any case; unset or empty: on.
+static ciq_status word_switch(Switch s, bool *on) {
+    *on = true;
+    const char *v = switch_value(s);
     std::string word;
     for (const char *c = v ? v : ""; *c; ++c)
         if (!std::isspace((unsigned char)*c)) word += (char)std::tolower((unsigned char)*c);
     if (word.empty() || word == "1" || word == "on" || word == "true" || word == "yes") return CIQ_OK;
     if (word == "0" || word == "off" || word == "false" || word == "no") {
-        *take = false;
+        *on = false;
         return CIQ_OK;
     }
-    return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "GGML_CIQ_ATTENTION_WGMMA='%s': expected 1 or 0 (on/off)", v);
+    return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s='%s': expected 1 or 0 (on/off)", switch_name(s), v);
+}
+
+ciq_status ciq_switches_attention_wgmma(bool *take) { return word_switch(ATTENTION_WGMMA, take); }
+
+ciq_status ciq_switches_on_off(const char *name, bool *on) {
+    *on = true;
+    for (Switch s : {FUSE, FUSE_GLU, ATTENTION_WGMMA})
+        if (name != nullptr && std::strcmp(name, switch_name(s)) == 0) return word_switch(s, on);
+    return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_switch_on: '%s' is not an on/off switch (GGML_CIQ_FUSE, "
+                    "GGML_CIQ_FUSE_GLU, GGML_CIQ_ATTENTION_WGMMA)", name ? name : "(null)");
 }
 
 const char *ciq_switches_cpu_isa(void) { return switch_value(CPU_ISA); }
