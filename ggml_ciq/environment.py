@@ -61,7 +61,8 @@ def cpu_model() -> str:
 # The environment variables that choose kernels, plans or fusions (the A/B switches): a result records those set.
 SWITCHES = ("GGML_CIQ_VARIANT", "GGML_CIQ_OFFLOAD", "GGML_CIQ_CPU_ISA", "GGML_CIQ_FUSE", "GGML_CIQ_WGMMA_TAIL",
             "GGML_CIQ_WGMMA_PDL", "GGML_CIQ_WGMMA_CONFIG", "GGML_CIQ_WGMMA_STREAMK", "GGML_CIQ_WGMMA_RS", "GGML_CIQ_ATTENTION_SPLIT", "GGML_CIQ_ATTENTION_WGMMA",
-            "GGML_CIQ_LLAMACPP_FA_BLOCKS_PER_SM", "GGML_CIQ_WGMMA_GROUP", "GGML_CIQ_FUSE_GLU")
+            "GGML_CIQ_LLAMACPP_FA_BLOCKS_PER_SM", "GGML_CIQ_WGMMA_GROUP", "GGML_CIQ_FUSE_GLU",
+            "GGML_CIQ_PLUGIN_GRAPHS")
 
 
 def switches() -> dict:

@@ -139,16 +139,18 @@ def test_mul_mat_graph_on_the_plugin_device(plugin_path, cpu_device, offload_all
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fuse", ["1", "0"])
+@pytest.mark.parametrize("fuse,graphs", [("1", "1"), ("1", "0"), ("0", "1")])
 def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all, gemma_full, llama, monkeypatch,
-                                         fuse):
+                                         fuse, graphs):
     """Over a CUDA llama.cpp (docs/GPU.md: the plugin's recipes): Gemma 3 270M with devices CIQ0/CUDA0, every weight
     MUL_MAT through the plugin (GGML_CIQ_OFFLOAD=all), against CUDA0 alone, flash attention off on both. The
     semantics differ (wgmma's f16 products, not MMQ's), so this is a sanity bar - a race against CUDA0's stream or a
     misread tensor gives unrelated logits - while llama-perplexity's KL divergence is the measured comparison.
     GGML_CIQ_FUSE=1 (the default): the plan's steps counted by kind say a layer ran as one CUDA0 run and ours (attention
     norm, q/k/v, ...: 2 norms of ours feeding MUL_MATs, 2 post-norms with their residual, 1 GEGLU); 0: API v19's plan,
-    MUL_MATs alone."""
+    MUL_MATs alone. Three prefills of the prompt in one context: the plan's stretches of ours run eagerly, are captured
+    as CUDA graphs and replayed (GGML_CIQ_PLUGIN_GRAPHS=1, the default: the replay counter says so), the third's
+    logits bit for bit the first's."""
     from ggml_ciq.compare import logits_agreement
     from ggml_ciq.llama_model import LlamaModel
 
@@ -168,17 +170,24 @@ def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all
         dev = lib.ggml_backend_dev_by_name(b"CIQ0")
         address = lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_dev_backend_reg(dev), b"ggml_ciq_plugin_steps")
         read_steps = ffi.cast("void (*)(uint64_t *, int)", address)
-        steps = ffi.new("uint64_t[7]")
+        steps = ffi.new("uint64_t[8]")
         read_steps(steps, 1)
-        native.dispatch_reset()
+        monkeypatch.setenv("GGML_CIQ_PLUGIN_GRAPHS", graphs)
         with LlamaModel(path, device="cuda", devices=["CIQ0"]) as model, \
                 model.context_for(len(tokens), flash_attn=False) as ctx:
+            native.dispatch_reset()
             logits = ctx.prefill(tokens)
-        counts = native.dispatch_counts()
-        read_steps(steps, 1)
-    runs, mul_mats, norm_acts, glu_acts, norm_adds, with_add, fused = list(steps)
+            counts = native.dispatch_counts()
+            read_steps(steps, 1)
+            first = list(steps)
+            again = [ctx.prefill(tokens) for _ in range(2)]
+            read_steps(steps, 1)
+            replays = steps[7]
+    runs, mul_mats, norm_acts, glu_acts, norm_adds, with_add, fused, _ = first
     print(f"steps: {runs} CUDA0 runs, {mul_mats} MUL_MATs ({with_add} with their ADD), {norm_acts} norms, {glu_acts} "
-          f"GEGLUs ({fused} fused), {norm_adds} post-norms")
+          f"GEGLUs ({fused} fused), {norm_adds} post-norms; {replays} stretches replayed in the next two prefills")
+    assert np.array_equal(again[1], logits) and np.array_equal(again[0], logits)
+    assert replays == (runs if graphs == "1" else 0)  # the third prefill: every stretch of ours (one per CUDA0 run)
     layers = 18
     if fuse == "1":
         assert (mul_mats, norm_acts, glu_acts, norm_adds, with_add) == (7 * layers + 1, 2 * layers + 1, layers,
@@ -628,7 +637,8 @@ def test_bad_switch_value_is_one_line(plugin_path, llama):
     code = ("import cffi, sys; ffi = cffi.FFI(); ffi.cdef('void * ggml_backend_load(const char * path);'); "
             "lib = ffi.dlopen(sys.argv[1], ffi.RTLD_GLOBAL); print('loaded' if lib.ggml_backend_load(sys.argv[2].encode()) else 'none')")
     for variable, value, said in (("GGML_CIQ_OFFLOAD", "bogus", "GGML_CIQ_OFFLOAD=bogus is not all or none"),
-                                  ("GGML_CIQ_FUSE", "sometimes", "GGML_CIQ_FUSE='sometimes': expected 1 or 0")):
+                                  ("GGML_CIQ_FUSE", "sometimes", "GGML_CIQ_FUSE='sometimes': expected 1 or 0"),
+                                  ("GGML_CIQ_PLUGIN_GRAPHS", "2", "GGML_CIQ_PLUGIN_GRAPHS='2': expected 1 or 0")):
         proc = subprocess.run([sys.executable, "-c", code, str(_lib_file(llama.lib_dir, "ggml")), str(plugin_path)],
                               env=dict(os.environ, **{variable: value}), capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0 and proc.stdout.strip() == "none", (proc.stdout, proc.stderr[-2000:])

@@ -91,9 +91,13 @@ struct converted_activations {
 };
 
 // Our buffer for converted activations holds at least `bytes` (a bigger one replaces it; freeing waits for readers).
+// Bumped whenever a converted-activations buffer is replaced: CUDA graphs captured before hold its old address.
+std::atomic<uint64_t> g_buffer_generation{0};
+
 ciq_status reserve_activations(int device, converted_activations *c, size_t bytes) {
     if (c->capacity >= bytes) return CIQ_OK;
     c->valid = false;
+    g_buffer_generation++;
     if (c->buffer != nullptr) CIQ_TRY_PLUGIN(ciq_memory_free(device, c->buffer));
     c->buffer = nullptr;
     c->capacity = 0;
@@ -282,8 +286,20 @@ struct step {
     int add = -1;           // MUL_MAT / NORM_ADD: the ADD of a residual (-1: none)
     bool fresh_x = false;   // MUL_MAT: convert its activations (else ours converted them last and nothing wrote since)
     bool fused = false;     // NORM_ACT / GLU_ACT: into the shared activations, no float32 product written
+    int stretch = -1;       // the first step of a stretch of ours: its index in graph_plan.stretches
     std::vector<ggml_tensor *> run;  // RUN: its nodes, in order
     std::vector<int> run_index;      // RUN: their indices in the graph (the tests' view)
+};
+
+// A stretch of steps of ours between two CUDAi runs, run eagerly the first time, captured as a CUDA graph the second
+// (every GEMM's scratch then sized) and replayed after that (GGML_CIQ_PLUGIN_GRAPHS=0: always eagerly). A replay is
+// one launch where the stretch was ~10 library calls a layer, each planning and launching its kernels on the host.
+struct stretch_graph {
+    void *graph = nullptr;        // ciq_graph_*; NULL: none captured (yet)
+    uint64_t generation = 0;      // g_buffer_generation at its capture
+    int runs = 0;                 // eager runs so far
+    bool never = false;           // its capture failed: eager from now on
+    converted_activations x_after;  // what ours had converted when it ended (a replay leaves the same)
 };
 
 struct graph_plan {
@@ -292,7 +308,15 @@ struct graph_plan {
     int n_nodes = 0;
     bool whole = false;  // nothing ours: the graph goes to CUDAi as it is
     std::vector<step> steps;
+    std::vector<stretch_graph> stretches;  // one per stretch of ours (step.stretch on its first step)
 };
+
+void free_graphs(graph_plan *plan) {
+    for (stretch_graph &g : plan->stretches) {
+        if (g.graph != nullptr) ciq_graph_free(g.graph);
+        g.graph = nullptr;
+    }
+}
 
 // The library's answer for one MUL_MAT shape on this device: whether it takes it, and its plan's activation layout.
 struct mul_mat_answer {
@@ -305,6 +329,7 @@ struct gpu_backend {
     ggml_backend_event_t to_ciq = nullptr;   // recorded on CUDAi's stream, waited for by ours
     ggml_backend_event_t to_cuda = nullptr;  // recorded on ours, waited for by CUDAi's stream
     bool fuse = true;                        // GGML_CIQ_FUSE when the backend started: fused steps, steps moved
+    bool graphs = true;                      // GGML_CIQ_PLUGIN_GRAPHS when it started: stretches of ours as CUDA graphs
     converted_activations x;                 // shared by the MUL_MATs of one graph_compute on the same activations
     std::vector<graph_plan> plans;           // the recent graphs' plans (the scheduler alternates a few graphs)
     // The library's answer per (weight type, rows, K, tokens): a rebuilt graph (a new uid: llama.cpp builds one per
@@ -321,6 +346,8 @@ ggml_backend_t cuda_of(ggml_backend_t backend);
 void gpu_backend_free(ggml_backend_t backend) {
     gpu_backend *ctx = gpu_of(backend);
     if (ctx->cuda != nullptr) ggml_backend_synchronize(ctx->cuda);
+    if (!ctx->plans.empty()) ciq_device_synchronize(device_of(backend)->ciq_device);  // graphs in flight done
+    for (graph_plan &p : ctx->plans) free_graphs(&p);
     if (ctx->x.buffer != nullptr) ciq_memory_free(device_of(backend)->ciq_device, ctx->x.buffer);
     if (ctx->to_ciq != nullptr) ggml_backend_event_free(ctx->to_ciq);
     if (ctx->to_cuda != nullptr) ggml_backend_event_free(ctx->to_cuda);
@@ -699,7 +726,15 @@ struct planner {
         if (failed < 0 && x_fused && x_readers_left > 0) failed = x_step_node;
         flush_run();
         bool ours = false;
-        for (const step &s : plan.steps) ours = ours || s.kind != STEP_RUN;
+        for (size_t i = 0; i < plan.steps.size(); i++) {
+            step &s = plan.steps[i];
+            if (s.kind == STEP_RUN) continue;
+            ours = true;
+            if (i == 0 || plan.steps[i - 1].kind == STEP_RUN) {
+                s.stretch = (int)plan.stretches.size();
+                plan.stretches.emplace_back();
+            }
+        }
         plan.whole = !ours;
     }
 };
@@ -716,12 +751,15 @@ graph_plan make_plan(const device_context *dev, gpu_backend *ctx, ggml_cgraph *g
     }
 }
 
-const graph_plan &plan_of(const device_context *dev, gpu_backend *ctx, ggml_cgraph *graph) {
+graph_plan &plan_of(const device_context *dev, gpu_backend *ctx, ggml_cgraph *graph) {
     constexpr size_t kept = 16;
     if (graph->uid != 0) {
-        for (const graph_plan &p : ctx->plans)
+        for (graph_plan &p : ctx->plans)
             if (p.uid == graph->uid && p.nodes == graph->nodes && p.n_nodes == graph->n_nodes) return p;
-        if (ctx->plans.size() == kept) ctx->plans.erase(ctx->plans.begin());
+        if (ctx->plans.size() == kept) {
+            free_graphs(&ctx->plans.front());
+            ctx->plans.erase(ctx->plans.begin());
+        }
         ctx->plans.push_back(make_plan(dev, ctx, graph));
         return ctx->plans.back();
     }
@@ -737,10 +775,116 @@ uint64_t run_uid(uint64_t graph_uid, size_t step) {
     return (uint64_t(1) << 63) | ((graph_uid & ((uint64_t(1) << 43) - 1)) << 20) | (step & ((1u << 20) - 1));
 }
 
+// -- running a plan --
+
+// The steps CIQi backends have run since the last reset, by kind (STEP_RUN .. STEP_NORM_ADD), then MUL_MATs with their
+// ADD, fused NORM_ACT / GLU_ACT steps, and stretches of ours replayed as CUDA graphs: which path ran, for the GPU
+// tests ("ggml_ciq_plugin_steps").
+constexpr int STEP_COUNTS = 8;
+std::atomic<uint64_t> g_step_counts[STEP_COUNTS];
+
+void count_step(const step &s) {
+    g_step_counts[s.kind]++;
+    if (s.kind == STEP_MUL_MAT && s.add >= 0) g_step_counts[5]++;
+    if (s.fused) g_step_counts[6]++;
+}
+
+// counts[0..8): g_step_counts; reset != 0 zeroes them after reading.
+void steps_for_tests(uint64_t *counts, int reset) {
+    for (int i = 0; i < STEP_COUNTS; i++) counts[i] = reset ? g_step_counts[i].exchange(0) : g_step_counts[i].load();
+}
+
+// A step of ours as the library calls' arguments, read from its nodes (apart from the calls, so that the plan hook
+// reads them on a machine without a GPU as graph_compute does).
+struct step_call {
+    gemm_request gemm{};             // MUL_MAT (out: the ADD's tensor with an ADD)
+    const float *x = nullptr;        // the norm's or the GLU's input (gate)
+    const float *up = nullptr;       // GLU
+    const float *weight = nullptr;   // the norm's weight row
+    const float *addend = nullptr;   // the residual (MUL_MAT with ADD, NORM_ADD)
+    float *out = nullptr;            // the float32 product (unfused steps, NORM_ADD)
+    const void *product = nullptr;   // fused: the tensor whose conversion the step makes (never written)
+    int64_t tokens = 0, k = 0;
+    float eps = 0.0f;
+    ciq_glu_kind glu = CIQ_GLU_SILU;
+};
+
+step_call call_of(int device, ggml_cgraph *graph, const step &s) {
+    step_call c;
+    ggml_tensor *n = graph->nodes[s.node];
+    if (s.kind == STEP_MUL_MAT) {
+        mul_mat_request(device, n, &c.gemm);  // the plan took it: a layout mul_mat_ours accepted
+        if (s.add >= 0) {
+            ggml_tensor *a = graph->nodes[s.add];
+            c.addend = (const float *)(a->src[0] == n ? a->src[1] : a->src[0])->data;
+            c.gemm.out = (float *)a->data;
+        }
+    } else if (s.kind == STEP_NORM_ACT || s.kind == STEP_NORM_ADD) {
+        ggml_tensor *mul = graph->nodes[s.mul];
+        ggml_tensor *dst = s.kind == STEP_NORM_ADD ? graph->nodes[s.add] : mul;
+        c.x = (const float *)n->src[0]->data;
+        c.weight = (const float *)norm_weight(mul, n)->data;
+        c.eps = ggml_get_op_params_f32(n, 0);
+        c.k = dst->ne[0];
+        c.tokens = dst->ne[1];
+        c.out = (float *)dst->data;
+        if (s.kind == STEP_NORM_ADD) c.addend = (const float *)(dst->src[0] == mul ? dst->src[1] : dst->src[0])->data;
+    } else if (s.kind == STEP_GLU_ACT) {
+        c.x = (const float *)n->src[0]->data;
+        c.up = (const float *)n->src[1]->data;
+        c.glu = ggml_get_glu_op(n) == GGML_GLU_OP_GEGLU ? CIQ_GLU_GELU : CIQ_GLU_SILU;
+        c.k = n->ne[0];
+        c.tokens = n->ne[1];
+        c.out = (float *)n->data;
+    }
+    if (s.fused) {
+        c.product = c.out;
+        c.out = nullptr;
+    }
+    return c;
+}
+
+// One step of ours on our stream.
+ciq_status run_ours(const device_context *dev, gpu_backend *ctx, ggml_cgraph *graph, const step &s) {
+    const int device = dev->ciq_device;
+    const step_call c = call_of(device, graph, s);
+    switch (s.kind) {
+        case STEP_MUL_MAT:
+            if (s.fresh_x) ctx->x.valid = false;
+            return ciq_gemm_converting_once(c.gemm, &ctx->x, c.addend);
+        case STEP_NORM_ACT:
+        case STEP_GLU_ACT: {
+            const bool norm = s.kind == STEP_NORM_ACT;
+            if (!s.fused) {
+                ctx->x.valid = false;  // the product's float32 values change: whatever ours converted is stale
+                return norm ? ciq_rms_norm(device, CIQ_ORDER_LLAMACPP_CUDA, c.x, c.weight, nullptr, c.eps, c.tokens, c.k,
+                                           c.out)
+                            : ciq_glu(device, CIQ_ORDER_LLAMACPP_CUDA, c.glu, c.x, c.up, c.tokens * c.k, c.out);
+            }
+            size_t bytes = 0;
+            CIQ_TRY_PLUGIN(ciq_activations_size(CIQ_LAYOUT_F16, c.tokens, c.k, &bytes));
+            CIQ_TRY_PLUGIN(reserve_activations(device, &ctx->x, bytes));
+            ctx->x.valid = false;
+            CIQ_TRY_PLUGIN(norm ? ciq_rms_norm_activations(device, CIQ_ORDER_HOST, c.x, c.weight, c.eps, c.tokens, c.k,
+                                                           CIQ_LAYOUT_F16, ctx->x.buffer)
+                                : ciq_glu_activations(device, CIQ_ORDER_HOST, c.glu, c.x, c.up, c.tokens, c.k,
+                                                      CIQ_LAYOUT_F16, ctx->x.buffer));
+            ctx->x = converted_activations{true, c.product, c.tokens, c.k, CIQ_LAYOUT_F16, ctx->x.buffer,
+                                           ctx->x.capacity};
+            return CIQ_OK;
+        }
+        case STEP_NORM_ADD:
+            return ciq_rms_norm(device, CIQ_ORDER_LLAMACPP_CUDA, c.x, c.weight, c.addend, c.eps, c.tokens, c.k, c.out);
+        case STEP_RUN: break;
+    }
+    return CIQ_OK;
+}
+
 // The plan CIQi's graph_compute runs for a graph, for the tests (CI has no GPU; reached through the registry's
 // get_proc_address as "ggml_ciq_plugin_plan"): plugin device `index`'s plan with the library's answers for it but no
 // buffer-type check, GGML_CIQ_FUSE as the environment sets it now, and each step's run uid as if the graph's uid were
-// `uid`. Per step, rows {kind, node, mul, add, fresh_x | fused << 1, run length}; the runs' node indices one after
+// `uid`, and each step of ours read into its calls' arguments (call_of: what graph_compute reads). Per step, rows
+// {kind, node, mul, add, fresh_x | fused << 1, run length}; the runs' node indices one after
 // another into run_nodes (room for the graph's node count). Returns the step count (at most max_steps rows are
 // written), -1 for a device index out of range or a GGML_CIQ_FUSE it does not take.
 int plan_for_tests(ggml_cgraph *graph, int index, uint64_t uid, int32_t *rows, uint64_t *uids, int32_t *run_nodes,
@@ -756,6 +900,7 @@ int plan_for_tests(ggml_cgraph *graph, int index, uint64_t uid, int32_t *rows, u
     int written = 0;
     for (size_t i = 0; i < plan.steps.size() && (int)i < max_steps; i++) {
         const step &st = plan.steps[i];
+        if (st.kind != STEP_RUN) call_of(probe.ciq_device, graph, st);  // the arguments graph_compute would pass
         int32_t *row = rows + 6 * i;
         row[0] = st.kind, row[1] = st.node, row[2] = st.mul, row[3] = st.add;
         row[4] = (st.fresh_x ? 1 : 0) | (st.fused ? 2 : 0);
@@ -767,80 +912,59 @@ int plan_for_tests(ggml_cgraph *graph, int index, uint64_t uid, int32_t *rows, u
     return (int)plan.steps.size();
 }
 
-// -- running a plan --
-
-// The steps CIQi backends have run since the last reset, by kind (STEP_RUN .. STEP_NORM_ADD), then MUL_MATs with their
-// ADD and fused NORM_ACT / GLU_ACT steps: which path ran, for the GPU tests ("ggml_ciq_plugin_steps").
-constexpr int STEP_COUNTS = 7;
-std::atomic<uint64_t> g_step_counts[STEP_COUNTS];
-
-void count_step(const step &s) {
-    g_step_counts[s.kind]++;
-    if (s.kind == STEP_MUL_MAT && s.add >= 0) g_step_counts[5]++;
-    if (s.fused) g_step_counts[6]++;
-}
-
-// counts[0..7): g_step_counts; reset != 0 zeroes them after reading.
-void steps_for_tests(uint64_t *counts, int reset) {
-    for (int i = 0; i < STEP_COUNTS; i++) counts[i] = reset ? g_step_counts[i].exchange(0) : g_step_counts[i].load();
-}
-
-// One step of ours on our stream.
-ciq_status run_ours(const device_context *dev, gpu_backend *ctx, ggml_cgraph *graph, const step &s) {
-    const int device = dev->ciq_device;
-    ggml_tensor *n = graph->nodes[s.node];
-    switch (s.kind) {
-        case STEP_MUL_MAT: {
-            if (s.fresh_x) ctx->x.valid = false;
-            gemm_request r{};
-            mul_mat_request(device, n, &r);  // the plan took it: a layout mul_mat_ours accepted
-            const float *residual = nullptr;
-            if (s.add >= 0) {
-                ggml_tensor *a = graph->nodes[s.add];
-                residual = (const float *)(a->src[0] == n ? a->src[1] : a->src[0])->data;
-                r.out = (float *)a->data;
+// Steps [first, end) of a plan, a stretch of ours: eagerly, or as the CUDA graph captured from them on their second
+// run (a cached plan, GGML_CIQ_PLUGIN_GRAPHS on). A graph whose addresses moved (our buffer replaced, or the
+// library's scratch: ciq_graph_launch refuses it as stale) is captured again; a capture that fails leaves the stretch
+// eager for good. *failed: the step that failed.
+ciq_status run_stretch(const device_context *dev, gpu_backend *ctx, ggml_cgraph *graph, graph_plan &plan,
+                       size_t first, size_t end, size_t *failed) {
+    auto eager = [&]() -> ciq_status {
+        for (size_t i = first; i < end; i++) {
+            const ciq_status status = run_ours(dev, ctx, graph, plan.steps[i]);
+            if (status != CIQ_OK) {
+                *failed = i;
+                return status;
             }
-            return ciq_gemm_converting_once(r, &ctx->x, residual);
         }
-        case STEP_NORM_ACT:
-        case STEP_GLU_ACT: {
-            const bool norm = s.kind == STEP_NORM_ACT;
-            ggml_tensor *product = norm ? graph->nodes[s.mul] : n;
-            const ggml_tensor *a = n->src[0];
-            const int64_t k = product->ne[0], tokens = product->ne[1];
-            const float eps = norm ? ggml_get_op_params_f32(n, 0) : 0.0f;
-            const float *w = norm ? (const float *)norm_weight(product, n)->data : nullptr;
-            const ciq_glu_kind kind = ggml_get_glu_op(n) == GGML_GLU_OP_GEGLU ? CIQ_GLU_GELU : CIQ_GLU_SILU;
-            if (!s.fused) {
-                ctx->x.valid = false;  // the product's float32 values change: whatever ours converted is stale
-                return norm ? ciq_rms_norm(device, CIQ_ORDER_LLAMACPP_CUDA, (const float *)a->data, w, nullptr, eps,
-                                           tokens, k, (float *)product->data)
-                            : ciq_glu(device, CIQ_ORDER_LLAMACPP_CUDA, kind, (const float *)a->data,
-                                      (const float *)n->src[1]->data, tokens * k, (float *)product->data);
-            }
-            size_t bytes = 0;
-            CIQ_TRY_PLUGIN(ciq_activations_size(CIQ_LAYOUT_F16, tokens, k, &bytes));
-            CIQ_TRY_PLUGIN(reserve_activations(device, &ctx->x, bytes));
-            ctx->x.valid = false;
-            CIQ_TRY_PLUGIN(norm ? ciq_rms_norm_activations(device, CIQ_ORDER_HOST, (const float *)a->data, w, eps,
-                                                           tokens, k, CIQ_LAYOUT_F16, ctx->x.buffer)
-                                : ciq_glu_activations(device, CIQ_ORDER_HOST, kind, (const float *)a->data,
-                                                      (const float *)n->src[1]->data, tokens, k, CIQ_LAYOUT_F16,
-                                                      ctx->x.buffer));
-            ctx->x = converted_activations{true, product->data, tokens, k, CIQ_LAYOUT_F16, ctx->x.buffer,
-                                           ctx->x.capacity};
+        return CIQ_OK;
+    };
+    stretch_graph &g = plan.stretches[plan.steps[first].stretch];
+    if (!ctx->graphs || plan.uid == 0 || g.never) return eager();
+    const uint64_t generation = g_buffer_generation.load();
+    if (g.graph != nullptr && g.generation == generation) {
+        if (ciq_graph_launch(g.graph) == CIQ_OK) {
+            ctx->x = g.x_after;
+            g_step_counts[7]++;
             return CIQ_OK;
         }
-        case STEP_NORM_ADD: {
-            ggml_tensor *mul = graph->nodes[s.mul], *a = graph->nodes[s.add];
-            const ggml_tensor *residual = a->src[0] == mul ? a->src[1] : a->src[0];
-            return ciq_rms_norm(device, CIQ_ORDER_LLAMACPP_CUDA, (const float *)n->src[0]->data,
-                                (const float *)norm_weight(mul, n)->data, (const float *)residual->data,
-                                ggml_get_op_params_f32(n, 0), a->ne[1], a->ne[0], (float *)a->data);
-        }
-        case STEP_RUN: break;
+        g.runs = 0;  // stale: run it eagerly once more, then capture it again
     }
-    return CIQ_OK;
+    if (g.graph != nullptr) {
+        ciq_graph_free(g.graph);
+        g.graph = nullptr;
+    }
+    if (g.runs++ == 0) return eager();
+    const converted_activations before = ctx->x;
+    bool captured = ciq_graph_capture_begin(dev->ciq_device) == CIQ_OK;
+    if (captured) {
+        for (size_t i = first; i < end && captured; i++) captured = run_ours(dev, ctx, graph, plan.steps[i]) == CIQ_OK;
+        void *made = nullptr;
+        captured = ciq_graph_capture_end(dev->ciq_device, &made) == CIQ_OK && captured;  // ends the capture always
+        if (captured) {
+            g = stretch_graph{made, generation, g.runs, false, ctx->x};
+            captured = g_buffer_generation.load() == generation && ciq_graph_launch(made) == CIQ_OK;
+        } else if (made != nullptr) {
+            ciq_graph_free(made);
+        }
+    }
+    if (captured) return CIQ_OK;
+    GGML_LOG_DEBUG("ggml-ciq: %s: a stretch of %zu steps runs without a CUDA graph: %s\n", dev->name.c_str(),
+                   end - first, ciq_last_error());
+    if (g.graph != nullptr) ciq_graph_free(g.graph);
+    g.graph = nullptr;
+    g.never = true;
+    ctx->x = before;  // the capture ran nothing
+    return eager();
 }
 
 // One micro-batch: CUDAi's runs through CUDAi as graph views of the plan's node lists (its fusions and CUDA graphs,
@@ -849,7 +973,7 @@ ciq_status run_ours(const device_context *dev, gpu_backend *ctx, ggml_cgraph *gr
 ggml_status gpu_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
     const device_context *dev = device_of(backend);
     gpu_backend *ctx = gpu_of(backend);
-    const graph_plan &plan = plan_of(dev, ctx, graph);
+    graph_plan &plan = plan_of(dev, ctx, graph);
     if (plan.whole) {
         g_step_counts[STEP_RUN]++;
         return ggml_backend_graph_compute_async(ctx->cuda, graph);
@@ -892,14 +1016,18 @@ ggml_status gpu_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
             cuda_ahead = true;
             continue;
         }
-        ggml_tensor *node = graph->nodes[s.node];
         if (cuda_ahead) {
             ggml_backend_event_record(ctx->to_ciq, ctx->cuda);
-            if (ciq_stream_wait_event(dev->ciq_device, ctx->to_ciq->context) != CIQ_OK) return fail(node);
+            if (ciq_stream_wait_event(dev->ciq_device, ctx->to_ciq->context) != CIQ_OK)
+                return fail(graph->nodes[s.node]);
             cuda_ahead = false;
         }
         ciq_ahead = true;
-        if (run_ours(dev, ctx, graph, s) != CIQ_OK) return fail(node);
+        size_t end = i + 1, failed = i;
+        while (end < plan.steps.size() && plan.steps[end].kind != STEP_RUN) count_step(plan.steps[end++]);
+        if (run_stretch(dev, ctx, graph, plan, i, end, &failed) != CIQ_OK)
+            return fail(graph->nodes[plan.steps[failed].node]);
+        i = end - 1;
     }
     return cuda_after_ciq() ? GGML_STATUS_SUCCESS : fail(nullptr);
 }
@@ -977,8 +1105,11 @@ ggml_backend_t device_init_backend(ggml_backend_dev_t dev, const char *params) {
     if (ctx->cuda == nullptr) return new ggml_backend{backend_guid(), cpu_backend_interface, dev, nullptr};
     gpu_backend *gpu = new gpu_backend;
     int fuse = 1;
-    ciq_switch_on("GGML_CIQ_FUSE", &fuse);  // checked when the plugin started (switches_valid)
+    ciq_switch_on("GGML_CIQ_FUSE", &fuse);  // both checked when the plugin started (switches_valid)
     gpu->fuse = fuse != 0;
+    int graphs = 1;
+    ciq_switch_on("GGML_CIQ_PLUGIN_GRAPHS", &graphs);
+    gpu->graphs = graphs != 0;
     gpu->cuda = ggml_backend_dev_init(ctx->cuda, params);
     if (gpu->cuda != nullptr) {
         gpu->to_ciq = ggml_backend_event_new(ctx->cuda);
@@ -1110,7 +1241,7 @@ bool switches_valid() {
     int fuse = 1;
     if (ciq_gemm_plan(CIQ_DEVICE_CPU, CIQ_VARIANT_AUTO, CIQ_SEMANTICS_ANY, CIQ_TYPE_Q4_K, 1, 256, 1, &plan) !=
             CIQ_ERR_INVALID_ARGUMENT &&
-        ciq_switch_on("GGML_CIQ_FUSE", &fuse) == CIQ_OK)
+        ciq_switch_on("GGML_CIQ_FUSE", &fuse) == CIQ_OK && ciq_switch_on("GGML_CIQ_PLUGIN_GRAPHS", &fuse) == CIQ_OK)
         return true;
     GGML_LOG_ERROR("ggml-ciq: %s; the plugin offers no device (docs/PLUGIN.md)\n", ciq_last_error());
     return false;

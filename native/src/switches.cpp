@@ -25,6 +25,7 @@ enum Switch {
     LLAMACPP_FA_BLOCKS_PER_SM,
     FUSE,
     FUSE_GLU,
+    PLUGIN_GRAPHS,
     SWITCH_COUNT
 };
 
@@ -74,6 +75,9 @@ constexpr SwitchRow k_switches[SWITCH_COUNT] = {
     {FUSE_GLU, "GGML_CIQ_FUSE_GLU", "1/on/true/yes | 0/off/false/no", "on",
      "Python: ggml_ciq/ops.py (environment.switch)", "0 keeps the GLU in down's activation conversion (no gate/up "
      "product fused into the wgmma epilogue)"},
+    {PLUGIN_GRAPHS, "GGML_CIQ_PLUGIN_GRAPHS", "1/on/true/yes | 0/off/false/no", "on",
+     "the ggml plugin (ciq_switch_on, when a backend starts)", "0: CIQi runs its stretches of steps between CUDAi's "
+     "runs call by call, instead of capturing each as a CUDA graph on its second run and replaying it"},
 };
 
 constexpr bool rows_in_order() {
@@ -145,10 +149,10 @@ ciq_status ciq_switches_attention_wgmma(bool *take) { return word_switch(ATTENTI
 
 ciq_status ciq_switches_on_off(const char *name, bool *on) {
     *on = true;
-    for (Switch s : {FUSE, FUSE_GLU, ATTENTION_WGMMA})
+    for (Switch s : {FUSE, FUSE_GLU, ATTENTION_WGMMA, PLUGIN_GRAPHS})
         if (name != nullptr && std::strcmp(name, switch_name(s)) == 0) return word_switch(s, on);
     return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_switch_on: '%s' is not an on/off switch (GGML_CIQ_FUSE, "
-                    "GGML_CIQ_FUSE_GLU, GGML_CIQ_ATTENTION_WGMMA)", name ? name : "(null)");
+                    "GGML_CIQ_FUSE_GLU, GGML_CIQ_ATTENTION_WGMMA, GGML_CIQ_PLUGIN_GRAPHS)", name ? name : "(null)");
 }
 
 const char *ciq_switches_cpu_isa(void) { return switch_value(CPU_ISA); }
