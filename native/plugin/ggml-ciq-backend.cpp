@@ -694,7 +694,13 @@ struct planner {
     }
 
     void make() {
-        plan = graph_plan{graph->uid, graph->nodes, graph->n_nodes, false, {}};
+        plan = graph_plan{graph->uid, graph->nodes, graph->n_nodes, false, {}, {}};
+        bool any = false;  // nothing ours (a decode step): the whole graph to CUDAi, no pattern search over it
+        for (int i = 0; i < graph->n_nodes && !any; i++) any = mul_mat_ours_remembered(dev, ctx, node(i));
+        if (!any) {
+            plan.whole = true;
+            return;
+        }
         taken.assign(graph->n_nodes, 0);
         for (int i = 0; i < graph->n_nodes && failed < 0; i++) {
             if (taken[i]) continue;
