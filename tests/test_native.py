@@ -101,7 +101,8 @@ CDEF_SHA256 = {2: "4a2d9f159019c7458ae310183d425a220dd7d0e41cd353f738031334d4b9a
                17: "28067411ccc0085f2779565939253ad369f83240d2cddea4192468bab78d4010",  # 17: q8_1-mmq for any K % 32 (zero-padded), Q4_1/Q5_1 in MMQ semantics (q32, host and GPU), Q5_K in MMQ semantics on a GPU (mma)
                18: "9fabe8cd29708df5a978cca77780752a54df50fe67423e324aba07ca43c4e771",  # 18: Q4_1/Q5_1/Q5_K in mmvq (host and GPU) and f16 (wgmma)
                19: "da833a8ca6ab5654cdfb662e2d6a0ce99c720b68c6b4456a8254c36d4dda0998",  # 19: ciq_stream_wait_event / ciq_stream_record_event (the plugin's ordering against ggml-cuda's stream)
-               20: "353349968338d372db75736e2cf575a3961631691e81dc5fd0fc270de77ffd49"}  # 20: ciq_switch_on (the plugin reads GGML_CIQ_FUSE, GGML_CIQ_PLUGIN_GRAPHS)
+               20: "353349968338d372db75736e2cf575a3961631691e81dc5fd0fc270de77ffd49",  # 20: ciq_switch_on (the plugin reads GGML_CIQ_FUSE, GGML_CIQ_PLUGIN_GRAPHS)
+               21: "70ec5a6fbc0d85060f360b1f3966303625bcefa476cbe9d289ff4bb2c3a1cc17"}  # 21: ciq_switch_on's default per switch (GGML_CIQ_PLUGIN_GRAPHS off), GGML_CIQ_PLUGIN_FUSE_RULE
 
 
 def cdef_sha256() -> str:

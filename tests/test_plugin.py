@@ -139,24 +139,26 @@ def test_mul_mat_graph_on_the_plugin_device(plugin_path, cpu_device, offload_all
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fuse,graphs", [("1", "1"), ("1", "0"), ("0", "1")])
+@pytest.mark.parametrize("fuse,rule,graphs", [("1", "1", "0"), ("1", "0", "1"), ("1", "0", "0"), ("0", "1", "1")])
 def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all, gemma_full, llama, monkeypatch,
-                                         fuse, graphs):
+                                         fuse, rule, graphs):
     """Over a CUDA llama.cpp (docs/GPU.md: the plugin's recipes): Gemma 3 270M with devices CIQ0/CUDA0, every weight
     MUL_MAT through the plugin (GGML_CIQ_OFFLOAD=all), against CUDA0 alone, flash attention off on both. The
     semantics differ (wgmma's f16 products, not MMQ's), so this is a sanity bar - a race against CUDA0's stream or a
     misread tensor gives unrelated logits - while llama-perplexity's KL divergence is the measured comparison.
-    GGML_CIQ_FUSE=1 (the default): the plan's steps counted by kind say a layer ran as one CUDA0 run and ours (attention
-    norm, q/k/v, ...: 2 norms of ours feeding MUL_MATs, 2 post-norms with their residual, 1 GEGLU); 0: API v19's plan,
-    MUL_MATs alone. Three prefills of the prompt in one context: the plan's stretches of ours run eagerly, are captured
-    as CUDA graphs and replayed (GGML_CIQ_PLUGIN_GRAPHS=1, the default: the replay counter says so), the third's
-    logits bit for bit the first's."""
+    The plan's steps counted by kind: the fused plan (GGML_CIQ_FUSE=1, GGML_CIQ_PLUGIN_FUSE_RULE=0) runs a Gemma layer
+    as three CUDA0 runs (q's and k's norm + RoPE stay CUDA0's between q, k and v) and ours: 2 norms feeding MUL_MATs, 2
+    post-norms with their residual, 1 GEGLU, all fused into the f16 conversion; the defaults (the rule on) take API
+    v19's plan for Gemma, as GGML_CIQ_FUSE=0 does (MUL_MATs alone, five runs a layer: the fused plan does not halve
+    them). Three prefills of the prompt in one context: with GGML_CIQ_PLUGIN_GRAPHS=1 the stretches of ours run eagerly,
+    are captured as CUDA graphs and replayed (the replay counter says so); the logits bit for bit the same each time."""
     from ggml_ciq.compare import logits_agreement
     from ggml_ciq.llama_model import LlamaModel
 
     if plugin_device != "CIQ0":
         pytest.skip(f"the plugin offers {plugin_device} here, not the GPU device CIQ0")
     monkeypatch.setenv("GGML_CIQ_FUSE", fuse)
+    monkeypatch.setenv("GGML_CIQ_PLUGIN_FUSE_RULE", rule)
     path = gemma_full.path
     text = open(PROMPT).read()
     with LlamaModel(path, device="cuda") as model:
@@ -188,11 +190,11 @@ def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all
           f"GEGLUs ({fused} fused), {norm_adds} post-norms; {replays} stretches replayed in the next two prefills")
     assert np.array_equal(again[1], logits) and np.array_equal(again[0], logits)
     assert replays == (runs if graphs == "1" else 0)  # the third prefill: every stretch of ours (one per CUDA0 run)
-    layers = 18
-    if fuse == "1":
-        assert (mul_mats, norm_acts, glu_acts, norm_adds, with_add) == (7 * layers + 1, 2 * layers + 1, layers,
-                                                                          2 * layers, 0)
-        assert runs <= layers + 2  # the embedding's scale, then one per layer
+    layers = 18  # measured at d8cbdb4 on an H100 (plugin-fused-h100): 57 runs, 36 + 18 fused, 35 post-norms
+    if fuse == "1" and rule == "0":
+        assert (mul_mats, norm_acts, glu_acts, norm_adds, with_add) == (7 * layers + 1, 2 * layers, layers,
+                                                                          2 * layers - 1, 0)
+        assert fused == norm_acts + glu_acts and runs == 3 * layers + 3
     else:
         assert (mul_mats, norm_acts, glu_acts, norm_adds, with_add, fused) == (7 * layers + 1, 0, 0, 0, 0, 0)
         assert runs >= 5 * layers
@@ -291,7 +293,7 @@ def test_llama_cpp_python_generates_on_ciq0(plugin_path, plugin_device, gemma_fu
         pytest.skip(f"the plugin offers {plugin_device} here, not the GPU device CIQ0")
     script = tmp_path / "generate.py"
     script.write_text(textwrap.dedent(_GENERATE_GPU))
-    env = dict(os.environ)
+    env = dict(os.environ, GGML_CIQ_PLUGIN_GRAPHS="0")  # the dispatch counters count eager launches, not replays
     env.pop("GGML_CIQ_OFFLOAD", None)
     if offload == "all":
         env["GGML_CIQ_OFFLOAD"] = "all"
@@ -529,7 +531,7 @@ def test_gpu_plan_fuses_a_layer(plugin_path, plugin_device, offload_all, llama):
                 lib.ggml_build_forward_expand(graph, node)
             assert lib.ggml_graph_n_nodes(graph) == 21
             f16 = native.plan("auto", 0 if plugin_device != "CIQ_CPU" else "cpu",
-                              "any" if plugin_device != "CIQ_CPU" else "cpu", Q4_K, k, k, tokens).layout == "F16"
+                              "any" if plugin_device != "CIQ_CPU" else "cpu", Q4_K, k, k, tokens).layout == "f16"
             fused = 2 if f16 else 0
             got, uids, runs = plan(graph, 7)
             assert got == [(NORM_ACT, 0, 1, -1, fused, 0), (MUL_MAT, 2, -1, -1, 0 if f16 else 1, 0),
@@ -544,10 +546,12 @@ def test_gpu_plan_fuses_a_layer(plugin_path, plugin_device, offload_all, llama):
         lib.ggml_free(ctx)
 
 
-def test_gpu_plan_keeps_order_and_float32_where_needed(plugin_path, plugin_device, offload_all, llama):
+def test_gpu_plan_keeps_order_and_float32_where_needed(plugin_path, plugin_device, offload_all, llama, monkeypatch):
     """What the fused plan must not do: move a MUL_MAT before a run that writes its activations or reads its output
     (here a scale in place over the norm's product, and one reading q's product); fuse a norm whose RMS_NORM has
-    another reader; take an ADD that broadcasts a row over the product."""
+    another reader; take an ADD that broadcasts a row over the product. With the rule (GGML_CIQ_PLUGIN_FUSE_RULE, on by
+    default) this graph gets API v19's plan instead: the fused one keeps five CUDAi runs of its six."""
+    monkeypatch.setenv("GGML_CIQ_PLUGIN_FUSE_RULE", "0")
     ffi = cffi.FFI()
     ffi.cdef(_GGML_CDEF + _PLAN_CDEF)
     lib = ffi.dlopen(str(_lib_file(llama.lib_dir, "ggml")))
@@ -580,6 +584,11 @@ def test_gpu_plan_keeps_order_and_float32_where_needed(plugin_path, plugin_devic
                              (MUL_MAT, 9), (MUL_MAT, 11), (RUN, 12)], got
             assert got[7][3] == 10 and got[8][3] == -1  # the residual ADD taken, the broadcast one not
             assert runs == [0, 1, 3, 5, 7, 8, 12]
+            monkeypatch.setenv("GGML_CIQ_PLUGIN_FUSE_RULE", "1")
+            got, _, runs = plan(graph, 3)
+            assert [(row_[0], row_[1], row_[3]) for row_ in got] == [
+                (RUN, 0, -1), (MUL_MAT, 2, -1), (RUN, 3, -1), (MUL_MAT, 4, -1), (RUN, 5, -1), (MUL_MAT, 6, -1),
+                (RUN, 7, -1), (MUL_MAT, 9, -1), (RUN, 10, -1), (MUL_MAT, 11, -1), (RUN, 12, -1)], got
     finally:
         lib.ggml_free(ctx)
 

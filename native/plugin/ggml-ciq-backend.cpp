@@ -329,7 +329,8 @@ struct gpu_backend {
     ggml_backend_event_t to_ciq = nullptr;   // recorded on CUDAi's stream, waited for by ours
     ggml_backend_event_t to_cuda = nullptr;  // recorded on ours, waited for by CUDAi's stream
     bool fuse = true;                        // GGML_CIQ_FUSE when the backend started: fused steps, steps moved
-    bool graphs = true;                      // GGML_CIQ_PLUGIN_GRAPHS when it started: stretches of ours as CUDA graphs
+    bool fuse_rule = true;                   // GGML_CIQ_PLUGIN_FUSE_RULE: the fused plan only where it halves the runs
+    bool graphs = false;                     // GGML_CIQ_PLUGIN_GRAPHS when it started: stretches of ours as CUDA graphs
     converted_activations x;                 // shared by the MUL_MATs of one graph_compute on the same activations
     std::vector<graph_plan> plans;           // the recent graphs' plans (the scheduler alternates a few graphs)
     // The library's answer per (weight type, rows, K, tokens): a rebuilt graph (a new uid: llama.cpp builds one per
@@ -524,6 +525,7 @@ struct planner {
     gpu_backend *ctx;
     ggml_cgraph *graph;
     const std::vector<int> &declined;  // fused steps (their first node) that must write their float32 product
+    bool fuse;                         // fused steps and steps moved before a run (else API v19's plan)
     graph_plan plan;
     std::vector<char> taken;           // nodes a step of ours covers
     std::vector<int> pending;          // CUDAi's nodes since our last step
@@ -616,7 +618,7 @@ struct planner {
     }
 
     void emit(step s) {
-        const bool before_run = ctx->fuse && pending_computes && !plan.steps.empty() &&
+        const bool before_run = fuse && pending_computes && !plan.steps.empty() &&
                                 plan.steps.back().kind != STEP_RUN && independent_of_pending(s);
         if (!before_run) flush_run();
         taken[s.node] = 1;
@@ -713,12 +715,12 @@ struct planner {
                 step s;
                 s.kind = STEP_MUL_MAT;
                 s.node = i;
-                const int j = ctx->fuse ? next_computing(graph, i) : -1;
+                const int j = fuse ? next_computing(graph, i) : -1;
                 if (j >= 0 && residual_of(graph, node(j), n, false) != nullptr) s.add = j;
                 emit(std::move(s));
                 continue;
             }
-            if (ctx->fuse) {
+            if (fuse) {
                 step s = match_fused(i);
                 if (s.kind != STEP_RUN) {
                     emit(std::move(s));
@@ -745,16 +747,35 @@ struct planner {
     }
 };
 
-// The plan for a graph: fused steps whose readers do not follow them are declined (they then write their product)
-// until none is left.
-graph_plan make_plan(const device_context *dev, gpu_backend *ctx, ggml_cgraph *graph) {
+// A graph's plan with or without fused steps: fused steps whose readers do not follow them are declined (they then
+// write their product) until none is left.
+graph_plan plan_with(const device_context *dev, gpu_backend *ctx, ggml_cgraph *graph, bool fuse) {
     std::vector<int> declined;
     for (;;) {
-        planner p{dev, ctx, graph, declined, {}, {}, {}};
+        planner p{dev, ctx, graph, declined, fuse, {}, {}, {}};
         p.make();
         if (p.failed < 0) return std::move(p.plan);
         declined.push_back(p.failed);
     }
+}
+
+int runs_of(const graph_plan &plan) {
+    int runs = plan.whole ? 1 : 0;
+    for (const step &s : plan.steps) runs += s.kind == STEP_RUN;
+    return runs;
+}
+
+// The fused plan where it at least halves CUDAi's runs, else API v19's (GGML_CIQ_PLUGIN_FUSE_RULE=0: the fused plan
+// whenever GGML_CIQ_FUSE is on). Measured on an H100 (plugin-fused-h100): a llama layer goes from five runs to one and
+// its prefill gains (synthetic 8B pp512 +8%, SmolLM2 +15%); in Gemma 3 the q/k norms and RoPEs stay CUDAi's between
+// q, k and v (ggml-alloc gives k's product the memory q's norm reads, so k cannot run before it), a layer keeps three
+// runs, and our extra calls cost more than the two runs saved (pp512 -15%, pp4096 -32% against API v19's plan).
+graph_plan make_plan(const device_context *dev, gpu_backend *ctx, ggml_cgraph *graph) {
+    graph_plan plain = plan_with(dev, ctx, graph, false);
+    if (!ctx->fuse || plain.whole) return plain;
+    graph_plan fused = plan_with(dev, ctx, graph, true);
+    if (ctx->fuse_rule && 2 * runs_of(fused) > runs_of(plain)) return plain;
+    return fused;
 }
 
 graph_plan &plan_of(const device_context *dev, gpu_backend *ctx, ggml_cgraph *graph) {
@@ -888,7 +909,7 @@ ciq_status run_ours(const device_context *dev, gpu_backend *ctx, ggml_cgraph *gr
 
 // The plan CIQi's graph_compute runs for a graph, for the tests (CI has no GPU; reached through the registry's
 // get_proc_address as "ggml_ciq_plugin_plan"): plugin device `index`'s plan with the library's answers for it but no
-// buffer-type check, GGML_CIQ_FUSE as the environment sets it now, and each step's run uid as if the graph's uid were
+// buffer-type check, GGML_CIQ_FUSE and GGML_CIQ_PLUGIN_FUSE_RULE as the environment sets them now, and each step's run uid as if the graph's uid were
 // `uid`, and each step of ours read into its calls' arguments (call_of: what graph_compute reads). Per step, rows
 // {kind, node, mul, add, fresh_x | fused << 1, run length}; the runs' node indices one after
 // another into run_nodes (room for the graph's node count). Returns the step count (at most max_steps rows are
@@ -899,9 +920,11 @@ int plan_for_tests(ggml_cgraph *graph, int index, uint64_t uid, int32_t *rows, u
     device_context probe = g_devices[index];
     probe.cuda = nullptr;  // the library's answers for that device, no buffer-type check: any graph's tensors will do
     gpu_backend scratch;
-    int fuse = 1;
-    if (ciq_switch_on("GGML_CIQ_FUSE", &fuse) != CIQ_OK) return -1;
+    int fuse = 1, rule = 1;
+    if (ciq_switch_on("GGML_CIQ_FUSE", &fuse) != CIQ_OK || ciq_switch_on("GGML_CIQ_PLUGIN_FUSE_RULE", &rule) != CIQ_OK)
+        return -1;
     scratch.fuse = fuse != 0;
+    scratch.fuse_rule = rule != 0;
     const graph_plan plan = make_plan(&probe, &scratch, graph);
     int written = 0;
     for (size_t i = 0; i < plan.steps.size() && (int)i < max_steps; i++) {
@@ -1113,9 +1136,11 @@ ggml_backend_t device_init_backend(ggml_backend_dev_t dev, const char *params) {
     int fuse = 1;
     ciq_switch_on("GGML_CIQ_FUSE", &fuse);  // both checked when the plugin started (switches_valid)
     gpu->fuse = fuse != 0;
-    int graphs = 1;
+    int graphs = 0, rule = 1;
     ciq_switch_on("GGML_CIQ_PLUGIN_GRAPHS", &graphs);
+    ciq_switch_on("GGML_CIQ_PLUGIN_FUSE_RULE", &rule);
     gpu->graphs = graphs != 0;
+    gpu->fuse_rule = rule != 0;
     gpu->cuda = ggml_backend_dev_init(ctx->cuda, params);
     if (gpu->cuda != nullptr) {
         gpu->to_ciq = ggml_backend_event_new(ctx->cuda);
@@ -1247,7 +1272,8 @@ bool switches_valid() {
     int fuse = 1;
     if (ciq_gemm_plan(CIQ_DEVICE_CPU, CIQ_VARIANT_AUTO, CIQ_SEMANTICS_ANY, CIQ_TYPE_Q4_K, 1, 256, 1, &plan) !=
             CIQ_ERR_INVALID_ARGUMENT &&
-        ciq_switch_on("GGML_CIQ_FUSE", &fuse) == CIQ_OK && ciq_switch_on("GGML_CIQ_PLUGIN_GRAPHS", &fuse) == CIQ_OK)
+        ciq_switch_on("GGML_CIQ_FUSE", &fuse) == CIQ_OK && ciq_switch_on("GGML_CIQ_PLUGIN_GRAPHS", &fuse) == CIQ_OK &&
+        ciq_switch_on("GGML_CIQ_PLUGIN_FUSE_RULE", &fuse) == CIQ_OK)
         return true;
     GGML_LOG_ERROR("ggml-ciq: %s; the plugin offers no device (docs/PLUGIN.md)\n", ciq_last_error());
     return false;

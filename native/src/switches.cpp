@@ -26,6 +26,7 @@ enum Switch {
     FUSE,
     FUSE_GLU,
     PLUGIN_GRAPHS,
+    PLUGIN_FUSE_RULE,
     SWITCH_COUNT
 };
 
@@ -75,9 +76,13 @@ constexpr SwitchRow k_switches[SWITCH_COUNT] = {
     {FUSE_GLU, "GGML_CIQ_FUSE_GLU", "1/on/true/yes | 0/off/false/no", "on",
      "Python: ggml_ciq/ops.py (environment.switch)", "0 keeps the GLU in down's activation conversion (no gate/up "
      "product fused into the wgmma epilogue)"},
-    {PLUGIN_GRAPHS, "GGML_CIQ_PLUGIN_GRAPHS", "1/on/true/yes | 0/off/false/no", "on",
-     "the ggml plugin (ciq_switch_on, when a backend starts)", "0: CIQi runs its stretches of steps between CUDAi's "
-     "runs call by call, instead of capturing each as a CUDA graph on its second run and replaying it"},
+    {PLUGIN_GRAPHS, "GGML_CIQ_PLUGIN_GRAPHS", "1/on/true/yes | 0/off/false/no", "off",
+     "the ggml plugin (ciq_switch_on, when a backend starts)", "1: CIQi captures each stretch of its steps between "
+     "CUDAi's runs as a CUDA graph on its second run and replays it (off: call by call, faster on the 8B and SmolLM2 "
+     "as measured, docs/PLUGIN.md)"},
+    {PLUGIN_FUSE_RULE, "GGML_CIQ_PLUGIN_FUSE_RULE", "1/on/true/yes | 0/off/false/no", "on",
+     "the ggml plugin (ciq_switch_on, when a backend starts)", "0: CIQi takes its fused plan wherever GGML_CIQ_FUSE "
+     "is on, not only where it at least halves CUDAi's runs (tests, A/B runs)"},
 };
 
 constexpr bool rows_in_order() {
@@ -130,14 +135,18 @@ ciq_status ciq_switches_offload(int *offload) {
 }
 
 // An on/off switch in the Python switches' words (environment.switch), never a guess: 1/on/true/yes or
-// 0/off/false/no in any case; unset or empty: on.
+// 0/off/false/no in any case; unset or empty: the table's default.
 static ciq_status word_switch(Switch s, bool *on) {
-    *on = true;
+    *on = std::strcmp(k_switches[s].fallback, "off") != 0;
     const char *v = switch_value(s);
     std::string word;
     for (const char *c = v ? v : ""; *c; ++c)
         if (!std::isspace((unsigned char)*c)) word += (char)std::tolower((unsigned char)*c);
-    if (word.empty() || word == "1" || word == "on" || word == "true" || word == "yes") return CIQ_OK;
+    if (word.empty()) return CIQ_OK;
+    if (word == "1" || word == "on" || word == "true" || word == "yes") {
+        *on = true;
+        return CIQ_OK;
+    }
     if (word == "0" || word == "off" || word == "false" || word == "no") {
         *on = false;
         return CIQ_OK;
@@ -149,10 +158,11 @@ ciq_status ciq_switches_attention_wgmma(bool *take) { return word_switch(ATTENTI
 
 ciq_status ciq_switches_on_off(const char *name, bool *on) {
     *on = true;
-    for (Switch s : {FUSE, FUSE_GLU, ATTENTION_WGMMA, PLUGIN_GRAPHS})
+    for (Switch s : {FUSE, FUSE_GLU, ATTENTION_WGMMA, PLUGIN_GRAPHS, PLUGIN_FUSE_RULE})
         if (name != nullptr && std::strcmp(name, switch_name(s)) == 0) return word_switch(s, on);
     return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_switch_on: '%s' is not an on/off switch (GGML_CIQ_FUSE, "
-                    "GGML_CIQ_FUSE_GLU, GGML_CIQ_ATTENTION_WGMMA, GGML_CIQ_PLUGIN_GRAPHS)", name ? name : "(null)");
+                    "GGML_CIQ_FUSE_GLU, GGML_CIQ_ATTENTION_WGMMA, GGML_CIQ_PLUGIN_GRAPHS, "
+                    "GGML_CIQ_PLUGIN_FUSE_RULE)", name ? name : "(null)");
 }
 
 const char *ciq_switches_cpu_isa(void) { return switch_value(CPU_ISA); }
