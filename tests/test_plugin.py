@@ -740,3 +740,34 @@ def test_llama_cpp_python_generates_through_the_plugin(plugin_path, cpu_device, 
     # weights (+ the tied output) a step, in whole steps
     per_step = 18 * 7 + 1
     assert runs["1"]["gemms"] >= 16 * per_step - per_step and runs["1"]["gemms"] % per_step == 0, runs["1"]["gemms"]
+
+
+@pytest.mark.parametrize("model,want", [
+    # name: (API v19's runs, the fused plan's runs, NORM_ACT, GLU_ACT, NORM_ADD, the rule's pick)
+    ("gemma3-270m", (109, 56, 36, 18, 35, "API v19's plan")),
+    ("smollm2-135m", (151, 63, 60, 30, 0, "fused plan")),
+])
+def test_gpu_plan_over_llamacpps_allocated_graph(plugin_path, cpu_device, llama, model, want):
+    """The plugin's plans over llama.cpp's own graph of a 512-token prefill, allocated by ggml-alloc (its in-place and
+    free-block reuse, as on a GPU up to alignment: tools/plugin_plan.py, on llama.cpp CPU): API v19's plan cuts a layer
+    into five CUDAi runs; the fused plan takes the norms, GLUs and post-norms, and v/k before q's RoPE only where
+    ggml-alloc's addresses allow (llama: two runs a layer, v's product takes the memory q's RoPE reads; Gemma 3:
+    three); the rule keeps the fused plan where it halves the runs (SmolLM2) and API v19's where it does not (Gemma).
+    The fused Gemma counts are the ones CIQ0 ran on an H100 (plugin-fused-h100; there 57 runs: all positions' logits)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("plugin_plan", os.path.join(os.path.dirname(__file__), "..",
+                                                                              "tools", "plugin_plan.py"))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    _, got, ops = tool.plans(catalog.resolve_model(model), 512, plugin_path)
+    count = lambda label, kind: sum(1 for row in got[label] if row[0] == kind)  # noqa: E731
+    v19_runs, fused_runs, norms, glus, post_norms, pick = want
+    assert count("API v19's plan", "RUN") == v19_runs and {row[0] for row in got["API v19's plan"]} == {"RUN", "MUL_MAT"}
+    assert (count("fused plan", "RUN"), count("fused plan", "NORM_ACT"), count("fused plan", "GLU_ACT"),
+            count("fused plan", "NORM_ADD")) == (fused_runs, norms, glus, post_norms)
+    assert count("fused plan", "MUL_MAT") == count("API v19's plan", "MUL_MAT")
+    assert got["default"] == got[pick]
+    first_op = {"MUL_MAT": ("MUL_MAT",), "NORM_ACT": ("RMS_NORM",), "NORM_ADD": ("RMS_NORM",),
+                "GLU_ACT": ("SWIGLU", "GEGLU")}
+    assert all(ops[row[1]] in first_op[row[0]] for row in got["fused plan"] if row[0] != "RUN")

@@ -32,33 +32,27 @@ void * ggml_backend_reg_get_proc_address(struct ggml_backend_reg * reg, const ch
 """
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("model", help="a catalog name or a GGUF path")
-    p.add_argument("--tokens", type=int, default=512)
-    p.add_argument("--show", type=int, default=0, help="print the fused plan's first N steps")
-    args = p.parse_args(argv)
-    os.environ.pop("GGML_CIQ_OFFLOAD", None)  # llama.cpp alone allocates the graph; the plan asks with "all" after
+PLANS = (("API v19's plan", "0", "1"), ("fused plan", "1", "0"), ("default", "1", "1"))  # GGML_CIQ_FUSE, _FUSE_RULE
+
+
+def plans(model_path, tokens: int, plugin_path) -> tuple:
+    """(node count, {label: [(kind name, node, mul, add, flags, run length), ...]}, op of each node index) of the
+    plugin's plans over llama.cpp CPU's allocated graph of a `tokens`-token prefill of model_path. Sets
+    GGML_CIQ_OFFLOAD, GGML_CIQ_FUSE and GGML_CIQ_PLUGIN_FUSE_RULE while it plans and restores them."""
     import cffi
 
-    from ggml_ciq import catalog, plugin
     from ggml_ciq import llama_model as lm
+    from ggml_ciq import plugin
     from ggml_ciq.errors import CiqError
     from ggml_ciq.llamacpp import LlamaCpp, _lib_file
 
-    try:
-        llama = LlamaCpp.load()
-        path = plugin.find_plugin()
-        if path is None:
-            raise CiqError("no ggml plugin built (pip install . builds it next to the library)")
-        model_path = catalog.resolve_model(args.model)
-    except CiqError as exc:
-        print(f"plugin_plan: {exc}", file=sys.stderr)
-        return 2
+    saved = {k: os.environ.get(k) for k in ("GGML_CIQ_OFFLOAD", "GGML_CIQ_FUSE", "GGML_CIQ_PLUGIN_FUSE_RULE")}
+    os.environ.pop("GGML_CIQ_OFFLOAD", None)  # llama.cpp alone allocates the graph; the plan asks with "all" after
     ffi = cffi.FFI()
     ffi.cdef(CDEF)
-    lib = ffi.dlopen(str(_lib_file(llama.lib_dir, "ggml")))
+    lib = ffi.dlopen(str(_lib_file(LlamaCpp.load().lib_dir, "ggml")))
     nodes = []
+    original = lm.LlamaContext._on_eval
 
     def on_eval(self, t, ask, user):  # every node the scheduler computes, in order; no data asked for
         if ask:
@@ -66,37 +60,70 @@ def main(argv=None) -> int:
         return False
 
     lm.LlamaContext._on_eval = on_eval
-    with plugin.Plugin(path):
-        dev = lib.ggml_backend_dev_by_name(b"CIQ_CPU")
-        if dev == ffi.NULL:
-            print("plugin_plan: the plugin offers no CIQ_CPU here (a CPU-only llama.cpp is needed)", file=sys.stderr)
-            return 2
-        address = lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_dev_backend_reg(dev), b"ggml_ciq_plugin_plan")
-        hook = ffi.cast("int (*)(struct ggml_cgraph *, int, uint64_t, int32_t *, uint64_t *, int32_t *, int)", address)
-        with lm.LlamaModel(model_path) as model, \
-                model.context(max(256, -(-args.tokens // 256) * 256), n_batch=args.tokens, flash_attn=True,
-                              eval_callback=True) as ctx:
-            ctx.prefill(list(range(100, 100 + args.tokens)), all_logits=False)
-            gctx = lib.ggml_init(ffi.new("struct ggml_init_params *", [64 << 20, ffi.NULL, True])[0])
-            try:
-                graph = lib.ggml_new_graph_custom(gctx, 4 * len(nodes) + 64, False)
-                for address_ in dict.fromkeys(nodes):
-                    lib.ggml_build_forward_expand(graph, ffi.cast("struct ggml_tensor *", address_))
-                n = lib.ggml_graph_n_nodes(graph)
-                os.environ["GGML_CIQ_OFFLOAD"] = "all"
-                for label, fuse, rule in (("API v19's plan", "0", "1"), ("fused plan", "1", "0"), ("default", "1", "1")):
-                    os.environ["GGML_CIQ_FUSE"], os.environ["GGML_CIQ_PLUGIN_FUSE_RULE"] = fuse, rule
-                    rows, uids, runs = ffi.new("int32_t[]", 6 * n), ffi.new("uint64_t[]", n), ffi.new("int32_t[]", n)
-                    steps = hook(graph, 0, 1, rows, uids, runs, n)
-                    got = [tuple(rows[6 * i:6 * i + 6]) for i in range(steps)]
-                    kinds = collections.Counter(KINDS[r[0]] for r in got)
-                    print(f"{model_path.name}, {args.tokens} tokens, {n} nodes: {label}: {steps} steps, "
-                          + ", ".join(f"{kinds[k]} {k}" for k in KINDS if kinds[k]))
-                    if label == "fused plan":
-                        for r in got[:args.show]:
-                            print("   ", KINDS[r[0]], r[1:], ffi.string(lib.ggml_op_desc(lib.ggml_graph_node(graph, r[1]))).decode())
-            finally:
-                lib.ggml_free(gctx)
+    try:
+        with plugin.Plugin(plugin_path):
+            dev = lib.ggml_backend_dev_by_name(b"CIQ_CPU")
+            if dev == ffi.NULL:
+                raise CiqError("the plugin offers no CIQ_CPU here (a CPU-only llama.cpp is needed)")
+            address = lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_dev_backend_reg(dev),
+                                                            b"ggml_ciq_plugin_plan")
+            hook = ffi.cast("int (*)(struct ggml_cgraph *, int, uint64_t, int32_t *, uint64_t *, int32_t *, int)",
+                            address)
+            with lm.LlamaModel(model_path) as model, \
+                    model.context(max(256, -(-tokens // 256) * 256), n_batch=tokens, flash_attn=True,
+                                  eval_callback=True) as ctx:
+                ctx.prefill(list(range(100, 100 + tokens)), all_logits=False)
+                gctx = lib.ggml_init(ffi.new("struct ggml_init_params *", [64 << 20, ffi.NULL, True])[0])
+                try:
+                    graph = lib.ggml_new_graph_custom(gctx, 4 * len(nodes) + 64, False)
+                    for address_ in dict.fromkeys(nodes):
+                        lib.ggml_build_forward_expand(graph, ffi.cast("struct ggml_tensor *", address_))
+                    n = lib.ggml_graph_n_nodes(graph)
+                    ops = [ffi.string(lib.ggml_op_desc(lib.ggml_graph_node(graph, i))).decode() for i in range(n)]
+                    os.environ["GGML_CIQ_OFFLOAD"] = "all"
+                    got = {}
+                    for label, fuse, rule in PLANS:
+                        os.environ["GGML_CIQ_FUSE"], os.environ["GGML_CIQ_PLUGIN_FUSE_RULE"] = fuse, rule
+                        rows = ffi.new("int32_t[]", 6 * n)
+                        steps = hook(graph, 0, 1, rows, ffi.new("uint64_t[]", n), ffi.new("int32_t[]", n), n)
+                        got[label] = [(KINDS[rows[6 * i]], *rows[6 * i + 1:6 * i + 6]) for i in range(steps)]
+                    return n, got, ops
+                finally:
+                    lib.ggml_free(gctx)
+    finally:
+        lm.LlamaContext._on_eval = original
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model", help="a catalog name or a GGUF path")
+    p.add_argument("--tokens", type=int, default=512)
+    p.add_argument("--show", type=int, default=0, help="print the fused plan's first N steps")
+    args = p.parse_args(argv)
+    from ggml_ciq import catalog, plugin
+    from ggml_ciq.errors import CiqError
+
+    try:
+        path = plugin.find_plugin()
+        if path is None:
+            raise CiqError("no ggml plugin built (pip install . builds it next to the library)")
+        model_path = catalog.resolve_model(args.model)
+        n, got, ops = plans(model_path, args.tokens, path)
+    except CiqError as exc:
+        print(f"plugin_plan: {exc}", file=sys.stderr)
+        return 2
+    for label, steps in got.items():
+        kinds = collections.Counter(row[0] for row in steps)
+        print(f"{model_path.name}, {args.tokens} tokens, {n} nodes: {label}: {len(steps)} steps, "
+              + ", ".join(f"{kinds[k]} {k}" for k in KINDS if kinds[k]))
+        if label == "fused plan":
+            for row in steps[:args.show]:
+                print("   ", row, ops[row[1]])
     return 0
 
 
