@@ -1,4 +1,4 @@
-// CUDA device management for the C API: enumeration, memory, growable scratch buffers per thread and device, and CUDA graphs of
+// CUDA device management for the C API: enumeration, memory, growable scratch buffers per device, and CUDA graphs of
 // a thread's calls: captured on a non-blocking stream of the thread's own per device (so the capture does not tie up
 // the legacy default stream of other threads and libraries), replayed on the legacy default stream, where every call
 // outside a capture runs: uploads before a replay and downloads after it are ordered with it.
@@ -115,24 +115,10 @@ ciq_status ciq_cuda_synchronize(int device) {
     return CIQ_OK;
 }
 
-// Scratch buffers are this thread's: a buffer another thread grew (and freed) could otherwise still be read by this
-// thread's kernels queued with the old address (two llama.cpp contexts on two threads, each through the ggml plugin).
-// A thread's buffers are freed when it ends.
-namespace {
-struct ThreadScratch {
-    std::vector<std::pair<void *, size_t>> buffers;  // [device * CIQ_SCRATCH_SLOTS + slot]
-    ~ThreadScratch() {
-        for (size_t i = 0; i < buffers.size(); i++) {
-            if (buffers[i].first == nullptr) continue;
-            if (cudaSetDevice((int)(i / CIQ_SCRATCH_SLOTS)) == cudaSuccess) cudaFree(buffers[i].first);
-        }
-    }
-};
-thread_local ThreadScratch t_scratch;
-}  // namespace
-
 ciq_status ciq_cuda_scratch(int device, int slot, size_t nbytes, void **ptr) {
-    std::vector<std::pair<void *, size_t>> &buffers = t_scratch.buffers;
+    static std::mutex mutex;
+    static std::vector<std::pair<void *, size_t>> buffers;  // [device * CIQ_SCRATCH_SLOTS + slot]
+    std::lock_guard<std::mutex> lock(mutex);
     const size_t index = (size_t)device * CIQ_SCRATCH_SLOTS + slot;
     if (index >= buffers.size()) buffers.resize(index + 1, {nullptr, 0});
     auto &buffer = buffers[index];
