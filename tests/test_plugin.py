@@ -500,7 +500,7 @@ def test_gpu_plan_fuses_a_layer(plugin_path, plugin_device, offload_all, llama):
     scale) so the attention's nodes are one CUDAi run, o's and down's residual ADDs written with their products, the
     FFN norm and SwiGLU steps of ours feeding their MUL_MATs, the post-norm's RMS_NORM + MUL + ADD one step; fused
     (no float32 product, conversion in the op's kernel) exactly where the MUL_MATs reading it take the f16 layout
-    (the library's plan for this device says which)."""
+    (the library's plan for this device says which). A graph without a uid gets API v19's plan."""
     ffi = cffi.FFI()
     ffi.cdef(_GGML_CDEF + _PLAN_CDEF)
     lib = ffi.dlopen(str(_lib_file(llama.lib_dir, "ggml")))
@@ -542,6 +542,10 @@ def test_gpu_plan_fuses_a_layer(plugin_path, plugin_device, offload_all, llama):
                            (NORM_ADD, 18, 19, 20, 0, 0)], got
             assert runs == [3, 6, 7, 8]
             assert uids == [(1 << 63) | (7 << 20) | i for i in range(len(got))]
+            # a graph without a uid (an eval callback's views, which end at the node it reads the sources of): API
+            # v19's plan, nothing left unwritten
+            got, uids, _ = plan(graph, 0)
+            assert {row[0] for row in got} == {RUN, MUL_MAT} and all(row[3] == -1 for row in got) and set(uids) == {0}
     finally:
         lib.ggml_free(ctx)
 

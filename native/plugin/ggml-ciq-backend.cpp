@@ -88,6 +88,7 @@ struct converted_activations {
     ciq_layout layout{};
     void *buffer = nullptr;  // libggml_ciq device memory, grown on demand
     size_t capacity = 0;
+    bool only_copy = false;  // made by a fused step: x's float32 values were never written
 };
 
 // Our buffer for converted activations holds at least `bytes` (a bigger one replaces it; freeing waits for readers).
@@ -113,6 +114,10 @@ ciq_status ciq_gemm_converting_once(const gemm_request &r, converted_activations
     CIQ_TRY_PLUGIN(ciq_gemm_plan(r.device, CIQ_VARIANT_AUTO, semantics_on(r.device), (ciq_type)r.type, r.rows, r.k,
                                  r.tokens, &plan));
     const bool same = c->valid && c->x == r.x && c->tokens == r.tokens && c->k == r.k && c->layout == plan.activation_layout;
+    if (!same && c->valid && c->x == r.x && c->only_copy) {  // the plan promised every reader the fused layout
+        GGML_LOG_ERROR("ggml-ciq: a fused step's product was asked for in another layout (a plan bug)\n");
+        return CIQ_ERR_BACKEND;
+    }
     if (!same) {
         c->valid = false;
         CIQ_TRY_PLUGIN(reserve_activations(r.device, c, plan.activation_bytes));
@@ -770,9 +775,13 @@ int runs_of(const graph_plan &plan) {
 // its prefill gains (synthetic 8B pp512 +8%, SmolLM2 +15%); in Gemma 3 the q/k norms and RoPEs stay CUDAi's between
 // q, k and v (ggml-alloc gives k's product the memory q's norm reads, so k cannot run before it), a layer keeps three
 // runs, and our extra calls cost more than the two runs saved (pp512 -15%, pp4096 -32% against API v19's plan).
-graph_plan make_plan(const device_context *dev, gpu_backend *ctx, ggml_cgraph *graph) {
+//
+// A graph without a uid gets API v19's plan: the scheduler hands an eval callback (llama-imatrix, our `capture`) views
+// of uid 0 that end at each node it asks about, and the callback reads that node's sources, which a fused step would
+// leave unwritten (its readers' use counts are the whole graph's).
+graph_plan make_plan(const device_context *dev, gpu_backend *ctx, ggml_cgraph *graph, uint64_t uid) {
     graph_plan plain = plan_with(dev, ctx, graph, false);
-    if (!ctx->fuse || plain.whole) return plain;
+    if (!ctx->fuse || plain.whole || uid == 0) return plain;
     graph_plan fused = plan_with(dev, ctx, graph, true);
     if (ctx->fuse_rule && 2 * runs_of(fused) > runs_of(plain)) return plain;
     return fused;
@@ -787,11 +796,11 @@ graph_plan &plan_of(const device_context *dev, gpu_backend *ctx, ggml_cgraph *gr
             free_graphs(&ctx->plans.front());
             ctx->plans.erase(ctx->plans.begin());
         }
-        ctx->plans.push_back(make_plan(dev, ctx, graph));
+        ctx->plans.push_back(make_plan(dev, ctx, graph, graph->uid));
         return ctx->plans.back();
     }
     static thread_local graph_plan uncached;
-    uncached = make_plan(dev, ctx, graph);
+    uncached = make_plan(dev, ctx, graph, 0);
     return uncached;
 }
 
@@ -897,7 +906,7 @@ ciq_status run_ours(const device_context *dev, gpu_backend *ctx, ggml_cgraph *gr
                                 : ciq_glu_activations(device, CIQ_ORDER_HOST, c.glu, c.x, c.up, c.tokens, c.k,
                                                       CIQ_LAYOUT_F16, ctx->x.buffer));
             ctx->x = converted_activations{true, c.product, c.tokens, c.k, CIQ_LAYOUT_F16, ctx->x.buffer,
-                                           ctx->x.capacity};
+                                           ctx->x.capacity, true};
             return CIQ_OK;
         }
         case STEP_NORM_ADD:
@@ -909,8 +918,9 @@ ciq_status run_ours(const device_context *dev, gpu_backend *ctx, ggml_cgraph *gr
 
 // The plan CIQi's graph_compute runs for a graph, for the tests (CI has no GPU; reached through the registry's
 // get_proc_address as "ggml_ciq_plugin_plan"): plugin device `index`'s plan with the library's answers for it but no
-// buffer-type check, GGML_CIQ_FUSE and GGML_CIQ_PLUGIN_FUSE_RULE as the environment sets them now, and each step's run uid as if the graph's uid were
-// `uid`, and each step of ours read into its calls' arguments (call_of: what graph_compute reads). Per step, rows
+// buffer-type check, GGML_CIQ_FUSE and GGML_CIQ_PLUGIN_FUSE_RULE as the environment sets them now, planned and each
+// step's run uid made as if the graph's uid were `uid` (0: API v19's plan), and each step of ours read into its calls'
+// arguments (call_of: what graph_compute reads). Per step, rows
 // {kind, node, mul, add, fresh_x | fused << 1, run length}; the runs' node indices one after
 // another into run_nodes (room for the graph's node count). Returns the step count (at most max_steps rows are
 // written), -1 for a device index out of range or a GGML_CIQ_FUSE it does not take.
@@ -925,7 +935,7 @@ int plan_for_tests(ggml_cgraph *graph, int index, uint64_t uid, int32_t *rows, u
         return -1;
     scratch.fuse = fuse != 0;
     scratch.fuse_rule = rule != 0;
-    const graph_plan plan = make_plan(&probe, &scratch, graph);
+    const graph_plan plan = make_plan(&probe, &scratch, graph, uid);
     int written = 0;
     for (size_t i = 0; i < plan.steps.size() && (int)i < max_steps; i++) {
         const step &st = plan.steps[i];
@@ -968,9 +978,10 @@ ciq_status run_stretch(const device_context *dev, gpu_backend *ctx, ggml_cgraph 
         }
         g.runs = 0;  // stale: run it eagerly once more, then capture it again
     }
-    if (g.graph != nullptr) {
+    if (g.graph != nullptr) {  // stale, or our buffer moved: run eagerly once more (sizes the scratch), then capture
         ciq_graph_free(g.graph);
         g.graph = nullptr;
+        g.runs = 0;
     }
     if (g.runs++ == 0) return eager();
     const converted_activations before = ctx->x;
@@ -991,7 +1002,8 @@ ciq_status run_stretch(const device_context *dev, gpu_backend *ctx, ggml_cgraph 
                    end - first, ciq_last_error());
     if (g.graph != nullptr) ciq_graph_free(g.graph);
     g.graph = nullptr;
-    g.never = true;
+    g.runs = 0;
+    g.never = g_buffer_generation.load() == generation;  // a buffer that moved meanwhile: try again later
     ctx->x = before;  // the capture ran nothing
     return eager();
 }
