@@ -6,6 +6,7 @@ The plugin is the one `pip install .` built (or $GGML_CIQ_PLUGIN); failing that 
 libggml_ciq in use (headers: $GGML_CIQ_LLAMACPP_SRC or the cached/fetched sdist). Skipped without llama.cpp unless
 GGML_CIQ_REQUIRE_LLAMACPP=1."""
 
+import contextlib
 import os
 import textwrap
 from collections import Counter
@@ -448,6 +449,20 @@ def _plan_hook(lib, ffi, plugin_device):
     return plan
 
 
+@contextlib.contextmanager
+def _plan_graphs(llama, plugin_path, plugin_device):
+    """(ggml's library, a 64 MiB context whose tensors get memory, the plan hook) with the plugin loaded."""
+    ffi = cffi.FFI()
+    ffi.cdef(_GGML_CDEF + _PLAN_CDEF)
+    lib = ffi.dlopen(str(_lib_file(llama.lib_dir, "ggml")))
+    ctx = lib.ggml_init(ffi.new("struct ggml_init_params *", [64 << 20, ffi.NULL, False])[0])
+    try:
+        with plugin.Plugin(plugin_path):
+            yield lib, ctx, _plan_hook(lib, ffi, plugin_device)
+    finally:
+        lib.ggml_free(ctx)
+
+
 RUN, MUL_MAT, NORM_ACT, GLU_ACT, NORM_ADD = range(5)  # the plan's step kinds (ggml-ciq-backend.cpp step_kind)
 
 
@@ -458,40 +473,32 @@ def test_gpu_plan_runs_and_shared_activations(plugin_path, plugin_device, offloa
     (fresh_x 0) unless a node in between wrote over them (an in-place scale); derived run uids (0 for a graph without a
     uid) in a range ggml's counter never reaches, one per step."""
     monkeypatch.setenv("GGML_CIQ_FUSE", "0")
-    ffi = cffi.FFI()
-    ffi.cdef(_GGML_CDEF + _PLAN_CDEF)
-    lib = ffi.dlopen(str(_lib_file(llama.lib_dir, "ggml")))
-    ctx = lib.ggml_init(ffi.new("struct ggml_init_params *", [64 << 20, ffi.NULL, False])[0])
-    try:
-        with plugin.Plugin(plugin_path):
-            plan = _plan_hook(lib, ffi, plugin_device)
-            k, tokens = 256, 8
-            weight = lambda: lib.ggml_new_tensor_2d(ctx, Q4_K, k, k)  # noqa: E731
-            n = lib.ggml_rms_norm(ctx, lib.ggml_new_tensor_2d(ctx, F32, k, tokens), 1e-6)
-            q = lib.ggml_mul_mat(ctx, weight(), n)
-            q_scaled = lib.ggml_scale(ctx, q, 2.0)
-            m = lib.ggml_rms_norm(ctx, lib.ggml_new_tensor_2d(ctx, F32, k, tokens), 1e-6)
-            graph = lib.ggml_new_graph(ctx)
-            for node in (q_scaled, lib.ggml_mul_mat(ctx, weight(), n), lib.ggml_mul_mat(ctx, weight(), n),
-                         lib.ggml_mul_mat(ctx, weight(), q_scaled), lib.ggml_mul_mat(ctx, weight(), m),
-                         lib.ggml_scale_inplace(ctx, m, 0.5), lib.ggml_mul_mat(ctx, weight(), m)):
-                lib.ggml_build_forward_expand(graph, node)
-            count = lib.ggml_graph_n_nodes(graph)
-            got, uids, runs = plan(graph, 5)
-            # nodes: n, q, q_scaled, k, v, o (on q_scaled), m, d1 (on m), m *= 0.5 in place, d2 (on m)
-            assert count == 10
-            assert got == [(RUN, 0, -1, -1, 0, 1), (MUL_MAT, 1, -1, -1, 1, 0), (RUN, 2, -1, -1, 0, 1),
-                           (MUL_MAT, 3, -1, -1, 0, 0), (MUL_MAT, 4, -1, -1, 0, 0), (MUL_MAT, 5, -1, -1, 1, 0),
-                           (RUN, 6, -1, -1, 0, 1), (MUL_MAT, 7, -1, -1, 1, 0), (RUN, 8, -1, -1, 0, 1),
-                           (MUL_MAT, 9, -1, -1, 1, 0)], got
-            assert runs == [0, 2, 6, 8]
-            assert uids == [(1 << 63) | (5 << 20) | i for i in range(len(got))]
-            assert plan(graph, 0)[1] == [0] * len(got)
-            assert plan(graph, 5, index=99) == -1
-            monkeypatch.setenv("GGML_CIQ_FUSE", "sometimes")
-            assert plan(graph, 5) == -1  # a value the switch does not take: no plan
-    finally:
-        lib.ggml_free(ctx)
+    with _plan_graphs(llama, plugin_path, plugin_device) as (lib, ctx, plan):
+        k, tokens = 256, 8
+        weight = lambda: lib.ggml_new_tensor_2d(ctx, Q4_K, k, k)  # noqa: E731
+        n = lib.ggml_rms_norm(ctx, lib.ggml_new_tensor_2d(ctx, F32, k, tokens), 1e-6)
+        q = lib.ggml_mul_mat(ctx, weight(), n)
+        q_scaled = lib.ggml_scale(ctx, q, 2.0)
+        m = lib.ggml_rms_norm(ctx, lib.ggml_new_tensor_2d(ctx, F32, k, tokens), 1e-6)
+        graph = lib.ggml_new_graph(ctx)
+        for node in (q_scaled, lib.ggml_mul_mat(ctx, weight(), n), lib.ggml_mul_mat(ctx, weight(), n),
+                     lib.ggml_mul_mat(ctx, weight(), q_scaled), lib.ggml_mul_mat(ctx, weight(), m),
+                     lib.ggml_scale_inplace(ctx, m, 0.5), lib.ggml_mul_mat(ctx, weight(), m)):
+            lib.ggml_build_forward_expand(graph, node)
+        count = lib.ggml_graph_n_nodes(graph)
+        got, uids, runs = plan(graph, 5)
+        # nodes: n, q, q_scaled, k, v, o (on q_scaled), m, d1 (on m), m *= 0.5 in place, d2 (on m)
+        assert count == 10
+        assert got == [(RUN, 0, -1, -1, 0, 1), (MUL_MAT, 1, -1, -1, 1, 0), (RUN, 2, -1, -1, 0, 1),
+                       (MUL_MAT, 3, -1, -1, 0, 0), (MUL_MAT, 4, -1, -1, 0, 0), (MUL_MAT, 5, -1, -1, 1, 0),
+                       (RUN, 6, -1, -1, 0, 1), (MUL_MAT, 7, -1, -1, 1, 0), (RUN, 8, -1, -1, 0, 1),
+                       (MUL_MAT, 9, -1, -1, 1, 0)], got
+        assert runs == [0, 2, 6, 8]
+        assert uids == [(1 << 63) | (5 << 20) | i for i in range(len(got))]
+        assert plan(graph, 0)[1] == [0] * len(got)
+        assert plan(graph, 5, index=99) == -1
+        monkeypatch.setenv("GGML_CIQ_FUSE", "sometimes")
+        assert plan(graph, 5) == -1  # a value the switch does not take: no plan
 
 
 def test_gpu_plan_fuses_a_layer(plugin_path, plugin_device, offload_all, llama):
@@ -501,53 +508,45 @@ def test_gpu_plan_fuses_a_layer(plugin_path, plugin_device, offload_all, llama):
     FFN norm and SwiGLU steps of ours feeding their MUL_MATs, the post-norm's RMS_NORM + MUL + ADD one step; fused
     (no float32 product, conversion in the op's kernel) exactly where the MUL_MATs reading it take the f16 layout
     (the library's plan for this device says which). A graph without a uid gets API v19's plan."""
-    ffi = cffi.FFI()
-    ffi.cdef(_GGML_CDEF + _PLAN_CDEF)
-    lib = ffi.dlopen(str(_lib_file(llama.lib_dir, "ggml")))
-    ctx = lib.ggml_init(ffi.new("struct ggml_init_params *", [64 << 20, ffi.NULL, False])[0])
-    try:
-        with plugin.Plugin(plugin_path):
-            plan = _plan_hook(lib, ffi, plugin_device)
-            k, tokens = 256, 64
-            weight = lambda: lib.ggml_new_tensor_2d(ctx, Q4_K, k, k)  # noqa: E731
-            row = lambda: lib.ggml_new_tensor_1d(ctx, F32, k)  # noqa: E731
-            x, residual = (lib.ggml_new_tensor_2d(ctx, F32, k, tokens) for _ in range(2))
-            attn = lib.ggml_mul(ctx, lib.ggml_rms_norm(ctx, x, 1e-6), row())                      # 0, 1
-            q = lib.ggml_mul_mat(ctx, weight(), attn)                                              # 2
-            q_roped = lib.ggml_scale(ctx, q, 2.0)                                                  # 3
-            v = lib.ggml_mul_mat(ctx, weight(), attn)                                              # 4
-            k_ = lib.ggml_mul_mat(ctx, weight(), attn)                                             # 5
-            k_roped = lib.ggml_scale(ctx, k_, 0.5)                                                 # 6
-            heads = lib.ggml_add(ctx, lib.ggml_add(ctx, q_roped, k_roped), v)                      # 7, 8
-            ffn_inp = lib.ggml_add(ctx, lib.ggml_mul_mat(ctx, weight(), heads), residual)          # 9, 10
-            ffn = lib.ggml_mul(ctx, lib.ggml_rms_norm(ctx, ffn_inp, 1e-6), row())                  # 11, 12
-            gate, up = lib.ggml_mul_mat(ctx, weight(), ffn), lib.ggml_mul_mat(ctx, weight(), ffn)  # 13, 14
-            glu = lib.ggml_swiglu_split(ctx, gate, up)                                             # 15
-            out = lib.ggml_add(ctx, lib.ggml_mul_mat(ctx, weight(), glu), ffn_inp)                 # 16, 17
-            post = lib.ggml_add(ctx, lib.ggml_mul(ctx, lib.ggml_rms_norm(ctx, out, 1e-6), row()),  # 18, 19, 20
-                                residual)
-            graph = lib.ggml_new_graph(ctx)
-            for node in (attn, q, q_roped, v, k_, k_roped, heads, ffn_inp, ffn, gate, up, glu, out, post):
-                lib.ggml_build_forward_expand(graph, node)
-            assert lib.ggml_graph_n_nodes(graph) == 21
-            f16 = native.plan("auto", 0 if plugin_device != "CIQ_CPU" else "cpu",
-                              "any" if plugin_device != "CIQ_CPU" else "cpu", Q4_K, k, k, tokens).layout == "f16"
-            fused = 2 if f16 else 0
-            got, uids, runs = plan(graph, 7)
-            assert got == [(NORM_ACT, 0, 1, -1, fused, 0), (MUL_MAT, 2, -1, -1, 0 if f16 else 1, 0),
-                           (MUL_MAT, 4, -1, -1, 0, 0), (MUL_MAT, 5, -1, -1, 0, 0), (RUN, 3, -1, -1, 0, 4),
-                           (MUL_MAT, 9, -1, 10, 1, 0), (NORM_ACT, 11, 12, -1, fused, 0),
-                           (MUL_MAT, 13, -1, -1, 0 if f16 else 1, 0), (MUL_MAT, 14, -1, -1, 0, 0),
-                           (GLU_ACT, 15, -1, -1, fused, 0), (MUL_MAT, 16, -1, 17, 0 if f16 else 1, 0),
-                           (NORM_ADD, 18, 19, 20, 0, 0)], got
-            assert runs == [3, 6, 7, 8]
-            assert uids == [(1 << 63) | (7 << 20) | i for i in range(len(got))]
-            # a graph without a uid (an eval callback's views, which end at the node it reads the sources of): API
-            # v19's plan, nothing left unwritten
-            got, uids, _ = plan(graph, 0)
-            assert {row[0] for row in got} == {RUN, MUL_MAT} and all(row[3] == -1 for row in got) and set(uids) == {0}
-    finally:
-        lib.ggml_free(ctx)
+    with _plan_graphs(llama, plugin_path, plugin_device) as (lib, ctx, plan):
+        k, tokens = 256, 64
+        weight = lambda: lib.ggml_new_tensor_2d(ctx, Q4_K, k, k)  # noqa: E731
+        row = lambda: lib.ggml_new_tensor_1d(ctx, F32, k)  # noqa: E731
+        x, residual = (lib.ggml_new_tensor_2d(ctx, F32, k, tokens) for _ in range(2))
+        attn = lib.ggml_mul(ctx, lib.ggml_rms_norm(ctx, x, 1e-6), row())                      # 0, 1
+        q = lib.ggml_mul_mat(ctx, weight(), attn)                                              # 2
+        q_roped = lib.ggml_scale(ctx, q, 2.0)                                                  # 3
+        v = lib.ggml_mul_mat(ctx, weight(), attn)                                              # 4
+        k_ = lib.ggml_mul_mat(ctx, weight(), attn)                                             # 5
+        k_roped = lib.ggml_scale(ctx, k_, 0.5)                                                 # 6
+        heads = lib.ggml_add(ctx, lib.ggml_add(ctx, q_roped, k_roped), v)                      # 7, 8
+        ffn_inp = lib.ggml_add(ctx, lib.ggml_mul_mat(ctx, weight(), heads), residual)          # 9, 10
+        ffn = lib.ggml_mul(ctx, lib.ggml_rms_norm(ctx, ffn_inp, 1e-6), row())                  # 11, 12
+        gate, up = lib.ggml_mul_mat(ctx, weight(), ffn), lib.ggml_mul_mat(ctx, weight(), ffn)  # 13, 14
+        glu = lib.ggml_swiglu_split(ctx, gate, up)                                             # 15
+        out = lib.ggml_add(ctx, lib.ggml_mul_mat(ctx, weight(), glu), ffn_inp)                 # 16, 17
+        post = lib.ggml_add(ctx, lib.ggml_mul(ctx, lib.ggml_rms_norm(ctx, out, 1e-6), row()),  # 18, 19, 20
+                            residual)
+        graph = lib.ggml_new_graph(ctx)
+        for node in (attn, q, q_roped, v, k_, k_roped, heads, ffn_inp, ffn, gate, up, glu, out, post):
+            lib.ggml_build_forward_expand(graph, node)
+        assert lib.ggml_graph_n_nodes(graph) == 21
+        f16 = native.plan("auto", 0 if plugin_device != "CIQ_CPU" else "cpu",
+                          "any" if plugin_device != "CIQ_CPU" else "cpu", Q4_K, k, k, tokens).layout == "f16"
+        fused = 2 if f16 else 0
+        got, uids, runs = plan(graph, 7)
+        assert got == [(NORM_ACT, 0, 1, -1, fused, 0), (MUL_MAT, 2, -1, -1, 0 if f16 else 1, 0),
+                       (MUL_MAT, 4, -1, -1, 0, 0), (MUL_MAT, 5, -1, -1, 0, 0), (RUN, 3, -1, -1, 0, 4),
+                       (MUL_MAT, 9, -1, 10, 1, 0), (NORM_ACT, 11, 12, -1, fused, 0),
+                       (MUL_MAT, 13, -1, -1, 0 if f16 else 1, 0), (MUL_MAT, 14, -1, -1, 0, 0),
+                       (GLU_ACT, 15, -1, -1, fused, 0), (MUL_MAT, 16, -1, 17, 0 if f16 else 1, 0),
+                       (NORM_ADD, 18, 19, 20, 0, 0)], got
+        assert runs == [3, 6, 7, 8]
+        assert uids == [(1 << 63) | (7 << 20) | i for i in range(len(got))]
+        # a graph without a uid (an eval callback's views, which end at the node it reads the sources of): API
+        # v19's plan, nothing left unwritten
+        got, uids, _ = plan(graph, 0)
+        assert {row[0] for row in got} == {RUN, MUL_MAT} and all(row[3] == -1 for row in got) and set(uids) == {0}
 
 
 def test_gpu_plan_keeps_order_and_float32_where_needed(plugin_path, plugin_device, offload_all, llama, monkeypatch):
@@ -556,45 +555,37 @@ def test_gpu_plan_keeps_order_and_float32_where_needed(plugin_path, plugin_devic
     another reader; take an ADD that broadcasts a row over the product. With the rule (GGML_CIQ_PLUGIN_FUSE_RULE, on by
     default) this graph gets API v19's plan instead: the fused one keeps five CUDAi runs of its six."""
     monkeypatch.setenv("GGML_CIQ_PLUGIN_FUSE_RULE", "0")
-    ffi = cffi.FFI()
-    ffi.cdef(_GGML_CDEF + _PLAN_CDEF)
-    lib = ffi.dlopen(str(_lib_file(llama.lib_dir, "ggml")))
-    ctx = lib.ggml_init(ffi.new("struct ggml_init_params *", [64 << 20, ffi.NULL, False])[0])
-    try:
-        with plugin.Plugin(plugin_path):
-            plan = _plan_hook(lib, ffi, plugin_device)
-            k, tokens = 256, 64
-            weight = lambda: lib.ggml_new_tensor_2d(ctx, Q4_K, k, k)  # noqa: E731
-            row = lib.ggml_new_tensor_1d(ctx, F32, k)
-            x = lib.ggml_new_tensor_2d(ctx, F32, k, tokens)
-            norm = lib.ggml_rms_norm(ctx, x, 1e-6)
-            attn = lib.ggml_mul(ctx, norm, row)                          # 0 RMS_NORM, 1 MUL
-            q = lib.ggml_mul_mat(ctx, weight(), attn)                    # 2
-            q2 = lib.ggml_scale(ctx, q, 2.0)                             # 3 reads q
-            o = lib.ggml_mul_mat(ctx, weight(), q2)                      # 4: after 3 (reads its product)
-            scaled = lib.ggml_scale_inplace(ctx, attn, 0.5)              # 5 writes over attn
-            v = lib.ggml_mul_mat(ctx, weight(), scaled)                  # 6: after 5 (reads what it wrote)
-            other = lib.ggml_add(ctx, lib.ggml_mul(ctx, norm, row), o)   # 7 MUL (norm read twice), 8 ADD
-            with_residual = lib.ggml_add(ctx, lib.ggml_mul_mat(ctx, weight(), other), x)  # 9 MUL_MAT, 10 ADD: taken
-            broadcast = lib.ggml_add(ctx, lib.ggml_mul_mat(ctx, weight(), with_residual),  # 11 MUL_MAT, 12 ADD of
-                                     lib.ggml_new_tensor_2d(ctx, F32, k, 1))                # one row: not taken
-            graph = lib.ggml_new_graph(ctx)
-            for node in (attn, q, q2, o, scaled, v, other, with_residual, broadcast):
-                lib.ggml_build_forward_expand(graph, node)
-            assert lib.ggml_graph_n_nodes(graph) == 13
-            got, _, runs = plan(graph, 3)
-            kinds = [(row_[0], row_[1]) for row_ in got]
-            assert kinds == [(RUN, 0), (MUL_MAT, 2), (RUN, 3), (MUL_MAT, 4), (RUN, 5), (MUL_MAT, 6), (RUN, 7),
-                             (MUL_MAT, 9), (MUL_MAT, 11), (RUN, 12)], got
-            assert got[7][3] == 10 and got[8][3] == -1  # the residual ADD taken, the broadcast one not
-            assert runs == [0, 1, 3, 5, 7, 8, 12]
-            monkeypatch.setenv("GGML_CIQ_PLUGIN_FUSE_RULE", "1")
-            got, _, runs = plan(graph, 3)
-            assert [(row_[0], row_[1], row_[3]) for row_ in got] == [
-                (RUN, 0, -1), (MUL_MAT, 2, -1), (RUN, 3, -1), (MUL_MAT, 4, -1), (RUN, 5, -1), (MUL_MAT, 6, -1),
-                (RUN, 7, -1), (MUL_MAT, 9, -1), (RUN, 10, -1), (MUL_MAT, 11, -1), (RUN, 12, -1)], got
-    finally:
-        lib.ggml_free(ctx)
+    with _plan_graphs(llama, plugin_path, plugin_device) as (lib, ctx, plan):
+        k, tokens = 256, 64
+        weight = lambda: lib.ggml_new_tensor_2d(ctx, Q4_K, k, k)  # noqa: E731
+        row = lib.ggml_new_tensor_1d(ctx, F32, k)
+        x = lib.ggml_new_tensor_2d(ctx, F32, k, tokens)
+        norm = lib.ggml_rms_norm(ctx, x, 1e-6)
+        attn = lib.ggml_mul(ctx, norm, row)                          # 0 RMS_NORM, 1 MUL
+        q = lib.ggml_mul_mat(ctx, weight(), attn)                    # 2
+        q2 = lib.ggml_scale(ctx, q, 2.0)                             # 3 reads q
+        o = lib.ggml_mul_mat(ctx, weight(), q2)                      # 4: after 3 (reads its product)
+        scaled = lib.ggml_scale_inplace(ctx, attn, 0.5)              # 5 writes over attn
+        v = lib.ggml_mul_mat(ctx, weight(), scaled)                  # 6: after 5 (reads what it wrote)
+        other = lib.ggml_add(ctx, lib.ggml_mul(ctx, norm, row), o)   # 7 MUL (norm read twice), 8 ADD
+        with_residual = lib.ggml_add(ctx, lib.ggml_mul_mat(ctx, weight(), other), x)  # 9 MUL_MAT, 10 ADD: taken
+        broadcast = lib.ggml_add(ctx, lib.ggml_mul_mat(ctx, weight(), with_residual),  # 11 MUL_MAT, 12 ADD of
+                                 lib.ggml_new_tensor_2d(ctx, F32, k, 1))                # one row: not taken
+        graph = lib.ggml_new_graph(ctx)
+        for node in (attn, q, q2, o, scaled, v, other, with_residual, broadcast):
+            lib.ggml_build_forward_expand(graph, node)
+        assert lib.ggml_graph_n_nodes(graph) == 13
+        got, _, runs = plan(graph, 3)
+        kinds = [(row_[0], row_[1]) for row_ in got]
+        assert kinds == [(RUN, 0), (MUL_MAT, 2), (RUN, 3), (MUL_MAT, 4), (RUN, 5), (MUL_MAT, 6), (RUN, 7),
+                         (MUL_MAT, 9), (MUL_MAT, 11), (RUN, 12)], got
+        assert got[7][3] == 10 and got[8][3] == -1  # the residual ADD taken, the broadcast one not
+        assert runs == [0, 1, 3, 5, 7, 8, 12]
+        monkeypatch.setenv("GGML_CIQ_PLUGIN_FUSE_RULE", "1")
+        got, _, runs = plan(graph, 3)
+        assert [(row_[0], row_[1], row_[3]) for row_ in got] == [
+            (RUN, 0, -1), (MUL_MAT, 2, -1), (RUN, 3, -1), (MUL_MAT, 4, -1), (RUN, 5, -1), (MUL_MAT, 6, -1),
+            (RUN, 7, -1), (MUL_MAT, 9, -1), (RUN, 10, -1), (MUL_MAT, 11, -1), (RUN, 12, -1)], got
 
 
 def test_plugin_refuses_another_ggml(llama, native_lib, tmp_path):
