@@ -64,16 +64,20 @@ struct gemm_request {
 // The host device promises llama.cpp CPU's semantics; a GPU runs whatever its fastest kernel implements.
 ciq_semantics semantics_on(int device) { return device == CIQ_DEVICE_CPU ? CIQ_SEMANTICS_CPU : CIQ_SEMANTICS_ANY; }
 
+// The library's plan for a request (AUTO's kernel, its activation layout, the offload verdict).
+ciq_status plan_request(const gemm_request &r, ciq_plan *plan) {
+    return ciq_gemm_plan(r.device, CIQ_VARIANT_AUTO, semantics_on(r.device), (ciq_type)r.type, r.rows, r.k, r.tokens,
+                         plan);  // ciq_type values are ggml's type ids
+}
+
 ciq_status ciq_gemm_adapter(const gemm_request &r, bool execute, bool *offload) {
-    const ciq_semantics semantics = semantics_on(r.device);
-    const ciq_type type = (ciq_type)r.type;  // ciq_type values are ggml's type ids
     *offload = false;
     if (execute) {
-        return ciq_gemm(r.device, CIQ_VARIANT_AUTO, semantics, type, r.weight, r.weight_nbytes, r.rows, r.k, r.x,
-                        r.tokens, r.out, CIQ_OUT_F32);
+        return ciq_gemm(r.device, CIQ_VARIANT_AUTO, semantics_on(r.device), (ciq_type)r.type, r.weight, r.weight_nbytes,
+                        r.rows, r.k, r.x, r.tokens, r.out, CIQ_OUT_F32);
     }
     ciq_plan plan;
-    const ciq_status status = ciq_gemm_plan(r.device, CIQ_VARIANT_AUTO, semantics, type, r.rows, r.k, r.tokens, &plan);
+    const ciq_status status = plan_request(r, &plan);
     *offload = status == CIQ_OK && plan.offload;
     return status;
 }
@@ -91,10 +95,10 @@ struct converted_activations {
     bool only_copy = false;  // made by a fused step: x's float32 values were never written
 };
 
-// Our buffer for converted activations holds at least `bytes` (a bigger one replaces it; freeing waits for readers).
 // Bumped whenever a converted-activations buffer is replaced: CUDA graphs captured before hold its old address.
 std::atomic<uint64_t> g_buffer_generation{0};
 
+// Our buffer for converted activations holds at least `bytes` (a bigger one replaces it; freeing waits for readers).
 ciq_status reserve_activations(int device, converted_activations *c, size_t bytes) {
     if (c->capacity >= bytes) return CIQ_OK;
     c->valid = false;
@@ -107,12 +111,11 @@ ciq_status reserve_activations(int device, converted_activations *c, size_t byte
     return CIQ_OK;
 }
 
-// ciq_gemm's values for r, its activations converted unless c holds their conversion; with `add` (float32, r's
-// output shape) the product plus add written to r.out (ciq_gemm_quantized_outputs' addend: ADD after MUL_MAT).
-ciq_status ciq_gemm_converting_once(const gemm_request &r, converted_activations *c, const float *add = nullptr) {
-    ciq_plan plan;
-    CIQ_TRY_PLUGIN(ciq_gemm_plan(r.device, CIQ_VARIANT_AUTO, semantics_on(r.device), (ciq_type)r.type, r.rows, r.k,
-                                 r.tokens, &plan));
+// ciq_gemm's values for r under plan (plan_request's for r), its activations converted unless c holds their
+// conversion; with `add` (float32, r's output shape) the product plus add written to r.out
+// (ciq_gemm_quantized_outputs' addend: ADD after MUL_MAT).
+ciq_status ciq_gemm_converting_once(const gemm_request &r, const ciq_plan &plan, converted_activations *c,
+                                    const float *add) {
     const bool same = c->valid && c->x == r.x && c->tokens == r.tokens && c->k == r.k && c->layout == plan.activation_layout;
     if (!same && c->valid && c->x == r.x && c->only_copy) {  // the plan promised every reader the fused layout
         GGML_LOG_ERROR("ggml-ciq: a fused step's product was asked for in another layout (a plan bug)\n");
@@ -292,6 +295,7 @@ struct step {
     bool fresh_x = false;   // MUL_MAT: convert its activations (else ours converted them last and nothing wrote since)
     bool fused = false;     // NORM_ACT / GLU_ACT: into the shared activations, no float32 product written
     int stretch = -1;       // the first step of a stretch of ours: its index in graph_plan.stretches
+    ciq_plan gemm_plan{};   // MUL_MAT: the library's plan for it (made once per shape: no planning per call)
     std::vector<ggml_tensor *> run;  // RUN: its nodes, in order
     std::vector<int> run_index;      // RUN: their indices in the graph (the tests' view)
 };
@@ -326,7 +330,7 @@ void free_graphs(graph_plan *plan) {
 // The library's answer for one MUL_MAT shape on this device: whether it takes it, and its plan's activation layout.
 struct mul_mat_answer {
     bool offload = false;
-    ciq_layout layout{};
+    ciq_plan plan{};  // the library's plan (its layout: plan.activation_layout), made once per shape
 };
 
 struct gpu_backend {
@@ -431,12 +435,8 @@ bool mul_mat_answer_of(const device_context *dev, gpu_backend *ctx, const ggml_t
     const std::tuple<int, int64_t, int64_t, int64_t> key{r.type, r.rows, r.k, r.tokens};
     auto found = ctx->answers.find(key);
     if (found == ctx->answers.end()) {
-        ciq_plan plan;
         mul_mat_answer a;
-        if (ciq_gemm_plan(r.device, CIQ_VARIANT_AUTO, semantics_on(r.device), (ciq_type)r.type, r.rows, r.k, r.tokens,
-                          &plan) == CIQ_OK) {
-            a = mul_mat_answer{plan.offload != 0, plan.activation_layout};
-        }
+        if (plan_request(r, &a.plan) == CIQ_OK) a.offload = a.plan.offload != 0;
         found = ctx->answers.emplace(key, a).first;
     }
     *answer = found->second;
@@ -445,10 +445,10 @@ bool mul_mat_answer_of(const device_context *dev, gpu_backend *ctx, const ggml_t
 
 // mul_mat_ours with the library's answer remembered per shape.
 bool mul_mat_ours_remembered(const device_context *dev, gpu_backend *ctx, const ggml_tensor *node,
-                             ciq_layout *layout = nullptr) {
+                             ciq_plan *plan = nullptr) {
     mul_mat_answer a;
     if (!mul_mat_answer_of(dev, ctx, node, &a) || !a.offload || !weight_readable(dev, node, true)) return false;
-    if (layout != nullptr) *layout = a.layout;
+    if (plan != nullptr) *plan = a.plan;
     return true;
 }
 
@@ -482,10 +482,15 @@ int next_computing(const ggml_cgraph *graph, int i) {
     return -1;
 }
 
+// The operand of a two-operand node that is not t (NULL when neither is t).
+const ggml_tensor *other_operand(const ggml_tensor *node, const ggml_tensor *t) {
+    return node->src[0] == t ? node->src[1] : node->src[1] == t ? node->src[0] : nullptr;
+}
+
 // A MUL by a float32 weight row of norm's width (either operand order): the weight, or NULL.
 const ggml_tensor *norm_weight(const ggml_tensor *mul, const ggml_tensor *norm) {
     if (mul->op != GGML_OP_MUL || !plain_f32(mul) || !ggml_are_same_shape(mul, norm)) return nullptr;
-    const ggml_tensor *w = mul->src[0] == norm ? mul->src[1] : mul->src[1] == norm ? mul->src[0] : nullptr;
+    const ggml_tensor *w = other_operand(mul, norm);
     if (w == nullptr || w == norm || w->type != GGML_TYPE_F32 || !ggml_is_contiguous(w) || w->ne[0] != norm->ne[0] ||
         ggml_nrows(w) != 1)
         return nullptr;
@@ -497,7 +502,7 @@ const ggml_tensor *norm_weight(const ggml_tensor *mul, const ggml_tensor *norm) 
 // the residual allowed, as ciq_rms_norm's out may equal its add; otherwise no overlap at all, as the GEMM's addend).
 const ggml_tensor *residual_of(const ggml_cgraph *graph, const ggml_tensor *add, const ggml_tensor *sum, bool exact) {
     if (add->op != GGML_OP_ADD || !plain_f32(add) || !ggml_are_same_shape(add, sum)) return nullptr;
-    const ggml_tensor *r = add->src[0] == sum ? add->src[1] : add->src[1] == sum ? add->src[0] : nullptr;
+    const ggml_tensor *r = other_operand(add, sum);
     if (r == nullptr || r == sum || !plain_f32(r) || !ggml_are_same_shape(r, sum) || !read_only_by(graph, sum, 1))
         return nullptr;
     if (overlap(span_of(r), span_of(add)) && !(exact && r->data == add->data)) return nullptr;
@@ -515,9 +520,9 @@ bool read_by_our_mul_mats(const device_context *dev, gpu_backend *ctx, const ggm
         bool reads = false;
         for (int s = 0; s < GGML_MAX_SRC; s++) reads = reads || node->src[s] == t;
         if (!reads) continue;
-        ciq_layout layout{};
-        if (node->src[1] != t || node->src[0] == t || !mul_mat_ours_remembered(dev, ctx, node, &layout)) return false;
-        *f16 = *f16 && layout == CIQ_LAYOUT_F16;
+        ciq_plan plan{};
+        if (node->src[1] != t || node->src[0] == t || !mul_mat_ours_remembered(dev, ctx, node, &plan)) return false;
+        *f16 = *f16 && plan.activation_layout == CIQ_LAYOUT_F16;
         readers++;
     }
     return readers > 0 && read_only_by(graph, t, readers);
@@ -551,7 +556,7 @@ struct planner {
                 read(node(s.node)->src[1]);
                 if (s.add >= 0) {
                     const ggml_tensor *a = node(s.add);
-                    read(a->src[0] == node(s.node) ? a->src[1] : a->src[0]);
+                    read(other_operand(a, node(s.node)));
                     writes->push_back(span_of(a));
                 } else {
                     writes->push_back(span_of(node(s.node)));
@@ -571,7 +576,7 @@ struct planner {
                 const ggml_tensor *a = node(s.add);
                 read(node(s.node)->src[0]);
                 read(norm_weight(node(s.mul), node(s.node)));
-                read(a->src[0] == node(s.mul) ? a->src[1] : a->src[0]);
+                read(other_operand(a, node(s.mul)));
                 writes->push_back(span_of(a));
                 break;
             }
@@ -716,10 +721,12 @@ struct planner {
                 pending.push_back(i);
                 continue;
             }
-            if (mul_mat_ours_remembered(dev, ctx, n)) {
+            ciq_plan gemm_plan{};
+            if (mul_mat_ours_remembered(dev, ctx, n, &gemm_plan)) {
                 step s;
                 s.kind = STEP_MUL_MAT;
                 s.node = i;
+                s.gemm_plan = gemm_plan;
                 const int j = fuse ? next_computing(graph, i) : -1;
                 if (j >= 0 && residual_of(graph, node(j), n, false) != nullptr) s.add = j;
                 emit(std::move(s));
@@ -852,7 +859,7 @@ step_call call_of(int device, ggml_cgraph *graph, const step &s) {
         mul_mat_request(device, n, &c.gemm);  // the plan took it: a layout mul_mat_ours accepted
         if (s.add >= 0) {
             ggml_tensor *a = graph->nodes[s.add];
-            c.addend = (const float *)(a->src[0] == n ? a->src[1] : a->src[0])->data;
+            c.addend = (const float *)other_operand(a, n)->data;
             c.gemm.out = (float *)a->data;
         }
     } else if (s.kind == STEP_NORM_ACT || s.kind == STEP_NORM_ADD) {
@@ -864,7 +871,7 @@ step_call call_of(int device, ggml_cgraph *graph, const step &s) {
         c.k = dst->ne[0];
         c.tokens = dst->ne[1];
         c.out = (float *)dst->data;
-        if (s.kind == STEP_NORM_ADD) c.addend = (const float *)(dst->src[0] == mul ? dst->src[1] : dst->src[0])->data;
+        if (s.kind == STEP_NORM_ADD) c.addend = (const float *)other_operand(dst, mul)->data;
     } else if (s.kind == STEP_GLU_ACT) {
         c.x = (const float *)n->src[0]->data;
         c.up = (const float *)n->src[1]->data;
@@ -887,7 +894,7 @@ ciq_status run_ours(const device_context *dev, gpu_backend *ctx, ggml_cgraph *gr
     switch (s.kind) {
         case STEP_MUL_MAT:
             if (s.fresh_x) ctx->x.valid = false;
-            return ciq_gemm_converting_once(c.gemm, &ctx->x, c.addend);
+            return ciq_gemm_converting_once(c.gemm, s.gemm_plan, &ctx->x, c.addend);
         case STEP_NORM_ACT:
         case STEP_GLU_ACT: {
             const bool norm = s.kind == STEP_NORM_ACT;
