@@ -147,12 +147,12 @@ def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all
     MUL_MAT through the plugin (GGML_CIQ_OFFLOAD=all), against CUDA0 alone, flash attention off on both. The
     semantics differ (wgmma's f16 products, not MMQ's), so this is a sanity bar - a race against CUDA0's stream or a
     misread tensor gives unrelated logits - while llama-perplexity's KL divergence is the measured comparison.
-    The plan's steps counted by kind: the fused plan (GGML_CIQ_FUSE=1, GGML_CIQ_PLUGIN_FUSE_RULE=0) runs a Gemma layer
-    as three CUDA0 runs (q's and k's norm + RoPE stay CUDA0's between q, k and v) and ours: 2 norms feeding MUL_MATs, 2
-    post-norms with their residual, 1 GEGLU, all fused into the f16 conversion; the defaults (the rule on) take API
-    v19's plan for Gemma, as GGML_CIQ_FUSE=0 does (MUL_MATs alone, five runs a layer: the fused plan does not halve
-    them). Three prefills of the prompt in one context: with GGML_CIQ_PLUGIN_GRAPHS=1 the stretches of ours run eagerly,
-    are captured as CUDA graphs and replayed (the replay counter says so); the logits bit for bit the same each time."""
+    The plan's steps counted by kind: the fused plan (GGML_CIQ_FUSE=1; the rule, GGML_CIQ_PLUGIN_FUSE_RULE, on by
+    default, keeps it for Gemma since q's and k's norm + RoPE are steps of ours) runs a Gemma layer as one CUDA0 run (its q scale, KV writes and
+    attention) and ours: 2 norms feeding MUL_MATs and 1 GEGLU fused into the f16 conversion, q's and k's norm + RoPE,
+    2 post-norms with their residual; GGML_CIQ_FUSE=0 takes API v19's plan (MUL_MATs alone, five runs a layer). Three
+    prefills of the prompt in one context: with GGML_CIQ_PLUGIN_GRAPHS=1 the stretches of ours run eagerly, are
+    captured as CUDA graphs and replayed (the replay counter says so); the logits bit for bit the same each time."""
     from ggml_ciq.compare import logits_agreement
     from ggml_ciq.llama_model import LlamaModel
 
@@ -173,7 +173,7 @@ def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all
         dev = lib.ggml_backend_dev_by_name(b"CIQ0")
         address = lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_dev_backend_reg(dev), b"ggml_ciq_plugin_steps")
         read_steps = ffi.cast("void (*)(uint64_t *, int)", address)
-        steps = ffi.new("uint64_t[8]")
+        steps = ffi.new("uint64_t[10]")
         read_steps(steps, 1)
         monkeypatch.setenv("GGML_CIQ_PLUGIN_GRAPHS", graphs)
         with LlamaModel(path, device="cuda", devices=["CIQ0"]) as model, \
@@ -186,18 +186,20 @@ def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all
             again = [ctx.prefill(tokens) for _ in range(2)]
             read_steps(steps, 1)
             replays = steps[7]
-    runs, mul_mats, norm_acts, glu_acts, norm_adds, with_add, fused, _ = first
+    runs, mul_mats, norm_acts, glu_acts, norm_adds, with_add, fused, _, ropes, norm_ropes = first
     print(f"steps: {runs} CUDA0 runs, {mul_mats} MUL_MATs ({with_add} with their ADD), {norm_acts} norms, {glu_acts} "
-          f"GEGLUs ({fused} fused), {norm_adds} post-norms; {replays} stretches replayed in the next two prefills")
+          f"GEGLUs ({fused} fused), {norm_adds} post-norms, {norm_ropes} q/k norm + RoPEs, {ropes} RoPEs; {replays} "
+          f"stretches replayed in the next two prefills")
     assert np.array_equal(again[1], logits) and np.array_equal(again[0], logits)
     assert replays == (runs if graphs == "1" else 0)  # the third prefill: every stretch of ours (one per CUDA0 run)
-    layers = 18  # measured at d8cbdb4 on an H100 (plugin-fused-h100): 57 runs, 36 + 18 fused, 35 post-norms
-    if fuse == "1" and rule == "0":
-        assert (mul_mats, norm_acts, glu_acts, norm_adds, with_add) == (7 * layers + 1, 2 * layers, layers,
-                                                                          2 * layers - 1, 0)
-        assert fused == norm_acts + glu_acts and runs == 3 * layers + 3
+    layers = 18  # tools/plugin_plan.py on llama.cpp CPU's graph (last position's logits): 21 runs
+    if fuse == "1":
+        assert (mul_mats, norm_acts, glu_acts, norm_adds, with_add, norm_ropes, ropes) == (
+            7 * layers + 1, 2 * layers, layers, 2 * layers - 1, 0, 2 * layers, 0)
+        assert fused == norm_acts + glu_acts and layers + 2 <= runs <= layers + 4
     else:
-        assert (mul_mats, norm_acts, glu_acts, norm_adds, with_add, fused) == (7 * layers + 1, 0, 0, 0, 0, 0)
+        assert (mul_mats, norm_acts, glu_acts, norm_adds, with_add, fused, norm_ropes, ropes) == (
+            7 * layers + 1, 0, 0, 0, 0, 0, 0, 0)
         assert runs >= 5 * layers
     keep_quant = {t: sum(n for (variant, wt), n in counts.items() if wt == t and variant != "cpu")
                   for t in ("Q4_K", "Q6_K")}
@@ -425,6 +427,15 @@ struct ggml_tensor * ggml_new_tensor_1d(struct ggml_context * ctx, int type, int
 struct ggml_tensor * ggml_mul(struct ggml_context * ctx, struct ggml_tensor * a, struct ggml_tensor * b);
 struct ggml_tensor * ggml_add(struct ggml_context * ctx, struct ggml_tensor * a, struct ggml_tensor * b);
 struct ggml_tensor * ggml_swiglu_split(struct ggml_context * ctx, struct ggml_tensor * a, struct ggml_tensor * b);
+struct ggml_tensor * ggml_reshape_2d(struct ggml_context * ctx, struct ggml_tensor * a, int64_t ne0, int64_t ne1);
+struct ggml_tensor * ggml_reshape_3d(struct ggml_context * ctx, struct ggml_tensor * a, int64_t ne0, int64_t ne1,
+                                     int64_t ne2);
+struct ggml_tensor * ggml_rope_ext(struct ggml_context * ctx, struct ggml_tensor * a, struct ggml_tensor * b,
+                                   struct ggml_tensor * c, int n_dims, int mode, int n_ctx_orig, float freq_base,
+                                   float freq_scale, float ext_factor, float attn_factor, float beta_fast,
+                                   float beta_slow);
+struct ggml_tensor * ggml_set_rows(struct ggml_context * ctx, struct ggml_tensor * a, struct ggml_tensor * b,
+                                   struct ggml_tensor * c);
 struct ggml_backend_reg * ggml_backend_dev_backend_reg(struct ggml_backend_device * device);
 void * ggml_backend_reg_get_proc_address(struct ggml_backend_reg * reg, const char * name);
 """
@@ -463,7 +474,7 @@ def _plan_graphs(llama, plugin_path, plugin_device):
         lib.ggml_free(ctx)
 
 
-RUN, MUL_MAT, NORM_ACT, GLU_ACT, NORM_ADD = range(5)  # the plan's step kinds (ggml-ciq-backend.cpp step_kind)
+RUN, MUL_MAT, NORM_ACT, GLU_ACT, NORM_ADD, ROPE, NORM_ROPE = range(7)  # the plan's step kinds (step_kind)
 
 
 def test_gpu_plan_runs_and_shared_activations(plugin_path, plugin_device, offload_all, llama, monkeypatch):
@@ -547,6 +558,47 @@ def test_gpu_plan_fuses_a_layer(plugin_path, plugin_device, offload_all, llama):
         # v19's plan, nothing left unwritten
         got, uids, _ = plan(graph, 0)
         assert {row[0] for row in got} == {RUN, MUL_MAT} and all(row[3] == -1 for row in got) and set(uids) == {0}
+
+
+def test_gpu_plan_takes_ropes(plugin_path, plugin_device, offload_all, llama, monkeypatch):
+    """The fused plan's RoPE steps, through the plan hook: q's RoPE right after q's MUL_MAT a step of ours
+    (ROPE), a q/k norm + RoPE (RMS_NORM, MUL by a head_dim row, ROPE: ggml-cuda's fused kernel) a step of ours
+    (NORM_ROPE); left to CUDAi: a RoPE with parameters our kernel does not compute as ggml-cuda does (here freq_scale
+    0.5) and one whose product a SET_ROWS writes into a cache (CUDAi fuses the two). The next MUL_MAT moves before
+    the run they start; API v19's plan (GGML_CIQ_FUSE=0) takes no RoPE."""
+    monkeypatch.setenv("GGML_CIQ_PLUGIN_FUSE_RULE", "0")
+    with _plan_graphs(llama, plugin_path, plugin_device) as (lib, ctx, plan):
+        k, head_dim, heads, tokens = 256, 64, 4, 64
+        I32, I64 = 26, 27  # ggml's type ids
+        weight = lambda: lib.ggml_new_tensor_2d(ctx, Q4_K, k, k)  # noqa: E731
+        pos = lib.ggml_new_tensor_1d(ctx, I32, tokens)
+        heads3 = lambda t: lib.ggml_reshape_3d(ctx, t, head_dim, heads, tokens)  # noqa: E731
+        no_factors = cffi.FFI().NULL
+        rope = lambda t, freq_scale=1.0: lib.ggml_rope_ext(ctx, t, pos, no_factors, head_dim, 2, 0,  # noqa: E731
+                                                           10000.0, freq_scale, 0.0, 1.0, 32.0, 1.0)
+        x = lib.ggml_new_tensor_2d(ctx, F32, k, tokens)
+        attn = lib.ggml_mul(ctx, lib.ggml_rms_norm(ctx, x, 1e-6), lib.ggml_new_tensor_1d(ctx, F32, k))  # 0, 1
+        q_r = rope(heads3(lib.ggml_mul_mat(ctx, weight(), attn)))                            # 2 MM, 3 RESHAPE, 4
+        k_r = rope(lib.ggml_mul(ctx, lib.ggml_rms_norm(ctx, heads3(lib.ggml_mul_mat(ctx, weight(), attn)), 1e-6),
+                                lib.ggml_new_tensor_1d(ctx, F32, head_dim)))                  # 5 MM, 6, 7, 8, 9
+        v_r = rope(heads3(lib.ggml_mul_mat(ctx, weight(), attn)), 0.5)                        # 10 MM, 11, 12
+        k2_r = rope(heads3(lib.ggml_mul_mat(ctx, weight(), attn)))                            # 13 MM, 14, 15
+        store = lib.ggml_set_rows(ctx, lib.ggml_new_tensor_2d(ctx, F32, k, 2 * tokens),       # 16 RESHAPE, 17
+                                  lib.ggml_reshape_2d(ctx, k2_r, k, tokens), lib.ggml_new_tensor_1d(ctx, I64, tokens))
+        graph = lib.ggml_new_graph(ctx)
+        for node in (q_r, k_r, v_r, store):
+            lib.ggml_build_forward_expand(graph, node)
+        assert lib.ggml_graph_n_nodes(graph) == 18
+        f16 = native.plan("auto", 0 if plugin_device != "CIQ_CPU" else "cpu",
+                          "any" if plugin_device != "CIQ_CPU" else "cpu", Q4_K, k, k, tokens).layout == "f16"
+        got, _, runs = plan(graph, 9)
+        assert got == [(NORM_ACT, 0, 1, -1, 2 if f16 else 0, 0), (MUL_MAT, 2, -1, -1, 0 if f16 else 1, 0),
+                       (ROPE, 4, -1, -1, 0, 0), (MUL_MAT, 5, -1, -1, 0, 0), (NORM_ROPE, 7, 8, 9, 0, 0),
+                       (MUL_MAT, 10, -1, -1, 0, 0), (MUL_MAT, 13, -1, -1, 0, 0), (RUN, 11, -1, -1, 0, 6)], got
+        assert runs == [11, 12, 14, 15, 16, 17]
+        monkeypatch.setenv("GGML_CIQ_FUSE", "0")
+        got, _, _ = plan(graph, 9)
+        assert {row[0] for row in got} == {RUN, MUL_MAT}
 
 
 def test_gpu_plan_keeps_order_and_float32_where_needed(plugin_path, plugin_device, offload_all, llama, monkeypatch):
@@ -738,17 +790,17 @@ def test_llama_cpp_python_generates_through_the_plugin(plugin_path, cpu_device, 
 
 
 @pytest.mark.parametrize("model,want", [
-    # name: (API v19's runs, the fused plan's runs, NORM_ACT, GLU_ACT, NORM_ADD, the rule's pick)
-    ("gemma3-270m", (109, 56, 36, 18, 35, "API v19's plan")),
-    ("smollm2-135m", (151, 63, 60, 30, 0, "fused plan")),
+    # name: (API v19's runs, the fused plan's runs, NORM_ACT, GLU_ACT, NORM_ADD, ROPE, NORM_ROPE, the rule's pick)
+    ("gemma3-270m", (109, 21, 36, 18, 35, 0, 36, "fused plan")),
+    ("smollm2-135m", (151, 33, 60, 30, 0, 30, 0, "fused plan")),
 ])
 def test_gpu_plan_over_llamacpps_allocated_graph(plugin_path, cpu_device, llama, model, want):
     """The plugin's plans over llama.cpp's own graph of a 512-token prefill, allocated by ggml-alloc (its in-place and
     free-block reuse, as on a GPU up to alignment: tools/plugin_plan.py, on llama.cpp CPU): API v19's plan cuts a layer
-    into five CUDAi runs; the fused plan takes the norms, GLUs and post-norms, and v/k before q's RoPE only where
-    ggml-alloc's addresses allow (llama: two runs a layer, v's product takes the memory q's RoPE reads; Gemma 3:
-    three); the rule keeps the fused plan where it halves the runs (SmolLM2) and API v19's where it does not (Gemma).
-    The fused Gemma counts are the ones CIQ0 ran on an H100 (plugin-fused-h100; there 57 runs: all positions' logits)."""
+    into five CUDAi runs; the fused plan takes the norms, GLUs and post-norms, q's RoPE (llama; k's stays CUDAi's,
+    fused with its KV write) or q's and k's norm + RoPE (Gemma 3), and moves MUL_MATs before a run where ggml-alloc's
+    addresses allow: one CUDAi run a layer (its KV writes and attention). The rule keeps the fused plan where it
+    halves the runs (both here; API v21's fused plan kept three runs a Gemma layer, and the rule took API v19's)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("plugin_plan", os.path.join(os.path.dirname(__file__), "..",
@@ -757,12 +809,15 @@ def test_gpu_plan_over_llamacpps_allocated_graph(plugin_path, cpu_device, llama,
     spec.loader.exec_module(tool)
     _, got, ops = tool.plans(catalog.resolve_model(model), 512, plugin_path)
     count = lambda label, kind: sum(1 for row in got[label] if row[0] == kind)  # noqa: E731
-    v19_runs, fused_runs, norms, glus, post_norms, pick = want
+    v19_runs, fused_runs, norms, glus, post_norms, ropes, norm_ropes, pick = want
     assert count("API v19's plan", "RUN") == v19_runs and {row[0] for row in got["API v19's plan"]} == {"RUN", "MUL_MAT"}
     assert (count("fused plan", "RUN"), count("fused plan", "NORM_ACT"), count("fused plan", "GLU_ACT"),
-            count("fused plan", "NORM_ADD")) == (fused_runs, norms, glus, post_norms)
+            count("fused plan", "NORM_ADD"), count("fused plan", "ROPE"),
+            count("fused plan", "NORM_ROPE")) == (fused_runs, norms, glus, post_norms, ropes, norm_ropes)
     assert count("fused plan", "MUL_MAT") == count("API v19's plan", "MUL_MAT")
     assert got["default"] == got[pick]
     first_op = {"MUL_MAT": ("MUL_MAT",), "NORM_ACT": ("RMS_NORM",), "NORM_ADD": ("RMS_NORM",),
-                "GLU_ACT": ("SWIGLU", "GEGLU")}
+                "GLU_ACT": ("SWIGLU", "GEGLU"), "ROPE": ("ROPE",), "NORM_ROPE": ("RMS_NORM",)}
     assert all(ops[row[1]] in first_op[row[0]] for row in got["fused plan"] if row[0] != "RUN")
+    # a norm + RoPE covers RMS_NORM, MUL, ROPE
+    assert all((ops[row[2]], ops[row[3]]) == ("MUL", "ROPE") for row in got["fused plan"] if row[0] == "NORM_ROPE")

@@ -281,16 +281,26 @@ const ggml_backend_i cpu_backend_interface = {
 //   NORM_ADD  RMS_NORM, MUL by a weight row, ADD of a residual, right after a step of ours (Gemma's post-norms):
 //             ciq_rms_norm with weight and addend in llama.cpp CUDA's order (its fused kernel's values) into ADD's
 //             tensor.
+//   ROPE      a ROPE right after a step of ours whose product no SET_ROWS reads (q's; k's stays CUDAi's, fused there
+//             with its KV write): ciq_rope in llama.cpp CUDA's order into the ROPE's tensor (rope_ours: the
+//             parameters our kernel computes as ggml-cuda does).
+//   NORM_ROPE RMS_NORM, MUL by a head_dim weight row, ROPE, consecutive nodes right after a step of ours (Gemma 3's and
+//             Qwen 3's q and k norms): ciq_rms_norm_rope in llama.cpp CUDA's order (ggml-cuda's fused kernel's
+//             values) into the ROPE's tensor.
 // A step of ours that reads nothing the pending CUDAi run writes and writes nothing that run reads or writes runs
 // before it when the step before the run is ours: ggml orders q's RoPE (Gemma: q's norm, RoPE and scale) between the
 // q and the k/v projections, which then run back to back, and a llama or Gemma layer is one CUDAi run (its RoPEs, KV
 // writes and attention) between two of our stretches: two stream hand-overs a layer where API v19's plan had ten.
-enum step_kind : int { STEP_RUN = 0, STEP_MUL_MAT = 1, STEP_NORM_ACT = 2, STEP_GLU_ACT = 3, STEP_NORM_ADD = 4 };
+enum step_kind : int {
+    STEP_RUN = 0, STEP_MUL_MAT = 1, STEP_NORM_ACT = 2, STEP_GLU_ACT = 3, STEP_NORM_ADD = 4, STEP_ROPE = 5,
+    STEP_NORM_ROPE = 6
+};
 
 struct step {
     step_kind kind = STEP_RUN;
-    int node = -1;          // RUN: its first node; else the MUL_MAT, RMS_NORM or GLU
-    int mul = -1;           // NORM_ACT / NORM_ADD: the MUL by the norm's weight
+    int node = -1;          // RUN: its first node; else the MUL_MAT, RMS_NORM, GLU or ROPE
+    int mul = -1;           // NORM_ACT / NORM_ADD / NORM_ROPE: the MUL by the norm's weight
+    int rope = -1;          // NORM_ROPE: the ROPE
     int add = -1;           // MUL_MAT / NORM_ADD: the ADD of a residual (-1: none)
     bool fresh_x = false;   // MUL_MAT: convert its activations (else ours converted them last and nothing wrote since)
     bool fused = false;     // NORM_ACT / GLU_ACT: into the shared activations, no float32 product written
@@ -497,6 +507,44 @@ const ggml_tensor *norm_weight(const ggml_tensor *mul, const ggml_tensor *norm) 
     return w;
 }
 
+// A ROPE our kernels compute as ggml-cuda does: float32 [head_dim, heads, tokens] contiguous in and out, int32
+// positions [tokens], every dim rotated (n_dims = head_dim), NORM or NEOX mode, no frequency factors, no scaling or
+// YaRN (freq_scale 1, ext_factor 0, attn_factor 1: ggml-cuda's factors are then exact 1s), no position offset.
+bool rope_ours(const ggml_tensor *rope) {
+    if (rope->op != GGML_OP_ROPE || rope->type != GGML_TYPE_F32 || !ggml_is_contiguous(rope) || rope->ne[3] != 1)
+        return false;
+    const ggml_tensor *x = rope->src[0], *pos = rope->src[1];
+    if (x == nullptr || x->type != GGML_TYPE_F32 || !ggml_is_contiguous(x) || !ggml_are_same_shape(x, rope) ||
+        pos == nullptr || pos->type != GGML_TYPE_I32 || !ggml_is_contiguous(pos) || pos->ne[0] != rope->ne[2] ||
+        rope->src[2] != nullptr)
+        return false;
+    const int32_t *p = (const int32_t *)rope->op_params;
+    float base, freq_scale, ext_factor, attn_factor;
+    std::memcpy(&base, p + 5, sizeof(float));
+    std::memcpy(&freq_scale, p + 6, sizeof(float));
+    std::memcpy(&ext_factor, p + 7, sizeof(float));
+    std::memcpy(&attn_factor, p + 8, sizeof(float));
+    return p[1] == rope->ne[0] && rope->ne[0] % 2 == 0 && (p[2] == GGML_ROPE_TYPE_NORMAL || p[2] == GGML_ROPE_TYPE_NEOX) &&
+           base > 0.0f && freq_scale == 1.0f && ext_factor == 0.0f && attn_factor == 1.0f && p[15] == 0;
+}
+
+float rope_base(const ggml_tensor *rope) { return ggml_get_op_params_f32(rope, 5); }
+
+ciq_rope_mode rope_mode(const ggml_tensor *rope) {
+    return ggml_get_op_params_i32(rope, 2) == GGML_ROPE_TYPE_NEOX ? CIQ_ROPE_NEOX : CIQ_ROPE_NORM;
+}
+
+// Whether a SET_ROWS after node `from` writes t (or a view of it) into a cache: ggml-cuda fuses a ROPE with that
+// write, so a ROPE feeding one is left to CUDAi.
+bool feeds_set_rows(const ggml_cgraph *graph, int from, const ggml_tensor *t) {
+    for (int k = from; k < graph->n_nodes; k++) {
+        const ggml_tensor *n = graph->nodes[k];
+        if (n->op == GGML_OP_SET_ROWS && n->src[0] != nullptr && (n->src[0] == t || n->src[0]->view_src == t))
+            return true;
+    }
+    return false;
+}
+
 // An ADD of `sum`'s product and a residual of its shape (either order), sum read by nothing else: the residual, or
 // NULL. The ADD may take the product's memory but must not partly overlap the residual (`exact`: an ADD in place over
 // the residual allowed, as ciq_rms_norm's out may equal its add; otherwise no overlap at all, as the GEMM's addend).
@@ -580,6 +628,19 @@ struct planner {
                 writes->push_back(span_of(a));
                 break;
             }
+            case STEP_ROPE:
+                read(node(s.node)->src[0]);
+                read(node(s.node)->src[1]);
+                writes->push_back(span_of(node(s.node)));
+                break;
+            case STEP_NORM_ROPE: {
+                const ggml_tensor *mul = node(s.mul), *rope = node(s.rope);
+                read(node(s.node)->src[0]);
+                read(other_operand(mul, node(s.node)));
+                read(rope->src[1]);
+                writes->push_back(span_of(rope));
+                break;
+            }
             case STEP_RUN: break;
         }
     }
@@ -633,6 +694,7 @@ struct planner {
         if (!before_run) flush_run();
         taken[s.node] = 1;
         if (s.mul >= 0) taken[s.mul] = 1;
+        if (s.rope >= 0) taken[s.rope] = 1;
         if (s.add >= 0) taken[s.add] = 1;
         if (s.kind == STEP_MUL_MAT) {
             const ggml_tensor *src = node(s.node)->src[1];
@@ -666,10 +728,43 @@ struct planner {
         return false;
     }
 
+    // A q/k norm + RoPE at node i (ggml-cuda's fused RMS_NORM + MUL + ROPE: consecutive nodes, each product read by
+    // the next alone, the weight a head_dim row as MUL's second operand): the step, else kind STEP_RUN.
+    step match_norm_rope(int i) const {
+        step s;
+        const ggml_tensor *n = node(i);
+        if (i + 2 >= graph->n_nodes) return s;
+        const ggml_tensor *mul = node(i + 1), *rope = node(i + 2);
+        if (n->type != GGML_TYPE_F32 || !ggml_is_contiguous(n) || n->src[0] == nullptr ||
+            n->src[0]->type != GGML_TYPE_F32 || !ggml_is_contiguous(n->src[0]) || mul->op != GGML_OP_MUL ||
+            mul->src[0] != n || mul->type != GGML_TYPE_F32 || !ggml_are_same_shape(mul, n) || !rope_ours(rope) ||
+            rope->src[0] != mul || !read_only_by(graph, n, 1) || !read_only_by(graph, mul, 1))
+            return s;
+        const ggml_tensor *w = mul->src[1];
+        if (w == nullptr || w->type != GGML_TYPE_F32 || !ggml_is_contiguous(w) || w->ne[0] != n->ne[0] ||
+            ggml_nelements(w) != w->ne[0])
+            return s;
+        s.kind = STEP_NORM_ROPE;
+        s.node = i;
+        s.mul = i + 1;
+        s.rope = i + 2;
+        return s;
+    }
+
     // The fused step starting at node i, if one matches (kind STEP_RUN: none).
     step match_fused(int i) {
         step s;
         ggml_tensor *n = node(i);
+        const bool after_ours = !plan.steps.empty() && plan.steps.back().kind != STEP_RUN;
+        if (n->op == GGML_OP_ROPE && after_ours && rope_ours(n) && !feeds_set_rows(graph, i + 1, n)) {
+            s.kind = STEP_ROPE;
+            s.node = i;
+            return s;
+        }
+        if (n->op == GGML_OP_RMS_NORM && after_ours) {
+            s = match_norm_rope(i);
+            if (s.kind != STEP_RUN) return s;
+        }
         if (n->op == GGML_OP_RMS_NORM && plain_f32(n) && plain_f32(n->src[0]) && read_only_by(graph, n, 1)) {
             const int j = next_computing(graph, i);
             if (j < 0 || norm_weight(node(j), n) == nullptr) return s;
@@ -823,16 +918,16 @@ uint64_t run_uid(uint64_t graph_uid, size_t step) {
 // The steps CIQi backends have run since the last reset, by kind (STEP_RUN .. STEP_NORM_ADD), then MUL_MATs with their
 // ADD, fused NORM_ACT / GLU_ACT steps, and stretches of ours replayed as CUDA graphs: which path ran, for the GPU
 // tests ("ggml_ciq_plugin_steps").
-constexpr int STEP_COUNTS = 8;
+constexpr int STEP_COUNTS = 10;  // RUN .. NORM_ADD, MUL_MAT + ADD, fused, replays, ROPE, NORM_ROPE
 std::atomic<uint64_t> g_step_counts[STEP_COUNTS];
 
 void count_step(const step &s) {
-    g_step_counts[s.kind]++;
+    g_step_counts[s.kind <= STEP_NORM_ADD ? (int)s.kind : (int)s.kind + 3]++;
     if (s.kind == STEP_MUL_MAT && s.add >= 0) g_step_counts[5]++;
     if (s.fused) g_step_counts[6]++;
 }
 
-// counts[0..8): g_step_counts; reset != 0 zeroes them after reading.
+// counts[0..10): g_step_counts; reset != 0 zeroes them after reading.
 void steps_for_tests(uint64_t *counts, int reset) {
     for (int i = 0; i < STEP_COUNTS; i++) counts[i] = reset ? g_step_counts[i].exchange(0) : g_step_counts[i].load();
 }
@@ -850,6 +945,10 @@ struct step_call {
     int64_t tokens = 0, k = 0;
     float eps = 0.0f;
     ciq_glu_kind glu = CIQ_GLU_SILU;
+    const int32_t *positions = nullptr;  // ROPE, NORM_ROPE
+    int64_t heads = 0, head_dim = 0;     // ROPE, NORM_ROPE (tokens: the rope's third dim)
+    float base = 0.0f;
+    ciq_rope_mode mode = CIQ_ROPE_NORM;
 };
 
 step_call call_of(int device, ggml_cgraph *graph, const step &s) {
@@ -879,6 +978,20 @@ step_call call_of(int device, ggml_cgraph *graph, const step &s) {
         c.k = n->ne[0];
         c.tokens = n->ne[1];
         c.out = (float *)n->data;
+    } else if (s.kind == STEP_ROPE || s.kind == STEP_NORM_ROPE) {
+        ggml_tensor *rope = s.kind == STEP_ROPE ? n : graph->nodes[s.rope];
+        c.x = (const float *)n->src[0]->data;
+        if (s.kind == STEP_NORM_ROPE) {
+            c.weight = (const float *)graph->nodes[s.mul]->src[1]->data;
+            c.eps = ggml_get_op_params_f32(n, 0);
+        }
+        c.positions = (const int32_t *)rope->src[1]->data;
+        c.head_dim = rope->ne[0];
+        c.heads = rope->ne[1];
+        c.tokens = rope->ne[2];
+        c.base = rope_base(rope);
+        c.mode = rope_mode(rope);
+        c.out = (float *)rope->data;
     }
     if (s.fused) {
         c.product = c.out;
@@ -918,6 +1031,13 @@ ciq_status run_ours(const device_context *dev, gpu_backend *ctx, ggml_cgraph *gr
         }
         case STEP_NORM_ADD:
             return ciq_rms_norm(device, CIQ_ORDER_LLAMACPP_CUDA, c.x, c.weight, c.addend, c.eps, c.tokens, c.k, c.out);
+        case STEP_ROPE:
+        case STEP_NORM_ROPE:
+            return s.kind == STEP_ROPE
+                       ? ciq_rope(device, CIQ_ORDER_LLAMACPP_CUDA, c.mode, c.x, c.positions, c.tokens, c.heads,
+                                  c.head_dim, c.base, c.out)
+                       : ciq_rms_norm_rope(device, CIQ_ORDER_LLAMACPP_CUDA, c.mode, c.x, c.weight, c.eps, c.positions,
+                                           c.tokens, c.heads, c.head_dim, c.base, c.out);
         case STEP_RUN: break;
     }
     return CIQ_OK;
@@ -928,7 +1048,7 @@ ciq_status run_ours(const device_context *dev, gpu_backend *ctx, ggml_cgraph *gr
 // buffer-type check, GGML_CIQ_FUSE and GGML_CIQ_PLUGIN_FUSE_RULE as the environment sets them now, planned and each
 // step's run uid made as if the graph's uid were `uid` (0: API v19's plan), and each step of ours read into its calls'
 // arguments (call_of: what graph_compute reads). Per step, rows
-// {kind, node, mul, add, fresh_x | fused << 1, run length}; the runs' node indices one after
+// {kind, node, mul, add (NORM_ROPE: its ROPE), fresh_x | fused << 1, run length}; the runs' node indices one after
 // another into run_nodes (room for the graph's node count). Returns the step count (at most max_steps rows are
 // written), -1 for a device index out of range or a GGML_CIQ_FUSE it does not take.
 int plan_for_tests(ggml_cgraph *graph, int index, uint64_t uid, int32_t *rows, uint64_t *uids, int32_t *run_nodes,
@@ -948,7 +1068,7 @@ int plan_for_tests(ggml_cgraph *graph, int index, uint64_t uid, int32_t *rows, u
         const step &st = plan.steps[i];
         if (st.kind != STEP_RUN) call_of(probe.ciq_device, graph, st);  // the arguments graph_compute would pass
         int32_t *row = rows + 6 * i;
-        row[0] = st.kind, row[1] = st.node, row[2] = st.mul, row[3] = st.add;
+        row[0] = st.kind, row[1] = st.node, row[2] = st.mul, row[3] = st.kind == STEP_NORM_ROPE ? st.rope : st.add;
         row[4] = (st.fresh_x ? 1 : 0) | (st.fused ? 2 : 0);
         row[5] = (int32_t)st.run.size();
         for (int k : st.run_index)
