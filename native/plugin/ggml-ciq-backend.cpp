@@ -356,6 +356,11 @@ struct gpu_backend {
     // decode step it cannot reuse) is planned without asking the library per MUL_MAT again. Read once per backend:
     // GGML_CIQ_OFFLOAD and the rest of the switches are fixed for a backend's life.
     std::map<std::tuple<int, int64_t, int64_t, int64_t>, mul_mat_answer> answers;
+    // What this backend did, logged (ggml's debug level: llama.cpp tools with -v) when it is freed: whether a
+    // benchmark's micro-batches found their plans and replayed their stretches.
+    struct {
+        uint64_t computes = 0, plans = 0, eager = 0, captured = 0, replayed = 0, stale = 0, failed = 0;
+    } stats;
 };
 
 gpu_backend *gpu_of(ggml_backend_t backend) { return (gpu_backend *)backend->context; }
@@ -365,6 +370,12 @@ ggml_backend_t cuda_of(ggml_backend_t backend);
 
 void gpu_backend_free(ggml_backend_t backend) {
     gpu_backend *ctx = gpu_of(backend);
+    const auto &st = ctx->stats;
+    GGML_LOG_DEBUG("ggml-ciq: %s: %llu graphs computed, %llu plans made; stretches of ours: %llu eager, %llu captured, "
+                   "%llu replayed, %llu stale, %llu captures failed\n",
+                   device_of(backend)->name.c_str(), (unsigned long long)st.computes, (unsigned long long)st.plans,
+                   (unsigned long long)st.eager, (unsigned long long)st.captured, (unsigned long long)st.replayed,
+                   (unsigned long long)st.stale, (unsigned long long)st.failed);
     if (ctx->cuda != nullptr) ggml_backend_synchronize(ctx->cuda);
     if (!ctx->plans.empty()) ciq_device_synchronize(device_of(backend)->ciq_device);  // graphs in flight done
     for (graph_plan &p : ctx->plans) free_graphs(&p);
@@ -899,10 +910,12 @@ graph_plan &plan_of(const device_context *dev, gpu_backend *ctx, ggml_cgraph *gr
             ctx->plans.erase(ctx->plans.begin());
         }
         ctx->plans.push_back(make_plan(dev, ctx, graph, graph->uid));
+        ctx->stats.plans++;
         return ctx->plans.back();
     }
     static thread_local graph_plan uncached;
     uncached = make_plan(dev, ctx, graph, 0);
+    ctx->stats.plans++;
     return uncached;
 }
 
@@ -1085,6 +1098,7 @@ int plan_for_tests(ggml_cgraph *graph, int index, uint64_t uid, int32_t *rows, u
 ciq_status run_stretch(const device_context *dev, gpu_backend *ctx, ggml_cgraph *graph, graph_plan &plan,
                        size_t first, size_t end, size_t *failed) {
     auto eager = [&]() -> ciq_status {
+        ctx->stats.eager++;
         for (size_t i = first; i < end; i++) {
             const ciq_status status = run_ours(dev, ctx, graph, plan.steps[i]);
             if (status != CIQ_OK) {
@@ -1101,11 +1115,14 @@ ciq_status run_stretch(const device_context *dev, gpu_backend *ctx, ggml_cgraph 
         if (ciq_graph_launch(g.graph) == CIQ_OK) {
             ctx->x = g.x_after;
             g_step_counts[7]++;
+            ctx->stats.replayed++;
             return CIQ_OK;
         }
+        ctx->stats.stale++;
         g.runs = 0;  // stale: run it eagerly once more, then capture it again
     }
     if (g.graph != nullptr) {  // stale, or our buffer moved: run eagerly once more (sizes the scratch), then capture
+        if (g.generation != generation) ctx->stats.stale++;
         ciq_graph_free(g.graph);
         g.graph = nullptr;
         g.runs = 0;
@@ -1124,7 +1141,11 @@ ciq_status run_stretch(const device_context *dev, gpu_backend *ctx, ggml_cgraph 
             ciq_graph_free(made);
         }
     }
-    if (captured) return CIQ_OK;
+    if (captured) {
+        ctx->stats.captured++;
+        return CIQ_OK;
+    }
+    ctx->stats.failed++;
     GGML_LOG_DEBUG("ggml-ciq: %s: a stretch of %zu steps runs without a CUDA graph: %s\n", dev->name.c_str(),
                    end - first, ciq_last_error());
     if (g.graph != nullptr) ciq_graph_free(g.graph);
@@ -1142,6 +1163,7 @@ ggml_status gpu_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
     const device_context *dev = device_of(backend);
     gpu_backend *ctx = gpu_of(backend);
     graph_plan &plan = plan_of(dev, ctx, graph);
+    ctx->stats.computes++;
     if (plan.whole) {
         g_step_counts[STEP_RUN]++;
         return ggml_backend_graph_compute_async(ctx->cuda, graph);
