@@ -564,8 +564,9 @@ def test_gpu_plan_takes_ropes(plugin_path, plugin_device, offload_all, llama, mo
     """The fused plan's RoPE steps, through the plan hook: q's RoPE right after q's MUL_MAT a step of ours
     (ROPE), a q/k norm + RoPE (RMS_NORM, MUL by a head_dim row, ROPE: ggml-cuda's fused kernel) a step of ours
     (NORM_ROPE); left to CUDAi: a RoPE with parameters our kernel does not compute as ggml-cuda does (here freq_scale
-    0.5) and one whose product a SET_ROWS writes into a cache (CUDAi fuses the two). The next MUL_MAT moves before
-    the run they start; API v19's plan (GGML_CIQ_FUSE=0) takes no RoPE."""
+    0.5), one whose product a SET_ROWS writes into a cache (CUDAi fuses the two), and one reading what CUDAi computes
+    after our MUL_MAT (Qwen2's q bias ADD: taking it would end no run earlier). The next MUL_MATs move before the run
+    they start; API v19's plan (GGML_CIQ_FUSE=0) takes no RoPE."""
     monkeypatch.setenv("GGML_CIQ_PLUGIN_FUSE_RULE", "0")
     with _plan_graphs(llama, plugin_path, plugin_device) as (lib, ctx, plan):
         k, head_dim, heads, tokens = 256, 64, 4, 64
@@ -585,17 +586,21 @@ def test_gpu_plan_takes_ropes(plugin_path, plugin_device, offload_all, llama, mo
         k2_r = rope(heads3(lib.ggml_mul_mat(ctx, weight(), attn)))                            # 13 MM, 14, 15
         store = lib.ggml_set_rows(ctx, lib.ggml_new_tensor_2d(ctx, F32, k, 2 * tokens),       # 16 RESHAPE, 17
                                   lib.ggml_reshape_2d(ctx, k2_r, k, tokens), lib.ggml_new_tensor_1d(ctx, I64, tokens))
+        biased = lib.ggml_add(ctx, lib.ggml_mul_mat(ctx, weight(), attn),                     # 18 MM, 19 ADD
+                              lib.ggml_new_tensor_1d(ctx, F32, k))                            # of a bias row
+        b_r = rope(heads3(biased))                                                            # 20 RESHAPE, 21
         graph = lib.ggml_new_graph(ctx)
-        for node in (q_r, k_r, v_r, store):
+        for node in (q_r, k_r, v_r, store, b_r):
             lib.ggml_build_forward_expand(graph, node)
-        assert lib.ggml_graph_n_nodes(graph) == 18
+        assert lib.ggml_graph_n_nodes(graph) == 22
         f16 = native.plan("auto", 0 if plugin_device != "CIQ_CPU" else "cpu",
                           "any" if plugin_device != "CIQ_CPU" else "cpu", Q4_K, k, k, tokens).layout == "f16"
         got, _, runs = plan(graph, 9)
         assert got == [(NORM_ACT, 0, 1, -1, 2 if f16 else 0, 0), (MUL_MAT, 2, -1, -1, 0 if f16 else 1, 0),
                        (ROPE, 4, -1, -1, 0, 0), (MUL_MAT, 5, -1, -1, 0, 0), (NORM_ROPE, 7, 8, 9, 0, 0),
-                       (MUL_MAT, 10, -1, -1, 0, 0), (MUL_MAT, 13, -1, -1, 0, 0), (RUN, 11, -1, -1, 0, 6)], got
-        assert runs == [11, 12, 14, 15, 16, 17]
+                       (MUL_MAT, 10, -1, -1, 0, 0), (MUL_MAT, 13, -1, -1, 0, 0), (MUL_MAT, 18, -1, -1, 0, 0),
+                       (RUN, 11, -1, -1, 0, 9)], got
+        assert runs == [11, 12, 14, 15, 16, 17, 19, 20, 21]
         monkeypatch.setenv("GGML_CIQ_FUSE", "0")
         got, _, _ = plan(graph, 9)
         assert {row[0] for row in got} == {RUN, MUL_MAT}
@@ -793,14 +798,16 @@ def test_llama_cpp_python_generates_through_the_plugin(plugin_path, cpu_device, 
     # name: (API v19's runs, the fused plan's runs, NORM_ACT, GLU_ACT, NORM_ADD, ROPE, NORM_ROPE, the rule's pick)
     ("gemma3-270m", (109, 21, 36, 18, 35, 0, 36, "fused plan")),
     ("smollm2-135m", (151, 33, 60, 30, 0, 30, 0, "fused plan")),
+    ("qwen2.5-coder-0.5b", (145, 51, 48, 24, 0, 0, 0, "fused plan")),  # q/k/v bias ADDs stay CUDAi's
 ])
 def test_gpu_plan_over_llamacpps_allocated_graph(plugin_path, cpu_device, llama, model, want):
     """The plugin's plans over llama.cpp's own graph of a 512-token prefill, allocated by ggml-alloc (its in-place and
     free-block reuse, as on a GPU up to alignment: tools/plugin_plan.py, on llama.cpp CPU): API v19's plan cuts a layer
     into five CUDAi runs; the fused plan takes the norms, GLUs and post-norms, q's RoPE (llama; k's stays CUDAi's,
     fused with its KV write) or q's and k's norm + RoPE (Gemma 3), and moves MUL_MATs before a run where ggml-alloc's
-    addresses allow: one CUDAi run a layer (its KV writes and attention). The rule keeps the fused plan where it
-    halves the runs (both here; API v21's fused plan kept three runs a Gemma layer, and the rule took API v19's)."""
+    addresses allow: one CUDAi run a layer (its KV writes and attention; Qwen2.5: two, its q/k/v bias ADDs and q's
+    RoPE after them stay CUDAi's). The rule keeps the fused plan where it halves the runs (all three here; before the
+    RoPE steps the fused plan kept three runs a Gemma layer, and the rule took API v19's)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("plugin_plan", os.path.join(os.path.dirname(__file__), "..",

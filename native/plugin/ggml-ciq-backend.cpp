@@ -766,15 +766,19 @@ struct planner {
     step match_fused(int i) {
         step s;
         ggml_tensor *n = node(i);
+        // A RoPE step extends the stretch of ours before it, never starts one: the run pending since must have
+        // nothing to compute, or the step must be able to go before it (Qwen2's q RoPE reads CUDAi's bias ADD: left
+        // to CUDAi, as taking it would end that run no earlier and add a call).
         const bool after_ours = !plan.steps.empty() && plan.steps.back().kind != STEP_RUN;
+        auto extends_ours = [&](const step &r) { return !pending_computes || independent_of_pending(r); };
         if (n->op == GGML_OP_ROPE && after_ours && rope_ours(n) && !feeds_set_rows(graph, i + 1, n)) {
             s.kind = STEP_ROPE;
             s.node = i;
-            return s;
+            return extends_ours(s) ? s : step{};
         }
         if (n->op == GGML_OP_RMS_NORM && after_ours) {
             s = match_norm_rope(i);
-            if (s.kind != STEP_RUN) return s;
+            if (s.kind != STEP_RUN) return extends_ours(s) ? s : step{};
         }
         if (n->op == GGML_OP_RMS_NORM && plain_f32(n) && plain_f32(n->src[0]) && read_only_by(graph, n, 1)) {
             const int j = next_computing(graph, i);
