@@ -508,9 +508,12 @@ const ggml_tensor *other_operand(const ggml_tensor *node, const ggml_tensor *t) 
     return node->src[0] == t ? node->src[1] : node->src[1] == t ? node->src[0] : nullptr;
 }
 
-// A MUL by a float32 weight row of norm's width (either operand order): the weight, or NULL.
+// A MUL by a float32 weight row of norm's width (either operand order; any contiguous float32 MUL of norm's shape):
+// the weight, or NULL.
 const ggml_tensor *norm_weight(const ggml_tensor *mul, const ggml_tensor *norm) {
-    if (mul->op != GGML_OP_MUL || !plain_f32(mul) || !ggml_are_same_shape(mul, norm)) return nullptr;
+    if (mul->op != GGML_OP_MUL || mul->type != GGML_TYPE_F32 || !ggml_is_contiguous(mul) ||
+        !ggml_are_same_shape(mul, norm))
+        return nullptr;
     const ggml_tensor *w = other_operand(mul, norm);
     if (w == nullptr || w == norm || w->type != GGML_TYPE_F32 || !ggml_is_contiguous(w) || w->ne[0] != norm->ne[0] ||
         ggml_nrows(w) != 1)
@@ -529,14 +532,12 @@ bool rope_ours(const ggml_tensor *rope) {
         pos == nullptr || pos->type != GGML_TYPE_I32 || !ggml_is_contiguous(pos) || pos->ne[0] != rope->ne[2] ||
         rope->src[2] != nullptr)
         return false;
-    const int32_t *p = (const int32_t *)rope->op_params;
-    float base, freq_scale, ext_factor, attn_factor;
-    std::memcpy(&base, p + 5, sizeof(float));
-    std::memcpy(&freq_scale, p + 6, sizeof(float));
-    std::memcpy(&ext_factor, p + 7, sizeof(float));
-    std::memcpy(&attn_factor, p + 8, sizeof(float));
-    return p[1] == rope->ne[0] && rope->ne[0] % 2 == 0 && (p[2] == GGML_ROPE_TYPE_NORMAL || p[2] == GGML_ROPE_TYPE_NEOX) &&
-           base > 0.0f && freq_scale == 1.0f && ext_factor == 0.0f && attn_factor == 1.0f && p[15] == 0;
+    // ggml_rope_impl's op_params: 1 n_dims, 2 mode, 5..8 freq_base, freq_scale, ext_factor, attn_factor, 15 n_offs
+    const int mode = ggml_get_op_params_i32(rope, 2);
+    return ggml_get_op_params_i32(rope, 1) == rope->ne[0] && rope->ne[0] % 2 == 0 &&
+           (mode == GGML_ROPE_TYPE_NORMAL || mode == GGML_ROPE_TYPE_NEOX) && ggml_get_op_params_f32(rope, 5) > 0.0f &&
+           ggml_get_op_params_f32(rope, 6) == 1.0f && ggml_get_op_params_f32(rope, 7) == 0.0f &&
+           ggml_get_op_params_f32(rope, 8) == 1.0f && ggml_get_op_params_i32(rope, 15) == 0;
 }
 
 float rope_base(const ggml_tensor *rope) { return ggml_get_op_params_f32(rope, 5); }
@@ -747,13 +748,9 @@ struct planner {
         if (i + 2 >= graph->n_nodes) return s;
         const ggml_tensor *mul = node(i + 1), *rope = node(i + 2);
         if (n->type != GGML_TYPE_F32 || !ggml_is_contiguous(n) || n->src[0] == nullptr ||
-            n->src[0]->type != GGML_TYPE_F32 || !ggml_is_contiguous(n->src[0]) || mul->op != GGML_OP_MUL ||
-            mul->src[0] != n || mul->type != GGML_TYPE_F32 || !ggml_are_same_shape(mul, n) || !rope_ours(rope) ||
-            rope->src[0] != mul || !read_only_by(graph, n, 1) || !read_only_by(graph, mul, 1))
-            return s;
-        const ggml_tensor *w = mul->src[1];
-        if (w == nullptr || w->type != GGML_TYPE_F32 || !ggml_is_contiguous(w) || w->ne[0] != n->ne[0] ||
-            ggml_nelements(w) != w->ne[0])
+            n->src[0]->type != GGML_TYPE_F32 || !ggml_is_contiguous(n->src[0]) || mul->src[0] != n ||
+            norm_weight(mul, n) == nullptr || !rope_ours(rope) || rope->src[0] != mul || !read_only_by(graph, n, 1) ||
+            !read_only_by(graph, mul, 1))
             return s;
         s.kind = STEP_NORM_ROPE;
         s.node = i;
@@ -936,10 +933,11 @@ uint64_t run_uid(uint64_t graph_uid, size_t step) {
 // ADD, fused NORM_ACT / GLU_ACT steps, and stretches of ours replayed as CUDA graphs: which path ran, for the GPU
 // tests ("ggml_ciq_plugin_steps").
 constexpr int STEP_COUNTS = 10;  // RUN .. NORM_ADD, MUL_MAT + ADD, fused, replays, ROPE, NORM_ROPE
+constexpr int k_count_of_kind[] = {0, 1, 2, 3, 4, 8, 9};  // step_kind -> its counter (5..7: the three above)
 std::atomic<uint64_t> g_step_counts[STEP_COUNTS];
 
 void count_step(const step &s) {
-    g_step_counts[s.kind <= STEP_NORM_ADD ? (int)s.kind : (int)s.kind + 3]++;
+    g_step_counts[k_count_of_kind[s.kind]]++;
     if (s.kind == STEP_MUL_MAT && s.add >= 0) g_step_counts[5]++;
     if (s.fused) g_step_counts[6]++;
 }
