@@ -26,6 +26,8 @@
 #include "ggml_ciq.h"
 
 #include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -295,6 +297,9 @@ enum step_kind : int {
     STEP_RUN = 0, STEP_MUL_MAT = 1, STEP_NORM_ACT = 2, STEP_GLU_ACT = 3, STEP_NORM_ADD = 4, STEP_ROPE = 5,
     STEP_NORM_ROPE = 6
 };
+constexpr int STEP_KINDS = 7;
+constexpr const char *k_step_kind_names[STEP_KINDS] = {"RUN", "MUL_MAT", "NORM_ACT", "GLU_ACT", "NORM_ADD", "ROPE",
+                                                       "NORM_ROPE"};
 
 struct step {
     step_kind kind = STEP_RUN;
@@ -356,12 +361,22 @@ struct gpu_backend {
     // decode step it cannot reuse) is planned without asking the library per MUL_MAT again. Read once per backend:
     // GGML_CIQ_OFFLOAD and the rest of the switches are fixed for a backend's life.
     std::map<std::tuple<int, int64_t, int64_t, int64_t>, mul_mat_answer> answers;
-    // What this backend did, logged (ggml's debug level: llama.cpp tools with -v) when it is freed: whether a
-    // benchmark's micro-batches found their plans and replayed their stretches.
+    // What this backend did, logged (ggml's debug level: llama.cpp tools with -v) when it is freed, and printed on
+    // stderr under GGML_CIQ_PLUGIN_STATS (llama-bench without -v silences ggml's log): whether a benchmark's
+    // micro-batches found their plans and replayed their stretches, and where the host's time went (nanoseconds).
     struct {
         uint64_t computes = 0, plans = 0, eager = 0, captured = 0, replayed = 0, stale = 0, failed = 0;
+        uint64_t ns_compute = 0, ns_cuda = 0, ns_ours = 0, ns_handover = 0, ns_sync = 0, syncs = 0, ns_outside = 0;
+        uint64_t ns_kind[STEP_KINDS] = {}, n_kind[STEP_KINDS] = {};  // eager steps of ours by kind
+        int64_t last_end = 0;  // steady clock at the end of the last graph_compute or synchronize (0: none yet)
     } stats;
+    bool print_stats = false;  // GGML_CIQ_PLUGIN_STATS when it started
 };
+
+int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
 
 gpu_backend *gpu_of(ggml_backend_t backend) { return (gpu_backend *)backend->context; }
 
@@ -371,11 +386,27 @@ ggml_backend_t cuda_of(ggml_backend_t backend);
 void gpu_backend_free(ggml_backend_t backend) {
     gpu_backend *ctx = gpu_of(backend);
     const auto &st = ctx->stats;
-    GGML_LOG_DEBUG("ggml-ciq: %s: %llu graphs computed, %llu plans made; stretches of ours: %llu eager, %llu captured, "
-                   "%llu replayed, %llu stale, %llu captures failed\n",
-                   device_of(backend)->name.c_str(), (unsigned long long)st.computes, (unsigned long long)st.plans,
-                   (unsigned long long)st.eager, (unsigned long long)st.captured, (unsigned long long)st.replayed,
-                   (unsigned long long)st.stale, (unsigned long long)st.failed);
+    const double per = st.computes > 0 ? 1e-3 / (double)st.computes : 0.0;  // ns in all -> us per graph
+    char kinds[512];
+    int used = 0;
+    for (int k = 1; k < STEP_KINDS && used < (int)sizeof(kinds); k++)
+        if (st.n_kind[k] > 0)
+            used += std::snprintf(kinds + used, sizeof(kinds) - used, " %s %.2f us x %.1f;", k_step_kind_names[k],
+                                  1e-3 * (double)st.ns_kind[k] / (double)st.n_kind[k],
+                                  (double)st.n_kind[k] * per * 1e3);
+    if (used == 0) std::snprintf(kinds, sizeof(kinds), " none;");
+    char line[1024];
+    std::snprintf(line, sizeof(line),
+                  "ggml-ciq: %s: %llu graphs computed, %llu plans made; stretches of ours: %llu eager, %llu captured, "
+                  "%llu replayed, %llu stale, %llu captures failed; host us a graph: graph_compute %.1f (CUDA runs "
+                  "%.1f, ours %.1f, hand-overs %.1f), synchronize %.1f (%llu calls), outside %.1f; eager steps:%s\n",
+                  device_of(backend)->name.c_str(), (unsigned long long)st.computes, (unsigned long long)st.plans,
+                  (unsigned long long)st.eager, (unsigned long long)st.captured, (unsigned long long)st.replayed,
+                  (unsigned long long)st.stale, (unsigned long long)st.failed, st.ns_compute * per, st.ns_cuda * per,
+                  st.ns_ours * per, st.ns_handover * per, st.ns_sync * per, (unsigned long long)st.syncs,
+                  st.ns_outside * per, kinds);
+    GGML_LOG_DEBUG("%s", line);
+    if (ctx->print_stats) std::fputs(line, stderr);
     if (ctx->cuda != nullptr) ggml_backend_synchronize(ctx->cuda);
     if (!ctx->plans.empty()) ciq_device_synchronize(device_of(backend)->ciq_device);  // graphs in flight done
     for (graph_plan &p : ctx->plans) free_graphs(&p);
@@ -414,7 +445,16 @@ bool gpu_cpy_tensor_async(ggml_backend_t backend_src, ggml_backend_t backend_dst
            cuda_dst->iface.cpy_tensor_async(cuda_of(backend_src), cuda_dst, src, dst);
 }
 
-void gpu_synchronize(ggml_backend_t backend) { ggml_backend_synchronize(gpu_of(backend)->cuda); }
+void gpu_synchronize(ggml_backend_t backend) {
+    gpu_backend *ctx = gpu_of(backend);
+    const int64_t t0 = now_ns();
+    ggml_backend_synchronize(ctx->cuda);
+    const int64_t t1 = now_ns();
+    ctx->stats.syncs++;
+    ctx->stats.ns_sync += t1 - t0;
+    if (ctx->stats.last_end != 0) ctx->stats.ns_outside += t0 - ctx->stats.last_end;
+    ctx->stats.last_end = t1;
+}
 
 // CUDAi's own node order and fusion lifetimes, so that what CUDAi runs is what it would run alone. Not under
 // GGML_CUDA_GRAPH_OPT=1: its concurrent-stream regions span whole graphs, and CIQi hands CUDAi runs of nodes.
@@ -1102,7 +1142,10 @@ ciq_status run_stretch(const device_context *dev, gpu_backend *ctx, ggml_cgraph 
     auto eager = [&]() -> ciq_status {
         ctx->stats.eager++;
         for (size_t i = first; i < end; i++) {
+            const int64_t t0 = now_ns();
             const ciq_status status = run_ours(dev, ctx, graph, plan.steps[i]);
+            ctx->stats.ns_kind[plan.steps[i].kind] += now_ns() - t0;
+            ctx->stats.n_kind[plan.steps[i].kind]++;
             if (status != CIQ_OK) {
                 *failed = i;
                 return status;
@@ -1164,11 +1207,24 @@ ciq_status run_stretch(const device_context *dev, gpu_backend *ctx, ggml_cgraph 
 ggml_status gpu_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
     const device_context *dev = device_of(backend);
     gpu_backend *ctx = gpu_of(backend);
+    const int64_t t_start = now_ns();
+    auto &st = ctx->stats;
+    if (st.last_end != 0) st.ns_outside += t_start - st.last_end;
+    struct timed {  // graph_compute's host time, however it returns
+        decltype(st) &stats;
+        int64_t start;
+        ~timed() {
+            stats.last_end = now_ns();
+            stats.ns_compute += stats.last_end - start;
+        }
+    } timer{st, t_start};
     graph_plan &plan = plan_of(dev, ctx, graph);
-    ctx->stats.computes++;
+    st.computes++;
     if (plan.whole) {
         g_step_counts[STEP_RUN]++;
-        return ggml_backend_graph_compute_async(ctx->cuda, graph);
+        const ggml_status status = ggml_backend_graph_compute_async(ctx->cuda, graph);
+        st.ns_cuda += now_ns() - t_start;
+        return status;
     }
     bool cuda_ahead = true;  // CUDAi's stream may hold work ours has not waited for (the scheduler's input copies)
     bool ciq_ahead = false;  // ours holds steps CUDAi's stream has not waited for
@@ -1177,11 +1233,13 @@ ggml_status gpu_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
     auto cuda_after_ciq = [&]() -> bool {
         if (!ciq_ahead) return true;
         ciq_ahead = false;
+        const int64_t t0 = now_ns();
         if (ciq_stream_record_event(dev->ciq_device, ctx->to_cuda->context) != CIQ_OK) {
             ciq_device_synchronize(dev->ciq_device);  // no event: our steps done before anything that follows
             return false;
         }
         ggml_backend_event_wait(ctx->cuda, ctx->to_cuda);
+        st.ns_handover += now_ns() - t0;
         return true;
     };
     auto fail = [&](const ggml_tensor *node) {  // node NULL: ordering CUDAi after our steps failed
@@ -1203,22 +1261,28 @@ ggml_status gpu_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
             view.nodes = const_cast<ggml_tensor **>(s.run.data());
             view.n_nodes = (int)s.run.size();
             view.uid = run_uid(graph->uid, i);
+            const int64_t t0 = now_ns();
             const ggml_status status = ggml_backend_graph_compute_async(ctx->cuda, &view);
+            st.ns_cuda += now_ns() - t0;
             if (status != GGML_STATUS_SUCCESS) return status;
             cuda_ahead = true;
             continue;
         }
         if (cuda_ahead) {
+            const int64_t t0 = now_ns();
             ggml_backend_event_record(ctx->to_ciq, ctx->cuda);
             if (ciq_stream_wait_event(dev->ciq_device, ctx->to_ciq->context) != CIQ_OK)
                 return fail(graph->nodes[s.node]);
             cuda_ahead = false;
+            st.ns_handover += now_ns() - t0;
         }
         ciq_ahead = true;
         size_t end = i + 1, failed = i;
         while (end < plan.steps.size() && plan.steps[end].kind != STEP_RUN) count_step(plan.steps[end++]);
-        if (run_stretch(dev, ctx, graph, plan, i, end, &failed) != CIQ_OK)
-            return fail(graph->nodes[plan.steps[failed].node]);
+        const int64_t t0 = now_ns();
+        const ciq_status ours = run_stretch(dev, ctx, graph, plan, i, end, &failed);
+        st.ns_ours += now_ns() - t0;
+        if (ours != CIQ_OK) return fail(graph->nodes[plan.steps[failed].node]);
         i = end - 1;
     }
     return cuda_after_ciq() ? GGML_STATUS_SUCCESS : fail(nullptr);
@@ -1302,6 +1366,9 @@ ggml_backend_t device_init_backend(ggml_backend_dev_t dev, const char *params) {
     int graphs = 0, rule = 1;
     ciq_switch_on("GGML_CIQ_PLUGIN_GRAPHS", &graphs);
     ciq_switch_on("GGML_CIQ_PLUGIN_FUSE_RULE", &rule);
+    int stats = 0;
+    ciq_switch_on("GGML_CIQ_PLUGIN_STATS", &stats);
+    gpu->print_stats = stats != 0;
     gpu->graphs = graphs != 0;
     gpu->fuse_rule = rule != 0;
     gpu->cuda = ggml_backend_dev_init(ctx->cuda, params);
@@ -1436,7 +1503,8 @@ bool switches_valid() {
     if (ciq_gemm_plan(CIQ_DEVICE_CPU, CIQ_VARIANT_AUTO, CIQ_SEMANTICS_ANY, CIQ_TYPE_Q4_K, 1, 256, 1, &plan) !=
             CIQ_ERR_INVALID_ARGUMENT &&
         ciq_switch_on("GGML_CIQ_FUSE", &fuse) == CIQ_OK && ciq_switch_on("GGML_CIQ_PLUGIN_GRAPHS", &fuse) == CIQ_OK &&
-        ciq_switch_on("GGML_CIQ_PLUGIN_FUSE_RULE", &fuse) == CIQ_OK)
+        ciq_switch_on("GGML_CIQ_PLUGIN_FUSE_RULE", &fuse) == CIQ_OK &&
+        ciq_switch_on("GGML_CIQ_PLUGIN_STATS", &fuse) == CIQ_OK)
         return true;
     GGML_LOG_ERROR("ggml-ciq: %s; the plugin offers no device (docs/PLUGIN.md)\n", ciq_last_error());
     return false;
