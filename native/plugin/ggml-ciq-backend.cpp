@@ -364,14 +364,20 @@ struct gpu_backend {
     // What this backend did, logged (ggml's debug level: llama.cpp tools with -v) when it is freed, and printed on
     // stderr under GGML_CIQ_PLUGIN_STATS (llama-bench without -v silences ggml's log): whether a benchmark's
     // micro-batches found their plans and replayed their stretches, and where the host's time went (nanoseconds).
-    struct {
-        uint64_t computes = 0, plans = 0, eager = 0, captured = 0, replayed = 0, stale = 0, failed = 0;
+    struct host_times {
         uint64_t ns_compute = 0, ns_cuda = 0, ns_ours = 0, ns_handover = 0, ns_sync = 0, syncs = 0, ns_outside = 0;
         uint64_t ns_kind[STEP_KINDS] = {}, n_kind[STEP_KINDS] = {};  // eager steps of ours by kind
+    };
+    struct {
+        uint64_t computes = 0, plans = 0, eager = 0, captured = 0, replayed = 0, stale = 0, failed = 0;
+        host_times t;         // since the backend started
+        host_times t_warm;    // t when the first k_warm_graphs graphs had run (first runs: lazy module loads, captures)
         int64_t last_end = 0;  // steady clock at the end of the last graph_compute or synchronize (0: none yet)
     } stats;
     bool print_stats = false;  // GGML_CIQ_PLUGIN_STATS when it started
 };
+
+constexpr uint64_t k_warm_graphs = 3;  // the stats line's host times leave out a backend's first graphs
 
 int64_t now_ns() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -386,25 +392,33 @@ ggml_backend_t cuda_of(ggml_backend_t backend);
 void gpu_backend_free(ggml_backend_t backend) {
     gpu_backend *ctx = gpu_of(backend);
     const auto &st = ctx->stats;
-    const double per = st.computes > 0 ? 1e-3 / (double)st.computes : 0.0;  // ns in all -> us per graph
+    // host times over the graphs after the first k_warm_graphs (all of them when there were no more)
+    const bool warm = st.computes > k_warm_graphs;
+    const uint64_t graphs = warm ? st.computes - k_warm_graphs : st.computes;
+    auto since = [&](uint64_t all, uint64_t at_warm) { return (double)(warm ? all - at_warm : all); };
+    const double per = graphs > 0 ? 1e-3 / (double)graphs : 0.0;  // ns in all -> us per graph
     char kinds[512];
     int used = 0;
-    for (int k = 1; k < STEP_KINDS && used < (int)sizeof(kinds); k++)
-        if (st.n_kind[k] > 0)
+    for (int k = 1; k < STEP_KINDS && used < (int)sizeof(kinds); k++) {
+        const double n = since(st.t.n_kind[k], st.t_warm.n_kind[k]);
+        if (n > 0)
             used += std::snprintf(kinds + used, sizeof(kinds) - used, " %s %.2f us x %.1f;", k_step_kind_names[k],
-                                  1e-3 * (double)st.ns_kind[k] / (double)st.n_kind[k],
-                                  (double)st.n_kind[k] * per * 1e3);
+                                  1e-3 * since(st.t.ns_kind[k], st.t_warm.ns_kind[k]) / n, n * per * 1e3);
+    }
     if (used == 0) std::snprintf(kinds, sizeof(kinds), " none;");
     char line[1024];
     std::snprintf(line, sizeof(line),
                   "ggml-ciq: %s: %llu graphs computed, %llu plans made; stretches of ours: %llu eager, %llu captured, "
-                  "%llu replayed, %llu stale, %llu captures failed; host us a graph: graph_compute %.1f (CUDA runs "
-                  "%.1f, ours %.1f, hand-overs %.1f), synchronize %.1f (%llu calls), outside %.1f; eager steps:%s\n",
+                  "%llu replayed, %llu stale, %llu captures failed; host us a graph over the last %llu: graph_compute "
+                  "%.1f (CUDA runs %.1f, ours %.1f, hand-overs %.1f), synchronize %.1f (%.1f calls), outside %.1f; "
+                  "eager steps:%s\n",
                   device_of(backend)->name.c_str(), (unsigned long long)st.computes, (unsigned long long)st.plans,
                   (unsigned long long)st.eager, (unsigned long long)st.captured, (unsigned long long)st.replayed,
-                  (unsigned long long)st.stale, (unsigned long long)st.failed, st.ns_compute * per, st.ns_cuda * per,
-                  st.ns_ours * per, st.ns_handover * per, st.ns_sync * per, (unsigned long long)st.syncs,
-                  st.ns_outside * per, kinds);
+                  (unsigned long long)st.stale, (unsigned long long)st.failed, (unsigned long long)graphs,
+                  since(st.t.ns_compute, st.t_warm.ns_compute) * per, since(st.t.ns_cuda, st.t_warm.ns_cuda) * per,
+                  since(st.t.ns_ours, st.t_warm.ns_ours) * per, since(st.t.ns_handover, st.t_warm.ns_handover) * per,
+                  since(st.t.ns_sync, st.t_warm.ns_sync) * per, since(st.t.syncs, st.t_warm.syncs) * per * 1e3,
+                  since(st.t.ns_outside, st.t_warm.ns_outside) * per, kinds);
     GGML_LOG_DEBUG("%s", line);
     if (ctx->print_stats) std::fputs(line, stderr);
     if (ctx->cuda != nullptr) ggml_backend_synchronize(ctx->cuda);
@@ -450,9 +464,9 @@ void gpu_synchronize(ggml_backend_t backend) {
     const int64_t t0 = now_ns();
     ggml_backend_synchronize(ctx->cuda);
     const int64_t t1 = now_ns();
-    ctx->stats.syncs++;
-    ctx->stats.ns_sync += t1 - t0;
-    if (ctx->stats.last_end != 0) ctx->stats.ns_outside += t0 - ctx->stats.last_end;
+    ctx->stats.t.syncs++;
+    ctx->stats.t.ns_sync += t1 - t0;
+    if (ctx->stats.last_end != 0) ctx->stats.t.ns_outside += t0 - ctx->stats.last_end;
     ctx->stats.last_end = t1;
 }
 
@@ -1144,8 +1158,8 @@ ciq_status run_stretch(const device_context *dev, gpu_backend *ctx, ggml_cgraph 
         for (size_t i = first; i < end; i++) {
             const int64_t t0 = now_ns();
             const ciq_status status = run_ours(dev, ctx, graph, plan.steps[i]);
-            ctx->stats.ns_kind[plan.steps[i].kind] += now_ns() - t0;
-            ctx->stats.n_kind[plan.steps[i].kind]++;
+            ctx->stats.t.ns_kind[plan.steps[i].kind] += now_ns() - t0;
+            ctx->stats.t.n_kind[plan.steps[i].kind]++;
             if (status != CIQ_OK) {
                 *failed = i;
                 return status;
@@ -1209,13 +1223,13 @@ ggml_status gpu_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
     gpu_backend *ctx = gpu_of(backend);
     const int64_t t_start = now_ns();
     auto &st = ctx->stats;
-    if (st.last_end != 0) st.ns_outside += t_start - st.last_end;
+    if (st.last_end != 0) st.t.ns_outside += t_start - st.last_end;
     struct timed {  // graph_compute's host time, however it returns
         decltype(st) &stats;
         int64_t start;
         ~timed() {
             stats.last_end = now_ns();
-            stats.ns_compute += stats.last_end - start;
+            stats.t.ns_compute += stats.last_end - start;
         }
     } timer{st, t_start};
     graph_plan &plan = plan_of(dev, ctx, graph);
@@ -1223,7 +1237,7 @@ ggml_status gpu_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
     if (plan.whole) {
         g_step_counts[STEP_RUN]++;
         const ggml_status status = ggml_backend_graph_compute_async(ctx->cuda, graph);
-        st.ns_cuda += now_ns() - t_start;
+        st.t.ns_cuda += now_ns() - t_start;
         return status;
     }
     bool cuda_ahead = true;  // CUDAi's stream may hold work ours has not waited for (the scheduler's input copies)
@@ -1239,7 +1253,7 @@ ggml_status gpu_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
             return false;
         }
         ggml_backend_event_wait(ctx->cuda, ctx->to_cuda);
-        st.ns_handover += now_ns() - t0;
+        st.t.ns_handover += now_ns() - t0;
         return true;
     };
     auto fail = [&](const ggml_tensor *node) {  // node NULL: ordering CUDAi after our steps failed
@@ -1263,7 +1277,7 @@ ggml_status gpu_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
             view.uid = run_uid(graph->uid, i);
             const int64_t t0 = now_ns();
             const ggml_status status = ggml_backend_graph_compute_async(ctx->cuda, &view);
-            st.ns_cuda += now_ns() - t0;
+            st.t.ns_cuda += now_ns() - t0;
             if (status != GGML_STATUS_SUCCESS) return status;
             cuda_ahead = true;
             continue;
@@ -1274,14 +1288,14 @@ ggml_status gpu_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
             if (ciq_stream_wait_event(dev->ciq_device, ctx->to_ciq->context) != CIQ_OK)
                 return fail(graph->nodes[s.node]);
             cuda_ahead = false;
-            st.ns_handover += now_ns() - t0;
+            st.t.ns_handover += now_ns() - t0;
         }
         ciq_ahead = true;
         size_t end = i + 1, failed = i;
         while (end < plan.steps.size() && plan.steps[end].kind != STEP_RUN) count_step(plan.steps[end++]);
         const int64_t t0 = now_ns();
         const ciq_status ours = run_stretch(dev, ctx, graph, plan, i, end, &failed);
-        st.ns_ours += now_ns() - t0;
+        st.t.ns_ours += now_ns() - t0;
         if (ours != CIQ_OK) return fail(graph->nodes[plan.steps[failed].node]);
         i = end - 1;
     }
