@@ -375,19 +375,6 @@ struct gpu_backend {
         int64_t last_end = 0;  // steady clock at the end of the last graph_compute or synchronize (0: none yet)
     } stats;
     bool print_stats = false;  // GGML_CIQ_PLUGIN_STATS when it started
-    // GGML_CIQ_PLUGIN_RUN_GRAPHS off (the default): CUDAi runs each run of its nodes between our steps node by node,
-    // never capturing it as a CUDA graph of its own. ggml-cuda 0c1e570 (ggml_backend_cuda_graph_compute) keys a graph
-    // by its first node, and captures it once two calls in a row find every node's properties unchanged (a uid equal
-    // to the last call's stands for "unchanged"). A run is handed over with uid 0 and, last, `marker`: a GGML_OP_NONE
-    // tensor (ggml-cuda skips it as a no-op: ggml_cuda_is_view_or_noop) whose op_params[0] counts the hand-overs, so
-    // no two calls look alike and ggml-cuda evaluates the nodes directly. Measured (H100, 85880a0, GGML_CUDA_DISABLE_GRAPHS=1
-    // for the same path): Gemma pp512 93.8k-97.2k t/s +-1.4k-2.0k against 80.6k-96.9k +-2.4k-9.4k with CUDAi's
-    // graphs of the runs; the 8B 25.8k against 24.8k-25.7k. A graph with no step of ours (decode: plan.whole) goes to
-    // CUDAi as it is and keeps CUDAi's graphs (Gemma tg128 without them: 473-613 t/s against 986-996).
-    bool run_graphs = false;
-    ggml_context *marker_ctx = nullptr;
-    ggml_tensor *marker = nullptr;
-    std::vector<ggml_tensor *> run_nodes;  // a run's nodes and the marker, handed to CUDAi
 };
 
 constexpr uint64_t k_warm_graphs = 3;  // the stats line's host times leave out a backend's first graphs
@@ -441,7 +428,6 @@ void gpu_backend_free(ggml_backend_t backend) {
     if (ctx->to_ciq != nullptr) ggml_backend_event_free(ctx->to_ciq);
     if (ctx->to_cuda != nullptr) ggml_backend_event_free(ctx->to_cuda);
     if (ctx->cuda != nullptr) ggml_backend_free(ctx->cuda);
-    if (ctx->marker_ctx != nullptr) ggml_free(ctx->marker_ctx);
     delete ctx;
     delete backend;
 }
@@ -1289,14 +1275,6 @@ ggml_status gpu_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
             view.nodes = const_cast<ggml_tensor **>(s.run.data());
             view.n_nodes = (int)s.run.size();
             view.uid = run_uid(graph->uid, i);
-            if (!ctx->run_graphs) {  // node by node (gpu_backend.run_graphs): uid 0, the marker last, changed
-                ctx->run_nodes.assign(s.run.begin(), s.run.end());
-                ctx->marker->op_params[0]++;
-                ctx->run_nodes.push_back(ctx->marker);
-                view.nodes = ctx->run_nodes.data();
-                view.n_nodes = (int)ctx->run_nodes.size();
-                view.uid = 0;
-            }
             const int64_t t0 = now_ns();
             const ggml_status status = ggml_backend_graph_compute_async(ctx->cuda, &view);
             st.t.ns_cuda += now_ns() - t0;
@@ -1402,18 +1380,9 @@ ggml_backend_t device_init_backend(ggml_backend_dev_t dev, const char *params) {
     int graphs = 0, rule = 1;
     ciq_switch_on("GGML_CIQ_PLUGIN_GRAPHS", &graphs);
     ciq_switch_on("GGML_CIQ_PLUGIN_FUSE_RULE", &rule);
-    int stats = 0, run_graphs = 0;
+    int stats = 0;
     ciq_switch_on("GGML_CIQ_PLUGIN_STATS", &stats);
-    ciq_switch_on("GGML_CIQ_PLUGIN_RUN_GRAPHS", &run_graphs);
     gpu->print_stats = stats != 0;
-    gpu->run_graphs = run_graphs != 0;
-    const ggml_init_params marker_params = {/* .mem_size = */ ggml_tensor_overhead(), /* .mem_buffer = */ nullptr,
-                                            /* .no_alloc = */ true};
-    gpu->marker_ctx = ggml_init(marker_params);
-    if (gpu->marker_ctx != nullptr) {
-        gpu->marker = ggml_new_tensor_1d(gpu->marker_ctx, GGML_TYPE_F32, 1);  // op GGML_OP_NONE, no data, no flags
-        ggml_set_name(gpu->marker, "ggml-ciq run marker");
-    }
     gpu->graphs = graphs != 0;
     gpu->fuse_rule = rule != 0;
     gpu->cuda = ggml_backend_dev_init(ctx->cuda, params);
@@ -1422,7 +1391,7 @@ ggml_backend_t device_init_backend(ggml_backend_dev_t dev, const char *params) {
         gpu->to_cuda = ggml_backend_event_new(ctx->cuda);
     }
     ggml_backend_t backend = new ggml_backend{backend_guid(), gpu_backend_interface, dev, gpu};
-    if (gpu->cuda == nullptr || gpu->to_ciq == nullptr || gpu->to_cuda == nullptr || gpu->marker == nullptr) {
+    if (gpu->cuda == nullptr || gpu->to_ciq == nullptr || gpu->to_cuda == nullptr) {
         GGML_LOG_ERROR("ggml-ciq: %s: cannot start %s's backend and events\n", ctx->name.c_str(),
                        ggml_backend_dev_name(ctx->cuda));
         gpu_backend_free(backend);
@@ -1549,8 +1518,7 @@ bool switches_valid() {
             CIQ_ERR_INVALID_ARGUMENT &&
         ciq_switch_on("GGML_CIQ_FUSE", &fuse) == CIQ_OK && ciq_switch_on("GGML_CIQ_PLUGIN_GRAPHS", &fuse) == CIQ_OK &&
         ciq_switch_on("GGML_CIQ_PLUGIN_FUSE_RULE", &fuse) == CIQ_OK &&
-        ciq_switch_on("GGML_CIQ_PLUGIN_STATS", &fuse) == CIQ_OK &&
-        ciq_switch_on("GGML_CIQ_PLUGIN_RUN_GRAPHS", &fuse) == CIQ_OK)
+        ciq_switch_on("GGML_CIQ_PLUGIN_STATS", &fuse) == CIQ_OK)
         return true;
     GGML_LOG_ERROR("ggml-ciq: %s; the plugin offers no device (docs/PLUGIN.md)\n", ciq_last_error());
     return false;

@@ -28,7 +28,6 @@ enum Switch {
     PLUGIN_GRAPHS,
     PLUGIN_FUSE_RULE,
     PLUGIN_STATS,
-    PLUGIN_RUN_GRAPHS,
     SWITCH_COUNT
 };
 
@@ -89,11 +88,6 @@ constexpr SwitchRow k_switches[SWITCH_COUNT] = {
      "the ggml plugin (ciq_switch_on, when a backend starts)", "1: each CIQi backend prints one line to stderr when "
      "it is freed: graphs computed, plans, stretches run eagerly / captured / replayed, and host microseconds per "
      "graph: CUDAi's runs, ours by step kind, hand-overs, waiting in synchronize, and outside graph_compute"},
-    {PLUGIN_RUN_GRAPHS, "GGML_CIQ_PLUGIN_RUN_GRAPHS", "1/on/true/yes | 0/off/false/no", "off",
-     "the ggml plugin (ciq_switch_on, when a backend starts)", "1: CUDAi may capture and replay each run of its nodes "
-     "between CIQi's steps as its own CUDA graph, as it does a whole graph (off: those runs go node by node, "
-     "measured faster and steadier on an H100, docs/PLUGIN.md; a graph with no step of ours, decode, keeps CUDAi's "
-     "graphs either way)"},
 };
 
 constexpr bool rows_in_order() {
@@ -169,12 +163,11 @@ ciq_status ciq_switches_attention_wgmma(bool *take) { return word_switch(ATTENTI
 
 ciq_status ciq_switches_on_off(const char *name, bool *on) {
     *on = true;
-    for (Switch s : {FUSE, FUSE_GLU, ATTENTION_WGMMA, PLUGIN_GRAPHS, PLUGIN_FUSE_RULE, PLUGIN_STATS,
-                     PLUGIN_RUN_GRAPHS})
+    for (Switch s : {FUSE, FUSE_GLU, ATTENTION_WGMMA, PLUGIN_GRAPHS, PLUGIN_FUSE_RULE, PLUGIN_STATS})
         if (name != nullptr && std::strcmp(name, switch_name(s)) == 0) return word_switch(s, on);
     return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_switch_on: '%s' is not an on/off switch (GGML_CIQ_FUSE, "
                     "GGML_CIQ_FUSE_GLU, GGML_CIQ_ATTENTION_WGMMA, GGML_CIQ_PLUGIN_GRAPHS, "
-                    "GGML_CIQ_PLUGIN_FUSE_RULE, GGML_CIQ_PLUGIN_STATS, GGML_CIQ_PLUGIN_RUN_GRAPHS)", name ? name : "(null)");
+                    "GGML_CIQ_PLUGIN_FUSE_RULE, GGML_CIQ_PLUGIN_STATS)", name ? name : "(null)");
 }
 
 const char *ciq_switches_cpu_isa(void) { return switch_value(CPU_ISA); }
