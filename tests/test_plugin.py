@@ -8,6 +8,7 @@ GGML_CIQ_REQUIRE_LLAMACPP=1."""
 
 import contextlib
 import os
+import re
 import textwrap
 from collections import Counter
 
@@ -142,7 +143,7 @@ def test_mul_mat_graph_on_the_plugin_device(plugin_path, cpu_device, offload_all
 @pytest.mark.gpu
 @pytest.mark.parametrize("fuse,rule,graphs", [("1", "1", "0"), ("1", "0", "1"), ("1", "0", "0"), ("0", "1", "1")])
 def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all, gemma_full, llama, monkeypatch,
-                                         fuse, rule, graphs):
+                                         capfd, fuse, rule, graphs):
     """Over a CUDA llama.cpp (docs/GPU.md: the plugin's recipes): Gemma 3 270M with devices CIQ0/CUDA0, every weight
     MUL_MAT through the plugin (GGML_CIQ_OFFLOAD=all), against CUDA0 alone, flash attention off on both. The
     semantics differ (wgmma's f16 products, not MMQ's), so this is a sanity bar - a race against CUDA0's stream or a
@@ -152,7 +153,9 @@ def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all
     attention) and ours: 2 norms feeding MUL_MATs and 1 GEGLU fused into the f16 conversion, q's and k's norm + RoPE,
     2 post-norms with their residual; GGML_CIQ_FUSE=0 takes API v19's plan (MUL_MATs alone, five runs a layer). Three
     prefills of the prompt in one context: with GGML_CIQ_PLUGIN_GRAPHS=1 the stretches of ours run eagerly, are
-    captured as CUDA graphs and replayed (the replay counter says so); the logits bit for bit the same each time."""
+    captured as CUDA graphs and replayed (the replay counter says so); the logits bit for bit the same each time.
+    GGML_CIQ_PLUGIN_STATS=1: the backend's line on stderr when the context is freed counts the same graphs, plan and
+    replays."""
     from ggml_ciq.compare import logits_agreement
     from ggml_ciq.llama_model import LlamaModel
 
@@ -176,6 +179,8 @@ def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all
         steps = ffi.new("uint64_t[10]")
         read_steps(steps, 1)
         monkeypatch.setenv("GGML_CIQ_PLUGIN_GRAPHS", graphs)
+        monkeypatch.setenv("GGML_CIQ_PLUGIN_STATS", "1")
+        capfd.readouterr()
         with LlamaModel(path, device="cuda", devices=["CIQ0"]) as model, \
                 model.context_for(len(tokens), flash_attn=False) as ctx:
             native.dispatch_reset()
@@ -186,12 +191,22 @@ def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all
             again = [ctx.prefill(tokens) for _ in range(2)]
             read_steps(steps, 1)
             replays = steps[7]
+        stats = re.findall(r"ggml-ciq: CIQ0: (\d+) graphs computed, (\d+) plans made; stretches of ours: (\d+) eager, "
+                           r"(\d+) captured, (\d+) replayed, (\d+) stale, (\d+) captures failed; host us a graph",
+                           capfd.readouterr().err)
     runs, mul_mats, norm_acts, glu_acts, norm_adds, with_add, fused, _, ropes, norm_ropes = first
     print(f"steps: {runs} CUDA0 runs, {mul_mats} MUL_MATs ({with_add} with their ADD), {norm_acts} norms, {glu_acts} "
           f"GEGLUs ({fused} fused), {norm_adds} post-norms, {norm_ropes} q/k norm + RoPEs, {ropes} RoPEs; {replays} "
           f"stretches replayed in the next two prefills")
     assert np.array_equal(again[1], logits) and np.array_equal(again[0], logits)
     assert replays == (runs if graphs == "1" else 0)  # the third prefill: every stretch of ours (one per CUDA0 run)
+    assert len(stats) == 1, stats  # one CIQ0 backend, freed with its context
+    computed, planned, eager, captured, replayed, stale, failed = map(int, stats[0])
+    assert computed >= 3 and planned >= 1 and eager >= 1 and (stale, failed) == (0, 0), stats
+    if graphs == "1":  # every stretch captured in the second prefill, replayed in the third
+        assert captured >= runs and replayed >= replays, stats
+    else:
+        assert captured == 0 and replayed == 0, stats
     layers = 18  # tools/plugin_plan.py on llama.cpp CPU's graph (last position's logits): 21 runs
     if fuse == "1":
         assert (mul_mats, norm_acts, glu_acts, norm_adds, with_add, norm_ropes, ropes) == (
