@@ -176,7 +176,7 @@ def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all
         dev = lib.ggml_backend_dev_by_name(b"CIQ0")
         address = lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_dev_backend_reg(dev), b"ggml_ciq_plugin_steps")
         read_steps = ffi.cast("void (*)(uint64_t *, int)", address)
-        steps = ffi.new("uint64_t[10]")
+        steps = ffi.new("uint64_t[11]")
         read_steps(steps, 1)
         monkeypatch.setenv("GGML_CIQ_PLUGIN_GRAPHS", graphs)
         monkeypatch.setenv("GGML_CIQ_PLUGIN_STATS", "1")
@@ -194,7 +194,7 @@ def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all
         stats = re.findall(r"ggml-ciq: CIQ0: (\d+) graphs computed, (\d+) plans made; stretches of ours: (\d+) eager, "
                            r"(\d+) captured, (\d+) replayed, (\d+) stale, (\d+) captures failed; host us a graph",
                            capfd.readouterr().err)
-    runs, mul_mats, norm_acts, glu_acts, norm_adds, with_add, fused, _, ropes, norm_ropes = first
+    runs, mul_mats, norm_acts, glu_acts, norm_adds, with_add, fused, _, ropes, norm_ropes, biases = first
     print(f"steps: {runs} CUDA0 runs, {mul_mats} MUL_MATs ({with_add} with their ADD), {norm_acts} norms, {glu_acts} "
           f"GEGLUs ({fused} fused), {norm_adds} post-norms, {norm_ropes} q/k norm + RoPEs, {ropes} RoPEs; {replays} "
           f"stretches replayed in the next two prefills")
@@ -209,8 +209,8 @@ def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all
         assert captured == 0 and replayed == 0, stats
     layers = 18  # tools/plugin_plan.py on llama.cpp CPU's graph (last position's logits): 21 runs
     if fuse == "1":
-        assert (mul_mats, norm_acts, glu_acts, norm_adds, with_add, norm_ropes, ropes) == (
-            7 * layers + 1, 2 * layers, layers, 2 * layers - 1, 0, 2 * layers, 0)
+        assert (mul_mats, norm_acts, glu_acts, norm_adds, with_add, norm_ropes, ropes, biases) == (
+            7 * layers + 1, 2 * layers, layers, 2 * layers - 1, 0, 2 * layers, 0, 0)
         assert fused == norm_acts + glu_acts and layers + 2 <= runs <= layers + 4
     else:
         assert (mul_mats, norm_acts, glu_acts, norm_adds, with_add, fused, norm_ropes, ropes) == (
@@ -230,6 +230,44 @@ def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all
     print(f"plugin vs CUDA0: top-1 {agreement['top1']:.4f}, mean KLD {agreement['kld_mean']:.2e}, "
           f"NMSE {agreement['nmse']:.2e}")
     assert np.isfinite(logits).all() and agreement["top1"] >= 0.9 and agreement["kld_mean"] <= 0.05
+
+
+@pytest.mark.gpu
+def test_qwen2_biases_on_the_gpu_device(plugin_path, plugin_device, offload_all, llama, tmp_path, monkeypatch):
+    """Over a CUDA llama.cpp: a two-layer random qwen2 model (q/k/v bias rows) through CIQ0, every weight MUL_MAT ours,
+    against CUDA0 alone. The fused plan takes the bias ADDs (BIAS: ciq_add, CUDAi's values) and q's RoPE after them:
+    6 biases and 2 RoPEs, one CUDA0 run a layer (its k RoPE, KV writes and attention) beside the embeddings and the
+    output norm (tools/plugin_plan.py on llama.cpp CPU: 5 runs with the last position alone); logits close to
+    CUDA0's (wgmma's f16 products, not MMQ's: a sanity bar) and bit for bit the same over two prefills."""
+    from ggml_ciq.compare import logits_agreement
+    from ggml_ciq.llama_model import LlamaModel
+
+    if plugin_device != "CIQ0":
+        pytest.skip(f"the plugin offers {plugin_device} here, not the GPU device CIQ0")
+    path = catalog.write_small_model(tmp_path / "qwen2.gguf", "qwen2", seed=3)
+    tokens = list(range(100, 100 + 77))
+    with LlamaModel(path, device="cuda") as model, model.context_for(len(tokens), flash_attn=True) as ctx:
+        reference = ctx.prefill(tokens)
+    ffi = cffi.FFI()
+    ffi.cdef(_GGML_CDEF + _PLAN_CDEF)
+    lib = ffi.dlopen(str(_lib_file(llama.lib_dir, "ggml")))
+    with plugin.Plugin(plugin_path):
+        dev = lib.ggml_backend_dev_by_name(b"CIQ0")
+        address = lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_dev_backend_reg(dev), b"ggml_ciq_plugin_steps")
+        read_steps = ffi.cast("void (*)(uint64_t *, int)", address)
+        steps = ffi.new("uint64_t[11]")
+        read_steps(steps, 1)
+        with LlamaModel(path, device="cuda", devices=["CIQ0"]) as model, \
+                model.context_for(len(tokens), flash_attn=True) as ctx:
+            logits = ctx.prefill(tokens)
+            read_steps(steps, 1)
+            first = list(steps)
+            again = ctx.prefill(tokens)
+    runs, ropes, biases = first[0], first[8], first[10]
+    assert (biases, ropes) == (3 * 2, 2) and 2 <= runs <= 5, first  # embeddings, a run a layer, output norm
+    assert np.array_equal(again, logits)
+    agreement = logits_agreement(logits, reference)
+    assert np.isfinite(logits).all() and agreement["top1"] >= 0.9 and agreement["kld_mean"] <= 0.05, agreement
 
 
 @pytest.mark.gpu
@@ -489,7 +527,7 @@ def _plan_graphs(llama, plugin_path, plugin_device):
         lib.ggml_free(ctx)
 
 
-RUN, MUL_MAT, NORM_ACT, GLU_ACT, NORM_ADD, ROPE, NORM_ROPE = range(7)  # the plan's step kinds (step_kind)
+RUN, MUL_MAT, NORM_ACT, GLU_ACT, NORM_ADD, ROPE, NORM_ROPE, BIAS = range(8)  # the plan's step kinds (step_kind)
 
 
 def test_gpu_plan_runs_and_shared_activations(plugin_path, plugin_device, offload_all, llama, monkeypatch):
@@ -578,10 +616,11 @@ def test_gpu_plan_fuses_a_layer(plugin_path, plugin_device, offload_all, llama):
 def test_gpu_plan_takes_ropes(plugin_path, plugin_device, offload_all, llama, monkeypatch):
     """The fused plan's RoPE steps, through the plan hook: q's RoPE right after q's MUL_MAT a step of ours
     (ROPE), a q/k norm + RoPE (RMS_NORM, MUL by a head_dim row, ROPE: ggml-cuda's fused kernel) a step of ours
-    (NORM_ROPE); left to CUDAi: a RoPE with parameters our kernel does not compute as ggml-cuda does (here freq_scale
-    0.5), one whose product a SET_ROWS writes into a cache (CUDAi fuses the two), and one reading what CUDAi computes
-    after our MUL_MAT (Qwen2's q bias ADD: taking it would end no run earlier). The next MUL_MATs move before the run
-    they start; API v19's plan (GGML_CIQ_FUSE=0) takes no RoPE."""
+    (NORM_ROPE), an ADD of a bias row after a MUL_MAT of ours (BIAS, Qwen2's q/k/v biases) and the RoPE after it;
+    left to CUDAi: a RoPE with parameters our kernel does not compute as ggml-cuda does (here freq_scale 0.5), one
+    whose product a SET_ROWS writes into a cache (CUDAi fuses the two), and one reading what CUDAi computes after our
+    MUL_MAT (a scale: taking the RoPE would end no run earlier). The next MUL_MATs move before the run they start; API
+    v19's plan (GGML_CIQ_FUSE=0) takes no RoPE and no bias."""
     monkeypatch.setenv("GGML_CIQ_PLUGIN_FUSE_RULE", "0")
     with _plan_graphs(llama, plugin_path, plugin_device) as (lib, ctx, plan):
         k, head_dim, heads, tokens = 256, 64, 4, 64
@@ -604,18 +643,20 @@ def test_gpu_plan_takes_ropes(plugin_path, plugin_device, offload_all, llama, mo
         biased = lib.ggml_add(ctx, lib.ggml_mul_mat(ctx, weight(), attn),                     # 18 MM, 19 ADD
                               lib.ggml_new_tensor_1d(ctx, F32, k))                            # of a bias row
         b_r = rope(heads3(biased))                                                            # 20 RESHAPE, 21
-        graph = lib.ggml_new_graph(ctx)
-        for node in (q_r, k_r, v_r, store, b_r):
+        s_r = rope(heads3(lib.ggml_scale(ctx, lib.ggml_mul_mat(ctx, weight(), attn), 0.5)))   # 22 MM, 23 SCALE,
+        graph = lib.ggml_new_graph(ctx)                                                       # 24 RESHAPE, 25
+        for node in (q_r, k_r, v_r, store, b_r, s_r):
             lib.ggml_build_forward_expand(graph, node)
-        assert lib.ggml_graph_n_nodes(graph) == 22
+        assert lib.ggml_graph_n_nodes(graph) == 26
         f16 = native.plan("auto", 0 if plugin_device != "CIQ_CPU" else "cpu",
                           "any" if plugin_device != "CIQ_CPU" else "cpu", Q4_K, k, k, tokens).layout == "f16"
         got, _, runs = plan(graph, 9)
         assert got == [(NORM_ACT, 0, 1, -1, 2 if f16 else 0, 0), (MUL_MAT, 2, -1, -1, 0 if f16 else 1, 0),
                        (ROPE, 4, -1, -1, 0, 0), (MUL_MAT, 5, -1, -1, 0, 0), (NORM_ROPE, 7, 8, 9, 0, 0),
                        (MUL_MAT, 10, -1, -1, 0, 0), (MUL_MAT, 13, -1, -1, 0, 0), (MUL_MAT, 18, -1, -1, 0, 0),
-                       (RUN, 11, -1, -1, 0, 9)], got
-        assert runs == [11, 12, 14, 15, 16, 17, 19, 20, 21]
+                       (BIAS, 19, -1, -1, 0, 0), (ROPE, 21, -1, -1, 0, 0), (MUL_MAT, 22, -1, -1, 0, 0),
+                       (RUN, 11, -1, -1, 0, 10)], got
+        assert runs == [11, 12, 14, 15, 16, 17, 20, 23, 24, 25]
         monkeypatch.setenv("GGML_CIQ_FUSE", "0")
         got, _, _ = plan(graph, 9)
         assert {row[0] for row in got} == {RUN, MUL_MAT}
@@ -624,8 +665,9 @@ def test_gpu_plan_takes_ropes(plugin_path, plugin_device, offload_all, llama, mo
 def test_gpu_plan_keeps_order_and_float32_where_needed(plugin_path, plugin_device, offload_all, llama, monkeypatch):
     """What the fused plan must not do: move a MUL_MAT before a run that writes its activations or reads its output
     (here a scale in place over the norm's product, and one reading q's product); fuse a norm whose RMS_NORM has
-    another reader; take an ADD that broadcasts a row over the product. With the rule (GGML_CIQ_PLUGIN_FUSE_RULE, on by
-    default) this graph gets API v19's plan instead: the fused one keeps five CUDAi runs of its six."""
+    another reader; fold an ADD that broadcasts a row over the product into the MUL_MAT (the GEMM's addend is a whole
+    residual: that ADD is a BIAS step of its own). With the rule (GGML_CIQ_PLUGIN_FUSE_RULE, on by default) this graph
+    gets API v19's plan instead: the fused one keeps four CUDAi runs of its six."""
     monkeypatch.setenv("GGML_CIQ_PLUGIN_FUSE_RULE", "0")
     with _plan_graphs(llama, plugin_path, plugin_device) as (lib, ctx, plan):
         k, tokens = 256, 64
@@ -642,7 +684,7 @@ def test_gpu_plan_keeps_order_and_float32_where_needed(plugin_path, plugin_devic
         other = lib.ggml_add(ctx, lib.ggml_mul(ctx, norm, row), o)   # 7 MUL (norm read twice), 8 ADD
         with_residual = lib.ggml_add(ctx, lib.ggml_mul_mat(ctx, weight(), other), x)  # 9 MUL_MAT, 10 ADD: taken
         broadcast = lib.ggml_add(ctx, lib.ggml_mul_mat(ctx, weight(), with_residual),  # 11 MUL_MAT, 12 ADD of
-                                 lib.ggml_new_tensor_2d(ctx, F32, k, 1))                # one row: not taken
+                                 lib.ggml_new_tensor_2d(ctx, F32, k, 1))                # one row: a BIAS
         graph = lib.ggml_new_graph(ctx)
         for node in (attn, q, q2, o, scaled, v, other, with_residual, broadcast):
             lib.ggml_build_forward_expand(graph, node)
@@ -650,9 +692,9 @@ def test_gpu_plan_keeps_order_and_float32_where_needed(plugin_path, plugin_devic
         got, _, runs = plan(graph, 3)
         kinds = [(row_[0], row_[1]) for row_ in got]
         assert kinds == [(RUN, 0), (MUL_MAT, 2), (RUN, 3), (MUL_MAT, 4), (RUN, 5), (MUL_MAT, 6), (RUN, 7),
-                         (MUL_MAT, 9), (MUL_MAT, 11), (RUN, 12)], got
-        assert got[7][3] == 10 and got[8][3] == -1  # the residual ADD taken, the broadcast one not
-        assert runs == [0, 1, 3, 5, 7, 8, 12]
+                         (MUL_MAT, 9), (MUL_MAT, 11), (BIAS, 12)], got
+        assert got[7][3] == 10 and got[8][3] == -1  # the residual ADD in the GEMM, the broadcast one apart
+        assert runs == [0, 1, 3, 5, 7, 8]
         monkeypatch.setenv("GGML_CIQ_PLUGIN_FUSE_RULE", "1")
         got, _, runs = plan(graph, 3)
         assert [(row_[0], row_[1], row_[3]) for row_ in got] == [
@@ -810,18 +852,19 @@ def test_llama_cpp_python_generates_through_the_plugin(plugin_path, cpu_device, 
 
 
 @pytest.mark.parametrize("model,want", [
-    # name: (API v19's runs, the fused plan's runs, NORM_ACT, GLU_ACT, NORM_ADD, ROPE, NORM_ROPE, the rule's pick)
-    ("gemma3-270m", (109, 21, 36, 18, 35, 0, 36, "fused plan")),
-    ("smollm2-135m", (151, 33, 60, 30, 0, 30, 0, "fused plan")),
-    ("qwen2.5-coder-0.5b", (145, 51, 48, 24, 0, 0, 0, "fused plan")),  # q/k/v bias ADDs stay CUDAi's
+    # name: (API v19's runs, the fused plan's runs, NORM_ACT, GLU_ACT, NORM_ADD, ROPE, NORM_ROPE, BIAS, the rule's
+    # pick)
+    ("gemma3-270m", (109, 21, 36, 18, 35, 0, 36, 0, "fused plan")),
+    ("smollm2-135m", (151, 33, 60, 30, 0, 30, 0, 0, "fused plan")),
+    ("qwen2.5-coder-0.5b", (145, 27, 48, 24, 0, 24, 0, 72, "fused plan")),  # q/k/v bias ADDs ours, then q's RoPE
 ])
 def test_gpu_plan_over_llamacpps_allocated_graph(plugin_path, cpu_device, llama, model, want):
     """The plugin's plans over llama.cpp's own graph of a 512-token prefill, allocated by ggml-alloc (its in-place and
     free-block reuse, as on a GPU up to alignment: tools/plugin_plan.py, on llama.cpp CPU): API v19's plan cuts a layer
     into five CUDAi runs; the fused plan takes the norms, GLUs and post-norms, q's RoPE (llama; k's stays CUDAi's,
     fused with its KV write) or q's and k's norm + RoPE (Gemma 3), and moves MUL_MATs before a run where ggml-alloc's
-    addresses allow: one CUDAi run a layer (its KV writes and attention; Qwen2.5: two, its q/k/v bias ADDs and q's
-    RoPE after them stay CUDAi's). The rule keeps the fused plan where it halves the runs (all three here; before the
+    addresses allow: one CUDAi run a layer (its KV writes and attention; Qwen2.5's q/k/v bias ADDs are steps of ours,
+    and q's RoPE after them: before the BIAS steps it kept two runs a layer, 51 in all). The rule keeps the fused plan where it halves the runs (all three here; before the
     RoPE steps the fused plan kept three runs a Gemma layer, and the rule took API v19's)."""
     import importlib.util
 
@@ -831,15 +874,16 @@ def test_gpu_plan_over_llamacpps_allocated_graph(plugin_path, cpu_device, llama,
     spec.loader.exec_module(tool)
     _, got, ops = tool.plans(catalog.resolve_model(model), 512, plugin_path)
     count = lambda label, kind: sum(1 for row in got[label] if row[0] == kind)  # noqa: E731
-    v19_runs, fused_runs, norms, glus, post_norms, ropes, norm_ropes, pick = want
+    v19_runs, fused_runs, norms, glus, post_norms, ropes, norm_ropes, biases, pick = want
     assert count("API v19's plan", "RUN") == v19_runs and {row[0] for row in got["API v19's plan"]} == {"RUN", "MUL_MAT"}
     assert (count("fused plan", "RUN"), count("fused plan", "NORM_ACT"), count("fused plan", "GLU_ACT"),
             count("fused plan", "NORM_ADD"), count("fused plan", "ROPE"),
-            count("fused plan", "NORM_ROPE")) == (fused_runs, norms, glus, post_norms, ropes, norm_ropes)
+            count("fused plan", "NORM_ROPE"), count("fused plan", "BIAS")) == (fused_runs, norms, glus, post_norms, ropes,
+                                                                            norm_ropes, biases)
     assert count("fused plan", "MUL_MAT") == count("API v19's plan", "MUL_MAT")
     assert got["default"] == got[pick]
     first_op = {"MUL_MAT": ("MUL_MAT",), "NORM_ACT": ("RMS_NORM",), "NORM_ADD": ("RMS_NORM",),
-                "GLU_ACT": ("SWIGLU", "GEGLU"), "ROPE": ("ROPE",), "NORM_ROPE": ("RMS_NORM",)}
+                "GLU_ACT": ("SWIGLU", "GEGLU"), "ROPE": ("ROPE",), "NORM_ROPE": ("RMS_NORM",), "BIAS": ("ADD",)}
     assert all(ops[row[1]] in first_op[row[0]] for row in got["fused plan"] if row[0] != "RUN")
     # a norm + RoPE covers RMS_NORM, MUL, ROPE
     assert all((ops[row[2]], ops[row[3]]) == ("MUL", "ROPE") for row in got["fused plan"] if row[0] == "NORM_ROPE")

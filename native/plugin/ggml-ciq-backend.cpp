@@ -289,17 +289,20 @@ const ggml_backend_i cpu_backend_interface = {
 //   NORM_ROPE RMS_NORM, MUL by a head_dim weight row, ROPE, consecutive nodes right after a step of ours (Gemma 3's and
 //             Qwen 3's q and k norms): ciq_rms_norm_rope in llama.cpp CUDA's order (ggml-cuda's fused kernel's
 //             values) into the ROPE's tensor.
+//   BIAS      an ADD of a float32 row broadcast over its other operand's rows, right after a step of ours (Qwen 2's
+//             q/k/v biases): ciq_add into the ADD's tensor (one float32 add a value, CUDAi's values; a RoPE after it
+//             then extends the stretch too).
 // A step of ours that reads nothing the pending CUDAi run writes and writes nothing that run reads or writes runs
 // before it when the step before the run is ours: ggml orders q's RoPE (Gemma: q's norm, RoPE and scale) between the
 // q and the k/v projections, which then run back to back, and a llama or Gemma layer is one CUDAi run (its RoPEs, KV
 // writes and attention) between two of our stretches: two stream hand-overs a layer where API v19's plan had ten.
 enum step_kind : int {
     STEP_RUN = 0, STEP_MUL_MAT = 1, STEP_NORM_ACT = 2, STEP_GLU_ACT = 3, STEP_NORM_ADD = 4, STEP_ROPE = 5,
-    STEP_NORM_ROPE = 6
+    STEP_NORM_ROPE = 6, STEP_BIAS = 7
 };
-constexpr int STEP_KINDS = 7;
+constexpr int STEP_KINDS = 8;
 constexpr const char *k_step_kind_names[STEP_KINDS] = {"RUN", "MUL_MAT", "NORM_ACT", "GLU_ACT", "NORM_ADD", "ROPE",
-                                                       "NORM_ROPE"};
+                                                       "NORM_ROPE", "BIAS"};
 
 struct step {
     step_kind kind = STEP_RUN;
@@ -600,6 +603,20 @@ ciq_rope_mode rope_mode(const ggml_tensor *rope) {
     return ggml_get_op_params_i32(rope, 2) == GGML_ROPE_TYPE_NEOX ? CIQ_ROPE_NEOX : CIQ_ROPE_NORM;
 }
 
+// An ADD of a float32 row broadcast over the rows of its first operand (ggml_add(x, bias): a bias), out of place or in
+// place over x, the row apart from both: the row, or NULL.
+const ggml_tensor *bias_row(const ggml_tensor *add) {
+    if (add->op != GGML_OP_ADD || !plain_f32(add)) return nullptr;
+    const ggml_tensor *x = add->src[0], *b = add->src[1];
+    if (x == nullptr || b == nullptr || !plain_f32(x) || !ggml_are_same_shape(x, add) || !plain_f32(b) ||
+        b->ne[0] != add->ne[0] || ggml_nrows(b) != 1 || ggml_nrows(add) < 2)
+        return nullptr;
+    if (overlap(span_of(b), span_of(add)) || overlap(span_of(b), span_of(x)) ||
+        (overlap(span_of(x), span_of(add)) && x->data != add->data))
+        return nullptr;
+    return b;
+}
+
 // Whether a SET_ROWS after node `from` writes t (or a view of it) into a cache: ggml-cuda fuses a ROPE with that
 // write, so a ROPE feeding one is left to CUDAi.
 bool feeds_set_rows(const ggml_cgraph *graph, int from, const ggml_tensor *t) {
@@ -707,6 +724,11 @@ struct planner {
                 writes->push_back(span_of(rope));
                 break;
             }
+            case STEP_BIAS:
+                read(node(s.node)->src[0]);
+                read(node(s.node)->src[1]);
+                writes->push_back(span_of(node(s.node)));
+                break;
             case STEP_RUN: break;
         }
     }
@@ -824,6 +846,11 @@ struct planner {
         auto extends_ours = [&](const step &r) { return !pending_computes || independent_of_pending(r); };
         if (n->op == GGML_OP_ROPE && after_ours && rope_ours(n) && !feeds_set_rows(graph, i + 1, n)) {
             s.kind = STEP_ROPE;
+            s.node = i;
+            return extends_ours(s) ? s : step{};
+        }
+        if (n->op == GGML_OP_ADD && after_ours && bias_row(n) != nullptr) {
+            s.kind = STEP_BIAS;
             s.node = i;
             return extends_ours(s) ? s : step{};
         }
@@ -986,8 +1013,9 @@ uint64_t run_uid(uint64_t graph_uid, size_t step) {
 // The steps CIQi backends have run since the last reset, by kind (STEP_RUN .. STEP_NORM_ADD), then MUL_MATs with their
 // ADD, fused NORM_ACT / GLU_ACT steps, and stretches of ours replayed as CUDA graphs: which path ran, for the GPU
 // tests ("ggml_ciq_plugin_steps").
-constexpr int STEP_COUNTS = 10;  // RUN .. NORM_ADD, MUL_MAT + ADD, fused, replays, ROPE, NORM_ROPE
-constexpr int k_count_of_kind[] = {0, 1, 2, 3, 4, 8, 9};  // step_kind -> its counter (5..7: the three above)
+constexpr int STEP_COUNTS = 11;  // RUN .. NORM_ADD, MUL_MAT + ADD, fused, replays, ROPE, NORM_ROPE, BIAS
+constexpr int k_count_of_kind[] = {0, 1, 2, 3, 4, 8, 9, 10};  // step_kind -> its counter (5..7: the three above)
+static_assert(sizeof(k_count_of_kind) / sizeof(k_count_of_kind[0]) == STEP_KINDS, "a counter per step kind");
 std::atomic<uint64_t> g_step_counts[STEP_COUNTS];
 
 void count_step(const step &s) {
@@ -996,7 +1024,7 @@ void count_step(const step &s) {
     if (s.fused) g_step_counts[6]++;
 }
 
-// counts[0..10): g_step_counts; reset != 0 zeroes them after reading.
+// counts[0..11): g_step_counts; reset != 0 zeroes them after reading.
 void steps_for_tests(uint64_t *counts, int reset) {
     for (int i = 0; i < STEP_COUNTS; i++) counts[i] = reset ? g_step_counts[i].exchange(0) : g_step_counts[i].load();
 }
@@ -1046,6 +1074,12 @@ step_call call_of(int device, ggml_cgraph *graph, const step &s) {
         c.glu = ggml_get_glu_op(n) == GGML_GLU_OP_GEGLU ? CIQ_GLU_GELU : CIQ_GLU_SILU;
         c.k = n->ne[0];
         c.tokens = n->ne[1];
+        c.out = (float *)n->data;
+    } else if (s.kind == STEP_BIAS) {
+        c.x = (const float *)n->src[0]->data;
+        c.addend = (const float *)n->src[1]->data;
+        c.k = n->ne[0];
+        c.tokens = ggml_nrows(n);
         c.out = (float *)n->data;
     } else if (s.kind == STEP_ROPE || s.kind == STEP_NORM_ROPE) {
         ggml_tensor *rope = s.kind == STEP_ROPE ? n : graph->nodes[s.rope];
@@ -1107,6 +1141,7 @@ ciq_status run_ours(const device_context *dev, gpu_backend *ctx, ggml_cgraph *gr
                                   c.head_dim, c.base, c.out)
                        : ciq_rms_norm_rope(device, CIQ_ORDER_LLAMACPP_CUDA, c.mode, c.x, c.weight, c.eps, c.positions,
                                            c.tokens, c.heads, c.head_dim, c.base, c.out);
+        case STEP_BIAS: return ciq_add(device, c.x, c.tokens * c.k, c.addend, c.k, c.out);
         case STEP_RUN: break;
     }
     return CIQ_OK;
