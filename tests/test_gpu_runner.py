@@ -339,6 +339,13 @@ def test_chain_runs_every_line_detached_and_collect_brings_the_results(out, caps
     assert [line.split()[1] for line in stdout.splitlines() if line.startswith("== rc=")] == ["rc=0", "rc=1", "rc=0"]
     assert (out / "a.txt").read_text() == "first\n" and "PYTHONPATH" in (out / "env.txt").read_text()
     assert (out / "DONE").is_file() and "false" in (out / "chain.log").read_text()
+    # started and collected in one call (--collect): the machine is held while it waits
+    (tmp_path / "tree" / "lines.txt").write_text("sleep 0.2; echo second > $OUT/b.txt\n")
+    rc, stdout, _ = run_main(["chain", "lines.txt", "--collect", "60", "--poll", "0.05"], capsys)
+    assert rc == 0 and "1 lines" in stdout and "== rc=0" in stdout and (out / "b.txt").read_text() == "second\n"
+    rc, stdout, _ = run_main(["chain", "lines.txt", "--force"], capsys)
+    assert rc == 0 and "call `collect` next" in stdout
+    assert run_main(["collect", "--timeout", "60", "--poll", "0.05"], capsys)[0] == 0
 
 
 def test_test_verb_passes_pytest_options_through():

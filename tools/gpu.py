@@ -8,7 +8,7 @@ A lease (every line one `run` call; the machine goes back ~30 s after a call, it
                        python3 tools/gpu.py sanitize engine ops
                        python3 tools/gpu.py ab --grid GGML_CIQ_WGMMA_RS=0,1 -- ggml-ciq bench gemm ... --json {out}
                        python3 tools/gpu.py compare --tokens 512,4096; python3 tools/gpu.py pack
-  or, for more than a call:  python3 tools/gpu.py wait && python3 tools/gpu.py chain tools/leases/NAME.txt
+  or, for more than a call:  python3 tools/gpu.py wait && python3 tools/gpu.py chain tools/leases/NAME.txt --collect 400
                        python3 tools/gpu.py collect       (until exit 0; each call keeps the machine while it waits)
 Results land under $OUT (default /tmp/out); a call brings back at most 8 files, 2 folders deep: end with `pack`.
 Every verb has --help; docs/GPU.md has the recipes (plugin checks, llama-bench, lib-ab, diag builds).
@@ -666,7 +666,8 @@ def chain(args) -> int:
     """FILE's lines, one after another, in a new session (they outlive the call; a call in flight, e.g. `collect`,
     keeps the machine): each a shell command with this environment, `$G` this runner and OUT=/tmp/lease-out, so the
     verbs' results gather there; each line's start, exit code and output go to its chain.log, a failure does not stop
-    the rest. Then `collect`."""
+    the rest. Then `collect` - in the same call (--collect SECONDS): the machine goes back 30 s after a call ends, and
+    a chain started by a call that then ends dies with it unless another call comes in time."""
     path = ROOT / args.file
     if not path.is_file():
         raise UsageError(f"{args.file}: no such file (the lines of a chain, e.g. tools/leases/*.txt)")
@@ -688,7 +689,11 @@ def chain(args) -> int:
     subprocess.Popen(["bash", str(script)], env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                      stderr=subprocess.DEVNULL, start_new_session=True)
     print(f"chain: {len(lines)} lines of {args.file} started; `collect` waits for them")
-    return 0
+    if args.collect is None:
+        print("chain: call `collect` next, back to back (the machine goes back 30 s after this call, the chain with "
+              "it), or start chains with --collect SECONDS")
+        return 0
+    return collect(argparse.Namespace(timeout=args.collect, poll=args.poll, name=args.name))
 
 
 def collect(args) -> int:
@@ -980,6 +985,10 @@ def build_parser() -> Parser:
     p = sub.add_parser("chain", help="a file's command lines one after another, detached, into /tmp/lease-out")
     p.add_argument("file", help="the lines, relative to the tree (tools/leases/*.txt); $G is this runner")
     p.add_argument("--force", action="store_true", help="start even while another chain runs")
+    p.add_argument("--collect", type=float, metavar="SECONDS",
+                   help="then `collect --timeout SECONDS` in this call (the machine stays held while it waits)")
+    p.add_argument("--poll", type=float, default=5, help=argparse.SUPPRESS)
+    p.add_argument("--name", default="lease", help="the archive's name when collected and packed (default lease)")
     p.set_defaults(func=chain)
 
     p = sub.add_parser("collect", help="wait for the chain, its results into $OUT, packed (exit 3: still running)")
