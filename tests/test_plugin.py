@@ -140,6 +140,24 @@ def test_mul_mat_graph_on_the_plugin_device(plugin_path, cpu_device, offload_all
     assert quants.nmse(got, expected) <= 1e-10
 
 
+def _plugin_steps(llama):
+    """With the plugin loaded: a reader of its step counters ("ggml_ciq_plugin_steps": CUDA0 runs, our steps by kind,
+    MUL_MATs with their ADD, fused steps, replays, RoPEs, norm + RoPEs, biases), each read zeroing them."""
+    ffi = cffi.FFI()
+    ffi.cdef(_GGML_CDEF + _PLAN_CDEF)
+    lib = ffi.dlopen(str(_lib_file(llama.lib_dir, "ggml")))
+    dev = lib.ggml_backend_dev_by_name(b"CIQ0")
+    address = lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_dev_backend_reg(dev), b"ggml_ciq_plugin_steps")
+    read = ffi.cast("void (*)(uint64_t *, int)", address)
+
+    def steps() -> list:
+        counts = ffi.new("uint64_t[11]")
+        read(counts, 1)
+        return list(counts)
+    steps.library = lib  # kept open with the reader
+    return steps
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("fuse,rule,graphs", [("1", "1", "0"), ("1", "0", "1"), ("1", "0", "0"), ("0", "1", "1")])
 def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all, gemma_full, llama, monkeypatch,
@@ -169,15 +187,9 @@ def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all
         tokens = model.tokenize(text)
         with model.context_for(len(tokens), flash_attn=False) as ctx:
             reference = ctx.prefill(tokens)
-    ffi = cffi.FFI()
-    ffi.cdef(_GGML_CDEF + _PLAN_CDEF)
-    lib = ffi.dlopen(str(_lib_file(llama.lib_dir, "ggml")))
     with plugin.Plugin(plugin_path):
-        dev = lib.ggml_backend_dev_by_name(b"CIQ0")
-        address = lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_dev_backend_reg(dev), b"ggml_ciq_plugin_steps")
-        read_steps = ffi.cast("void (*)(uint64_t *, int)", address)
-        steps = ffi.new("uint64_t[11]")
-        read_steps(steps, 1)
+        steps = _plugin_steps(llama)
+        steps()
         monkeypatch.setenv("GGML_CIQ_PLUGIN_GRAPHS", graphs)
         monkeypatch.setenv("GGML_CIQ_PLUGIN_STATS", "1")
         capfd.readouterr()
@@ -186,11 +198,9 @@ def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all
             native.dispatch_reset()
             logits = ctx.prefill(tokens)
             counts = native.dispatch_counts()
-            read_steps(steps, 1)
-            first = list(steps)
+            first = steps()
             again = [ctx.prefill(tokens) for _ in range(2)]
-            read_steps(steps, 1)
-            replays = steps[7]
+            replays = steps()[7]
         stats = re.findall(r"ggml-ciq: CIQ0: (\d+) graphs computed, (\d+) plans made; stretches of ours: (\d+) eager, "
                            r"(\d+) captured, (\d+) replayed, (\d+) stale, (\d+) captures failed; host us a graph",
                            capfd.readouterr().err)
@@ -248,20 +258,13 @@ def test_qwen2_biases_on_the_gpu_device(plugin_path, plugin_device, offload_all,
     tokens = list(range(100, 100 + 77))
     with LlamaModel(path, device="cuda") as model, model.context_for(len(tokens), flash_attn=True) as ctx:
         reference = ctx.prefill(tokens)
-    ffi = cffi.FFI()
-    ffi.cdef(_GGML_CDEF + _PLAN_CDEF)
-    lib = ffi.dlopen(str(_lib_file(llama.lib_dir, "ggml")))
     with plugin.Plugin(plugin_path):
-        dev = lib.ggml_backend_dev_by_name(b"CIQ0")
-        address = lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_dev_backend_reg(dev), b"ggml_ciq_plugin_steps")
-        read_steps = ffi.cast("void (*)(uint64_t *, int)", address)
-        steps = ffi.new("uint64_t[11]")
-        read_steps(steps, 1)
+        steps = _plugin_steps(llama)
+        steps()
         with LlamaModel(path, device="cuda", devices=["CIQ0"]) as model, \
                 model.context_for(len(tokens), flash_attn=True) as ctx:
             logits = ctx.prefill(tokens)
-            read_steps(steps, 1)
-            first = list(steps)
+            first = steps()
             again = ctx.prefill(tokens)
     runs, ropes, biases = first[0], first[8], first[10]
     assert (biases, ropes) == (3 * 2, 2) and 2 <= runs <= 5, first  # embeddings, a run a layer, output norm
