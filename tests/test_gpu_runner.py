@@ -343,6 +343,8 @@ def test_chain_runs_every_line_detached_and_collect_brings_the_results(out, caps
     (tmp_path / "tree" / "lines.txt").write_text("sleep 0.2; echo second > $OUT/b.txt\n")
     rc, stdout, _ = run_main(["chain", "lines.txt", "--collect", "60", "--poll", "0.05"], capsys)
     assert rc == 0 and "1 lines" in stdout and "== rc=0" in stdout and (out / "b.txt").read_text() == "second\n"
+    rc, _, err = run_main(["chain", "lines.txt", "--collect", "0"], capsys)
+    assert rc == 2 and "--collect 0: seconds to wait" in err and err.count("\n") == 1
     rc, stdout, _ = run_main(["chain", "lines.txt", "--force"], capsys)
     assert rc == 0 and "call `collect` next" in stdout
     assert run_main(["collect", "--timeout", "60", "--poll", "0.05"], capsys)[0] == 0

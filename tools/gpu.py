@@ -668,6 +668,8 @@ def chain(args) -> int:
     verbs' results gather there; each line's start, exit code and output go to its chain.log, a failure does not stop
     the rest. Then `collect` - in the same call (--collect SECONDS): the machine goes back 30 s after a call ends, and
     a chain started by a call that then ends dies with it unless another call comes in time."""
+    if args.collect is not None and args.collect <= 0:
+        raise UsageError(f"--collect {args.collect:g}: seconds to wait, above 0")
     path = ROOT / args.file
     if not path.is_file():
         raise UsageError(f"{args.file}: no such file (the lines of a chain, e.g. tools/leases/*.txt)")

@@ -25,6 +25,7 @@
 
 #include "ggml_ciq.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -387,15 +388,9 @@ int64_t now_ns() {
         .count();
 }
 
-gpu_backend *gpu_of(ggml_backend_t backend) { return (gpu_backend *)backend->context; }
-
-// The inner backend a CIQi backend stands for (ggml-cuda's async copies accept only CUDA backends); others as given.
-ggml_backend_t cuda_of(ggml_backend_t backend);
-
-void gpu_backend_free(ggml_backend_t backend) {
-    gpu_backend *ctx = gpu_of(backend);
-    const auto &st = ctx->stats;
-    // host times over the graphs after the first k_warm_graphs (all of them when there were no more)
+// The backend's stats line (gpu_backend.stats): host times over the graphs after the first k_warm_graphs (all of
+// them when there were no more).
+std::string stats_line(const std::string &name, const decltype(gpu_backend::stats) &st) {
     const bool warm = st.computes > k_warm_graphs;
     const uint64_t graphs = warm ? st.computes - k_warm_graphs : st.computes;
     auto since = [&](uint64_t all, uint64_t at_warm) { return (double)(warm ? all - at_warm : all); };
@@ -415,15 +410,26 @@ void gpu_backend_free(ggml_backend_t backend) {
                   "%llu replayed, %llu stale, %llu captures failed; host us a graph over the last %llu: graph_compute "
                   "%.1f (CUDA runs %.1f, ours %.1f, hand-overs %.1f), synchronize %.1f (%.1f calls), outside %.1f; "
                   "eager steps:%s\n",
-                  device_of(backend)->name.c_str(), (unsigned long long)st.computes, (unsigned long long)st.plans,
+                  name.c_str(), (unsigned long long)st.computes, (unsigned long long)st.plans,
                   (unsigned long long)st.eager, (unsigned long long)st.captured, (unsigned long long)st.replayed,
                   (unsigned long long)st.stale, (unsigned long long)st.failed, (unsigned long long)graphs,
                   since(st.t.ns_compute, st.t_warm.ns_compute) * per, since(st.t.ns_cuda, st.t_warm.ns_cuda) * per,
                   since(st.t.ns_ours, st.t_warm.ns_ours) * per, since(st.t.ns_handover, st.t_warm.ns_handover) * per,
                   since(st.t.ns_sync, st.t_warm.ns_sync) * per, since(st.t.syncs, st.t_warm.syncs) * per * 1e3,
                   since(st.t.ns_outside, st.t_warm.ns_outside) * per, kinds);
-    GGML_LOG_DEBUG("%s", line);
-    if (ctx->print_stats) std::fputs(line, stderr);
+    return line;
+}
+
+gpu_backend *gpu_of(ggml_backend_t backend) { return (gpu_backend *)backend->context; }
+
+// The inner backend a CIQi backend stands for (ggml-cuda's async copies accept only CUDA backends); others as given.
+ggml_backend_t cuda_of(ggml_backend_t backend);
+
+void gpu_backend_free(ggml_backend_t backend) {
+    gpu_backend *ctx = gpu_of(backend);
+    const std::string line = stats_line(device_of(backend)->name, ctx->stats);
+    GGML_LOG_DEBUG("%s", line.c_str());
+    if (ctx->print_stats) std::fputs(line.c_str(), stderr);
     if (ctx->cuda != nullptr) ggml_backend_synchronize(ctx->cuda);
     if (!ctx->plans.empty()) ciq_device_synchronize(device_of(backend)->ciq_device);  // graphs in flight done
     for (graph_plan &p : ctx->plans) free_graphs(&p);
@@ -711,7 +717,8 @@ struct planner {
                 writes->push_back(span_of(a));
                 break;
             }
-            case STEP_ROPE:
+            case STEP_ROPE:  // x and positions
+            case STEP_BIAS:  // x and the row
                 read(node(s.node)->src[0]);
                 read(node(s.node)->src[1]);
                 writes->push_back(span_of(node(s.node)));
@@ -724,11 +731,6 @@ struct planner {
                 writes->push_back(span_of(rope));
                 break;
             }
-            case STEP_BIAS:
-                read(node(s.node)->src[0]);
-                read(node(s.node)->src[1]);
-                writes->push_back(span_of(node(s.node)));
-                break;
             case STEP_RUN: break;
         }
     }
@@ -839,9 +841,9 @@ struct planner {
     step match_fused(int i) {
         step s;
         ggml_tensor *n = node(i);
-        // A RoPE step extends the stretch of ours before it, never starts one: the run pending since must have
-        // nothing to compute, or the step must be able to go before it (Qwen2's q RoPE reads CUDAi's bias ADD: left
-        // to CUDAi, as taking it would end that run no earlier and add a call).
+        // A RoPE, bias or q/k norm + RoPE step extends the stretch of ours before it, never starts one: the run
+        // pending since must have nothing to compute, or the step must be able to go before it (a RoPE reading what
+        // CUDAi computed after our MUL_MAT stays CUDAi's: taking it would end that run no earlier and add a call).
         const bool after_ours = !plan.steps.empty() && plan.steps.back().kind != STEP_RUN;
         auto extends_ours = [&](const step &r) { return !pending_computes || independent_of_pending(r); };
         if (n->op == GGML_OP_ROPE && after_ours && rope_ours(n) && !feeds_set_rows(graph, i + 1, n)) {
@@ -1544,6 +1546,10 @@ bool ggml_matches() {
     return false;
 }
 
+// The on/off switches a CIQi backend reads when it starts (device_init_backend).
+constexpr const char *k_plugin_switches[] = {"GGML_CIQ_FUSE", "GGML_CIQ_PLUGIN_GRAPHS", "GGML_CIQ_PLUGIN_FUSE_RULE",
+                                             "GGML_CIQ_PLUGIN_STATS"};
+
 // The library's runtime switches the plugin's planning reads (GGML_CIQ_OFFLOAD, GGML_CIQ_VARIANT...) are valid: a
 // value they do not take is one log line and no plugin, never a silent "decline every op".
 bool switches_valid() {
@@ -1551,9 +1557,8 @@ bool switches_valid() {
     int fuse = 1;
     if (ciq_gemm_plan(CIQ_DEVICE_CPU, CIQ_VARIANT_AUTO, CIQ_SEMANTICS_ANY, CIQ_TYPE_Q4_K, 1, 256, 1, &plan) !=
             CIQ_ERR_INVALID_ARGUMENT &&
-        ciq_switch_on("GGML_CIQ_FUSE", &fuse) == CIQ_OK && ciq_switch_on("GGML_CIQ_PLUGIN_GRAPHS", &fuse) == CIQ_OK &&
-        ciq_switch_on("GGML_CIQ_PLUGIN_FUSE_RULE", &fuse) == CIQ_OK &&
-        ciq_switch_on("GGML_CIQ_PLUGIN_STATS", &fuse) == CIQ_OK)
+        std::all_of(std::begin(k_plugin_switches), std::end(k_plugin_switches),
+                    [&](const char *name) { return ciq_switch_on(name, &fuse) == CIQ_OK; }))
         return true;
     GGML_LOG_ERROR("ggml-ciq: %s; the plugin offers no device (docs/PLUGIN.md)\n", ciq_last_error());
     return false;

@@ -163,11 +163,14 @@ ciq_status ciq_switches_attention_wgmma(bool *take) { return word_switch(ATTENTI
 
 ciq_status ciq_switches_on_off(const char *name, bool *on) {
     *on = true;
-    for (Switch s : {FUSE, FUSE_GLU, ATTENTION_WGMMA, PLUGIN_GRAPHS, PLUGIN_FUSE_RULE, PLUGIN_STATS})
+    constexpr Switch on_off[] = {FUSE, FUSE_GLU, ATTENTION_WGMMA, PLUGIN_GRAPHS, PLUGIN_FUSE_RULE, PLUGIN_STATS};
+    std::string names;
+    for (Switch s : on_off) {
         if (name != nullptr && std::strcmp(name, switch_name(s)) == 0) return word_switch(s, on);
-    return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_switch_on: '%s' is not an on/off switch (GGML_CIQ_FUSE, "
-                    "GGML_CIQ_FUSE_GLU, GGML_CIQ_ATTENTION_WGMMA, GGML_CIQ_PLUGIN_GRAPHS, "
-                    "GGML_CIQ_PLUGIN_FUSE_RULE, GGML_CIQ_PLUGIN_STATS)", name ? name : "(null)");
+        names += (names.empty() ? "" : ", ") + std::string(switch_name(s));
+    }
+    return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_switch_on: '%s' is not an on/off switch (%s)", name ? name : "(null)",
+                    names.c_str());
 }
 
 const char *ciq_switches_cpu_isa(void) { return switch_value(CPU_ISA); }
