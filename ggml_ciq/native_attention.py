@@ -32,6 +32,37 @@ class AttentionOps:
                                     int(window), self._fp(out)))
         return out
 
+    def attention_masked(self, q, k_cache, v_cache, mask, n_kv: int, scale: float) -> DeviceArray:
+        """ggml's FLASH_ATTN_EXT (ciq_attention_masked): q[T, H, D] over the first n_kv rows of f16 caches [C, Hkv, D],
+        each score scale * q.k + mask[t, p] (f16 [>= T, >= n_kv]; -inf: the key weighs nothing) -> [T, H*D]."""
+        q = self._f32(q, "attention q")
+        k_cache, v_cache = self.asarray(k_cache, np.float16), self.asarray(v_cache, np.float16)
+        mask = self.asarray(mask, np.float16)
+        if len(q.shape) != 3 or len(k_cache.shape) != 3 or k_cache.shape != v_cache.shape or len(mask.shape) != 2:
+            raise ShapeError(f"attention_masked: q [T, H, D], equal caches [C, Hkv, D] and a mask [T, P], got {q.shape}, "
+                             f"{k_cache.shape}, {v_cache.shape}, {mask.shape}")
+        t, h, d = q.shape
+        c, hkv, dk = k_cache.shape
+        if dk != d or h % hkv or not 0 < n_kv <= c or mask.shape[0] < t or mask.shape[1] < n_kv:
+            raise ShapeError(f"attention_masked: q {q.shape} with caches {k_cache.shape}, mask {mask.shape}, n_kv {n_kv}")
+        out = self.empty((t, h * d))
+        n = self.native
+        n.check(n.lib.ciq_attention_masked(self.device, self._attention_kernel_id, self._fp(q), self._u16(k_cache),
+                                           self._u16(v_cache), self._u16(mask), mask.shape[1], t, h, hkv, d,
+                                           int(n_kv), float(scale), self._fp(out)))
+        return out
+
+    def rows_set_f16(self, table, ids, x) -> None:
+        """table[ids[i], :K] = x[i] rounded to f16 (ggml's SET_ROWS): table f16 [R, >= K], ids int64 [N], x float32 [N, K]."""
+        x = self._f32(x, "rows_set_f16 input")
+        ids = self.asarray(ids, np.int64)
+        if len(table.shape) != 2 or len(x.shape) != 2 or x.shape[1] > table.shape[1] or ids.shape != (x.shape[0],):
+            raise ShapeError(f"rows_set_f16: table {table.shape}, ids {ids.shape}, x {x.shape}")
+        n = self.native
+        n.check(n.lib.ciq_rows_set_f16(self.device, self._fp(x), x.shape[0], x.shape[1],
+                                       n.ffi.cast("int64_t *", ids.ptr), self._u16(table), table.shape[0],
+                                       table.shape[1]))
+
     def attention_kernel_name(self, head_dim: int) -> str:
         """The kernel ``attention`` runs for this head_dim on this device."""
         n = self.native

@@ -22,6 +22,7 @@ VALID = {
     "ggml_type": 12, "type": 12, "layout_for": 12, "semantics": 0, "variant": 1, "kernel": 1, "mode": 0, "kind": 0,
     "out_type": 0, "layout": 0, "form": 0, "base": 10000.0, "eps": 1e-6, "scale": 1.0, "s": 1.0, "value": 0, "threads": 1,
     "buffer_size": 64, "nbytes": 64, "weight_nbytes": 144, "order": 0, "n_outputs": 1, "n_weights": 1,
+    "mask_row": 1, "n_kv": 1, "row_stride": 256,
 }
 # Per-function valid values where the shared ones do not fit.
 VALID_FOR = {"ciq_activations_size": {"layout": 0},
@@ -248,7 +249,7 @@ def test_switch_on_reads_the_words_and_names_bad_ones(monkeypatch):
         monkeypatch.setenv("GGML_CIQ_FUSE", value)
         assert n.lib.ciq_switch_on(b"GGML_CIQ_FUSE", on) == n.lib.CIQ_OK and on[0] == want, value
     for name, default in ((b"GGML_CIQ_PLUGIN_GRAPHS", 0), (b"GGML_CIQ_PLUGIN_FUSE_RULE", 1),
-                          (b"GGML_CIQ_PLUGIN_STATS", 0)):  # the table's defaults
+                          (b"GGML_CIQ_PLUGIN_STATS", 0), (b"GGML_CIQ_PLUGIN_ATTENTION", 1)):  # the table's defaults
         monkeypatch.delenv(name.decode(), raising=False)
         assert n.lib.ciq_switch_on(name, on) == n.lib.CIQ_OK and on[0] == default, name
         monkeypatch.setenv(name.decode(), "on" if default == 0 else "off")

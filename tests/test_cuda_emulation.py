@@ -21,8 +21,9 @@ import pytest
 
 from ggml_ciq import quants as Q
 from ggml_ciq.reference_ops import rope_f64
-from test_ops import (ATTENTION_CASES, TABLE_TYPES, _attention_inputs, attention_ref, bf16_bits, gelu_float_ref, nmse,
-                      random_table, rms_norm_ref, rope_ref)
+from test_ops import (ATTENTION_CASES, MASKED_ATTENTION_CASES, TABLE_TYPES, _attention_inputs, attention_ref, bf16_bits,
+                      gelu_float_ref, masked_attention_inputs, masked_attention_ref, nmse, random_table, rms_norm_ref,
+                      rope_ref)
 
 ROOT = Path(__file__).resolve().parents[1]
 EMULATION = Path(__file__).resolve().parent / "cuda_on_cpu"
@@ -34,6 +35,11 @@ const char *emu_last_error(void);
 int emu_attention_supports(int kernel, int64_t head_dim);
 int emu_attention(int kernel, const float *q, const uint16_t *k, const uint16_t *v, int64_t tokens, int64_t heads,
                   int64_t heads_kv, int64_t head_dim, int64_t n_past, float scale, int64_t window, float *out);
+int emu_attention_masked(int kernel, const float *q, const uint16_t *k, const uint16_t *v, const uint16_t *mask,
+                         int64_t mask_row, int64_t tokens, int64_t heads, int64_t heads_kv, int64_t head_dim,
+                         int64_t n_kv, float scale, float *out);
+int emu_rows_set_f16(const float *x, int64_t n, int64_t k, const int64_t *ids, uint16_t *table, int64_t table_rows,
+                     int64_t row_stride);
 int emu_rms_norm(int order, const float *x, const float *weight, const float *add, float eps, int64_t n, int64_t d,
                  float *out);
 int emu_rms_norm_f16(const float *x, const float *weight, float eps, int64_t tokens, int64_t k, void *out);
@@ -110,9 +116,9 @@ def emu(tmp_path_factory):
         pytest.skip("no g++ for the CUDA-on-CPU emulation")
     build = tmp_path_factory.mktemp("cuda_on_cpu")
     shutil.copytree(ROOT / "native" / "src", build / "src")
-    expected = {"ops.cu": {"launch": 16, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
+    expected = {"ops.cu": {"launch": 17, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
                 "ops_llamacpp.cu": {"launch": 7, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
-                "attention.cu": {"launch": 2, "mma": 0, "ldmatrix": 0, "extern_shared": 2},
+                "attention.cu": {"launch": 3, "mma": 0, "ldmatrix": 0, "extern_shared": 2},
                 "attention_split.cuh": {"launch": 1, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
                 "attention_llamacpp.cu": {"launch": 1, "mma": 0, "ldmatrix": 0, "extern_shared": 1},
                 "mma_sync.cuh": {"launch": 0, "mma": 2, "ldmatrix": 1, "extern_shared": 0},
@@ -208,6 +214,44 @@ def test_attention_emulated_split(emu, rng, monkeypatch, kernel):
             assert nmse(out, reference) <= (1e-6 if kernel == "mma" else 1e-10)
             outs.append(out)
         assert not np.array_equal(*outs), (tokens, heads_kv, group, head_dim, n_past, window)
+
+
+# MASKED_ATTENTION_CASES with at most 2 kv heads and a group of at most 2 (a thread per CUDA thread).
+EMULATED_MASKED_CASES = sorted({(t, min(hkv, 2), min(g, 2), d, n_past, w, kind)
+                                for t, hkv, g, d, n_past, w, kind in MASKED_ATTENTION_CASES})
+
+
+@pytest.mark.parametrize("kernel", ["simt", "mma"])
+@pytest.mark.parametrize("tokens, heads_kv, group, head_dim, n_past, window, kind", EMULATED_MASKED_CASES)
+def test_attention_masked_emulated(emu, rng, monkeypatch, kernel, tokens, heads_kv, group, head_dim, n_past, window,
+                                   kind):
+    """attention.cu's masked path (the mask's tile marks, the walk from the first marked key tile to the last, the
+    mask added to the scores), split over the keys and not: within the kernel's bar of float64 with the same mask,
+    NaN cache rows past n_kv never read, a row that sees no key zeros."""
+    q, k, v, mask, n_kv = masked_attention_inputs(rng, tokens, heads_kv, group, head_dim, n_past, window, kind)
+    heads, scale = heads_kv * group, 1.0 / np.sqrt(head_dim)
+    reference = masked_attention_ref(q, k, v, mask, n_kv, scale, round_q=kernel == "mma")
+    for split in ("1", "0"):
+        monkeypatch.setenv("GGML_CIQ_ATTENTION_SPLIT", split)
+        out = poisoned((tokens, heads * head_dim))
+        call(emu, "emu_attention_masked", {"simt": SIMT, "mma": MMA}[kernel], q, k.view(np.uint16), v.view(np.uint16),
+             mask.view(np.uint16), mask.shape[1], tokens, heads, heads_kv, head_dim, n_kv, scale, out)
+        assert np.isfinite(out).all()
+        if kind == "empty_row":
+            assert not out[3].any()
+        assert nmse(out, reference) <= (1e-6 if kernel == "mma" else 1e-10), split
+
+
+def test_rows_set_f16_emulated(emu, rng):
+    """SET_ROWS' kernel: the chosen rows rounded to f16, the others and the stride's gap untouched, ids outside the
+    table skipped."""
+    table = rng.standard_normal((40, 72)).astype(np.float16)
+    ids = np.concatenate([rng.permutation(40)[:13], [-1, 40]]).astype(np.int64)
+    x = (rng.standard_normal((15, 64)) * 1000).astype(np.float32)
+    expected = table.copy()
+    expected[ids[:13], :64] = x[:13].astype(np.float16)
+    call(emu, "emu_rows_set_f16", x, 15, 64, ids, table.view(np.uint16), 40, 72)
+    assert np.array_equal(table.view(np.uint16), expected.view(np.uint16))
 
 
 def test_attention_emulated_llamacpp_is_not_mma(emu, rng):

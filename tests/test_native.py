@@ -105,7 +105,8 @@ CDEF_SHA256 = {2: "4a2d9f159019c7458ae310183d425a220dd7d0e41cd353f738031334d4b9a
                21: "70ec5a6fbc0d85060f360b1f3966303625bcefa476cbe9d289ff4bb2c3a1cc17",  # 21: ciq_switch_on's default per switch (GGML_CIQ_PLUGIN_GRAPHS off), GGML_CIQ_PLUGIN_FUSE_RULE
                22: "9d6004422bb567a69b0dff3a79b028101227a3793e7fe507b92dc0b2f8a6abbd",  # 22: GGML_CIQ_PLUGIN_STATS (the plugin's host-time line)
                23: "917e37eb39441f8ad61ddfd23a27f9dd7beada723f7bc2798fa9a12037a784ed",  # 23: GGML_CIQ_PLUGIN_RUN_GRAPHS (1eb1c26; withdrawn in 24)
-               24: "9d6004422bb567a69b0dff3a79b028101227a3793e7fe507b92dc0b2f8a6abbd"}  # 24: v22's header again: GGML_CIQ_PLUGIN_RUN_GRAPHS withdrawn (no measured gain, NOTES.md)
+               24: "9d6004422bb567a69b0dff3a79b028101227a3793e7fe507b92dc0b2f8a6abbd",  # 24: v22's header again: GGML_CIQ_PLUGIN_RUN_GRAPHS withdrawn (no measured gain, NOTES.md)
+               25: "91fad4f2c9ad3b3fd9478c3145cc1e78c81f4f0c13429246d0a15c28967e4e9e"}  # 25: ciq_attention_masked, ciq_rows_set_f16, GGML_CIQ_PLUGIN_ATTENTION (the plugin's attention steps)
 
 
 def cdef_sha256() -> str:

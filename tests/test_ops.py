@@ -925,6 +925,134 @@ def test_attention_mma_llamacpp_is_its_own_arithmetic(native_lib, rng):
     assert np.isfinite(out).all() and np.allclose(out, 30000, rtol=2e-4)
 
 
+# ---- ggml's FLASH_ATTN_EXT and SET_ROWS (the ggml plugin's attention steps) --------------------------------------
+
+def masked_attention_ref(q, k_cache, v_cache, mask, n_kv, scale, round_q=False):
+    """Float64 GQA of q over the caches' first n_kv rows, scores scale * q.k + mask; rows with no key: zeros."""
+    t, h, d = q.shape
+    group = h // k_cache.shape[1]
+    q64 = (q.astype(np.float16) if round_q else q).astype(np.float64)
+    k = np.repeat(k_cache[:n_kv].astype(np.float64), group, axis=1)
+    v = np.repeat(v_cache[:n_kv].astype(np.float64), group, axis=1)
+    m = mask[:t, :n_kv].astype(np.float64)
+    visible = np.isfinite(m)
+    s = np.where(visible[None], np.einsum("thd,phd->htp", q64, k) * scale + np.where(visible, m, 0)[None], -np.inf)
+    top = s.max(-1, keepdims=True)
+    w = np.where(visible[None], np.exp(s - np.where(np.isfinite(top), top, 0)), 0.0)
+    sums = w.sum(-1, keepdims=True)
+    w = np.divide(w, sums, out=np.zeros_like(w), where=sums > 0)
+    return np.einsum("htp,phd->thd", w, v).reshape(t, h * d)
+
+
+def masked_attention_inputs(rng, tokens, heads_kv, group, head_dim, n_past, window, kind):
+    """q, caches and a llama.cpp-style f16 mask for `tokens` queries at positions n_past.. over n_kv keys (n_past +
+    tokens rounded up to 32, the cells past them filled but masked), its rows padded to a multiple of 8 and 16 columns
+    wider than n_kv. kind: causal (with the window), two_sequences (a block-diagonal mask: the second half of the
+    queries sees only its own keys), empty_row (query 3 sees nothing: zeros), or bias (finite negative values added
+    to the visible scores). Cache rows past n_kv are NaN: a kernel reading them fails."""
+    heads, n_kv = heads_kv * group, -(-(n_past + tokens) // 32) * 32
+    q = (rng.standard_normal((tokens, heads, head_dim)) * 2).astype(np.float32)
+    k = np.full((n_kv + 9, heads_kv, head_dim), np.nan, np.float16)
+    v = np.full_like(k, np.nan)
+    k[:n_kv] = rng.standard_normal((n_kv, heads_kv, head_dim))
+    v[:n_kv] = rng.standard_normal((n_kv, heads_kv, head_dim))
+    pos = n_past + np.arange(tokens)[:, None]
+    p = np.arange(n_kv + 16)[None, :]
+    visible = (p <= pos) & ((pos - p < window) if window else True)
+    if kind == "two_sequences":
+        half = tokens // 2
+        second = np.arange(tokens)[:, None] >= half
+        visible &= np.where(second, p >= n_past + half, p < n_past + half)
+    mask = np.where(visible, 0.0, -np.inf)
+    if kind == "bias":
+        mask = np.where(visible, -rng.uniform(0, 4, visible.shape), -np.inf)
+    if kind == "empty_row":
+        mask[3] = -np.inf
+    rows = -(-tokens // 8) * 8
+    padded = np.full((rows, n_kv + 16), -np.inf)
+    padded[:tokens] = mask
+    return q, k, v, padded.astype(np.float16), n_kv
+
+
+# (tokens, heads_kv, group, head_dim, n_past, window, kind): query and key tiles with tails, Gemma 3's 4 heads on one
+# kv head at 256 dims (sliding and global), GQA groups, a decode row, and the masks llama.cpp makes for two sequences.
+MASKED_ATTENTION_CASES = [
+    (131, 1, 4, 256, 0, 0, "causal"), (131, 1, 4, 256, 40, 64, "causal"), (64, 2, 3, 96, 64, 0, "causal"),
+    (17, 8, 4, 128, 600, 512, "causal"), (100, 2, 2, 64, 0, 0, "two_sequences"), (70, 1, 2, 128, 30, 0, "empty_row"),
+    (1, 4, 2, 128, 300, 0, "causal"), (77, 2, 1, 64, 5, 0, "bias"),
+]
+
+
+@pytest.fixture(params=["cpu", "simt", "mma"])
+def masked_ops(request, native_lib):
+    if request.param != "cpu":
+        _gpu_or_skip()
+    return PoisonedOps("cpu" if request.param == "cpu" else "cuda", attention_kernel=request.param)
+
+
+@pytest.mark.parametrize("tokens, heads_kv, group, head_dim, n_past, window, kind", MASKED_ATTENTION_CASES)
+def test_attention_masked(masked_ops, rng, tokens, heads_kv, group, head_dim, n_past, window, kind):
+    """ciq_attention_masked against float64 with the same mask: poisoned outputs written, masked keys (finite in the
+    cache) weigh nothing, NaN rows past n_kv never read, a row that sees no key is zeros, the launch counted as the
+    kernel asked for."""
+    ops = masked_ops
+    q, k, v, mask, n_kv = masked_attention_inputs(rng, tokens, heads_kv, group, head_dim, n_past, window, kind)
+    scale = 1.0 / np.sqrt(head_dim)
+    native.dispatch_reset()
+    out = ops.attention_masked(ops.asarray(q), ops.asarray(k), ops.asarray(v), ops.asarray(mask), n_kv, scale).numpy()
+    counts = native.attention_dispatch_counts()
+    assert counts[ops.attention_kernel] == 1 and sum(counts.values()) == 1
+    assert np.isfinite(out).all()
+    if kind == "empty_row":
+        assert not out[3].any()
+    reference = masked_attention_ref(q, k, v, mask, n_kv, scale, round_q=ops.attention_kernel == "mma")
+    assert nmse(out, reference) <= (1e-6 if ops.attention_kernel == "mma" else 1e-10)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_attention_masked_causal_is_attention(native_lib, rng, monkeypatch, device):
+    """A causal mask without a window gives ciq_attention's bits (the same kernel and key tiles: the host's keys in
+    order; on a GPU mma with the split over the keys off), so the plugin's attention is the engine's."""
+    if device == "cuda":
+        _gpu_or_skip()
+        monkeypatch.setenv("GGML_CIQ_ATTENTION_SPLIT", "0")
+    ops = PoisonedOps(device, attention_kernel="cpu" if device == "cpu" else "mma")
+    for tokens, heads_kv, group, head_dim, n_past in [(131, 1, 4, 256, 0), (64, 2, 3, 96, 64), (77, 4, 2, 128, 5)]:
+        q, k, v, mask, n_kv = masked_attention_inputs(rng, tokens, heads_kv, group, head_dim, n_past, 0, "causal")
+        k[n_past + tokens:n_kv], v[n_past + tokens:n_kv] = 0, 0  # a tile's keys past the causal end: loaded as zeros
+        masked = ops.attention_masked(q, k, v, mask, n_kv, 0.125).numpy()
+        assert np.array_equal(masked, ops.attention(q, k, v, n_past, 0.125, 0).numpy()), (tokens, head_dim)
+
+
+def test_attention_masked_rejects(native_lib):
+    """Bad arguments are errors naming them: a kernel it does not run, a mask row shorter than the keys."""
+    ops = NativeOps("cpu", attention_kernel="ggml")
+    q, k = np.zeros((2, 2, 64), np.float32), np.zeros((4, 1, 64), np.float16)
+    mask = np.zeros((2, 4), np.float16)
+    with pytest.raises(BackendError, match="cpu, simt and mma"):
+        ops.attention_masked(q, k, k, mask, 4, 1.0)
+    n, out = native.load(), np.zeros((2, 128), np.float32)
+    f32, u16 = (lambda a: n.ffi.from_buffer("float[]", a)), (lambda a: n.ffi.from_buffer("uint16_t[]", a.view(np.uint16)))
+    with pytest.raises(InvalidArgumentError, match="mask_row 3 is shorter than n_kv 4"):
+        n.check(n.lib.ciq_attention_masked(-1, 0, f32(q), u16(k), u16(k), u16(mask), 3, 2, 2, 1, 64, 4, 1.0, f32(out)))
+
+
+def test_rows_set_f16(ops, rng):
+    """ggml's SET_ROWS into an f16 table with a row stride: the chosen rows get x rounded to f16 (nearest even), the
+    others and the stride's gap keep their bytes; on the host an id outside the table is an error naming it."""
+    table = rng.standard_normal((40, 72)).astype(np.float16)
+    ids = rng.permutation(40)[:13].astype(np.int64)
+    x = (rng.standard_normal((13, 64)) * 1000).astype(np.float32)
+    t = ops.asarray(table)
+    ops.rows_set_f16(t, ids, x)
+    expected = table.copy()
+    expected[ids, :64] = x.astype(np.float16)
+    assert np.array_equal(t.numpy().view(np.uint16), expected.view(np.uint16))
+    if ops.device == -1:
+        with pytest.raises(InvalidArgumentError, match="id 40 at 1 outside"):
+            ops.rows_set_f16(t, np.array([0, 40], np.int64), x[:2])
+
+
 @pytest.mark.parametrize("n, d", [(17, 640), (131, 256), (3, 2048)])
 def test_llamacpp_cuda_order_rms_norm(native_lib, rng, n, d):
     """The llama.cpp-CUDA-order norm on the GPU (rsqrtf, its reduction tree, the add in one FMA): within float

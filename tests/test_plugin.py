@@ -140,9 +140,13 @@ def test_mul_mat_graph_on_the_plugin_device(plugin_path, cpu_device, offload_all
     assert quants.nmse(got, expected) <= 1e-10
 
 
+STEP_COUNTS = 14  # ggml-ciq-backend.cpp's STEP_COUNTS
+
+
 def _plugin_steps(llama):
     """With the plugin loaded: a reader of its step counters ("ggml_ciq_plugin_steps": CUDA0 runs, our steps by kind,
-    MUL_MATs with their ADD, fused steps, replays, RoPEs, norm + RoPEs, biases), each read zeroing them."""
+    MUL_MATs with their ADD, fused steps, replays, RoPEs, norm + RoPEs, biases, scales, cache writes, attentions), each
+    read zeroing them."""
     ffi = cffi.FFI()
     ffi.cdef(_GGML_CDEF + _PLAN_CDEF)
     lib = ffi.dlopen(str(_lib_file(llama.lib_dir, "ggml")))
@@ -151,7 +155,7 @@ def _plugin_steps(llama):
     read = ffi.cast("void (*)(uint64_t *, int)", address)
 
     def steps() -> list:
-        counts = ffi.new("uint64_t[11]")
+        counts = ffi.new(f"uint64_t[{STEP_COUNTS}]")
         read(counts, 1)
         return list(counts)
     steps.library = lib  # kept open with the reader
@@ -159,17 +163,22 @@ def _plugin_steps(llama):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fuse,rule,graphs", [("1", "1", "0"), ("1", "0", "1"), ("1", "0", "0"), ("0", "1", "1")])
+@pytest.mark.parametrize("fuse,rule,graphs,flash_attn,attention", [
+    ("1", "1", "0", True, "1"), ("1", "0", "1", True, "1"), ("1", "1", "0", True, "0"), ("1", "0", "0", False, "1"),
+    ("0", "1", "1", False, "1")])
 def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all, gemma_full, llama, monkeypatch,
-                                         capfd, fuse, rule, graphs):
+                                         capfd, fuse, rule, graphs, flash_attn, attention):
     """Over a CUDA llama.cpp (docs/GPU.md: the plugin's recipes): Gemma 3 270M with devices CIQ0/CUDA0, every weight
-    MUL_MAT through the plugin (GGML_CIQ_OFFLOAD=all), against CUDA0 alone, flash attention off on both. The
+    MUL_MAT through the plugin (GGML_CIQ_OFFLOAD=all), against CUDA0 alone with the same flash-attention setting. The
     semantics differ (wgmma's f16 products, not MMQ's), so this is a sanity bar - a race against CUDA0's stream or a
     misread tensor gives unrelated logits - while llama-perplexity's KL divergence is the measured comparison.
     The plan's steps counted by kind: the fused plan (GGML_CIQ_FUSE=1; the rule, GGML_CIQ_PLUGIN_FUSE_RULE, on by
-    default, keeps it for Gemma since q's and k's norm + RoPE are steps of ours) runs a Gemma layer as one CUDA0 run (its q scale, KV writes and
-    attention) and ours: 2 norms feeding MUL_MATs and 1 GEGLU fused into the f16 conversion, q's and k's norm + RoPE,
-    2 post-norms with their residual; GGML_CIQ_FUSE=0 takes API v19's plan (MUL_MATs alone, five runs a layer). Three
+    default, keeps it for Gemma) runs in a layer 2 norms feeding MUL_MATs and 1 GEGLU fused into the f16 conversion,
+    q's and k's norm + RoPE, 2 post-norms with their residual, q's scale and the K and V cache writes; with flash
+    attention the attention too (the sliding-window layers through their own mask), so CUDA0 runs only the
+    embeddings and the output norm; without it (or with GGML_CIQ_PLUGIN_ATTENTION=0, which also leaves the scale and
+    writes to CUDA0) one CUDA0 run a layer is its attention. GGML_CIQ_FUSE=0 takes API v19's plan (MUL_MATs alone,
+    five runs a layer). Three
     prefills of the prompt in one context: with GGML_CIQ_PLUGIN_GRAPHS=1 the stretches of ours run eagerly, are
     captured as CUDA graphs and replayed (the replay counter says so); the logits bit for bit the same each time.
     GGML_CIQ_PLUGIN_STATS=1: the backend's line on stderr when the context is freed counts the same graphs, plan and
@@ -181,11 +190,12 @@ def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all
         pytest.skip(f"the plugin offers {plugin_device} here, not the GPU device CIQ0")
     monkeypatch.setenv("GGML_CIQ_FUSE", fuse)
     monkeypatch.setenv("GGML_CIQ_PLUGIN_FUSE_RULE", rule)
+    monkeypatch.setenv("GGML_CIQ_PLUGIN_ATTENTION", attention)
     path = gemma_full.path
     text = open(PROMPT).read()
     with LlamaModel(path, device="cuda") as model:
         tokens = model.tokenize(text)
-        with model.context_for(len(tokens), flash_attn=False) as ctx:
+        with model.context_for(len(tokens), flash_attn=flash_attn) as ctx:
             reference = ctx.prefill(tokens)
     with plugin.Plugin(plugin_path):
         steps = _plugin_steps(llama)
@@ -194,7 +204,7 @@ def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all
         monkeypatch.setenv("GGML_CIQ_PLUGIN_STATS", "1")
         capfd.readouterr()
         with LlamaModel(path, device="cuda", devices=["CIQ0"]) as model, \
-                model.context_for(len(tokens), flash_attn=False) as ctx:
+                model.context_for(len(tokens), flash_attn=flash_attn) as ctx:
             native.dispatch_reset()
             logits = ctx.prefill(tokens)
             counts = native.dispatch_counts()
@@ -204,10 +214,12 @@ def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all
         stats = re.findall(r"ggml-ciq: CIQ0: (\d+) graphs computed, (\d+) plans made; stretches of ours: (\d+) eager, "
                            r"(\d+) captured, (\d+) replayed, (\d+) stale, (\d+) captures failed; host us a graph",
                            capfd.readouterr().err)
-    runs, mul_mats, norm_acts, glu_acts, norm_adds, with_add, fused, _, ropes, norm_ropes, biases = first
+    runs, mul_mats, norm_acts, glu_acts, norm_adds, with_add, fused, _, ropes, norm_ropes, biases, scales, writes, \
+        attentions = first
     print(f"steps: {runs} CUDA0 runs, {mul_mats} MUL_MATs ({with_add} with their ADD), {norm_acts} norms, {glu_acts} "
-          f"GEGLUs ({fused} fused), {norm_adds} post-norms, {norm_ropes} q/k norm + RoPEs, {ropes} RoPEs; {replays} "
-          f"stretches replayed in the next two prefills")
+          f"GEGLUs ({fused} fused), {norm_adds} post-norms, {norm_ropes} q/k norm + RoPEs, {ropes} RoPEs, {scales} "
+          f"scales, {writes} cache writes, {attentions} attentions; {replays} stretches replayed in the next two "
+          f"prefills")
     assert np.array_equal(again[1], logits) and np.array_equal(again[0], logits)
     assert replays == (runs if graphs == "1" else 0)  # the third prefill: every stretch of ours (one per CUDA0 run)
     assert len(stats) == 1, stats  # one CIQ0 backend, freed with its context
@@ -217,14 +229,17 @@ def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all
         assert captured >= runs and replayed >= replays, stats
     else:
         assert captured == 0 and replayed == 0, stats
-    layers = 18  # tools/plugin_plan.py on llama.cpp CPU's graph (last position's logits): 21 runs
+    layers = 18  # tools/plugin_plan.py on llama.cpp CPU's graph (last position's logits): 3 runs, 21 without ours
     if fuse == "1":
         assert (mul_mats, norm_acts, glu_acts, norm_adds, with_add, norm_ropes, ropes, biases) == (
             7 * layers + 1, 2 * layers, layers, 2 * layers - 1, 0, 2 * layers, 0, 0)
-        assert fused == norm_acts + glu_acts and layers + 2 <= runs <= layers + 4
+        taken = attention == "1"
+        assert (scales, writes, attentions) == (layers * taken, 2 * layers * taken, layers * (taken and flash_attn))
+        assert fused == norm_acts + glu_acts
+        assert 2 <= runs <= 3 if taken and flash_attn else layers + 2 <= runs <= layers + 4, runs
     else:
-        assert (mul_mats, norm_acts, glu_acts, norm_adds, with_add, fused, norm_ropes, ropes) == (
-            7 * layers + 1, 0, 0, 0, 0, 0, 0, 0)
+        assert (mul_mats, norm_acts, glu_acts, norm_adds, with_add, fused, norm_ropes, ropes, scales, writes,
+                attentions) == (7 * layers + 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
         assert runs >= 5 * layers
     keep_quant = {t: sum(n for (variant, wt), n in counts.items() if wt == t and variant != "cpu")
                   for t in ("Q4_K", "Q6_K")}
@@ -245,10 +260,11 @@ def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all
 @pytest.mark.gpu
 def test_qwen2_biases_on_the_gpu_device(plugin_path, plugin_device, offload_all, llama, tmp_path, monkeypatch):
     """Over a CUDA llama.cpp: a two-layer random qwen2 model (q/k/v bias rows) through CIQ0, every weight MUL_MAT ours,
-    against CUDA0 alone. The fused plan takes the bias ADDs (BIAS: ciq_add, CUDAi's values) and q's RoPE after them:
-    6 biases and 2 RoPEs, one CUDA0 run a layer (its k RoPE, KV writes and attention) beside the embeddings and the
-    output norm (tools/plugin_plan.py on llama.cpp CPU: 5 runs with the last position alone); logits close to
-    CUDA0's (wgmma's f16 products, not MMQ's: a sanity bar) and bit for bit the same over two prefills."""
+    against CUDA0 alone, flash attention on. The fused plan takes the bias ADDs (BIAS: ciq_add, CUDAi's values), q's
+    and k's RoPEs after them, the K/V cache writes and the attention: 6 biases, 4 RoPEs, 4 writes, 2 attentions, and
+    CUDA0 runs only the embeddings and the output norm (tools/plugin_plan.py on llama.cpp CPU: 3 runs with the last
+    position alone); logits close to CUDA0's (wgmma's f16 products, not MMQ's: a sanity bar) and bit for bit the same
+    over two prefills."""
     from ggml_ciq.compare import logits_agreement
     from ggml_ciq.llama_model import LlamaModel
 
@@ -266,8 +282,8 @@ def test_qwen2_biases_on_the_gpu_device(plugin_path, plugin_device, offload_all,
             logits = ctx.prefill(tokens)
             first = steps()
             again = ctx.prefill(tokens)
-    runs, ropes, biases = first[0], first[8], first[10]
-    assert (biases, ropes) == (3 * 2, 2) and 2 <= runs <= 5, first  # embeddings, a run a layer, output norm
+    runs, ropes, biases, writes, attentions = first[0], first[8], first[10], first[12], first[13]
+    assert (biases, ropes, writes, attentions) == (3 * 2, 4, 4, 2) and 2 <= runs <= 3, first
     assert np.array_equal(again, logits)
     agreement = logits_agreement(logits, reference)
     assert np.isfinite(logits).all() and agreement["top1"] >= 0.9 and agreement["kld_mean"] <= 0.05, agreement
@@ -492,6 +508,14 @@ struct ggml_tensor * ggml_rope_ext(struct ggml_context * ctx, struct ggml_tensor
                                    float beta_slow);
 struct ggml_tensor * ggml_set_rows(struct ggml_context * ctx, struct ggml_tensor * a, struct ggml_tensor * b,
                                    struct ggml_tensor * c);
+const char * ggml_op_desc(const struct ggml_tensor * t);
+struct ggml_tensor * ggml_scale_bias(struct ggml_context * ctx, struct ggml_tensor * a, float s, float b);
+struct ggml_tensor * ggml_graph_node(struct ggml_cgraph * cgraph, int i);
+struct ggml_tensor * ggml_view_3d(struct ggml_context * ctx, struct ggml_tensor * a, int64_t ne0, int64_t ne1,
+                                  int64_t ne2, size_t nb1, size_t nb2, size_t offset);
+struct ggml_tensor * ggml_flash_attn_ext(struct ggml_context * ctx, struct ggml_tensor * q, struct ggml_tensor * k,
+                                         struct ggml_tensor * v, struct ggml_tensor * mask, float scale,
+                                         float max_bias, float logit_softcap);
 struct ggml_backend_reg * ggml_backend_dev_backend_reg(struct ggml_backend_device * device);
 void * ggml_backend_reg_get_proc_address(struct ggml_backend_reg * reg, const char * name);
 """
@@ -530,7 +554,8 @@ def _plan_graphs(llama, plugin_path, plugin_device):
         lib.ggml_free(ctx)
 
 
-RUN, MUL_MAT, NORM_ACT, GLU_ACT, NORM_ADD, ROPE, NORM_ROPE, BIAS = range(8)  # the plan's step kinds (step_kind)
+# the plan's step kinds (step_kind)
+RUN, MUL_MAT, NORM_ACT, GLU_ACT, NORM_ADD, ROPE, NORM_ROPE, BIAS, SCALE, SET_ROWS, ATTN = range(11)
 
 
 def test_gpu_plan_runs_and_shared_activations(plugin_path, plugin_device, offload_all, llama, monkeypatch):
@@ -568,13 +593,15 @@ def test_gpu_plan_runs_and_shared_activations(plugin_path, plugin_device, offloa
         assert plan(graph, 5) == -1  # a value the switch does not take: no plan
 
 
-def test_gpu_plan_fuses_a_layer(plugin_path, plugin_device, offload_all, llama):
-    """The fused plan (the default) on a llama-shaped layer with a Gemma post-norm, through the plan hook: the attention
+def test_gpu_plan_fuses_a_layer(plugin_path, plugin_device, offload_all, llama, monkeypatch):
+    """The fused plan (the default) on a llama-shaped layer with a Gemma post-norm, through the plan hook (without the
+    attention steps, GGML_CIQ_PLUGIN_ATTENTION=0: its SCALEs stand for CUDAi's RoPEs and attention): the attention
     norm a step of ours feeding q/v/k (their activations converted once), v and k moved before q's stand-in RoPE (a
     scale) so the attention's nodes are one CUDAi run, o's and down's residual ADDs written with their products, the
     FFN norm and SwiGLU steps of ours feeding their MUL_MATs, the post-norm's RMS_NORM + MUL + ADD one step; fused
     (no float32 product, conversion in the op's kernel) exactly where the MUL_MATs reading it take the f16 layout
     (the library's plan for this device says which). A graph without a uid gets API v19's plan."""
+    monkeypatch.setenv("GGML_CIQ_PLUGIN_ATTENTION", "0")
     with _plan_graphs(llama, plugin_path, plugin_device) as (lib, ctx, plan):
         k, tokens = 256, 64
         weight = lambda: lib.ggml_new_tensor_2d(ctx, Q4_K, k, k)  # noqa: E731
@@ -623,8 +650,10 @@ def test_gpu_plan_takes_ropes(plugin_path, plugin_device, offload_all, llama, mo
     left to CUDAi: a RoPE with parameters our kernel does not compute as ggml-cuda does (here freq_scale 0.5), one
     whose product a SET_ROWS writes into a cache (CUDAi fuses the two), and one reading what CUDAi computes after our
     MUL_MAT (a scale: taking the RoPE would end no run earlier). The next MUL_MATs move before the run they start; API
-    v19's plan (GGML_CIQ_FUSE=0) takes no RoPE and no bias."""
+    v19's plan (GGML_CIQ_FUSE=0) takes no RoPE and no bias. Without the attention steps (GGML_CIQ_PLUGIN_ATTENTION=0:
+    the SET_ROWS and SCALE here are CUDAi's; test_gpu_plan_takes_attention has them)."""
     monkeypatch.setenv("GGML_CIQ_PLUGIN_FUSE_RULE", "0")
+    monkeypatch.setenv("GGML_CIQ_PLUGIN_ATTENTION", "0")
     with _plan_graphs(llama, plugin_path, plugin_device) as (lib, ctx, plan):
         k, head_dim, heads, tokens = 256, 64, 4, 64
         I32, I64 = 26, 27  # ggml's type ids
@@ -665,13 +694,78 @@ def test_gpu_plan_takes_ropes(plugin_path, plugin_device, offload_all, llama, mo
         assert {row[0] for row in got} == {RUN, MUL_MAT}
 
 
+def test_gpu_plan_takes_attention(plugin_path, plugin_device, offload_all, llama, monkeypatch):
+    """The attention steps (GGML_CIQ_PLUGIN_ATTENTION, on by default), through the plan hook, on llama.cpp's attention
+    block: q's RoPE and SCALE, k's RoPE feeding its cache write, the K and V writes (SET_ROWS of float32 rows into f16
+    caches by int64 ids), FLASH_ATTN_EXT over views of the caches with an f16 mask, and o's MUL_MAT: all ours, no CUDAi
+    run. Left to CUDAi, each alone (per op, never an abort): an attention with soft-capping, one with ALiBi (max_bias),
+    a SCALE with a bias or SET_ROWS by int32 ids (each with the attention that reads it: a step of ours extends a
+    stretch of ours and never waits for CUDAi's run). With the switch off the block's writes, q's scale and the
+    attention are one CUDAi run, k's RoPE with them (ggml-cuda fuses it with its write)."""
+    monkeypatch.setenv("GGML_CIQ_PLUGIN_FUSE_RULE", "0")
+    with _plan_graphs(llama, plugin_path, plugin_device) as (lib, ctx, plan):
+        k, d, heads, heads_kv, tokens, n_kv = 256, 64, 4, 2, 64, 128
+        I32, I64 = 26, 27  # ggml's type ids
+        x = lib.ggml_new_tensor_2d(ctx, F32, k, tokens)
+        pos = lib.ggml_new_tensor_1d(ctx, I32, tokens)
+        mask = lib.ggml_new_tensor_2d(ctx, F16, n_kv, tokens)
+        rope = lambda t: lib.ggml_rope_ext(ctx, t, pos, cffi.FFI().NULL, d, 2, 0, 10000.0, 1.0, 0.0,  # noqa: E731
+                                           1.0, 32.0, 1.0)
+
+        def block(graph, softcap=0.0, max_bias=0.0, id_type=I64, scale_bias=0.0):
+            """One attention block into graph, in llama.cpp's order (the cache writes expanded first)."""
+            kv_cache = [lib.ggml_new_tensor_2d(ctx, F16, d * heads_kv, n_kv) for _ in range(2)]
+            ids = lib.ggml_new_tensor_1d(ctx, id_type, tokens)
+            q = rope(lib.ggml_reshape_3d(ctx, lib.ggml_mul_mat(ctx, lib.ggml_new_tensor_2d(ctx, Q4_K, k, d * heads), x),
+                                         d, heads, tokens))
+            q = lib.ggml_scale_bias(ctx, q, 0.125, scale_bias)
+            k_ = rope(lib.ggml_reshape_3d(ctx, lib.ggml_mul_mat(ctx, lib.ggml_new_tensor_2d(ctx, Q4_K, k, d * heads_kv),
+                                                                x), d, heads_kv, tokens))
+            v = lib.ggml_mul_mat(ctx, lib.ggml_new_tensor_2d(ctx, Q4_K, k, d * heads_kv), x)
+            lib.ggml_build_forward_expand(graph, lib.ggml_set_rows(ctx, kv_cache[0], lib.ggml_reshape_2d(
+                ctx, k_, d * heads_kv, tokens), ids))
+            lib.ggml_build_forward_expand(graph, lib.ggml_set_rows(ctx, kv_cache[1], v, ids))
+            views = [lib.ggml_view_3d(ctx, c, d, n_kv, heads_kv, d * heads_kv * 2, d * 2, 0) for c in kv_cache]
+            attn = lib.ggml_flash_attn_ext(ctx, lib.ggml_permute(ctx, q, 0, 2, 1, 3), views[0], views[1], mask, 1.0,
+                                           max_bias, softcap)
+            width = d * heads
+            o = lib.ggml_mul_mat(ctx, lib.ggml_new_tensor_2d(ctx, Q4_K, width, k), lib.ggml_reshape_2d(ctx, attn, width,
+                                                                                                     tokens))
+            lib.ggml_build_forward_expand(graph, o)
+
+        def kinds(**variant):
+            """The plan's step kinds, and the ops CUDAi's runs compute (views and reshapes compute nothing)."""
+            graph = lib.ggml_new_graph(ctx)
+            block(graph, **variant)
+            got, _, runs = plan(graph, 11)
+            ops = [cffi.FFI().string(lib.ggml_op_desc(lib.ggml_graph_node(graph, i))).decode() for i in runs]
+            return [row[0] for row in got], sorted(op for op in ops if op not in ("VIEW", "RESHAPE", "PERMUTE"))
+
+        # ggml's order: k's branch and write, v's, then q's, the attention and o
+        assert kinds() == ([MUL_MAT, ROPE, SET_ROWS, MUL_MAT, SET_ROWS, MUL_MAT, ROPE, SCALE, ATTN, MUL_MAT], [])
+        # the attention, the writes or the scale CUDAi's: those nodes alone in its runs, every other step still ours
+        for variant, theirs in (({"softcap": 30.0}, ["FLASH_ATTN_EXT"]), ({"max_bias": 8.0}, ["FLASH_ATTN_EXT"]),
+                                ({"id_type": I32}, ["FLASH_ATTN_EXT", "SET_ROWS", "SET_ROWS"]), ({"scale_bias": 1.0}, ["FLASH_ATTN_EXT", "SCALE"])):
+            steps, ops = kinds(**variant)
+            assert ops == theirs, (variant, steps, ops)
+            op_of = {SET_ROWS: "SET_ROWS", SCALE: "SCALE", ATTN: "FLASH_ATTN_EXT"}
+            assert sorted(k for k in steps if k != RUN) == sorted(
+                k for k in (MUL_MAT, ROPE, SET_ROWS, MUL_MAT, SET_ROWS, MUL_MAT, ROPE, SCALE, ATTN, MUL_MAT)
+                if op_of.get(k) not in theirs), (variant, steps)
+        monkeypatch.setenv("GGML_CIQ_PLUGIN_ATTENTION", "0")
+        assert kinds() == ([MUL_MAT, MUL_MAT, MUL_MAT, ROPE, RUN, MUL_MAT],
+                           ["FLASH_ATTN_EXT", "ROPE", "SCALE", "SET_ROWS", "SET_ROWS"])
+
+
 def test_gpu_plan_keeps_order_and_float32_where_needed(plugin_path, plugin_device, offload_all, llama, monkeypatch):
     """What the fused plan must not do: move a MUL_MAT before a run that writes its activations or reads its output
     (here a scale in place over the norm's product, and one reading q's product); fuse a norm whose RMS_NORM has
     another reader; fold an ADD that broadcasts a row over the product into the MUL_MAT (the GEMM's addend is a whole
     residual: that ADD is a BIAS step of its own). With the rule (GGML_CIQ_PLUGIN_FUSE_RULE, on by default) this graph
-    gets API v19's plan instead: the fused one keeps four CUDAi runs of its six."""
+    gets API v19's plan instead: the fused one keeps four CUDAi runs of its six. Without the attention steps
+    (GGML_CIQ_PLUGIN_ATTENTION=0: the SCALEs here stand for CUDAi's work)."""
     monkeypatch.setenv("GGML_CIQ_PLUGIN_FUSE_RULE", "0")
+    monkeypatch.setenv("GGML_CIQ_PLUGIN_ATTENTION", "0")
     with _plan_graphs(llama, plugin_path, plugin_device) as (lib, ctx, plan):
         k, tokens = 256, 64
         weight = lambda: lib.ggml_new_tensor_2d(ctx, Q4_K, k, k)  # noqa: E731
@@ -856,38 +950,44 @@ def test_llama_cpp_python_generates_through_the_plugin(plugin_path, cpu_device, 
 
 
 @pytest.mark.parametrize("model,want", [
-    # name: (API v19's runs, the fused plan's runs, NORM_ACT, GLU_ACT, NORM_ADD, ROPE, NORM_ROPE, BIAS, the rule's
-    # pick)
-    ("gemma3-270m", (109, 21, 36, 18, 35, 0, 36, 0, "fused plan")),
-    ("smollm2-135m", (151, 33, 60, 30, 0, 30, 0, 0, "fused plan")),
-    ("qwen2.5-coder-0.5b", (145, 27, 48, 24, 0, 24, 0, 72, "fused plan")),  # q/k/v bias ADDs ours, then q's RoPE
+    # name: (API v19's runs, the fused plan's runs, NORM_ACT, GLU_ACT, NORM_ADD, ROPE, NORM_ROPE, BIAS, SCALE,
+    # SET_ROWS, ATTN, the fused plan's runs without the attention steps, the rule's pick)
+    ("gemma3-270m", (109, 3, 36, 18, 35, 0, 36, 0, 18, 36, 18, 21, "fused plan")),
+    ("smollm2-135m", (151, 3, 60, 30, 0, 60, 0, 0, 0, 60, 30, 33, "fused plan")),
+    ("qwen2.5-coder-0.5b", (145, 3, 48, 24, 0, 48, 0, 72, 0, 48, 24, 27, "fused plan")),  # q/k/v biases ours
 ])
-def test_gpu_plan_over_llamacpps_allocated_graph(plugin_path, cpu_device, llama, model, want):
+def test_gpu_plan_over_llamacpps_allocated_graph(plugin_path, cpu_device, llama, monkeypatch, model, want):
     """The plugin's plans over llama.cpp's own graph of a 512-token prefill, allocated by ggml-alloc (its in-place and
     free-block reuse, as on a GPU up to alignment: tools/plugin_plan.py, on llama.cpp CPU): API v19's plan cuts a layer
-    into five CUDAi runs; the fused plan takes the norms, GLUs and post-norms, q's RoPE (llama; k's stays CUDAi's,
-    fused with its KV write) or q's and k's norm + RoPE (Gemma 3), and moves MUL_MATs before a run where ggml-alloc's
-    addresses allow: one CUDAi run a layer (its KV writes and attention; Qwen2.5's q/k/v bias ADDs are steps of ours,
-    and q's RoPE after them: before the BIAS steps it kept two runs a layer, 51 in all). The rule keeps the fused plan where it halves the runs (all three here; before the
-    RoPE steps the fused plan kept three runs a Gemma layer, and the rule took API v19's)."""
+    into five CUDAi runs; the fused plan takes the norms, GLUs and post-norms, q's and k's RoPEs (llama) or norm + RoPE
+    (Gemma 3), Qwen2.5's q/k/v bias ADDs, Gemma's q SCALE, the K/V cache writes (SET_ROWS) and the attention
+    (FLASH_ATTN_EXT, each layer's own mask: Gemma's sliding-window layers read the SWA mask), and moves MUL_MATs before
+    a run where ggml-alloc's addresses allow: three CUDAi runs a graph, none inside a layer (the embeddings' GET_ROWS,
+    the last layer's row pick, the output norm). Without the attention steps (GGML_CIQ_PLUGIN_ATTENTION=0) one CUDAi
+    run a layer is left (its KV writes and attention). The rule keeps the fused plan where it halves the runs (all
+    three here; before the RoPE steps the fused plan kept three runs a Gemma layer, and the rule took API v19's)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("plugin_plan", os.path.join(os.path.dirname(__file__), "..",
                                                                               "tools", "plugin_plan.py"))
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
-    _, got, ops = tool.plans(catalog.resolve_model(model), 512, plugin_path)
+    path = catalog.resolve_model(model)
+    _, got, ops = tool.plans(path, 512, plugin_path)
     count = lambda label, kind: sum(1 for row in got[label] if row[0] == kind)  # noqa: E731
-    v19_runs, fused_runs, norms, glus, post_norms, ropes, norm_ropes, biases, pick = want
-    assert count("API v19's plan", "RUN") == v19_runs and {row[0] for row in got["API v19's plan"]} == {"RUN", "MUL_MAT"}
-    assert (count("fused plan", "RUN"), count("fused plan", "NORM_ACT"), count("fused plan", "GLU_ACT"),
-            count("fused plan", "NORM_ADD"), count("fused plan", "ROPE"),
-            count("fused plan", "NORM_ROPE"), count("fused plan", "BIAS")) == (fused_runs, norms, glus, post_norms, ropes,
-                                                                            norm_ropes, biases)
+    *steps, runs_without, pick = want
+    assert count("API v19's plan", "RUN") == steps[0] and {row[0] for row in got["API v19's plan"]} == {"RUN", "MUL_MAT"}
+    kinds = ("RUN", "NORM_ACT", "GLU_ACT", "NORM_ADD", "ROPE", "NORM_ROPE", "BIAS", "SCALE", "SET_ROWS", "ATTN")
+    assert [count("fused plan", kind) for kind in kinds] == steps[1:]
     assert count("fused plan", "MUL_MAT") == count("API v19's plan", "MUL_MAT")
     assert got["default"] == got[pick]
     first_op = {"MUL_MAT": ("MUL_MAT",), "NORM_ACT": ("RMS_NORM",), "NORM_ADD": ("RMS_NORM",),
-                "GLU_ACT": ("SWIGLU", "GEGLU"), "ROPE": ("ROPE",), "NORM_ROPE": ("RMS_NORM",), "BIAS": ("ADD",)}
+                "GLU_ACT": ("SWIGLU", "GEGLU"), "ROPE": ("ROPE",), "NORM_ROPE": ("RMS_NORM",), "BIAS": ("ADD",),
+                "SCALE": ("SCALE",), "SET_ROWS": ("SET_ROWS",), "ATTN": ("FLASH_ATTN_EXT",)}
     assert all(ops[row[1]] in first_op[row[0]] for row in got["fused plan"] if row[0] != "RUN")
     # a norm + RoPE covers RMS_NORM, MUL, ROPE
     assert all((ops[row[2]], ops[row[3]]) == ("MUL", "ROPE") for row in got["fused plan"] if row[0] == "NORM_ROPE")
+    monkeypatch.setenv("GGML_CIQ_PLUGIN_ATTENTION", "0")
+    _, without, _ = tool.plans(path, 512, plugin_path)
+    assert sum(1 for row in without["fused plan"] if row[0] == "RUN") == runs_without
+    assert not {row[0] for row in without["fused plan"]} & {"SCALE", "SET_ROWS", "ATTN"}

@@ -2,10 +2,10 @@
 compute-sanitizer.
 
 Usage: compute-sanitizer --tool memcheck python3 tools/sanitize_case.py [variant ... | wgmma-block32 | engine |
-attention-split | attention-wgmma | ops | fusion | wgmma-stream-k | wgmma-rs | wgmma-group-glu]
+attention-split | attention-wgmma | attention-masked | ops | fusion | wgmma-stream-k | wgmma-rs | wgmma-group-glu]
 (mmvq: every type at 1..8 tokens, mmvq_case; mma and q32: also MMQ's stream-k seams, mmq_seams_case; wgmma-block32:
 wgmma on Q4_0/Q5_0/Q8_0, wgmma_block32_case; attention-split: attention_split_case; attention-wgmma:
-attention_wgmma_case; ops: ops_case; fusion: fusion_case; wgmma-stream-k: wgmma_stream_k_case;
+attention_wgmma_case; attention-masked: attention_masked_case (and SET_ROWS); ops: ops_case; fusion: fusion_case; wgmma-stream-k: wgmma_stream_k_case;
 wgmma-rs: wgmma_rs_case; wgmma-group-glu: wgmma_group_glu_case)
 """
 
@@ -259,6 +259,40 @@ def attention_wgmma_case():
     del os.environ["GGML_CIQ_ATTENTION_SPLIT"]
 
 
+def attention_masked_case():
+    """ciq_attention_masked (the plugin's FLASH_ATTN_EXT; simt and mma, split over the keys and not): the mask's tile
+    marks, masks that end mid-tile (n_kv 300, 97 queries), a sliding window, two sequences, a fully masked row, Gemma's
+    4 heads on 1 kv head at D = 256 and the 8B's 32 on 8 at D = 128; then ciq_rows_set_f16 (SET_ROWS) into a strided
+    table."""
+    from ggml_ciq.ops import NativeOps
+
+    rng = np.random.default_rng(8)
+    for kernel, split in itertools.product(("simt", "mma"), ("1", "0")):
+        os.environ["GGML_CIQ_ATTENTION_SPLIT"] = split
+        ops = NativeOps("cuda", attention_kernel=kernel)
+        for t, n_past, heads, hkv, d, window, kind in [(97, 200, 4, 1, 256, 0, "causal"), (97, 200, 4, 1, 256, 64, "causal"),
+                                                       (130, 0, 32, 8, 128, 0, "two"), (70, 30, 4, 2, 64, 0, "empty")]:
+            n_kv = n_past + t + 3
+            q = rng.standard_normal((t, heads, d)).astype(np.float32)
+            k = rng.standard_normal((n_kv, hkv, d)).astype(np.float16)
+            v = rng.standard_normal((n_kv, hkv, d)).astype(np.float16)
+            pos, p = n_past + np.arange(t)[:, None], np.arange(n_kv + 5)[None, :]
+            visible = (p <= pos) & ((pos - p < window) if window else True)
+            if kind == "two":
+                visible &= (np.arange(t)[:, None] >= t // 2) == (p >= n_past + t // 2)
+            if kind == "empty":
+                visible[3] = False
+            mask = np.where(visible, 0.0, -np.inf).astype(np.float16)
+            out = ops.attention_masked(q, k, v, mask, n_kv, d ** -0.5).numpy()
+            print(f"attention_masked {kernel} split={split} t={t} n_kv={n_kv} heads={heads}/{hkv} D={d} {kind}: "
+                  f"finite={np.isfinite(out).all()}")
+    del os.environ["GGML_CIQ_ATTENTION_SPLIT"]
+    ops = NativeOps("cuda")
+    table = ops.zeros((300, 1100), np.float16)
+    ops.rows_set_f16(table, rng.permutation(300)[:77], rng.standard_normal((77, 1024)).astype(np.float32))
+    print(f"rows_set_f16: finite={np.isfinite(table.numpy()).all()}")
+
+
 def ops_case():
     """The vectorized ops (ops.cu) and the fused GLU conversion (convert_f16.cu): rms_norm a warp a row (d 256, 640,
     100), a block a row with registers (d 4096, 1028) and the plain kernel (d 8196), in place too; glu and add on
@@ -378,7 +412,8 @@ def fusion_case():
 # The cases that run only alone (one argument): the argument -> its case.
 ALONE_CASES = {"engine": engine_case, "fusion": fusion_case, "attention-split": attention_split_case,
                "wgmma-stream-k": wgmma_stream_k_case, "wgmma-rs": wgmma_rs_case,
-               "wgmma-group-glu": wgmma_group_glu_case, "attention-wgmma": attention_wgmma_case, "ops": ops_case}
+               "wgmma-group-glu": wgmma_group_glu_case, "attention-wgmma": attention_wgmma_case, "ops": ops_case,
+               "attention-masked": attention_masked_case}
 
 
 def main(variants):

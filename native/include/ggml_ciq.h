@@ -38,7 +38,7 @@
 extern "C" {
 #endif
 
-#define GGML_CIQ_API_VERSION 24
+#define GGML_CIQ_API_VERSION 25
 
 /* CDEF-BEGIN */
 typedef enum { CIQ_DEVICE_CPU = -1 } ciq_device_index; /* the host as a device; GPUs are 0..n-1 */
@@ -133,7 +133,7 @@ ciq_status ciq_api_version(int *version);
 /* JSON object: version, commit, api_version, backends, cuda_archs, hip, cpu_isa, threads; valid until the next call. */
 ciq_status ciq_build_info(const char **json);
 /* An on/off runtime switch (GGML_CIQ_FUSE, GGML_CIQ_FUSE_GLU, GGML_CIQ_ATTENTION_WGMMA, GGML_CIQ_PLUGIN_GRAPHS,
- * GGML_CIQ_PLUGIN_FUSE_RULE, GGML_CIQ_PLUGIN_STATS) as the environment sets it now: *on 1 or 0 (1/on/true/yes,
+ * GGML_CIQ_PLUGIN_FUSE_RULE, GGML_CIQ_PLUGIN_STATS, GGML_CIQ_PLUGIN_ATTENTION) as the environment sets it now: *on 1 or 0 (1/on/true/yes,
  * 0/off/false/no, any case; unset or empty: its default, off for GGML_CIQ_PLUGIN_GRAPHS and GGML_CIQ_PLUGIN_STATS,
  * else on). Another name, or a value the switch does not
  * take: CIQ_ERR_INVALID_ARGUMENT naming it. */
@@ -321,6 +321,17 @@ ciq_status ciq_rms_norm_rope(int device, ciq_op_order order, ciq_rope_mode mode,
 ciq_status ciq_attention(int device, ciq_attention_kernel kernel, const float *q, const uint16_t *k_cache,
                          const uint16_t *v_cache, int64_t tokens, int64_t heads, int64_t heads_kv, int64_t head_dim,
                          int64_t cache_rows, int64_t n_past, float scale, int64_t window, float *out);
+/* ggml's FLASH_ATTN_EXT without ALiBi, soft-capping or sinks (the ggml plugin's attention): out[t][h*head_dim + e]
+ * from q[t][h][:] and the first n_kv rows of the caches ([rows][heads_kv][head_dim] f16, heads a multiple of heads_kv),
+ * each score scale * q.k + mask[t * mask_row + p] (f16; llama.cpp's masks hold 0 and -inf, and a key at -inf weighs
+ * nothing). Keys ascending as ciq_attention's; a row whose keys are all at -inf gets zeros. kernel: AUTO (a GPU: mma,
+ * else simt; the host: cpu), CPU, SIMT or MMA (the others CIQ_ERR_UNSUPPORTED). A GPU first marks the 64 x 64 mask
+ * tiles that hold a key above -inf (one launch for all heads) and walks only the key tiles from the first marked to
+ * the last marked one of a query tile. */
+ciq_status ciq_attention_masked(int device, ciq_attention_kernel kernel, const float *q, const uint16_t *k_cache,
+                                const uint16_t *v_cache, const uint16_t *mask, int64_t mask_row, int64_t tokens,
+                                int64_t heads, int64_t heads_kv, int64_t head_dim, int64_t n_kv, float scale,
+                                float *out);
 /* Which kernel ciq_attention runs for this request on this device (AUTO resolved, availability checked). */
 ciq_status ciq_attention_resolve(int device, ciq_attention_kernel kernel, int64_t head_dim,
                                  ciq_attention_kernel *resolved);
@@ -337,6 +348,11 @@ ciq_status ciq_rope_kv_store(int device, ciq_op_order order, ciq_rope_mode mode,
 /* cache[start + t][:] = x[t][:] rounded to f16 (nearest even); row_values = heads_kv * head_dim. */
 ciq_status ciq_kv_store(int device, uint16_t *cache, int64_t start, const float *x, int64_t tokens,
                         int64_t row_values);
+/* table[ids[i]][0..k) = x[i][:] rounded to f16 (nearest even) for i < n: ggml's SET_ROWS of float32 rows into an f16
+ * tensor (a K/V cache); table rows are row_stride values apart (>= k). ids are int64 (llama.cpp's KV indices); an id
+ * outside [0, table_rows) is an error on the host and is skipped on a GPU (ids live in its memory). */
+ciq_status ciq_rows_set_f16(int device, const float *x, int64_t n, int64_t k, const int64_t *ids, uint16_t *table,
+                            int64_t table_rows, int64_t row_stride);
 /* out[i] = act(gate[i]) * up[i] for n values. */
 ciq_status ciq_glu(int device, ciq_op_order order, ciq_glu_kind kind, const float *gate, const float *up,
                    int64_t n, float *out);

@@ -299,15 +299,16 @@ const ggml_backend_i cpu_backend_interface = {
 // writes and attention) between two of our stretches: two stream hand-overs a layer where API v19's plan had ten.
 enum step_kind : int {
     STEP_RUN = 0, STEP_MUL_MAT = 1, STEP_NORM_ACT = 2, STEP_GLU_ACT = 3, STEP_NORM_ADD = 4, STEP_ROPE = 5,
-    STEP_NORM_ROPE = 6, STEP_BIAS = 7
+    STEP_NORM_ROPE = 6, STEP_BIAS = 7, STEP_SCALE = 8, STEP_SET_ROWS = 9, STEP_ATTN = 10
 };
-constexpr int STEP_KINDS = 8;
+constexpr int STEP_KINDS = 11;
 constexpr const char *k_step_kind_names[STEP_KINDS] = {"RUN", "MUL_MAT", "NORM_ACT", "GLU_ACT", "NORM_ADD", "ROPE",
-                                                       "NORM_ROPE", "BIAS"};
+                                                       "NORM_ROPE", "BIAS", "SCALE", "SET_ROWS", "ATTN"};
 
 struct step {
     step_kind kind = STEP_RUN;
-    int node = -1;          // RUN: its first node; else the MUL_MAT, RMS_NORM, GLU or ROPE
+    int node = -1;          // RUN: its first node; else the MUL_MAT, RMS_NORM, GLU, ROPE, ADD, SCALE, SET_ROWS or
+                            // FLASH_ATTN_EXT
     int mul = -1;           // NORM_ACT / NORM_ADD / NORM_ROPE: the MUL by the norm's weight
     int rope = -1;          // NORM_ROPE: the ROPE
     int add = -1;           // MUL_MAT / NORM_ADD: the ADD of a residual (-1: none)
@@ -358,6 +359,7 @@ struct gpu_backend {
     ggml_backend_event_t to_cuda = nullptr;  // recorded on ours, waited for by CUDAi's stream
     bool fuse = true;                        // GGML_CIQ_FUSE when the backend started: fused steps, steps moved
     bool fuse_rule = true;                   // GGML_CIQ_PLUGIN_FUSE_RULE: the fused plan only where it halves the runs
+    bool attention = true;                   // GGML_CIQ_PLUGIN_ATTENTION: SCALE, SET_ROWS and ATTN steps
     bool graphs = false;                     // GGML_CIQ_PLUGIN_GRAPHS when it started: stretches of ours as CUDA graphs
     converted_activations x;                 // shared by the MUL_MATs of one graph_compute on the same activations
     std::vector<graph_plan> plans;           // the recent graphs' plans (the scheduler alternates a few graphs)
@@ -623,8 +625,69 @@ const ggml_tensor *bias_row(const ggml_tensor *add) {
     return b;
 }
 
+// A SCALE without a bias of float32 values (contiguous, in place or apart): ciq_scale's values (ggml-cuda's x * s + 0).
+bool scale_ours(const ggml_tensor *n) {
+    if (n->op != GGML_OP_SCALE || n->type != GGML_TYPE_F32 || !ggml_is_contiguous(n)) return false;
+    const ggml_tensor *x = n->src[0];
+    return x != nullptr && x->type == GGML_TYPE_F32 && ggml_is_contiguous(x) && ggml_are_same_shape(x, n) &&
+           ggml_get_op_params_f32(n, 1) == 0.0f && (x->data == n->data || !overlap(span_of(x), span_of(n)));
+}
+
+// A SET_ROWS of float32 rows into an f16 tensor by int64 ids (llama.cpp's K/V cache writes; ggml_set_rows' node is a
+// view of the destination, src[0] the rows, src[1] the ids): 2-D contiguous rows, one id a row, destination rows as
+// wide at any stride: ciq_rows_set_f16's values (ggml-cuda's float -> half, nearest even).
+bool set_rows_ours(const ggml_tensor *n) {
+    if (n->op != GGML_OP_SET_ROWS || n->type != GGML_TYPE_F16) return false;
+    const ggml_tensor *x = n->src[0], *ids = n->src[1];
+    return x != nullptr && ids != nullptr && x->type == GGML_TYPE_F32 && ggml_is_contiguous(x) && x->ne[2] == 1 &&
+           x->ne[3] == 1 && ids->type == GGML_TYPE_I64 && ggml_is_contiguous(ids) && ids->ne[0] == x->ne[1] &&
+           ggml_nrows(ids) == 1 && n->ne[0] == x->ne[0] && n->nb[0] == sizeof(uint16_t) &&
+           n->nb[1] % sizeof(uint16_t) == 0 && n->ne[2] == 1 && n->ne[3] == 1 && !overlap(span_of(x), span_of(n)) &&
+           !overlap(span_of(ids), span_of(n));
+}
+
+// The arguments of a FLASH_ATTN_EXT that ciq_attention_masked computes (mma): q float32 [D, T, H] viewed from
+// [D, H, T] memory (ggml_permute of q), K and V f16 views [D, n_kv, Hkv] of a cache whose rows hold Hkv * D values
+// (V not transposed: llama.cpp's flash-attention layout), an f16 mask [>= n_kv, >= T], out float32 [D, H, T]
+// contiguous, no ALiBi (max_bias 0), no soft-capping, no sinks, a head_dim mma is built for; else false.
+struct attention_args {
+    const float *q = nullptr;
+    const uint16_t *k = nullptr, *v = nullptr, *mask = nullptr;
+    float *out = nullptr;
+    int64_t head_dim = 0, tokens = 0, heads = 0, heads_kv = 0, n_kv = 0, mask_row = 0;
+    float scale = 0.0f;
+};
+
+bool attention_of(const ggml_tensor *n, attention_args *a) {
+    if (n->op != GGML_OP_FLASH_ATTN_EXT || n->type != GGML_TYPE_F32 || !ggml_is_contiguous(n) || n->ne[3] != 1)
+        return false;
+    const ggml_tensor *q = n->src[0], *k = n->src[1], *v = n->src[2], *mask = n->src[3];
+    if (q == nullptr || k == nullptr || v == nullptr || mask == nullptr || n->src[4] != nullptr) return false;
+    // ggml_flash_attn_ext's op_params: 0 scale, 1 max_bias, 2 logit_softcap, 3 precision
+    if (ggml_get_op_params_f32(n, 1) != 0.0f || ggml_get_op_params_f32(n, 2) != 0.0f) return false;
+    const int64_t d = q->ne[0], t = q->ne[1], h = q->ne[2], n_kv = k->ne[1], hkv = k->ne[2];
+    if (q->type != GGML_TYPE_F32 || q->ne[3] != 1 || q->nb[0] != sizeof(float) || q->nb[2] != d * sizeof(float) ||
+        q->nb[1] != h * d * sizeof(float) || hkv <= 0 || h % hkv != 0)
+        return false;
+    for (const ggml_tensor *kv : {k, v}) {
+        if (kv->type != GGML_TYPE_F16 || kv->ne[0] != d || kv->ne[1] != n_kv || kv->ne[2] != hkv || kv->ne[3] != 1 ||
+            kv->nb[0] != sizeof(uint16_t) || kv->nb[2] != d * sizeof(uint16_t) ||
+            kv->nb[1] != hkv * d * sizeof(uint16_t) || ((uintptr_t)kv->data & 15) != 0)
+            return false;
+    }
+    if (mask->type != GGML_TYPE_F16 || mask->ne[0] < n_kv || mask->ne[1] < t || mask->ne[2] != 1 ||
+        mask->ne[3] != 1 || mask->nb[0] != sizeof(uint16_t) || mask->nb[1] % sizeof(uint16_t) != 0)
+        return false;
+    if (n->ne[0] != d || n->ne[1] != h || n->ne[2] != t) return false;
+    if (d != 64 && d != 96 && d != 128 && d != 256) return false;  // mma's head dims (ciq_attention_resolve)
+    *a = attention_args{(const float *)q->data, (const uint16_t *)k->data, (const uint16_t *)v->data,
+                        (const uint16_t *)mask->data, (float *)n->data, d, t, h, hkv, n_kv,
+                        (int64_t)(mask->nb[1] / sizeof(uint16_t)), ggml_get_op_params_f32(n, 0)};
+    return true;
+}
+
 // Whether a SET_ROWS after node `from` writes t (or a view of it) into a cache: ggml-cuda fuses a ROPE with that
-// write, so a ROPE feeding one is left to CUDAi.
+// write, so a ROPE feeding one is left to CUDAi unless the write is ours too (GGML_CIQ_PLUGIN_ATTENTION).
 bool feeds_set_rows(const ggml_cgraph *graph, int from, const ggml_tensor *t) {
     for (int k = from; k < graph->n_nodes; k++) {
         const ggml_tensor *n = graph->nodes[k];
@@ -717,10 +780,12 @@ struct planner {
                 writes->push_back(span_of(a));
                 break;
             }
-            case STEP_ROPE:  // x and positions
-            case STEP_BIAS:  // x and the row
-                read(node(s.node)->src[0]);
-                read(node(s.node)->src[1]);
+            case STEP_ROPE:      // x and positions
+            case STEP_BIAS:      // x and the row
+            case STEP_SCALE:     // x
+            case STEP_SET_ROWS:  // the rows and their ids; writes the destination (the node is its view)
+            case STEP_ATTN:      // q, K, V and the mask
+                for (int k = 0; k < GGML_MAX_SRC; k++) read(node(s.node)->src[k]);
                 writes->push_back(span_of(node(s.node)));
                 break;
             case STEP_NORM_ROPE: {
@@ -846,13 +911,21 @@ struct planner {
         // CUDAi computed after our MUL_MAT stays CUDAi's: taking it would end that run no earlier and add a call).
         const bool after_ours = !plan.steps.empty() && plan.steps.back().kind != STEP_RUN;
         auto extends_ours = [&](const step &r) { return !pending_computes || independent_of_pending(r); };
-        if (n->op == GGML_OP_ROPE && after_ours && rope_ours(n) && !feeds_set_rows(graph, i + 1, n)) {
+        if (n->op == GGML_OP_ROPE && after_ours && rope_ours(n) &&
+            (ctx->attention || !feeds_set_rows(graph, i + 1, n))) {
             s.kind = STEP_ROPE;
             s.node = i;
             return extends_ours(s) ? s : step{};
         }
         if (n->op == GGML_OP_ADD && after_ours && bias_row(n) != nullptr) {
             s.kind = STEP_BIAS;
+            s.node = i;
+            return extends_ours(s) ? s : step{};
+        }
+        attention_args attention;
+        if (ctx->attention && after_ours &&
+            (scale_ours(n) || set_rows_ours(n) || (n->op == GGML_OP_FLASH_ATTN_EXT && attention_of(n, &attention)))) {
+            s.kind = n->op == GGML_OP_SCALE ? STEP_SCALE : n->op == GGML_OP_SET_ROWS ? STEP_SET_ROWS : STEP_ATTN;
             s.node = i;
             return extends_ours(s) ? s : step{};
         }
@@ -1015,8 +1088,9 @@ uint64_t run_uid(uint64_t graph_uid, size_t step) {
 // The steps CIQi backends have run since the last reset, by kind (STEP_RUN .. STEP_NORM_ADD), then MUL_MATs with their
 // ADD, fused NORM_ACT / GLU_ACT steps, and stretches of ours replayed as CUDA graphs: which path ran, for the GPU
 // tests ("ggml_ciq_plugin_steps").
-constexpr int STEP_COUNTS = 11;  // RUN .. NORM_ADD, MUL_MAT + ADD, fused, replays, ROPE, NORM_ROPE, BIAS
-constexpr int k_count_of_kind[] = {0, 1, 2, 3, 4, 8, 9, 10};  // step_kind -> its counter (5..7: the three above)
+constexpr int STEP_COUNTS = 14;  // RUN .. NORM_ADD, MUL_MAT + ADD, fused, replays, ROPE, NORM_ROPE, BIAS, SCALE,
+                                 // SET_ROWS, ATTN
+constexpr int k_count_of_kind[] = {0, 1, 2, 3, 4, 8, 9, 10, 11, 12, 13};  // step_kind -> its counter (5..7: above)
 static_assert(sizeof(k_count_of_kind) / sizeof(k_count_of_kind[0]) == STEP_KINDS, "a counter per step kind");
 std::atomic<uint64_t> g_step_counts[STEP_COUNTS];
 
@@ -1026,7 +1100,7 @@ void count_step(const step &s) {
     if (s.fused) g_step_counts[6]++;
 }
 
-// counts[0..11): g_step_counts; reset != 0 zeroes them after reading.
+// counts[0..STEP_COUNTS): g_step_counts; reset != 0 zeroes them after reading.
 void steps_for_tests(uint64_t *counts, int reset) {
     for (int i = 0; i < STEP_COUNTS; i++) counts[i] = reset ? g_step_counts[i].exchange(0) : g_step_counts[i].load();
 }
@@ -1048,6 +1122,11 @@ struct step_call {
     int64_t heads = 0, head_dim = 0;     // ROPE, NORM_ROPE (tokens: the rope's third dim)
     float base = 0.0f;
     ciq_rope_mode mode = CIQ_ROPE_NORM;
+    float scale = 0.0f;                  // SCALE
+    const int64_t *ids = nullptr;        // SET_ROWS (x: the rows, k values each, tokens of them)
+    uint16_t *table = nullptr;
+    int64_t table_rows = 0, row_stride = 0;
+    attention_args attention;            // ATTN
 };
 
 step_call call_of(int device, ggml_cgraph *graph, const step &s) {
@@ -1083,6 +1162,22 @@ step_call call_of(int device, ggml_cgraph *graph, const step &s) {
         c.k = n->ne[0];
         c.tokens = ggml_nrows(n);
         c.out = (float *)n->data;
+    } else if (s.kind == STEP_SCALE) {
+        c.x = (const float *)n->src[0]->data;
+        c.scale = ggml_get_op_params_f32(n, 0);
+        c.k = ggml_nelements(n);
+        c.tokens = 1;
+        c.out = (float *)n->data;
+    } else if (s.kind == STEP_SET_ROWS) {
+        c.x = (const float *)n->src[0]->data;
+        c.k = n->src[0]->ne[0];
+        c.tokens = n->src[0]->ne[1];
+        c.ids = (const int64_t *)n->src[1]->data;
+        c.table = (uint16_t *)n->data;
+        c.table_rows = n->ne[1];
+        c.row_stride = (int64_t)(n->nb[1] / sizeof(uint16_t));
+    } else if (s.kind == STEP_ATTN) {
+        attention_of(n, &c.attention);  // the plan took it: its arguments are there
     } else if (s.kind == STEP_ROPE || s.kind == STEP_NORM_ROPE) {
         ggml_tensor *rope = s.kind == STEP_ROPE ? n : graph->nodes[s.rope];
         c.x = (const float *)n->src[0]->data;
@@ -1144,6 +1239,14 @@ ciq_status run_ours(const device_context *dev, gpu_backend *ctx, ggml_cgraph *gr
                        : ciq_rms_norm_rope(device, CIQ_ORDER_LLAMACPP_CUDA, c.mode, c.x, c.weight, c.eps, c.positions,
                                            c.tokens, c.heads, c.head_dim, c.base, c.out);
         case STEP_BIAS: return ciq_add(device, c.x, c.tokens * c.k, c.addend, c.k, c.out);
+        case STEP_SCALE: return ciq_scale(device, c.x, c.scale, c.k, c.out);
+        case STEP_SET_ROWS:
+            return ciq_rows_set_f16(device, c.x, c.tokens, c.k, c.ids, c.table, c.table_rows, c.row_stride);
+        case STEP_ATTN: {
+            const attention_args &a = c.attention;
+            return ciq_attention_masked(device, CIQ_ATTENTION_MMA, a.q, a.k, a.v, a.mask, a.mask_row, a.tokens, a.heads,
+                                        a.heads_kv, a.head_dim, a.n_kv, a.scale, a.out);
+        }
         case STEP_RUN: break;
     }
     return CIQ_OK;
@@ -1163,11 +1266,13 @@ int plan_for_tests(ggml_cgraph *graph, int index, uint64_t uid, int32_t *rows, u
     device_context probe = g_devices[index];
     probe.cuda = nullptr;  // the library's answers for that device, no buffer-type check: any graph's tensors will do
     gpu_backend scratch;
-    int fuse = 1, rule = 1;
-    if (ciq_switch_on("GGML_CIQ_FUSE", &fuse) != CIQ_OK || ciq_switch_on("GGML_CIQ_PLUGIN_FUSE_RULE", &rule) != CIQ_OK)
+    int fuse = 1, rule = 1, attention = 1;
+    if (ciq_switch_on("GGML_CIQ_FUSE", &fuse) != CIQ_OK || ciq_switch_on("GGML_CIQ_PLUGIN_FUSE_RULE", &rule) != CIQ_OK ||
+        ciq_switch_on("GGML_CIQ_PLUGIN_ATTENTION", &attention) != CIQ_OK)
         return -1;
     scratch.fuse = fuse != 0;
     scratch.fuse_rule = rule != 0;
+    scratch.attention = attention != 0;
     const graph_plan plan = make_plan(&probe, &scratch, graph, uid);
     int written = 0;
     for (size_t i = 0; i < plan.steps.size() && (int)i < max_steps; i++) {
@@ -1417,9 +1522,11 @@ ggml_backend_t device_init_backend(ggml_backend_dev_t dev, const char *params) {
     int graphs = 0, rule = 1;
     ciq_switch_on("GGML_CIQ_PLUGIN_GRAPHS", &graphs);
     ciq_switch_on("GGML_CIQ_PLUGIN_FUSE_RULE", &rule);
-    int stats = 0;
+    int stats = 0, attention = 1;
     ciq_switch_on("GGML_CIQ_PLUGIN_STATS", &stats);
+    ciq_switch_on("GGML_CIQ_PLUGIN_ATTENTION", &attention);
     gpu->print_stats = stats != 0;
+    gpu->attention = attention != 0;
     gpu->graphs = graphs != 0;
     gpu->fuse_rule = rule != 0;
     gpu->cuda = ggml_backend_dev_init(ctx->cuda, params);
@@ -1548,7 +1655,7 @@ bool ggml_matches() {
 
 // The on/off switches a CIQi backend reads when it starts (device_init_backend).
 constexpr const char *k_plugin_switches[] = {"GGML_CIQ_FUSE", "GGML_CIQ_PLUGIN_GRAPHS", "GGML_CIQ_PLUGIN_FUSE_RULE",
-                                             "GGML_CIQ_PLUGIN_STATS"};
+                                             "GGML_CIQ_PLUGIN_STATS", "GGML_CIQ_PLUGIN_ATTENTION"};
 
 // The library's runtime switches the plugin's planning reads (GGML_CIQ_OFFLOAD, GGML_CIQ_VARIANT...) are valid: a
 // value they do not take is one log line and no plugin, never a silent "decline every op".

@@ -194,6 +194,93 @@ ciq_status ciq_attention(int device, ciq_attention_kernel kernel, const float *q
     return status;
 }
 
+ciq_status ciq_attention_masked(int device, ciq_attention_kernel kernel, const float *q, const uint16_t *k_cache,
+                                const uint16_t *v_cache, const uint16_t *mask, int64_t mask_row, int64_t tokens,
+                                int64_t heads, int64_t heads_kv, int64_t head_dim, int64_t n_kv, float scale,
+                                float *out) {
+    if (q == nullptr || k_cache == nullptr || v_cache == nullptr || mask == nullptr || out == nullptr) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_attention_masked: NULL pointer");
+    }
+    if ((const void *)out == (const void *)q) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_attention_masked: out must not be q");
+    }
+    CIQ_TRY(ciq_check_count("ciq_attention_masked", "tokens", tokens));
+    CIQ_TRY(ciq_check_count("ciq_attention_masked", "heads_kv", heads_kv));
+    CIQ_TRY(ciq_check_count("ciq_attention_masked", "n_kv", n_kv));
+    if (heads < heads_kv || heads % heads_kv) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT,
+                        "ciq_attention_masked: heads (%lld) must be a multiple of heads_kv (%lld)", (long long)heads,
+                        (long long)heads_kv);
+    }
+    if (mask_row < n_kv) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_attention_masked: mask_row %lld is shorter than n_kv %lld",
+                        (long long)mask_row, (long long)n_kv);
+    }
+    if (n_kv > INT32_MAX / 2 || tokens > INT32_MAX / 2 || heads > 65535) {
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_attention_masked: %lld keys, %lld tokens, %lld heads exceed the limits",
+                        (long long)n_kv, (long long)tokens, (long long)heads);
+    }
+    if (kernel != CIQ_ATTENTION_AUTO && kernel != CIQ_ATTENTION_CPU && kernel != CIQ_ATTENTION_SIMT &&
+        kernel != CIQ_ATTENTION_MMA) {
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_attention_masked runs the cpu, simt and mma kernels (asked: %d)",
+                        (int)kernel);
+    }
+    ciq_attention_kernel resolved;
+    if (kernel == CIQ_ATTENTION_AUTO && device != CIQ_DEVICE_CPU) {
+        if (ciq_attention_resolve(device, CIQ_ATTENTION_MMA, head_dim, &resolved) != CIQ_OK ||
+            (((uintptr_t)k_cache | (uintptr_t)v_cache) & 15)) {
+            CIQ_TRY(ciq_attention_resolve(device, CIQ_ATTENTION_SIMT, head_dim, &resolved));
+        }
+    } else {
+        CIQ_TRY(ciq_attention_resolve(device, kernel, head_dim, &resolved));
+    }
+    if (uses_mma(resolved) && (((uintptr_t)k_cache | (uintptr_t)v_cache) & 15)) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_attention_masked: mma needs 16-byte-aligned K/V caches");
+    }
+    ciq_status status;
+    if (device == CIQ_DEVICE_CPU) {
+        status = ciq_cpu_attention_masked(q, k_cache, v_cache, mask, mask_row, tokens, heads, heads_kv, head_dim, n_kv,
+                                          scale, out);
+    } else {
+#ifdef GGML_CIQ_WITH_CUDA
+        status = ciq_cuda_set_device(device);
+        if (status == CIQ_OK) {
+            status = ciq_cuda_attention_masked(resolved, q, k_cache, v_cache, mask, mask_row, tokens, heads, heads_kv,
+                                               head_dim, n_kv, scale, out, ciq_switches_attention());
+        }
+#else
+        status = CIQ_ERR_UNSUPPORTED;
+#endif
+    }
+    if (status == CIQ_OK) ciq_counters_attention(resolved);
+    return status;
+}
+
+ciq_status ciq_rows_set_f16(int device, const float *x, int64_t n, int64_t k, const int64_t *ids, uint16_t *table,
+                            int64_t table_rows, int64_t row_stride) {
+    if (x == nullptr || ids == nullptr || table == nullptr) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rows_set_f16: NULL pointer");
+    }
+    CIQ_TRY(ciq_check_count("ciq_rows_set_f16", "n", n));
+    CIQ_TRY(ciq_check_count("ciq_rows_set_f16", "k", k));
+    CIQ_TRY(ciq_check_count("ciq_rows_set_f16", "table_rows", table_rows));
+    if (row_stride < k) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rows_set_f16: row_stride %lld is shorter than k %lld",
+                        (long long)row_stride, (long long)k);
+    }
+    CIQ_TRY(ciq_check_device(device));
+    if (device == CIQ_DEVICE_CPU) {
+        for (int64_t i = 0; i < n; ++i) {
+            if (ids[i] < 0 || ids[i] >= table_rows) {
+                return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_rows_set_f16: id %lld at %lld outside [0, %lld)",
+                                (long long)ids[i], (long long)i, (long long)table_rows);
+            }
+        }
+    }
+    CIQ_ROUTE(device, ciq_cpu_rows_set_f16(x, n, k, ids, table, row_stride),
+              ciq_cuda_rows_set_f16(x, n, k, ids, table, table_rows, row_stride));
+}
+
 ciq_status ciq_kv_store(int device, uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values) {
     if (cache == nullptr || x == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_kv_store: NULL pointer");
     if (start < 0) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_kv_store: start must be >= 0, got %lld", (long long)start);

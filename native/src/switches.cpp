@@ -28,6 +28,7 @@ enum Switch {
     PLUGIN_GRAPHS,
     PLUGIN_FUSE_RULE,
     PLUGIN_STATS,
+    PLUGIN_ATTENTION,
     SWITCH_COUNT
 };
 
@@ -88,6 +89,9 @@ constexpr SwitchRow k_switches[SWITCH_COUNT] = {
      "the ggml plugin (ciq_switch_on, when a backend starts)", "1: each CIQi backend prints one line to stderr when "
      "it is freed: graphs computed, plans, stretches run eagerly / captured / replayed, and host microseconds per "
      "graph: CUDAi's runs, ours by step kind, hand-overs, waiting in synchronize, and outside graph_compute"},
+    {PLUGIN_ATTENTION, "GGML_CIQ_PLUGIN_ATTENTION", "1/on/true/yes | 0/off/false/no", "on",
+     "the ggml plugin (ciq_switch_on, when a backend starts)", "0: CIQi leaves q's SCALE, the K/V cache writes "
+     "(SET_ROWS) and FLASH_ATTN_EXT to CUDAi (one CUDAi run a layer, as before API v25; A/B runs)"},
 };
 
 constexpr bool rows_in_order() {
@@ -163,7 +167,8 @@ ciq_status ciq_switches_attention_wgmma(bool *take) { return word_switch(ATTENTI
 
 ciq_status ciq_switches_on_off(const char *name, bool *on) {
     *on = true;
-    constexpr Switch on_off[] = {FUSE, FUSE_GLU, ATTENTION_WGMMA, PLUGIN_GRAPHS, PLUGIN_FUSE_RULE, PLUGIN_STATS};
+    constexpr Switch on_off[] = {FUSE, FUSE_GLU, ATTENTION_WGMMA, PLUGIN_GRAPHS, PLUGIN_FUSE_RULE, PLUGIN_STATS,
+                                 PLUGIN_ATTENTION};
     std::string names;
     for (Switch s : on_off) {
         if (name != nullptr && std::strcmp(name, switch_name(s)) == 0) return word_switch(s, on);

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -170,6 +171,7 @@ struct Cta {
         for (int lane0 = 0; lane0 < threads; lane0 += 32) warps.emplace_back(new Warp(std::min(32, threads - lane0)));
     }
     std::barrier<> sync;
+    std::atomic<int> vote{0};  // __syncthreads_or's
     std::vector<std::unique_ptr<Warp>> warps;
     std::vector<unsigned char> dynamic_smem;
 };
@@ -388,6 +390,16 @@ template <class... Params, class... Args> void launch(void (*kernel)(Params...),
 }  // namespace ciq_emu
 
 inline void __syncthreads() { ciq_emu::cta->sync.arrive_and_wait(); }
+inline int __syncthreads_or(int predicate) {  // a barrier that also ORs the threads' predicates
+    ciq_emu::Cta &c = *ciq_emu::cta;
+    if (predicate) c.vote.store(1);
+    c.sync.arrive_and_wait();
+    const int any = c.vote.load();
+    c.sync.arrive_and_wait();
+    if (ciq_emu::flat_thread() == 0) c.vote.store(0);
+    c.sync.arrive_and_wait();
+    return any;
+}
 template <class T> T __shfl_xor_sync(unsigned, T value, int offset) {
     return ciq_emu::exchange(value, [&](int l) { return l ^ offset; });
 }

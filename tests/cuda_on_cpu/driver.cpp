@@ -33,6 +33,16 @@ int emu_attention(int kernel, const float *q, const uint16_t *k, const uint16_t 
     return ciq_cuda_attention((ciq_attention_kernel)kernel, q, k, v, tokens, heads, heads_kv, head_dim, n_past, scale,
                               window, out, ciq_switches_attention());  // the switches as the C API reads them
 }
+int emu_attention_masked(int kernel, const float *q, const uint16_t *k, const uint16_t *v, const uint16_t *mask,
+                         int64_t mask_row, int64_t tokens, int64_t heads, int64_t heads_kv, int64_t head_dim,
+                         int64_t n_kv, float scale, float *out) {
+    return ciq_cuda_attention_masked((ciq_attention_kernel)kernel, q, k, v, mask, mask_row, tokens, heads, heads_kv,
+                                     head_dim, n_kv, scale, out, ciq_switches_attention());
+}
+int emu_rows_set_f16(const float *x, int64_t n, int64_t k, const int64_t *ids, uint16_t *table, int64_t table_rows,
+                     int64_t row_stride) {
+    return ciq_cuda_rows_set_f16(x, n, k, ids, table, table_rows, row_stride);
+}
 int emu_rms_norm(int order, const float *x, const float *weight, const float *add, float eps, int64_t n, int64_t d,
                  float *out) {
     return ciq_cuda_rms_norm((ciq_op_order)order, x, weight, add, eps, n, d, out);

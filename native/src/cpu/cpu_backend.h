@@ -35,6 +35,12 @@ ciq_status ciq_cpu_attention(const float *q, const uint16_t *k_cache, const uint
                              int64_t heads, int64_t heads_kv, int64_t head_dim, int64_t n_past, float scale,
                              int64_t window, float *out);
 ciq_status ciq_cpu_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values);
+// ciq_attention_masked on the host: ciq_cpu_attention's float order over the keys whose mask is above -inf.
+ciq_status ciq_cpu_attention_masked(const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                                    const uint16_t *mask, int64_t mask_row, int64_t tokens, int64_t heads,
+                                    int64_t heads_kv, int64_t head_dim, int64_t n_kv, float scale, float *out);
+ciq_status ciq_cpu_rows_set_f16(const float *x, int64_t n, int64_t k, const int64_t *ids, uint16_t *table,
+                                int64_t row_stride);
 // row: values per row of llama.cpp's op (CIQ_ORDER_LLAMACPP_CPU's SiLU runs its SIMD lanes from each row's start).
 ciq_status ciq_cpu_glu(ciq_op_order order, ciq_glu_kind kind, const float *gate, const float *up, int64_t n,
                        int64_t row, float *out);

@@ -109,6 +109,46 @@ ciq_status ciq_cpu_attention(const float *q, const uint16_t *k_cache, const uint
     return CIQ_OK;
 }
 
+ciq_status ciq_cpu_attention_masked(const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                                    const uint16_t *mask, int64_t mask_row, int64_t tokens, int64_t heads,
+                                    int64_t heads_kv, int64_t head_dim, int64_t n_kv, float scale, float *out) {
+    const int64_t group = heads / heads_kv, row = heads_kv * head_dim;
+    constexpr uint16_t F16_NEG_INF = 0xFC00;
+#pragma omp parallel
+    {
+        std::vector<float> scores(n_kv), acc(head_dim);
+#pragma omp for schedule(dynamic, 1) collapse(2)
+        for (int64_t t = 0; t < tokens; ++t) {
+            for (int64_t h = 0; h < heads; ++h) {
+                const float *qr = q + (t * heads + h) * head_dim;
+                const uint16_t *mr = mask + t * mask_row;
+                const int64_t kv_offset = (h / group) * head_dim;
+                float max = -INFINITY;
+                for (int64_t p = 0; p < n_kv; ++p) {
+                    if (mr[p] == F16_NEG_INF) continue;
+                    const uint16_t *kr = k_cache + p * row + kv_offset;
+                    float dot = 0.0f;
+                    for (int64_t e = 0; e < head_dim; ++e) dot += qr[e] * ciq_fp16_to_fp32(kr[e]);
+                    scores[p] = dot * scale + ciq_fp16_to_fp32(mr[p]);
+                    max = std::fmax(max, scores[p]);
+                }
+                float sum = 0.0f;
+                for (int64_t e = 0; e < head_dim; ++e) acc[e] = 0.0f;
+                for (int64_t p = 0; p < n_kv; ++p) {
+                    if (mr[p] == F16_NEG_INF) continue;
+                    const float w = std::exp(scores[p] - max);
+                    sum += w;
+                    const uint16_t *vr = v_cache + p * row + kv_offset;
+                    for (int64_t e = 0; e < head_dim; ++e) acc[e] += w * ciq_fp16_to_fp32(vr[e]);
+                }
+                float *o = out + t * heads * head_dim + h * head_dim;
+                for (int64_t e = 0; e < head_dim; ++e) o[e] = sum > 0.0f ? acc[e] / sum : 0.0f;
+            }
+        }
+    }
+    return CIQ_OK;
+}
+
 // ggml_v_expf (ggml-cpu/vec.h, AVX2) for one value: its polynomial, fused steps and over/underflow path.
 __attribute__((always_inline)) static inline float ggml_expf(float x) {
     const float r = 0x1.8p23f, z = std::fma(x, 0x1.715476p+0f, r), n = z - r;
@@ -216,6 +256,16 @@ ciq_status ciq_cpu_kv_store(uint16_t *cache, int64_t start, const float *x, int6
     uint16_t *dst = cache + start * row_values;
 #pragma omp parallel for schedule(static) if (tokens * row_values >= PARALLEL_MIN)
     for (int64_t i = 0; i < tokens * row_values; ++i) dst[i] = ciq_fp32_to_fp16(x[i]);
+    return CIQ_OK;
+}
+
+ciq_status ciq_cpu_rows_set_f16(const float *x, int64_t n, int64_t k, const int64_t *ids, uint16_t *table,
+                                int64_t row_stride) {
+#pragma omp parallel for schedule(static) if (n * k >= PARALLEL_MIN)
+    for (int64_t i = 0; i < n; ++i) {
+        uint16_t *dst = table + ids[i] * row_stride;
+        for (int64_t e = 0; e < k; ++e) dst[e] = ciq_fp32_to_fp16(x[i * k + e]);
+    }
     return CIQ_OK;
 }
 

@@ -59,11 +59,11 @@ __global__ void __launch_bounds__(256) attention_simt_kernel(AttentionArgs a) {
     int first, end, start, stop;
     key_range<ATTN_QUERIES>(a, q0, &first, &end);
     if (!chunk_range(a, first, end, &start, &stop)) return;  // the whole CTA: blockIdx only
+    marked_range(a, q0, &start, &stop);
     for (int i = tid; i < ATTN_QUERIES * D; i += 256) {
         const int r = i / D, e = i % D;
         qs[r * S::Q_STRIDE + e] = q0 + r < a.tokens ? a.q[((int64_t)(q0 + r) * a.heads + h) * D + e] : 0.0f;
     }
-    const int query_pos = a.n_past + q0 + row;
 
     float m = -INFINITY, l = 0.0f, o[D / 4];
 #pragma unroll
@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(256) attention_simt_kernel(AttentionArgs a) {
                 float tile_max = -INFINITY;
 #pragma unroll
                 for (int jj = 0; jj < ATTN_KEYS / 4; ++jj) {
-                    s[jj] = visible(a, query_pos, kt + sub + 4 * jj, end) ? s[jj] * a.scale : -INFINITY;
+                    s[jj] = attention_score(a, q0 + row, kt + sub + 4 * jj, end, s[jj]);
                     tile_max = fmaxf(tile_max, s[jj]);
                 }
                 tile_max = fmaxf(tile_max, __shfl_xor_sync(0xFFFFFFFF, tile_max, 1));
@@ -148,8 +148,8 @@ __global__ void __launch_bounds__(256) attention_simt_kernel(AttentionArgs a) {
         float *out = a.out + (int64_t)(q0 + row) * a.heads * D + h * D;
 #pragma unroll
         for (int i = 0; i < D / 8; ++i) {
-            out[2 * sub + 8 * i] = o[2 * i] / l;
-            out[2 * sub + 8 * i + 1] = o[2 * i + 1] / l;
+            out[2 * sub + 8 * i] = l > 0.0f ? o[2 * i] / l : 0.0f;  // masked: a row that saw no key
+            out[2 * sub + 8 * i + 1] = l > 0.0f ? o[2 * i + 1] / l : 0.0f;
         }
     }
 }
@@ -173,12 +173,12 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
     int first, end, start, stop;
     key_range<ATTN_QUERIES>(a, q0, &first, &end);
     if (!chunk_range(a, first, end, &start, &stop)) return;  // the whole CTA: blockIdx only
+    marked_range(a, q0, &start, &stop);
     for (int i = tid; i < ATTN_QUERIES * D; i += 128) {
         const int r = i / D, e = i % D;
         qs[r * S::STRIDE + e] = __float2half_rn(q0 + r < a.tokens ? a.q[((int64_t)(q0 + r) * a.heads + h) * D + e] : 0.0f);
     }
     const int row0 = 16 * warp;  // the warp's rows: row0 + g and row0 + g + 8
-    const int pos[2] = {a.n_past + q0 + row0 + g, a.n_past + q0 + row0 + g + 8};
 
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     float o[D / 8][4];  // O's float32 accumulators c0..c3 of each n-tile of 8 dims
@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
                 const int key = kt + 8 * n + 2 * tig + (c & 1);
-                s[n][c] = visible(a, pos[c / 2], key, end) ? s[n][c] * a.scale : -INFINITY;
+                s[n][c] = attention_score(a, q0 + row0 + g + 8 * (c / 2), key, end, s[n][c]);
                 tile_max[c / 2] = fmaxf(tile_max[c / 2], s[n][c]);
             }
         }
@@ -301,8 +301,8 @@ __global__ void __launch_bounds__(128) attention_mma_kernel(AttentionArgs a) {
         float *out = a.out + (int64_t)t * a.heads * D + h * D + 2 * tig;
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
-            out[8 * n] = o[n][2 * r] / l[r];
-            out[8 * n + 1] = o[n][2 * r + 1] / l[r];
+            out[8 * n] = l[r] > 0.0f ? o[n][2 * r] / l[r] : 0.0f;  // masked: a row that saw no key
+            out[8 * n + 1] = l[r] > 0.0f ? o[n][2 * r + 1] / l[r] : 0.0f;
         }
     }
 }
@@ -331,6 +331,21 @@ template <int D> ciq_status launch_mma(dim3 grid, const AttentionArgs &args) {
     (void)args;
     return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention (mma) is not built for HIP");
 #endif
+}
+
+// ciq_attention_masked's marks: one CTA of 128 threads per (key tile, query tile) of 64 x 64 mask values; marked[query
+// tile][key tile] = 1 where any of its values (rows < tokens, keys < n_kv) is above -inf, else 0.
+__global__ void __launch_bounds__(128) attention_mark_kernel(const uint16_t *__restrict__ mask, int64_t mask_row,
+                                                             int tokens, int n_kv, int key_tiles,
+                                                             uint8_t *__restrict__ marked) {
+    const int kt = blockIdx.x, qt = blockIdx.y;
+    int any = 0;
+    for (int i = threadIdx.x; i < 64 * 64; i += 128) {
+        const int t = 64 * qt + i / 64, key = 64 * kt + i % 64;
+        if (t < tokens && key < n_kv && mask[(int64_t)t * mask_row + key] != F16_NEG_INF) any = 1;
+    }
+    any = __syncthreads_or(any);
+    if (threadIdx.x == 0) marked[(int64_t)qt * key_tiles + kt] = (uint8_t)(any != 0);
 }
 
 template <int D> ciq_status launch(ciq_attention_kernel kernel, const AttentionArgs &args, bool split) {
@@ -364,6 +379,40 @@ bool ciq_cuda_attention_supports(int device, ciq_attention_kernel kernel, int64_
     }
     return bytes <= (size_t)optin;
 #endif
+}
+
+ciq_status ciq_cuda_attention_masked(ciq_attention_kernel kernel, const float *q, const uint16_t *k_cache,
+                                     const uint16_t *v_cache, const uint16_t *mask, int64_t mask_row, int64_t tokens,
+                                     int64_t heads, int64_t heads_kv, int64_t head_dim, int64_t n_kv, float scale,
+                                     float *out, const ciq_attention_switches &sw) {
+    if (kernel != CIQ_ATTENTION_SIMT && kernel != CIQ_ATTENTION_MMA) {
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "masked attention runs the simt and mma kernels only");
+    }
+    static_assert(ATTN_QUERIES == 64 && ATTN_KEYS == 64, "the marks are 64 x 64 tiles, the kernels' own");
+    const int64_t query_tiles = (tokens + 63) / 64, key_tiles = (n_kv + 63) / 64;
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return ciq_fail(CIQ_ERR_BACKEND, "masked attention: no current GPU");
+    // At least 64 KB, so that a graph captured at one micro-batch's size stays valid for the larger ones after it
+    // (a moved scratch buffer makes earlier graphs stale).
+    void *marked = nullptr;
+    ciq_status status = ciq_cuda_scratch(device, 4, std::max<size_t>(65536, (size_t)(query_tiles * key_tiles)), &marked);
+    if (status != CIQ_OK) return status;
+    attention_mark_kernel<<<dim3((unsigned)key_tiles, (unsigned)query_tiles), 128, 0, ciq_stream()>>>(
+        mask, mask_row, (int)tokens, (int)n_kv, (int)key_tiles, (uint8_t *)marked);
+    CIQ_CUDA_LAUNCH_CHECK("attention (mask marks)");
+    AttentionArgs args{attention_problem(q, k_cache, v_cache, out, tokens, heads, heads_kv, 0, 0, scale), nullptr, 0};
+    args.mask = mask;
+    args.mask_row = mask_row;
+    args.marked = (const uint8_t *)marked;
+    args.n_kv = (int)n_kv;
+    args.key_tiles = (int)key_tiles;
+    switch (head_dim) {
+        case 64: return launch<64>(kernel, args, sw.split);
+        case 96: return launch<96>(kernel, args, sw.split);
+        case 128: return launch<128>(kernel, args, sw.split);
+        case 256: return launch<256>(kernel, args, sw.split);
+        default: return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention: head_dim %lld is not built", (long long)head_dim);
+    }
 }
 
 ciq_status ciq_cuda_attention(ciq_attention_kernel kernel, const float *q, const uint16_t *k_cache,

@@ -10,7 +10,7 @@
 //              m in natural-log units of the scaled scores (l and O relative to exp(m)).
 // A CTA whose chunk starts past the range writes nothing; attention_combine_kernel merges the chunks a row has:
 //   out = sum_c O_c exp(m_c - M) / sum_c l_c exp(m_c - M), M = max_c m_c (a chunk where the row saw no key: m = -inf,
-// weight 0; every row sees its own position, so M is finite). The split is a function of (tokens, heads, the key
+// weight 0; every row sees its own position, so M is finite; ciq_attention_masked's rows that saw no key: zeros). The split is a function of (tokens, heads, the key
 // ranges): the same call splits the same way every time, eager or in a graph.
 #pragma once
 #include "common.cuh"
@@ -35,6 +35,11 @@ template <int QT> __host__ __device__ constexpr int64_t partial_slot(int64_t d) 
 // The key range [first, end) the queries of the tile from q0 can see (the kernels', and the host's split plan).
 template <int QT>
 __host__ __device__ __forceinline__ void key_range(const AttentionArgs &a, int q0, int *first, int *end) {
+    if (a.mask != nullptr) {  // ciq_attention_masked: every key; the mask decides
+        *first = 0;
+        *end = a.n_kv;
+        return;
+    }
     const int last_query = (q0 + QT < a.tokens ? q0 + QT : a.tokens) - 1;
     const int window_first = a.n_past + q0 - a.window + 1;
     *end = a.n_past + last_query + 1;
@@ -66,6 +71,33 @@ template <int QT> __device__ __forceinline__ float *partial_at(const AttentionAr
 
 __device__ __forceinline__ bool visible(const AttentionArgs &a, int query_pos, int key, int end) {
     return key < end && key <= query_pos && (a.window == 0 || query_pos - key < a.window);
+}
+
+constexpr uint16_t F16_NEG_INF = 0xFC00;
+
+// Query t's score of `key` from its raw q.k: scale * raw where visible, else -inf; masked (a.mask): scale * raw plus
+// the mask's value (-inf: -inf), -inf past the keys or the tokens.
+__device__ __forceinline__ float attention_score(const AttentionArgs &a, int t, int key, int end, float raw) {
+    if (a.mask == nullptr) return visible(a, a.n_past + t, key, end) ? raw * a.scale : -INFINITY;
+    if (key >= end || t >= a.tokens) return -INFINITY;
+    const uint16_t bits = a.mask[(int64_t)t * a.mask_row + key];
+    return bits == F16_NEG_INF ? -INFINITY : raw * a.scale + __half2float(__ushort_as_half(bits));
+}
+
+// Masked: [*start, *stop) narrowed to the key tiles (of 64) from the first marked one of the CTA's 64-query tile to
+// the last (none marked: empty). Uniform over the CTA (it reads only a.marked and blockIdx).
+__device__ __forceinline__ void marked_range(const AttentionArgs &a, int q0, int *start, int *stop) {
+    if (a.mask == nullptr || *start >= *stop) return;
+    const uint8_t *row = a.marked + (int64_t)(q0 / 64) * a.key_tiles;
+    int lo = *start / 64, hi = (*stop + 63) / 64 - 1;
+    while (lo <= hi && row[lo] == 0) ++lo;
+    while (hi >= lo && row[hi] == 0) --hi;
+    if (lo > hi) {
+        *stop = *start;
+        return;
+    }
+    *start = max(*start, 64 * lo);
+    *stop = min(*stop, 64 * (hi + 1));
 }
 
 // One online-softmax step of a thread's query row whose tile scores are spread over a quad (4 lanes, as the mma.sync
@@ -106,7 +138,7 @@ __global__ void __launch_bounds__(64) attention_combine_kernel(AttentionArgs a) 
     for (int e = threadIdx.x; e < D; e += 64) {
         float acc = 0.0f;
         for (int c = 0; c < chunks; ++c) acc += slot(c)[row * D + e] * weight[c];
-        out[e] = acc / sum;
+        out[e] = big == -INFINITY ? 0.0f : acc / sum;  // masked: a row that saw no key (weights NaN) gets zeros
     }
 }
 

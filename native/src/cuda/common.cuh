@@ -105,6 +105,13 @@ struct AttentionProblem {
     float *out;
     int tokens, heads, heads_kv, n_past, window;
     float scale;
+    // ciq_attention_masked (simt and mma only): keys 0..n_kv-1 for every query, each score plus mask[t * mask_row +
+    // key] (f16 bits); marked[query tile * key_tiles + key tile] != 0 where that 64 x 64 mask tile holds a key above
+    // -inf. mask == nullptr: positions, causality and the window as above.
+    const uint16_t *mask = nullptr;
+    int64_t mask_row = 0;
+    const uint8_t *marked = nullptr;
+    int n_kv = 0, key_tiles = 0;
 };
 static inline AttentionProblem attention_problem(const float *q, const uint16_t *k, const uint16_t *v, float *out,
                                                  int64_t tokens, int64_t heads, int64_t heads_kv, int64_t n_past,

@@ -18,9 +18,10 @@ ciq_status ciq_cuda_free(int device, void *ptr);
 ciq_status ciq_cuda_memcpy(int device, void *dst, const void *src, size_t nbytes, bool to_device);
 ciq_status ciq_cuda_memset(int device, void *dst, int value, size_t nbytes);
 ciq_status ciq_cuda_synchronize(int device);
-#define CIQ_SCRATCH_SLOTS 4  // 0: quantized activations (ciq_gemm); 1: attention's split over the keys; 2: the
+#define CIQ_SCRATCH_SLOTS 5  // 0: quantized activations (ciq_gemm); 1: attention's split over the keys; 2: the
                              // whole product of ciq_gemm_quantized_outputs where it is copied out; 3: the wgmma
-                             // GEMM's stream-K hand-over (partial tiles and flags)
+                             // GEMM's stream-K hand-over (partial tiles and flags); 4: ciq_attention_masked's
+                             // marked mask tiles
 ciq_status ciq_cuda_scratch(int device, int slot, size_t nbytes, void **ptr);  // per-device buffers, grown on demand
 // CUDA graphs (runtime.cu): this thread's calls between begin and end are captured, not run; the graph is replayed by
 // launch (on the thread's graph stream) and fails as stale once a scratch buffer has moved.
@@ -97,7 +98,14 @@ size_t ciq_cuda_attention_wgmma_smem(int64_t head_dim);
 ciq_status ciq_cuda_attention_wgmma(const float *q, const uint16_t *k_cache, const uint16_t *v_cache, int64_t tokens,
                                     int64_t heads, int64_t heads_kv, int64_t head_dim, int64_t n_past, float scale,
                                     int64_t window, float *out, bool split);
+// ciq_attention_masked with kernel SIMT or MMA (attention.cu): the mask's 64 x 64 tiles marked in scratch slot 4.
+ciq_status ciq_cuda_attention_masked(ciq_attention_kernel kernel, const float *q, const uint16_t *k_cache,
+                                     const uint16_t *v_cache, const uint16_t *mask, int64_t mask_row, int64_t tokens,
+                                     int64_t heads, int64_t heads_kv, int64_t head_dim, int64_t n_kv, float scale,
+                                     float *out, const ciq_attention_switches &sw);
 ciq_status ciq_cuda_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values);
+ciq_status ciq_cuda_rows_set_f16(const float *x, int64_t n, int64_t k, const int64_t *ids, uint16_t *table,
+                                 int64_t table_rows, int64_t row_stride);
 // ciq_cuda_rope (host order) of q, and of k stored as ciq_cuda_kv_store at row start of k_cache, v (or NULL) stored
 // in v_cache: one kernel, the same values.
 ciq_status ciq_cuda_rope_kv_store(ciq_rope_mode mode, const float *q, const float *k, const float *v,

@@ -11,7 +11,7 @@
 //   rope     : the host's order exactly (theta stepped by the same float products, separate roundings), but CUDA's
 //              cosf/sinf (<= 2 ulp) instead of the host libm's.
 //   glu gelu : tanh GELU computed in float, as llama.cpp CUDA does (no fp16 table, no cut-offs).
-//   silu, add, scale, kv_store, get_rows, bf16: the host's values bit for bit.
+//   silu, add, scale, kv_store, rows_set_f16, get_rows, bf16: the host's values bit for bit.
 // Every kernel is a grid-stride loop over int64 indices, 256 threads per block.
 #include "common.cuh"
 
@@ -354,6 +354,17 @@ kv_store_kernel(uint16_t *__restrict__ dst, const float *__restrict__ x, int64_t
     for (int64_t i = ciq_first_index(); i < n; i += ciq_index_stride()) dst[i] = f16_bits(x[i]);
 }
 
+// ciq_rows_set_f16: value i of the n x k rows goes to table[ids[i / k]][i % k]; a row whose id is outside the table
+// is skipped (ggml asserts it on the host; here ids are device data).
+__global__ void __launch_bounds__(OPS_THREADS)
+rows_set_f16_kernel(const float *__restrict__ x, int64_t n, int64_t k, const int64_t *__restrict__ ids,
+                    uint16_t *__restrict__ table, int64_t table_rows, int64_t row_stride) {
+    for (int64_t i = ciq_first_index(); i < n * k; i += ciq_index_stride()) {
+        const int64_t r = i / k, id = ids[r];
+        if (id >= 0 && id < table_rows) table[id * row_stride + i % k] = f16_bits(x[i]);
+    }
+}
+
 __global__ void __launch_bounds__(OPS_THREADS)
 glu_kernel(bool gelu, const float *__restrict__ gate, const float *__restrict__ up, int64_t n, float *__restrict__ out) {
     for (int64_t i = ciq_first_index(); i < n; i += ciq_index_stride()) {
@@ -508,6 +519,14 @@ ciq_status ciq_cuda_rms_norm_rope(ciq_op_order order, ciq_rope_mode mode, const 
 ciq_status ciq_cuda_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values) {
     kv_store_kernel<<<ciq_grid_for(tokens * row_values), OPS_THREADS, 0, ciq_stream()>>>(cache + start * row_values, x, tokens * row_values);
     CIQ_CUDA_LAUNCH_CHECK("kv_store");
+    return CIQ_OK;
+}
+
+ciq_status ciq_cuda_rows_set_f16(const float *x, int64_t n, int64_t k, const int64_t *ids, uint16_t *table,
+                                 int64_t table_rows, int64_t row_stride) {
+    rows_set_f16_kernel<<<ciq_grid_for(n * k), OPS_THREADS, 0, ciq_stream()>>>(x, n, k, ids, table, table_rows,
+                                                                              row_stride);
+    CIQ_CUDA_LAUNCH_CHECK("rows_set_f16");
     return CIQ_OK;
 }
 
