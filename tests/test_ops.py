@@ -983,9 +983,11 @@ MASKED_ATTENTION_CASES = [
 ]
 
 
-@pytest.fixture(params=["cpu", "simt", "mma"])
+@pytest.fixture(params=["cpu", "simt", "mma", "wgmma"])
 def masked_ops(request, native_lib):
-    if request.param != "cpu":
+    if request.param == "wgmma":
+        _wgmma_attention_or_skip()
+    elif request.param != "cpu":
         _gpu_or_skip()
     return PoisonedOps("cpu" if request.param == "cpu" else "cuda", attention_kernel=request.param)
 
@@ -1005,18 +1007,22 @@ def test_attention_masked(masked_ops, rng, tokens, heads_kv, group, head_dim, n_
     assert np.isfinite(out).all()
     if kind == "empty_row":
         assert not out[3].any()
-    reference = masked_attention_ref(q, k, v, mask, n_kv, scale, round_q=ops.attention_kernel == "mma")
-    assert nmse(out, reference) <= (1e-6 if ops.attention_kernel == "mma" else 1e-10)
+    f16 = ops.attention_kernel in ("mma", "wgmma")  # q and p rounded to f16
+    reference = masked_attention_ref(q, k, v, mask, n_kv, scale, round_q=f16)
+    assert nmse(out, reference) <= (1e-6 if f16 else 1e-10)
 
 
-@pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_attention_masked_causal_is_attention(native_lib, rng, monkeypatch, device):
+@pytest.mark.parametrize("kernel", ["cpu", "mma", "wgmma"])
+def test_attention_masked_causal_is_attention(native_lib, rng, monkeypatch, kernel):
     """A causal mask without a window gives ciq_attention's bits (the same kernel and key tiles: the host's keys in
-    order; on a GPU mma with the split over the keys off), so the plugin's attention is the engine's."""
-    if device == "cuda":
+    order; on a GPU mma or wgmma with the split over the keys off: a tile all 0 adds nothing, a diagonal one adds 0 or
+    masks), so the plugin's attention is the engine's."""
+    if kernel == "wgmma":
+        _wgmma_attention_or_skip()
+    elif kernel != "cpu":
         _gpu_or_skip()
-        monkeypatch.setenv("GGML_CIQ_ATTENTION_SPLIT", "0")
-    ops = PoisonedOps(device, attention_kernel="cpu" if device == "cpu" else "mma")
+    monkeypatch.setenv("GGML_CIQ_ATTENTION_SPLIT", "0")
+    ops = PoisonedOps("cpu" if kernel == "cpu" else "cuda", attention_kernel=kernel)
     for tokens, heads_kv, group, head_dim, n_past in [(131, 1, 4, 256, 0), (64, 2, 3, 96, 64), (77, 4, 2, 128, 5)]:
         q, k, v, mask, n_kv = masked_attention_inputs(rng, tokens, heads_kv, group, head_dim, n_past, 0, "causal")
         k[n_past + tokens:n_kv], v[n_past + tokens:n_kv] = 0, 0  # a tile's keys past the causal end: loaded as zeros
@@ -1029,7 +1035,7 @@ def test_attention_masked_rejects(native_lib):
     ops = NativeOps("cpu", attention_kernel="ggml")
     q, k = np.zeros((2, 2, 64), np.float32), np.zeros((4, 1, 64), np.float16)
     mask = np.zeros((2, 4), np.float16)
-    with pytest.raises(BackendError, match="cpu, simt and mma"):
+    with pytest.raises(BackendError, match="cpu, simt, mma and wgmma"):
         ops.attention_masked(q, k, k, mask, 4, 1.0)
     n, out = native.load(), np.zeros((2, 128), np.float32)
     f32, u16 = (lambda a: n.ffi.from_buffer("float[]", a)), (lambda a: n.ffi.from_buffer("uint16_t[]", a.view(np.uint16)))

@@ -260,18 +260,21 @@ def attention_wgmma_case():
 
 
 def attention_masked_case():
-    """ciq_attention_masked (the plugin's FLASH_ATTN_EXT; simt and mma, split over the keys and not): the mask's tile
+    """ciq_attention_masked (the plugin's FLASH_ATTN_EXT; simt, mma and on Hopper wgmma, split over the keys and not):
+    the mask's tile
     marks, masks that end mid-tile (n_kv 300, 97 queries), a sliding window, two sequences, a fully masked row, Gemma's
     4 heads on 1 kv head at D = 256 and the 8B's 32 on 8 at D = 128; then ciq_rows_set_f16 (SET_ROWS) into a strided
     table."""
     from ggml_ciq.ops import NativeOps
 
     rng = np.random.default_rng(8)
-    for kernel, split in itertools.product(("simt", "mma"), ("1", "0")):
+    hopper = NativeOps("cuda", attention_kernel="wgmma").attention_runs(128)
+    for kernel, split in itertools.product(("simt", "mma", "wgmma") if hopper else ("simt", "mma"), ("1", "0")):
         os.environ["GGML_CIQ_ATTENTION_SPLIT"] = split
         ops = NativeOps("cuda", attention_kernel=kernel)
         for t, n_past, heads, hkv, d, window, kind in [(97, 200, 4, 1, 256, 0, "causal"), (97, 200, 4, 1, 256, 64, "causal"),
-                                                       (130, 0, 32, 8, 128, 0, "two"), (70, 30, 4, 2, 64, 0, "empty")]:
+                                                       (130, 0, 32, 8, 128, 0, "two"), (70, 30, 4, 2, 64, 0, "empty"),
+                                                       (300, 1000, 4, 1, 256, 0, "causal")]:
             n_kv = n_past + t + 3
             q = rng.standard_normal((t, heads, d)).astype(np.float32)
             k = rng.standard_normal((n_kv, hkv, d)).astype(np.float16)

@@ -38,7 +38,7 @@
 extern "C" {
 #endif
 
-#define GGML_CIQ_API_VERSION 25
+#define GGML_CIQ_API_VERSION 26
 
 /* CDEF-BEGIN */
 typedef enum { CIQ_DEVICE_CPU = -1 } ciq_device_index; /* the host as a device; GPUs are 0..n-1 */
@@ -324,10 +324,10 @@ ciq_status ciq_attention(int device, ciq_attention_kernel kernel, const float *q
 /* ggml's FLASH_ATTN_EXT without ALiBi, soft-capping or sinks (the ggml plugin's attention): out[t][h*head_dim + e]
  * from q[t][h][:] and the first n_kv rows of the caches ([rows][heads_kv][head_dim] f16, heads a multiple of heads_kv),
  * each score scale * q.k + mask[t * mask_row + p] (f16; llama.cpp's masks hold 0 and -inf, and a key at -inf weighs
- * nothing). Keys ascending as ciq_attention's; a row whose keys are all at -inf gets zeros. kernel: AUTO (a GPU: mma,
- * else simt; the host: cpu), CPU, SIMT or MMA (the others CIQ_ERR_UNSUPPORTED). A GPU first marks the 64 x 64 mask
- * tiles that hold a key above -inf (one launch for all heads) and walks only the key tiles from the first marked to
- * the last marked one of a query tile. */
+ * nothing). Keys ascending as ciq_attention's; a row whose keys are all at -inf gets zeros. kernel: AUTO (as
+ * ciq_attention's: a GPU's wgmma, mma or simt; the host: cpu), CPU, SIMT, MMA or WGMMA (GGML and MMA_LLAMACPP:
+ * CIQ_ERR_UNSUPPORTED). A GPU first marks the 64 x 64 mask tiles (one launch for all heads): none above -inf, all 0
+ * (read no mask there), or mixed; a query tile walks its key tiles from the first marked to the last. */
 ciq_status ciq_attention_masked(int device, ciq_attention_kernel kernel, const float *q, const uint16_t *k_cache,
                                 const uint16_t *v_cache, const uint16_t *mask, int64_t mask_row, int64_t tokens,
                                 int64_t heads, int64_t heads_kv, int64_t head_dim, int64_t n_kv, float scale,

@@ -646,7 +646,7 @@ bool set_rows_ours(const ggml_tensor *n) {
            !overlap(span_of(ids), span_of(n));
 }
 
-// The arguments of a FLASH_ATTN_EXT that ciq_attention_masked computes (mma): q float32 [D, T, H] viewed from
+// The arguments of a FLASH_ATTN_EXT that ciq_attention_masked computes (AUTO: wgmma on Hopper, else mma): q float32 [D, T, H] viewed from
 // [D, H, T] memory (ggml_permute of q), K and V f16 views [D, n_kv, Hkv] of a cache whose rows hold Hkv * D values
 // (V not transposed: llama.cpp's flash-attention layout), an f16 mask [>= n_kv, >= T], out float32 [D, H, T]
 // contiguous, no ALiBi (max_bias 0), no soft-capping, no sinks, a head_dim mma is built for; else false.
@@ -679,7 +679,7 @@ bool attention_of(const ggml_tensor *n, attention_args *a) {
         mask->ne[3] != 1 || mask->nb[0] != sizeof(uint16_t) || mask->nb[1] % sizeof(uint16_t) != 0)
         return false;
     if (n->ne[0] != d || n->ne[1] != h || n->ne[2] != t) return false;
-    if (d != 64 && d != 96 && d != 128 && d != 256) return false;  // mma's head dims (ciq_attention_resolve)
+    if (d != 64 && d != 96 && d != 128 && d != 256) return false;  // the head dims mma is built for (wgmma: not 96)
     *a = attention_args{(const float *)q->data, (const uint16_t *)k->data, (const uint16_t *)v->data,
                         (const uint16_t *)mask->data, (float *)n->data, d, t, h, hkv, n_kv,
                         (int64_t)(mask->nb[1] / sizeof(uint16_t)), ggml_get_op_params_f32(n, 0)};
@@ -1244,8 +1244,8 @@ ciq_status run_ours(const device_context *dev, gpu_backend *ctx, ggml_cgraph *gr
             return ciq_rows_set_f16(device, c.x, c.tokens, c.k, c.ids, c.table, c.table_rows, c.row_stride);
         case STEP_ATTN: {
             const attention_args &a = c.attention;
-            return ciq_attention_masked(device, CIQ_ATTENTION_MMA, a.q, a.k, a.v, a.mask, a.mask_row, a.tokens, a.heads,
-                                        a.heads_kv, a.head_dim, a.n_kv, a.scale, a.out);
+            return ciq_attention_masked(device, CIQ_ATTENTION_AUTO, a.q, a.k, a.v, a.mask, a.mask_row, a.tokens,
+                                        a.heads, a.heads_kv, a.head_dim, a.n_kv, a.scale, a.out);
         }
         case STEP_RUN: break;
     }

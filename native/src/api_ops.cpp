@@ -221,21 +221,18 @@ ciq_status ciq_attention_masked(int device, ciq_attention_kernel kernel, const f
                         (long long)n_kv, (long long)tokens, (long long)heads);
     }
     if (kernel != CIQ_ATTENTION_AUTO && kernel != CIQ_ATTENTION_CPU && kernel != CIQ_ATTENTION_SIMT &&
-        kernel != CIQ_ATTENTION_MMA) {
-        return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_attention_masked runs the cpu, simt and mma kernels (asked: %d)",
-                        (int)kernel);
+        kernel != CIQ_ATTENTION_MMA && kernel != CIQ_ATTENTION_WGMMA) {
+        return ciq_fail(CIQ_ERR_UNSUPPORTED,
+                        "ciq_attention_masked runs the cpu, simt, mma and wgmma kernels (asked: %d)", (int)kernel);
     }
     ciq_attention_kernel resolved;
-    if (kernel == CIQ_ATTENTION_AUTO && device != CIQ_DEVICE_CPU) {
-        if (ciq_attention_resolve(device, CIQ_ATTENTION_MMA, head_dim, &resolved) != CIQ_OK ||
-            (((uintptr_t)k_cache | (uintptr_t)v_cache) & 15)) {
-            CIQ_TRY(ciq_attention_resolve(device, CIQ_ATTENTION_SIMT, head_dim, &resolved));
-        }
-    } else {
-        CIQ_TRY(ciq_attention_resolve(device, kernel, head_dim, &resolved));
+    CIQ_TRY(ciq_attention_resolve(device, kernel, head_dim, &resolved));  // AUTO: wgmma, mma, simt as ciq_attention
+    if (kernel == CIQ_ATTENTION_AUTO && uses_mma(resolved) && (((uintptr_t)k_cache | (uintptr_t)v_cache) & 15)) {
+        CIQ_TRY(ciq_attention_resolve(device, CIQ_ATTENTION_SIMT, head_dim, &resolved));
     }
     if (uses_mma(resolved) && (((uintptr_t)k_cache | (uintptr_t)v_cache) & 15)) {
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_attention_masked: mma needs 16-byte-aligned K/V caches");
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT,
+                        "ciq_attention_masked: the tensor-core kernels need 16-byte-aligned K/V caches");
     }
     ciq_status status;
     if (device == CIQ_DEVICE_CPU) {

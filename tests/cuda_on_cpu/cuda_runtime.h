@@ -171,7 +171,7 @@ struct Cta {
         for (int lane0 = 0; lane0 < threads; lane0 += 32) warps.emplace_back(new Warp(std::min(32, threads - lane0)));
     }
     std::barrier<> sync;
-    std::atomic<int> vote{0};  // __syncthreads_or's
+    std::atomic<int> vote{0};  // __syncthreads_or's and __syncthreads_and's
     std::vector<std::unique_ptr<Warp>> warps;
     std::vector<unsigned char> dynamic_smem;
 };
@@ -390,16 +390,18 @@ template <class... Params, class... Args> void launch(void (*kernel)(Params...),
 }  // namespace ciq_emu
 
 inline void __syncthreads() { ciq_emu::cta->sync.arrive_and_wait(); }
-inline int __syncthreads_or(int predicate) {  // a barrier that also ORs the threads' predicates
+inline int ciq_emu_vote(int predicate, bool all) {  // a barrier that also ORs (ANDs) the threads' predicates
     ciq_emu::Cta &c = *ciq_emu::cta;
-    if (predicate) c.vote.store(1);
+    if (all ? !predicate : predicate != 0) c.vote.store(1);
     c.sync.arrive_and_wait();
-    const int any = c.vote.load();
+    const int voted = c.vote.load();
     c.sync.arrive_and_wait();
     if (ciq_emu::flat_thread() == 0) c.vote.store(0);
     c.sync.arrive_and_wait();
-    return any;
+    return all ? !voted : voted;
 }
+inline int __syncthreads_or(int predicate) { return ciq_emu_vote(predicate, false); }
+inline int __syncthreads_and(int predicate) { return ciq_emu_vote(predicate, true); }
 template <class T> T __shfl_xor_sync(unsigned, T value, int offset) {
     return ciq_emu::exchange(value, [&](int l) { return l ^ offset; });
 }

@@ -22,6 +22,11 @@ ciq_status ciq_cuda_attention_wgmma(const float *, const uint16_t *, const uint1
                                     int64_t, int64_t, float, int64_t, float *, bool) {
     return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention (wgmma) is not built for the CPU emulation");
 }
+ciq_status ciq_cuda_attention_wgmma_masked(const float *, const uint16_t *, const uint16_t *, const uint16_t *, int64_t,
+                                           const uint8_t *, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float,
+                                           float *, bool) {
+    return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention (wgmma) is not built for the CPU emulation");
+}
 
 extern "C" {
 const char *emu_last_error(void) { return ciq_last_error(); }

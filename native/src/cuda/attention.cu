@@ -334,18 +334,25 @@ template <int D> ciq_status launch_mma(dim3 grid, const AttentionArgs &args) {
 }
 
 // ciq_attention_masked's marks: one CTA of 128 threads per (key tile, query tile) of 64 x 64 mask values; marked[query
-// tile][key tile] = 1 where any of its values (rows < tokens, keys < n_kv) is above -inf, else 0.
+// tile][key tile]: MARK_NONE where none of its values (rows < tokens, keys < n_kv) is above -inf, MARK_ZERO where the
+// tile lies inside the tokens and keys and every value is +-0 (a causal mask's tiles below the diagonal), else
+// MARK_MIXED.
 __global__ void __launch_bounds__(128) attention_mark_kernel(const uint16_t *__restrict__ mask, int64_t mask_row,
                                                              int tokens, int n_kv, int key_tiles,
                                                              uint8_t *__restrict__ marked) {
     const int kt = blockIdx.x, qt = blockIdx.y;
-    int any = 0;
+    int any = 0, zero = 64 * qt + 64 <= tokens && 64 * kt + 64 <= n_kv;
     for (int i = threadIdx.x; i < 64 * 64; i += 128) {
         const int t = 64 * qt + i / 64, key = 64 * kt + i % 64;
-        if (t < tokens && key < n_kv && mask[(int64_t)t * mask_row + key] != F16_NEG_INF) any = 1;
+        if (t < tokens && key < n_kv) {
+            const uint16_t bits = mask[(int64_t)t * mask_row + key];
+            any |= bits != F16_NEG_INF;
+            zero &= (bits & 0x7FFF) == 0;
+        }
     }
     any = __syncthreads_or(any);
-    if (threadIdx.x == 0) marked[(int64_t)qt * key_tiles + kt] = (uint8_t)(any != 0);
+    zero = __syncthreads_and(zero);
+    if (threadIdx.x == 0) marked[(int64_t)qt * key_tiles + kt] = !any ? MARK_NONE : zero ? MARK_ZERO : MARK_MIXED;
 }
 
 template <int D> ciq_status launch(ciq_attention_kernel kernel, const AttentionArgs &args, bool split) {
@@ -385,8 +392,8 @@ ciq_status ciq_cuda_attention_masked(ciq_attention_kernel kernel, const float *q
                                      const uint16_t *v_cache, const uint16_t *mask, int64_t mask_row, int64_t tokens,
                                      int64_t heads, int64_t heads_kv, int64_t head_dim, int64_t n_kv, float scale,
                                      float *out, const ciq_attention_switches &sw) {
-    if (kernel != CIQ_ATTENTION_SIMT && kernel != CIQ_ATTENTION_MMA) {
-        return ciq_fail(CIQ_ERR_UNSUPPORTED, "masked attention runs the simt and mma kernels only");
+    if (kernel != CIQ_ATTENTION_SIMT && kernel != CIQ_ATTENTION_MMA && kernel != CIQ_ATTENTION_WGMMA) {
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "masked attention runs the simt, mma and wgmma kernels only");
     }
     static_assert(ATTN_QUERIES == 64 && ATTN_KEYS == 64, "the marks are 64 x 64 tiles, the kernels' own");
     const int64_t query_tiles = (tokens + 63) / 64, key_tiles = (n_kv + 63) / 64;
@@ -406,6 +413,12 @@ ciq_status ciq_cuda_attention_masked(ciq_attention_kernel kernel, const float *q
     args.marked = (const uint8_t *)marked;
     args.n_kv = (int)n_kv;
     args.key_tiles = (int)key_tiles;
+#if !defined(GGML_CIQ_HIP)
+    if (kernel == CIQ_ATTENTION_WGMMA) {
+        return ciq_cuda_attention_wgmma_masked(q, k_cache, v_cache, mask, mask_row, (const uint8_t *)marked, key_tiles,
+                                               n_kv, tokens, heads, heads_kv, head_dim, scale, out, sw.split);
+    }
+#endif
     switch (head_dim) {
         case 64: return launch<64>(kernel, args, sw.split);
         case 96: return launch<96>(kernel, args, sw.split);

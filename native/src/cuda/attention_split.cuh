@@ -75,23 +75,40 @@ __device__ __forceinline__ bool visible(const AttentionArgs &a, int query_pos, i
 
 constexpr uint16_t F16_NEG_INF = 0xFC00;
 
-// Query t's score of `key` from its raw q.k: scale * raw where visible, else -inf; masked (a.mask): scale * raw plus
-// the mask's value (-inf: -inf), -inf past the keys or the tokens.
-__device__ __forceinline__ float attention_score(const AttentionArgs &a, int t, int key, int end, float raw) {
-    if (a.mask == nullptr) return visible(a, a.n_past + t, key, end) ? raw * a.scale : -INFINITY;
-    if (key >= end || t >= a.tokens) return -INFINITY;
-    const uint16_t bits = a.mask[(int64_t)t * a.mask_row + key];
-    return bits == F16_NEG_INF ? -INFINITY : raw * a.scale + __half2float(__ushort_as_half(bits));
+// ciq_attention_masked's marks of a 64 x 64 mask tile (attention.cu's attention_mark_kernel).
+constexpr uint8_t MARK_NONE = 0;   // every key at -inf (or past the keys / tokens): skipped
+constexpr uint8_t MARK_MIXED = 1;  // read the mask key by key
+constexpr uint8_t MARK_ZERO = 2;   // every value 0, inside the keys and tokens: scores as they are, no mask read
+
+__device__ __forceinline__ uint8_t tile_mark(const AttentionArgs &a, int t, int key) {
+    return a.marked[(int64_t)(t / 64) * a.key_tiles + key / 64];
 }
 
-// Masked: [*start, *stop) narrowed to the key tiles (of 64) from the first marked one of the CTA's 64-query tile to
-// the last (none marked: empty). Uniform over the CTA (it reads only a.marked and blockIdx).
-__device__ __forceinline__ void marked_range(const AttentionArgs &a, int q0, int *start, int *stop) {
+// Query t's score of `key` from its raw q.k: scale * raw where visible, else -inf; masked (a.mask): scale * raw plus
+// the mask's value (-inf: -inf), -inf past the keys or the tokens (a tile marked MARK_ZERO: no mask read). `unit`
+// scales the mask's value (1; wgmma's log2-unit scores: log2(e)).
+__device__ __forceinline__ float attention_score(const AttentionArgs &a, int t, int key, int end, float raw,
+                                                 float unit = 1.0f) {
+    if (a.mask == nullptr) return visible(a, a.n_past + t, key, end) ? raw * a.scale : -INFINITY;
+    if (key >= end || t >= a.tokens) return -INFINITY;
+    if (tile_mark(a, t, key) == MARK_ZERO) return raw * a.scale;
+    const uint16_t bits = a.mask[(int64_t)t * a.mask_row + key];
+    return bits == F16_NEG_INF ? -INFINITY : raw * a.scale + __half2float(__ushort_as_half(bits)) * unit;
+}
+
+// Masked: [*start, *stop) narrowed to the key tiles (of 64) from the first marked one of the CTA's query tile (q0,
+// `rows` queries: a multiple of 64) to the last (none marked: empty). Uniform over the CTA (it reads only a.marked
+// and blockIdx).
+__device__ __forceinline__ void marked_range(const AttentionArgs &a, int q0, int *start, int *stop, int rows = 64) {
     if (a.mask == nullptr || *start >= *stop) return;
-    const uint8_t *row = a.marked + (int64_t)(q0 / 64) * a.key_tiles;
+    auto marked = [&](int kt) {
+        for (int r = q0; r < q0 + rows && r < a.tokens; r += 64)
+            if (a.marked[(int64_t)(r / 64) * a.key_tiles + kt] != MARK_NONE) return true;
+        return false;
+    };
     int lo = *start / 64, hi = (*stop + 63) / 64 - 1;
-    while (lo <= hi && row[lo] == 0) ++lo;
-    while (hi >= lo && row[hi] == 0) --hi;
+    while (lo <= hi && !marked(lo)) ++lo;
+    while (hi >= lo && !marked(hi)) --hi;
     if (lo > hi) {
         *stop = *start;
         return;

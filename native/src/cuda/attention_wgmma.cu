@@ -88,6 +88,7 @@ __global__ void __maxnreg__(WgmmaAttn<D>::MAXNREG)
     int first, end, start, stop;
     key_range<QT>(a, q0, &first, &end);
     if (!chunk_range(a, first, end, &start, &stop)) return;  // the whole CTA: blockIdx only
+    marked_range(a, q0, &start, &stop, QT);
     const int tiles = (stop - start + KT - 1) / KT;
     if (threadIdx.x == 0) {
         for (int s = 0; s < WG_STAGES; ++s) {
@@ -162,15 +163,37 @@ __global__ void __maxnreg__(WgmmaAttn<D>::MAXNREG)
         wgmma_wait<0>();
         pin(sc);
 
-        // Scale (log2 units), mask where the tile is not wholly visible to both rows, online softmax.
-        const bool whole = kt + KT - 1 <= pos0 && kt + KT <= end && (a.window == 0 || pos1 - kt < a.window);
+        // Scale (log2 units), mask where the tile is not wholly visible to both rows, online softmax. Masked: the
+        // warp's 16 rows lie in one 64-query mark tile; the key tile is whole where its mark tiles are MARK_ZERO.
+        bool whole;
+        if (a.mask == nullptr) {
+            whole = kt + KT - 1 <= pos0 && kt + KT <= end && (a.window == 0 || pos1 - kt < a.window);
+        } else {
+            whole = kt + KT <= end && q0 + row0 < a.tokens;
+#pragma unroll
+            for (int k64 = 0; k64 < KT / 64; ++k64) whole = whole && tile_mark(a, q0 + row0, kt + 64 * k64) == MARK_ZERO;
+        }
         float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int j = 0; j < KT / 8; ++j) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 float v = sc[4 * j + e] * scale_log2;
-                if (!whole && !visible(a, e < 2 ? pos0 : pos1, kt + 8 * j + 2 * (lane % 4) + (e & 1), end)) v = -INFINITY;
+                const int key = kt + 8 * j + 2 * (lane % 4) + (e & 1);
+                if (!whole) {
+                    if (a.mask == nullptr) {
+                        if (!visible(a, e < 2 ? pos0 : pos1, key, end)) v = -INFINITY;
+                    } else {
+                        const int t = q0 + row0 + 8 * (e / 2);
+                        if (key >= end || t >= a.tokens) {
+                            v = -INFINITY;
+                        } else {
+                            const uint16_t bits = a.mask[(int64_t)t * a.mask_row + key];
+                            v = bits == F16_NEG_INF ? -INFINITY
+                                                    : v + __half2float(__ushort_as_half(bits)) * 1.4426950408889634f;
+                        }
+                    }
+                }
                 sc[4 * j + e] = v;
                 mx[e / 2] = fmaxf(mx[e / 2], v);
             }
@@ -238,8 +261,8 @@ __global__ void __maxnreg__(WgmmaAttn<D>::MAXNREG)
         float *out = a.out + ((int64_t)t * a.heads + h) * D + 2 * (lane % 4);
 #pragma unroll
         for (int j = 0; j < D / 8; ++j) {
-            out[8 * j] = o[4 * j + 2 * r] / l[r];
-            out[8 * j + 1] = o[4 * j + 2 * r + 1] / l[r];
+            out[8 * j] = l[r] > 0.0f ? o[4 * j + 2 * r] / l[r] : 0.0f;  // masked: a row that saw no key
+            out[8 * j + 1] = l[r] > 0.0f ? o[4 * j + 2 * r + 1] / l[r] : 0.0f;
         }
     }
 #else
@@ -253,8 +276,9 @@ template <int D> ciq_status launch_wgmma(const AttentionArgs &args, bool split) 
     if (tensor_map_encoder(&encode) != CIQ_OK) return CIQ_ERR_BACKEND;
     CUtensorMap maps[2];
     const uint16_t *src[2] = {args.k, args.v};
-    for (int i = 0; i < 2; ++i) {  // rows: the positions any query of the call sees; TMA reads zeros past them
-        const cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)args.heads_kv, (cuuint64_t)args.n_past + args.tokens};
+    for (int i = 0; i < 2; ++i) {  // rows: the positions any query of the call sees (masked: n_kv); TMA reads zeros past
+        const cuuint64_t rows = args.mask != nullptr ? (cuuint64_t)args.n_kv : (cuuint64_t)args.n_past + args.tokens;
+        const cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)args.heads_kv, rows};
         const cuuint64_t strides[2] = {(cuuint64_t)D * 2, (cuuint64_t)args.heads_kv * D * 2};
         const cuuint32_t box[3] = {64, 1, (cuuint32_t)L::KT}, unit[3] = {1, 1, 1};
         const CUresult res = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, const_cast<uint16_t *>(src[i]), dims,
@@ -290,6 +314,25 @@ ciq_status ciq_cuda_attention_wgmma(const float *q, const uint16_t *k_cache, con
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "attention (wgmma): the K/V caches must be 16-byte aligned");
     const AttentionArgs args{attention_problem(q, k_cache, v_cache, out, tokens, heads, heads_kv, n_past, window, scale),
                              nullptr, 0};
+    switch (head_dim) {
+        case 64: return launch_wgmma<64>(args, split);
+        case 128: return launch_wgmma<128>(args, split);
+        case 256: return launch_wgmma<256>(args, split);
+        default: return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention (wgmma): head_dim %lld is not built", (long long)head_dim);
+    }
+}
+ciq_status ciq_cuda_attention_wgmma_masked(const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                                           const uint16_t *mask, int64_t mask_row, const uint8_t *marked,
+                                           int64_t key_tiles, int64_t n_kv, int64_t tokens, int64_t heads,
+                                           int64_t heads_kv, int64_t head_dim, float scale, float *out, bool split) {
+    if ((uintptr_t)k_cache % 16 != 0 || (uintptr_t)v_cache % 16 != 0)
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "attention (wgmma): the K/V caches must be 16-byte aligned");
+    AttentionArgs args{attention_problem(q, k_cache, v_cache, out, tokens, heads, heads_kv, 0, 0, scale), nullptr, 0};
+    args.mask = mask;
+    args.mask_row = mask_row;
+    args.marked = marked;
+    args.n_kv = (int)n_kv;
+    args.key_tiles = (int)key_tiles;
     switch (head_dim) {
         case 64: return launch_wgmma<64>(args, split);
         case 128: return launch_wgmma<128>(args, split);

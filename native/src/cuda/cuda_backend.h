@@ -98,7 +98,13 @@ size_t ciq_cuda_attention_wgmma_smem(int64_t head_dim);
 ciq_status ciq_cuda_attention_wgmma(const float *q, const uint16_t *k_cache, const uint16_t *v_cache, int64_t tokens,
                                     int64_t heads, int64_t heads_kv, int64_t head_dim, int64_t n_past, float scale,
                                     int64_t window, float *out, bool split);
-// ciq_attention_masked with kernel SIMT or MMA (attention.cu): the mask's 64 x 64 tiles marked in scratch slot 4.
+// ciq_attention_masked's wgmma call: the mask and its tile marks (attention.cu's attention_mark_kernel) made.
+ciq_status ciq_cuda_attention_wgmma_masked(const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                                           const uint16_t *mask, int64_t mask_row, const uint8_t *marked,
+                                           int64_t key_tiles, int64_t n_kv, int64_t tokens, int64_t heads,
+                                           int64_t heads_kv, int64_t head_dim, float scale, float *out, bool split);
+// ciq_attention_masked with kernel SIMT, MMA or WGMMA (attention.cu): the mask's 64 x 64 tiles marked in scratch
+// slot 4.
 ciq_status ciq_cuda_attention_masked(ciq_attention_kernel kernel, const float *q, const uint16_t *k_cache,
                                      const uint16_t *v_cache, const uint16_t *mask, int64_t mask_row, int64_t tokens,
                                      int64_t heads, int64_t heads_kv, int64_t head_dim, int64_t n_kv, float scale,

@@ -63,8 +63,10 @@ static __device__ __forceinline__ void __syncthreads() {
     __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
 }
 
-extern "C" __device__ int __ockl_wgred_or_i32(int);  // ROCm's device library (a declaration: compile only)
+extern "C" __device__ int __ockl_wgred_or_i32(int);  // ROCm's device library (declarations: compile only)
+extern "C" __device__ int __ockl_wgred_and_i32(int);
 static __device__ __forceinline__ int __syncthreads_or(int predicate) { return __ockl_wgred_or_i32(!!predicate); }
+static __device__ __forceinline__ int __syncthreads_and(int predicate) { return __ockl_wgred_and_i32(!!predicate); }
 
 static __device__ __forceinline__ int __shfl_xor(int var, int lane_mask, int width = 32) {
     const int self = (int)__builtin_amdgcn_mbcnt_lo(~0u, 0u);  // wave32
