@@ -260,7 +260,7 @@ def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all
 @pytest.mark.gpu
 def test_qwen2_biases_on_the_gpu_device(plugin_path, plugin_device, offload_all, llama, tmp_path, monkeypatch):
     """Over a CUDA llama.cpp: a two-layer random qwen2 model (q/k/v bias rows) through CIQ0, every weight MUL_MAT ours,
-    against CUDA0 alone, flash attention on. The fused plan takes the bias ADDs (BIAS: ciq_add, CUDAi's values), q's
+    against CUDA0 alone, flash attention on, the attention steps on. The fused plan takes the bias ADDs (BIAS: ciq_add, CUDAi's values), q's
     and k's RoPEs after them, the K/V cache writes and the attention: 6 biases, 4 RoPEs, 4 writes, 2 attentions, and
     CUDA0 runs only the embeddings and the output norm (tools/plugin_plan.py on llama.cpp CPU: 3 runs with the last
     position alone); logits close to CUDA0's (wgmma's f16 products, not MMQ's: a sanity bar) and bit for bit the same
@@ -270,6 +270,7 @@ def test_qwen2_biases_on_the_gpu_device(plugin_path, plugin_device, offload_all,
 
     if plugin_device != "CIQ0":
         pytest.skip(f"the plugin offers {plugin_device} here, not the GPU device CIQ0")
+    monkeypatch.setenv("GGML_CIQ_PLUGIN_ATTENTION", "1")  # the attention steps (off by default)
     path = catalog.write_small_model(tmp_path / "qwen2.gguf", "qwen2", seed=3)
     tokens = list(range(100, 100 + 77))
     with LlamaModel(path, device="cuda") as model, model.context_for(len(tokens), flash_attn=True) as ctx:
@@ -695,7 +696,7 @@ def test_gpu_plan_takes_ropes(plugin_path, plugin_device, offload_all, llama, mo
 
 
 def test_gpu_plan_takes_attention(plugin_path, plugin_device, offload_all, llama, monkeypatch):
-    """The attention steps (GGML_CIQ_PLUGIN_ATTENTION, on by default), through the plan hook, on llama.cpp's attention
+    """The attention steps (GGML_CIQ_PLUGIN_ATTENTION=1; off by default), through the plan hook, on llama.cpp's attention
     block: q's RoPE and SCALE, k's RoPE feeding its cache write, the K and V writes (SET_ROWS of float32 rows into f16
     caches by int64 ids), FLASH_ATTN_EXT over views of the caches with an f16 mask, and o's MUL_MAT: all ours, no CUDAi
     run. Left to CUDAi, each alone (per op, never an abort): an attention with soft-capping, one with ALiBi (max_bias),
@@ -703,6 +704,7 @@ def test_gpu_plan_takes_attention(plugin_path, plugin_device, offload_all, llama
     stretch of ours and never waits for CUDAi's run). With the switch off the block's writes, q's scale and the
     attention are one CUDAi run, k's RoPE with them (ggml-cuda fuses it with its write)."""
     monkeypatch.setenv("GGML_CIQ_PLUGIN_FUSE_RULE", "0")
+    monkeypatch.setenv("GGML_CIQ_PLUGIN_ATTENTION", "1")
     with _plan_graphs(llama, plugin_path, plugin_device) as (lib, ctx, plan):
         k, d, heads, heads_kv, tokens, n_kv = 256, 64, 4, 2, 64, 128
         I32, I64 = 26, 27  # ggml's type ids
@@ -950,21 +952,21 @@ def test_llama_cpp_python_generates_through_the_plugin(plugin_path, cpu_device, 
 
 
 @pytest.mark.parametrize("model,want", [
-    # name: (API v19's runs, the fused plan's runs, NORM_ACT, GLU_ACT, NORM_ADD, ROPE, NORM_ROPE, BIAS, SCALE,
-    # SET_ROWS, ATTN, the fused plan's runs without the attention steps, the rule's pick)
+    # name: (API v19's runs, with the attention steps the fused plan's runs, NORM_ACT, GLU_ACT, NORM_ADD, ROPE,
+    # NORM_ROPE, BIAS, SCALE, SET_ROWS, ATTN; the fused plan's runs without them (the default), the rule's pick)
     ("gemma3-270m", (109, 3, 36, 18, 35, 0, 36, 0, 18, 36, 18, 21, "fused plan")),
     ("smollm2-135m", (151, 3, 60, 30, 0, 60, 0, 0, 0, 60, 30, 33, "fused plan")),
     ("qwen2.5-coder-0.5b", (145, 3, 48, 24, 0, 48, 0, 72, 0, 48, 24, 27, "fused plan")),  # q/k/v biases ours
 ])
-def test_gpu_plan_over_llamacpps_allocated_graph(plugin_path, cpu_device, llama, monkeypatch, model, want):
+def test_gpu_plan_over_llamacpps_allocated_graph(plugin_path, cpu_device, llama, model, want):
     """The plugin's plans over llama.cpp's own graph of a 512-token prefill, allocated by ggml-alloc (its in-place and
     free-block reuse, as on a GPU up to alignment: tools/plugin_plan.py, on llama.cpp CPU): API v19's plan cuts a layer
-    into five CUDAi runs; the fused plan takes the norms, GLUs and post-norms, q's and k's RoPEs (llama) or norm + RoPE
-    (Gemma 3), Qwen2.5's q/k/v bias ADDs, Gemma's q SCALE, the K/V cache writes (SET_ROWS) and the attention
-    (FLASH_ATTN_EXT, each layer's own mask: Gemma's sliding-window layers read the SWA mask), and moves MUL_MATs before
-    a run where ggml-alloc's addresses allow: three CUDAi runs a graph, none inside a layer (the embeddings' GET_ROWS,
-    the last layer's row pick, the output norm). Without the attention steps (GGML_CIQ_PLUGIN_ATTENTION=0) one CUDAi
-    run a layer is left (its KV writes and attention). The rule keeps the fused plan where it halves the runs (all
+    into five CUDAi runs; the fused plan takes the norms, GLUs and post-norms, q's RoPE (llama; k's stays CUDAi's,
+    fused with its KV write) or q's and k's norm + RoPE (Gemma 3), Qwen2.5's q/k/v bias ADDs, and moves MUL_MATs before
+    a run where ggml-alloc's addresses allow: one CUDAi run a layer (its KV writes and attention). With the attention
+    steps (GGML_CIQ_PLUGIN_ATTENTION=1) it also takes k's RoPE, Gemma's q SCALE, the K/V cache writes (SET_ROWS) and
+    the attention (FLASH_ATTN_EXT, each layer's own mask: Gemma's sliding-window layers read the SWA mask): three
+    CUDAi runs a graph, none inside a layer (the embeddings' GET_ROWS, the last layer's row pick, the output norm). The rule keeps the fused plan where it halves the runs (all
     three here; before the RoPE steps the fused plan kept three runs a Gemma layer, and the rule took API v19's)."""
     import importlib.util
 
@@ -978,16 +980,15 @@ def test_gpu_plan_over_llamacpps_allocated_graph(plugin_path, cpu_device, llama,
     *steps, runs_without, pick = want
     assert count("API v19's plan", "RUN") == steps[0] and {row[0] for row in got["API v19's plan"]} == {"RUN", "MUL_MAT"}
     kinds = ("RUN", "NORM_ACT", "GLU_ACT", "NORM_ADD", "ROPE", "NORM_ROPE", "BIAS", "SCALE", "SET_ROWS", "ATTN")
-    assert [count("fused plan", kind) for kind in kinds] == steps[1:]
-    assert count("fused plan", "MUL_MAT") == count("API v19's plan", "MUL_MAT")
+    assert [count("fused plan with attention", kind) for kind in kinds] == steps[1:]
+    assert count("fused plan with attention", "MUL_MAT") == count("API v19's plan", "MUL_MAT")
     assert got["default"] == got[pick]
     first_op = {"MUL_MAT": ("MUL_MAT",), "NORM_ACT": ("RMS_NORM",), "NORM_ADD": ("RMS_NORM",),
                 "GLU_ACT": ("SWIGLU", "GEGLU"), "ROPE": ("ROPE",), "NORM_ROPE": ("RMS_NORM",), "BIAS": ("ADD",),
                 "SCALE": ("SCALE",), "SET_ROWS": ("SET_ROWS",), "ATTN": ("FLASH_ATTN_EXT",)}
-    assert all(ops[row[1]] in first_op[row[0]] for row in got["fused plan"] if row[0] != "RUN")
-    # a norm + RoPE covers RMS_NORM, MUL, ROPE
-    assert all((ops[row[2]], ops[row[3]]) == ("MUL", "ROPE") for row in got["fused plan"] if row[0] == "NORM_ROPE")
-    monkeypatch.setenv("GGML_CIQ_PLUGIN_ATTENTION", "0")
-    _, without, _ = tool.plans(path, 512, plugin_path)
-    assert sum(1 for row in without["fused plan"] if row[0] == "RUN") == runs_without
-    assert not {row[0] for row in without["fused plan"]} & {"SCALE", "SET_ROWS", "ATTN"}
+    for label in ("fused plan", "fused plan with attention"):
+        assert all(ops[row[1]] in first_op[row[0]] for row in got[label] if row[0] != "RUN")
+        # a norm + RoPE covers RMS_NORM, MUL, ROPE
+        assert all((ops[row[2]], ops[row[3]]) == ("MUL", "ROPE") for row in got[label] if row[0] == "NORM_ROPE")
+    assert count("fused plan", "RUN") == runs_without
+    assert not {row[0] for row in got["fused plan"]} & {"SCALE", "SET_ROWS", "ATTN"}

@@ -4,8 +4,8 @@
 llama.cpp CPU prefills TOKENS tokens of MODEL in one micro-batch; the eval callback records the graph's nodes, whose
 tensors stay allocated (ggml-alloc's in-place and free-block reuse, as on a GPU up to alignment); a ggml_cgraph is
 rebuilt in their order and handed to the plugin's plan hook ("ggml_ciq_plugin_plan", CIQ_CPU's library answers with
-GGML_CIQ_OFFLOAD=all), for API v19's plan, the fused plan and the default (the rule): how many CUDAi runs and steps of
-ours each makes. Needs a CPU-only llama.cpp (llama-cpp-python's) and the plugin built against it.
+GGML_CIQ_OFFLOAD=all), for API v19's plan, the fused plan without and with the attention steps
+(GGML_CIQ_PLUGIN_ATTENTION) and the default (the rule): how many CUDAi runs and steps of ours each makes. Needs a CPU-only llama.cpp (llama-cpp-python's) and the plugin built against it.
 
     python3 tools/plugin_plan.py smollm2-135m --tokens 512 [--show 30]
 """
@@ -33,13 +33,16 @@ void * ggml_backend_reg_get_proc_address(struct ggml_backend_reg * reg, const ch
 """
 
 
-PLANS = (("API v19's plan", "0", "1"), ("fused plan", "1", "0"), ("default", "1", "1"))  # GGML_CIQ_FUSE, _FUSE_RULE
+# label: GGML_CIQ_FUSE, GGML_CIQ_PLUGIN_FUSE_RULE, GGML_CIQ_PLUGIN_ATTENTION (None: unset, the default)
+PLANS = (("API v19's plan", "0", "1", "0"), ("fused plan", "1", "0", "0"), ("fused plan with attention", "1", "0", "1"),
+         ("default", "1", "1", None))
+SWITCHES = ("GGML_CIQ_OFFLOAD", "GGML_CIQ_FUSE", "GGML_CIQ_PLUGIN_FUSE_RULE", "GGML_CIQ_PLUGIN_ATTENTION")
 
 
 def plans(model_path, tokens: int, plugin_path) -> tuple:
     """(node count, {label: [(kind name, node, mul, add, flags, run length), ...]}, op of each node index) of the
-    plugin's plans over llama.cpp CPU's allocated graph of a `tokens`-token prefill of model_path. Sets
-    GGML_CIQ_OFFLOAD, GGML_CIQ_FUSE and GGML_CIQ_PLUGIN_FUSE_RULE while it plans and restores them."""
+    plugin's plans over llama.cpp CPU's allocated graph of a `tokens`-token prefill of model_path. Sets SWITCHES
+    while it plans and restores them."""
     import cffi
 
     from ggml_ciq import llama_model as lm
@@ -47,7 +50,7 @@ def plans(model_path, tokens: int, plugin_path) -> tuple:
     from ggml_ciq.errors import CiqError
     from ggml_ciq.llamacpp import LlamaCpp, _lib_file
 
-    saved = {k: os.environ.get(k) for k in ("GGML_CIQ_OFFLOAD", "GGML_CIQ_FUSE", "GGML_CIQ_PLUGIN_FUSE_RULE")}
+    saved = {k: os.environ.get(k) for k in SWITCHES}
     os.environ.pop("GGML_CIQ_OFFLOAD", None)  # llama.cpp alone allocates the graph; the plan asks with "all" after
     ffi = cffi.FFI()
     ffi.cdef(CDEF)
@@ -83,8 +86,12 @@ def plans(model_path, tokens: int, plugin_path) -> tuple:
                     ops = [ffi.string(lib.ggml_op_desc(lib.ggml_graph_node(graph, i))).decode() for i in range(n)]
                     os.environ["GGML_CIQ_OFFLOAD"] = "all"
                     got = {}
-                    for label, fuse, rule in PLANS:
+                    for label, fuse, rule, attention in PLANS:
                         os.environ["GGML_CIQ_FUSE"], os.environ["GGML_CIQ_PLUGIN_FUSE_RULE"] = fuse, rule
+                        if attention is None:
+                            os.environ.pop("GGML_CIQ_PLUGIN_ATTENTION", None)
+                        else:
+                            os.environ["GGML_CIQ_PLUGIN_ATTENTION"] = attention
                         rows = ffi.new("int32_t[]", 6 * n)
                         steps = hook(graph, 0, 1, rows, ffi.new("uint64_t[]", n), ffi.new("int32_t[]", n), n)
                         got[label] = [(KINDS[rows[6 * i]], *rows[6 * i + 1:6 * i + 6]) for i in range(steps)]

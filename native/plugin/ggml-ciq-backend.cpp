@@ -359,7 +359,7 @@ struct gpu_backend {
     ggml_backend_event_t to_cuda = nullptr;  // recorded on ours, waited for by CUDAi's stream
     bool fuse = true;                        // GGML_CIQ_FUSE when the backend started: fused steps, steps moved
     bool fuse_rule = true;                   // GGML_CIQ_PLUGIN_FUSE_RULE: the fused plan only where it halves the runs
-    bool attention = true;                   // GGML_CIQ_PLUGIN_ATTENTION: SCALE, SET_ROWS and ATTN steps
+    bool attention = false;                  // GGML_CIQ_PLUGIN_ATTENTION: SCALE, SET_ROWS and ATTN steps
     bool graphs = false;                     // GGML_CIQ_PLUGIN_GRAPHS when it started: stretches of ours as CUDA graphs
     converted_activations x;                 // shared by the MUL_MATs of one graph_compute on the same activations
     std::vector<graph_plan> plans;           // the recent graphs' plans (the scheduler alternates a few graphs)
@@ -1266,7 +1266,7 @@ int plan_for_tests(ggml_cgraph *graph, int index, uint64_t uid, int32_t *rows, u
     device_context probe = g_devices[index];
     probe.cuda = nullptr;  // the library's answers for that device, no buffer-type check: any graph's tensors will do
     gpu_backend scratch;
-    int fuse = 1, rule = 1, attention = 1;
+    int fuse = 1, rule = 1, attention = 0;
     if (ciq_switch_on("GGML_CIQ_FUSE", &fuse) != CIQ_OK || ciq_switch_on("GGML_CIQ_PLUGIN_FUSE_RULE", &rule) != CIQ_OK ||
         ciq_switch_on("GGML_CIQ_PLUGIN_ATTENTION", &attention) != CIQ_OK)
         return -1;
@@ -1522,7 +1522,7 @@ ggml_backend_t device_init_backend(ggml_backend_dev_t dev, const char *params) {
     int graphs = 0, rule = 1;
     ciq_switch_on("GGML_CIQ_PLUGIN_GRAPHS", &graphs);
     ciq_switch_on("GGML_CIQ_PLUGIN_FUSE_RULE", &rule);
-    int stats = 0, attention = 1;
+    int stats = 0, attention = 0;
     ciq_switch_on("GGML_CIQ_PLUGIN_STATS", &stats);
     ciq_switch_on("GGML_CIQ_PLUGIN_ATTENTION", &attention);
     gpu->print_stats = stats != 0;

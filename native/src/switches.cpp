@@ -89,9 +89,10 @@ constexpr SwitchRow k_switches[SWITCH_COUNT] = {
      "the ggml plugin (ciq_switch_on, when a backend starts)", "1: each CIQi backend prints one line to stderr when "
      "it is freed: graphs computed, plans, stretches run eagerly / captured / replayed, and host microseconds per "
      "graph: CUDAi's runs, ours by step kind, hand-overs, waiting in synchronize, and outside graph_compute"},
-    {PLUGIN_ATTENTION, "GGML_CIQ_PLUGIN_ATTENTION", "1/on/true/yes | 0/off/false/no", "on",
-     "the ggml plugin (ciq_switch_on, when a backend starts)", "0: CIQi leaves q's SCALE, the K/V cache writes "
-     "(SET_ROWS) and FLASH_ATTN_EXT to CUDAi (one CUDAi run a layer, as before API v25; A/B runs)"},
+    {PLUGIN_ATTENTION, "GGML_CIQ_PLUGIN_ATTENTION", "1/on/true/yes | 0/off/false/no", "off",
+     "the ggml plugin (ciq_switch_on, when a backend starts)", "1: CIQi also takes q's SCALE, the K/V cache writes "
+     "(SET_ROWS) and FLASH_ATTN_EXT (a prefill micro-batch one stretch of ours; off by default: measured slower on "
+     "the 8B and no faster on Gemma, docs/PLUGIN.md)"},
 };
 
 constexpr bool rows_in_order() {
