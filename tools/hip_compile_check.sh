@@ -51,7 +51,7 @@ for arch in gfx1100 gfx1201; do
   # rms_norm and the fused rms_norm + rope at 256 and 1024 threads, rope, glu gelu and silu; attention.cu: the simt kernel
   # and the split's combine for head_dim 64, 96, 128, 256 (mma is CUDA-only; so is attention_llamacpp.cu); gemm_q32.cu:
   # Q4_0/Q5_0/Q8_0/Q4_1/Q5_1 with MMQ's seams; gemm_mmvq.cu: 8 types x 1..8 tokens and quantize_q8_1.
-  for expect in "ops 20" "ops_llamacpp 7" "attention 9" "attention_llamacpp 0" "gemm_q32 5" "gemm_mmvq 65"; do
+  for expect in "ops 21" "ops_llamacpp 7" "attention 9" "attention_llamacpp 0" "gemm_q32 5" "gemm_mmvq 65"; do
     kernels=$(grep -c '^[[:space:]]*\.amdhsa_kernel ' "$out/${expect% *}-$arch.s" || true)
     echo "$arch: ${expect% *}.cu compiled, $kernels kernels"
     [ "$kernels" -eq "${expect#* }" ] || { echo "  FAIL: expected ${expect#* } ${expect% *} kernels"; status=1; }

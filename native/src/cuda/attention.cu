@@ -361,6 +361,17 @@ template <int D> ciq_status launch(ciq_attention_kernel kernel, const AttentionA
     });
 }
 
+// simt or mma at the call's head_dim.
+ciq_status launch_head_dim(ciq_attention_kernel kernel, const AttentionArgs &args, int64_t head_dim, bool split) {
+    switch (head_dim) {
+        case 64: return launch<64>(kernel, args, split);
+        case 96: return launch<96>(kernel, args, split);
+        case 128: return launch<128>(kernel, args, split);
+        case 256: return launch<256>(kernel, args, split);
+        default: return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention: head_dim %lld is not built", (long long)head_dim);
+    }
+}
+
 }  // namespace
 
 bool ciq_cuda_attention_supports(int device, ciq_attention_kernel kernel, int64_t head_dim) {
@@ -419,13 +430,7 @@ ciq_status ciq_cuda_attention_masked(ciq_attention_kernel kernel, const float *q
                                                n_kv, tokens, heads, heads_kv, head_dim, scale, out, sw.split);
     }
 #endif
-    switch (head_dim) {
-        case 64: return launch<64>(kernel, args, sw.split);
-        case 96: return launch<96>(kernel, args, sw.split);
-        case 128: return launch<128>(kernel, args, sw.split);
-        case 256: return launch<256>(kernel, args, sw.split);
-        default: return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention: head_dim %lld is not built", (long long)head_dim);
-    }
+    return launch_head_dim(kernel, args, head_dim, sw.split);
 }
 
 ciq_status ciq_cuda_attention(ciq_attention_kernel kernel, const float *q, const uint16_t *k_cache,
@@ -448,11 +453,5 @@ ciq_status ciq_cuda_attention(ciq_attention_kernel kernel, const float *q, const
 #endif
     const AttentionArgs args{attention_problem(q, k_cache, v_cache, out, tokens, heads, heads_kv, n_past, window, scale),
                              nullptr, 0};
-    switch (head_dim) {
-        case 64: return launch<64>(kernel, args, sw.split);
-        case 96: return launch<96>(kernel, args, sw.split);
-        case 128: return launch<128>(kernel, args, sw.split);
-        case 256: return launch<256>(kernel, args, sw.split);
-        default: return ciq_fail(CIQ_ERR_UNSUPPORTED, "attention: head_dim %lld is not built", (long long)head_dim);
-    }
+    return launch_head_dim(kernel, args, head_dim, sw.split);
 }

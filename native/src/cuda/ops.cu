@@ -355,12 +355,15 @@ kv_store_kernel(uint16_t *__restrict__ dst, const float *__restrict__ x, int64_t
 }
 
 // ciq_rows_set_f16: value i of the n x k rows goes to table[ids[i / k]][i % k]; a row whose id is outside the table
-// is skipped (ggml asserts it on the host; here ids are device data).
+// is skipped (ggml asserts it on the host; here ids are device data). Index is uint32_t where n * k fits an int32_t (every
+// cache write: a 32-bit division a value, not a 64-bit one), else int64_t.
+template <typename Index>
 __global__ void __launch_bounds__(OPS_THREADS)
-rows_set_f16_kernel(const float *__restrict__ x, int64_t n, int64_t k, const int64_t *__restrict__ ids,
+rows_set_f16_kernel(const float *__restrict__ x, Index n, Index k, const int64_t *__restrict__ ids,
                     uint16_t *__restrict__ table, int64_t table_rows, int64_t row_stride) {
-    for (int64_t i = ciq_first_index(); i < n * k; i += ciq_index_stride()) {
-        const int64_t r = i / k, id = ids[r];
+    for (Index i = (Index)ciq_first_index(); i < n * k; i += (Index)ciq_index_stride()) {
+        const Index r = i / k;
+        const int64_t id = ids[r];
         if (id >= 0 && id < table_rows) table[id * row_stride + i % k] = f16_bits(x[i]);
     }
 }
@@ -524,8 +527,13 @@ ciq_status ciq_cuda_kv_store(uint16_t *cache, int64_t start, const float *x, int
 
 ciq_status ciq_cuda_rows_set_f16(const float *x, int64_t n, int64_t k, const int64_t *ids, uint16_t *table,
                                  int64_t table_rows, int64_t row_stride) {
-    rows_set_f16_kernel<<<ciq_grid_for(n * k), OPS_THREADS, 0, ciq_stream()>>>(x, n, k, ids, table, table_rows,
-                                                                              row_stride);
+    if (n * k <= (int64_t)INT32_MAX) {  // i + the grid stride then stays below 2^32
+        rows_set_f16_kernel<uint32_t><<<ciq_grid_for(n * k), OPS_THREADS, 0, ciq_stream()>>>(
+            x, (uint32_t)n, (uint32_t)k, ids, table, table_rows, row_stride);
+    } else {
+        rows_set_f16_kernel<int64_t><<<ciq_grid_for(n * k), OPS_THREADS, 0, ciq_stream()>>>(x, n, k, ids, table,
+                                                                                         table_rows, row_stride);
+    }
     CIQ_CUDA_LAUNCH_CHECK("rows_set_f16");
     return CIQ_OK;
 }
