@@ -856,7 +856,9 @@ def test_bad_switch_value_is_one_line(plugin_path, llama):
     for variable, value, said in (("GGML_CIQ_OFFLOAD", "bogus", "GGML_CIQ_OFFLOAD=bogus is not all or none"),
                                   ("GGML_CIQ_FUSE", "sometimes", "GGML_CIQ_FUSE='sometimes': expected 1 or 0"),
                                   ("GGML_CIQ_PLUGIN_GRAPHS", "2", "GGML_CIQ_PLUGIN_GRAPHS='2': expected 1 or 0"),
-                                  ("GGML_CIQ_PLUGIN_STATS", "loud", "GGML_CIQ_PLUGIN_STATS='loud': expected 1 or 0")):
+                                  ("GGML_CIQ_PLUGIN_STATS", "loud", "GGML_CIQ_PLUGIN_STATS='loud': expected 1 or 0"),
+                                  ("GGML_CIQ_PLUGIN_ATTENTION", "mma",
+                                   "GGML_CIQ_PLUGIN_ATTENTION='mma': expected 1 or 0")):
         proc = subprocess.run([sys.executable, "-c", code, str(_lib_file(llama.lib_dir, "ggml")), str(plugin_path)],
                               env=dict(os.environ, **{variable: value}), capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0 and proc.stdout.strip() == "none", (proc.stdout, proc.stderr[-2000:])
