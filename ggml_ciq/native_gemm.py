@@ -214,8 +214,9 @@ class GemmOps:
         norm (weight, eps): the inputs are rms_norm(x) * weight, with the norm fused into the f16 conversion where
         the ops fuse (ciq_rms_norm_activations: the same bytes); glu (up, kind): the inputs are glu(x, up, kind), fused
         into a GPU's f16 conversion in the host order (ciq_glu_activations: the same bytes); adds: per weight None or
-        its addend (linear's add). Two weights without addends go through ciq_gemm_quantized_group (one launch where
-        wgmma groups them: q+k Q4_K beside v Q6_K; its one plan may split K otherwise than the two apart)."""
+        its addend (linear's add). Two or three weights without addends go through ciq_gemm_quantized_group (one launch
+        where wgmma groups them: q+k Q4_K beside v Q6_K, or q, k and v apart; its one plan may split K otherwise than
+        the weights apart)."""
         x = self._f32(x, "linear input")
         if not self.groups(weights) or x.shape[-1] != weights[0].k:
             raise ShapeError("linear_group: quantized weights of one K (groups()), and inputs of that K")
@@ -228,7 +229,8 @@ class GemmOps:
         adds = adds or [None] * len(weights)
         if len(adds) != len(weights):
             raise ShapeError(f"linear_group: {len(adds)} addends for {len(weights)} weights")
-        if len(weights) == 2 and adds == [None, None] and plans[0].activation_layout == plans[1].activation_layout:
+        if 2 <= len(weights) <= 3 and adds == [None] * len(weights) and \
+                all(p.activation_layout == plans[0].activation_layout for p in plans):
             return self._gemm_group(weights, plans, layouts[plans[0].activation_layout], tokens)
         outs = []
         for w, plan, add in zip(weights, plans, adds):
@@ -255,6 +257,30 @@ class GemmOps:
                                              weight.rows, k, activations.ptr, tokens,
                                              n.lib.CIQ_GLU_SILU if kind == "silu" else n.lib.CIQ_GLU_GELU,
                                              self._fp(out)))
+        return out
+
+    def linear_glu_pair(self, gate: Weight, up: Weight, x, kind: str, norm: tuple | None = None) -> DeviceArray:
+        """glu(gate(x'), up(x'), kind) [n, rows] float32 of two plain weights of one type and shape (llama.cpp's
+        ffn_gate and ffn_up as they are): ciq_gemm_quantized_glu_pair, the GLU from wgmma's epilogue where both are
+        staged by TMA and rows % 64 == 0 (linear_glu's values for stack_glu of the two), else the two GEMMs then glu."""
+        if kind not in ("silu", "gelu"):
+            raise InvalidArgumentError(f"glu: unknown kind {kind!r} (silu or gelu)")
+        if gate.glu or up.glu or gate.parts or up.parts or gate.ggml_type != up.ggml_type or \
+                (gate.rows, gate.k) != (up.rows, up.k) or not self.groups([gate, up]):
+            raise InvalidArgumentError(f"{gate.name}, {up.name}: linear_glu_pair takes two plain quantized weights of "
+                                       "one type and shape")
+        x = self._f32(x, "linear input")
+        if x.shape[-1] != gate.k:
+            raise ShapeError(f"{gate.name}: input rows of {x.shape[-1]} values, the weight takes {gate.k}")
+        n, k = self.native, gate.k
+        tokens = x.size // k
+        plan = self._plan(gate, tokens)
+        activations = self._activations([plan], x, tokens, k, norm)[plan.activation_layout]
+        out = self.empty((tokens, gate.rows))
+        n.check(n.lib.ciq_gemm_quantized_glu_pair(self.device, plan, gate.ggml_type, gate.data.ptr, up.data.ptr,
+                                                  gate.data.nbytes, gate.rows, k, activations.ptr, tokens,
+                                                  n.lib.CIQ_GLU_SILU if kind == "silu" else n.lib.CIQ_GLU_GELU,
+                                                  self._fp(out)))
         return out
 
     def glu_linear(self, weight: Weight, gate, up, kind: str, op_class: str | None = None,
@@ -344,8 +370,8 @@ class GemmOps:
         return outs
 
     def _gemm_group(self, weights: list[Weight], plans, activations: DeviceArray, tokens: int) -> list[DeviceArray]:
-        """Two weights' GEMMs on the same activations (ciq_gemm_quantized_group: one launch where wgmma groups them,
-        e.g. q+k Q4_K beside v Q6_K; else one each): [tokens, rows] float32 per stacked part, in order."""
+        """Two or three weights' GEMMs on the same activations (ciq_gemm_quantized_group: one launch where wgmma
+        groups them, e.g. q+k Q4_K beside v Q6_K; else one each): [tokens, rows] float32 per stacked part, in order."""
         n = self.native
         group = n.ffi.new("ciq_gemm_weight[]", len(weights))
         outs, keep = [], []

@@ -249,7 +249,8 @@ def test_switch_on_reads_the_words_and_names_bad_ones(monkeypatch):
         monkeypatch.setenv("GGML_CIQ_FUSE", value)
         assert n.lib.ciq_switch_on(b"GGML_CIQ_FUSE", on) == n.lib.CIQ_OK and on[0] == want, value
     for name, default in ((b"GGML_CIQ_PLUGIN_GRAPHS", 0), (b"GGML_CIQ_PLUGIN_FUSE_RULE", 1),
-                          (b"GGML_CIQ_PLUGIN_STATS", 0), (b"GGML_CIQ_PLUGIN_ATTENTION", 0)):  # the table's defaults
+                          (b"GGML_CIQ_PLUGIN_STATS", 0), (b"GGML_CIQ_PLUGIN_ATTENTION", 0),
+                          (b"GGML_CIQ_PLUGIN_GROUP", 1)):  # the table's defaults
         monkeypatch.delenv(name.decode(), raising=False)
         assert n.lib.ciq_switch_on(name, on) == n.lib.CIQ_OK and on[0] == default, name
         monkeypatch.setenv(name.decode(), "on" if default == 0 else "off")

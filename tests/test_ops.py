@@ -537,6 +537,74 @@ def test_group_of_two_types(ops, rng, monkeypatch, tokens):
                 assert nmse(got, ref) <= 1e-10 if grouped else np.array_equal(got, ref), (group, tokens)
 
 
+@pytest.mark.parametrize("tokens", [1, 9, 37, 300])
+@pytest.mark.parametrize("case", [((Q.Q4_K, Q.Q4_K, Q.Q6_K), 2048), ((Q.Q6_K, Q.Q4_K, Q.Q4_K), 2048),
+                                  ((Q.Q4_K,) * 3, 512), ((Q.Q6_K,) * 3, 2048), ((Q.Q4_K, Q.Q6_K, Q.Q4_K), 512)],
+                         ids=["q4q4q6", "q6q4q4", "q4x3", "q6x3", "q6-not-staged"])
+def test_group_of_three(ops, rng, monkeypatch, tokens, case):
+    """linear_group of three plain weights (llama.cpp's q, k and v as they are: 256, 128 and 200 rows, a row tail):
+    ciq_gemm_quantized_group. With GGML_CIQ_WGMMA_GROUP=2, where wgmma runs, one launch (counted grouped; three
+    dispatches) for one K-quant type or Q4_K and Q6_K in any order given (the library puts Q4_K first, the outputs
+    follow their weights); a Q6_K that TMA cannot stage (K 512) runs them apart. Against each weight apart: NMSE <=
+    1e-10 when grouped (one plan over all), else the same bits. Outputs NaN-poisoned."""
+    types, k = case
+    fusing = PoisonedOps(ops.device, fuse=True)
+    weights = [fusing.load_weight(_quantized_tensor(rng, f"blk.0.attn_{n}.weight", t, rows, k))
+               for n, t, rows in zip("qkv", types, (256, 128, 200))]
+    x = fusing.asarray(rng.standard_normal((tokens, k)).astype(np.float32))
+    apart = [fusing.linear_group([w], x)[0].numpy() for w in weights]
+    staged = all(t != Q.Q6_K or k % 2048 == 0 for t in types)
+    for group in ("2", "0"):
+        monkeypatch.setenv("GGML_CIQ_WGMMA_GROUP", group)
+        native.dispatch_reset()
+        outs = [y.numpy() for y in fusing.linear_group(weights, x)]
+        assert sum(native.dispatch_counts().values()) == 3
+        grouped = native.wgmma_launch_counts()["grouped"]
+        assert grouped == (1 if group == "2" and staged and _wgmma_runs(ops, tokens) else 0), (group, tokens)
+        for got, ref in zip(outs, apart):
+            assert got.shape == ref.shape and np.isfinite(got).all()
+            assert nmse(got, ref) <= 1e-10 if grouped else np.array_equal(got, ref), (group, tokens)
+
+
+@pytest.mark.parametrize("tokens", [1, 9, 37, 300])
+@pytest.mark.parametrize("case", [(Q.Q4_K, 512, 192), (Q.Q6_K, 2048, 64), (Q.Q6_K, 512, 128), (Q.Q4_K, 512, 96),
+                                  (Q.Q8_0, 640, 128)],
+                         ids=["q4k", "q6k-staged", "q6k-not-staged", "q4k-rows96", "q8_0"])
+def test_linear_glu_pair(ops, rng, tokens, case):
+    """linear_glu_pair (ciq_gemm_quantized_glu_pair: gate and up as llama.cpp holds them, two matrices) against
+    linear_glu of the same two interleaved by stack_glu: the same bits (on a GPU both the GLU from wgmma's epilogue, one
+    plan for both; elsewhere the GEMMs apart, then glu), and against the two GEMMs apart then glu: NMSE <= 1e-10.
+    Where wgmma stages both (Q4_K; Q6_K with K % 2048 == 0) and rows % 64 == 0: one launch counted as a GLU launch,
+    else none; two dispatches. Both GLU kinds, the norm fused in; outputs NaN-poisoned."""
+    ggml_type, k, ff = case
+    fusing = PoisonedOps(ops.device, fuse=True)
+    gate, up = (_quantized_tensor(rng, f"blk.0.ffn_{n}.weight", ggml_type, ff, k) for n in ("gate", "up"))
+    wg, wu = fusing.load_weight(gate), fusing.load_weight(up)
+    x = fusing.asarray((rng.standard_normal((tokens, k)) * 2).astype(np.float32))
+    if not fusing.groups([wg, wu]):  # the CPU dequantizes Q8_0 weights: no blocks to multiply
+        with pytest.raises(InvalidArgumentError, match="two plain quantized weights"):
+            fusing.linear_glu_pair(wg, wu, x, "silu")
+        return
+    norm = fusing.asarray((rng.standard_normal(k) + 1).astype(np.float32))
+    interleaved = fusing.stack_glu(gate, up) if ff % 64 == 0 else None
+    epilogue = _wgmma_runs(ops, tokens) and ff % 64 == 0 and ggml_type != Q.Q8_0 and \
+        (ggml_type != Q.Q6_K or k % 2048 == 0)
+    for kind in ("silu", "gelu"):
+        native.dispatch_reset()
+        got = fusing.linear_glu_pair(wg, wu, x, kind, norm=(norm, 1e-5)).numpy()
+        assert sum(native.dispatch_counts().values()) == 2
+        assert (native.wgmma_launch_counts()["glu"] == 1) == epilogue, (kind, tokens)
+        assert got.shape == (tokens, ff) and np.isfinite(got).all()
+        want = fusing.glu(*fusing.linear_group([wg, wu], x, norm=(norm, 1e-5)), kind).numpy()
+        assert nmse(got, want) <= 1e-10, kind
+        if interleaved is not None:
+            assert np.array_equal(got, fusing.linear_glu(interleaved, x, kind, norm=(norm, 1e-5)).numpy()), kind
+    with pytest.raises(InvalidArgumentError, match="one type and shape"):
+        fusing.linear_glu_pair(wg, fusing.load_weight(_quantized_tensor(rng, "w", ggml_type, ff + 64, k)), x, "silu")
+    with pytest.raises(InvalidArgumentError, match="unknown kind"):
+        fusing.linear_glu_pair(wg, wu, x, "relu")
+
+
 def test_gemm_group_bad_input(native_lib, rng):
     """ciq_gemm_quantized_group: three weights, plans reading different activation layouts, outputs of the two weights
     overlapping: each one error naming the problem."""
@@ -564,7 +632,7 @@ def test_gemm_group_bad_input(native_lib, rng):
         return group
 
     w4 = (plans[0], Q.Q4_K, raw)
-    cases = [([w4 + (a,)] * 3, "3 weights (1..2)"),
+    cases = [([w4 + (a,)] * 4, "4 weights (1..3)"),
              ([w4 + (a,), (plans[1], Q.Q8_0, raw8, b)], "one x_quantized cannot be both"),
              ([w4 + (a,), w4 + (a + 10,)], "outputs 0 and 1 overlap")]
     for specs, message in cases:

@@ -15,7 +15,7 @@ import os
 import sys
 
 KINDS = ("RUN", "MUL_MAT", "NORM_ACT", "GLU_ACT", "NORM_ADD", "ROPE", "NORM_ROPE", "BIAS", "SCALE", "SET_ROWS",
-         "ATTN")  # ggml-ciq-backend.cpp step_kind
+         "ATTN", "GLU_PAIR")  # ggml-ciq-backend.cpp step_kind
 
 CDEF = """
 struct ggml_context; struct ggml_tensor; struct ggml_cgraph; struct ggml_backend_device; struct ggml_backend_reg;

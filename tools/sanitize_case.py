@@ -330,7 +330,7 @@ def ops_case():
 def wgmma_group_glu_case():
     """API v14: the grouped kernel (ciq_gemm_quantized_group, GGML_CIQ_WGMMA_GROUP=2: Q4_K q+k beside a Q6_K v of a row
     tail, tiles of 64, 128 and 256 tokens, split-K and stream-K) and the GLU epilogue (ciq_gemm_quantized_glu: Q4_K RS,
-    Q6_K SS, split-K and stream-K, both kinds)."""
+    Q6_K SS, split-K and stream-K, both kinds); API v28: three weights apart in one launch and the GLU pair."""
     from ggml_ciq.model import Tensor
     from ggml_ciq.ops import NativeOps
 
@@ -362,6 +362,28 @@ def wgmma_group_glu_case():
             h = ops.linear_glu(w, x, kind).numpy()
             print(f"glu {Q.type_name(weight_type)} {2 * ff} x {kk} {kind} tokens={tokens} config={config} streamk={sk}: "
                   f"finite={np.isfinite(h).all()} launches={native.wgmma_launch_counts()}")
+    # API v28: three weights apart (q, k, v as llama.cpp holds them: Q4_K, Q4_K, Q6_K and three Q4_K, a row tail) and
+    # the GLU from two matrices (ciq_gemm_quantized_glu_pair: 64-row boxes of gate and up)
+    q, kk_, v4 = (ops.load_weight(tensor(n, Q.Q4_K, Q.quantize_q4_K, r, k)) for n, r in (("q", 1024), ("k", 256), ("v4", 200)))
+    for weights, (tokens, config, sk) in itertools.product(([q, kk_, v], [q, kk_, v4]),
+                                                           ((37, "0", "0"), (300, "2", "0"), (509, "1", "2"))):
+        os.environ["GGML_CIQ_WGMMA_CONFIG"], os.environ["GGML_CIQ_WGMMA_STREAMK"] = config, sk
+        x = rng.standard_normal((tokens, k)).astype(np.float32)
+        native.dispatch_reset()
+        outs = [y.numpy() for y in ops.linear_group(weights, x)]
+        print(f"grouped q/k/{Q.type_name(weights[2].ggml_type)} tokens={tokens} config={config} streamk={sk}: "
+              f"finite={all(np.isfinite(o).all() for o in outs)} launches={native.wgmma_launch_counts()}")
+    for (weight_type, quantize, ff, kk), (tokens, config, sk) in itertools.product(
+            ((Q.Q4_K, Q.quantize_q4_K, 192, 2048), (Q.Q6_K, Q.quantize_q6_K, 320, 2048)),
+            ((37, "0", "0"), (300, "2", "0"), (509, "1", "2"))):
+        os.environ["GGML_CIQ_WGMMA_CONFIG"], os.environ["GGML_CIQ_WGMMA_STREAMK"] = config, sk
+        gate, up = (ops.load_weight(tensor(n, weight_type, quantize, ff, kk)) for n in ("gate", "up"))
+        x = rng.standard_normal((tokens, kk)).astype(np.float32)
+        native.dispatch_reset()
+        for kind in ("silu", "gelu"):
+            h = ops.linear_glu_pair(gate, up, x, kind).numpy()
+            print(f"glu pair {Q.type_name(weight_type)} 2 x {ff} x {kk} {kind} tokens={tokens} config={config} "
+                  f"streamk={sk}: finite={np.isfinite(h).all()} launches={native.wgmma_launch_counts()}")
     for name in ("GGML_CIQ_WGMMA_GROUP", "GGML_CIQ_WGMMA_CONFIG", "GGML_CIQ_WGMMA_STREAMK"):
         del os.environ[name]
 

@@ -38,7 +38,7 @@
 extern "C" {
 #endif
 
-#define GGML_CIQ_API_VERSION 27
+#define GGML_CIQ_API_VERSION 28
 
 /* CDEF-BEGIN */
 typedef enum { CIQ_DEVICE_CPU = -1 } ciq_device_index; /* the host as a device; GPUs are 0..n-1 */
@@ -133,11 +133,10 @@ ciq_status ciq_api_version(int *version);
 /* JSON object: version, commit, api_version, backends, cuda_archs, hip, cpu_isa, threads; valid until the next call. */
 ciq_status ciq_build_info(const char **json);
 /* An on/off runtime switch (GGML_CIQ_FUSE, GGML_CIQ_FUSE_GLU, GGML_CIQ_ATTENTION_WGMMA, GGML_CIQ_PLUGIN_GRAPHS,
- * GGML_CIQ_PLUGIN_FUSE_RULE, GGML_CIQ_PLUGIN_STATS, GGML_CIQ_PLUGIN_ATTENTION) as the environment sets it now: *on 1 or 0 (1/on/true/yes,
- * 0/off/false/no, any case; unset or empty: its default, off for GGML_CIQ_PLUGIN_GRAPHS, GGML_CIQ_PLUGIN_STATS and
- * GGML_CIQ_PLUGIN_ATTENTION,
- * else on). Another name, or a value the switch does not
- * take: CIQ_ERR_INVALID_ARGUMENT naming it. */
+ * GGML_CIQ_PLUGIN_FUSE_RULE, GGML_CIQ_PLUGIN_STATS, GGML_CIQ_PLUGIN_ATTENTION, GGML_CIQ_PLUGIN_GROUP) as the
+ * environment sets it now: *on 1 or 0 (1/on/true/yes, 0/off/false/no, any case; unset or empty: its default, off for
+ * GGML_CIQ_PLUGIN_GRAPHS, GGML_CIQ_PLUGIN_STATS and GGML_CIQ_PLUGIN_ATTENTION, else on). Another name, or a value the
+ * switch does not take: CIQ_ERR_INVALID_ARGUMENT naming it. */
 ciq_status ciq_switch_on(const char *name, int *on);
 /* The registry's facts about a variant (CIQ_VARIANT_AUTO included). */
 ciq_status ciq_variant_describe(ciq_variant variant, ciq_variant_info *info);
@@ -209,13 +208,14 @@ typedef struct {
     const ciq_gemm_output *outputs;
     int                    n_outputs;
 } ciq_gemm_weight;
-/* ciq_gemm_quantized_outputs of n_weights (1..2) weights of one K on the same activations x_quantized (the layout of
- * every plan): the semantics of those calls, in one launch where wgmma can (q+k and v of differing types): both plans
- * wgmma's, one weight Q4_K with a multiple of 128 rows, the other Q6_K with K a multiple of 2048 (both staged by TMA,
- * the RS form), all outputs 1..4 and each but the last of the Q4_K-first order a multiple of 128 rows; GGML_CIQ_WGMMA_GROUP=0
- * turns it off. One plan then covers both problems, so its split-K may differ from theirs apart (float32 sums in
- * another order, as a stacked weight's). Elsewhere one call per weight. Counts one dispatch per weight; a grouped
- * launch counts CIQ_WGMMA_FORM_GROUPED too. No output may overlap another output or an addend. */
+/* ciq_gemm_quantized_outputs of n_weights (1..3) weights of one K on the same activations x_quantized (the layout of
+ * every plan): the semantics of those calls, in one launch where wgmma can (q, k and v apart: llama.cpp's tensors):
+ * every plan wgmma's, every weight staged by TMA (Q4_K, Q5_K; Q6_K with K a multiple of 2048; the RS form), of one
+ * type, or Q4_K ones and Q6_K ones (launched Q4_K first: the outputs follow their weights), each weight but the last of
+ * that order a multiple of 128 rows and all outputs 1..4; GGML_CIQ_WGMMA_GROUP=0 turns it off, =1 (the default) keeps
+ * it where the time model gains. One plan then covers the problems, so its split-K may differ from theirs apart
+ * (float32 sums in another order, as a stacked weight's). Elsewhere one call per weight. Counts one dispatch per
+ * weight; a grouped launch counts CIQ_WGMMA_FORM_GROUPED too. No output may overlap another output or an addend. */
 ciq_status ciq_gemm_quantized_group(int device, const ciq_gemm_weight *weights, int n_weights, int64_t k,
                                     const void *x_quantized, int64_t tokens, ciq_out_type out_type);
 /* Launches per resolved variant and weight type since the last reset (every variant, q32 included). */
@@ -373,6 +373,15 @@ typedef enum { CIQ_GLU_INTERLEAVE = 64 } ciq_glu_interleave_rows;
 ciq_status ciq_gemm_quantized_glu(int device, const ciq_plan *plan, ciq_type type, const void *weight,
                                   size_t weight_nbytes, int64_t rows, int64_t k, const void *x_quantized,
                                   int64_t tokens, ciq_glu_kind kind, float *out);
+/* ciq_gemm_quantized_glu's values from two matrices gate, up [rows][K] of one type (llama.cpp's ffn_gate and
+ * ffn_up): out[tokens][rows] (float32) = ciq_glu (the host order) of ciq_gemm_quantized of gate and of up under plan
+ * (planned for either; weight_nbytes each's). wgmma applies the GLU in its epilogue where both are staged by TMA
+ * (Q4_K, Q5_K; Q6_K with K a multiple of 2048) and rows is a multiple of CIQ_GLU_INTERLEAVE (one launch, counted
+ * CIQ_WGMMA_FORM_GLU: each tile stages 64 rows of each, ciq_gemm_quantized_glu's interleaved tile); every other plan
+ * writes both products to internal scratch and runs ciq_glu. Counts two dispatches. out may not overlap a weight. */
+ciq_status ciq_gemm_quantized_glu_pair(int device, const ciq_plan *plan, ciq_type type, const void *gate,
+                                       const void *up, size_t weight_nbytes, int64_t rows, int64_t k,
+                                       const void *x_quantized, int64_t tokens, ciq_glu_kind kind, float *out);
 /* ciq_rms_norm of x [tokens][k] (times weight unless NULL, no add) then ciq_activations_quantize of its output into
  * layout, in one call: the same bytes as the two calls. Fused on a GPU as ciq_glu_activations is (the host order, the
  * f16 layout; other combinations CIQ_ERR_UNSUPPORTED); the host runs the two in turn. */

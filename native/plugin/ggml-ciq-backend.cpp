@@ -117,8 +117,7 @@ ciq_status reserve_activations(int device, converted_activations *c, size_t byte
 // ciq_gemm's values for r under plan (plan_request's for r), its activations converted unless c holds their
 // conversion; with `add` (float32, r's output shape) the product plus add written to r.out
 // (ciq_gemm_quantized_outputs' addend: ADD after MUL_MAT).
-ciq_status ciq_gemm_converting_once(const gemm_request &r, const ciq_plan &plan, converted_activations *c,
-                                    const float *add) {
+ciq_status convert_once(const gemm_request &r, const ciq_plan &plan, converted_activations *c) {
     const bool same = c->valid && c->x == r.x && c->tokens == r.tokens && c->k == r.k && c->layout == plan.activation_layout;
     if (!same && c->valid && c->x == r.x && c->only_copy) {  // the plan promised every reader the fused layout
         GGML_LOG_ERROR("ggml-ciq: a fused step's product was asked for in another layout (a plan bug)\n");
@@ -130,6 +129,12 @@ ciq_status ciq_gemm_converting_once(const gemm_request &r, const ciq_plan &plan,
         CIQ_TRY_PLUGIN(ciq_activations_quantize(r.device, plan.activation_layout, r.x, c->buffer, r.tokens, r.k));
         *c = converted_activations{true, r.x, r.tokens, r.k, plan.activation_layout, c->buffer, c->capacity};
     }
+    return CIQ_OK;
+}
+
+ciq_status ciq_gemm_converting_once(const gemm_request &r, const ciq_plan &plan, converted_activations *c,
+                                    const float *add) {
+    CIQ_TRY_PLUGIN(convert_once(r, plan, c));
     if (add == nullptr) {
         return ciq_gemm_quantized(r.device, &plan, (ciq_type)r.type, r.weight, r.weight_nbytes, r.rows, r.k, c->buffer,
                                   r.tokens, r.out, CIQ_OUT_F32);
@@ -299,11 +304,11 @@ const ggml_backend_i cpu_backend_interface = {
 // writes and attention) between two of our stretches: two stream hand-overs a layer where API v19's plan had ten.
 enum step_kind : int {
     STEP_RUN = 0, STEP_MUL_MAT = 1, STEP_NORM_ACT = 2, STEP_GLU_ACT = 3, STEP_NORM_ADD = 4, STEP_ROPE = 5,
-    STEP_NORM_ROPE = 6, STEP_BIAS = 7, STEP_SCALE = 8, STEP_SET_ROWS = 9, STEP_ATTN = 10
+    STEP_NORM_ROPE = 6, STEP_BIAS = 7, STEP_SCALE = 8, STEP_SET_ROWS = 9, STEP_ATTN = 10, STEP_GLU_PAIR = 11
 };
-constexpr int STEP_KINDS = 11;
+constexpr int STEP_KINDS = 12;
 constexpr const char *k_step_kind_names[STEP_KINDS] = {"RUN", "MUL_MAT", "NORM_ACT", "GLU_ACT", "NORM_ADD", "ROPE",
-                                                       "NORM_ROPE", "BIAS", "SCALE", "SET_ROWS", "ATTN"};
+                                                       "NORM_ROPE", "BIAS", "SCALE", "SET_ROWS", "ATTN", "GLU_PAIR"};
 
 struct step {
     step_kind kind = STEP_RUN;
@@ -312,6 +317,9 @@ struct step {
     int mul = -1;           // NORM_ACT / NORM_ADD / NORM_ROPE: the MUL by the norm's weight
     int rope = -1;          // NORM_ROPE: the ROPE
     int add = -1;           // MUL_MAT / NORM_ADD: the ADD of a residual (-1: none)
+    int glu = -1;           // GLU_PAIR: the GLU of gate's product (node, a MUL_MAT) and up's (mul, a MUL_MAT)
+    std::vector<int> group; // MUL_MAT: the MUL_MATs on the same activations launched with it (k and v: one launch)
+    std::vector<ciq_plan> group_plans;  // ... and the library's plans for them
     bool fresh_x = false;   // MUL_MAT: convert its activations (else ours converted them last and nothing wrote since)
     bool fused = false;     // NORM_ACT / GLU_ACT: into the shared activations, no float32 product written
     int stretch = -1;       // the first step of a stretch of ours: its index in graph_plan.stretches
@@ -360,6 +368,7 @@ struct gpu_backend {
     bool fuse = true;                        // GGML_CIQ_FUSE when the backend started: fused steps, steps moved
     bool fuse_rule = true;                   // GGML_CIQ_PLUGIN_FUSE_RULE: the fused plan only where it halves the runs
     bool attention = false;                  // GGML_CIQ_PLUGIN_ATTENTION: SCALE, SET_ROWS and ATTN steps
+    bool group = true;                       // GGML_CIQ_PLUGIN_GROUP: grouped MUL_MATs and GLU_PAIR steps
     bool graphs = false;                     // GGML_CIQ_PLUGIN_GRAPHS when it started: stretches of ours as CUDA graphs
     converted_activations x;                 // shared by the MUL_MATs of one graph_compute on the same activations
     std::vector<graph_plan> plans;           // the recent graphs' plans (the scheduler alternates a few graphs)
@@ -754,6 +763,10 @@ struct planner {
             case STEP_MUL_MAT:
                 read(node(s.node)->src[0]);
                 read(node(s.node)->src[1]);
+                for (int g : s.group) {
+                    read(node(g)->src[0]);
+                    writes->push_back(span_of(node(g)));
+                }
                 if (s.add >= 0) {
                     const ggml_tensor *a = node(s.add);
                     read(other_operand(a, node(s.node)));
@@ -771,6 +784,12 @@ struct planner {
                 read(node(s.node)->src[0]);
                 read(node(s.node)->src[1]);
                 if (!s.fused) writes->push_back(span_of(node(s.node)));
+                break;
+            case STEP_GLU_PAIR:  // planned after the rest (merge_steps): gate's and up's weights and x, the GLU
+                read(node(s.node)->src[0]);
+                read(node(s.mul)->src[0]);
+                read(node(s.node)->src[1]);
+                writes->push_back(span_of(node(s.glu)));
                 break;
             case STEP_NORM_ADD: {
                 const ggml_tensor *a = node(s.add);
@@ -968,6 +987,70 @@ struct planner {
         return s;
     }
 
+    // After planning (GGML_CIQ_PLUGIN_GROUP, the fused plan): adjacent steps of ours that one launch can run.
+    // - [MUL_MAT gate][MUL_MAT up][GLU_ACT] (either MUL_MAT first), both on the same activations and weights of one
+    //   type and shape, each product read by the GLU alone: one GLU_PAIR step, the GLU from wgmma's epilogue
+    //   (ciq_gemm_quantized_glu_pair); the GLU's float32 product is then written, and its first MUL_MAT reader converts it.
+    // - MUL_MATs without an ADD, each after the first on the activations it converted (k and v): one MUL_MAT step with
+    //   a group (ciq_gemm_quantized_group: one launch where wgmma's kernels can; the library runs them apart otherwise).
+    bool glu_pair_of(const step &a, const step &b, const step &g, int *gate, int *up) const {
+        const ggml_tensor *glu = node(g.node), *na = node(a.node), *nb = node(b.node);
+        if (glu->src[0] == na && glu->src[1] == nb) *gate = a.node, *up = b.node;
+        else if (glu->src[0] == nb && glu->src[1] == na) *gate = b.node, *up = a.node;
+        else return false;
+        const ggml_tensor *wa = na->src[0], *wb = nb->src[0];
+        return na->src[1] == nb->src[1] && wa->type == wb->type && ggml_are_same_shape(wa, wb) &&
+               a.gemm_plan.activation_layout == b.gemm_plan.activation_layout && read_only_by(graph, na, 1) &&
+               read_only_by(graph, nb, 1);
+    }
+    bool groups_with(const step &first, const step &s) const {
+        const ggml_tensor *a = node(first.node), *b = node(s.node);
+        return s.kind == STEP_MUL_MAT && s.add < 0 && !s.fresh_x && b->src[1] == a->src[1] &&
+               s.gemm_plan.activation_layout == first.gemm_plan.activation_layout;
+    }
+    void merge_steps() {
+        std::vector<step> merged;
+        std::vector<step> &steps = plan.steps;
+        for (size_t i = 0; i < steps.size(); i++) {
+            const step &s = steps[i];
+            int gate = -1, up = -1;
+            if (s.kind == STEP_MUL_MAT && s.add < 0 && i + 2 < steps.size() && steps[i + 1].kind == STEP_MUL_MAT &&
+                steps[i + 1].add < 0 && !steps[i + 1].fresh_x && steps[i + 2].kind == STEP_GLU_ACT &&
+                glu_pair_of(s, steps[i + 1], steps[i + 2], &gate, &up)) {
+                step p = s;
+                p.kind = STEP_GLU_PAIR;
+                p.node = gate;
+                p.mul = up;
+                p.glu = steps[i + 2].node;
+                p.fused = false;
+                merged.push_back(std::move(p));
+                // the GLU's product is now written: its first MUL_MAT reader converts it (a fused GLU_ACT had)
+                const ggml_tensor *product = node(steps[i + 2].node);
+                for (size_t j = i + 3; j < steps.size(); j++) {
+                    if (steps[j].kind == STEP_MUL_MAT && node(steps[j].node)->src[1] == product) {
+                        steps[j].fresh_x = true;
+                        break;
+                    }
+                }
+                i += 2;
+                continue;
+            }
+            if (s.kind == STEP_MUL_MAT && s.add < 0) {
+                step m = s;
+                size_t j = i + 1;
+                while (j < steps.size() && m.group.size() < 2 && groups_with(s, steps[j])) {
+                    m.group.push_back(steps[j].node);
+                    m.group_plans.push_back(steps[j++].gemm_plan);
+                }
+                merged.push_back(std::move(m));
+                i = j - 1;
+                continue;
+            }
+            merged.push_back(s);
+        }
+        steps = std::move(merged);
+    }
+
     void make() {
         plan = graph_plan{graph->uid, graph->nodes, graph->n_nodes, false, {}, {}};
         bool any = false;  // nothing ours (a decode step): the whole graph to CUDAi, no pattern search over it
@@ -1008,6 +1091,7 @@ struct planner {
         }
         if (failed < 0 && x_fused && x_readers_left > 0) failed = x_step_node;
         flush_run();
+        if (fuse && ctx->group && failed < 0) merge_steps();
         bool ours = false;
         for (size_t i = 0; i < plan.steps.size(); i++) {
             step &s = plan.steps[i];
@@ -1088,15 +1172,16 @@ uint64_t run_uid(uint64_t graph_uid, size_t step) {
 // The steps CIQi backends have run since the last reset, by kind (STEP_RUN .. STEP_NORM_ADD), then MUL_MATs with their
 // ADD, fused NORM_ACT / GLU_ACT steps, and stretches of ours replayed as CUDA graphs: which path ran, for the GPU
 // tests ("ggml_ciq_plugin_steps").
-constexpr int STEP_COUNTS = 14;  // RUN .. NORM_ADD, MUL_MAT + ADD, fused, replays, ROPE, NORM_ROPE, BIAS, SCALE,
-                                 // SET_ROWS, ATTN
-constexpr int k_count_of_kind[] = {0, 1, 2, 3, 4, 8, 9, 10, 11, 12, 13};  // step_kind -> its counter (5..7: above)
+constexpr int STEP_COUNTS = 16;  // RUN .. NORM_ADD, MUL_MAT + ADD, fused, replays, ROPE, NORM_ROPE, BIAS, SCALE,
+                                 // SET_ROWS, ATTN, GLU_PAIR, MUL_MATs grouped with the one before
+constexpr int k_count_of_kind[] = {0, 1, 2, 3, 4, 8, 9, 10, 11, 12, 13, 14};  // step_kind -> its counter (5..7: above)
 static_assert(sizeof(k_count_of_kind) / sizeof(k_count_of_kind[0]) == STEP_KINDS, "a counter per step kind");
 std::atomic<uint64_t> g_step_counts[STEP_COUNTS];
 
 void count_step(const step &s) {
     g_step_counts[k_count_of_kind[s.kind]]++;
     if (s.kind == STEP_MUL_MAT && s.add >= 0) g_step_counts[5]++;
+    g_step_counts[15] += s.group.size();
     if (s.fused) g_step_counts[6]++;
 }
 
@@ -1108,7 +1193,8 @@ void steps_for_tests(uint64_t *counts, int reset) {
 // A step of ours as the library calls' arguments, read from its nodes (apart from the calls, so that the plan hook
 // reads them on a machine without a GPU as graph_compute does).
 struct step_call {
-    gemm_request gemm{};             // MUL_MAT (out: the ADD's tensor with an ADD)
+    gemm_request gemm{};             // MUL_MAT (out: the ADD's tensor with an ADD), GLU_PAIR's gate (out: the GLU's)
+    gemm_request more[2]{};          // MUL_MAT: its group's; GLU_PAIR: more[0] up's
     const float *x = nullptr;        // the norm's or the GLU's input (gate)
     const float *up = nullptr;       // GLU
     const float *weight = nullptr;   // the norm's weight row
@@ -1132,8 +1218,15 @@ struct step_call {
 step_call call_of(int device, ggml_cgraph *graph, const step &s) {
     step_call c;
     ggml_tensor *n = graph->nodes[s.node];
-    if (s.kind == STEP_MUL_MAT) {
+    if (s.kind == STEP_GLU_PAIR) {
+        mul_mat_request(device, n, &c.gemm);
+        mul_mat_request(device, graph->nodes[s.mul], &c.more[0]);
+        ggml_tensor *glu = graph->nodes[s.glu];
+        c.gemm.out = (float *)glu->data;
+        c.glu = ggml_get_glu_op(glu) == GGML_GLU_OP_GEGLU ? CIQ_GLU_GELU : CIQ_GLU_SILU;
+    } else if (s.kind == STEP_MUL_MAT) {
         mul_mat_request(device, n, &c.gemm);  // the plan took it: a layout mul_mat_ours accepted
+        for (size_t g = 0; g < s.group.size(); g++) mul_mat_request(device, graph->nodes[s.group[g]], &c.more[g]);
         if (s.add >= 0) {
             ggml_tensor *a = graph->nodes[s.add];
             c.addend = (const float *)other_operand(a, n)->data;
@@ -1205,9 +1298,28 @@ ciq_status run_ours(const device_context *dev, gpu_backend *ctx, ggml_cgraph *gr
     const int device = dev->ciq_device;
     const step_call c = call_of(device, graph, s);
     switch (s.kind) {
-        case STEP_MUL_MAT:
+        case STEP_MUL_MAT: {
             if (s.fresh_x) ctx->x.valid = false;
-            return ciq_gemm_converting_once(c.gemm, s.gemm_plan, &ctx->x, c.addend);
+            if (s.group.empty()) return ciq_gemm_converting_once(c.gemm, s.gemm_plan, &ctx->x, c.addend);
+            CIQ_TRY_PLUGIN(convert_once(c.gemm, s.gemm_plan, &ctx->x));
+            ciq_gemm_output outs[3];
+            ciq_gemm_weight weights[3];
+            const int n = 1 + (int)s.group.size();
+            for (int i = 0; i < n; i++) {
+                const gemm_request &r = i == 0 ? c.gemm : c.more[i - 1];
+                outs[i] = ciq_gemm_output{r.rows, r.out, nullptr};
+                weights[i] = ciq_gemm_weight{i == 0 ? &s.gemm_plan : &s.group_plans[i - 1], (ciq_type)r.type, r.weight,
+                                             r.weight_nbytes, r.rows, &outs[i], 1};
+            }
+            return ciq_gemm_quantized_group(device, weights, n, c.gemm.k, ctx->x.buffer, c.gemm.tokens, CIQ_OUT_F32);
+        }
+        case STEP_GLU_PAIR: {
+            if (s.fresh_x) ctx->x.valid = false;
+            CIQ_TRY_PLUGIN(convert_once(c.gemm, s.gemm_plan, &ctx->x));
+            return ciq_gemm_quantized_glu_pair(device, &s.gemm_plan, (ciq_type)c.gemm.type, c.gemm.weight,
+                                               c.more[0].weight, c.gemm.weight_nbytes, c.gemm.rows, c.gemm.k,
+                                               ctx->x.buffer, c.gemm.tokens, c.glu, c.gemm.out);
+        }
         case STEP_NORM_ACT:
         case STEP_GLU_ACT: {
             const bool norm = s.kind == STEP_NORM_ACT;
@@ -1266,10 +1378,12 @@ int plan_for_tests(ggml_cgraph *graph, int index, uint64_t uid, int32_t *rows, u
     device_context probe = g_devices[index];
     probe.cuda = nullptr;  // the library's answers for that device, no buffer-type check: any graph's tensors will do
     gpu_backend scratch;
-    int fuse = 1, rule = 1, attention = 0;
+    int fuse = 1, rule = 1, attention = 0, group = 1;
     if (ciq_switch_on("GGML_CIQ_FUSE", &fuse) != CIQ_OK || ciq_switch_on("GGML_CIQ_PLUGIN_FUSE_RULE", &rule) != CIQ_OK ||
-        ciq_switch_on("GGML_CIQ_PLUGIN_ATTENTION", &attention) != CIQ_OK)
+        ciq_switch_on("GGML_CIQ_PLUGIN_ATTENTION", &attention) != CIQ_OK ||
+        ciq_switch_on("GGML_CIQ_PLUGIN_GROUP", &group) != CIQ_OK)
         return -1;
+    scratch.group = group != 0;
     scratch.fuse = fuse != 0;
     scratch.fuse_rule = rule != 0;
     scratch.attention = attention != 0;
@@ -1279,8 +1393,9 @@ int plan_for_tests(ggml_cgraph *graph, int index, uint64_t uid, int32_t *rows, u
         const step &st = plan.steps[i];
         if (st.kind != STEP_RUN) call_of(probe.ciq_device, graph, st);  // the arguments graph_compute would pass
         int32_t *row = rows + 6 * i;
-        row[0] = st.kind, row[1] = st.node, row[2] = st.mul, row[3] = st.kind == STEP_NORM_ROPE ? st.rope : st.add;
-        row[4] = (st.fresh_x ? 1 : 0) | (st.fused ? 2 : 0);
+        row[0] = st.kind, row[1] = st.node, row[2] = st.mul;
+        row[3] = st.kind == STEP_NORM_ROPE ? st.rope : st.kind == STEP_GLU_PAIR ? st.glu : st.add;
+        row[4] = (st.fresh_x ? 1 : 0) | (st.fused ? 2 : 0) | (int)st.group.size() << 2;
         row[5] = (int32_t)st.run.size();
         for (int k : st.run_index)
             if (written < graph->n_nodes) run_nodes[written++] = k;
@@ -1525,6 +1640,9 @@ ggml_backend_t device_init_backend(ggml_backend_dev_t dev, const char *params) {
     int stats = 0, attention = 0;
     ciq_switch_on("GGML_CIQ_PLUGIN_STATS", &stats);
     ciq_switch_on("GGML_CIQ_PLUGIN_ATTENTION", &attention);
+    int group = 1;
+    ciq_switch_on("GGML_CIQ_PLUGIN_GROUP", &group);
+    gpu->group = group != 0;
     gpu->print_stats = stats != 0;
     gpu->attention = attention != 0;
     gpu->graphs = graphs != 0;
@@ -1655,7 +1773,7 @@ bool ggml_matches() {
 
 // The on/off switches a CIQi backend reads when it starts (device_init_backend).
 constexpr const char *k_plugin_switches[] = {"GGML_CIQ_FUSE", "GGML_CIQ_PLUGIN_GRAPHS", "GGML_CIQ_PLUGIN_FUSE_RULE",
-                                             "GGML_CIQ_PLUGIN_STATS", "GGML_CIQ_PLUGIN_ATTENTION"};
+                                             "GGML_CIQ_PLUGIN_STATS", "GGML_CIQ_PLUGIN_ATTENTION", "GGML_CIQ_PLUGIN_GROUP"};
 
 // The library's runtime switches the plugin's planning reads (GGML_CIQ_OFFLOAD, GGML_CIQ_VARIANT...) are valid: a
 // value they do not take is one log line and no plugin, never a silent "decline every op".

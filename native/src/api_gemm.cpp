@@ -231,8 +231,10 @@ ciq_status ciq_gemm_quantized_group(int device, const ciq_gemm_weight *weights, 
                                     const void *x_quantized, int64_t tokens, ciq_out_type out_type) {
     static const char fn[] = "ciq_gemm_quantized_group";
     if (weights == nullptr || x_quantized == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: NULL pointer", fn);
-    if (n_weights < 1 || n_weights > 2) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: %d weights (1..2)", fn, n_weights);
-    const ciq_gemm_output *list[2 * CIQ_GEMM_OUTPUTS_MAX];
+    if (n_weights < 1 || n_weights > CIQ_GEMM_GROUP_MAX) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: %d weights (1..%d)", fn, n_weights, CIQ_GEMM_GROUP_MAX);
+    }
+    const ciq_gemm_output *list[CIQ_GEMM_GROUP_MAX * CIQ_GEMM_OUTPUTS_MAX];
     int n_list = 0;
     for (int i = 0; i < n_weights; ++i) {
         const ciq_gemm_weight &w = weights[i];
@@ -249,25 +251,30 @@ ciq_status ciq_gemm_quantized_group(int device, const ciq_gemm_weight *weights, 
     }
     CIQ_TRY(check_no_overlap(fn, tokens, list, n_list, out_type));
 #ifdef GGML_CIQ_WITH_CUDA
-    if (n_weights == 2 && device != CIQ_DEVICE_CPU && weights[0].plan->variant == CIQ_VARIANT_WGMMA &&
-        weights[1].plan->variant == CIQ_VARIANT_WGMMA && n_list <= CIQ_GEMM_OUTPUTS_MAX) {
-        // the Q4_K weight's rows first (the grouped kernel's order); the outputs follow their weights
-        const int a = weights[0].type == CIQ_TYPE_Q6_K && weights[1].type == CIQ_TYPE_Q4_K ? 1 : 0, b = 1 - a;
-        const ciq_type types[2] = {weights[a].type, weights[b].type};
-        const void *const blocks[2] = {weights[a].weight, weights[b].weight};
-        const int64_t rows[2] = {weights[a].rows, weights[b].rows};
+    bool wgmma = n_weights >= 2 && device != CIQ_DEVICE_CPU && n_list <= CIQ_GEMM_OUTPUTS_MAX;
+    for (int i = 0; i < n_weights; ++i) wgmma = wgmma && weights[i].plan->variant == CIQ_VARIANT_WGMMA;
+    if (wgmma) {
+        // the Q4_K weights' rows first (the kernel's order: Q4_K then Q6_K), stable; the outputs follow their weights
+        int order[CIQ_GEMM_GROUP_MAX], n_order = 0;
+        for (int pass = 0; pass < 2; ++pass)
+            for (int i = 0; i < n_weights; ++i)
+                if ((weights[i].type == CIQ_TYPE_Q6_K) == (pass == 1)) order[n_order++] = i;
+        ciq_type types[CIQ_GEMM_GROUP_MAX];
+        const void *blocks[CIQ_GEMM_GROUP_MAX];
+        int64_t rows[CIQ_GEMM_GROUP_MAX];
         ciq_gemm_output outs[CIQ_GEMM_OUTPUTS_MAX];
         int n = 0;
-        for (int i : {a, b})
-            for (int s = 0; s < weights[i].n_outputs; ++s) outs[n++] = weights[i].outputs[s];
+        for (int j = 0; j < n_weights; ++j) {
+            const ciq_gemm_weight &w = weights[order[j]];
+            types[j] = w.type, blocks[j] = w.weight, rows[j] = w.rows;
+            for (int s = 0; s < w.n_outputs; ++s) outs[n++] = w.outputs[s];
+        }
         ciq_wgmma_switches sw;
         CIQ_TRY(ciq_switches_wgmma(&sw));
-        const ciq_status status = ciq_cuda_gemm_wgmma_group(device, sw, types, blocks, rows, k, x_quantized, tokens,
-                                                            outs, n, out_type);
-        if (status == CIQ_OK) {
-            ciq_counters_gemm(CIQ_VARIANT_WGMMA, weights[0].type);
-            ciq_counters_gemm(CIQ_VARIANT_WGMMA, weights[1].type);
-        }
+        const ciq_status status = ciq_cuda_gemm_wgmma_group(device, sw, n_weights, types, blocks, rows, k, x_quantized,
+                                                            tokens, outs, n, out_type);
+        if (status == CIQ_OK)
+            for (int i = 0; i < n_weights; ++i) ciq_counters_gemm(CIQ_VARIANT_WGMMA, weights[i].type);
         if (status != CIQ_ERR_UNSUPPORTED) return status;  // unsupported: one call each below
     }
 #endif
@@ -342,6 +349,58 @@ ciq_status ciq_gemm_quantized_glu(int device, const ciq_plan *plan, ciq_type typ
 #endif
     }
     return ciq_glu(device, CIQ_ORDER_HOST, kind, out, up, n, out);
+}
+
+ciq_status ciq_gemm_quantized_glu_pair(int device, const ciq_plan *plan, ciq_type type, const void *gate,
+                                       const void *up, size_t weight_nbytes, int64_t rows, int64_t k,
+                                       const void *x_quantized, int64_t tokens, ciq_glu_kind kind, float *out) {
+    static const char fn[] = "ciq_gemm_quantized_glu_pair";
+    if (plan == nullptr || gate == nullptr || up == nullptr || x_quantized == nullptr || out == nullptr) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: NULL pointer", fn);
+    }
+    if (kind != CIQ_GLU_SILU && kind != CIQ_GLU_GELU) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: unknown GLU kind %d (SILU 0, GELU 1)", fn, (int)kind);
+    }
+    const ciq_variant_row *row = nullptr;
+    CIQ_TRY(check_run(device, plan, type, weight_nbytes, rows, k, tokens, CIQ_OUT_F32, &row));
+    const size_t out_bytes = (size_t)tokens * (size_t)rows * sizeof(float);
+    if (overlap(out, out_bytes, gate, weight_nbytes) || overlap(out, out_bytes, up, weight_nbytes)) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: out overlaps a weight", fn);
+    }
+#ifdef GGML_CIQ_WITH_CUDA
+    if (device != CIQ_DEVICE_CPU && plan->variant == CIQ_VARIANT_WGMMA) {  // the GLU from the epilogue
+        ciq_wgmma_switches sw;
+        CIQ_TRY(ciq_switches_wgmma(&sw));
+        const ciq_status status = ciq_cuda_gemm_wgmma_glu_pair(device, sw, type, gate, up, rows, k, x_quantized,
+                                                               tokens, kind == CIQ_GLU_GELU, out);
+        if (status == CIQ_OK) {
+            ciq_counters_gemm(plan->variant, type);
+            ciq_counters_gemm(plan->variant, type);
+        }
+        if (status != CIQ_ERR_UNSUPPORTED) return status;  // unsupported: the two GEMMs and the GLU below
+    }
+#endif
+    // gate's product into out, up's into scratch, then ciq_glu in place (each value read, then written, by one thread)
+    float *up_product = nullptr;
+    std::string host;
+    if (device == CIQ_DEVICE_CPU) {
+        try {
+            host.resize(out_bytes);
+        } catch (const std::exception &) {
+            return ciq_fail(CIQ_ERR_OUT_OF_MEMORY, "%s: %zu bytes of product", fn, out_bytes);
+        }
+        up_product = (float *)&host[0];
+#ifdef GGML_CIQ_WITH_CUDA
+    } else {
+        void *p = nullptr;
+        CIQ_TRY(ciq_cuda_scratch(device, 2, out_bytes, &p));
+        up_product = (float *)p;
+#endif
+    }
+    CIQ_TRY(ciq_gemm_quantized(device, plan, type, gate, weight_nbytes, rows, k, x_quantized, tokens, out, CIQ_OUT_F32));
+    CIQ_TRY(ciq_gemm_quantized(device, plan, type, up, weight_nbytes, rows, k, x_quantized, tokens, up_product,
+                               CIQ_OUT_F32));
+    return ciq_glu(device, CIQ_ORDER_HOST, kind, out, up_product, tokens * rows, out);
 }
 
 ciq_status ciq_gemm(int device, ciq_variant variant, ciq_semantics semantics, ciq_type type, const void *weight,

@@ -29,6 +29,7 @@ enum Switch {
     PLUGIN_FUSE_RULE,
     PLUGIN_STATS,
     PLUGIN_ATTENTION,
+    PLUGIN_GROUP,
     SWITCH_COUNT
 };
 
@@ -93,6 +94,9 @@ constexpr SwitchRow k_switches[SWITCH_COUNT] = {
      "the ggml plugin (ciq_switch_on, when a backend starts)", "1: CIQi also takes q's SCALE, the K/V cache writes "
      "(SET_ROWS) and FLASH_ATTN_EXT (a prefill micro-batch one stretch of ours; off by default: measured slower on "
      "the 8B and no faster on Gemma, docs/PLUGIN.md)"},
+    {PLUGIN_GROUP, "GGML_CIQ_PLUGIN_GROUP", "1/on/true/yes | 0/off/false/no", "on",
+     "the ggml plugin (ciq_switch_on, when a backend starts)", "0: CIQi launches every MUL_MAT apart: no grouped "
+     "launch of adjacent MUL_MATs on one input (k and v), no gate/up GLU from wgmma's epilogue (A/B runs)"},
 };
 
 constexpr bool rows_in_order() {
@@ -169,7 +173,7 @@ ciq_status ciq_switches_attention_wgmma(bool *take) { return word_switch(ATTENTI
 ciq_status ciq_switches_on_off(const char *name, bool *on) {
     *on = true;
     constexpr Switch on_off[] = {FUSE, FUSE_GLU, ATTENTION_WGMMA, PLUGIN_GRAPHS, PLUGIN_FUSE_RULE, PLUGIN_STATS,
-                                 PLUGIN_ATTENTION};
+                                 PLUGIN_ATTENTION, PLUGIN_GROUP};
     std::string names;
     for (Switch s : on_off) {
         if (name != nullptr && std::strcmp(name, switch_name(s)) == 0) return word_switch(s, on);

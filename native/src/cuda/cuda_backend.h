@@ -7,6 +7,7 @@
 #include "../switches.h"
 
 #define CIQ_GEMM_OUTPUTS_MAX 4  // ciq_gemm_quantized_outputs' n_outputs (ggml_ciq.h says 1..4)
+#define CIQ_GEMM_GROUP_MAX 3    // ciq_gemm_quantized_group's n_weights (ggml_ciq.h says 1..3)
 
 #ifdef GGML_CIQ_WITH_CUDA
 ciq_status ciq_cuda_device_count(int *count);
@@ -58,16 +59,23 @@ ciq_status ciq_cuda_gemm_wgmma(int device, const ciq_wgmma_switches &sw, ciq_typ
 ciq_status ciq_cuda_gemm_wgmma_outputs(int device, const ciq_wgmma_switches &sw, ciq_type type, const void *weight,
                                        int64_t rows, int64_t k, const void *x_f16, int64_t tokens,
                                        const ciq_gemm_output *outputs, int n_outputs, ciq_out_type out_type);
-// Two weights' GEMMs on the same f16 activations in one launch (the grouped RS kernel): weight 0 Q4_K with a multiple
-// of 128 rows, weight 1 Q6_K, both staged by TMA; the outputs split their rows, weight 0's then weight 1's.
-// CIQ_ERR_UNSUPPORTED where that does not hold (or GGML_CIQ_WGMMA_GROUP=0 / GGML_CIQ_WGMMA_RS=0): run them apart.
-ciq_status ciq_cuda_gemm_wgmma_group(int device, const ciq_wgmma_switches &sw, const ciq_type types[2],
-                                     const void *const weights[2],
-                                     const int64_t rows[2], int64_t k, const void *x_f16, int64_t tokens,
-                                     const ciq_gemm_output *outputs, int n_outputs, ciq_out_type out_type);
+// n (2..CIQ_GEMM_GROUP_MAX) weights' GEMMs on the same f16 activations in one launch (the RS kernel over several
+// tensor maps): one K-quant type (Q4_K, Q5_K, Q6_K), or Q4_K weights then Q6_K ones, all staged by TMA, each but the
+// last a multiple of 128 rows; the outputs split their rows in the weights' order. CIQ_ERR_UNSUPPORTED where that does
+// not hold (or GGML_CIQ_WGMMA_GROUP=0 / GGML_CIQ_WGMMA_RS=0, or =1 and the time model gains nothing): run them apart.
+ciq_status ciq_cuda_gemm_wgmma_group(int device, const ciq_wgmma_switches &sw, int n, const ciq_type *types,
+                                     const void *const *weights, const int64_t *rows, int64_t k, const void *x_f16,
+                                     int64_t tokens, const ciq_gemm_output *outputs, int n_outputs,
+                                     ciq_out_type out_type);
 // A gate/up weight interleaved by CIQ_GLU_INTERLEAVE rows, its GLU from the epilogue: out [tokens][rows/2] float32.
 ciq_status ciq_cuda_gemm_wgmma_glu(int device, const ciq_wgmma_switches &sw, ciq_type type, const void *weight,
                                    int64_t rows, int64_t k, const void *x_f16, int64_t tokens, bool gelu, float *out);
+// The same GLU from two matrices gate, up [rows][K] of one K-quant type (rows a multiple of 64, both staged by TMA):
+// each tile stages gate's 64 rows and up's, the interleaved weight's tile; out [tokens][rows] float32.
+// CIQ_ERR_UNSUPPORTED where that does not hold: the caller runs the two GEMMs and the GLU.
+ciq_status ciq_cuda_gemm_wgmma_glu_pair(int device, const ciq_wgmma_switches &sw, ciq_type type, const void *gate,
+                                        const void *up, int64_t rows, int64_t k, const void *x_f16, int64_t tokens,
+                                        bool gelu, float *out);
 // dst[r][0 .. width) = src[r][0 .. width) for height rows of the given byte pitches (device to device, queued).
 ciq_status ciq_cuda_copy_2d(void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width,
                             size_t height);

@@ -11,6 +11,7 @@
 #include "gemm_wgmma_kernel.cuh"
 
 #include <atomic>
+#include <climits>
 #include <mutex>
 #include <vector>
 
@@ -167,11 +168,11 @@ static wgmma_plan pick_plan(int64_t rows, int64_t tokens, int nb, int sms, int64
     return best;
 }
 
-// A grouped launch (T1 != T) gets weight 1's map and the row tiles of weight 0 in `group`; one weight's, wmap and
-// row_tiles there (unread).
+// A launch over several weights (the RS form: ciq_cuda_gemm_wgmma_group, _glu_pair) gets weights 1 and 2's maps and
+// where their tiles start (wgmma_group_tiles); one weight's, none (wmap stands in for the unread maps).
 struct wgmma_group {
-    const CUtensorMap *wmap1 = nullptr;
-    int row_tiles0 = 0;
+    const CUtensorMap *wmap1 = nullptr, *wmap2 = nullptr;
+    wgmma_group_tiles tiles{INT_MAX, INT_MAX, INT_MAX, 0};
 };
 
 template <ciq_type T, int C, bool TMA_W, bool RS, ciq_type T1 = T>
@@ -198,11 +199,11 @@ static ciq_status launch_wgmma(const CUtensorMap &xmap, const CUtensorMap &wmap,
         const cudaError_t err = cudaLaunchKernelEx(&config, kernel, xmap, wmap, (const uint8_t *)weight, rows, nb,
                                                    scales, (int)tokens, per, (int)first, row_tiles, outs, out_type, sk,
                                                    group.wmap1 ? *group.wmap1 : wmap,
-                                                   group.wmap1 ? group.row_tiles0 : row_tiles);
+                                                   group.wmap2 ? *group.wmap2 : wmap, group.tiles);
         if (err != cudaSuccess) return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: %s", cudaGetErrorString(err));
         ciq_counters_wgmma_launch(RS && TMA_W ? CIQ_WGMMA_FORM_RS : CIQ_WGMMA_FORM_SS);
         if (stream_k) ciq_counters_wgmma_launch(CIQ_WGMMA_FORM_STREAM_K);
-        if (T1 != T) ciq_counters_wgmma_launch(CIQ_WGMMA_FORM_GROUPED);
+        if (group.wmap1 != nullptr && !group.tiles.glu_pair) ciq_counters_wgmma_launch(CIQ_WGMMA_FORM_GROUPED);
         if (outs.glu) ciq_counters_wgmma_launch(CIQ_WGMMA_FORM_GLU);
     }
     return CIQ_OK;
@@ -235,11 +236,12 @@ static ciq_status wgmma_x_map(encode_tiled_fn encode, const void *x_f16, int64_t
         return ciq_fail(CIQ_ERR_BACKEND, "ciq_cuda_gemm_wgmma: cuTensorMapEncodeTiled (activations) error %d", (int)res);
     return CIQ_OK;
 }
-// A staged weight's tensor map: bytes, one block (wbox bytes) x 128 rows per box, zeros past the last row.
+// A staged weight's tensor map: bytes, one block (wbox bytes) x box_rows rows per box (a GLU pair's: 64), zeros past
+// the last row.
 static ciq_status wgmma_w_map(encode_tiled_fn encode, const void *weight, int64_t row_bytes, int64_t rows, int wbox,
-                              CUtensorMap *wmap) {
+                              CUtensorMap *wmap, int box_rows = CIQ_WGMMA_ROWS) {
     const cuuint64_t dims[2] = {(cuuint64_t)row_bytes, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)row_bytes};
-    const cuuint32_t box[2] = {(cuuint32_t)wbox, CIQ_WGMMA_ROWS}, unit[2] = {1, 1};
+    const cuuint32_t box[2] = {(cuuint32_t)wbox, (cuuint32_t)box_rows}, unit[2] = {1, 1};
     const CUresult res = encode(wmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(weight), dims, strides, box,
                                 unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -429,42 +431,23 @@ ciq_status ciq_cuda_gemm_wgmma_glu(int device, const ciq_wgmma_switches &sw, ciq
     return gemm_wgmma(device, sw, type, weight, rows, k, x_f16, tokens, outs, CIQ_OUT_F32);
 }
 
-ciq_status ciq_cuda_gemm_wgmma_group(int device, const ciq_wgmma_switches &switches, const ciq_type types[2],
-                                     const void *const weights[2], const int64_t rows[2], int64_t k, const void *x_f16,
-                                     int64_t tokens, const ciq_gemm_output *outputs, int n_outputs,
-                                     ciq_out_type out_type) {
-    constexpr ciq_type T0 = CIQ_TYPE_Q4_K, T1 = CIQ_TYPE_Q6_K;  // the one grouped kernel built (8B's q+k and v)
-    if (types[0] != T0 || types[1] != T1)
-        return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma_group: weights of types %d, %d (grouped: Q4_K, then "
-                        "Q6_K)", (int)types[0], (int)types[1]);
-    if (rows[0] % CIQ_WGMMA_ROWS != 0)
-        return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma_group: the first weight has %lld rows, not a multiple "
-                        "of %d", (long long)rows[0], CIQ_WGMMA_ROWS);
-    if (k <= 0 || k % QK_K != 0)
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma_group: K must be a multiple of %d, got %lld",
-                        QK_K, (long long)k);
-    const int nb = (int)(k / QK_K);
-    const int64_t row_bytes0 = (int64_t)nb * Q4_K_BLOCK_BYTES, row_bytes1 = (int64_t)nb * Q6_K_BLOCK_BYTES;
-    if (!aligned16(weights[0]) || !aligned16(weights[1]) || row_bytes1 % 16 != 0)  // both staged by TMA
-        return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma_group: weights TMA cannot stage (16-byte aligned, "
-                        "Q6_K with K a multiple of 2048)");
-    const int64_t total = rows[0] + rows[1];
-    CIQ_TRY(wgmma_check_size("ciq_cuda_gemm_wgmma_group", total, k, tokens));
-    if (!aligned16(x_f16))
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_cuda_gemm_wgmma_group: activations must be 16-byte aligned");
-    const ciq_wgmma_switches sw = wgmma_plan_switches(switches);
-    if (!sw.rs || sw.group == 0)
-        return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma_group: off (GGML_CIQ_WGMMA_GROUP=0 or "
-                        "GGML_CIQ_WGMMA_RS=0)");
-    wgmma_outputs outs;
-    CIQ_TRY(wgmma_make_outputs(outputs, n_outputs, total, out_type, outs));
+// A grouped launch of weights types[0..n) (T0 ... then T1 ...; T0 == T1: one type), planned as one problem of their
+// rows (the wider type's slots: its occupancy); GGML_CIQ_WGMMA_GROUP=1 runs it only where the time model gains on
+// the weights apart.
+template <ciq_type T0, ciq_type T1>
+static ciq_status run_wgmma_group(int device, const ciq_wgmma_switches &sw, int n, const ciq_type *types,
+                                  const void *const *weights, const int64_t *rows, int64_t total, int nb,
+                                  const void *x_f16, int64_t k, int64_t tokens, const wgmma_outputs &outs,
+                                  ciq_out_type out_type) {
+    constexpr ciq_type WIDE = wgmma_rs_wbox(T0) >= wgmma_rs_wbox(T1) ? T0 : T1;
     wgmma_device dev;
     CIQ_TRY(wgmma_device_state(device, dev));
-    // planned as one problem of both weights' rows (the grouped kernel's shared memory is Q6_K's: its occupancy)
-    wgmma_plan plan = pick_plan<T1, true, true>(total, tokens, nb, dev.sms, dev.l2_bytes, sw);
-    if (sw.group == 1) {  // the two apart, as ciq_cuda_gemm_wgmma_outputs would plan them
-        const double apart = pick_plan<T0, true, true>(rows[0], tokens, nb, dev.sms, dev.l2_bytes, sw).model_s +
-                             pick_plan<T1, true, true>(rows[1], tokens, nb, dev.sms, dev.l2_bytes, sw).model_s;
+    wgmma_plan plan = pick_plan<WIDE, true, true>(total, tokens, nb, dev.sms, dev.l2_bytes, sw);
+    if (sw.group == 1) {  // the weights apart, as ciq_cuda_gemm_wgmma_outputs would plan them
+        double apart = 0;
+        for (int i = 0; i < n; ++i)
+            apart += types[i] == T0 ? pick_plan<T0, true, true>(rows[i], tokens, nb, dev.sms, dev.l2_bytes, sw).model_s
+                                    : pick_plan<T1, true, true>(rows[i], tokens, nb, dev.sms, dev.l2_bytes, sw).model_s;
         if (plan.model_s >= apart)
             return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma_group: the time model gains nothing (%.1f us "
                             "grouped, %.1f apart)", plan.model_s * 1e6, apart * 1e6);
@@ -473,14 +456,135 @@ ciq_status ciq_cuda_gemm_wgmma_group(int device, const ciq_wgmma_switches &switc
     plan.pdl = sw.pdl;
     encode_tiled_fn encode;
     if (tensor_map_encoder(&encode) != CIQ_OK) return CIQ_ERR_BACKEND;
-    CUtensorMap xmap, wmap0, wmap1;
+    CUtensorMap xmap, wmap[CIQ_GEMM_GROUP_MAX];
     CIQ_TRY(wgmma_x_map(encode, x_f16, k, tokens, k_wgmma_configs[plan.config].bn, &xmap));
-    CIQ_TRY(wgmma_w_map(encode, weights[0], row_bytes0, rows[0], wgmma_rs_wbox(T0), &wmap0));
-    CIQ_TRY(wgmma_w_map(encode, weights[1], row_bytes1, rows[1], wgmma_rs_wbox(T1), &wmap1));
+    wgmma_group group;
+    int64_t start = 0;
+    for (int i = 0; i < n; ++i) {
+        const bool t1 = types[i] != T0;
+        CIQ_TRY(wgmma_w_map(encode, weights[i], nb * (int64_t)(t1 ? wgmma_unit_bytes(T1) : wgmma_unit_bytes(T0)), rows[i],
+                            wgmma_rs_wbox(t1 ? T1 : T0), &wmap[i]));
+        if (i == 1) group.wmap1 = &wmap[1], group.tiles.start1 = (int)(start / CIQ_WGMMA_ROWS);
+        if (i == 2) group.wmap2 = &wmap[2], group.tiles.start2 = (int)(start / CIQ_WGMMA_ROWS);
+        if (t1 && group.tiles.t1_from == INT_MAX) group.tiles.t1_from = i;
+        start += rows[i];
+    }
     const float *scales = (const float *)((const uint8_t *)x_f16 + ciq_f16_scale_offset(tokens, k));
-    const wgmma_group group{&wmap1, (int)(rows[0] / CIQ_WGMMA_ROWS)};
-    return dispatch_wgmma<T0, true, true, T1>(xmap, wmap0, weights[0], total, nb, scales, tokens, plan, outs, out_type,
+    return dispatch_wgmma<T0, true, true, T1>(xmap, wmap[0], weights[0], total, nb, scales, tokens, plan, outs, out_type,
                                               group);
+}
+
+// Whether TMA stages a weight of this type and K for the RS form (16-byte-aligned base and row pitch).
+static bool wgmma_rs_stageable(ciq_type type, const void *weight, int64_t k) {
+    if (type != CIQ_TYPE_Q4_K && type != CIQ_TYPE_Q5_K && type != CIQ_TYPE_Q6_K) return false;
+    const int64_t nb = k / QK_K;
+    const int64_t row_bytes = nb * (type == CIQ_TYPE_Q4_K ? Q4_K_BLOCK_BYTES : type == CIQ_TYPE_Q5_K ? Q5_K_BLOCK_BYTES
+                                                                                                   : Q6_K_BLOCK_BYTES);
+    return aligned16(weight) && row_bytes % 16 == 0;
+}
+
+ciq_status ciq_cuda_gemm_wgmma_group(int device, const ciq_wgmma_switches &switches, int n, const ciq_type *types,
+                                     const void *const *weights, const int64_t *rows, int64_t k, const void *x_f16,
+                                     int64_t tokens, const ciq_gemm_output *outputs, int n_outputs,
+                                     ciq_out_type out_type) {
+    static const char fn[] = "ciq_cuda_gemm_wgmma_group";
+    if (n < 2 || n > CIQ_GEMM_GROUP_MAX) return ciq_fail(CIQ_ERR_UNSUPPORTED, "%s: %d weights (2..%d)", fn, n, CIQ_GEMM_GROUP_MAX);
+    if (k <= 0 || k % QK_K != 0)
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: K must be a multiple of %d, got %lld", fn, QK_K, (long long)k);
+    // the kernels built: one K-quant type (Q4_K, Q5_K, Q6_K), or Q4_K weights then Q6_K ones (8B's q, k and v)
+    const ciq_type t0 = types[0], tl = types[n - 1];
+    bool one_type = true, q4_then_q6 = t0 == CIQ_TYPE_Q4_K && tl == CIQ_TYPE_Q6_K;
+    int64_t total = 0;
+    for (int i = 0; i < n; ++i) {
+        one_type = one_type && types[i] == t0;
+        if (i > 0 && !(types[i] == types[i - 1] || (types[i - 1] == CIQ_TYPE_Q4_K && types[i] == CIQ_TYPE_Q6_K)))
+            q4_then_q6 = false;
+        if (!wgmma_rs_stageable(types[i], weights[i], k))
+            return ciq_fail(CIQ_ERR_UNSUPPORTED, "%s: weight %d (type %d) TMA cannot stage (Q4_K, Q5_K; Q6_K with K a "
+                            "multiple of 2048; 16-byte aligned)", fn, i, (int)types[i]);
+        if (i + 1 < n && rows[i] % CIQ_WGMMA_ROWS != 0)
+            return ciq_fail(CIQ_ERR_UNSUPPORTED, "%s: weight %d has %lld rows, not a multiple of %d", fn, i,
+                            (long long)rows[i], CIQ_WGMMA_ROWS);
+        total += rows[i];
+    }
+    if (!one_type && !q4_then_q6)
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "%s: weights of types %d .. %d (grouped: one K-quant type, or Q4_K then "
+                        "Q6_K)", fn, (int)t0, (int)tl);
+    CIQ_TRY(wgmma_check_size(fn, total, k, tokens));
+    if (!aligned16(x_f16)) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: activations must be 16-byte aligned", fn);
+    const ciq_wgmma_switches sw = wgmma_plan_switches(switches);
+    if (!sw.rs || sw.group == 0)
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "%s: off (GGML_CIQ_WGMMA_GROUP=0 or GGML_CIQ_WGMMA_RS=0)", fn);
+    wgmma_outputs outs;
+    CIQ_TRY(wgmma_make_outputs(outputs, n_outputs, total, out_type, outs));
+    const int nb = (int)(k / QK_K);
+    if (!one_type)
+        return run_wgmma_group<CIQ_TYPE_Q4_K, CIQ_TYPE_Q6_K>(device, sw, n, types, weights, rows, total, nb, x_f16, k,
+                                                            tokens, outs, out_type);
+    switch (t0) {
+        case CIQ_TYPE_Q4_K:
+            return run_wgmma_group<CIQ_TYPE_Q4_K, CIQ_TYPE_Q4_K>(device, sw, n, types, weights, rows, total, nb, x_f16,
+                                                                k, tokens, outs, out_type);
+        case CIQ_TYPE_Q5_K:
+            return run_wgmma_group<CIQ_TYPE_Q5_K, CIQ_TYPE_Q5_K>(device, sw, n, types, weights, rows, total, nb, x_f16,
+                                                                k, tokens, outs, out_type);
+        default:
+            return run_wgmma_group<CIQ_TYPE_Q6_K, CIQ_TYPE_Q6_K>(device, sw, n, types, weights, rows, total, nb, x_f16,
+                                                                k, tokens, outs, out_type);
+    }
+}
+
+template <ciq_type T>
+static ciq_status run_wgmma_glu_pair(int device, const ciq_wgmma_switches &sw, const void *gate, const void *up,
+                                     int64_t rows, int64_t k, const void *x_f16, int64_t tokens,
+                                     const wgmma_outputs &outs) {
+    const int nb = (int)(k / QK_K);
+    wgmma_device dev;
+    CIQ_TRY(wgmma_device_state(device, dev));
+    wgmma_plan plan = pick_plan<T, true, true>(2 * rows, tokens, nb, dev.sms, dev.l2_bytes, sw);  // the interleaved weight's
+    plan.partial = dev.ws.partial, plan.flags = dev.ws.flags;
+    plan.pdl = sw.pdl;
+    encode_tiled_fn encode;
+    if (tensor_map_encoder(&encode) != CIQ_OK) return CIQ_ERR_BACKEND;
+    CUtensorMap xmap, gmap, umap;
+    CIQ_TRY(wgmma_x_map(encode, x_f16, k, tokens, k_wgmma_configs[plan.config].bn, &xmap));
+    const int64_t row_bytes = (int64_t)nb * wgmma_unit_bytes(T);
+    CIQ_TRY(wgmma_w_map(encode, gate, row_bytes, rows, wgmma_rs_wbox(T), &gmap, CIQ_GLU_INTERLEAVE));
+    CIQ_TRY(wgmma_w_map(encode, up, row_bytes, rows, wgmma_rs_wbox(T), &umap, CIQ_GLU_INTERLEAVE));
+    wgmma_group group;
+    group.wmap1 = &umap;
+    group.tiles.glu_pair = 1;
+    const float *scales = (const float *)((const uint8_t *)x_f16 + ciq_f16_scale_offset(tokens, k));
+    return dispatch_wgmma<T, true, true>(xmap, gmap, gate, 2 * rows, nb, scales, tokens, plan, outs, CIQ_OUT_F32, group);
+}
+
+ciq_status ciq_cuda_gemm_wgmma_glu_pair(int device, const ciq_wgmma_switches &switches, ciq_type type,
+                                        const void *gate, const void *up, int64_t rows, int64_t k, const void *x_f16,
+                                        int64_t tokens, bool gelu, float *out) {
+    static const char fn[] = "ciq_cuda_gemm_wgmma_glu_pair";
+    if (k <= 0 || k % QK_K != 0)
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: K must be a multiple of %d, got %lld", fn, QK_K, (long long)k);
+    if (rows % CIQ_GLU_INTERLEAVE != 0)
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "%s: %lld rows, not a multiple of %d", fn, (long long)rows,
+                        CIQ_GLU_INTERLEAVE);
+    if (!wgmma_rs_stageable(type, gate, k) || !wgmma_rs_stageable(type, up, k))
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "%s: weights of type %d TMA cannot stage (Q4_K, Q5_K; Q6_K with K a "
+                        "multiple of 2048; 16-byte aligned)", fn, (int)type);
+    CIQ_TRY(wgmma_check_size(fn, 2 * rows, k, tokens));
+    if (!aligned16(x_f16)) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: activations must be 16-byte aligned", fn);
+    const ciq_wgmma_switches sw = wgmma_plan_switches(switches);
+    if (!sw.rs) return ciq_fail(CIQ_ERR_UNSUPPORTED, "%s: off (GGML_CIQ_WGMMA_RS=0)", fn);
+    wgmma_outputs outs{};
+    outs.n = 1;
+    outs.glu = gelu ? 2 : 1;
+    outs.vec = aligned16(out);
+    outs.row_end[0] = 2 * rows;
+    outs.out[0] = out;
+    switch (type) {
+        case CIQ_TYPE_Q4_K: return run_wgmma_glu_pair<CIQ_TYPE_Q4_K>(device, sw, gate, up, rows, k, x_f16, tokens, outs);
+        case CIQ_TYPE_Q5_K: return run_wgmma_glu_pair<CIQ_TYPE_Q5_K>(device, sw, gate, up, rows, k, x_f16, tokens, outs);
+        default: return run_wgmma_glu_pair<CIQ_TYPE_Q6_K>(device, sw, gate, up, rows, k, x_f16, tokens, outs);
+    }
 }
 
 #else  // HIP: no wgmma
@@ -497,9 +601,13 @@ ciq_status ciq_cuda_gemm_wgmma_glu(int, const ciq_wgmma_switches &, ciq_type, co
                                    const void *, int64_t, bool, float *) {
     return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma: the wgmma kernel is CUDA-only");
 }
-ciq_status ciq_cuda_gemm_wgmma_group(int, const ciq_wgmma_switches &, const ciq_type[2], const void *const[2],
-                                     const int64_t[2], int64_t, const void *, int64_t, const ciq_gemm_output *, int,
+ciq_status ciq_cuda_gemm_wgmma_group(int, const ciq_wgmma_switches &, int, const ciq_type *, const void *const *,
+                                     const int64_t *, int64_t, const void *, int64_t, const ciq_gemm_output *, int,
                                      ciq_out_type) {
+    return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma: the wgmma kernel is CUDA-only");
+}
+ciq_status ciq_cuda_gemm_wgmma_glu_pair(int, const ciq_wgmma_switches &, ciq_type, const void *, const void *, int64_t,
+                                        int64_t, const void *, int64_t, bool, float *) {
     return ciq_fail(CIQ_ERR_UNSUPPORTED, "ciq_cuda_gemm_wgmma: the wgmma kernel is CUDA-only");
 }
 #endif

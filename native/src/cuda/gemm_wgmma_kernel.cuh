@@ -147,6 +147,12 @@ struct wgmma_outputs {
     const float *add[CIQ_GEMM_OUTPUTS_MAX];
 };
 
+// The weights of one RS launch (the kernel's parameter comment: CIQ_WGMMA_KERNEL_PARAMS): the first row tile of
+// weights 1 and 2 (INT_MAX: no such weight), the first weight of type T1, and whether wmap/wmap1 are a GLU pair.
+struct wgmma_group_tiles {
+    int start1, start2, t1_from, glu_pair;
+};
+
 // Stream-K's hand-over of a tile between CTAs (wgmma_stream_k): a CTA that ends inside a tile (its owner) adds the
 // partial sums of the `peers` CTAs after it, which covered the rest of the tile's K at the start of their ranges and
 // stored them in their slots of `partial` (BN x 128 floats, [token][row]) before raising their flags. The owner adds
@@ -694,8 +700,10 @@ static __device__ __forceinline__ void wgmma_consume(uint8_t *smem, uint64_t *fu
 // set is rebuilt only after wait_group(1) retired the group that read it. SLOT: the bytes between staged-weight slots
 // (a grouped kernel's two types share the larger type's slots).
 template <ciq_type T, int BN, int STAGES, int SLOT = CIQ_WGMMA_ROWS * wgmma_rs_wbox(T)>
-static __device__ __forceinline__ void wgmma_produce_rs(const CUtensorMap &xmap, const CUtensorMap &wmap, uint8_t *smem,
-                                                        uint8_t *wraw, uint64_t *full, uint64_t *empty, uint64_t *wfull,
+static __device__ __forceinline__ void wgmma_produce_rs(const CUtensorMap &xmap, const CUtensorMap &wmap,
+                                                        const CUtensorMap &wmap_hi, bool pair, uint8_t *smem,
+                                                        uint8_t *wraw,
+                                                        uint64_t *full, uint64_t *empty, uint64_t *wfull,
                                                         uint64_t *wempty, int kb0, int nsb, int64_t wrow0, int tok0,
                                                         int it0, int sb0) {
     constexpr int WB = wgmma_rs_wbox(T), block_bytes = wgmma_unit_bytes(T);  // wrow0: the tile's first row in wmap
@@ -705,7 +713,10 @@ static __device__ __forceinline__ void wgmma_produce_rs(const CUtensorMap &xmap,
             const int n = sb0 + sb, ws = n % RS_WSLOTS;
             if (n >= RS_WSLOTS) mbar_wait(&wempty[ws], ((n / RS_WSLOTS) + 1) & 1);
             mbar_arrive_expect_tx(&wfull[ws], CIQ_WGMMA_ROWS * WB);
-            tma_load_2d(wraw + ws * SLOT, &wmap, (kb0 + sb) * block_bytes & ~15, (int)wrow0, &wfull[ws]);
+            const int kx = (kb0 + sb) * block_bytes & ~15;
+            tma_load_2d(wraw + ws * SLOT, &wmap, kx, (int)wrow0, &wfull[ws]);
+            if (pair)  // a GLU pair: 64 rows of gate (wmap), then up's same 64 (wmap_hi; 64-row boxes)
+                tma_load_2d(wraw + ws * SLOT + CIQ_GLU_INTERLEAVE * WB, &wmap_hi, kx, (int)wrow0, &wfull[ws]);
         }
     } else if (threadIdx.x == wgmma_producer_cta_thread<1, true>(0)) {  // activations (its warp 0, CTA thread 0)
         wait_for_previous_grid();
@@ -889,16 +900,19 @@ static __device__ __forceinline__ void wgmma_epilogue(uint8_t *smem, const float
     const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap, const uint8_t *__restrict__ w, \
         int64_t rows, int nb, const float *__restrict__ tscale, int tokens, int kb_per_split, int tile0, int row_tiles, \
         const __grid_constant__ wgmma_outputs outs, ciq_out_type out_type, wgmma_stream_k sk,                        \
-        const __grid_constant__ CUtensorMap wmap1, int row_tiles0
-// T1 != T: a grouped kernel (RS only): row tiles 0 .. row_tiles0-1 are weight 0's (type T, wmap), the rest weight 1's
-// (type T1, wmap1, its rows from row_tiles0 * 128 of the product); one kernel otherwise gets wmap and row_tiles there.
+        const __grid_constant__ CUtensorMap wmap1, const __grid_constant__ CUtensorMap wmap2, wgmma_group_tiles gt
+// The RS form reads gt (the SS form one weight: wmap): weights 0, 1, 2 (wmap, wmap1, wmap2) own the product's row tiles
+// from 0, gt.start1, gt.start2 (INT_MAX: none); weights from gt.t1_from on are of type T1 (T1 != T: the grouped
+// kernel), the others T; gt.glu_pair: wmap gate's and wmap1 up's rows, 64-row boxes, a tile's staged rows 0..63 gate's
+// 64t.. and 64..127 up's (ciq_gemm_quantized_glu's interleaved weight, read from two matrices).
 template <ciq_type T, int BN, int STAGES, int PW, bool TMA_W, bool RS, ciq_type T1 = T>
 static __device__ __forceinline__ void gemm_wgmma_body(const CUtensorMap &xmap, const CUtensorMap &wmap,
                                                        const uint8_t *__restrict__ w, int64_t rows, int nb,
                                                        const float *__restrict__ tscale, int tokens, int kb_per_split,
                                                        int tile0, int row_tiles, const wgmma_outputs &outs,
                                                        ciq_out_type out_type, const wgmma_stream_k &sk,
-                                                       const CUtensorMap &wmap1, int row_tiles0) {
+                                                       const CUtensorMap &wmap1, const CUtensorMap &wmap2,
+                                                       const wgmma_group_tiles &gt) {
 #ifdef CIQ_WGMMA_DEVICE
     static_assert(!RS || (TMA_W && PW == 1), "the RS form: staged weights (PW unused: one producer warp)");
     constexpr bool GROUPED = T1 != T;
@@ -978,21 +992,45 @@ static __device__ __forceinline__ void gemm_wgmma_body(const CUtensorMap &xmap, 
         auto tile_of = [&](int tile, int64_t &row0, int &tok0) {
             row0 = (int64_t)(tile % row_tiles) * CIQ_WGMMA_ROWS, tok0 = tile / row_tiles * BN;
         };
-        // grouped: whether the tile is weight 1's (CTA-uniform), and its first row there
-        const int64_t rows0 = (int64_t)row_tiles0 * CIQ_WGMMA_ROWS;
-        auto second = [&](int64_t row0) { return GROUPED && row0 >= rows0; };
+        // The tile's weight (CTA-uniform): 0, 1 or 2 (wmap, wmap1, wmap2), whether it is of type T1, and the tile's
+        // first row in its map. Each map is named in its own branch below: a tensor map picked through a runtime
+        // pointer is copied out of the parameter space (register spills in every RS kernel).
+        auto weight_of = [&](int64_t row0, int &wi, bool &t1, int64_t &wrow) {
+            const int rt = (int)(row0 / CIQ_WGMMA_ROWS);
+            wi = (rt >= gt.start1) + (rt >= gt.start2);
+            t1 = GROUPED && wi >= gt.t1_from;
+            wrow = gt.glu_pair ? row0 / 2 : row0 - (int64_t)(wi == 0 ? 0 : wi == 1 ? gt.start1 : gt.start2) * CIQ_WGMMA_ROWS;
+        };
+        auto type1 = [&](int64_t row0) {  // the consumers: only the tile's type
+            const int rt = (int)(row0 / CIQ_WGMMA_ROWS);
+            return GROUPED && (rt >= gt.start1) + (rt >= gt.start2) >= gt.t1_from;
+        };
         if (role_of_warpgroup<PW, true>(threadIdx.x) == WGMMA_PRODUCER) {
             asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
             each_segment([&](int tile, int kb0, int kb1, int it0, int sb0, const wgmma_handover &hand) {
                 int64_t row0;
                 int tok0;
                 tile_of(tile, row0, tok0);
-                if (second(row0))
-                    wgmma_produce_rs<T1, BN, STAGES, SLOT>(xmap, wmap1, smem, wraw, full, empty, wfull, wempty, kb0,
-                                                           kb1 - kb0, row0 - rows0, tok0, it0, sb0);
+                int wi;
+                bool t1;
+                int64_t wrow;
+                weight_of(row0, wi, t1, wrow);
+                const int nsb = kb1 - kb0;
+                if (wi == 0)
+                    wgmma_produce_rs<T, BN, STAGES, SLOT>(xmap, wmap, wmap1, gt.glu_pair, smem, wraw, full, empty,
+                                                          wfull, wempty, kb0, nsb, wrow, tok0, it0, sb0);
+                else if (t1 && wi == 1)
+                    wgmma_produce_rs<T1, BN, STAGES, SLOT>(xmap, wmap1, wmap1, false, smem, wraw, full, empty, wfull,
+                                                           wempty, kb0, nsb, wrow, tok0, it0, sb0);
+                else if (t1)
+                    wgmma_produce_rs<T1, BN, STAGES, SLOT>(xmap, wmap2, wmap1, false, smem, wraw, full, empty, wfull,
+                                                           wempty, kb0, nsb, wrow, tok0, it0, sb0);
+                else if (wi == 1)
+                    wgmma_produce_rs<T, BN, STAGES, SLOT>(xmap, wmap1, wmap1, false, smem, wraw, full, empty, wfull,
+                                                          wempty, kb0, nsb, wrow, tok0, it0, sb0);
                 else
-                    wgmma_produce_rs<T, BN, STAGES, SLOT>(xmap, wmap, smem, wraw, full, empty, wfull, wempty, kb0,
-                                                          kb1 - kb0, row0, tok0, it0, sb0);
+                    wgmma_produce_rs<T, BN, STAGES, SLOT>(xmap, wmap2, wmap1, false, smem, wraw, full, empty, wfull,
+                                                          wempty, kb0, nsb, wrow, tok0, it0, sb0);
                 wgmma_epilogue<BN>(smem, tscale, tokens, outs, out_type, row0, tok0, hand);
             });
         } else {
@@ -1002,7 +1040,7 @@ static __device__ __forceinline__ void gemm_wgmma_body(const CUtensorMap &xmap, 
                 int tok0;
                 tile_of(tile, row0, tok0);
                 float acc[BN / 2];
-                if (second(row0))
+                if (type1(row0))
                     wgmma_consume_rs<T1, BN, STAGES, SLOT>(smem, wraw, full, empty, wfull, wempty, kb0, kb1 - kb0, it0,
                                                            sb0, acc);
                 else
@@ -1022,13 +1060,13 @@ static __device__ __forceinline__ void gemm_wgmma_body(const CUtensorMap &xmap, 
 template <ciq_type T, int BN, int STAGES, int PW, bool TMA_W>
 __global__ void __launch_bounds__(wgmma_threads(PW, false), 1) gemm_wgmma_kernel(CIQ_WGMMA_KERNEL_PARAMS) {
     gemm_wgmma_body<T, BN, STAGES, PW, TMA_W, false>(xmap, wmap, w, rows, nb, tscale, tokens, kb_per_split, tile0,
-                                                     row_tiles, outs, out_type, sk, wmap1, row_tiles0);
+                                                     row_tiles, outs, out_type, sk, wmap1, wmap2, gt);
 }
 // T1 != T: the grouped kernel (two weights' tiles in one grid: gemm_wgmma_body)
 template <ciq_type T, int BN, int STAGES, ciq_type T1>
 __global__ void __launch_bounds__(wgmma_threads(1, true), 1) gemm_wgmma_rs_kernel(CIQ_WGMMA_KERNEL_PARAMS) {
     gemm_wgmma_body<T, BN, STAGES, 1, true, true, T1>(xmap, wmap, w, rows, nb, tscale, tokens, kb_per_split, tile0,
-                                                      row_tiles, outs, out_type, sk, wmap1, row_tiles0);
+                                                      row_tiles, outs, out_type, sk, wmap1, wmap2, gt);
 }
 
 // The kernel of tile config C: RS asks for the RS form, which every staged-weight (TMA_W) kernel has; T1 != T the
