@@ -31,6 +31,7 @@ VALID_FOR = {"ciq_activations_size": {"layout": 0},
 HANDLES = {("ciq_memory_free", "ptr"): "malloc", ("ciq_timer_mark", "timer"): "timer", ("ciq_timer_stop", "timer"): "timer",
            ("ciq_gemm_quantized", "plan"): "plan", ("ciq_gemm_quantized_outputs", "plan"): "plan",
            ("ciq_gemm_quantized_outputs", "outputs"): "outputs", ("ciq_gemm_quantized_glu", "plan"): "plan",
+           ("ciq_gemm_quantized_glu_pair", "plan"): "plan",
            ("ciq_gemm_quantized_group", "weights"): "weights", ("ciq_switch_on", "name"): "switch"}
 # Pointer parameters that may legitimately be NULL.
 MAY_BE_NULL = {("ciq_rms_norm", "weight"), ("ciq_rms_norm", "add"), ("ciq_rms_norm_activations", "weight"),

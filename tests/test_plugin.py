@@ -215,7 +215,7 @@ def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all
                            r"(\d+) captured, (\d+) replayed, (\d+) stale, (\d+) captures failed; host us a graph",
                            capfd.readouterr().err)
     runs, mul_mats, norm_acts, glu_acts, norm_adds, with_add, fused, _, ropes, norm_ropes, biases, scales, writes, \
-        attentions = first
+        attentions, glu_pairs, grouped = first
     print(f"steps: {runs} CUDA0 runs, {mul_mats} MUL_MATs ({with_add} with their ADD), {norm_acts} norms, {glu_acts} "
           f"GEGLUs ({fused} fused), {norm_adds} post-norms, {norm_ropes} q/k norm + RoPEs, {ropes} RoPEs, {scales} "
           f"scales, {writes} cache writes, {attentions} attentions; {replays} stretches replayed in the next two "
@@ -231,15 +231,17 @@ def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all
         assert captured == 0 and replayed == 0, stats
     layers = 18  # tools/plugin_plan.py on llama.cpp CPU's graph (last position's logits): 3 runs, 21 without ours
     if fuse == "1":
-        assert (mul_mats, norm_acts, glu_acts, norm_adds, with_add, norm_ropes, ropes, biases) == (
-            7 * layers + 1, 2 * layers, layers, 2 * layers - 1, 0, 2 * layers, 0, 0)
+        # GGML_CIQ_PLUGIN_GROUP: gate and up (Q5_0, K 640: no GLU from wgmma's epilogue) one MUL_MAT step with a
+        # group of one (the library runs them apart); q, k and v stay apart (a norm + RoPE between them)
+        assert (mul_mats, grouped, glu_pairs, norm_acts, glu_acts, norm_adds, with_add, norm_ropes, ropes, biases) == (
+            6 * layers + 1, layers, 0, 2 * layers, layers, 2 * layers - 1, 0, 2 * layers, 0, 0)
         taken = attention == "1"
         assert (scales, writes, attentions) == (layers * taken, 2 * layers * taken, layers * (taken and flash_attn))
         assert fused == norm_acts + glu_acts
         assert 2 <= runs <= 3 if taken and flash_attn else layers + 2 <= runs <= layers + 4, runs
     else:
         assert (mul_mats, norm_acts, glu_acts, norm_adds, with_add, fused, norm_ropes, ropes, scales, writes,
-                attentions) == (7 * layers + 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+                attentions, glu_pairs, grouped) == (7 * layers + 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
         assert runs >= 5 * layers
     keep_quant = {t: sum(n for (variant, wt), n in counts.items() if wt == t and variant != "cpu")
                   for t in ("Q4_K", "Q6_K")}
@@ -288,6 +290,43 @@ def test_qwen2_biases_on_the_gpu_device(plugin_path, plugin_device, offload_all,
     assert np.array_equal(again, logits)
     agreement = logits_agreement(logits, reference)
     assert np.isfinite(logits).all() and agreement["top1"] >= 0.9 and agreement["kld_mean"] <= 0.05, agreement
+
+
+@pytest.mark.gpu
+def test_llama_groups_on_the_gpu_device(plugin_path, plugin_device, offload_all, llama, tmp_path, monkeypatch):
+    """Over a CUDA llama.cpp: a two-layer random llama model (q, k Q4_K, v Q6_K; gate/up Q4_K 1536 x 512) through CIQ0,
+    every weight MUL_MAT ours, 77 tokens. GGML_CIQ_PLUGIN_GROUP (on): each layer's gate/up and SwiGLU one GLU_PAIR step
+    whose GLU comes from wgmma's epilogue (counted as a GLU launch), and k and v one grouped MUL_MAT step; with =0 none
+    of either. The two plans' logits agree to NMSE <= 1e-10 (one plan over gate and up: float32 sums in another order),
+    each is bit for bit the same over two prefills, and both are close to CUDA0's (a sanity bar)."""
+    from ggml_ciq.compare import logits_agreement
+    from ggml_ciq.llama_model import LlamaModel
+
+    if plugin_device != "CIQ0":
+        pytest.skip(f"the plugin offers {plugin_device} here, not the GPU device CIQ0")
+    path = catalog.write_small_model(tmp_path / "llama.gguf", "llama", seed=5)
+    tokens = list(range(100, 100 + 77))
+    with LlamaModel(path, device="cuda") as model, model.context_for(len(tokens), flash_attn=True) as ctx:
+        reference = ctx.prefill(tokens)
+    logits, counts = {}, {}
+    with plugin.Plugin(plugin_path):
+        steps = _plugin_steps(llama)
+        for group in ("1", "0"):
+            monkeypatch.setenv("GGML_CIQ_PLUGIN_GROUP", group)
+            steps()
+            with LlamaModel(path, device="cuda", devices=["CIQ0"]) as model, \
+                    model.context_for(len(tokens), flash_attn=True) as ctx:
+                native.dispatch_reset()
+                logits[group] = ctx.prefill(tokens)
+                first = steps()
+                glu_launches = native.wgmma_launch_counts()["glu"]
+                assert np.array_equal(ctx.prefill(tokens), logits[group]), group
+            counts[group] = (first[14], first[15], glu_launches)
+    assert counts == {"1": (2, 2, 2), "0": (0, 0, 0)}, counts
+    assert quants.nmse(logits["1"], logits["0"]) <= 1e-10
+    for group in ("1", "0"):
+        agreement = logits_agreement(logits[group], reference)
+        assert np.isfinite(logits[group]).all() and agreement["top1"] >= 0.9 and agreement["kld_mean"] <= 0.05, group
 
 
 @pytest.mark.gpu
@@ -556,7 +595,7 @@ def _plan_graphs(llama, plugin_path, plugin_device):
 
 
 # the plan's step kinds (step_kind)
-RUN, MUL_MAT, NORM_ACT, GLU_ACT, NORM_ADD, ROPE, NORM_ROPE, BIAS, SCALE, SET_ROWS, ATTN = range(11)
+RUN, MUL_MAT, NORM_ACT, GLU_ACT, NORM_ADD, ROPE, NORM_ROPE, BIAS, SCALE, SET_ROWS, ATTN, GLU_PAIR = range(12)
 
 
 def test_gpu_plan_runs_and_shared_activations(plugin_path, plugin_device, offload_all, llama, monkeypatch):
@@ -601,8 +640,12 @@ def test_gpu_plan_fuses_a_layer(plugin_path, plugin_device, offload_all, llama, 
     scale) so the attention's nodes are one CUDAi run, o's and down's residual ADDs written with their products, the
     FFN norm and SwiGLU steps of ours feeding their MUL_MATs, the post-norm's RMS_NORM + MUL + ADD one step; fused
     (no float32 product, conversion in the op's kernel) exactly where the MUL_MATs reading it take the f16 layout
-    (the library's plan for this device says which). A graph without a uid gets API v19's plan."""
+    (the library's plan for this device says which). With GGML_CIQ_PLUGIN_GROUP (on) q, v and k are one grouped
+    MUL_MAT step (row[4] >> 2: the two launched with q) and gate, up and their SwiGLU one GLU_PAIR step (the GLU from
+    the GEMM's epilogue: its float32 product written, so down converts it); =0 leaves each apart. A graph without a
+    uid gets API v19's plan."""
     monkeypatch.setenv("GGML_CIQ_PLUGIN_ATTENTION", "0")
+    monkeypatch.setenv("GGML_CIQ_PLUGIN_GROUP", "0")
     with _plan_graphs(llama, plugin_path, plugin_device) as (lib, ctx, plan):
         k, tokens = 256, 64
         weight = lambda: lib.ggml_new_tensor_2d(ctx, Q4_K, k, k)  # noqa: E731
@@ -626,8 +669,9 @@ def test_gpu_plan_fuses_a_layer(plugin_path, plugin_device, offload_all, llama, 
         for node in (attn, q, q_roped, v, k_, k_roped, heads, ffn_inp, ffn, gate, up, glu, out, post):
             lib.ggml_build_forward_expand(graph, node)
         assert lib.ggml_graph_n_nodes(graph) == 21
-        f16 = native.plan("auto", 0 if plugin_device != "CIQ_CPU" else "cpu",
-                          "any" if plugin_device != "CIQ_CPU" else "cpu", Q4_K, k, k, tokens).layout == "f16"
+        answer = native.plan("auto", 0 if plugin_device != "CIQ_CPU" else "cpu",
+                             "any" if plugin_device != "CIQ_CPU" else "cpu", Q4_K, k, k, tokens)
+        f16, wgmma = answer.layout == "f16", answer.variant == "wgmma"
         fused = 2 if f16 else 0
         got, uids, runs = plan(graph, 7)
         assert got == [(NORM_ACT, 0, 1, -1, fused, 0), (MUL_MAT, 2, -1, -1, 0 if f16 else 1, 0),
@@ -638,6 +682,15 @@ def test_gpu_plan_fuses_a_layer(plugin_path, plugin_device, offload_all, llama, 
                        (NORM_ADD, 18, 19, 20, 0, 0)], got
         assert runs == [3, 6, 7, 8]
         assert uids == [(1 << 63) | (7 << 20) | i for i in range(len(got))]
+        monkeypatch.delenv("GGML_CIQ_PLUGIN_GROUP")  # the default: grouped
+        got, uids, runs = plan(graph, 7)
+        fresh = 0 if f16 else 1  # gate's: the norm converted ffn (fused) or wrote it
+        ffn = [(GLU_PAIR, 13, 14, 15, fresh, 0), (MUL_MAT, 16, -1, 17, 1, 0)] if wgmma else \
+            [(MUL_MAT, 13, -1, -1, fresh | 1 << 2, 0), (GLU_ACT, 15, -1, -1, fused, 0), (MUL_MAT, 16, -1, 17, fresh, 0)]
+        assert got == [(NORM_ACT, 0, 1, -1, fused, 0), (MUL_MAT, 2, -1, -1, (0 if f16 else 1) | 2 << 2, 0),
+                       (RUN, 3, -1, -1, 0, 4), (MUL_MAT, 9, -1, 10, 1, 0), (NORM_ACT, 11, 12, -1, fused, 0)] + \
+            ffn + [(NORM_ADD, 18, 19, 20, 0, 0)], got
+        assert runs == [3, 6, 7, 8]
         # a graph without a uid (an eval callback's views, which end at the node it reads the sources of): API
         # v19's plan, nothing left unwritten
         got, uids, _ = plan(graph, 0)
@@ -655,6 +708,7 @@ def test_gpu_plan_takes_ropes(plugin_path, plugin_device, offload_all, llama, mo
     the SET_ROWS and SCALE here are CUDAi's; test_gpu_plan_takes_attention has them)."""
     monkeypatch.setenv("GGML_CIQ_PLUGIN_FUSE_RULE", "0")
     monkeypatch.setenv("GGML_CIQ_PLUGIN_ATTENTION", "0")
+    monkeypatch.setenv("GGML_CIQ_PLUGIN_GROUP", "0")  # each MUL_MAT its own step (test_gpu_plan_fuses_a_layer groups)
     with _plan_graphs(llama, plugin_path, plugin_device) as (lib, ctx, plan):
         k, head_dim, heads, tokens = 256, 64, 4, 64
         I32, I64 = 26, 27  # ggml's type ids
@@ -681,8 +735,9 @@ def test_gpu_plan_takes_ropes(plugin_path, plugin_device, offload_all, llama, mo
         for node in (q_r, k_r, v_r, store, b_r, s_r):
             lib.ggml_build_forward_expand(graph, node)
         assert lib.ggml_graph_n_nodes(graph) == 26
-        f16 = native.plan("auto", 0 if plugin_device != "CIQ_CPU" else "cpu",
-                          "any" if plugin_device != "CIQ_CPU" else "cpu", Q4_K, k, k, tokens).layout == "f16"
+        answer = native.plan("auto", 0 if plugin_device != "CIQ_CPU" else "cpu",
+                             "any" if plugin_device != "CIQ_CPU" else "cpu", Q4_K, k, k, tokens)
+        f16, wgmma = answer.layout == "f16", answer.variant == "wgmma"
         got, _, runs = plan(graph, 9)
         assert got == [(NORM_ACT, 0, 1, -1, 2 if f16 else 0, 0), (MUL_MAT, 2, -1, -1, 0 if f16 else 1, 0),
                        (ROPE, 4, -1, -1, 0, 0), (MUL_MAT, 5, -1, -1, 0, 0), (NORM_ROPE, 7, 8, 9, 0, 0),
@@ -705,6 +760,7 @@ def test_gpu_plan_takes_attention(plugin_path, plugin_device, offload_all, llama
     attention are one CUDAi run, k's RoPE with them (ggml-cuda fuses it with its write)."""
     monkeypatch.setenv("GGML_CIQ_PLUGIN_FUSE_RULE", "0")
     monkeypatch.setenv("GGML_CIQ_PLUGIN_ATTENTION", "1")
+    monkeypatch.setenv("GGML_CIQ_PLUGIN_GROUP", "0")  # each MUL_MAT its own step (test_gpu_plan_fuses_a_layer groups)
     with _plan_graphs(llama, plugin_path, plugin_device) as (lib, ctx, plan):
         k, d, heads, heads_kv, tokens, n_kv = 256, 64, 4, 2, 64, 128
         I32, I64 = 26, 27  # ggml's type ids
@@ -983,14 +1039,24 @@ def test_gpu_plan_over_llamacpps_allocated_graph(plugin_path, cpu_device, llama,
     assert count("API v19's plan", "RUN") == steps[0] and {row[0] for row in got["API v19's plan"]} == {"RUN", "MUL_MAT"}
     kinds = ("RUN", "NORM_ACT", "GLU_ACT", "NORM_ADD", "ROPE", "NORM_ROPE", "BIAS", "SCALE", "SET_ROWS", "ATTN")
     assert [count("fused plan with attention", kind) for kind in kinds] == steps[1:]
-    assert count("fused plan with attention", "MUL_MAT") == count("API v19's plan", "MUL_MAT")
+    # GGML_CIQ_PLUGIN_GROUP (on): no GLU_PAIR on the host's answers (wgmma's epilogue only; test_gpu_plan_fuses_a_layer
+    # has them with a GPU's); each MUL_MAT step's group (row[4] >> 2) the MUL_MATs launched with it (llama's k and v):
+    # the GEMMs are API v19's, in fewer launches
+    assert count("fused plan with attention", "GLU_PAIR") == 0
+    for label in ("fused plan", "fused plan with attention"):
+        gemms = count(label, "MUL_MAT") + 2 * count(label, "GLU_PAIR") + sum(row[4] >> 2 for row in got[label])
+        assert gemms == count("API v19's plan", "MUL_MAT"), label
     assert got["default"] == got[pick]
     first_op = {"MUL_MAT": ("MUL_MAT",), "NORM_ACT": ("RMS_NORM",), "NORM_ADD": ("RMS_NORM",),
-                "GLU_ACT": ("SWIGLU", "GEGLU"), "ROPE": ("ROPE",), "NORM_ROPE": ("RMS_NORM",), "BIAS": ("ADD",),
+                "GLU_ACT": ("SWIGLU", "GEGLU"), "GLU_PAIR": ("MUL_MAT",), "ROPE": ("ROPE",), "NORM_ROPE": ("RMS_NORM",),
+                "BIAS": ("ADD",),
                 "SCALE": ("SCALE",), "SET_ROWS": ("SET_ROWS",), "ATTN": ("FLASH_ATTN_EXT",)}
     for label in ("fused plan", "fused plan with attention"):
         assert all(ops[row[1]] in first_op[row[0]] for row in got[label] if row[0] != "RUN")
         # a norm + RoPE covers RMS_NORM, MUL, ROPE
         assert all((ops[row[2]], ops[row[3]]) == ("MUL", "ROPE") for row in got[label] if row[0] == "NORM_ROPE")
+        # a GLU pair: gate's MUL_MAT, up's, their GLU
+        assert all((ops[row[2]], ops[row[3]]) in (("MUL_MAT", "SWIGLU"), ("MUL_MAT", "GEGLU"))
+                   for row in got[label] if row[0] == "GLU_PAIR")
     assert count("fused plan", "RUN") == runs_without
     assert not {row[0] for row in got["fused plan"]} & {"SCALE", "SET_ROWS", "ATTN"}

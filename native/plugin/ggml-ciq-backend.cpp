@@ -989,7 +989,7 @@ struct planner {
 
     // After planning (GGML_CIQ_PLUGIN_GROUP, the fused plan): adjacent steps of ours that one launch can run.
     // - [MUL_MAT gate][MUL_MAT up][GLU_ACT] (either MUL_MAT first), both on the same activations and weights of one
-    //   type and shape, each product read by the GLU alone: one GLU_PAIR step, the GLU from wgmma's epilogue
+    //   type and shape that wgmma's epilogue takes, each product read by the GLU alone: one GLU_PAIR step, the GLU from wgmma's epilogue
     //   (ciq_gemm_quantized_glu_pair); the GLU's float32 product is then written, and its first MUL_MAT reader converts it.
     // - MUL_MATs without an ADD, each after the first on the activations it converted (k and v): one MUL_MAT step with
     //   a group (ciq_gemm_quantized_group: one launch where wgmma's kernels can; the library runs them apart otherwise).
@@ -998,8 +998,14 @@ struct planner {
         if (glu->src[0] == na && glu->src[1] == nb) *gate = a.node, *up = b.node;
         else if (glu->src[0] == nb && glu->src[1] == na) *gate = b.node, *up = a.node;
         else return false;
+        // only where wgmma's epilogue takes it (ciq_gemm_quantized_glu_pair: both staged by TMA, whole 64-row boxes);
+        // elsewhere the library would run the two GEMMs and a GLU, a launch more than GLU_ACT's fused conversion
         const ggml_tensor *wa = na->src[0], *wb = nb->src[0];
-        return na->src[1] == nb->src[1] && wa->type == wb->type && ggml_are_same_shape(wa, wb) &&
+        const bool staged = wa->type == GGML_TYPE_Q4_K || wa->type == GGML_TYPE_Q5_K ||
+                            (wa->type == GGML_TYPE_Q6_K && wa->ne[0] % 2048 == 0);
+        return na->src[1] == nb->src[1] && wa->type == wb->type && ggml_are_same_shape(wa, wb) && staged &&
+               wa->ne[1] % CIQ_GLU_INTERLEAVE == 0 && a.gemm_plan.variant == CIQ_VARIANT_WGMMA &&
+               b.gemm_plan.variant == CIQ_VARIANT_WGMMA &&
                a.gemm_plan.activation_layout == b.gemm_plan.activation_layout && read_only_by(graph, na, 1) &&
                read_only_by(graph, nb, 1);
     }
