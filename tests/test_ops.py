@@ -538,22 +538,27 @@ def test_group_of_two_types(ops, rng, monkeypatch, tokens):
 
 
 @pytest.mark.parametrize("tokens", [1, 9, 37, 300])
-@pytest.mark.parametrize("case", [((Q.Q4_K, Q.Q4_K, Q.Q6_K), 2048), ((Q.Q6_K, Q.Q4_K, Q.Q4_K), 2048),
-                                  ((Q.Q4_K,) * 3, 512), ((Q.Q6_K,) * 3, 2048), ((Q.Q4_K, Q.Q6_K, Q.Q4_K), 512)],
-                         ids=["q4q4q6", "q6q4q4", "q4x3", "q6x3", "q6-not-staged"])
+@pytest.mark.parametrize("case", [((Q.Q4_K, Q.Q4_K, Q.Q6_K), (256, 128, 200), 2048),
+                                  ((Q.Q6_K, Q.Q4_K, Q.Q4_K), (200, 128, 256), 2048),
+                                  ((Q.Q4_K,) * 3, (256, 128, 200), 512), ((Q.Q6_K,) * 3, (256, 128, 200), 2048),
+                                  ((Q.Q4_K, Q.Q6_K, Q.Q4_K), (256, 128, 200), 512),
+                                  ((Q.Q6_K, Q.Q4_K, Q.Q4_K), (256, 128, 200), 2048)],
+                         ids=["q4q4q6", "q6q4q4", "q4x3", "q6x3", "q6-not-staged", "q4-tail-not-last"])
 def test_group_of_three(ops, rng, monkeypatch, tokens, case):
-    """linear_group of three plain weights (llama.cpp's q, k and v as they are: 256, 128 and 200 rows, a row tail):
+    """linear_group of three plain weights (llama.cpp's q, k and v as they are, one with a row tail):
     ciq_gemm_quantized_group. With GGML_CIQ_WGMMA_GROUP=2, where wgmma runs, one launch (counted grouped; three
     dispatches) for one K-quant type or Q4_K and Q6_K in any order given (the library puts Q4_K first, the outputs
-    follow their weights); a Q6_K that TMA cannot stage (K 512) runs them apart. Against each weight apart: NMSE <=
-    1e-10 when grouped (one plan over all), else the same bits. Outputs NaN-poisoned."""
-    types, k = case
+    follow their weights); apart where a Q6_K that TMA cannot stage (K 512) is one of them or, once Q4_K goes first, a
+    weight with a row tail is not the last. Against each weight apart: NMSE <= 1e-10 when grouped (one plan over all),
+    else the same bits. Outputs NaN-poisoned."""
+    types, rows, k = case
     fusing = PoisonedOps(ops.device, fuse=True)
-    weights = [fusing.load_weight(_quantized_tensor(rng, f"blk.0.attn_{n}.weight", t, rows, k))
-               for n, t, rows in zip("qkv", types, (256, 128, 200))]
+    weights = [fusing.load_weight(_quantized_tensor(rng, f"blk.0.attn_{n}.weight", t, r, k))
+               for n, t, r in zip("qkv", types, rows)]
     x = fusing.asarray(rng.standard_normal((tokens, k)).astype(np.float32))
     apart = [fusing.linear_group([w], x)[0].numpy() for w in weights]
-    staged = all(t != Q.Q6_K or k % 2048 == 0 for t in types)
+    order = sorted(range(3), key=lambda i: types[i] == Q.Q6_K)  # the launch's order: Q4_K first
+    staged = all(t != Q.Q6_K or k % 2048 == 0 for t in types) and all(rows[i] % 128 == 0 for i in order[:2])
     for group in ("2", "0"):
         monkeypatch.setenv("GGML_CIQ_WGMMA_GROUP", group)
         native.dispatch_reset()

@@ -231,10 +231,10 @@ def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all
         assert captured == 0 and replayed == 0, stats
     layers = 18  # tools/plugin_plan.py on llama.cpp CPU's graph (last position's logits): 3 runs, 21 without ours
     if fuse == "1":
-        # GGML_CIQ_PLUGIN_GROUP: gate and up (Q5_0, K 640: no GLU from wgmma's epilogue) one MUL_MAT step with a
-        # group of one (the library runs them apart); q, k and v stay apart (a norm + RoPE between them)
+        # GGML_CIQ_PLUGIN_GROUP: nothing to group in Gemma 3 (gate and up Q5_0, which no TMA stages; q, k and v with
+        # a norm + RoPE between them)
         assert (mul_mats, grouped, glu_pairs, norm_acts, glu_acts, norm_adds, with_add, norm_ropes, ropes, biases) == (
-            6 * layers + 1, layers, 0, 2 * layers, layers, 2 * layers - 1, 0, 2 * layers, 0, 0)
+            7 * layers + 1, 0, 0, 2 * layers, layers, 2 * layers - 1, 0, 2 * layers, 0, 0)
         taken = attention == "1"
         assert (scales, writes, attentions) == (layers * taken, 2 * layers * taken, layers * (taken and flash_attn))
         assert fused == norm_acts + glu_acts
@@ -674,6 +674,7 @@ def test_gpu_plan_fuses_a_layer(plugin_path, plugin_device, offload_all, llama, 
         f16, wgmma = answer.layout == "f16", answer.variant == "wgmma"
         fused = 2 if f16 else 0
         got, uids, runs = plan(graph, 7)
+        apart = got
         assert got == [(NORM_ACT, 0, 1, -1, fused, 0), (MUL_MAT, 2, -1, -1, 0 if f16 else 1, 0),
                        (MUL_MAT, 4, -1, -1, 0, 0), (MUL_MAT, 5, -1, -1, 0, 0), (RUN, 3, -1, -1, 0, 4),
                        (MUL_MAT, 9, -1, 10, 1, 0), (NORM_ACT, 11, 12, -1, fused, 0),
@@ -684,12 +685,14 @@ def test_gpu_plan_fuses_a_layer(plugin_path, plugin_device, offload_all, llama, 
         assert uids == [(1 << 63) | (7 << 20) | i for i in range(len(got))]
         monkeypatch.delenv("GGML_CIQ_PLUGIN_GROUP")  # the default: grouped
         got, uids, runs = plan(graph, 7)
-        fresh = 0 if f16 else 1  # gate's: the norm converted ffn (fused) or wrote it
-        ffn = [(GLU_PAIR, 13, 14, 15, fresh, 0), (MUL_MAT, 16, -1, 17, 1, 0)] if wgmma else \
-            [(MUL_MAT, 13, -1, -1, fresh | 1 << 2, 0), (GLU_ACT, 15, -1, -1, fused, 0), (MUL_MAT, 16, -1, 17, fresh, 0)]
-        assert got == [(NORM_ACT, 0, 1, -1, fused, 0), (MUL_MAT, 2, -1, -1, (0 if f16 else 1) | 2 << 2, 0),
-                       (RUN, 3, -1, -1, 0, 4), (MUL_MAT, 9, -1, 10, 1, 0), (NORM_ACT, 11, 12, -1, fused, 0)] + \
-            ffn + [(NORM_ADD, 18, 19, 20, 0, 0)], got
+        fresh = 0 if f16 else 1  # q's and gate's: the norm converted its product (fused) or wrote it
+        if wgmma:  # the library's answers on a GPU: q, v and k one launch; gate, up and the SwiGLU one
+            assert got == [(NORM_ACT, 0, 1, -1, fused, 0), (MUL_MAT, 2, -1, -1, fresh | 2 << 2, 0),
+                           (RUN, 3, -1, -1, 0, 4), (MUL_MAT, 9, -1, 10, 1, 0), (NORM_ACT, 11, 12, -1, fused, 0),
+                           (GLU_PAIR, 13, 14, 15, fresh, 0), (MUL_MAT, 16, -1, 17, 1, 0),
+                           (NORM_ADD, 18, 19, 20, 0, 0)], got
+        else:  # the host's (no wgmma): nothing to group, the plan GGML_CIQ_PLUGIN_GROUP=0 makes
+            assert got == apart, got
         assert runs == [3, 6, 7, 8]
         # a graph without a uid (an eval callback's views, which end at the node it reads the sources of): API
         # v19's plan, nothing left unwritten
@@ -1039,9 +1042,8 @@ def test_gpu_plan_over_llamacpps_allocated_graph(plugin_path, cpu_device, llama,
     assert count("API v19's plan", "RUN") == steps[0] and {row[0] for row in got["API v19's plan"]} == {"RUN", "MUL_MAT"}
     kinds = ("RUN", "NORM_ACT", "GLU_ACT", "NORM_ADD", "ROPE", "NORM_ROPE", "BIAS", "SCALE", "SET_ROWS", "ATTN")
     assert [count("fused plan with attention", kind) for kind in kinds] == steps[1:]
-    # GGML_CIQ_PLUGIN_GROUP (on): no GLU_PAIR on the host's answers (wgmma's epilogue only; test_gpu_plan_fuses_a_layer
-    # has them with a GPU's); each MUL_MAT step's group (row[4] >> 2) the MUL_MATs launched with it (llama's k and v):
-    # the GEMMs are API v19's, in fewer launches
+    # GGML_CIQ_PLUGIN_GROUP (on): no GLU_PAIR nor group on the host's answers (wgmma's only; test_gpu_plan_fuses_a_layer
+    # has them with a GPU's); a MUL_MAT step's group (row[4] >> 2) counts the MUL_MATs launched with it
     assert count("fused plan with attention", "GLU_PAIR") == 0
     for label in ("fused plan", "fused plan with attention"):
         gemms = count(label, "MUL_MAT") + 2 * count(label, "GLU_PAIR") + sum(row[4] >> 2 for row in got[label])

@@ -378,7 +378,8 @@ ciq_status ciq_gemm_quantized_glu(int device, const ciq_plan *plan, ciq_type typ
  * (planned for either; weight_nbytes each's). wgmma applies the GLU in its epilogue where both are staged by TMA
  * (Q4_K, Q5_K; Q6_K with K a multiple of 2048) and rows is a multiple of CIQ_GLU_INTERLEAVE (one launch, counted
  * CIQ_WGMMA_FORM_GLU: each tile stages 64 rows of each, ciq_gemm_quantized_glu's interleaved tile); every other plan
- * writes both products to internal scratch and runs ciq_glu. Counts two dispatches. out may not overlap a weight. */
+ * writes gate's product into out and up's into internal scratch, then runs ciq_glu. Counts two dispatches. out may not
+ * overlap a weight or x_quantized. */
 ciq_status ciq_gemm_quantized_glu_pair(int device, const ciq_plan *plan, ciq_type type, const void *gate,
                                        const void *up, size_t weight_nbytes, int64_t rows, int64_t k,
                                        const void *x_quantized, int64_t tokens, ciq_glu_kind kind, float *out);

@@ -991,8 +991,15 @@ struct planner {
     // - [MUL_MAT gate][MUL_MAT up][GLU_ACT] (either MUL_MAT first), both on the same activations and weights of one
     //   type and shape that wgmma's epilogue takes, each product read by the GLU alone: one GLU_PAIR step, the GLU from wgmma's epilogue
     //   (ciq_gemm_quantized_glu_pair); the GLU's float32 product is then written, and its first MUL_MAT reader converts it.
-    // - MUL_MATs without an ADD, each after the first on the activations it converted (k and v): one MUL_MAT step with
-    //   a group (ciq_gemm_quantized_group: one launch where wgmma's kernels can; the library runs them apart otherwise).
+    // - MUL_MATs without an ADD, each after the first on the activations it converted (k and v), all staged: one
+    //   MUL_MAT step with a group (ciq_gemm_quantized_group: one launch where the kernel takes the types and rows and
+    //   the time model gains; the library runs them apart otherwise).
+    // A weight wgmma's RS kernels stage by TMA (Q4_K, Q5_K; Q6_K with K % 2048 == 0: 16-byte rows), planned for wgmma:
+    // what a grouped launch and the GLU pair's epilogue take (elsewhere the library runs the calls apart).
+    static bool staged(const ggml_tensor *w, const ciq_plan &plan) {
+        return plan.variant == CIQ_VARIANT_WGMMA && (w->type == GGML_TYPE_Q4_K || w->type == GGML_TYPE_Q5_K ||
+                                                     (w->type == GGML_TYPE_Q6_K && w->ne[0] % 2048 == 0));
+    }
     bool glu_pair_of(const step &a, const step &b, const step &g, int *gate, int *up) const {
         const ggml_tensor *glu = node(g.node), *na = node(a.node), *nb = node(b.node);
         if (glu->src[0] == na && glu->src[1] == nb) *gate = a.node, *up = b.node;
@@ -1001,18 +1008,16 @@ struct planner {
         // only where wgmma's epilogue takes it (ciq_gemm_quantized_glu_pair: both staged by TMA, whole 64-row boxes);
         // elsewhere the library would run the two GEMMs and a GLU, a launch more than GLU_ACT's fused conversion
         const ggml_tensor *wa = na->src[0], *wb = nb->src[0];
-        const bool staged = wa->type == GGML_TYPE_Q4_K || wa->type == GGML_TYPE_Q5_K ||
-                            (wa->type == GGML_TYPE_Q6_K && wa->ne[0] % 2048 == 0);
-        return na->src[1] == nb->src[1] && wa->type == wb->type && ggml_are_same_shape(wa, wb) && staged &&
-               wa->ne[1] % CIQ_GLU_INTERLEAVE == 0 && a.gemm_plan.variant == CIQ_VARIANT_WGMMA &&
-               b.gemm_plan.variant == CIQ_VARIANT_WGMMA &&
+        return na->src[1] == nb->src[1] && wa->type == wb->type && ggml_are_same_shape(wa, wb) &&
+               staged(wa, a.gemm_plan) && staged(wb, b.gemm_plan) && wa->ne[1] % CIQ_GLU_INTERLEAVE == 0 &&
                a.gemm_plan.activation_layout == b.gemm_plan.activation_layout && read_only_by(graph, na, 1) &&
                read_only_by(graph, nb, 1);
     }
     bool groups_with(const step &first, const step &s) const {
         const ggml_tensor *a = node(first.node), *b = node(s.node);
         return s.kind == STEP_MUL_MAT && s.add < 0 && !s.fresh_x && b->src[1] == a->src[1] &&
-               s.gemm_plan.activation_layout == first.gemm_plan.activation_layout;
+               s.gemm_plan.activation_layout == first.gemm_plan.activation_layout && staged(a->src[0], first.gemm_plan) &&
+               staged(b->src[0], s.gemm_plan);
     }
     void merge_steps() {
         std::vector<step> merged;

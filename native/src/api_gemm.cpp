@@ -364,8 +364,9 @@ ciq_status ciq_gemm_quantized_glu_pair(int device, const ciq_plan *plan, ciq_typ
     const ciq_variant_row *row = nullptr;
     CIQ_TRY(check_run(device, plan, type, weight_nbytes, rows, k, tokens, CIQ_OUT_F32, &row));
     const size_t out_bytes = (size_t)tokens * (size_t)rows * sizeof(float);
-    if (overlap(out, out_bytes, gate, weight_nbytes) || overlap(out, out_bytes, up, weight_nbytes)) {
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: out overlaps a weight", fn);
+    if (overlap(out, out_bytes, gate, weight_nbytes) || overlap(out, out_bytes, up, weight_nbytes) ||
+        overlap(out, out_bytes, x_quantized, plan->activation_bytes)) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: out overlaps a weight or the activations", fn);
     }
 #ifdef GGML_CIQ_WITH_CUDA
     if (device != CIQ_DEVICE_CPU && plan->variant == CIQ_VARIANT_WGMMA) {  // the GLU from the epilogue
