@@ -295,7 +295,7 @@ def test_qwen2_biases_on_the_gpu_device(plugin_path, plugin_device, offload_all,
 @pytest.mark.gpu
 def test_llama_groups_on_the_gpu_device(plugin_path, plugin_device, offload_all, llama, tmp_path, monkeypatch):
     """Over a CUDA llama.cpp: a two-layer random llama model (q, k Q4_K, v Q6_K; gate/up Q4_K 1536 x 512) through CIQ0,
-    every weight MUL_MAT ours, 77 tokens. GGML_CIQ_PLUGIN_GROUP (on): each layer's gate/up and SwiGLU one GLU_PAIR step
+    every weight MUL_MAT ours, 77 tokens. GGML_CIQ_PLUGIN_GROUP=1: each layer's gate/up and SwiGLU one GLU_PAIR step
     whose GLU comes from wgmma's epilogue (counted as a GLU launch), and k and v one grouped MUL_MAT step; with =0 none
     of either. The two plans' logits agree to NMSE <= 1e-10 (one plan over gate and up: float32 sums in another order),
     each is bit for bit the same over two prefills, and both are close to CUDA0's (a sanity bar)."""
@@ -640,10 +640,10 @@ def test_gpu_plan_fuses_a_layer(plugin_path, plugin_device, offload_all, llama, 
     scale) so the attention's nodes are one CUDAi run, o's and down's residual ADDs written with their products, the
     FFN norm and SwiGLU steps of ours feeding their MUL_MATs, the post-norm's RMS_NORM + MUL + ADD one step; fused
     (no float32 product, conversion in the op's kernel) exactly where the MUL_MATs reading it take the f16 layout
-    (the library's plan for this device says which). With GGML_CIQ_PLUGIN_GROUP (on) q, v and k are one grouped
+    (the library's plan for this device says which). With GGML_CIQ_PLUGIN_GROUP=1 q, v and k are one grouped
     MUL_MAT step (row[4] >> 2: the two launched with q) and gate, up and their SwiGLU one GLU_PAIR step (the GLU from
     the GEMM's epilogue: its float32 product written, so down converts it); =0 leaves each apart. A graph without a
-    uid gets API v19's plan."""
+    uid gets API v19's plan. (GGML_CIQ_PLUGIN_GROUP is off by default until a GPU run through llama.cpp measures it.)"""
     monkeypatch.setenv("GGML_CIQ_PLUGIN_ATTENTION", "0")
     monkeypatch.setenv("GGML_CIQ_PLUGIN_GROUP", "0")
     with _plan_graphs(llama, plugin_path, plugin_device) as (lib, ctx, plan):
@@ -683,7 +683,7 @@ def test_gpu_plan_fuses_a_layer(plugin_path, plugin_device, offload_all, llama, 
                        (NORM_ADD, 18, 19, 20, 0, 0)], got
         assert runs == [3, 6, 7, 8]
         assert uids == [(1 << 63) | (7 << 20) | i for i in range(len(got))]
-        monkeypatch.delenv("GGML_CIQ_PLUGIN_GROUP")  # the default: grouped
+        monkeypatch.setenv("GGML_CIQ_PLUGIN_GROUP", "1")  # grouped (off by default until measured)
         got, uids, runs = plan(graph, 7)
         fresh = 0 if f16 else 1  # q's and gate's: the norm converted its product (fused) or wrote it
         if wgmma:  # the library's answers on a GPU: q, v and k one launch; gate, up and the SwiGLU one
@@ -1042,8 +1042,8 @@ def test_gpu_plan_over_llamacpps_allocated_graph(plugin_path, cpu_device, llama,
     assert count("API v19's plan", "RUN") == steps[0] and {row[0] for row in got["API v19's plan"]} == {"RUN", "MUL_MAT"}
     kinds = ("RUN", "NORM_ACT", "GLU_ACT", "NORM_ADD", "ROPE", "NORM_ROPE", "BIAS", "SCALE", "SET_ROWS", "ATTN")
     assert [count("fused plan with attention", kind) for kind in kinds] == steps[1:]
-    # GGML_CIQ_PLUGIN_GROUP (on): no GLU_PAIR nor group on the host's answers (wgmma's only; test_gpu_plan_fuses_a_layer
-    # has them with a GPU's); a MUL_MAT step's group (row[4] >> 2) counts the MUL_MATs launched with it
+    # GGML_CIQ_PLUGIN_GROUP (off by default; wgmma's answers only: test_gpu_plan_fuses_a_layer): no GLU_PAIR nor group
+    # here; a MUL_MAT step's group (row[4] >> 2) would count the MUL_MATs launched with it
     assert count("fused plan with attention", "GLU_PAIR") == 0
     for label in ("fused plan", "fused plan with attention"):
         gemms = count(label, "MUL_MAT") + 2 * count(label, "GLU_PAIR") + sum(row[4] >> 2 for row in got[label])

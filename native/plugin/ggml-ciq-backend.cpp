@@ -368,7 +368,7 @@ struct gpu_backend {
     bool fuse = true;                        // GGML_CIQ_FUSE when the backend started: fused steps, steps moved
     bool fuse_rule = true;                   // GGML_CIQ_PLUGIN_FUSE_RULE: the fused plan only where it halves the runs
     bool attention = false;                  // GGML_CIQ_PLUGIN_ATTENTION: SCALE, SET_ROWS and ATTN steps
-    bool group = true;                       // GGML_CIQ_PLUGIN_GROUP: grouped MUL_MATs and GLU_PAIR steps
+    bool group = false;                      // GGML_CIQ_PLUGIN_GROUP: grouped MUL_MATs and GLU_PAIR steps
     bool graphs = false;                     // GGML_CIQ_PLUGIN_GRAPHS when it started: stretches of ours as CUDA graphs
     converted_activations x;                 // shared by the MUL_MATs of one graph_compute on the same activations
     std::vector<graph_plan> plans;           // the recent graphs' plans (the scheduler alternates a few graphs)
@@ -1389,7 +1389,7 @@ int plan_for_tests(ggml_cgraph *graph, int index, uint64_t uid, int32_t *rows, u
     device_context probe = g_devices[index];
     probe.cuda = nullptr;  // the library's answers for that device, no buffer-type check: any graph's tensors will do
     gpu_backend scratch;
-    int fuse = 1, rule = 1, attention = 0, group = 1;
+    int fuse = 1, rule = 1, attention = 0, group = 0;
     if (ciq_switch_on("GGML_CIQ_FUSE", &fuse) != CIQ_OK || ciq_switch_on("GGML_CIQ_PLUGIN_FUSE_RULE", &rule) != CIQ_OK ||
         ciq_switch_on("GGML_CIQ_PLUGIN_ATTENTION", &attention) != CIQ_OK ||
         ciq_switch_on("GGML_CIQ_PLUGIN_GROUP", &group) != CIQ_OK)
@@ -1651,7 +1651,7 @@ ggml_backend_t device_init_backend(ggml_backend_dev_t dev, const char *params) {
     int stats = 0, attention = 0;
     ciq_switch_on("GGML_CIQ_PLUGIN_STATS", &stats);
     ciq_switch_on("GGML_CIQ_PLUGIN_ATTENTION", &attention);
-    int group = 1;
+    int group = 0;
     ciq_switch_on("GGML_CIQ_PLUGIN_GROUP", &group);
     gpu->group = group != 0;
     gpu->print_stats = stats != 0;

@@ -94,9 +94,10 @@ constexpr SwitchRow k_switches[SWITCH_COUNT] = {
      "the ggml plugin (ciq_switch_on, when a backend starts)", "1: CIQi also takes q's SCALE, the K/V cache writes "
      "(SET_ROWS) and FLASH_ATTN_EXT (a prefill micro-batch one stretch of ours; off by default: measured slower on "
      "the 8B and no faster on Gemma, docs/PLUGIN.md)"},
-    {PLUGIN_GROUP, "GGML_CIQ_PLUGIN_GROUP", "1/on/true/yes | 0/off/false/no", "on",
-     "the ggml plugin (ciq_switch_on, when a backend starts)", "0: CIQi launches every MUL_MAT apart: no grouped "
-     "launch of adjacent MUL_MATs on one input (k and v), no gate/up GLU from wgmma's epilogue (A/B runs)"},
+    {PLUGIN_GROUP, "GGML_CIQ_PLUGIN_GROUP", "1/on/true/yes | 0/off/false/no", "off",
+     "the ggml plugin (ciq_switch_on, when a backend starts)", "1: CIQi launches adjacent MUL_MATs on one input in one "
+     "grouped launch (k and v) and takes gate/up + GLU as one GLU_PAIR step, the GLU from wgmma's epilogue (off by "
+     "default until a GPU run through llama.cpp measures it: docs/PLUGIN.md)"},
 };
 
 constexpr bool rows_in_order() {
