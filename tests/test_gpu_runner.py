@@ -421,3 +421,28 @@ def test_setup_builds_from_a_snapshot_of_the_sources(out):
     (src / "stale.txt").write_text("left from an earlier lease")
     gpu.snapshot_sources(dest)
     assert not (src / "stale.txt").exists()
+
+
+def test_kernel_profile_compare_reads_two_ncu_logs(tmp_path):
+    """tools/kernel_profile.py compare: two ncu --csv logs side by side by kernel family (template arguments kept, the
+    argument list cut at its matching parenthesis; ncu's own log lines skipped), largest difference first; a missing
+    file one line and exit 2."""
+    header = '"ID","Kernel Name","Grid Size","Block Size","Metric Name","Metric Unit","Metric Value"\n'
+    rs = '"void gemm_wgmma_rs_kernel<(ciq_type)12, 256, 4, (ciq_type)12>(CUtensorMap_st, int)"'
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text("==PROF== a log line\n" + header + f'"0",{rs},"(8,1,1)","(384,1,1)","gpu__time_duration.sum","usecond","12"\n'
+                 + '"1","rms_norm(float *)","(512,1,1)","(256,1,1)","gpu__time_duration.sum","nsecond","3,200"\n')
+    b.write_text(header + f'"0",{rs},"(8,1,1)","(384,1,1)","gpu__time_duration.sum","usecond","20"\n')
+    tool = str(PATH.parent / "kernel_profile.py")
+    proc = subprocess.run([sys.executable, tool, "compare", str(a), str(b), "--labels", "plugin", "engine"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "busy ms: plugin 0.015, engine 0.020 (engine - plugin: +0.005)"
+    assert lines[2].split() == ["gemm_wgmma_rs_kernel<(ciq_type)12,", "256,", "4,", "(ciq_type)12>", "1", "0.012", "1",
+                                "0.020", "+0.008"]
+    assert lines[3].split() == ["rms_norm", "1", "0.003", "0", "0.000", "-0.003"]
+    proc = subprocess.run([sys.executable, tool, "compare", str(tmp_path / "none.csv"), str(b)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip().startswith("kernel_profile: cannot read") and \
+        "Traceback" not in proc.stderr

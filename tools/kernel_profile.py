@@ -12,6 +12,10 @@ Two modes:
   summarize:  python3 tools/kernel_profile.py summarize OUT.csv [--wall-ms W] [--json J]
               The kernels of that one prefill grouped by name: count, total and share of the busy time; with the
               prefill's wall time (measured without ncu), the time no kernel ran.
+  compare:    python3 tools/kernel_profile.py compare A.csv B.csv [--labels A B]
+              Two such profiles side by side by kernel name (e.g. the plugin's pp512 micro-batch under
+              `ncu ... llama-bench -dev CIQ0 -p 512 -n 0 -r 1 --no-warmup` against the engine's): count and ms each,
+              and B - A, largest differences first.
 """
 
 import argparse
@@ -48,20 +52,27 @@ def run(args) -> None:
 def kernel_family(name: str) -> str:
     """A demangled kernel name without its arguments, template parameters kept short: gemm_q32_kernel<6>."""
     name = re.sub(r"\(anonymous namespace\)::", "", name.strip())
-    name = re.sub(r"\(.*\)$", "", name)
+    if name.endswith(")"):  # the argument list: from its matching "(" (template arguments may hold casts)
+        depth = 0
+        for i in range(len(name) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(name[i], 0)
+            if depth == 0:
+                name = name[:i]
+                break
     name = re.sub(r"^(void|static)\s+", "", name)
     if len(name) > 90:
         name = name[:87] + "..."
     return name
 
 
-def summarize(args) -> None:
+def read_rows(path: str) -> list:
+    """(kernel family, ns, grid, block) per profiled launch of an ncu --csv log; exit 2 on a bad file."""
     rows = []
     try:
-        with open(args.csv, newline="") as f:
+        with open(path, newline="") as f:
             lines = [line for line in f if line.startswith('"')]  # ncu's own log lines are not CSV
     except OSError as exc:
-        print(f"kernel_profile: cannot read {args.csv}: {exc.strerror}", file=sys.stderr)
+        print(f"kernel_profile: cannot read {path}: {exc.strerror}", file=sys.stderr)
         sys.exit(2)
     for row in csv.DictReader(lines):
         if row.get("Metric Name") != "gpu__time_duration.sum":
@@ -71,9 +82,34 @@ def summarize(args) -> None:
         ns = value * {"nsecond": 1, "ns": 1, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6}.get(unit, 1)
         rows.append((kernel_family(row["Kernel Name"]), ns, row.get("Grid Size", ""), row.get("Block Size", "")))
     if not rows:
-        print(f"kernel_profile: {args.csv} has no gpu__time_duration.sum rows (was ncu run with --csv and that "
+        print(f"kernel_profile: {path} has no gpu__time_duration.sum rows (was ncu run with --csv and that "
               "metric?)", file=sys.stderr)
         sys.exit(2)
+    return rows
+
+
+def compare(args) -> None:
+    labels = args.labels or ["A", "B"]
+    sides = []
+    for path in (args.a, args.b):
+        by = defaultdict(lambda: [0, 0.0])
+        for name, ns, _, _ in read_rows(path):
+            by[name][0] += 1
+            by[name][1] += ns
+        sides.append(by)
+    names = sorted(set(sides[0]) | set(sides[1]),
+                   key=lambda n: -abs(sides[1].get(n, [0, 0.0])[1] - sides[0].get(n, [0, 0.0])[1]))
+    busy = [sum(v[1] for v in side.values()) / 1e6 for side in sides]
+    print(f"busy ms: {labels[0]} {busy[0]:.3f}, {labels[1]} {busy[1]:.3f} ({labels[1]} - {labels[0]}: "
+          f"{busy[1] - busy[0]:+.3f})")
+    print(f"{'kernel':80s} {labels[0][:10]:>10s} {'ms':>8s} {labels[1][:10]:>10s} {'ms':>8s} {'diff ms':>8s}")
+    for n in names:
+        (ca, na), (cb, nb) = sides[0].get(n, [0, 0.0]), sides[1].get(n, [0, 0.0])
+        print(f"{n[:80]:80s} {ca:10d} {na / 1e6:8.3f} {cb:10d} {nb / 1e6:8.3f} {(nb - na) / 1e6:+8.3f}")
+
+
+def summarize(args) -> None:
+    rows = read_rows(args.csv)
     by = defaultdict(lambda: [0, 0.0, set()])
     for name, ns, grid, block in rows:
         by[name][0] += 1
@@ -103,16 +139,22 @@ def main(argv=None) -> None:
     r.add_argument("--tokens", type=int, default=512)
     r.add_argument("--semantics", default="fast", choices=("fast", "exact", "llamacpp"))
     r.add_argument("--cuda-graph", action="store_true")
+    c = sub.add_parser("compare")
+    c.add_argument("a")
+    c.add_argument("b")
+    c.add_argument("--labels", nargs=2)
     s = sub.add_parser("summarize")
     s.add_argument("csv")
     s.add_argument("--wall-ms", type=float, default=None)
     s.add_argument("--json")
     args = p.parse_args(argv)
     try:
-        run(args) if args.mode == "run" else summarize(args)
+        {"run": run, "summarize": summarize, "compare": compare}[args.mode](args)
     except CiqError as exc:  # a bad model path, no GPU: one line
         print(f"kernel_profile: {exc}", file=sys.stderr)
         sys.exit(2)
+    except BrokenPipeError:  # a reader that stopped early (| head)
+        sys.stderr.close()
 
 
 if __name__ == "__main__":
