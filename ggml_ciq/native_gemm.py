@@ -243,6 +243,28 @@ class GemmOps:
         epilogue (no gate/up product in memory); the values of the GEMM, its halves apart, then glu."""
         if not weight.glu:
             raise InvalidArgumentError(f"{weight.name}: linear_glu takes a gate/up weight from stack_glu")
+        n, plan, activations, tokens, glu_kind, out = self._glu_call(weight, x, kind, norm, weight.rows // 2)
+        n.check(n.lib.ciq_gemm_quantized_glu(self.device, plan, weight.ggml_type, weight.data.ptr, weight.data.nbytes,
+                                             weight.rows, weight.k, activations.ptr, tokens, glu_kind, self._fp(out)))
+        return out
+
+    def linear_glu_pair(self, gate: Weight, up: Weight, x, kind: str, norm: tuple | None = None) -> DeviceArray:
+        """glu(gate(x'), up(x'), kind) [n, rows] float32 of two plain weights of one type and shape (llama.cpp's
+        ffn_gate and ffn_up as they are): ciq_gemm_quantized_glu_pair, the GLU from wgmma's epilogue where both are
+        staged by TMA and rows % 64 == 0 (linear_glu's values for stack_glu of the two), else the two GEMMs then glu."""
+        if gate.glu or up.glu or gate.parts or up.parts or gate.ggml_type != up.ggml_type or \
+                (gate.rows, gate.k) != (up.rows, up.k) or not self.groups([gate, up]):
+            raise InvalidArgumentError(f"{gate.name}, {up.name}: linear_glu_pair takes two plain quantized weights of "
+                                       "one type and shape")
+        n, plan, activations, tokens, glu_kind, out = self._glu_call(gate, x, kind, norm, gate.rows)
+        n.check(n.lib.ciq_gemm_quantized_glu_pair(self.device, plan, gate.ggml_type, gate.data.ptr, up.data.ptr,
+                                                  gate.data.nbytes, gate.rows, gate.k, activations.ptr, tokens,
+                                                  glu_kind, self._fp(out)))
+        return out
+
+    def _glu_call(self, weight: Weight, x, kind: str, norm, width: int) -> tuple:
+        """What linear_glu and linear_glu_pair pass the library: its handle, weight's plan, x (normed where norm is
+        given) in that plan's layout, the token count, the ciq_glu_kind, and a [tokens, width] float32 output."""
         if kind not in ("silu", "gelu"):
             raise InvalidArgumentError(f"glu: unknown kind {kind!r} (silu or gelu)")
         x = self._f32(x, "linear input")
@@ -252,36 +274,8 @@ class GemmOps:
         tokens = x.size // k
         plan = self._plan(weight, tokens)
         activations = self._activations([plan], x, tokens, k, norm)[plan.activation_layout]
-        out = self.empty((tokens, weight.rows // 2))
-        n.check(n.lib.ciq_gemm_quantized_glu(self.device, plan, weight.ggml_type, weight.data.ptr, weight.data.nbytes,
-                                             weight.rows, k, activations.ptr, tokens,
-                                             n.lib.CIQ_GLU_SILU if kind == "silu" else n.lib.CIQ_GLU_GELU,
-                                             self._fp(out)))
-        return out
-
-    def linear_glu_pair(self, gate: Weight, up: Weight, x, kind: str, norm: tuple | None = None) -> DeviceArray:
-        """glu(gate(x'), up(x'), kind) [n, rows] float32 of two plain weights of one type and shape (llama.cpp's
-        ffn_gate and ffn_up as they are): ciq_gemm_quantized_glu_pair, the GLU from wgmma's epilogue where both are
-        staged by TMA and rows % 64 == 0 (linear_glu's values for stack_glu of the two), else the two GEMMs then glu."""
-        if kind not in ("silu", "gelu"):
-            raise InvalidArgumentError(f"glu: unknown kind {kind!r} (silu or gelu)")
-        if gate.glu or up.glu or gate.parts or up.parts or gate.ggml_type != up.ggml_type or \
-                (gate.rows, gate.k) != (up.rows, up.k) or not self.groups([gate, up]):
-            raise InvalidArgumentError(f"{gate.name}, {up.name}: linear_glu_pair takes two plain quantized weights of "
-                                       "one type and shape")
-        x = self._f32(x, "linear input")
-        if x.shape[-1] != gate.k:
-            raise ShapeError(f"{gate.name}: input rows of {x.shape[-1]} values, the weight takes {gate.k}")
-        n, k = self.native, gate.k
-        tokens = x.size // k
-        plan = self._plan(gate, tokens)
-        activations = self._activations([plan], x, tokens, k, norm)[plan.activation_layout]
-        out = self.empty((tokens, gate.rows))
-        n.check(n.lib.ciq_gemm_quantized_glu_pair(self.device, plan, gate.ggml_type, gate.data.ptr, up.data.ptr,
-                                                  gate.data.nbytes, gate.rows, k, activations.ptr, tokens,
-                                                  n.lib.CIQ_GLU_SILU if kind == "silu" else n.lib.CIQ_GLU_GELU,
-                                                  self._fp(out)))
-        return out
+        glu_kind = n.lib.CIQ_GLU_SILU if kind == "silu" else n.lib.CIQ_GLU_GELU
+        return n, plan, activations, tokens, glu_kind, self.empty((tokens, width))
 
     def glu_linear(self, weight: Weight, gate, up, kind: str, op_class: str | None = None,
                    add=None) -> DeviceArray:

@@ -160,6 +160,24 @@ static ciq_status check_no_overlap(const char *fn, int64_t tokens, const ciq_gem
     return CIQ_OK;
 }
 
+// Room for a product the fallbacks below take apart: `host` grown on the CPU, the device's scratch slot 2 on a GPU.
+static ciq_status product_buffer(const char *fn, int device, size_t bytes, std::string &host, void **out) {
+    if (device == CIQ_DEVICE_CPU) {
+        try {
+            host.resize(bytes);
+        } catch (const std::exception &) {
+            return ciq_fail(CIQ_ERR_OUT_OF_MEMORY, "%s: %zu bytes of product", fn, bytes);
+        }
+        *out = &host[0];
+        return CIQ_OK;
+    }
+#ifdef GGML_CIQ_WITH_CUDA
+    return ciq_cuda_scratch(device, 2, bytes, out);
+#else
+    return ciq_fail(CIQ_ERR_UNSUPPORTED, "%s: no GPU in this build", fn);
+#endif
+}
+
 ciq_status ciq_gemm_quantized_outputs(int device, const ciq_plan *plan, ciq_type type, const void *weight,
                                       size_t weight_nbytes, int64_t rows, int64_t k, const void *x_quantized,
                                       int64_t tokens, const ciq_gemm_output *outputs, int n_outputs,
@@ -193,18 +211,7 @@ ciq_status ciq_gemm_quantized_outputs(int device, const ciq_plan *plan, ciq_type
     const size_t row_bytes = (size_t)rows * esize, whole_bytes = (size_t)tokens * row_bytes;
     void *whole = nullptr;
     std::string host_whole;
-    if (device == CIQ_DEVICE_CPU) {
-        try {
-            host_whole.resize(whole_bytes);
-        } catch (const std::exception &) {
-            return ciq_fail(CIQ_ERR_OUT_OF_MEMORY, "ciq_gemm_quantized_outputs: %zu bytes of product", whole_bytes);
-        }
-        whole = &host_whole[0];
-#ifdef GGML_CIQ_WITH_CUDA
-    } else {
-        CIQ_TRY(ciq_cuda_scratch(device, 2, whole_bytes, &whole));
-#endif
-    }
+    CIQ_TRY(product_buffer(fn, device, whole_bytes, host_whole, &whole));
     CIQ_TRY(ciq_gemm_quantized(device, plan, type, weight, weight_nbytes, rows, k, x_quantized, tokens, whole, out_type));
     size_t first = 0;  // bytes into a product row
     for (int s = 0; s < n_outputs; ++s) {
@@ -317,23 +324,10 @@ ciq_status ciq_gemm_quantized_glu(int device, const ciq_plan *plan, ciq_type typ
     // The product, its gate and up halves taken apart (rows of CIQ_GLU_INTERLEAVE values, one each in turn), ciq_glu.
     const size_t product_bytes = (size_t)tokens * (size_t)rows * sizeof(float), half_bytes = product_bytes / 2;
     const size_t piece = CIQ_GLU_INTERLEAVE * sizeof(float), pieces = (size_t)tokens * (size_t)(rows / block);
-    float *product = nullptr, *up = nullptr;
+    void *buffer = nullptr;
     std::string host;
-    if (device == CIQ_DEVICE_CPU) {
-        try {
-            host.resize(product_bytes + half_bytes);
-        } catch (const std::exception &) {
-            return ciq_fail(CIQ_ERR_OUT_OF_MEMORY, "%s: %zu bytes of product", fn, product_bytes + half_bytes);
-        }
-        product = (float *)&host[0];
-#ifdef GGML_CIQ_WITH_CUDA
-    } else {
-        void *p = nullptr;
-        CIQ_TRY(ciq_cuda_scratch(device, 2, product_bytes + half_bytes, &p));
-        product = (float *)p;
-#endif
-    }
-    up = (float *)((uint8_t *)product + product_bytes);
+    CIQ_TRY(product_buffer(fn, device, product_bytes + half_bytes, host, &buffer));
+    float *product = (float *)buffer, *up = (float *)((uint8_t *)buffer + product_bytes);
     CIQ_TRY(ciq_gemm_quantized(device, plan, type, weight, weight_nbytes, rows, k, x_quantized, tokens, product,
                                CIQ_OUT_F32));
     // gate: pieces 0, 2, 4, .. of the product into out; up: 1, 3, 5, .. (each a row of `piece` bytes, 2 pieces apart)
@@ -382,22 +376,10 @@ ciq_status ciq_gemm_quantized_glu_pair(int device, const ciq_plan *plan, ciq_typ
     }
 #endif
     // gate's product into out, up's into scratch, then ciq_glu in place (each value read, then written, by one thread)
-    float *up_product = nullptr;
+    void *buffer = nullptr;
     std::string host;
-    if (device == CIQ_DEVICE_CPU) {
-        try {
-            host.resize(out_bytes);
-        } catch (const std::exception &) {
-            return ciq_fail(CIQ_ERR_OUT_OF_MEMORY, "%s: %zu bytes of product", fn, out_bytes);
-        }
-        up_product = (float *)&host[0];
-#ifdef GGML_CIQ_WITH_CUDA
-    } else {
-        void *p = nullptr;
-        CIQ_TRY(ciq_cuda_scratch(device, 2, out_bytes, &p));
-        up_product = (float *)p;
-#endif
-    }
+    CIQ_TRY(product_buffer(fn, device, out_bytes, host, &buffer));
+    float *up_product = (float *)buffer;
     CIQ_TRY(ciq_gemm_quantized(device, plan, type, gate, weight_nbytes, rows, k, x_quantized, tokens, out, CIQ_OUT_F32));
     CIQ_TRY(ciq_gemm_quantized(device, plan, type, up, weight_nbytes, rows, k, x_quantized, tokens, up_product,
                                CIQ_OUT_F32));
