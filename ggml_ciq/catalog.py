@@ -128,10 +128,11 @@ SMALL_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 
 
 def write_small_model(path: Path, architecture: str, seed: int = 0, drop: tuple[str, ...] = (),
-                      ffn_type: int = quants.Q4_K) -> Path:
+                      ffn_type: int = quants.Q4_K, v_type: int = quants.Q6_K) -> Path:
     """A two-layer random model of one architecture with the default model's shapes and vocabulary, Q4_K/Q6_K
     weights (qwen2: q/k/v biases; qwen3, gemma3: q/k norms; gemma3: post norms, tied output), for engine tests;
-    ffn_gate/ffn_up of type `ffn_type` (Q4_K, or Q5_K as a Q5_K_M file has them).
+    ffn_gate/ffn_up of type `ffn_type` (Q4_K, or Q5_K as a Q5_K_M file has them), attn_v of type `v_type` (Q6_K,
+    or Q4_K as the other half of a Q4_K_M file's layers have it).
     Tensors named in `drop` are left out (a broken file for error tests)."""
     if architecture not in SMALL_ARCHITECTURES:
         raise GGUFFileError(f"no small-model recipe for {architecture} (have {', '.join(SMALL_ARCHITECTURES)})")
@@ -162,7 +163,7 @@ def write_small_model(path: Path, architecture: str, seed: int = 0, drop: tuple[
             add_norm(f"{p}.attn_norm.weight", e)
             add(f"{p}.attn_q.weight", quants.Q4_K, e, e)
             add(f"{p}.attn_k.weight", quants.Q4_K, kv, e)
-            add(f"{p}.attn_v.weight", quants.Q6_K, kv, e)
+            add(f"{p}.attn_v.weight", v_type, kv, e)
             if architecture == "qwen2":
                 add_f32(f"{p}.attn_q.bias", 0.5 * rng.standard_normal(e))
                 add_f32(f"{p}.attn_k.bias", 0.5 * rng.standard_normal(kv))

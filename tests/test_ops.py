@@ -1101,6 +1101,8 @@ def test_attention_masked_causal_is_attention(native_lib, rng, monkeypatch, kern
     monkeypatch.setenv("GGML_CIQ_ATTENTION_SPLIT", "0")
     ops = PoisonedOps("cpu" if kernel == "cpu" else "cuda", attention_kernel=kernel)
     for tokens, heads_kv, group, head_dim, n_past in [(131, 1, 4, 256, 0), (64, 2, 3, 96, 64), (77, 4, 2, 128, 5)]:
+        if kernel == "wgmma" and not ops.attention_runs(head_dim):  # wgmma builds head_dim 64, 128 and 256
+            continue
         q, k, v, mask, n_kv = masked_attention_inputs(rng, tokens, heads_kv, group, head_dim, n_past, 0, "causal")
         k[n_past + tokens:n_kv], v[n_past + tokens:n_kv] = 0, 0  # a tile's keys past the causal end: loaded as zeros
         masked = ops.attention_masked(q, k, v, mask, n_kv, 0.125).numpy()

@@ -294,23 +294,25 @@ def test_qwen2_biases_on_the_gpu_device(plugin_path, plugin_device, offload_all,
 
 @pytest.mark.gpu
 def test_llama_groups_on_the_gpu_device(plugin_path, plugin_device, offload_all, llama, tmp_path, monkeypatch):
-    """Over a CUDA llama.cpp: a two-layer random llama model (q, k Q4_K, v Q6_K; gate/up Q4_K 1536 x 512) through CIQ0,
+    """Over a CUDA llama.cpp: a two-layer random llama model (q, k, v Q4_K: a Q6_K v is staged only where K is a
+    multiple of 2048, so it would not group at K 512; gate/up Q4_K 1536 x 512) through CIQ0,
     every weight MUL_MAT ours, 77 tokens. GGML_CIQ_PLUGIN_GROUP=1: each layer's gate/up and SwiGLU one GLU_PAIR step
-    whose GLU comes from wgmma's epilogue (counted as a GLU launch), and k and v one grouped MUL_MAT step; with =0 none
-    of either. The two plans' logits agree to NMSE <= 1e-10 (one plan over gate and up: float32 sums in another order),
+    whose GLU comes from wgmma's epilogue (counted as a GLU launch), and k and v one grouped MUL_MAT step (one grouped
+    launch, GGML_CIQ_WGMMA_GROUP=2); with =0 none of either. The two plans' logits agree to NMSE <= 1e-10 (one plan over gate and up: float32 sums in another order),
     each is bit for bit the same over two prefills, and both are close to CUDA0's (a sanity bar)."""
     from ggml_ciq.compare import logits_agreement
     from ggml_ciq.llama_model import LlamaModel
 
     if plugin_device != "CIQ0":
         pytest.skip(f"the plugin offers {plugin_device} here, not the GPU device CIQ0")
-    path = catalog.write_small_model(tmp_path / "llama.gguf", "llama", seed=5)
+    path = catalog.write_small_model(tmp_path / "llama.gguf", "llama", seed=5, v_type=quants.Q4_K)
     tokens = list(range(100, 100 + 77))
     with LlamaModel(path, device="cuda") as model, model.context_for(len(tokens), flash_attn=True) as ctx:
         reference = ctx.prefill(tokens)
     logits, counts = {}, {}
     with plugin.Plugin(plugin_path):
         steps = _plugin_steps(llama)
+        monkeypatch.setenv("GGML_CIQ_WGMMA_GROUP", "2")  # k and v in one launch whatever the time model says
         for group in ("1", "0"):
             monkeypatch.setenv("GGML_CIQ_PLUGIN_GROUP", group)
             steps()
@@ -319,10 +321,11 @@ def test_llama_groups_on_the_gpu_device(plugin_path, plugin_device, offload_all,
                 native.dispatch_reset()
                 logits[group] = ctx.prefill(tokens)
                 first = steps()
-                glu_launches = native.wgmma_launch_counts()["glu"]
+                launches = native.wgmma_launch_counts()
+                glu_launches, grouped_launches = launches["glu"], launches["grouped"]
                 assert np.array_equal(ctx.prefill(tokens), logits[group]), group
-            counts[group] = (first[14], first[15], glu_launches)
-    assert counts == {"1": (2, 2, 2), "0": (0, 0, 0)}, counts
+            counts[group] = (first[14], first[15], glu_launches, grouped_launches)
+    assert counts == {"1": (2, 2, 2, 2), "0": (0, 0, 0, 0)}, counts
     assert quants.nmse(logits["1"], logits["0"]) <= 1e-10
     for group in ("1", "0"):
         agreement = logits_agreement(logits[group], reference)
@@ -643,7 +646,7 @@ def test_gpu_plan_fuses_a_layer(plugin_path, plugin_device, offload_all, llama, 
     (the library's plan for this device says which). With GGML_CIQ_PLUGIN_GROUP=1 q, v and k are one grouped
     MUL_MAT step (row[4] >> 2: the two launched with q) and gate, up and their SwiGLU one GLU_PAIR step (the GLU from
     the GEMM's epilogue: its float32 product written, so down converts it); =0 leaves each apart. A graph without a
-    uid gets API v19's plan. (GGML_CIQ_PLUGIN_GROUP is off by default until a GPU run through llama.cpp measures it.)"""
+    uid gets API v19's plan. (GGML_CIQ_PLUGIN_GROUP is on by default since API v29.)"""
     monkeypatch.setenv("GGML_CIQ_PLUGIN_ATTENTION", "0")
     monkeypatch.setenv("GGML_CIQ_PLUGIN_GROUP", "0")
     with _plan_graphs(llama, plugin_path, plugin_device) as (lib, ctx, plan):
@@ -683,7 +686,7 @@ def test_gpu_plan_fuses_a_layer(plugin_path, plugin_device, offload_all, llama, 
                        (NORM_ADD, 18, 19, 20, 0, 0)], got
         assert runs == [3, 6, 7, 8]
         assert uids == [(1 << 63) | (7 << 20) | i for i in range(len(got))]
-        monkeypatch.setenv("GGML_CIQ_PLUGIN_GROUP", "1")  # grouped (off by default until measured)
+        monkeypatch.setenv("GGML_CIQ_PLUGIN_GROUP", "1")  # grouped (the default)
         got, uids, runs = plan(graph, 7)
         fresh = 0 if f16 else 1  # q's and gate's: the norm converted its product (fused) or wrote it
         if wgmma:  # the library's answers on a GPU: q, v and k one launch; gate, up and the SwiGLU one
@@ -1043,7 +1046,7 @@ def test_gpu_plan_over_llamacpps_allocated_graph(plugin_path, cpu_device, llama,
     assert count("API v19's plan", "RUN") == steps[0] and {row[0] for row in got["API v19's plan"]} == {"RUN", "MUL_MAT"}
     kinds = ("RUN", "NORM_ACT", "GLU_ACT", "NORM_ADD", "ROPE", "NORM_ROPE", "BIAS", "SCALE", "SET_ROWS", "ATTN")
     assert [count("fused plan with attention", kind) for kind in kinds] == steps[1:]
-    # GGML_CIQ_PLUGIN_GROUP (off by default; wgmma's answers only: test_gpu_plan_fuses_a_layer): no GLU_PAIR nor group
+    # GGML_CIQ_PLUGIN_GROUP (on by default; wgmma's answers only: test_gpu_plan_fuses_a_layer): no GLU_PAIR nor group
     # here; a MUL_MAT step's group (row[4] >> 2) would count the MUL_MATs launched with it
     assert count("fused plan with attention", "GLU_PAIR") == 0
     for label in ("fused plan", "fused plan with attention"):

@@ -1389,7 +1389,7 @@ int plan_for_tests(ggml_cgraph *graph, int index, uint64_t uid, int32_t *rows, u
     device_context probe = g_devices[index];
     probe.cuda = nullptr;  // the library's answers for that device, no buffer-type check: any graph's tensors will do
     gpu_backend scratch;
-    int fuse = 1, rule = 1, attention = 0, group = 0;
+    int fuse = 1, rule = 1, attention = 0, group = 1;
     if (ciq_switch_on("GGML_CIQ_FUSE", &fuse) != CIQ_OK || ciq_switch_on("GGML_CIQ_PLUGIN_FUSE_RULE", &rule) != CIQ_OK ||
         ciq_switch_on("GGML_CIQ_PLUGIN_ATTENTION", &attention) != CIQ_OK ||
         ciq_switch_on("GGML_CIQ_PLUGIN_GROUP", &group) != CIQ_OK)
@@ -1651,7 +1651,7 @@ ggml_backend_t device_init_backend(ggml_backend_dev_t dev, const char *params) {
     int stats = 0, attention = 0;
     ciq_switch_on("GGML_CIQ_PLUGIN_STATS", &stats);
     ciq_switch_on("GGML_CIQ_PLUGIN_ATTENTION", &attention);
-    int group = 0;
+    int group = 1;
     ciq_switch_on("GGML_CIQ_PLUGIN_GROUP", &group);
     gpu->group = group != 0;
     gpu->print_stats = stats != 0;

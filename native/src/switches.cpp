@@ -94,10 +94,10 @@ constexpr SwitchRow k_switches[SWITCH_COUNT] = {
      "the ggml plugin (ciq_switch_on, when a backend starts)", "1: CIQi also takes q's SCALE, the K/V cache writes "
      "(SET_ROWS) and FLASH_ATTN_EXT (a prefill micro-batch one stretch of ours; off by default: measured slower on "
      "the 8B and no faster on Gemma, docs/PLUGIN.md)"},
-    {PLUGIN_GROUP, "GGML_CIQ_PLUGIN_GROUP", "1/on/true/yes | 0/off/false/no", "off",
+    {PLUGIN_GROUP, "GGML_CIQ_PLUGIN_GROUP", "1/on/true/yes | 0/off/false/no", "on",
      "the ggml plugin (ciq_switch_on, when a backend starts)", "1: CIQi launches adjacent MUL_MATs on one input in one "
-     "grouped launch (k and v) and takes gate/up + GLU as one GLU_PAIR step, the GLU from wgmma's epilogue (off by "
-     "default until a GPU run through llama.cpp measures it: docs/PLUGIN.md)"},
+     "grouped launch (k and v) and takes gate/up + GLU as one GLU_PAIR step, the GLU from wgmma's epilogue (on: the "
+     "8B's pp512 10% faster through llama-bench, docs/PLUGIN.md); 0: each MUL_MAT and GLU its own step"},
 };
 
 constexpr bool rows_in_order() {

@@ -489,8 +489,10 @@ ciq_status ciq_cuda_gemm_wgmma_group(int device, const ciq_wgmma_switches &switc
                                      ciq_out_type out_type) {
     static const char fn[] = "ciq_cuda_gemm_wgmma_group";
     if (n < 2 || n > CIQ_GEMM_GROUP_MAX) return ciq_fail(CIQ_ERR_UNSUPPORTED, "%s: %d weights (2..%d)", fn, n, CIQ_GEMM_GROUP_MAX);
+    // K-quant weights only (their K a multiple of 256): the API checked K against each weight's own type, so a
+    // 32-block weight's K (Gemma's 640) is no error here, only not this launch's (the weights one by one)
     if (k <= 0 || k % QK_K != 0)
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: K must be a multiple of %d, got %lld", fn, QK_K, (long long)k);
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "%s: K %lld, not a multiple of %d (K-quant weights)", fn, (long long)k, QK_K);
     // the kernels built: one K-quant type (Q4_K, Q5_K, Q6_K), or Q4_K weights then Q6_K ones (8B's q, k and v)
     const ciq_type t0 = types[0], tl = types[n - 1];
     bool one_type = true, q4_then_q6 = t0 == CIQ_TYPE_Q4_K && tl == CIQ_TYPE_Q6_K;
@@ -562,8 +564,8 @@ ciq_status ciq_cuda_gemm_wgmma_glu_pair(int device, const ciq_wgmma_switches &sw
                                         const void *gate, const void *up, int64_t rows, int64_t k, const void *x_f16,
                                         int64_t tokens, bool gelu, float *out) {
     static const char fn[] = "ciq_cuda_gemm_wgmma_glu_pair";
-    if (k <= 0 || k % QK_K != 0)
-        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: K must be a multiple of %d, got %lld", fn, QK_K, (long long)k);
+    if (k <= 0 || k % QK_K != 0)  // as in ciq_cuda_gemm_wgmma_group: the two GEMMs and the GLU instead
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "%s: K %lld, not a multiple of %d (K-quant weights)", fn, (long long)k, QK_K);
     if (rows % CIQ_GLU_INTERLEAVE != 0)
         return ciq_fail(CIQ_ERR_UNSUPPORTED, "%s: %lld rows, not a multiple of %d", fn, (long long)rows,
                         CIQ_GLU_INTERLEAVE);
