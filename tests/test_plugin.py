@@ -298,8 +298,9 @@ def test_llama_groups_on_the_gpu_device(plugin_path, plugin_device, offload_all,
     multiple of 2048, so it would not group at K 512; gate/up Q4_K 1536 x 512) through CIQ0,
     every weight MUL_MAT ours, 77 tokens. GGML_CIQ_PLUGIN_GROUP=1: each layer's gate/up and SwiGLU one GLU_PAIR step
     whose GLU comes from wgmma's epilogue (counted as a GLU launch), and k and v one grouped MUL_MAT step (one grouped
-    launch, GGML_CIQ_WGMMA_GROUP=2); with =0 none of either. The two plans' logits agree to NMSE <= 1e-10 (one plan over gate and up: float32 sums in another order),
-    each is bit for bit the same over two prefills, and both are close to CUDA0's (a sanity bar)."""
+    launch, GGML_CIQ_WGMMA_GROUP=2); with =0 none of either. The two plans' logits agree to NMSE <= 1e-10 (one plan
+    over gate and up: float32 sums in another order), each is bit for bit the same over two prefills, and both are
+    close to CUDA0's (a sanity bar)."""
     from ggml_ciq.compare import logits_agreement
     from ggml_ciq.llama_model import LlamaModel
 
