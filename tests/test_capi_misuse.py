@@ -242,7 +242,7 @@ def test_graph_calls_on_the_cpu_and_foreign_handles(native_lib):
 
 def test_switch_on_reads_the_words_and_names_bad_ones(monkeypatch):
     """ciq_switch_on: the on/off words in any case, unset or empty the switch's default (on; GGML_CIQ_PLUGIN_GRAPHS,
-    GGML_CIQ_PLUGIN_STATS and GGML_CIQ_PLUGIN_ATTENTION off); a value it does not take and a name that is
+    GGML_CIQ_PLUGIN_STATS, GGML_CIQ_PLUGIN_ATTENTION and GGML_CIQ_PLUGIN_TIMELINE off); a value it does not take and a name that is
     not an on/off switch each an error naming them (the plugin then offers no device: test_plugin)."""
     n = native.load()
     on = n.ffi.new("int *")
@@ -251,7 +251,7 @@ def test_switch_on_reads_the_words_and_names_bad_ones(monkeypatch):
         assert n.lib.ciq_switch_on(b"GGML_CIQ_FUSE", on) == n.lib.CIQ_OK and on[0] == want, value
     for name, default in ((b"GGML_CIQ_PLUGIN_GRAPHS", 0), (b"GGML_CIQ_PLUGIN_FUSE_RULE", 1),
                           (b"GGML_CIQ_PLUGIN_STATS", 0), (b"GGML_CIQ_PLUGIN_ATTENTION", 0),
-                          (b"GGML_CIQ_PLUGIN_GROUP", 1)):  # the table's defaults
+                          (b"GGML_CIQ_PLUGIN_GROUP", 1), (b"GGML_CIQ_PLUGIN_TIMELINE", 0)):  # the table's defaults
         monkeypatch.delenv(name.decode(), raising=False)
         assert n.lib.ciq_switch_on(name, on) == n.lib.CIQ_OK and on[0] == default, name
         monkeypatch.setenv(name.decode(), "on" if default == 0 else "off")

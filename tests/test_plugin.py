@@ -259,6 +259,82 @@ def test_gemma_prefill_on_the_gpu_device(plugin_path, plugin_device, offload_all
     assert np.isfinite(logits).all() and agreement["top1"] >= 0.9 and agreement["kld_mean"] <= 0.05
 
 
+_STATS_HOST = re.compile(r"ggml-ciq: CIQ0: (\d+) graphs computed, .*? host us a graph over the last (\d+): "
+                         r"graph_compute ([\d.]+) \(CUDA runs ([\d.]+), ours ([\d.]+), hand-overs ([\d.]+)\), "
+                         r"synchronize ([\d.]+)")
+_TIMELINE = re.compile(r"ggml-ciq: CIQ0: timeline over (\d+) graphs \((\d+) not summed\), us from graph_compute's "
+                       r"start, host issued -> GPU passed:(.*) graph_compute returned ([\d.]+), synchronize returned "
+                       r"([\d.]+); GPU span median ([\d.]+) \(min ([\d.]+)\)")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offload", ["", "none"])
+def test_timeline_traces_the_graphs_after_the_first_three(plugin_path, plugin_device, gemma_full, llama,
+                                                          monkeypatch, capfd, offload):
+    """GGML_CIQ_PLUGIN_TIMELINE=1 (API v30) over Gemma 3 270M on CIQ0, six prefills (one graph each) in one context: the
+    line counts the three graphs after the first three (every one summed); its boundaries are the plan's, each CUDA0 run and each
+    stretch of ours once, in order (the step counters say how many runs); the host's and the GPU's times rise along
+    them (20 us of slack: each boundary's timer has its own start event); the GPU passes a boundary no earlier than
+    the host issued it (same slack) and the last one before synchronize returned. With GGML_CIQ_OFFLOAD=none nothing
+    is ours: one boundary, CUDA0's whole graph. The timers do not change the logits. The stats line's host times
+    cover the same graphs (the first three left out: 25th session's lines counted them, divided by the rest), so its
+    graph_compute a graph is the timeline's within 25%."""
+    from ggml_ciq.llama_model import LlamaModel
+
+    if plugin_device != "CIQ0":
+        pytest.skip(f"the plugin offers {plugin_device} here, not the GPU device CIQ0")
+    if offload:
+        monkeypatch.setenv("GGML_CIQ_OFFLOAD", offload)
+    else:
+        monkeypatch.delenv("GGML_CIQ_OFFLOAD", raising=False)
+    path = gemma_full.path
+    text = open(PROMPT).read()
+    with plugin.Plugin(plugin_path):
+        steps = _plugin_steps(llama)
+        results = {}
+        for timeline in ("0", "1"):
+            monkeypatch.setenv("GGML_CIQ_PLUGIN_TIMELINE", timeline)
+            monkeypatch.setenv("GGML_CIQ_PLUGIN_STATS", "1")
+            capfd.readouterr()
+            with LlamaModel(path, device="cuda", devices=["CIQ0"]) as model:
+                tokens = model.tokenize(text)
+                with model.context_for(len(tokens), flash_attn=True) as ctx:
+                    steps()
+                    results[timeline] = [ctx.prefill(tokens) for _ in range(6)]
+                    runs = steps()[0] // 6
+            results[timeline + "err"] = capfd.readouterr().err
+    for logits in results["0"][1:] + results["1"]:
+        assert np.array_equal(logits, results["0"][0])
+    assert _TIMELINE.search(results["0err"]) is None
+    found = _TIMELINE.search(results["1err"])
+    assert found, results["1err"][-2000:]
+    graphs, skipped = int(found.group(1)), int(found.group(2))
+    returned, synced, span, span_min = map(float, found.group(4, 5, 6, 7))
+    assert found.group(3).startswith(" begin "), found.group(3)[:200]  # our idle stream's mark at the start
+    marks = re.findall(r" (run|ours) (\d+) \(([^)]*)\) ([\d.]+) -> ([\d.]+);", found.group(3))
+    print(f"timeline: {len(marks)} boundaries, {runs} CUDA0 runs a prefill; returned {returned}, synchronize "
+          f"{synced}, GPU span {span} (min {span_min}) us")
+    stats = _STATS_HOST.search(results["1err"])
+    assert stats, results["1err"][-2000:]
+    computed, over = int(stats.group(1)), int(stats.group(2))
+    assert computed == 6 and over == 3 and (graphs, skipped) == (3, 0), (computed, over, graphs, skipped)
+    assert sum(kind == "run" for kind, *_ in marks) == runs
+    if offload == "none":
+        assert [(kind, detail) for kind, _, detail, _, _ in marks] == [("run", "whole graph")]
+    else:
+        assert runs >= 2 and len(marks) >= 2 * runs - 1
+        steps_at = [int(i) for _, i, *_ in marks]
+        assert steps_at == sorted(steps_at) and len(set(steps_at)) == len(steps_at)
+    host = [float(h) for *_, h, _ in marks]
+    gpu = [float(g) for *_, g in marks]
+    assert all(b >= a for a, b in zip(host, host[1:]))
+    assert all(b >= a - 20 for a, b in zip(gpu, gpu[1:]))
+    assert all(g >= h - 20 for h, g in zip(host, gpu))
+    assert host[-1] <= returned and gpu[-1] <= synced + 20 and span_min <= span
+    compute = float(stats.group(3))
+    assert 0.8 * returned <= compute <= 1.25 * returned, (compute, returned)
+
+
 @pytest.mark.gpu
 def test_qwen2_biases_on_the_gpu_device(plugin_path, plugin_device, offload_all, llama, tmp_path, monkeypatch):
     """Over a CUDA llama.cpp: a two-layer random qwen2 model (q/k/v bias rows) through CIQ0, every weight MUL_MAT ours,

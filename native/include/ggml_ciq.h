@@ -38,7 +38,7 @@
 extern "C" {
 #endif
 
-#define GGML_CIQ_API_VERSION 29
+#define GGML_CIQ_API_VERSION 30
 
 /* CDEF-BEGIN */
 typedef enum { CIQ_DEVICE_CPU = -1 } ciq_device_index; /* the host as a device; GPUs are 0..n-1 */
@@ -133,10 +133,10 @@ ciq_status ciq_api_version(int *version);
 /* JSON object: version, commit, api_version, backends, cuda_archs, hip, cpu_isa, threads; valid until the next call. */
 ciq_status ciq_build_info(const char **json);
 /* An on/off runtime switch (GGML_CIQ_FUSE, GGML_CIQ_FUSE_GLU, GGML_CIQ_ATTENTION_WGMMA, GGML_CIQ_PLUGIN_GRAPHS,
- * GGML_CIQ_PLUGIN_FUSE_RULE, GGML_CIQ_PLUGIN_STATS, GGML_CIQ_PLUGIN_ATTENTION, GGML_CIQ_PLUGIN_GROUP) as the
- * environment sets it now: *on 1 or 0 (1/on/true/yes, 0/off/false/no, any case; unset or empty: its default, off for
- * GGML_CIQ_PLUGIN_GRAPHS, GGML_CIQ_PLUGIN_STATS and GGML_CIQ_PLUGIN_ATTENTION, else on; GGML_CIQ_PLUGIN_GROUP on
- * since API v29).
+ * GGML_CIQ_PLUGIN_FUSE_RULE, GGML_CIQ_PLUGIN_STATS, GGML_CIQ_PLUGIN_ATTENTION, GGML_CIQ_PLUGIN_GROUP,
+ * GGML_CIQ_PLUGIN_TIMELINE since API v30) as the environment sets it now: *on 1 or 0 (1/on/true/yes, 0/off/false/no,
+ * any case; unset or empty: its default, off for GGML_CIQ_PLUGIN_GRAPHS, GGML_CIQ_PLUGIN_STATS,
+ * GGML_CIQ_PLUGIN_ATTENTION and GGML_CIQ_PLUGIN_TIMELINE, else on; GGML_CIQ_PLUGIN_GROUP on since API v29).
  * Another name, or a value the
  * switch does not take: CIQ_ERR_INVALID_ARGUMENT naming it. */
 ciq_status ciq_switch_on(const char *name, int *on);

@@ -390,6 +390,29 @@ struct gpu_backend {
         int64_t last_end = 0;  // steady clock at the end of the last graph_compute or synchronize (0: none yet)
     } stats;
     bool print_stats = false;  // GGML_CIQ_PLUGIN_STATS when it started
+    // GGML_CIQ_PLUGIN_TIMELINE: where a micro-batch's time goes on the GPU against the host. The graphs after the first
+    // k_warm_graphs are traced: before each, once CUDAi's stream is idle (in synchronize), timers start on our idle
+    // stream (ciq_timer_start: their start events pass at once, so a timer's host start time is its GPU time); in the
+    // graph each boundary marks one: the end of a stretch of ours, and of a CUDAi run where our stream waits for it
+    // (the to_ciq wait every stretch already makes; after the last run one more). Read in the next synchronize.
+    struct timeline {
+        bool on = false;
+        std::vector<void *> timers;        // started, not yet read
+        std::vector<int64_t> started;      // each timer's host start, steady clock ns
+        size_t used = 0;                   // marks made in the traced graph
+        bool tracing = false;              // this graph_compute marks
+        bool pending = false;              // a traced graph waits for its readout
+        int64_t t0 = 0;                    // the traced graph's graph_compute entry
+        int64_t returned = 0;              // its return, ns from t0
+        std::vector<int64_t> host;         // per mark: the host's ns from t0 when it issued the mark
+        std::vector<std::string> labels;   // per mark: what ended there
+        std::vector<std::string> names;    // the first traced graph's labels: the graphs summed have the same
+        std::vector<double> sum_host, sum_gpu;
+        std::vector<double> spans;         // per graph summed: the GPU's ns from t0 to the last mark
+        double sum_returned = 0, sum_synced = 0;
+        uint64_t graphs = 0, skipped = 0;
+    } tl;
+    size_t last_marks = 0;  // the timers the last graph's plan needs traced (GGML_CIQ_PLUGIN_TIMELINE)
 };
 
 constexpr uint64_t k_warm_graphs = 3;  // the stats line's host times leave out a backend's first graphs
@@ -433,6 +456,135 @@ std::string stats_line(const std::string &name, const decltype(gpu_backend::stat
 
 gpu_backend *gpu_of(ggml_backend_t backend) { return (gpu_backend *)backend->context; }
 
+// -- GGML_CIQ_PLUGIN_TIMELINE (gpu_backend::timeline) --
+
+void timeline_discard(gpu_backend *ctx) {  // timers not to be read: stopped (each waits for its events) and dropped
+    float ms = 0;
+    for (void *t : ctx->tl.timers) ciq_timer_stop(t, &ms);
+    ctx->tl.timers.clear();
+    ctx->tl.started.clear();
+    ctx->tl.used = 0;
+    ctx->tl.pending = ctx->tl.tracing = false;
+}
+
+// Timers for the next graph, started while our stream is idle (after CUDAi's stream synchronized: every step of ours
+// precedes a CUDAi node that stream waited for). Only after the first k_warm_graphs graphs.
+void timeline_prestart(const device_context *dev, gpu_backend *ctx) {
+    auto &tl = ctx->tl;
+    if (!tl.on || tl.pending || !tl.timers.empty() || ctx->stats.computes < k_warm_graphs) return;
+    const size_t n = ctx->last_marks + 2;  // and begin
+    for (size_t i = 0; i < n; i++) {
+        void *timer = nullptr;
+        if (ciq_timer_start(dev->ciq_device, &timer) != CIQ_OK) {
+            GGML_LOG_ERROR("ggml-ciq: %s: GGML_CIQ_PLUGIN_TIMELINE: %s; no timeline\n", dev->name.c_str(),
+                           ciq_last_error());
+            tl.on = false;
+            timeline_discard(ctx);
+            return;
+        }
+        tl.timers.push_back(timer);
+        tl.started.push_back(now_ns());
+    }
+}
+
+// Marks the next timer on our stream: what was issued on it so far has run (the GPU's time there).
+void timeline_mark(const device_context *dev, gpu_backend *ctx, const std::string &label) {
+    auto &tl = ctx->tl;
+    if (!tl.tracing || tl.used >= tl.timers.size()) return;
+    tl.host.push_back(now_ns() - tl.t0);
+    tl.labels.push_back(label);
+    if (ciq_timer_mark(tl.timers[tl.used]) != CIQ_OK)
+        GGML_LOG_ERROR("ggml-ciq: %s: GGML_CIQ_PLUGIN_TIMELINE: %s\n", dev->name.c_str(), ciq_last_error());
+    tl.used++;
+}
+
+// A traced graph's first mark, "begin": our stream is idle, so the GPU passes it as soon as it is issued (how far
+// apart the two clocks read).
+void timeline_begin(const device_context *dev, gpu_backend *ctx, int64_t t_start) {
+    auto &tl = ctx->tl;
+    if (tl.used > 0 && !tl.pending) timeline_discard(ctx);  // a traced graph that failed half way
+    tl.tracing = tl.on && !tl.pending && !tl.timers.empty();
+    if (!tl.tracing) return;
+    tl.t0 = t_start;
+    tl.used = 0;
+    tl.host.clear();
+    tl.labels.clear();
+    timeline_mark(dev, ctx, "begin");
+}
+
+// The end of a CUDAi run no stretch of ours follows: our stream waits for it (to_ciq), then marks.
+void timeline_mark_run(const device_context *dev, gpu_backend *ctx, const std::string &label) {
+    if (!ctx->tl.tracing) return;
+    ggml_backend_event_record(ctx->to_ciq, ctx->cuda);
+    if (ciq_stream_wait_event(dev->ciq_device, ctx->to_ciq->context) == CIQ_OK) timeline_mark(dev, ctx, label);
+}
+
+void timeline_end(gpu_backend *ctx) {
+    auto &tl = ctx->tl;
+    if (!tl.tracing) return;
+    tl.returned = now_ns() - tl.t0;
+    tl.tracing = false;
+    tl.pending = true;
+}
+
+// In synchronize, CUDAi's stream idle: the traced graph's marks read and summed (graphs whose marks name the same
+// boundaries as the first one's), the rest of the timers stopped; then timers for the next graph.
+void timeline_read(const device_context *dev, gpu_backend *ctx, int64_t synced) {
+    auto &tl = ctx->tl;
+    if (tl.pending) {
+        std::vector<double> gpu(tl.used);
+        bool ok = true;
+        for (size_t i = 0; i < tl.timers.size(); i++) {
+            float ms = 0;
+            const bool read = ciq_timer_stop(tl.timers[i], &ms) == CIQ_OK;
+            if (i < tl.used) {
+                ok = ok && read;
+                gpu[i] = (double)(tl.started[i] - tl.t0) + 1e6 * (double)ms;
+            }
+        }
+        tl.timers.clear();
+        tl.started.clear();
+        tl.pending = false;
+        if (tl.graphs == 0 && ok && tl.used > 0) {
+            tl.names = tl.labels;
+            tl.sum_host.assign(tl.used, 0.0);
+            tl.sum_gpu.assign(tl.used, 0.0);
+        }
+        if (ok && tl.used > 0 && tl.labels == tl.names) {
+            for (size_t i = 0; i < tl.used; i++) tl.sum_host[i] += (double)tl.host[i], tl.sum_gpu[i] += gpu[i];
+            tl.sum_returned += (double)tl.returned;
+            tl.sum_synced += (double)(synced - tl.t0);
+            tl.spans.push_back(gpu[tl.used - 1]);
+            tl.graphs++;
+        } else {
+            tl.skipped++;
+        }
+        tl.used = 0;
+    }
+    timeline_prestart(dev, ctx);
+}
+
+// The timeline line: per boundary, microseconds from graph_compute's start when the host issued the mark and when the
+// GPU passed it (averages over the graphs summed); then graph_compute's return, synchronize's return, the GPU span.
+std::string timeline_line(const std::string &name, const gpu_backend::timeline &tl) {
+    std::string line = "ggml-ciq: " + name + ": timeline over " + std::to_string(tl.graphs) + " graphs (" +
+                       std::to_string(tl.skipped) + " not summed), us from graph_compute's start, host issued -> GPU "
+                       "passed:";
+    char item[160];
+    const double per = tl.graphs > 0 ? 1e-3 / (double)tl.graphs : 0.0;
+    for (size_t i = 0; i < tl.names.size() && tl.graphs > 0; i++) {
+        std::snprintf(item, sizeof(item), " %s %.1f -> %.1f;", tl.names[i].c_str(), tl.sum_host[i] * per,
+                      tl.sum_gpu[i] * per);
+        line += item;
+    }
+    std::vector<double> spans = tl.spans;
+    std::sort(spans.begin(), spans.end());
+    std::snprintf(item, sizeof(item), " graph_compute returned %.1f, synchronize returned %.1f; GPU span median %.1f "
+                  "(min %.1f)\n", tl.sum_returned * per, tl.sum_synced * per,
+                  spans.empty() ? 0.0 : 1e-3 * spans[spans.size() / 2], spans.empty() ? 0.0 : 1e-3 * spans.front());
+    return line + item;
+}
+
 // The inner backend a CIQi backend stands for (ggml-cuda's async copies accept only CUDA backends); others as given.
 ggml_backend_t cuda_of(ggml_backend_t backend);
 
@@ -442,6 +594,13 @@ void gpu_backend_free(ggml_backend_t backend) {
     GGML_LOG_DEBUG("%s", line.c_str());
     if (ctx->print_stats) std::fputs(line.c_str(), stderr);
     if (ctx->cuda != nullptr) ggml_backend_synchronize(ctx->cuda);
+    if (ctx->tl.on) {
+        timeline_read(device_of(backend), ctx, now_ns());
+        timeline_discard(ctx);
+        const std::string tline = timeline_line(device_of(backend)->name, ctx->tl);
+        GGML_LOG_DEBUG("%s", tline.c_str());
+        std::fputs(tline.c_str(), stderr);
+    }
     if (!ctx->plans.empty()) ciq_device_synchronize(device_of(backend)->ciq_device);  // graphs in flight done
     for (graph_plan &p : ctx->plans) free_graphs(&p);
     if (ctx->x.buffer != nullptr) ciq_memory_free(device_of(backend)->ciq_device, ctx->x.buffer);
@@ -488,6 +647,7 @@ void gpu_synchronize(ggml_backend_t backend) {
     ctx->stats.t.ns_sync += t1 - t0;
     if (ctx->stats.last_end != 0) ctx->stats.t.ns_outside += t0 - ctx->stats.last_end;
     ctx->stats.last_end = t1;
+    if (ctx->tl.on) timeline_read(device_of(backend), ctx, t1);
 }
 
 // CUDAi's own node order and fusion lifetimes, so that what CUDAi runs is what it would run alone. Not under
@@ -1491,7 +1651,9 @@ ggml_status gpu_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
     gpu_backend *ctx = gpu_of(backend);
     const int64_t t_start = now_ns();
     auto &st = ctx->stats;
+    if (st.computes == k_warm_graphs) st.t_warm = st.t;  // the stats line's times: the graphs from here on
     if (st.last_end != 0) st.t.ns_outside += t_start - st.last_end;
+    timeline_begin(dev, ctx, t_start);
     struct timed {  // graph_compute's host time, however it returns
         decltype(st) &stats;
         int64_t start;
@@ -1502,12 +1664,21 @@ ggml_status gpu_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
     } timer{st, t_start};
     graph_plan &plan = plan_of(dev, ctx, graph);
     st.computes++;
+    if (ctx->tl.on) {  // the timers the next traced graph needs: one after each CUDAi run and each stretch of ours
+        size_t marks = 1;
+        for (size_t i = 0; i < plan.steps.size(); i++)
+            marks += plan.steps[i].kind == STEP_RUN || i + 1 == plan.steps.size() || plan.steps[i + 1].kind == STEP_RUN;
+        ctx->last_marks = marks;
+    }
     if (plan.whole) {
         g_step_counts[STEP_RUN]++;
         const ggml_status status = ggml_backend_graph_compute_async(ctx->cuda, graph);
         st.t.ns_cuda += now_ns() - t_start;
+        timeline_mark_run(dev, ctx, "run 0 (whole graph)");
+        timeline_end(ctx);
         return status;
     }
+    std::string run_label;   // traced: the CUDAi run our stream has not waited for yet
     bool cuda_ahead = true;  // CUDAi's stream may hold work ours has not waited for (the scheduler's input copies)
     bool ciq_ahead = false;  // ours holds steps CUDAi's stream has not waited for
     ctx->x.valid = false;    // a new graph: nothing converted is known to be current
@@ -1539,6 +1710,7 @@ ggml_status gpu_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
         count_step(s);
         if (s.kind == STEP_RUN) {
             if (!cuda_after_ciq()) return fail(nullptr);
+            if (ctx->tl.tracing) run_label = "run " + std::to_string(i) + " (" + std::to_string(s.run.size()) + " nodes)";
             ggml_cgraph view = ggml_graph_view(graph, 0, 0);  // the parent's use counts and hash set
             view.nodes = const_cast<ggml_tensor **>(s.run.data());
             view.n_nodes = (int)s.run.size();
@@ -1557,6 +1729,8 @@ ggml_status gpu_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
                 return fail(graph->nodes[s.node]);
             cuda_ahead = false;
             st.t.ns_handover += now_ns() - t0;
+            if (!run_label.empty()) timeline_mark(dev, ctx, run_label);  // our stream past CUDAi's run
+            run_label.clear();
         }
         ciq_ahead = true;
         size_t end = i + 1, failed = i;
@@ -1565,9 +1739,14 @@ ggml_status gpu_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
         const ciq_status ours = run_stretch(dev, ctx, graph, plan, i, end, &failed);
         st.t.ns_ours += now_ns() - t0;
         if (ours != CIQ_OK) return fail(graph->nodes[plan.steps[failed].node]);
+        if (ctx->tl.tracing)
+            timeline_mark(dev, ctx, "ours " + std::to_string(i) + " (" + std::to_string(end - i) + " steps)");
         i = end - 1;
     }
-    return cuda_after_ciq() ? GGML_STATUS_SUCCESS : fail(nullptr);
+    if (!cuda_after_ciq()) return fail(nullptr);
+    if (!run_label.empty()) timeline_mark_run(dev, ctx, run_label);
+    timeline_end(ctx);
+    return GGML_STATUS_SUCCESS;
 }
 
 const ggml_backend_i gpu_backend_interface = {
@@ -1651,8 +1830,10 @@ ggml_backend_t device_init_backend(ggml_backend_dev_t dev, const char *params) {
     int stats = 0, attention = 0;
     ciq_switch_on("GGML_CIQ_PLUGIN_STATS", &stats);
     ciq_switch_on("GGML_CIQ_PLUGIN_ATTENTION", &attention);
-    int group = 1;
+    int group = 1, timeline = 0;
     ciq_switch_on("GGML_CIQ_PLUGIN_GROUP", &group);
+    ciq_switch_on("GGML_CIQ_PLUGIN_TIMELINE", &timeline);
+    gpu->tl.on = timeline != 0;
     gpu->group = group != 0;
     gpu->print_stats = stats != 0;
     gpu->attention = attention != 0;
@@ -1784,7 +1965,8 @@ bool ggml_matches() {
 
 // The on/off switches a CIQi backend reads when it starts (device_init_backend).
 constexpr const char *k_plugin_switches[] = {"GGML_CIQ_FUSE", "GGML_CIQ_PLUGIN_GRAPHS", "GGML_CIQ_PLUGIN_FUSE_RULE",
-                                             "GGML_CIQ_PLUGIN_STATS", "GGML_CIQ_PLUGIN_ATTENTION", "GGML_CIQ_PLUGIN_GROUP"};
+                                             "GGML_CIQ_PLUGIN_STATS", "GGML_CIQ_PLUGIN_ATTENTION", "GGML_CIQ_PLUGIN_GROUP",
+                                             "GGML_CIQ_PLUGIN_TIMELINE"};
 
 // The library's runtime switches the plugin's planning reads (GGML_CIQ_OFFLOAD, GGML_CIQ_VARIANT...) are valid: a
 // value they do not take is one log line and no plugin, never a silent "decline every op".

@@ -30,6 +30,7 @@ enum Switch {
     PLUGIN_STATS,
     PLUGIN_ATTENTION,
     PLUGIN_GROUP,
+    PLUGIN_TIMELINE,
     SWITCH_COUNT
 };
 
@@ -98,6 +99,12 @@ constexpr SwitchRow k_switches[SWITCH_COUNT] = {
      "the ggml plugin (ciq_switch_on, when a backend starts)", "1: CIQi launches adjacent MUL_MATs on one input in one "
      "grouped launch (k and v) and takes gate/up + GLU as one GLU_PAIR step, the GLU from wgmma's epilogue (on: the "
      "8B's pp512 10% faster through llama-bench, docs/PLUGIN.md); 0: each MUL_MAT and GLU its own step"},
+    {PLUGIN_TIMELINE, "GGML_CIQ_PLUGIN_TIMELINE", "1/on/true/yes | 0/off/false/no", "off",
+     "the ggml plugin (ciq_switch_on, when a backend starts)", "1: each CIQi backend traces its graphs after the first "
+     "three with timers on its stream at every boundary between CUDAi's runs and its own stretches, and prints one "
+     "line to stderr when it is freed: per boundary the microseconds from graph_compute's start at which the host "
+     "issued it and the GPU passed it, and when graph_compute and synchronize returned (a diagnostic: the timers cost "
+     "host time, so not for speed figures)"},
 };
 
 constexpr bool rows_in_order() {
@@ -174,7 +181,7 @@ ciq_status ciq_switches_attention_wgmma(bool *take) { return word_switch(ATTENTI
 ciq_status ciq_switches_on_off(const char *name, bool *on) {
     *on = true;
     constexpr Switch on_off[] = {FUSE, FUSE_GLU, ATTENTION_WGMMA, PLUGIN_GRAPHS, PLUGIN_FUSE_RULE, PLUGIN_STATS,
-                                 PLUGIN_ATTENTION, PLUGIN_GROUP};
+                                 PLUGIN_ATTENTION, PLUGIN_GROUP, PLUGIN_TIMELINE};
     std::string names;
     for (Switch s : on_off) {
         if (name != nullptr && std::strcmp(name, switch_name(s)) == 0) return word_switch(s, on);

@@ -29,9 +29,9 @@ ciq_status ciq_switches_offload(int *offload);
 // GGML_CIQ_ATTENTION_WGMMA: whether AUTO attention takes wgmma where it runs; a value not on/off an error.
 ciq_status ciq_switches_attention_wgmma(bool *take);
 // An on/off switch of the table by name (GGML_CIQ_FUSE, GGML_CIQ_FUSE_GLU, GGML_CIQ_ATTENTION_WGMMA,
-// GGML_CIQ_PLUGIN_GRAPHS, GGML_CIQ_PLUGIN_FUSE_RULE, GGML_CIQ_PLUGIN_STATS, GGML_CIQ_PLUGIN_ATTENTION), unset or empty
-// its default; another name or
-// a value not on/off an error naming it.
+// GGML_CIQ_PLUGIN_GRAPHS, GGML_CIQ_PLUGIN_FUSE_RULE, GGML_CIQ_PLUGIN_STATS, GGML_CIQ_PLUGIN_ATTENTION,
+// GGML_CIQ_PLUGIN_GROUP, GGML_CIQ_PLUGIN_TIMELINE), unset or empty its default; another name or a value not on/off an
+// error naming it.
 ciq_status ciq_switches_on_off(const char *name, bool *on);
 // GGML_CIQ_CPU_ISA: the instruction set asked for (scalar | avx2 | avxvnni), or nullptr when unset.
 const char *ciq_switches_cpu_isa(void);
