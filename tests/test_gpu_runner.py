@@ -5,6 +5,7 @@ import importlib.util
 import io
 import json
 import random
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -408,6 +409,23 @@ def test_native_llamacpp_runs_use_its_libraries_and_package_together(out, monkey
     assert str(root / "llama") not in native["PYTHONPATH"].split(":")
     args = gpu.build_parser().parse_args(["setup", "--native-cpu", "--no-llama"])
     assert args.native_cpu and args.no_llama
+
+
+def test_setup_and_stage_place_the_carried_extras(out, monkeypatch, tmp_path):
+    """The carried .device-extra/ (the 8B's vocabulary) lands in the device folder from setup as from stage: a lease
+    that stages no model once ran setup alone and found no vocabulary to write the 8B from."""
+    root = tmp_path / "tree"
+    (root / ".device-extra").mkdir(parents=True)
+    (root / ".device-extra" / "ggml-vocab-llama-bpe.gguf").write_bytes(b"vocab")
+    monkeypatch.setattr(gpu, "ROOT", root)
+    p = gpu.paths()
+    assert gpu.place_extras(p) and (p["device"] / "ggml-vocab-llama-bpe.gguf").read_bytes() == b"vocab"
+    (p["device"] / "ggml-vocab-llama-bpe.gguf").unlink()
+    with pytest.raises(gpu.UsageError, match="no wheels"):  # setup without .device: the extras are in place first
+        gpu.setup(gpu.build_parser().parse_args(["setup", "--no-llama"]))
+    assert (p["device"] / "ggml-vocab-llama-bpe.gguf").read_bytes() == b"vocab"
+    shutil.rmtree(root / ".device-extra")
+    assert not gpu.place_extras(p)
 
 
 def test_setup_builds_from_a_snapshot_of_the_sources(out):

@@ -398,10 +398,20 @@ def snapshot_sources(dest: Path) -> Path:
     return dest / "native"
 
 
+def place_extras(p: dict) -> bool:
+    """The carried .device-extra/ (the 8B's llama3 vocabulary, ...) into the device folder; whether there was one.
+    setup and stage both do it, so a lease that stages no model still has them."""
+    if not (ROOT / ".device-extra").is_dir():
+        return False
+    shutil.copytree(ROOT / ".device-extra", p["device"], dirs_exist_ok=True)
+    return True
+
+
 def setup(args) -> int:
     p = paths()
     if (ROOT / ".device").is_dir():
         shutil.copytree(ROOT / ".device", p["device"], dirs_exist_ok=True)
+    place_extras(p)
     if os.environ.get("GGML_CIQ_COMMIT"):
         p["commit"].write_text(os.environ["GGML_CIQ_COMMIT"] + "\n")
     wheels = sorted((p["device"] / "whl").glob("*.whl"))
@@ -480,8 +490,7 @@ def stage(args) -> int:
     """Keeps the carried parts; joins each model whose parts are all here (checked against its sums file FILE.sha256,
     whose first line names the whole file) into /tmp/FILE, once."""
     p = paths()
-    if (ROOT / ".device-extra").is_dir():
-        shutil.copytree(ROOT / ".device-extra", p["device"], dirs_exist_ok=True)
+    place_extras(p)
     p["parts"].mkdir(parents=True, exist_ok=True)
     if (ROOT / ".device-parts").is_dir():
         for f in (ROOT / ".device-parts").iterdir():
