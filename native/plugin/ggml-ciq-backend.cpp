@@ -512,11 +512,16 @@ void timeline_begin(const device_context *dev, gpu_backend *ctx, int64_t t_start
     timeline_mark(dev, ctx, "begin");
 }
 
-// The end of a CUDAi run no stretch of ours follows: our stream waits for it (to_ciq), then marks.
-void timeline_mark_run(const device_context *dev, gpu_backend *ctx, const std::string &label) {
-    if (!ctx->tl.tracing) return;
+// Our stream's later work waits for what CUDAi's stream holds now (to_ciq), without a host wait; false: the wait
+// could not be queued (ciq_last_error says why).
+bool ours_after_cuda(const device_context *dev, gpu_backend *ctx) {
     ggml_backend_event_record(ctx->to_ciq, ctx->cuda);
-    if (ciq_stream_wait_event(dev->ciq_device, ctx->to_ciq->context) == CIQ_OK) timeline_mark(dev, ctx, label);
+    return ciq_stream_wait_event(dev->ciq_device, ctx->to_ciq->context) == CIQ_OK;
+}
+
+// The end of a CUDAi run no stretch of ours follows: our stream waits for it, then marks.
+void timeline_mark_run(const device_context *dev, gpu_backend *ctx, const std::string &label) {
+    if (ctx->tl.tracing && ours_after_cuda(dev, ctx)) timeline_mark(dev, ctx, label);
 }
 
 void timeline_end(gpu_backend *ctx) {
@@ -528,8 +533,8 @@ void timeline_end(gpu_backend *ctx) {
 }
 
 // In synchronize, CUDAi's stream idle: the traced graph's marks read and summed (graphs whose marks name the same
-// boundaries as the first one's), the rest of the timers stopped; then timers for the next graph.
-void timeline_read(const device_context *dev, gpu_backend *ctx, int64_t synced) {
+// boundaries as the first one's), the rest of the timers stopped.
+void timeline_read(gpu_backend *ctx, int64_t synced) {
     auto &tl = ctx->tl;
     if (tl.pending) {
         std::vector<double> gpu(tl.used);
@@ -561,7 +566,6 @@ void timeline_read(const device_context *dev, gpu_backend *ctx, int64_t synced) 
         }
         tl.used = 0;
     }
-    timeline_prestart(dev, ctx);
 }
 
 // The timeline line: per boundary, microseconds from graph_compute's start when the host issued the mark and when the
@@ -595,7 +599,7 @@ void gpu_backend_free(ggml_backend_t backend) {
     if (ctx->print_stats) std::fputs(line.c_str(), stderr);
     if (ctx->cuda != nullptr) ggml_backend_synchronize(ctx->cuda);
     if (ctx->tl.on) {
-        timeline_read(device_of(backend), ctx, now_ns());
+        timeline_read(ctx, now_ns());
         timeline_discard(ctx);
         const std::string tline = timeline_line(device_of(backend)->name, ctx->tl);
         GGML_LOG_DEBUG("%s", tline.c_str());
@@ -647,7 +651,10 @@ void gpu_synchronize(ggml_backend_t backend) {
     ctx->stats.t.ns_sync += t1 - t0;
     if (ctx->stats.last_end != 0) ctx->stats.t.ns_outside += t0 - ctx->stats.last_end;
     ctx->stats.last_end = t1;
-    if (ctx->tl.on) timeline_read(device_of(backend), ctx, t1);
+    if (ctx->tl.on) {
+        timeline_read(ctx, t1);
+        timeline_prestart(device_of(backend), ctx);  // the next graph's timers
+    }
 }
 
 // CUDAi's own node order and fusion lifetimes, so that what CUDAi runs is what it would run alone. Not under
@@ -1724,9 +1731,7 @@ ggml_status gpu_graph_compute(ggml_backend_t backend, ggml_cgraph *graph) {
         }
         if (cuda_ahead) {
             const int64_t t0 = now_ns();
-            ggml_backend_event_record(ctx->to_ciq, ctx->cuda);
-            if (ciq_stream_wait_event(dev->ciq_device, ctx->to_ciq->context) != CIQ_OK)
-                return fail(graph->nodes[s.node]);
+            if (!ours_after_cuda(dev, ctx)) return fail(graph->nodes[s.node]);
             cuda_ahead = false;
             st.t.ns_handover += now_ns() - t0;
             if (!run_label.empty()) timeline_mark(dev, ctx, run_label);  // our stream past CUDAi's run
