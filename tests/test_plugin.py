@@ -998,7 +998,9 @@ def test_bad_switch_value_is_one_line(plugin_path, llama):
                                   ("GGML_CIQ_PLUGIN_STATS", "loud", "GGML_CIQ_PLUGIN_STATS='loud': expected 1 or 0"),
                                   ("GGML_CIQ_PLUGIN_ATTENTION", "mma",
                                    "GGML_CIQ_PLUGIN_ATTENTION='mma': expected 1 or 0"),
-                                  ("GGML_CIQ_PLUGIN_GROUP", "all", "GGML_CIQ_PLUGIN_GROUP='all': expected 1 or 0")):
+                                  ("GGML_CIQ_PLUGIN_GROUP", "all", "GGML_CIQ_PLUGIN_GROUP='all': expected 1 or 0"),
+                                  ("GGML_CIQ_PLUGIN_TIMELINE", "verbose",
+                                   "GGML_CIQ_PLUGIN_TIMELINE='verbose': expected 1 or 0")):
         proc = subprocess.run([sys.executable, "-c", code, str(_lib_file(llama.lib_dir, "ggml")), str(plugin_path)],
                               env=dict(os.environ, **{variable: value}), capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0 and proc.stdout.strip() == "none", (proc.stdout, proc.stderr[-2000:])
