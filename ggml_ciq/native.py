@@ -19,7 +19,7 @@ from .resources import Closeable
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _SOURCE_HEADER = _PACKAGE_DIR.parent / "native" / "include" / "ggml_ciq.h"
 _LIBRARY_NAMES = ("libggml_ciq.so", "libggml_ciq.dylib", "ggml_ciq.dll")
-API_VERSION = 30  # GGML_CIQ_API_VERSION of the header this package's code is written against
+API_VERSION = 31  # GGML_CIQ_API_VERSION of the header this package's code is written against
 
 def _header_path() -> Path:
     for candidate in (_PACKAGE_DIR / "include" / "ggml_ciq.h", _SOURCE_HEADER):

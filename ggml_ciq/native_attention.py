@@ -12,7 +12,7 @@ from .native_buffers import DeviceArray
 
 
 class AttentionOps:
-    """attention, kv_store, rope_kv_store (a part of NativeOps, ggml_ciq.native_ops)."""
+    """attention, kv_store, rope_kv_store, rows_set_f16, rope_rows_set_f16 (a part of NativeOps, ggml_ciq.native_ops)."""
 
     def attention(self, q, k_cache, v_cache, n_past: int, scale: float, window: int = 0) -> DeviceArray:
         """Causal GQA of q[T, H, D] over f16 caches [C, Hkv, D] holding positions 0..n_past+T-1 -> [T, H*D]."""
@@ -106,6 +106,40 @@ class AttentionOps:
                                         self._fp(v) if v is not None else n.ffi.NULL, self._i32(positions), q.shape[0],
                                         q.shape[1], k.shape[1], q.shape[2], float(base), int(start), self._fp(out),
                                         self._u16(k_cache), self._u16(v_cache) if v is not None else n.ffi.NULL))
+        return out
+
+    def rope_rows_set_f16(self, q, k, v, positions, base: float, neox: bool, k_ids, k_table, v_ids=None,
+                          v_table=None):
+        """The plugin's attention inputs (ciq_rope_rows_set_f16): rope(q) returned (q None: None), rope(k) rounded to f16
+        into rows k_ids of k_table [R, >= Hkv*D], v (None: not stored) into rows v_ids of v_table [R, >= v's width]:
+        the values of rope, rope, rows_set_f16, rows_set_f16 (one kernel on a GPU, in llama.cpp CUDA's order only)."""
+        k = self._f32(k, "rope input")
+        q = None if q is None else self._f32(q, "rope input")
+        v = None if v is None else self._f32(v, "rows_set_f16 input")
+        if len(k.shape) != 3 or (q is not None and (len(q.shape) != 3 or q.shape[0] != k.shape[0] or
+                                                    q.shape[2] != k.shape[2])):
+            raise ShapeError(f"rope_rows_set_f16: q {None if q is None else q.shape} and k {k.shape} must be "
+                             "[tokens, heads, head_dim] alike")
+        tokens, heads_kv, head_dim = k.shape
+        k_ids = self.asarray(k_ids, np.int64)
+        v_ids = None if v is None else self.asarray(v_ids, np.int64)
+        if k_ids.shape != (tokens,) or len(k_table.shape) != 2 or k_table.shape[1] < heads_kv * head_dim or (
+                v is not None and (len(v.shape) != 2 or v.shape[0] != tokens or v_ids.shape != (tokens,) or
+                                   v_table is None or len(v_table.shape) != 2 or v.shape[1] > v_table.shape[1])):
+            raise ShapeError(f"rope_rows_set_f16: k {k.shape}, v {None if v is None else v.shape}, ids {k_ids.shape} / "
+                             f"{None if v is None else v_ids.shape}, tables {k_table.shape} / "
+                             f"{None if v_table is None else v_table.shape}")
+        out = None if q is None else self.empty(q.shape)
+        n = self.native
+        null = n.ffi.NULL
+        n.check(n.lib.ciq_rope_rows_set_f16(
+            self.device, self._op_order_id, n.lib.CIQ_ROPE_NEOX if neox else n.lib.CIQ_ROPE_NORM,
+            self._i32(self._positions(positions, tokens, "rope_rows_set_f16")), tokens, head_dim, float(base),
+            null if q is None else self._fp(q), 0 if q is None else q.shape[1], null if q is None else self._fp(out),
+            self._fp(k), heads_kv, null if v is None else self._fp(v), 0 if v is None else v.shape[1],
+            n.ffi.cast("int64_t *", k_ids.ptr), self._u16(k_table), k_table.shape[0], k_table.shape[1],
+            null if v is None else n.ffi.cast("int64_t *", v_ids.ptr), null if v is None else self._u16(v_table),
+            0 if v is None else v_table.shape[0], 0 if v is None else v_table.shape[1]))
         return out
 
     def _check_cache(self, cache, start: int, x, what: str) -> None:

@@ -22,7 +22,8 @@ VALID = {
     "ggml_type": 12, "type": 12, "layout_for": 12, "semantics": 0, "variant": 1, "kernel": 1, "mode": 0, "kind": 0,
     "out_type": 0, "layout": 0, "form": 0, "base": 10000.0, "eps": 1e-6, "scale": 1.0, "s": 1.0, "value": 0, "threads": 1,
     "buffer_size": 64, "nbytes": 64, "weight_nbytes": 144, "order": 0, "n_outputs": 1, "n_weights": 1,
-    "mask_row": 1, "n_kv": 1, "row_stride": 256,
+    "mask_row": 1, "n_kv": 1, "row_stride": 256, "v_k": 1, "k_table_rows": 1, "v_table_rows": 1,
+    "k_row_stride": 256, "v_row_stride": 256,
 }
 # Per-function valid values where the shared ones do not fit.
 VALID_FOR = {"ciq_activations_size": {"layout": 0},
@@ -35,7 +36,9 @@ HANDLES = {("ciq_memory_free", "ptr"): "malloc", ("ciq_timer_mark", "timer"): "t
            ("ciq_gemm_quantized_group", "weights"): "weights", ("ciq_switch_on", "name"): "switch"}
 # Pointer parameters that may legitimately be NULL.
 MAY_BE_NULL = {("ciq_rms_norm", "weight"), ("ciq_rms_norm", "add"), ("ciq_rms_norm_activations", "weight"),
-               ("ciq_rope_kv_store", "v"), ("ciq_memory_free", "ptr"), ("ciq_graph_free", "graph")}
+               ("ciq_rope_kv_store", "v"), ("ciq_rope_rows_set_f16", "q"), ("ciq_rope_rows_set_f16", "v"),
+               ("ciq_rope_rows_set_f16", "v_ids"),
+               ("ciq_memory_free", "ptr"), ("ciq_graph_free", "graph")}
 # Functions whose valid call needs what the CPU does not have (a GPU) or that take no misusable argument.
 NOT_ON_CPU = {"ciq_gemm_dense_bf16", "ciq_graph_capture_begin", "ciq_graph_capture_end", "ciq_graph_launch",
               "ciq_graph_free", "ciq_stream_wait_event", "ciq_stream_record_event"}
@@ -251,7 +254,8 @@ def test_switch_on_reads_the_words_and_names_bad_ones(monkeypatch):
         assert n.lib.ciq_switch_on(b"GGML_CIQ_FUSE", on) == n.lib.CIQ_OK and on[0] == want, value
     for name, default in ((b"GGML_CIQ_PLUGIN_GRAPHS", 0), (b"GGML_CIQ_PLUGIN_FUSE_RULE", 1),
                           (b"GGML_CIQ_PLUGIN_STATS", 0), (b"GGML_CIQ_PLUGIN_ATTENTION", 0),
-                          (b"GGML_CIQ_PLUGIN_GROUP", 1), (b"GGML_CIQ_PLUGIN_TIMELINE", 0)):  # the table's defaults
+                          (b"GGML_CIQ_PLUGIN_GROUP", 1), (b"GGML_CIQ_PLUGIN_TIMELINE", 0),
+                          (b"GGML_CIQ_PLUGIN_ROPE_KV", 1)):  # the table's defaults
         monkeypatch.delenv(name.decode(), raising=False)
         assert n.lib.ciq_switch_on(name, on) == n.lib.CIQ_OK and on[0] == default, name
         monkeypatch.setenv(name.decode(), "on" if default == 0 else "off")

@@ -51,6 +51,11 @@ int emu_rope_kv_store(int mode, const float *q, const float *k, const float *v, 
                       int64_t tokens, int64_t heads, int64_t heads_kv, int64_t head_dim, float base, int64_t start,
                       float *q_out, uint16_t *k_cache, uint16_t *v_cache);
 int emu_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values);
+int emu_rope_rows_set_f16(int mode, const int32_t *positions, int64_t tokens, int64_t head_dim, float base,
+                          const float *q, int64_t heads, float *q_out, const float *k, int64_t heads_kv,
+                          const float *v, int64_t v_k, const int64_t *k_ids, uint16_t *k_table, int64_t k_table_rows,
+                          int64_t k_row_stride, const int64_t *v_ids, uint16_t *v_table, int64_t v_table_rows,
+                          int64_t v_row_stride);
 int emu_glu(int order, int kind, const float *gate, const float *up, int64_t n, float *out);
 int emu_add(const float *a, int64_t n, const float *b, int64_t b_n, float *out);
 int emu_scale(const float *x, float s, int64_t n, float *out);
@@ -117,7 +122,7 @@ def emu(tmp_path_factory):
     build = tmp_path_factory.mktemp("cuda_on_cpu")
     shutil.copytree(ROOT / "native" / "src", build / "src")
     expected = {"ops.cu": {"launch": 18, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
-                "ops_llamacpp.cu": {"launch": 7, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
+                "ops_llamacpp.cu": {"launch": 8, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
                 "attention.cu": {"launch": 3, "mma": 0, "ldmatrix": 0, "extern_shared": 2},
                 "attention_split.cuh": {"launch": 1, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
                 "attention_llamacpp.cu": {"launch": 1, "mma": 0, "ldmatrix": 0, "extern_shared": 1},
@@ -417,6 +422,50 @@ def test_rope_emulated(emu, rng, order, neox):
     else:
         assert nmse(out, rope_ref(x, positions, 500000.0, neox)) <= 2e-9
     assert nmse(out, rope_f64(x.astype(np.float64), positions, 500000.0, neox)) <= 1e-8
+
+
+@pytest.mark.parametrize("neox", [False, True])
+@pytest.mark.parametrize("with_q, with_v", [(True, True), (False, True), (True, False)])
+def test_rope_rows_set_f16_emulated(emu, rng, neox, with_q, with_v):
+    """The plugin's q RoPE + K/V cache writes in one launch (llama.cpp CUDA's order): q as emu_rope's values in
+    that order, k as emu_rope's then emu_rows_set_f16's, v as emu_rows_set_f16's, bit for bit (no contraction in the
+    emulation: the indexing, the positions per token, the heads' places in a cache row); rows of the tables no id
+    names, the stride's gap and ids outside a table untouched (k's and v's ids apart, as llama.cpp's k_idxs and
+    v_idxs); q in place gives the same values."""
+    tokens, heads, heads_kv, d, v_k = 13, 6, 2, 64, 96
+    mode = 2 if neox else 0
+    q = rng.standard_normal((tokens, heads, d)).astype(np.float32)
+    k = rng.standard_normal((tokens, heads_kv, d)).astype(np.float32)
+    v = (rng.standard_normal((tokens, v_k)) * 100).astype(np.float32)
+    positions = rng.integers(0, 4096, tokens).astype(np.int32)
+    ids = np.concatenate([rng.permutation(30)[:tokens - 2], [-1, 30]]).astype(np.int64)
+    v_ids = np.concatenate([[30, -1], rng.permutation(30)[:tokens - 2]]).astype(np.int64)
+    k_table = rng.standard_normal((30, heads_kv * d + 8)).astype(np.float16)
+    v_table = rng.standard_normal((30, v_k + 4)).astype(np.float16)
+    k_want, v_want = k_table.copy(), v_table.copy()
+    q_want = poisoned(q.shape)
+    call(emu, "emu_rope", LLAMACPP_CUDA, mode, q, positions, tokens, heads, d, 5e5, q_want)
+    k_roped = poisoned(k.shape)
+    call(emu, "emu_rope", LLAMACPP_CUDA, mode, k, positions, tokens, heads_kv, d, 5e5, k_roped)
+    call(emu, "emu_rows_set_f16", k_roped, tokens, heads_kv * d, ids, k_want.view(np.uint16), 30, heads_kv * d + 8)
+    call(emu, "emu_rows_set_f16", v, tokens, v_k, v_ids, v_want.view(np.uint16), 30, v_k + 4)
+    q_out = poisoned(q.shape)
+    call(emu, "emu_rope_rows_set_f16", mode, positions, tokens, d, 5e5, q if with_q else None, heads,
+         q_out if with_q else None, k, heads_kv, v if with_v else None, v_k, ids, k_table.view(np.uint16), 30,
+         heads_kv * d + 8, v_ids, v_table.view(np.uint16), 30, v_k + 4)
+    assert np.array_equal(k_table.view(np.uint16), k_want.view(np.uint16))
+    if with_q:
+        assert np.array_equal(q_out.view(np.uint32), q_want.view(np.uint32))
+        in_place = q.copy()
+        call(emu, "emu_rope_rows_set_f16", mode, positions, tokens, d, 5e5, in_place, heads, in_place, k, heads_kv,
+             None, v_k, ids, k_table.view(np.uint16), 30, heads_kv * d + 8, None, None, 0, 0)
+        assert np.array_equal(in_place.view(np.uint32), q_want.view(np.uint32))
+    else:
+        assert (q_out.view(np.uint32) == 0xFFFFFFFF).all()
+    if with_v:
+        assert np.array_equal(v_table.view(np.uint16), v_want.view(np.uint16))
+    else:
+        assert not np.array_equal(v_table.view(np.uint16), v_want.view(np.uint16))
 
 
 @pytest.mark.parametrize("order", [HOST, LLAMACPP_CUDA], ids=["host", "llamacpp_cuda"])

@@ -1138,6 +1138,44 @@ def test_rows_set_f16(ops, rng):
             ops.rows_set_f16(t, np.array([0, 40], np.int64), x[:2])
 
 
+@pytest.mark.parametrize("neox", [False, True])
+def test_rope_rows_set_f16_is_the_ops_apart(ops, rng, neox):
+    """ciq_rope_rows_set_f16 (the plugin's q RoPE, k RoPE + K cache write and V cache write in one call; a GPU runs
+    it in llama.cpp CUDA's order only) against rope, rope, rows_set_f16, rows_set_f16 in the same order on the same
+    device: the same bits, q poisoned first; tails (13 tokens, 6 q heads over 2); rows no id names keep their bytes;
+    without q or v the rest is the same. A GPU asked for the host order refuses (UNSUPPORTED)."""
+    if ops.device != -1:
+        with pytest.raises(BackendError, match="llama.cpp CUDA's order only"):
+            ops.rope_rows_set_f16(None, np.ones((1, 1, 2), np.float32), None, [0], 1e4, neox, [0],
+                                  ops.empty((1, 2), np.float16))
+        ops = PoisonedOps("cuda", op_order="llamacpp_cuda")
+    tokens, heads, heads_kv, d, v_k = 13, 6, 2, 128, 200
+    q = rng.standard_normal((tokens, heads, d)).astype(np.float32)
+    k = rng.standard_normal((tokens, heads_kv, d)).astype(np.float32)
+    v = (rng.standard_normal((tokens, v_k)) * 100).astype(np.float32)
+    positions = np.arange(700, 700 + tokens, dtype=np.int32)
+    ids, v_ids = rng.permutation(40)[:tokens].astype(np.int64), rng.permutation(40)[:tokens].astype(np.int64)
+    k_table = rng.standard_normal((40, heads_kv * d + 8)).astype(np.float16)
+    v_table = rng.standard_normal((40, v_k + 4)).astype(np.float16)
+    want_k, want_v = ops.asarray(k_table), ops.asarray(v_table)
+    want_q = ops.rope(ops.asarray(q), positions, 5e5, neox)
+    ops.rows_set_f16(want_k, ids, ops.rope(ops.asarray(k), positions, 5e5, neox).numpy().reshape(tokens, -1))
+    ops.rows_set_f16(want_v, v_ids, v)
+    for with_q, with_v in ((True, True), (False, True), (True, False)):
+        got_k, got_v = ops.asarray(k_table), ops.asarray(v_table)
+        got_q = ops.rope_rows_set_f16(q if with_q else None, k, v if with_v else None, positions, 5e5, neox, ids,
+                                      got_k, v_ids, got_v)
+        assert np.array_equal(got_k.numpy().view(np.uint16), want_k.numpy().view(np.uint16))
+        assert np.array_equal(got_v.numpy().view(np.uint16), (want_v.numpy() if with_v else v_table).view(np.uint16))
+        assert (got_q is None) == (not with_q)
+        if with_q:
+            assert np.array_equal(got_q.numpy().view(np.uint32), want_q.numpy().view(np.uint32))
+    assert nmse(want_q.numpy(), rope_f64(q.astype(np.float64), positions, 5e5, neox)) <= 1e-8
+    with pytest.raises(ShapeError):
+        ops.rope_rows_set_f16(q, k, v, positions, 5e5, neox, ids[:5], ops.asarray(k_table), v_ids,
+                              ops.asarray(v_table))
+
+
 @pytest.mark.parametrize("n, d", [(17, 640), (131, 256), (3, 2048)])
 def test_llamacpp_cuda_order_rms_norm(native_lib, rng, n, d):
     """The llama.cpp-CUDA-order norm on the GPU (rsqrtf, its reduction tree, the add in one FMA): within float

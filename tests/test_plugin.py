@@ -140,7 +140,7 @@ def test_mul_mat_graph_on_the_plugin_device(plugin_path, cpu_device, offload_all
     assert quants.nmse(got, expected) <= 1e-10
 
 
-STEP_COUNTS = 16  # ggml-ciq-backend.cpp's STEP_COUNTS
+STEP_COUNTS = 18  # ggml-ciq-backend.cpp's STEP_COUNTS
 
 
 def _plugin_steps(llama):
@@ -349,6 +349,7 @@ def test_qwen2_biases_on_the_gpu_device(plugin_path, plugin_device, offload_all,
     if plugin_device != "CIQ0":
         pytest.skip(f"the plugin offers {plugin_device} here, not the GPU device CIQ0")
     monkeypatch.setenv("GGML_CIQ_PLUGIN_ATTENTION", "1")  # the attention steps (off by default)
+    monkeypatch.setenv("GGML_CIQ_PLUGIN_ROPE_KV", "0")  # k's RoPE and the writes as their own steps (counted below)
     path = catalog.write_small_model(tmp_path / "qwen2.gguf", "qwen2", seed=3)
     tokens = list(range(100, 100 + 77))
     with LlamaModel(path, device="cuda") as model, model.context_for(len(tokens), flash_attn=True) as ctx:
@@ -372,11 +373,14 @@ def test_qwen2_biases_on_the_gpu_device(plugin_path, plugin_device, offload_all,
 def test_llama_groups_on_the_gpu_device(plugin_path, plugin_device, offload_all, llama, tmp_path, monkeypatch):
     """Over a CUDA llama.cpp: a two-layer random llama model (q, k, v Q4_K: a Q6_K v is staged only where K is a
     multiple of 2048, so it would not group at K 512; gate/up Q4_K 1536 x 512) through CIQ0,
-    every weight MUL_MAT ours, 77 tokens. GGML_CIQ_PLUGIN_GROUP=1: each layer's gate/up and SwiGLU one GLU_PAIR step
-    whose GLU comes from wgmma's epilogue (counted as a GLU launch), and k and v one grouped MUL_MAT step (one grouped
-    launch, GGML_CIQ_WGMMA_GROUP=2); with =0 none of either. The two plans' logits agree to NMSE <= 1e-10 (one plan
-    over gate and up: float32 sums in another order), each is bit for bit the same over two prefills, and both are
-    close to CUDA0's (a sanity bar)."""
+    every weight MUL_MAT ours, 77 tokens, under GGML_CIQ_PLUGIN_GROUP and GGML_CIQ_PLUGIN_ROPE_KV on and off.
+    GROUP=1: each layer's gate/up and SwiGLU one GLU_PAIR step whose GLU comes from wgmma's epilogue (counted as a GLU
+    launch), and k and v one grouped MUL_MAT step (one grouped launch, GGML_CIQ_WGMMA_GROUP=2); with ROPE_KV=1 too, q
+    joins them (q's product kept allocated by graph_optimize, its RoPE in the ROPE_KV step): q, v and k one launch.
+    ROPE_KV=1: one ROPE_KV step a layer, q's RoPE in it. With GROUP=0 the ROPE_KV steps' logits equal API v30's bit
+    for bit: ciq_rope_rows_set_f16 writes the K/V caches ggml-cuda's fused ROPE + SET_ROWS and SET_ROWS write, and q's
+    RoPE as ciq_rope. All plans' logits agree to NMSE <= 1e-10 (a grouped launch: float32 sums in another order), each
+    is bit for bit the same over two prefills, and all are close to CUDA0's (a sanity bar)."""
     from ggml_ciq.compare import logits_agreement
     from ggml_ciq.llama_model import LlamaModel
 
@@ -390,23 +394,28 @@ def test_llama_groups_on_the_gpu_device(plugin_path, plugin_device, offload_all,
     with plugin.Plugin(plugin_path):
         steps = _plugin_steps(llama)
         monkeypatch.setenv("GGML_CIQ_WGMMA_GROUP", "2")  # k and v in one launch whatever the time model says
-        for group in ("1", "0"):
+        for group, rope_kv in (("1", "1"), ("1", "0"), ("0", "1"), ("0", "0")):
             monkeypatch.setenv("GGML_CIQ_PLUGIN_GROUP", group)
+            monkeypatch.setenv("GGML_CIQ_PLUGIN_ROPE_KV", rope_kv)
             steps()
             with LlamaModel(path, device="cuda", devices=["CIQ0"]) as model, \
                     model.context_for(len(tokens), flash_attn=True) as ctx:
                 native.dispatch_reset()
-                logits[group] = ctx.prefill(tokens)
+                logits[group + rope_kv] = ctx.prefill(tokens)
                 first = steps()
                 launches = native.wgmma_launch_counts()
                 glu_launches, grouped_launches = launches["glu"], launches["grouped"]
-                assert np.array_equal(ctx.prefill(tokens), logits[group]), group
-            counts[group] = (first[14], first[15], glu_launches, grouped_launches)
-    assert counts == {"1": (2, 2, 2, 2), "0": (0, 0, 0, 0)}, counts
-    assert quants.nmse(logits["1"], logits["0"]) <= 1e-10
-    for group in ("1", "0"):
-        agreement = logits_agreement(logits[group], reference)
-        assert np.isfinite(logits[group]).all() and agreement["top1"] >= 0.9 and agreement["kld_mean"] <= 0.05, group
+                assert np.array_equal(ctx.prefill(tokens), logits[group + rope_kv]), (group, rope_kv)
+            counts[group + rope_kv] = (first[14], first[15], glu_launches, grouped_launches, first[16], first[17])
+    # (GLU_PAIR steps, MUL_MATs grouped with the one before, GLU launches, grouped launches, ROPE_KV steps, with q's)
+    assert counts == {"11": (2, 4, 2, 2, 2, 2), "10": (2, 2, 2, 2, 0, 0), "01": (0, 0, 0, 0, 2, 2),
+                      "00": (0, 0, 0, 0, 0, 0)}, counts
+    assert np.array_equal(logits["01"], logits["00"])
+    for plan in ("11", "10", "01"):
+        assert quants.nmse(logits[plan], logits["00"]) <= 1e-10, plan
+    for plan, got in logits.items():
+        agreement = logits_agreement(got, reference)
+        assert np.isfinite(got).all() and agreement["top1"] >= 0.9 and agreement["kld_mean"] <= 0.05, plan
 
 
 @pytest.mark.gpu
@@ -657,6 +666,7 @@ def _plan_hook(lib, ffi, plugin_device):
         n_run = sum(row[5] for row in got)
         return got, [uids[i] for i in range(steps)], list(runs[0:n_run])
 
+    plan.ffi = ffi  # the FFI of ggml's library (its cdata types)
     return plan
 
 
@@ -675,7 +685,7 @@ def _plan_graphs(llama, plugin_path, plugin_device):
 
 
 # the plan's step kinds (step_kind)
-RUN, MUL_MAT, NORM_ACT, GLU_ACT, NORM_ADD, ROPE, NORM_ROPE, BIAS, SCALE, SET_ROWS, ATTN, GLU_PAIR = range(12)
+RUN, MUL_MAT, NORM_ACT, GLU_ACT, NORM_ADD, ROPE, NORM_ROPE, BIAS, SCALE, SET_ROWS, ATTN, GLU_PAIR, ROPE_KV = range(13)
 
 
 def test_gpu_plan_runs_and_shared_activations(plugin_path, plugin_device, offload_all, llama, monkeypatch):
@@ -831,6 +841,91 @@ def test_gpu_plan_takes_ropes(plugin_path, plugin_device, offload_all, llama, mo
         monkeypatch.setenv("GGML_CIQ_FUSE", "0")
         got, _, _ = plan(graph, 9)
         assert {row[0] for row in got} == {RUN, MUL_MAT}
+
+
+def test_gpu_plan_takes_rope_kv(plugin_path, plugin_device, offload_all, llama, monkeypatch):
+    """The ROPE_KV step (GGML_CIQ_PLUGIN_ROPE_KV, on by default), through the plan hook, on llama.cpp's attention block
+    in its order (q's MUL_MAT and RoPE, v's, k's MUL_MAT, RoPE, VIEW and K cache write, the V cache write by its own
+    ids, the attention): k's RoPE, its VIEW + SET_ROWS and v's SET_ROWS one step of ours (ggml-cuda's fused ROPE +
+    VIEW + SET_ROWS and its v write: one launch), q's RoPE joined to it (here q's product has memory of its own, so its
+    RoPE can wait) and, with GGML_CIQ_PLUGIN_GROUP and wgmma's answers, q, v and k one grouped launch; CUDAi's run is
+    then the attention alone. The plugin's graph_optimize keeps q's product allocated until k's RoPE (the allocation
+    dependency hook: one pair a layer, none with the switch off). Left apart: a V write into an f32 cache (not ours),
+    and with the switch off API v30's steps (q's RoPE ours; k's RoPE and both writes CUDAi's)."""
+    monkeypatch.setenv("GGML_CIQ_PLUGIN_FUSE_RULE", "0")
+    monkeypatch.setenv("GGML_CIQ_PLUGIN_ATTENTION", "0")
+    monkeypatch.setenv("GGML_CIQ_PLUGIN_GROUP", "0")
+    with _plan_graphs(llama, plugin_path, plugin_device) as (lib, ctx, plan):
+        ffi = plan.ffi
+        k, d, heads, heads_kv, tokens, n_kv = 256, 64, 4, 2, 64, 128
+        I32, I64 = 26, 27  # ggml's type ids
+        x = lib.ggml_new_tensor_2d(ctx, F32, k, tokens)
+        pos = lib.ggml_new_tensor_1d(ctx, I32, tokens)
+        mask = lib.ggml_new_tensor_2d(ctx, F16, n_kv, tokens)
+        rope = lambda t: lib.ggml_rope_ext(ctx, t, pos, ffi.NULL, d, 0, 0, 5e5, 1.0, 0.0, 1.0, 32.0, 1.0)  # noqa: E731
+        mm = lambda rows: lib.ggml_mul_mat(ctx, lib.ggml_new_tensor_2d(ctx, Q4_K, k, rows), x)  # noqa: E731
+
+        def block(v_type=F16):
+            graph = lib.ggml_new_graph(ctx)
+            k_cache = lib.ggml_new_tensor_2d(ctx, F16, d * heads_kv, n_kv)
+            v_cache = lib.ggml_new_tensor_2d(ctx, v_type, d * heads_kv, n_kv)
+            k_ids, v_ids = (lib.ggml_new_tensor_1d(ctx, I64, tokens) for _ in range(2))
+            q = rope(lib.ggml_reshape_3d(ctx, mm(d * heads), d, heads, tokens))                  # 0 MM, 1, 2 ROPE
+            lib.ggml_build_forward_expand(graph, q)
+            v = mm(d * heads_kv)                                                                 # 3 MM
+            lib.ggml_build_forward_expand(graph, v)
+            k_ = rope(lib.ggml_reshape_3d(ctx, mm(d * heads_kv), d, heads_kv, tokens))           # 4 MM, 5, 6 ROPE
+            k_flat = lib.ggml_view_2d(ctx, k_, d * heads_kv, tokens, d * heads_kv * 4, 0)       # 7 VIEW
+            lib.ggml_build_forward_expand(graph, lib.ggml_set_rows(ctx, k_cache, k_flat, k_ids))  # 8 SET_ROWS
+            lib.ggml_build_forward_expand(graph, lib.ggml_set_rows(ctx, v_cache, v, v_ids))       # 9 SET_ROWS
+            views = [lib.ggml_view_3d(ctx, c, d, n_kv, heads_kv, d * heads_kv * 2, d * 2, 0)
+                     for c in (k_cache, v_cache)]
+            attn = lib.ggml_flash_attn_ext(ctx, lib.ggml_permute(ctx, q, 0, 2, 1, 3), views[0], views[1], mask, 0.125,
+                                           0.0, 0.0)
+            lib.ggml_build_forward_expand(graph, attn)
+            return graph
+
+        graph = block()
+        ops = [ffi.string(lib.ggml_op_desc(lib.ggml_graph_node(graph, i))).decode()
+               for i in range(lib.ggml_graph_n_nodes(graph))]
+        assert ops[:10] == ["MUL_MAT", "RESHAPE", "ROPE", "MUL_MAT", "MUL_MAT", "RESHAPE", "ROPE", "VIEW", "SET_ROWS",
+                            "SET_ROWS"], ops
+        answer = native.plan("auto", 0 if plugin_device != "CIQ_CPU" else "cpu",
+                             "any" if plugin_device != "CIQ_CPU" else "cpu", Q4_K, k, d * heads, tokens)
+        fresh = 1  # q converts x (no norm of ours before it)
+        got, _, runs = plan(graph, 13)
+        assert got[:4] == [(MUL_MAT, 0, -1, -1, fresh, 0), (MUL_MAT, 3, -1, -1, 0, 0), (MUL_MAT, 4, -1, -1, 0, 0),
+                           (ROPE_KV, 6, 2, 9, 0, 0)], got
+        assert [ops[i] for i in runs if ops[i] not in ("VIEW", "RESHAPE", "PERMUTE")] == ["FLASH_ATTN_EXT"]
+        monkeypatch.setenv("GGML_CIQ_PLUGIN_GROUP", "1")
+        got, _, _ = plan(graph, 13)
+        if answer.variant == "wgmma":  # the library's answers on a GPU: q, v and k one launch
+            assert got[:2] == [(MUL_MAT, 0, -1, -1, fresh | 2 << 2, 0), (ROPE_KV, 6, 2, 9, 0, 0)], got
+        else:
+            assert got[:4] == [(MUL_MAT, 0, -1, -1, fresh, 0), (MUL_MAT, 3, -1, -1, 0, 0),
+                               (MUL_MAT, 4, -1, -1, 0, 0), (ROPE_KV, 6, 2, 9, 0, 0)], got
+        monkeypatch.setenv("GGML_CIQ_PLUGIN_GROUP", "0")
+        # graph_optimize's dependency: q's product (node 0) kept until k's RoPE (node 6)
+        dev = lib.ggml_backend_dev_by_name(plugin_device.encode())
+        address = lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_dev_backend_reg(dev),
+                                                        b"ggml_ciq_plugin_alloc_deps")
+        assert address != ffi.NULL
+        deps_hook = ffi.cast("int (*)(struct ggml_cgraph *, int, int32_t *, int)", address)
+        pairs = ffi.new("int32_t[8]")
+        assert deps_hook(graph, 0, pairs, 4) == 1 and list(pairs[0:2]) == [0, 6]
+        assert deps_hook(graph, 99, pairs, 4) == -1
+        # a V cache of float32 rows: the V write stays CUDAi's, k's RoPE and write and q's RoPE still one step
+        graph_f32 = block(v_type=F32)
+        got, _, runs = plan(graph_f32, 14)
+        assert got[3] == (ROPE_KV, 6, 2, -1, 0, 0), got
+        monkeypatch.setenv("GGML_CIQ_PLUGIN_ROPE_KV", "0")
+        assert deps_hook(graph, 0, pairs, 4) == 0
+        got, _, runs = plan(graph, 13)
+        assert [row[0] for row in got] == [MUL_MAT, ROPE, MUL_MAT, MUL_MAT, RUN], got
+        assert sorted(ops[i] for i in runs if ops[i] not in ("VIEW", "RESHAPE", "PERMUTE")) == [
+            "FLASH_ATTN_EXT", "ROPE", "SET_ROWS", "SET_ROWS"]
+        monkeypatch.setenv("GGML_CIQ_PLUGIN_ROPE_KV", "sometimes")
+        assert plan(graph, 13) == -1 and deps_hook(graph, 0, pairs, 4) == -1
 
 
 def test_gpu_plan_takes_attention(plugin_path, plugin_device, offload_all, llama, monkeypatch):
@@ -1000,7 +1095,8 @@ def test_bad_switch_value_is_one_line(plugin_path, llama):
                                    "GGML_CIQ_PLUGIN_ATTENTION='mma': expected 1 or 0"),
                                   ("GGML_CIQ_PLUGIN_GROUP", "all", "GGML_CIQ_PLUGIN_GROUP='all': expected 1 or 0"),
                                   ("GGML_CIQ_PLUGIN_TIMELINE", "verbose",
-                                   "GGML_CIQ_PLUGIN_TIMELINE='verbose': expected 1 or 0")):
+                                   "GGML_CIQ_PLUGIN_TIMELINE='verbose': expected 1 or 0"),
+                                  ("GGML_CIQ_PLUGIN_ROPE_KV", "q", "GGML_CIQ_PLUGIN_ROPE_KV='q': expected 1 or 0")):
         proc = subprocess.run([sys.executable, "-c", code, str(_lib_file(llama.lib_dir, "ggml")), str(plugin_path)],
                               env=dict(os.environ, **{variable: value}), capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0 and proc.stdout.strip() == "none", (proc.stdout, proc.stderr[-2000:])
@@ -1097,10 +1193,11 @@ def test_llama_cpp_python_generates_through_the_plugin(plugin_path, cpu_device, 
 
 @pytest.mark.parametrize("model,want", [
     # name: (API v19's runs, with the attention steps the fused plan's runs, NORM_ACT, GLU_ACT, NORM_ADD, ROPE,
-    # NORM_ROPE, BIAS, SCALE, SET_ROWS, ATTN; the fused plan's runs without them (the default), the rule's pick)
-    ("gemma3-270m", (109, 3, 36, 18, 35, 0, 36, 0, 18, 36, 18, 21, "fused plan")),
-    ("smollm2-135m", (151, 3, 60, 30, 0, 60, 0, 0, 0, 60, 30, 33, "fused plan")),
-    ("qwen2.5-coder-0.5b", (145, 3, 48, 24, 0, 48, 0, 72, 0, 48, 24, 27, "fused plan")),  # q/k/v biases ours
+    # NORM_ROPE, BIAS, SCALE, SET_ROWS, ATTN; the fused plan's runs without them, its ROPE_KV steps with
+    # GGML_CIQ_PLUGIN_ROPE_KV=1 (the default), the rule's pick)
+    ("gemma3-270m", (109, 3, 36, 18, 35, 0, 36, 0, 18, 36, 18, 21, 0, "fused plan with ROPE_KV")),
+    ("smollm2-135m", (151, 3, 60, 30, 0, 60, 0, 0, 0, 60, 30, 33, 30, "fused plan with ROPE_KV")),
+    ("qwen2.5-coder-0.5b", (145, 3, 48, 24, 0, 48, 0, 72, 0, 48, 24, 27, 24, "fused plan with ROPE_KV")),
 ])
 def test_gpu_plan_over_llamacpps_allocated_graph(plugin_path, cpu_device, llama, model, want):
     """The plugin's plans over llama.cpp's own graph of a 512-token prefill, allocated by ggml-alloc (its in-place and
@@ -1110,7 +1207,11 @@ def test_gpu_plan_over_llamacpps_allocated_graph(plugin_path, cpu_device, llama,
     a run where ggml-alloc's addresses allow: one CUDAi run a layer (its KV writes and attention). With the attention
     steps (GGML_CIQ_PLUGIN_ATTENTION=1) it also takes k's RoPE, Gemma's q SCALE, the K/V cache writes (SET_ROWS) and
     the attention (FLASH_ATTN_EXT, each layer's own mask: Gemma's sliding-window layers read the SWA mask): three
-    CUDAi runs a graph, none inside a layer (the embeddings' GET_ROWS, the last layer's row pick, the output norm). The rule keeps the fused plan where it halves the runs (all
+    CUDAi runs a graph, none inside a layer (the embeddings' GET_ROWS, the last layer's row pick, the output norm).
+    With the ROPE_KV steps (GGML_CIQ_PLUGIN_ROPE_KV=1, the default) k's RoPE and both cache writes are one step of
+    ours a llama or Qwen2 layer (Gemma 3's k norm + RoPE is NORM_ROPE's), the same runs; q's RoPE stays its own step
+    here: ggml-alloc on llama.cpp CPU gave v's product q's memory once q's RoPE had read it (on CIQi graph_optimize's
+    dependency keeps it: test_gpu_plan_takes_rope_kv). The rule keeps the fused plan where it halves the runs (all
     three here; before the RoPE steps the fused plan kept three runs a Gemma layer, and the rule took API v19's)."""
     import importlib.util
 
@@ -1121,14 +1222,14 @@ def test_gpu_plan_over_llamacpps_allocated_graph(plugin_path, cpu_device, llama,
     path = catalog.resolve_model(model)
     _, got, ops = tool.plans(path, 512, plugin_path)
     count = lambda label, kind: sum(1 for row in got[label] if row[0] == kind)  # noqa: E731
-    *steps, runs_without, pick = want
+    *steps, runs_without, rope_kv, pick = want
     assert count("API v19's plan", "RUN") == steps[0] and {row[0] for row in got["API v19's plan"]} == {"RUN", "MUL_MAT"}
     kinds = ("RUN", "NORM_ACT", "GLU_ACT", "NORM_ADD", "ROPE", "NORM_ROPE", "BIAS", "SCALE", "SET_ROWS", "ATTN")
     assert [count("fused plan with attention", kind) for kind in kinds] == steps[1:]
     # GGML_CIQ_PLUGIN_GROUP (on by default; wgmma's answers only: test_gpu_plan_fuses_a_layer): no GLU_PAIR nor group
     # here; a MUL_MAT step's group (row[4] >> 2) would count the MUL_MATs launched with it
     assert count("fused plan with attention", "GLU_PAIR") == 0
-    for label in ("fused plan", "fused plan with attention"):
+    for label in ("fused plan", "fused plan with attention", "fused plan with ROPE_KV"):
         gemms = count(label, "MUL_MAT") + 2 * count(label, "GLU_PAIR") + sum(row[4] >> 2 for row in got[label])
         assert gemms == count("API v19's plan", "MUL_MAT"), label
     assert got["default"] == got[pick]
@@ -1144,4 +1245,12 @@ def test_gpu_plan_over_llamacpps_allocated_graph(plugin_path, cpu_device, llama,
         assert all((ops[row[2]], ops[row[3]]) in (("MUL_MAT", "SWIGLU"), ("MUL_MAT", "GEGLU"))
                    for row in got[label] if row[0] == "GLU_PAIR")
     assert count("fused plan", "RUN") == runs_without
+    with_kv = got["fused plan with ROPE_KV"]
+    assert count("fused plan with ROPE_KV", "ROPE_KV") == rope_kv
+    assert count("fused plan with ROPE_KV", "RUN") == runs_without
+    assert count("fused plan with ROPE_KV", "ROPE") == count("fused plan", "ROPE")  # q's: it cannot wait here
+    # a ROPE_KV: k's ROPE (node), no q RoPE joined (mul), the V write (add)
+    assert all(ops[row[1]] == "ROPE" and row[2] == -1 and ops[row[3]] == "SET_ROWS" for row in with_kv
+               if row[0] == "ROPE_KV")
+    assert not {row[0] for row in got["fused plan"]} & {"ROPE_KV"}
     assert not {row[0] for row in got["fused plan"]} & {"SCALE", "SET_ROWS", "ATTN"}

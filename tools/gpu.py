@@ -952,7 +952,7 @@ def build_parser() -> Parser:
 
     p = sub.add_parser("sanitize", help="compute-sanitizer over tools/sanitize_case.py -> $OUT/sanitizer-TOOL-CASE.txt")
     p.add_argument("cases", nargs="*", help="engine, ops, fusion, attention-split, attention-wgmma, attention-masked, "
-                   "wgmma-block32, "
+                   "rope-rows-set, wgmma-block32, "
                    "wgmma-stream-k, wgmma-rs, wgmma-group-glu, or variants (mma,q32: one process); none: every kernel")
     p.add_argument("--tools", default="memcheck,racecheck", help="default memcheck,racecheck")
     p.add_argument("--limit", type=float, default=500, help="seconds per tool and case (default 500)")

@@ -5,7 +5,7 @@ llama.cpp CPU prefills TOKENS tokens of MODEL in one micro-batch; the eval callb
 tensors stay allocated (ggml-alloc's in-place and free-block reuse, as on a GPU up to alignment); a ggml_cgraph is
 rebuilt in their order and handed to the plugin's plan hook ("ggml_ciq_plugin_plan", CIQ_CPU's library answers with
 GGML_CIQ_OFFLOAD=all), for API v19's plan, the fused plan without and with the attention steps
-(GGML_CIQ_PLUGIN_ATTENTION) and the default (the rule): how many CUDAi runs and steps of ours each makes. Needs a CPU-only llama.cpp (llama-cpp-python's) and the plugin built against it.
+(GGML_CIQ_PLUGIN_ATTENTION) or the ROPE_KV steps (GGML_CIQ_PLUGIN_ROPE_KV) and the default (the rule): how many CUDAi runs and steps of ours each makes. Needs a CPU-only llama.cpp (llama-cpp-python's) and the plugin built against it.
 
     python3 tools/plugin_plan.py smollm2-135m --tokens 512 [--show 30]
 """
@@ -15,7 +15,7 @@ import os
 import sys
 
 KINDS = ("RUN", "MUL_MAT", "NORM_ACT", "GLU_ACT", "NORM_ADD", "ROPE", "NORM_ROPE", "BIAS", "SCALE", "SET_ROWS",
-         "ATTN", "GLU_PAIR")  # ggml-ciq-backend.cpp step_kind
+         "ATTN", "GLU_PAIR", "ROPE_KV")  # ggml-ciq-backend.cpp step_kind
 
 CDEF = """
 struct ggml_context; struct ggml_tensor; struct ggml_cgraph; struct ggml_backend_device; struct ggml_backend_reg;
@@ -33,10 +33,13 @@ void * ggml_backend_reg_get_proc_address(struct ggml_backend_reg * reg, const ch
 """
 
 
-# label: GGML_CIQ_FUSE, GGML_CIQ_PLUGIN_FUSE_RULE, GGML_CIQ_PLUGIN_ATTENTION (None: unset, the default)
-PLANS = (("API v19's plan", "0", "1", "0"), ("fused plan", "1", "0", "0"), ("fused plan with attention", "1", "0", "1"),
-         ("default", "1", "1", None))
-SWITCHES = ("GGML_CIQ_OFFLOAD", "GGML_CIQ_FUSE", "GGML_CIQ_PLUGIN_FUSE_RULE", "GGML_CIQ_PLUGIN_ATTENTION")
+# label: GGML_CIQ_FUSE, GGML_CIQ_PLUGIN_FUSE_RULE, GGML_CIQ_PLUGIN_ATTENTION, GGML_CIQ_PLUGIN_ROPE_KV (None: unset, the
+# default)
+PLANS = (("API v19's plan", "0", "1", "0", "0"), ("fused plan", "1", "0", "0", "0"),
+         ("fused plan with attention", "1", "0", "1", "0"), ("fused plan with ROPE_KV", "1", "0", "0", "1"),
+         ("default", "1", "1", None, None))
+SWITCHES = ("GGML_CIQ_OFFLOAD", "GGML_CIQ_FUSE", "GGML_CIQ_PLUGIN_FUSE_RULE", "GGML_CIQ_PLUGIN_ATTENTION",
+            "GGML_CIQ_PLUGIN_ROPE_KV")
 
 
 def plans(model_path, tokens: int, plugin_path) -> tuple:
@@ -86,12 +89,14 @@ def plans(model_path, tokens: int, plugin_path) -> tuple:
                     ops = [ffi.string(lib.ggml_op_desc(lib.ggml_graph_node(graph, i))).decode() for i in range(n)]
                     os.environ["GGML_CIQ_OFFLOAD"] = "all"
                     got = {}
-                    for label, fuse, rule, attention in PLANS:
+                    for label, fuse, rule, attention, rope_kv in PLANS:
                         os.environ["GGML_CIQ_FUSE"], os.environ["GGML_CIQ_PLUGIN_FUSE_RULE"] = fuse, rule
-                        if attention is None:
-                            os.environ.pop("GGML_CIQ_PLUGIN_ATTENTION", None)
-                        else:
-                            os.environ["GGML_CIQ_PLUGIN_ATTENTION"] = attention
+                        for name, value in (("GGML_CIQ_PLUGIN_ATTENTION", attention),
+                                            ("GGML_CIQ_PLUGIN_ROPE_KV", rope_kv)):
+                            if value is None:
+                                os.environ.pop(name, None)
+                            else:
+                                os.environ[name] = value
                         rows = ffi.new("int32_t[]", 6 * n)
                         steps = hook(graph, 0, 1, rows, ffi.new("uint64_t[]", n), ffi.new("int32_t[]", n), n)
                         got[label] = [(KINDS[rows[6 * i]], *rows[6 * i + 1:6 * i + 6]) for i in range(steps)]
@@ -111,7 +116,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model", help="a catalog name or a GGUF path")
     p.add_argument("--tokens", type=int, default=512)
-    p.add_argument("--show", type=int, default=0, help="print the fused plan's first N steps")
+    p.add_argument("--show", type=int, default=0, help="print the default plan's first N steps")
     args = p.parse_args(argv)
     from ggml_ciq import catalog, plugin
     from ggml_ciq.errors import CiqError
@@ -129,7 +134,7 @@ def main(argv=None) -> int:
         kinds = collections.Counter(row[0] for row in steps)
         print(f"{model_path.name}, {args.tokens} tokens, {n} nodes: {label}: {len(steps)} steps, "
               + ", ".join(f"{kinds[k]} {k}" for k in KINDS if kinds[k]))
-        if label == "fused plan":
+        if label == "default":
             for row in steps[:args.show]:
                 print("   ", row, ops[row[1]])
     return 0

@@ -2,10 +2,11 @@
 compute-sanitizer.
 
 Usage: compute-sanitizer --tool memcheck python3 tools/sanitize_case.py [variant ... | wgmma-block32 | engine |
-attention-split | attention-wgmma | attention-masked | ops | fusion | wgmma-stream-k | wgmma-rs | wgmma-group-glu]
+attention-split | attention-wgmma | attention-masked | rope-rows-set | ops | fusion | wgmma-stream-k | wgmma-rs | wgmma-group-glu]
 (mmvq: every type at 1..8 tokens, mmvq_case; mma and q32: also MMQ's stream-k seams, mmq_seams_case; wgmma-block32:
 wgmma on Q4_0/Q5_0/Q8_0, wgmma_block32_case; attention-split: attention_split_case; attention-wgmma:
-attention_wgmma_case; attention-masked: attention_masked_case (and SET_ROWS); ops: ops_case; fusion: fusion_case; wgmma-stream-k: wgmma_stream_k_case;
+attention_wgmma_case; attention-masked: attention_masked_case (and SET_ROWS); rope-rows-set: rope_rows_set_case;
+ops: ops_case; fusion: fusion_case; wgmma-stream-k: wgmma_stream_k_case;
 wgmma-rs: wgmma_rs_case; wgmma-group-glu: wgmma_group_glu_case)
 """
 
@@ -296,6 +297,27 @@ def attention_masked_case():
     print(f"rows_set_f16: finite={np.isfinite(table.numpy()).all()}")
 
 
+def rope_rows_set_case():
+    """ciq_rope_rows_set_f16 (the plugin's ROPE_KV step, llama.cpp CUDA's order): the 8B's 32 q heads on 8 kv heads
+    at D = 128 and 77 tokens into strided tables with ids in random rows (one outside the table: skipped), without q,
+    without v, q in place, NORM and NEOX."""
+    from ggml_ciq.ops import NativeOps
+
+    rng = np.random.default_rng(9)
+    ops = NativeOps("cuda", op_order="llamacpp_cuda")
+    t, heads, hkv, d = 77, 32, 8, 128
+    for neox, with_q, with_v in itertools.product((False, True), (True, False), (True, False)):
+        q = ops.asarray(rng.standard_normal((t, heads, d)).astype(np.float32))
+        k, v = rng.standard_normal((t, hkv, d)).astype(np.float32), rng.standard_normal((t, hkv * d)).astype(np.float32)
+        k_table, v_table = ops.zeros((300, hkv * d + 64), np.float16), ops.zeros((300, hkv * d + 8), np.float16)
+        ids = rng.permutation(300)[:t]
+        ids[5] = 300
+        out = ops.rope_rows_set_f16(q if with_q else None, k, v if with_v else None, np.arange(t) + 100, 5e5, neox,
+                                    ids, k_table, rng.permutation(300)[:t], v_table)
+        print(f"rope_rows_set_f16 neox={neox} q={with_q} v={with_v}: finite="
+              f"{np.isfinite(k_table.numpy()).all() and (out is None or np.isfinite(out.numpy()).all())}")
+
+
 def ops_case():
     """The vectorized ops (ops.cu) and the fused GLU conversion (convert_f16.cu): rms_norm a warp a row (d 256, 640,
     100), a block a row with registers (d 4096, 1028) and the plain kernel (d 8196), in place too; glu and add on
@@ -438,7 +460,7 @@ def fusion_case():
 ALONE_CASES = {"engine": engine_case, "fusion": fusion_case, "attention-split": attention_split_case,
                "wgmma-stream-k": wgmma_stream_k_case, "wgmma-rs": wgmma_rs_case,
                "wgmma-group-glu": wgmma_group_glu_case, "attention-wgmma": attention_wgmma_case, "ops": ops_case,
-               "attention-masked": attention_masked_case}
+               "attention-masked": attention_masked_case, "rope-rows-set": rope_rows_set_case}
 
 
 def main(variants):

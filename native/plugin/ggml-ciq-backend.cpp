@@ -298,17 +298,24 @@ const ggml_backend_i cpu_backend_interface = {
 //   BIAS      an ADD of a float32 row broadcast over its other operand's rows, right after a step of ours (Qwen 2's
 //             q/k/v biases): ciq_add into the ADD's tensor (one float32 add a value, CUDAi's values; a RoPE after it
 //             then extends the stretch too).
+//   ROPE_KV   (GGML_CIQ_PLUGIN_ROPE_KV) k's ROPE, its VIEW and K cache write (ggml-cuda's fused ROPE + VIEW + SET_ROWS),
+//             with the V cache write when it is the next node computing, right after a step of ours;
+//             q's ROPE step joins it where it can wait (merge_rope_q): ciq_rope_rows_set_f16 in llama.cpp CUDA's
+//             order, one launch (ggml-cuda's values: its RoPE, its fused store, its SET_ROWS). graph_optimize keeps
+//             q's product allocated until k's RoPE, so q, v and k become adjacent MUL_MATs: one grouped launch.
 // A step of ours that reads nothing the pending CUDAi run writes and writes nothing that run reads or writes runs
 // before it when the step before the run is ours: ggml orders q's RoPE (Gemma: q's norm, RoPE and scale) between the
 // q and the k/v projections, which then run back to back, and a llama or Gemma layer is one CUDAi run (its RoPEs, KV
 // writes and attention) between two of our stretches: two stream hand-overs a layer where API v19's plan had ten.
 enum step_kind : int {
     STEP_RUN = 0, STEP_MUL_MAT = 1, STEP_NORM_ACT = 2, STEP_GLU_ACT = 3, STEP_NORM_ADD = 4, STEP_ROPE = 5,
-    STEP_NORM_ROPE = 6, STEP_BIAS = 7, STEP_SCALE = 8, STEP_SET_ROWS = 9, STEP_ATTN = 10, STEP_GLU_PAIR = 11
+    STEP_NORM_ROPE = 6, STEP_BIAS = 7, STEP_SCALE = 8, STEP_SET_ROWS = 9, STEP_ATTN = 10, STEP_GLU_PAIR = 11,
+    STEP_ROPE_KV = 12
 };
-constexpr int STEP_KINDS = 12;
+constexpr int STEP_KINDS = 13;
 constexpr const char *k_step_kind_names[STEP_KINDS] = {"RUN", "MUL_MAT", "NORM_ACT", "GLU_ACT", "NORM_ADD", "ROPE",
-                                                       "NORM_ROPE", "BIAS", "SCALE", "SET_ROWS", "ATTN", "GLU_PAIR"};
+                                                       "NORM_ROPE", "BIAS", "SCALE", "SET_ROWS", "ATTN", "GLU_PAIR",
+                                                       "ROPE_KV"};
 
 struct step {
     step_kind kind = STEP_RUN;
@@ -318,6 +325,9 @@ struct step {
     int rope = -1;          // NORM_ROPE: the ROPE
     int add = -1;           // MUL_MAT / NORM_ADD: the ADD of a residual (-1: none)
     int glu = -1;           // GLU_PAIR: the GLU of gate's product (node, a MUL_MAT) and up's (mul, a MUL_MAT)
+    int rope_q = -1;        // ROPE_KV (node: k's ROPE): q's ROPE joined to it (-1: none)
+    int set_k = -1;         // ROPE_KV: the K cache write (SET_ROWS of the VIEW of k's ROPE)
+    int set_v = -1;         // ROPE_KV: the V cache write by the same ids (-1: none)
     std::vector<int> group; // MUL_MAT: the MUL_MATs on the same activations launched with it (k and v: one launch)
     std::vector<ciq_plan> group_plans;  // ... and the library's plans for them
     bool fresh_x = false;   // MUL_MAT: convert its activations (else ours converted them last and nothing wrote since)
@@ -369,6 +379,7 @@ struct gpu_backend {
     bool fuse_rule = true;                   // GGML_CIQ_PLUGIN_FUSE_RULE: the fused plan only where it halves the runs
     bool attention = false;                  // GGML_CIQ_PLUGIN_ATTENTION: SCALE, SET_ROWS and ATTN steps
     bool group = false;                      // GGML_CIQ_PLUGIN_GROUP: grouped MUL_MATs and GLU_PAIR steps
+    bool rope_kv = false;                    // GGML_CIQ_PLUGIN_ROPE_KV: ROPE_KV steps, q's product kept for them
     bool graphs = false;                     // GGML_CIQ_PLUGIN_GRAPHS when it started: stretches of ours as CUDA graphs
     converted_activations x;                 // shared by the MUL_MATs of one graph_compute on the same activations
     std::vector<graph_plan> plans;           // the recent graphs' plans (the scheduler alternates a few graphs)
@@ -655,17 +666,6 @@ void gpu_synchronize(ggml_backend_t backend) {
         timeline_read(ctx, t1);
         timeline_prestart(device_of(backend), ctx);  // the next graph's timers
     }
-}
-
-// CUDAi's own node order and fusion lifetimes, so that what CUDAi runs is what it would run alone. Not under
-// GGML_CUDA_GRAPH_OPT=1: its concurrent-stream regions span whole graphs, and CIQi hands CUDAi runs of nodes.
-void gpu_graph_optimize(ggml_backend_t backend, ggml_cgraph *graph, ggml_backend_graph_optimize_params *params) {
-    static const bool concurrent_regions = [] {
-        const char *env = std::getenv("GGML_CUDA_GRAPH_OPT");
-        return env != nullptr && std::atoi(env) == 1;
-    }();
-    ggml_backend_t cuda = gpu_of(backend)->cuda;
-    if (!concurrent_regions && cuda->iface.graph_optimize != nullptr) cuda->iface.graph_optimize(cuda, graph, params);
 }
 
 // A node CUDAi computes nothing for (ggml-cuda's ggml_cuda_is_view_or_noop): a run of them needs no call into it.
@@ -974,6 +974,24 @@ struct planner {
                 for (int k = 0; k < GGML_MAX_SRC; k++) read(node(s.node)->src[k]);
                 writes->push_back(span_of(node(s.node)));
                 break;
+            case STEP_ROPE_KV: {
+                const ggml_tensor *k = node(s.node), *set_k = node(s.set_k);
+                read(k->src[0]);
+                read(k->src[1]);
+                read(set_k->src[1]);
+                writes->push_back(span_of(set_k));
+                if (s.set_v >= 0) {
+                    read(node(s.set_v)->src[0]);
+                    read(node(s.set_v)->src[1]);
+                    writes->push_back(span_of(node(s.set_v)));
+                }
+                if (s.rope_q >= 0) {
+                    read(node(s.rope_q)->src[0]);
+                    read(node(s.rope_q)->src[1]);
+                    writes->push_back(span_of(node(s.rope_q)));
+                }
+                break;
+            }
             case STEP_NORM_ROPE: {
                 const ggml_tensor *mul = node(s.mul), *rope = node(s.rope);
                 read(node(s.node)->src[0]);
@@ -1037,6 +1055,8 @@ struct planner {
         if (s.mul >= 0) taken[s.mul] = 1;
         if (s.rope >= 0) taken[s.rope] = 1;
         if (s.add >= 0) taken[s.add] = 1;
+        if (s.set_k >= 0) taken[s.set_k] = 1;
+        if (s.set_v >= 0) taken[s.set_v] = 1;
         if (s.kind == STEP_MUL_MAT) {
             const ggml_tensor *src = node(s.node)->src[1];
             s.fresh_x = src != x;
@@ -1088,6 +1108,32 @@ struct planner {
         return s;
     }
 
+    // k's RoPE at node i with its VIEW and K cache write (ggml-cuda's fused ROPE + VIEW + SET_ROWS: consecutive nodes,
+    // the RoPE read by the view alone, the view a flat contiguous view of it read by the write alone), and the V cache
+    // write of as many rows when it is the next node computing (its own ids: llama.cpp's v_idxs): a ROPE_KV step,
+    // else kind STEP_RUN.
+    step match_rope_kv(int i) const {
+        step s;
+        if (i + 2 >= graph->n_nodes) return s;
+        const ggml_tensor *rope = node(i), *view = node(i + 1), *set_k = node(i + 2);
+        if (!rope_ours(rope) || view->op != GGML_OP_VIEW || view->view_src != rope || view->src[0] != rope ||
+            view->view_offs != 0 || !ggml_is_contiguous(view) || view->ne[0] != rope->ne[0] * rope->ne[1] ||
+            set_k->src[0] != view || !set_rows_ours(set_k) || set_k->src[1]->ne[0] != rope->ne[2] ||
+            set_k->ne[0] != view->ne[0] || !read_only_by(graph, rope, 1) || uses_of(graph, view) != 1 ||
+            overlap(span_of(rope->src[0]), span_of(set_k)))
+            return s;
+        s.kind = STEP_ROPE_KV;
+        s.node = i;
+        s.set_k = i + 2;
+        const int j = next_computing(graph, i + 2);
+        if (j < 0) return s;
+        const ggml_tensor *set_v = node(j);
+        if (set_rows_ours(set_v) && set_v->src[0]->ne[1] == rope->ne[2] && !overlap(span_of(set_v), span_of(set_k)) &&
+            !overlap(span_of(set_v->src[0]), span_of(set_k)) && !overlap(span_of(rope->src[0]), span_of(set_v)))
+            s.set_v = j;
+        return s;
+    }
+
     // The fused step starting at node i, if one matches (kind STEP_RUN: none).
     step match_fused(int i) {
         step s;
@@ -1097,6 +1143,10 @@ struct planner {
         // CUDAi computed after our MUL_MAT stays CUDAi's: taking it would end that run no earlier and add a call).
         const bool after_ours = !plan.steps.empty() && plan.steps.back().kind != STEP_RUN;
         auto extends_ours = [&](const step &r) { return !pending_computes || independent_of_pending(r); };
+        if (n->op == GGML_OP_ROPE && after_ours && ctx->rope_kv) {
+            s = match_rope_kv(i);
+            if (s.kind != STEP_RUN) return extends_ours(s) ? s : step{};
+        }
         if (n->op == GGML_OP_ROPE && after_ours && rope_ours(n) &&
             (ctx->attention || !feeds_set_rows(graph, i + 1, n))) {
             s.kind = STEP_ROPE;
@@ -1152,6 +1202,50 @@ struct planner {
             }
         }
         return s;
+    }
+
+    // Whether step p can run where step r stands instead (p before r in one stretch): nothing from p to r writes
+    // what p reads or reads or writes what p writes, p's write apart from r's reads and writes (q's RoPE in place is
+    // its own business).
+    bool can_wait(size_t p, size_t r) const {
+        std::vector<span> p_reads, p_writes;
+        memory_of(plan.steps[p], &p_reads, &p_writes);
+        for (size_t i = p + 1; i <= r; i++) {
+            std::vector<span> reads, writes;
+            memory_of(plan.steps[i], &reads, &writes);
+            for (const span &w : writes) {
+                for (const span &pr : p_reads)
+                    if (overlap(w, pr)) return false;
+                for (const span &pw : p_writes)
+                    if (overlap(w, pw)) return false;
+            }
+            for (const span &rd : reads)
+                for (const span &pw : p_writes)
+                    if (overlap(rd, pw)) return false;
+        }
+        return true;
+    }
+
+    // After planning (GGML_CIQ_PLUGIN_ROPE_KV): a ROPE step (q's) before a ROPE_KV step in the same stretch, on the
+    // same positions, head_dim, mode and base, joins it where it can wait (can_wait: the addresses ggml-alloc gave,
+    // with or without graph_optimize's dependency); the MUL_MATs between (v, k) then follow q's.
+    void merge_rope_q() {
+        std::vector<step> &steps = plan.steps;
+        for (size_t r = 0; r < steps.size(); r++) {
+            if (steps[r].kind != STEP_ROPE_KV) continue;
+            const ggml_tensor *k = node(steps[r].node);
+            for (size_t p = r; p-- > 0 && steps[p].kind != STEP_RUN;) {
+                if (steps[p].kind != STEP_ROPE) continue;
+                const ggml_tensor *q = node(steps[p].node);
+                if (q->src[1] != k->src[1] || q->ne[0] != k->ne[0] || q->ne[2] != k->ne[2] ||
+                    rope_mode(q) != rope_mode(k) || rope_base(q) != rope_base(k) || !can_wait(p, r))
+                    break;
+                steps[r].rope_q = steps[p].node;
+                steps.erase(steps.begin() + (long)p);
+                r--;
+                break;
+            }
+        }
     }
 
     // After planning (GGML_CIQ_PLUGIN_GROUP, the fused plan): adjacent steps of ours that one launch can run.
@@ -1269,6 +1363,7 @@ struct planner {
         }
         if (failed < 0 && x_fused && x_readers_left > 0) failed = x_step_node;
         flush_run();
+        if (fuse && ctx->rope_kv && failed < 0) merge_rope_q();
         if (fuse && ctx->group && failed < 0) merge_steps();
         bool ours = false;
         for (size_t i = 0; i < plan.steps.size(); i++) {
@@ -1350,9 +1445,10 @@ uint64_t run_uid(uint64_t graph_uid, size_t step) {
 // The steps CIQi backends have run since the last reset, by kind (STEP_RUN .. STEP_NORM_ADD), then MUL_MATs with their
 // ADD, fused NORM_ACT / GLU_ACT steps, and stretches of ours replayed as CUDA graphs: which path ran, for the GPU
 // tests ("ggml_ciq_plugin_steps").
-constexpr int STEP_COUNTS = 16;  // RUN .. NORM_ADD, MUL_MAT + ADD, fused, replays, ROPE, NORM_ROPE, BIAS, SCALE,
-                                 // SET_ROWS, ATTN, GLU_PAIR, MUL_MATs grouped with the one before
-constexpr int k_count_of_kind[] = {0, 1, 2, 3, 4, 8, 9, 10, 11, 12, 13, 14};  // step_kind -> its counter (5..7: above)
+constexpr int STEP_COUNTS = 18;  // RUN .. NORM_ADD, MUL_MAT + ADD, fused, replays, ROPE, NORM_ROPE, BIAS, SCALE,
+                                 // SET_ROWS, ATTN, GLU_PAIR, MUL_MATs grouped with the one before, ROPE_KV, ROPE_KV
+                                 // with q's RoPE
+constexpr int k_count_of_kind[] = {0, 1, 2, 3, 4, 8, 9, 10, 11, 12, 13, 14, 16};  // step_kind -> its counter
 static_assert(sizeof(k_count_of_kind) / sizeof(k_count_of_kind[0]) == STEP_KINDS, "a counter per step kind");
 std::atomic<uint64_t> g_step_counts[STEP_COUNTS];
 
@@ -1361,6 +1457,7 @@ void count_step(const step &s) {
     if (s.kind == STEP_MUL_MAT && s.add >= 0) g_step_counts[5]++;
     g_step_counts[15] += s.group.size();
     if (s.fused) g_step_counts[6]++;
+    if (s.kind == STEP_ROPE_KV && s.rope_q >= 0) g_step_counts[17]++;
 }
 
 // counts[0..STEP_COUNTS): g_step_counts; reset != 0 zeroes them after reading.
@@ -1391,6 +1488,16 @@ struct step_call {
     uint16_t *table = nullptr;
     int64_t table_rows = 0, row_stride = 0;
     attention_args attention;            // ATTN
+    // ROPE_KV: k (x), its positions, head_dim, heads (k's), tokens, base and mode as ROPE's; ids, table (K's),
+    // table_rows and row_stride as SET_ROWS'; q's RoPE (q NULL: none) and the V cache write (v NULL: none)
+    const float *q = nullptr;
+    float *q_out = nullptr;
+    int64_t heads_q = 0;
+    const float *v = nullptr;
+    int64_t v_k = 0;
+    const int64_t *v_ids = nullptr;
+    uint16_t *v_table = nullptr;
+    int64_t v_table_rows = 0, v_row_stride = 0;
 };
 
 step_call call_of(int device, ggml_cgraph *graph, const step &s) {
@@ -1447,6 +1554,34 @@ step_call call_of(int device, ggml_cgraph *graph, const step &s) {
         c.table = (uint16_t *)n->data;
         c.table_rows = n->ne[1];
         c.row_stride = (int64_t)(n->nb[1] / sizeof(uint16_t));
+    } else if (s.kind == STEP_ROPE_KV) {
+        const ggml_tensor *set_k = graph->nodes[s.set_k];
+        c.x = (const float *)n->src[0]->data;
+        c.positions = (const int32_t *)n->src[1]->data;
+        c.head_dim = n->ne[0];
+        c.heads = n->ne[1];
+        c.tokens = n->ne[2];
+        c.base = rope_base(n);
+        c.mode = rope_mode(n);
+        c.ids = (const int64_t *)set_k->src[1]->data;
+        c.table = (uint16_t *)set_k->data;
+        c.table_rows = set_k->ne[1];
+        c.row_stride = (int64_t)(set_k->nb[1] / sizeof(uint16_t));
+        if (s.rope_q >= 0) {
+            ggml_tensor *q = graph->nodes[s.rope_q];
+            c.q = (const float *)q->src[0]->data;
+            c.q_out = (float *)q->data;
+            c.heads_q = q->ne[1];
+        }
+        if (s.set_v >= 0) {
+            const ggml_tensor *set_v = graph->nodes[s.set_v];
+            c.v = (const float *)set_v->src[0]->data;
+            c.v_k = set_v->src[0]->ne[0];
+            c.v_ids = (const int64_t *)set_v->src[1]->data;
+            c.v_table = (uint16_t *)set_v->data;
+            c.v_table_rows = set_v->ne[1];
+            c.v_row_stride = (int64_t)(set_v->nb[1] / sizeof(uint16_t));
+        }
     } else if (s.kind == STEP_ATTN) {
         attention_of(n, &c.attention);  // the plan took it: its arguments are there
     } else if (s.kind == STEP_ROPE || s.kind == STEP_NORM_ROPE) {
@@ -1532,6 +1667,11 @@ ciq_status run_ours(const device_context *dev, gpu_backend *ctx, ggml_cgraph *gr
         case STEP_SCALE: return ciq_scale(device, c.x, c.scale, c.k, c.out);
         case STEP_SET_ROWS:
             return ciq_rows_set_f16(device, c.x, c.tokens, c.k, c.ids, c.table, c.table_rows, c.row_stride);
+        case STEP_ROPE_KV:
+            return ciq_rope_rows_set_f16(device, CIQ_ORDER_LLAMACPP_CUDA, c.mode, c.positions, c.tokens, c.head_dim,
+                                         c.base, c.q, c.heads_q, c.q_out, c.x, c.heads, c.v, c.v_k, c.ids, c.table,
+                                         c.table_rows, c.row_stride, c.v_ids, c.v_table, c.v_table_rows,
+                                         c.v_row_stride);
         case STEP_ATTN: {
             const attention_args &a = c.attention;
             return ciq_attention_masked(device, CIQ_ATTENTION_AUTO, a.q, a.k, a.v, a.mask, a.mask_row, a.tokens,
@@ -1542,12 +1682,77 @@ ciq_status run_ours(const device_context *dev, gpu_backend *ctx, ggml_cgraph *gr
     return CIQ_OK;
 }
 
+// GGML_CIQ_PLUGIN_ROPE_KV: what graph_optimize keeps allocated, as (kept, until) node indices. For each RoPE of ours
+// of the product of a MUL_MAT of ours that feeds no SET_ROWS (q's), and the next RoPE on the same positions that feeds
+// its VIEW's SET_ROWS (k's): q's product kept until k's RoPE. ggml-alloc would otherwise give v's or k's product q's
+// memory once q's RoPE had read it, and q's RoPE could not wait for the ROPE_KV step (merge_rope_q checks the
+// addresses whatever was kept).
+std::vector<std::pair<int, int>> rope_kv_alloc_deps(const device_context *dev, gpu_backend *ctx,
+                                                    const ggml_cgraph *graph) {
+    std::vector<std::pair<int, int>> deps;
+    for (int i = 0; i < graph->n_nodes; i++) {
+        const ggml_tensor *q = graph->nodes[i];
+        if (q->op != GGML_OP_ROPE || !rope_ours(q)) continue;
+        const ggml_tensor *product = q->src[0]->view_src != nullptr ? q->src[0]->view_src : q->src[0];
+        int kept = -1;
+        for (int j = i - 1; j >= 0 && kept < 0; j--)
+            if (graph->nodes[j] == product) kept = j;
+        if (kept < 0 || !mul_mat_ours_remembered(dev, ctx, product) || feeds_set_rows(graph, i + 1, q)) continue;
+        for (int j = i + 1; j < graph->n_nodes; j++) {
+            const ggml_tensor *k = graph->nodes[j];
+            if (k->op != GGML_OP_ROPE || k->src[1] != q->src[1]) continue;
+            if (j + 2 < graph->n_nodes && graph->nodes[j + 1]->view_src == k &&
+                graph->nodes[j + 2]->op == GGML_OP_SET_ROWS && graph->nodes[j + 2]->src[0] == graph->nodes[j + 1])
+                deps.emplace_back(kept, j);
+            break;
+        }
+    }
+    return deps;
+}
+
+// CUDAi's own node order and fusion lifetimes, so that what CUDAi runs is what it would run alone (not under
+// GGML_CUDA_GRAPH_OPT=1: its concurrent-stream regions span whole graphs, and CIQi hands CUDAi runs of nodes); then
+// the allocation dependencies of the ROPE_KV steps (GGML_CIQ_PLUGIN_ROPE_KV with the fused plan).
+void gpu_graph_optimize(ggml_backend_t backend, ggml_cgraph *graph, ggml_backend_graph_optimize_params *params) {
+    static const bool concurrent_regions = [] {
+        const char *env = std::getenv("GGML_CUDA_GRAPH_OPT");
+        return env != nullptr && std::atoi(env) == 1;
+    }();
+    gpu_backend *ctx = gpu_of(backend);
+    ggml_backend_t cuda = ctx->cuda;
+    if (!concurrent_regions && cuda->iface.graph_optimize != nullptr) cuda->iface.graph_optimize(cuda, graph, params);
+    if (!ctx->fuse || !ctx->rope_kv || params == nullptr || params->add_alloc_dep == nullptr) return;
+    for (const auto &dep : rope_kv_alloc_deps(device_of(backend), ctx, graph))
+        params->add_alloc_dep(params->user_data, graph->nodes[dep.first], graph->nodes[dep.second]);
+}
+
+// graph_optimize's allocation dependencies for a graph, for the tests ("ggml_ciq_plugin_alloc_deps", as the plan hook:
+// plugin device `index`'s library answers, GGML_CIQ_PLUGIN_ROPE_KV as the environment sets it now): (kept, until)
+// node index pairs into pairs (at most max_pairs), their count; -1 for a device index out of range or a switch value
+// it does not take.
+int alloc_deps_for_tests(ggml_cgraph *graph, int index, int32_t *pairs, int max_pairs) {
+    if (index < 0 || index >= g_device_count) return -1;
+    device_context probe = g_devices[index];
+    probe.cuda = nullptr;
+    gpu_backend scratch;
+    int rope_kv = 1;
+    if (ciq_switch_on("GGML_CIQ_PLUGIN_ROPE_KV", &rope_kv) != CIQ_OK) return -1;
+    if (rope_kv == 0) return 0;
+    const auto deps = rope_kv_alloc_deps(&probe, &scratch, graph);
+    for (size_t i = 0; i < deps.size() && (int)i < max_pairs; i++) {
+        pairs[2 * i] = deps[i].first;
+        pairs[2 * i + 1] = deps[i].second;
+    }
+    return (int)deps.size();
+}
+
 // The plan CIQi's graph_compute runs for a graph, for the tests (CI has no GPU; reached through the registry's
 // get_proc_address as "ggml_ciq_plugin_plan"): plugin device `index`'s plan with the library's answers for it but no
 // buffer-type check, GGML_CIQ_FUSE and GGML_CIQ_PLUGIN_FUSE_RULE as the environment sets them now, planned and each
 // step's run uid made as if the graph's uid were `uid` (0: API v19's plan), and each step of ours read into its calls'
 // arguments (call_of: what graph_compute reads). Per step, rows
-// {kind, node, mul, add (NORM_ROPE: its ROPE), fresh_x | fused << 1, run length}; the runs' node indices one after
+// {kind, node, mul (ROPE_KV: q's ROPE), add (NORM_ROPE: its ROPE; GLU_PAIR: its GLU; ROPE_KV: the V cache write),
+// fresh_x | fused << 1 | group size << 2, run length}; the runs' node indices one after
 // another into run_nodes (room for the graph's node count). Returns the step count (at most max_steps rows are
 // written), -1 for a device index out of range or a GGML_CIQ_FUSE it does not take.
 int plan_for_tests(ggml_cgraph *graph, int index, uint64_t uid, int32_t *rows, uint64_t *uids, int32_t *run_nodes,
@@ -1556,12 +1761,14 @@ int plan_for_tests(ggml_cgraph *graph, int index, uint64_t uid, int32_t *rows, u
     device_context probe = g_devices[index];
     probe.cuda = nullptr;  // the library's answers for that device, no buffer-type check: any graph's tensors will do
     gpu_backend scratch;
-    int fuse = 1, rule = 1, attention = 0, group = 1;
+    int fuse = 1, rule = 1, attention = 0, group = 1, rope_kv = 1;
     if (ciq_switch_on("GGML_CIQ_FUSE", &fuse) != CIQ_OK || ciq_switch_on("GGML_CIQ_PLUGIN_FUSE_RULE", &rule) != CIQ_OK ||
         ciq_switch_on("GGML_CIQ_PLUGIN_ATTENTION", &attention) != CIQ_OK ||
-        ciq_switch_on("GGML_CIQ_PLUGIN_GROUP", &group) != CIQ_OK)
+        ciq_switch_on("GGML_CIQ_PLUGIN_GROUP", &group) != CIQ_OK ||
+        ciq_switch_on("GGML_CIQ_PLUGIN_ROPE_KV", &rope_kv) != CIQ_OK)
         return -1;
     scratch.group = group != 0;
+    scratch.rope_kv = rope_kv != 0;
     scratch.fuse = fuse != 0;
     scratch.fuse_rule = rule != 0;
     scratch.attention = attention != 0;
@@ -1571,8 +1778,9 @@ int plan_for_tests(ggml_cgraph *graph, int index, uint64_t uid, int32_t *rows, u
         const step &st = plan.steps[i];
         if (st.kind != STEP_RUN) call_of(probe.ciq_device, graph, st);  // the arguments graph_compute would pass
         int32_t *row = rows + 6 * i;
-        row[0] = st.kind, row[1] = st.node, row[2] = st.mul;
-        row[3] = st.kind == STEP_NORM_ROPE ? st.rope : st.kind == STEP_GLU_PAIR ? st.glu : st.add;
+        row[0] = st.kind, row[1] = st.node, row[2] = st.kind == STEP_ROPE_KV ? st.rope_q : st.mul;
+        row[3] = st.kind == STEP_NORM_ROPE ? st.rope : st.kind == STEP_GLU_PAIR ? st.glu
+                 : st.kind == STEP_ROPE_KV ? st.set_v : st.add;
         row[4] = (st.fresh_x ? 1 : 0) | (st.fused ? 2 : 0) | (int)st.group.size() << 2;
         row[5] = (int32_t)st.run.size();
         for (int k : st.run_index)
@@ -1838,6 +2046,9 @@ ggml_backend_t device_init_backend(ggml_backend_dev_t dev, const char *params) {
     int group = 1, timeline = 0;
     ciq_switch_on("GGML_CIQ_PLUGIN_GROUP", &group);
     ciq_switch_on("GGML_CIQ_PLUGIN_TIMELINE", &timeline);
+    int rope_kv = 1;
+    ciq_switch_on("GGML_CIQ_PLUGIN_ROPE_KV", &rope_kv);
+    gpu->rope_kv = rope_kv != 0;
     gpu->tl.on = timeline != 0;
     gpu->group = group != 0;
     gpu->print_stats = stats != 0;
@@ -1945,6 +2156,7 @@ void *reg_get_proc_address(ggml_backend_reg_t, const char *name) {
     if (std::strcmp(name, "ggml_ciq_plugin_info") == 0) return (void *)build_info_json;
     if (std::strcmp(name, "ggml_ciq_plugin_plan") == 0) return (void *)plan_for_tests;
     if (std::strcmp(name, "ggml_ciq_plugin_steps") == 0) return (void *)steps_for_tests;
+    if (std::strcmp(name, "ggml_ciq_plugin_alloc_deps") == 0) return (void *)alloc_deps_for_tests;
     return nullptr;
 }
 
@@ -1971,7 +2183,7 @@ bool ggml_matches() {
 // The on/off switches a CIQi backend reads when it starts (device_init_backend).
 constexpr const char *k_plugin_switches[] = {"GGML_CIQ_FUSE", "GGML_CIQ_PLUGIN_GRAPHS", "GGML_CIQ_PLUGIN_FUSE_RULE",
                                              "GGML_CIQ_PLUGIN_STATS", "GGML_CIQ_PLUGIN_ATTENTION", "GGML_CIQ_PLUGIN_GROUP",
-                                             "GGML_CIQ_PLUGIN_TIMELINE"};
+                                             "GGML_CIQ_PLUGIN_TIMELINE", "GGML_CIQ_PLUGIN_ROPE_KV"};
 
 // The library's runtime switches the plugin's planning reads (GGML_CIQ_OFFLOAD, GGML_CIQ_VARIANT...) are valid: a
 // value they do not take is one log line and no plugin, never a silent "decline every op".

@@ -336,6 +336,69 @@ ciq_status ciq_rope_kv_store(int device, ciq_op_order order, ciq_rope_mode mode,
 #endif
 }
 
+ciq_status ciq_rope_rows_set_f16(int device, ciq_op_order order, ciq_rope_mode mode, const int32_t *positions,
+                                 int64_t tokens, int64_t head_dim, float base, const float *q, int64_t heads,
+                                 float *q_out, const float *k, int64_t heads_kv, const float *v, int64_t v_k,
+                                 const int64_t *k_ids, uint16_t *k_table, int64_t k_table_rows, int64_t k_row_stride,
+                                 const int64_t *v_ids, uint16_t *v_table, int64_t v_table_rows,
+                                 int64_t v_row_stride) {
+    const char *what = "ciq_rope_rows_set_f16";
+    if (positions == nullptr || k == nullptr || k_ids == nullptr || k_table == nullptr ||
+        (q != nullptr && q_out == nullptr) || (v != nullptr && (v_ids == nullptr || v_table == nullptr))) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: NULL pointer", what);
+    }
+    if (mode != CIQ_ROPE_NORM && mode != CIQ_ROPE_NEOX) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: unknown mode %d (NORM 0, NEOX 2)", what, (int)mode);
+    }
+    CIQ_TRY(ciq_check_count(what, "tokens", tokens));
+    CIQ_TRY(ciq_check_count(what, "heads_kv", heads_kv));
+    CIQ_TRY(ciq_check_count(what, "k_table_rows", k_table_rows));
+    if (q != nullptr) CIQ_TRY(ciq_check_count(what, "heads", heads));
+    if (v != nullptr) {
+        CIQ_TRY(ciq_check_count(what, "v_k", v_k));
+        CIQ_TRY(ciq_check_count(what, "v_table_rows", v_table_rows));
+    }
+    if (head_dim < 2 || head_dim % 2 || head_dim > INT32_MAX) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: head_dim must be even, >= 2 and < 2^31, got %lld", what,
+                        (long long)head_dim);
+    }
+    if (!(base > 0.0f)) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: base must be > 0, got %g", what, (double)base);
+    const int64_t k_row = heads_kv * head_dim, q_heads = q != nullptr ? heads : 0;
+    if (k_row / head_dim != heads_kv || tokens > INT64_MAX / 4 / k_row ||
+        (q_heads > 0 && (q_heads > INT64_MAX / head_dim || tokens > INT64_MAX / 4 / (q_heads * head_dim))) ||
+        (v != nullptr && tokens > INT64_MAX / 4 / v_k)) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: %lld tokens of its rows overflow", what, (long long)tokens);
+    }
+    if (k_row_stride < k_row || (v != nullptr && v_row_stride < v_k)) {
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: a table's row_stride (k %lld, v %lld) is shorter than its rows "
+                        "(k %lld, v %lld values)", what, (long long)k_row_stride, (long long)v_row_stride,
+                        (long long)k_row, (long long)(v != nullptr ? v_k : 0));
+    }
+    CIQ_TRY(ciq_check_device(device));
+    CIQ_TRY(check_order(what, device, order));
+    if (device == CIQ_DEVICE_CPU) {  // the calls in turn (ciq_rows_set_f16's checks of the ids included)
+        std::vector<float> roped;
+        CIQ_TRY(host_values(what, tokens, k_row, roped));
+        CIQ_TRY(ciq_cpu_rope(mode, k, positions, tokens, heads_kv, head_dim, base, roped.data()));
+        if (q != nullptr) CIQ_TRY(ciq_cpu_rope(mode, q, positions, tokens, heads, head_dim, base, q_out));
+        CIQ_TRY(ciq_rows_set_f16(device, roped.data(), tokens, k_row, k_ids, k_table, k_table_rows, k_row_stride));
+        return v != nullptr ? ciq_rows_set_f16(device, v, tokens, v_k, v_ids, v_table, v_table_rows, v_row_stride)
+                            : CIQ_OK;
+    }
+#ifdef GGML_CIQ_WITH_CUDA
+    if (order != CIQ_ORDER_LLAMACPP_CUDA) {
+        return ciq_fail(CIQ_ERR_UNSUPPORTED, "%s: a GPU fuses llama.cpp CUDA's order only: run ciq_rope and "
+                        "ciq_rows_set_f16", what);
+    }
+    CIQ_TRY(ciq_cuda_set_device(device));
+    return ciq_cuda_llamacpp_rope_rows_set_f16(mode, positions, tokens, head_dim, base, q, heads, q_out, k, heads_kv,
+                                               v, v_k, k_ids, k_table, k_table_rows, k_row_stride, v_ids,
+                                               v_table, v_table_rows, v_row_stride);
+#else
+    return CIQ_ERR_UNSUPPORTED;
+#endif
+}
+
 ciq_status ciq_glu(int device, ciq_op_order order, ciq_glu_kind kind, const float *gate, const float *up, int64_t n,
                    float *out) {
     if (gate == nullptr || up == nullptr || out == nullptr) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "ciq_glu: NULL pointer");

@@ -31,6 +31,7 @@ enum Switch {
     PLUGIN_ATTENTION,
     PLUGIN_GROUP,
     PLUGIN_TIMELINE,
+    PLUGIN_ROPE_KV,
     SWITCH_COUNT
 };
 
@@ -105,6 +106,11 @@ constexpr SwitchRow k_switches[SWITCH_COUNT] = {
      "line to stderr when it is freed: per boundary the microseconds from graph_compute's start at which the host "
      "issued it and the GPU passed it, and when graph_compute and synchronize returned (a diagnostic: the timers cost "
      "host time, so not for speed figures)"},
+    {PLUGIN_ROPE_KV, "GGML_CIQ_PLUGIN_ROPE_KV", "1/on/true/yes | 0/off/false/no", "on",
+     "the ggml plugin (ciq_switch_on, when a backend starts)", "1: CIQi takes k's RoPE with its K cache write and the "
+     "V cache write after it, with q's RoPE where it can wait, as one ROPE_KV step (ciq_rope_rows_set_f16: one launch "
+     "where CUDAi ran two and ours one), and keeps q's product allocated until k's RoPE (graph_optimize) so that q, v "
+     "and k group into one launch; 0: API v30's steps"},
 };
 
 constexpr bool rows_in_order() {
@@ -181,7 +187,7 @@ ciq_status ciq_switches_attention_wgmma(bool *take) { return word_switch(ATTENTI
 ciq_status ciq_switches_on_off(const char *name, bool *on) {
     *on = true;
     constexpr Switch on_off[] = {FUSE, FUSE_GLU, ATTENTION_WGMMA, PLUGIN_GRAPHS, PLUGIN_FUSE_RULE, PLUGIN_STATS,
-                                 PLUGIN_ATTENTION, PLUGIN_GROUP, PLUGIN_TIMELINE};
+                                 PLUGIN_ATTENTION, PLUGIN_GROUP, PLUGIN_TIMELINE, PLUGIN_ROPE_KV};
     std::string names;
     for (Switch s : on_off) {
         if (name != nullptr && std::strcmp(name, switch_name(s)) == 0) return word_switch(s, on);

@@ -30,7 +30,7 @@ ciq_status ciq_switches_offload(int *offload);
 ciq_status ciq_switches_attention_wgmma(bool *take);
 // An on/off switch of the table by name (GGML_CIQ_FUSE, GGML_CIQ_FUSE_GLU, GGML_CIQ_ATTENTION_WGMMA,
 // GGML_CIQ_PLUGIN_GRAPHS, GGML_CIQ_PLUGIN_FUSE_RULE, GGML_CIQ_PLUGIN_STATS, GGML_CIQ_PLUGIN_ATTENTION,
-// GGML_CIQ_PLUGIN_GROUP, GGML_CIQ_PLUGIN_TIMELINE), unset or empty its default; another name or a value not on/off an
+// GGML_CIQ_PLUGIN_GROUP, GGML_CIQ_PLUGIN_TIMELINE, GGML_CIQ_PLUGIN_ROPE_KV), unset or empty its default; another name or a value not on/off an
 // error naming it.
 ciq_status ciq_switches_on_off(const char *name, bool *on);
 // GGML_CIQ_CPU_ISA: the instruction set asked for (scalar | avx2 | avxvnni), or nullptr when unset.

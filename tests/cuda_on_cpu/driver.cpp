@@ -70,6 +70,15 @@ int emu_rope_kv_store(int mode, const float *q, const float *k, const float *v, 
     return ciq_cuda_rope_kv_store((ciq_rope_mode)mode, q, k, v, positions, tokens, heads, heads_kv, head_dim, base,
                                   start, q_out, k_cache, v_cache);
 }
+int emu_rope_rows_set_f16(int mode, const int32_t *positions, int64_t tokens, int64_t head_dim, float base,
+                          const float *q, int64_t heads, float *q_out, const float *k, int64_t heads_kv,
+                          const float *v, int64_t v_k, const int64_t *k_ids, uint16_t *k_table, int64_t k_table_rows,
+                          int64_t k_row_stride, const int64_t *v_ids, uint16_t *v_table, int64_t v_table_rows,
+                          int64_t v_row_stride) {
+    return ciq_cuda_llamacpp_rope_rows_set_f16((ciq_rope_mode)mode, positions, tokens, head_dim, base, q, heads, q_out, k,
+                                               heads_kv, v, v_k, k_ids, k_table, k_table_rows, k_row_stride, v_ids,
+                                               v_table, v_table_rows, v_row_stride);
+}
 int emu_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values) {
     return ciq_cuda_kv_store(cache, start, x, tokens, row_values);
 }

@@ -135,6 +135,14 @@ ciq_status ciq_cuda_llamacpp_rope(ciq_rope_mode mode, const float *x, const int3
 ciq_status ciq_cuda_llamacpp_rms_norm_rope(ciq_rope_mode mode, const float *x, const float *weight, float eps,
                                            const int32_t *positions, int64_t tokens, int64_t heads, int64_t head_dim,
                                            float base, float *out);
+// ciq_rope_rows_set_f16 in llama.cpp CUDA's order: q (or NULL) roped into q_out, k roped and v (or NULL) rounded to f16
+// into their tables' rows ids[t], one kernel (ops_llamacpp.cu).
+ciq_status ciq_cuda_llamacpp_rope_rows_set_f16(ciq_rope_mode mode, const int32_t *positions, int64_t tokens,
+                                               int64_t head_dim, float base, const float *q, int64_t heads,
+                                               float *q_out, const float *k, int64_t heads_kv, const float *v,
+                                               int64_t v_k, const int64_t *k_ids, uint16_t *k_table,
+                                               int64_t k_table_rows, int64_t k_row_stride, const int64_t *v_ids,
+                                               uint16_t *v_table, int64_t v_table_rows, int64_t v_row_stride);
 ciq_status ciq_cuda_llamacpp_glu(ciq_glu_kind kind, const float *gate, const float *up, int64_t n, float *out);
 ciq_status ciq_cuda_add(const float *a, int64_t n, const float *b, int64_t b_n, float *out);
 ciq_status ciq_cuda_scale(const float *x, float s, int64_t n, float *out);

@@ -13,6 +13,8 @@
 //   rope     : theta = pos * powf(theta_scale, i) (theta_scale = powf(base, -2/head_dim) on the host),
 //              x0 * cos - x1 * sin, x0 * sin + x1 * cos (freq_scale 1, no YaRN: llama.cpp's factors are exact 1s).
 //   rms_norm_rope: llama.cpp's fused RMS_NORM + MUL + ROPE kernel (one block per row; its own contraction, below).
+//   rope_rows_set: rope's expressions for q and k; k's and v's values rounded to half (__float2half_rn, ggml-cuda's
+//              __float2half) into cache rows.
 //   glu      : gelu(g) = 0.5f * g * (1 + tanhf(sqrt(2/pi) * g * (1 + 0.044715 * g * g))), silu(g) = g / (1 + expf(-g)),
 //              times up.
 // One row per block for rms_norm; a grid-stride loop over (row, pair) and over values for the others.
@@ -97,6 +99,56 @@ rope_llamacpp_kernel(const float *x, const int32_t *pos, int64_t tokens, int64_t
         const float x1 = x[b];
         dst[a] = x0 * cos_theta - x1 * sin_theta;
         dst[b] = x0 * sin_theta + x1 * cos_theta;
+    }
+}
+
+// llama.cpp's attention inputs in one launch (ciq_rope_rows_set_f16): q's RoPE (rope_llamacpp_kernel's expressions),
+// k's RoPE with ggml-cuda's fused ROPE + VIEW + SET_ROWS store (rope.cu: the same float expression, rounded to half into
+// row k_ids[t] of the table at head h's offset h * head_dim) and v's SET_ROWS into row v_ids[t] (set-rows.cu: float ->
+// half). Grid indices [0, nq) are q's (token, head, pair)s, [nq, nq + nk) k's, then v's values. An id outside its
+// table: skipped.
+__global__ void __launch_bounds__(ELEMENTWISE_THREADS)
+rope_rows_set_llamacpp_kernel(const float *q, float *q_out, int64_t heads, const float *k, int64_t heads_kv,
+                              int head_dim, const float *v, int64_t v_k, const int32_t *pos, int64_t tokens,
+                              float theta_scale, bool neox, const int64_t *k_ids, uint16_t *k_table,
+                              int64_t k_table_rows, int64_t k_row_stride, const int64_t *v_ids, uint16_t *v_table,
+                              int64_t v_table_rows, int64_t v_row_stride) {
+    const int half = head_dim / 2;
+    const int64_t nq = q != nullptr ? tokens * heads * half : 0, nk = tokens * heads_kv * half;
+    const int64_t n = nq + nk + (v != nullptr ? tokens * v_k : 0);
+    for (int64_t idx = ciq_first_index(); idx < n; idx += ciq_index_stride()) {
+        if (idx >= nq + nk) {  // v's value (t, j)
+            const int64_t i = idx - nq - nk, t = i / v_k;
+            const int64_t id = v_ids[t];
+            if (id >= 0 && id < v_table_rows) {
+                v_table[id * v_row_stride + i % v_k] = __half_as_ushort(__float2half_rn(v[i]));
+            }
+            continue;
+        }
+        const bool is_q = idx < nq;
+        const int64_t j = is_q ? idx : idx - nq, hs = is_q ? heads : heads_kv;
+        const int64_t row = j / half;  // (token, head)
+        const int pair = (int)(j % half), i0 = 2 * pair;
+        const int64_t t = row / hs;
+        const float theta_base = pos[t] * powf(theta_scale, i0 / 2.0f);
+        const float cos_theta = cosf(theta_base);
+        const float sin_theta = sinf(theta_base);
+        const int64_t a = row * head_dim + (neox ? pair : i0), b = a + (neox ? half : 1);
+        const float *x = is_q ? q : k;
+        const float x0 = x[a];
+        const float x1 = x[b];
+        const float r0 = x0 * cos_theta - x1 * sin_theta;
+        const float r1 = x0 * sin_theta + x1 * cos_theta;
+        if (is_q) {
+            q_out[a] = r0;
+            q_out[b] = r1;
+        } else {
+            const int64_t id = k_ids[t];
+            if (id < 0 || id >= k_table_rows) continue;
+            uint16_t *dst = k_table + id * k_row_stride + (row % heads_kv) * head_dim;  // head h's place in row id
+            dst[a - row * head_dim] = __half_as_ushort(__float2half_rn(r0));
+            dst[b - row * head_dim] = __half_as_ushort(__float2half_rn(r1));
+        }
     }
 }
 
@@ -224,6 +276,22 @@ ciq_status ciq_cuda_llamacpp_rms_norm_rope(ciq_rope_mode mode, const float *x, c
         }
         CIQ_CUDA_LAUNCH_CHECK("rms_norm + rope (llama.cpp's fused order)");
     }
+    return CIQ_OK;
+}
+
+ciq_status ciq_cuda_llamacpp_rope_rows_set_f16(ciq_rope_mode mode, const int32_t *positions, int64_t tokens,
+                                               int64_t head_dim, float base, const float *q, int64_t heads,
+                                               float *q_out, const float *k, int64_t heads_kv, const float *v,
+                                               int64_t v_k, const int64_t *k_ids, uint16_t *k_table,
+                                               int64_t k_table_rows, int64_t k_row_stride, const int64_t *v_ids,
+                                               uint16_t *v_table, int64_t v_table_rows, int64_t v_row_stride) {
+    const float theta_scale = powf(base, -2.0f / (float)head_dim);  // on the host, as llama.cpp's launcher
+    const int64_t n = (q != nullptr ? tokens * heads * (head_dim / 2) : 0) + tokens * heads_kv * (head_dim / 2) +
+                      (v != nullptr ? tokens * v_k : 0);
+    rope_rows_set_llamacpp_kernel<<<ciq_grid_for(n), ELEMENTWISE_THREADS, 0, ciq_stream()>>>(
+        q, q_out, heads, k, heads_kv, (int)head_dim, v, v_k, positions, tokens, theta_scale, mode == CIQ_ROPE_NEOX,
+        k_ids, k_table, k_table_rows, k_row_stride, v_ids, v_table, v_table_rows, v_row_stride);
+    CIQ_CUDA_LAUNCH_CHECK("rope + rows_set_f16 (llama.cpp order)");
     return CIQ_OK;
 }
 
