@@ -106,48 +106,50 @@ rope_llamacpp_kernel(const float *x, const int32_t *pos, int64_t tokens, int64_t
 // k's RoPE with ggml-cuda's fused ROPE + VIEW + SET_ROWS store (rope.cu: the same float expression, rounded to half into
 // row k_ids[t] of the table at head h's offset h * head_dim) and v's SET_ROWS into row v_ids[t] (set-rows.cu: float ->
 // half). Grid indices [0, nq) are q's (token, head, pair)s, [nq, nq + nk) k's, then v's values. An id outside its
-// table: skipped.
+// table: skipped. Index is uint32_t where every index fits (a prefill's: 32-bit divisions), else int64_t.
+template <typename Index>
 __global__ void __launch_bounds__(ELEMENTWISE_THREADS)
-rope_rows_set_llamacpp_kernel(const float *q, float *q_out, int64_t heads, const float *k, int64_t heads_kv,
-                              int head_dim, const float *v, int64_t v_k, const int32_t *pos, int64_t tokens,
+rope_rows_set_llamacpp_kernel(const float *q, float *q_out, Index heads, const float *k, Index heads_kv,
+                              int head_dim, const float *v, Index v_k, const int32_t *pos, Index tokens,
                               float theta_scale, bool neox, const int64_t *k_ids, uint16_t *k_table,
                               int64_t k_table_rows, int64_t k_row_stride, const int64_t *v_ids, uint16_t *v_table,
                               int64_t v_table_rows, int64_t v_row_stride) {
-    const int half = head_dim / 2;
-    const int64_t nq = q != nullptr ? tokens * heads * half : 0, nk = tokens * heads_kv * half;
-    const int64_t n = nq + nk + (v != nullptr ? tokens * v_k : 0);
-    for (int64_t idx = ciq_first_index(); idx < n; idx += ciq_index_stride()) {
+    const Index half = (Index)(head_dim / 2);
+    const Index nq = q != nullptr ? tokens * heads * half : 0, nk = tokens * heads_kv * half;
+    const Index n = nq + nk + (v != nullptr ? tokens * v_k : 0);
+    for (Index idx = (Index)ciq_first_index(); idx < n; idx += (Index)ciq_index_stride()) {
         if (idx >= nq + nk) {  // v's value (t, j)
-            const int64_t i = idx - nq - nk, t = i / v_k;
+            const Index i = idx - nq - nk, t = i / v_k;
             const int64_t id = v_ids[t];
             if (id >= 0 && id < v_table_rows) {
-                v_table[id * v_row_stride + i % v_k] = __half_as_ushort(__float2half_rn(v[i]));
+                v_table[id * v_row_stride + (int64_t)(i % v_k)] = __half_as_ushort(__float2half_rn(v[i]));
             }
             continue;
         }
         const bool is_q = idx < nq;
-        const int64_t j = is_q ? idx : idx - nq, hs = is_q ? heads : heads_kv;
-        const int64_t row = j / half;  // (token, head)
+        const Index j = is_q ? idx : idx - nq, hs = is_q ? heads : heads_kv;
+        const Index row = j / half;  // (token, head)
         const int pair = (int)(j % half), i0 = 2 * pair;
-        const int64_t t = row / hs;
+        const Index t = row / hs;
         const float theta_base = pos[t] * powf(theta_scale, i0 / 2.0f);
         const float cos_theta = cosf(theta_base);
         const float sin_theta = sinf(theta_base);
-        const int64_t a = row * head_dim + (neox ? pair : i0), b = a + (neox ? half : 1);
+        const int off_a = neox ? pair : i0, off_b = off_a + (neox ? (int)half : 1);  // within the head's row
+        const int64_t base = (int64_t)row * head_dim;
         const float *x = is_q ? q : k;
-        const float x0 = x[a];
-        const float x1 = x[b];
+        const float x0 = x[base + off_a];
+        const float x1 = x[base + off_b];
         const float r0 = x0 * cos_theta - x1 * sin_theta;
         const float r1 = x0 * sin_theta + x1 * cos_theta;
         if (is_q) {
-            q_out[a] = r0;
-            q_out[b] = r1;
+            q_out[base + off_a] = r0;
+            q_out[base + off_b] = r1;
         } else {
             const int64_t id = k_ids[t];
             if (id < 0 || id >= k_table_rows) continue;
-            uint16_t *dst = k_table + id * k_row_stride + (row % heads_kv) * head_dim;  // head h's place in row id
-            dst[a - row * head_dim] = __half_as_ushort(__float2half_rn(r0));
-            dst[b - row * head_dim] = __half_as_ushort(__float2half_rn(r1));
+            uint16_t *dst = k_table + id * k_row_stride + (int64_t)(row % heads_kv) * head_dim;  // head h in row id
+            dst[off_a] = __half_as_ushort(__float2half_rn(r0));
+            dst[off_b] = __half_as_ushort(__float2half_rn(r1));
         }
     }
 }
@@ -288,9 +290,17 @@ ciq_status ciq_cuda_llamacpp_rope_rows_set_f16(ciq_rope_mode mode, const int32_t
     const float theta_scale = powf(base, -2.0f / (float)head_dim);  // on the host, as llama.cpp's launcher
     const int64_t n = (q != nullptr ? tokens * heads * (head_dim / 2) : 0) + tokens * heads_kv * (head_dim / 2) +
                       (v != nullptr ? tokens * v_k : 0);
-    rope_rows_set_llamacpp_kernel<<<ciq_grid_for(n), ELEMENTWISE_THREADS, 0, ciq_stream()>>>(
-        q, q_out, heads, k, heads_kv, (int)head_dim, v, v_k, positions, tokens, theta_scale, mode == CIQ_ROPE_NEOX,
-        k_ids, k_table, k_table_rows, k_row_stride, v_ids, v_table, v_table_rows, v_row_stride);
+    if (n <= (int64_t)INT32_MAX) {  // idx + the grid stride then stays below 2^32
+        rope_rows_set_llamacpp_kernel<uint32_t><<<ciq_grid_for(n), ELEMENTWISE_THREADS, 0, ciq_stream()>>>(
+            q, q_out, (uint32_t)heads, k, (uint32_t)heads_kv, (int)head_dim, v, (uint32_t)v_k, positions,
+            (uint32_t)tokens, theta_scale, mode == CIQ_ROPE_NEOX, k_ids, k_table, k_table_rows, k_row_stride, v_ids,
+            v_table, v_table_rows, v_row_stride);
+    } else {
+        rope_rows_set_llamacpp_kernel<int64_t><<<ciq_grid_for(n), ELEMENTWISE_THREADS, 0, ciq_stream()>>>(
+            q, q_out, heads, k, heads_kv, (int)head_dim, v, v_k, positions, tokens, theta_scale,
+            mode == CIQ_ROPE_NEOX, k_ids, k_table, k_table_rows, k_row_stride, v_ids, v_table, v_table_rows,
+            v_row_stride);
+    }
     CIQ_CUDA_LAUNCH_CHECK("rope + rows_set_f16 (llama.cpp order)");
     return CIQ_OK;
 }
