@@ -122,7 +122,7 @@ def emu(tmp_path_factory):
     build = tmp_path_factory.mktemp("cuda_on_cpu")
     shutil.copytree(ROOT / "native" / "src", build / "src")
     expected = {"ops.cu": {"launch": 18, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
-                "ops_llamacpp.cu": {"launch": 9, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
+                "ops_llamacpp.cu": {"launch": 10, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
                 "attention.cu": {"launch": 3, "mma": 0, "ldmatrix": 0, "extern_shared": 2},
                 "attention_split.cuh": {"launch": 1, "mma": 0, "ldmatrix": 0, "extern_shared": 0},
                 "attention_llamacpp.cu": {"launch": 1, "mma": 0, "ldmatrix": 0, "extern_shared": 1},
@@ -425,14 +425,16 @@ def test_rope_emulated(emu, rng, order, neox):
 
 
 @pytest.mark.parametrize("neox", [False, True])
-@pytest.mark.parametrize("with_q, with_v", [(True, True), (False, True), (True, False)])
-def test_rope_rows_set_f16_emulated(emu, rng, neox, with_q, with_v):
+@pytest.mark.parametrize("with_q, with_v, v_k", [(True, True, 96), (False, True, 96), (True, False, 96),
+                                                 (True, True, 94)], ids=["q-v", "v", "q", "q-v-scalar"])
+def test_rope_rows_set_f16_emulated(emu, rng, neox, with_q, with_v, v_k):
     """The plugin's q RoPE + K/V cache writes in one launch (llama.cpp CUDA's order): q as emu_rope's values in
     that order, k as emu_rope's then emu_rows_set_f16's, v as emu_rows_set_f16's, bit for bit (no contraction in the
     emulation: the indexing, the positions per token, the heads' places in a cache row); rows of the tables no id
     names, the stride's gap and ids outside a table untouched (k's and v's ids apart, as llama.cpp's k_idxs and
-    v_idxs); q in place gives the same values."""
-    tokens, heads, heads_kv, d, v_k = 13, 6, 2, 64, 96
+    v_idxs); q in place gives the same values. Two pairs and four v values a thread where every access is aligned
+    (v_k 96), else one each (v_k 94)."""
+    tokens, heads, heads_kv, d = 13, 6, 2, 64
     mode = 2 if neox else 0
     q = rng.standard_normal((tokens, heads, d)).astype(np.float32)
     k = rng.standard_normal((tokens, heads_kv, d)).astype(np.float32)

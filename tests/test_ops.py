@@ -1139,17 +1139,19 @@ def test_rows_set_f16(ops, rng):
 
 
 @pytest.mark.parametrize("neox", [False, True])
-def test_rope_rows_set_f16_is_the_ops_apart(ops, rng, neox):
+@pytest.mark.parametrize("v_k", [200, 198], ids=["vectors", "scalar"])
+def test_rope_rows_set_f16_is_the_ops_apart(ops, rng, neox, v_k):
     """ciq_rope_rows_set_f16 (the plugin's q RoPE, k RoPE + K cache write and V cache write in one call; a GPU runs
     it in llama.cpp CUDA's order only) against rope, rope, rows_set_f16, rows_set_f16 in the same order on the same
     device: the same bits, q poisoned first; tails (13 tokens, 6 q heads over 2); rows no id names keep their bytes;
-    without q or v the rest is the same. A GPU asked for the host order refuses (UNSUPPORTED)."""
+    without q or v the rest is the same; a GPU's vector kernel (v_k 200) and its scalar one (v_k 198: v rows not a
+    multiple of 4) alike. A GPU asked for the host order refuses (UNSUPPORTED)."""
     if ops.device != -1:
         with pytest.raises(BackendError, match="llama.cpp CUDA's order only"):
             ops.rope_rows_set_f16(None, np.ones((1, 1, 2), np.float32), None, [0], 1e4, neox, [0],
                                   ops.empty((1, 2), np.float16))
         ops = PoisonedOps("cuda", op_order="llamacpp_cuda")
-    tokens, heads, heads_kv, d, v_k = 13, 6, 2, 128, 200
+    tokens, heads, heads_kv, d = 13, 6, 2, 128
     q = rng.standard_normal((tokens, heads, d)).astype(np.float32)
     k = rng.standard_normal((tokens, heads_kv, d)).astype(np.float32)
     v = (rng.standard_normal((tokens, v_k)) * 100).astype(np.float32)

@@ -300,21 +300,22 @@ def attention_masked_case():
 def rope_rows_set_case():
     """ciq_rope_rows_set_f16 (the plugin's ROPE_KV step, llama.cpp CUDA's order): the 8B's 32 q heads on 8 kv heads
     at D = 128 and 77 tokens into strided tables with ids in random rows (one outside the table: skipped), without q,
-    without v, q in place, NORM and NEOX."""
+    without v, NORM and NEOX, v rows of 1024 values (the vector kernel) and 1022 (the scalar one)."""
     from ggml_ciq.ops import NativeOps
 
     rng = np.random.default_rng(9)
     ops = NativeOps("cuda", op_order="llamacpp_cuda")
     t, heads, hkv, d = 77, 32, 8, 128
-    for neox, with_q, with_v in itertools.product((False, True), (True, False), (True, False)):
+    for neox, with_q, with_v, v_k in itertools.product((False, True), (True, False), (True, False),
+                                                       (hkv * d, hkv * d - 2)):  # the vector kernel, the scalar one
         q = ops.asarray(rng.standard_normal((t, heads, d)).astype(np.float32))
-        k, v = rng.standard_normal((t, hkv, d)).astype(np.float32), rng.standard_normal((t, hkv * d)).astype(np.float32)
+        k, v = rng.standard_normal((t, hkv, d)).astype(np.float32), rng.standard_normal((t, v_k)).astype(np.float32)
         k_table, v_table = ops.zeros((300, hkv * d + 64), np.float16), ops.zeros((300, hkv * d + 8), np.float16)
         ids = rng.permutation(300)[:t]
         ids[5] = 300
         out = ops.rope_rows_set_f16(q if with_q else None, k, v if with_v else None, np.arange(t) + 100, 5e5, neox,
                                     ids, k_table, rng.permutation(300)[:t], v_table)
-        print(f"rope_rows_set_f16 neox={neox} q={with_q} v={with_v}: finite="
+        print(f"rope_rows_set_f16 neox={neox} q={with_q} v={with_v} v_k={v_k}: finite="
               f"{np.isfinite(k_table.numpy()).all() and (out is None or np.isfinite(out.numpy()).all())}")
 
 

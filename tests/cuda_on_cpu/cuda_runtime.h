@@ -53,6 +53,11 @@ struct alignas(16) uint4 {
     unsigned x, y, z, w;
 };
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+struct alignas(8) uint2 {
+    unsigned x, y;
+};
+inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
 inline float __half2float(__half h) { return (float)h; }
 inline __half __float2half_rn(float f) { return (__half)f; }
 inline __half __ushort_as_half(unsigned short bits) {

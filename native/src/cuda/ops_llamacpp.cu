@@ -154,6 +154,85 @@ rope_rows_set_llamacpp_kernel(const float *q, float *q_out, Index heads, const f
     }
 }
 
+// rope_rows_set_llamacpp_kernel with two pairs a thread and vector accesses (head_dim % 4 == 0, rows and tables
+// aligned: rope_rows_set_vectors): NORM's pairs 2g, 2g + 1 are one float4 (k: 4 halves, 8 bytes), NEOX's pairs
+// g', g' + 1 (g' = 2g) two float2s half a row apart (k: 2 x 2 halves); v four values a thread (float4 -> 4 halves).
+// Each value as the scalar kernel computes it: the same expressions per pair.
+__device__ __forceinline__ void rope_pair_llamacpp(const float x0, const float x1, const int32_t p, const int i0,
+                                                   const float theta_scale, float *r0, float *r1) {
+    const float theta_base = p * powf(theta_scale, i0 / 2.0f);
+    const float cos_theta = cosf(theta_base);
+    const float sin_theta = sinf(theta_base);
+    *r0 = x0 * cos_theta - x1 * sin_theta;
+    *r1 = x0 * sin_theta + x1 * cos_theta;
+}
+
+__device__ __forceinline__ uint32_t half2_bits(float lo, float hi) {
+    return (uint32_t)__half_as_ushort(__float2half_rn(lo)) | (uint32_t)__half_as_ushort(__float2half_rn(hi)) << 16;
+}
+
+__global__ void __launch_bounds__(ELEMENTWISE_THREADS)
+rope_rows_set_vec_llamacpp_kernel(const float *q, float *q_out, uint32_t heads, const float *k, uint32_t heads_kv,
+                                  int head_dim, const float *v, uint32_t v_k, const int32_t *pos, uint32_t tokens,
+                                  float theta_scale, bool neox, const int64_t *k_ids, uint16_t *k_table,
+                                  int64_t k_table_rows, int64_t k_row_stride, const int64_t *v_ids,
+                                  uint16_t *v_table, int64_t v_table_rows, int64_t v_row_stride) {
+    const uint32_t quads = (uint32_t)head_dim / 4;  // two pairs a thread: head_dim / 4 threads a head's row
+    const uint32_t nq = q != nullptr ? tokens * heads * quads : 0, nk = tokens * heads_kv * quads;
+    const uint32_t n = nq + nk + (v != nullptr ? tokens * (v_k / 4) : 0);
+    const int half = head_dim / 2;
+    for (uint32_t idx = (uint32_t)ciq_first_index(); idx < n; idx += (uint32_t)ciq_index_stride()) {
+        if (idx >= nq + nk) {  // v's values 4j .. 4j + 3 of token t
+            const uint32_t i = idx - nq - nk, t = i / (v_k / 4), j = i % (v_k / 4);
+            const int64_t id = v_ids[t];
+            if (id < 0 || id >= v_table_rows) continue;
+            const float4 x = reinterpret_cast<const float4 *>(v)[i];
+            *reinterpret_cast<uint2 *>(v_table + id * v_row_stride + 4 * (int64_t)j) =
+                make_uint2(half2_bits(x.x, x.y), half2_bits(x.z, x.w));
+            continue;
+        }
+        const bool is_q = idx < nq;
+        const uint32_t jj = is_q ? idx : idx - nq, hs = is_q ? heads : heads_kv;
+        const uint32_t row = jj / quads, g = jj % quads, t = row / hs;  // (token, head), pairs 2g and 2g + 1
+        const int32_t p = pos[t];
+        const float *x = (is_q ? q : k) + (int64_t)row * head_dim;
+        const int pair = 2 * (int)g;
+        float r[4];
+        int off0, off1;  // where r[0..3] go in the row: NORM at 4g (off1 -1); NEOX r[0..1] at 2g, r[2..3] at 2g + half
+        if (!neox) {
+            const float4 xv = *reinterpret_cast<const float4 *>(x + 4 * g);
+            rope_pair_llamacpp(xv.x, xv.y, p, 2 * pair, theta_scale, &r[0], &r[1]);
+            rope_pair_llamacpp(xv.z, xv.w, p, 2 * pair + 2, theta_scale, &r[2], &r[3]);
+            off0 = 4 * (int)g, off1 = -1;
+        } else {
+            const float2 a = *reinterpret_cast<const float2 *>(x + pair);
+            const float2 b = *reinterpret_cast<const float2 *>(x + pair + half);
+            rope_pair_llamacpp(a.x, b.x, p, 2 * pair, theta_scale, &r[0], &r[2]);
+            rope_pair_llamacpp(a.y, b.y, p, 2 * pair + 2, theta_scale, &r[1], &r[3]);
+            off0 = pair, off1 = pair + half;  // r[0], r[1] at pair, pair + 1; r[2], r[3] at pair + half, ...
+        }
+        if (is_q) {
+            float *o = q_out + (int64_t)row * head_dim;
+            if (off1 < 0) {
+                *reinterpret_cast<float4 *>(o + off0) = make_float4(r[0], r[1], r[2], r[3]);
+            } else {
+                *reinterpret_cast<float2 *>(o + off0) = make_float2(r[0], r[1]);
+                *reinterpret_cast<float2 *>(o + off1) = make_float2(r[2], r[3]);
+            }
+        } else {
+            const int64_t id = k_ids[t];
+            if (id < 0 || id >= k_table_rows) continue;
+            uint16_t *dst = k_table + id * k_row_stride + (int64_t)(row % heads_kv) * head_dim;  // head h in row id
+            if (off1 < 0) {
+                *reinterpret_cast<uint2 *>(dst + off0) = make_uint2(half2_bits(r[0], r[1]), half2_bits(r[2], r[3]));
+            } else {
+                *reinterpret_cast<uint32_t *>(dst + off0) = half2_bits(r[0], r[1]);
+                *reinterpret_cast<uint32_t *>(dst + off1) = half2_bits(r[2], r[3]);
+            }
+        }
+    }
+}
+
 // llama.cpp's fused RMS_NORM + MUL + ROPE (rope.cu rms_norm_mul_rope_f32, which ggml-cuda runs wherever a graph
 // ropes a normed q or k: Gemma 3's and Qwen 3's q/k norms). Its expressions are copied as they stand, the exact 1s of
 // YaRN (freq_scale, attn_factor; ext_factor 0) included, because nvcc contracts them otherwise than the two separate
@@ -290,7 +369,20 @@ ciq_status ciq_cuda_llamacpp_rope_rows_set_f16(ciq_rope_mode mode, const int32_t
     const float theta_scale = powf(base, -2.0f / (float)head_dim);  // on the host, as llama.cpp's launcher
     const int64_t n = (q != nullptr ? tokens * heads * (head_dim / 2) : 0) + tokens * heads_kv * (head_dim / 2) +
                       (v != nullptr ? tokens * v_k : 0);
-    if (n <= (int64_t)INT32_MAX) {  // idx + the grid stride then stays below 2^32
+    // the vector kernel where every access it makes is aligned: rows of head_dim % 4 values, float4 rows of q, q_out,
+    // k and v (v_k % 4 == 0), 8-byte rows of halves in the tables
+    auto aligned = [](const void *ptr, uintptr_t to) { return ptr == nullptr || (uintptr_t)ptr % to == 0; };
+    const bool vectors = head_dim % 4 == 0 && aligned(q, 16) && aligned(q_out, 16) && aligned(k, 16) &&
+                         aligned(k_table, 8) && k_row_stride % 4 == 0 &&
+                         (v == nullptr ||
+                          (v_k % 4 == 0 && aligned(v, 16) && aligned(v_table, 8) && v_row_stride % 4 == 0));
+    if (vectors && n <= (int64_t)INT32_MAX) {
+        const int64_t items = n / 2 - (v != nullptr ? tokens * v_k / 4 : 0);  // pairs by two; v's values by four
+        rope_rows_set_vec_llamacpp_kernel<<<ciq_grid_for(items), ELEMENTWISE_THREADS, 0, ciq_stream()>>>(
+            q, q_out, (uint32_t)heads, k, (uint32_t)heads_kv, (int)head_dim, v, (uint32_t)v_k, positions,
+            (uint32_t)tokens, theta_scale, mode == CIQ_ROPE_NEOX, k_ids, k_table, k_table_rows, k_row_stride, v_ids,
+            v_table, v_table_rows, v_row_stride);
+    } else if (n <= (int64_t)INT32_MAX) {  // idx + the grid stride then stays below 2^32
         rope_rows_set_llamacpp_kernel<uint32_t><<<ciq_grid_for(n), ELEMENTWISE_THREADS, 0, ciq_stream()>>>(
             q, q_out, (uint32_t)heads, k, (uint32_t)heads_kv, (int)head_dim, v, (uint32_t)v_k, positions,
             (uint32_t)tokens, theta_scale, mode == CIQ_ROPE_NEOX, k_ids, k_table, k_table_rows, k_row_stride, v_ids,
