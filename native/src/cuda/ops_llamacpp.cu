@@ -157,14 +157,17 @@ rope_rows_set_llamacpp_kernel(const float *q, float *q_out, Index heads, const f
 // rope_rows_set_llamacpp_kernel with two pairs a thread and vector accesses (head_dim % 4 == 0, rows and tables
 // aligned: rope_rows_set_vectors): NORM's pairs 2g, 2g + 1 are one float4 (k: 4 halves, 8 bytes), NEOX's pairs
 // g', g' + 1 (g' = 2g) two float2s half a row apart (k: 2 x 2 halves); v four values a thread (float4 -> 4 halves).
-// Each value as the scalar kernel computes it: the same expressions per pair.
+// Each value as the scalar kernel computes it: the same expressions per pair, its contraction pinned (the PTX of both
+// kernels: mul, mul, sub for the first output; mul x1 * cos, then fma(x0, sin, it) for the second).
 __device__ __forceinline__ void rope_pair_llamacpp(const float x0, const float x1, const int32_t p, const int i0,
                                                    const float theta_scale, float *r0, float *r1) {
     const float theta_base = p * powf(theta_scale, i0 / 2.0f);
     const float cos_theta = cosf(theta_base);
     const float sin_theta = sinf(theta_base);
     *r0 = x0 * cos_theta - x1 * sin_theta;
-    *r1 = x0 * sin_theta + x1 * cos_theta;
+    // rope_llamacpp_kernel's (and ggml-cuda's rope_norm/rope_neox) contraction of the second output, written out: nvcc
+    // left to itself fuses the other product here (fma(x1, cos, x0 * sin): 1-ulp differences, seen on the H100)
+    *r1 = __fmaf_rn(x0, sin_theta, x1 * cos_theta);
 }
 
 __device__ __forceinline__ uint32_t half2_bits(float lo, float hi) {
