@@ -9,6 +9,8 @@
 // statics (one CTA at a time), dynamic shared memory is a buffer filled with 0xFF bytes (NaN) before each CTA.
 #pragma once
 
+#define CIQ_CUDA_EMULATION 1  // sources that write out nvcc's contraction compute it uncontracted here
+
 #include <algorithm>
 #include <atomic>
 #include <barrier>

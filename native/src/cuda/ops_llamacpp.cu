@@ -102,6 +102,16 @@ rope_llamacpp_kernel(const float *x, const int32_t *pos, int64_t tokens, int64_t
     }
 }
 
+// x0 * sin + x1 * cos as nvcc contracts it in rope_llamacpp_kernel and ggml-cuda's rope_norm / rope_neox:
+// fma(x0, sin, x1 * cos), written out for the ROPE_KV kernels (left to itself nvcc fuses the other product in the
+// vector kernel: 1-ulp differences, seen on the H100). The CPU emulation (tests/cuda_on_cpu, -ffp-contract=off)
+// computes rope_llamacpp_kernel without contraction, and so this.
+#ifdef CIQ_CUDA_EMULATION
+#define ROPE_SECOND_LLAMACPP(x0, x1, c, s) ((x0) * (s) + (x1) * (c))
+#else
+#define ROPE_SECOND_LLAMACPP(x0, x1, c, s) __fmaf_rn((x0), (s), (x1) * (c))
+#endif
+
 // llama.cpp's attention inputs in one launch (ciq_rope_rows_set_f16): q's RoPE (rope_llamacpp_kernel's expressions),
 // k's RoPE with ggml-cuda's fused ROPE + VIEW + SET_ROWS store (rope.cu: the same float expression, rounded to half into
 // row k_ids[t] of the table at head h's offset h * head_dim) and v's SET_ROWS into row v_ids[t] (set-rows.cu: float ->
@@ -140,7 +150,7 @@ rope_rows_set_llamacpp_kernel(const float *q, float *q_out, Index heads, const f
         const float x0 = x[base + off_a];
         const float x1 = x[base + off_b];
         const float r0 = x0 * cos_theta - x1 * sin_theta;
-        const float r1 = x0 * sin_theta + x1 * cos_theta;
+        const float r1 = ROPE_SECOND_LLAMACPP(x0, x1, cos_theta, sin_theta);
         if (is_q) {
             q_out[base + off_a] = r0;
             q_out[base + off_b] = r1;
@@ -157,17 +167,15 @@ rope_rows_set_llamacpp_kernel(const float *q, float *q_out, Index heads, const f
 // rope_rows_set_llamacpp_kernel with two pairs a thread and vector accesses (head_dim % 4 == 0, rows and tables
 // aligned: rope_rows_set_vectors): NORM's pairs 2g, 2g + 1 are one float4 (k: 4 halves, 8 bytes), NEOX's pairs
 // g', g' + 1 (g' = 2g) two float2s half a row apart (k: 2 x 2 halves); v four values a thread (float4 -> 4 halves).
-// Each value as the scalar kernel computes it: the same expressions per pair, its contraction pinned (the PTX of both
-// kernels: mul, mul, sub for the first output; mul x1 * cos, then fma(x0, sin, it) for the second).
+// Each value as the scalar kernel computes it: the same expressions per pair, the second output's contraction pinned
+// (both kernels' PTX: mul, mul, sub for the first output; mul x1 * cos, then fma(x0, sin, it) for the second).
 __device__ __forceinline__ void rope_pair_llamacpp(const float x0, const float x1, const int32_t p, const int i0,
                                                    const float theta_scale, float *r0, float *r1) {
     const float theta_base = p * powf(theta_scale, i0 / 2.0f);
     const float cos_theta = cosf(theta_base);
     const float sin_theta = sinf(theta_base);
     *r0 = x0 * cos_theta - x1 * sin_theta;
-    // rope_llamacpp_kernel's (and ggml-cuda's rope_norm/rope_neox) contraction of the second output, written out: nvcc
-    // left to itself fuses the other product here (fma(x1, cos, x0 * sin): 1-ulp differences, seen on the H100)
-    *r1 = __fmaf_rn(x0, sin_theta, x1 * cos_theta);
+    *r1 = ROPE_SECOND_LLAMACPP(x0, x1, cos_theta, sin_theta);
 }
 
 __device__ __forceinline__ uint32_t half2_bits(float lo, float hi) {
