@@ -112,7 +112,7 @@ CDEF_SHA256 = {2: "4a2d9f159019c7458ae310183d425a220dd7d0e41cd353f738031334d4b9a
                28: "0feb9d5d78d8fe11c4241f71525c8d30b38929e04b705fc4d4d780fb9859f2ff",  # 28: ciq_gemm_quantized_group of 1..3 weights of one type or Q4_K then Q6_K, ciq_gemm_quantized_glu_pair, GGML_CIQ_PLUGIN_GROUP
                29: "4acb1c1133a7ed2de862d03ba3a4fcd4a1771a94493401594cc02d4bd391cdd9",  # 29: GGML_CIQ_PLUGIN_GROUP on by default (the 8B's pp512 +10% through llama-bench, H100)
                30: "fe249d049598b38975bfd3dc0cb9c7b6d8c69bf2a8266914d61fd0e6825972dd",  # 30: GGML_CIQ_PLUGIN_TIMELINE (the plugin's GPU timeline line)
-               31: "5acae0a857de72f010ed09a305167edd29e96fc2d47ed8ee6fd69263490a9362"}  # 31: ciq_rope_rows_set_f16, GGML_CIQ_PLUGIN_ROPE_KV (the plugin's ROPE_KV step)
+               31: "4d0b1238d77f614f1ab99307bc6dacf548d39e578e5c19191534a3825189698d"}  # 31: ciq_rope_rows_set_f16, GGML_CIQ_PLUGIN_ROPE_KV (the plugin's ROPE_KV step)
 
 
 def cdef_sha256() -> str:

@@ -134,11 +134,10 @@ ciq_status ciq_api_version(int *version);
 ciq_status ciq_build_info(const char **json);
 /* An on/off runtime switch (GGML_CIQ_FUSE, GGML_CIQ_FUSE_GLU, GGML_CIQ_ATTENTION_WGMMA, GGML_CIQ_PLUGIN_GRAPHS,
  * GGML_CIQ_PLUGIN_FUSE_RULE, GGML_CIQ_PLUGIN_STATS, GGML_CIQ_PLUGIN_ATTENTION, GGML_CIQ_PLUGIN_GROUP,
- * GGML_CIQ_PLUGIN_TIMELINE since API v30, GGML_CIQ_PLUGIN_ROPE_KV since v31, on) as the environment sets it now: *on 1 or 0 (1/on/true/yes, 0/off/false/no,
- * any case; unset or empty: its default, off for GGML_CIQ_PLUGIN_GRAPHS, GGML_CIQ_PLUGIN_STATS,
- * GGML_CIQ_PLUGIN_ATTENTION and GGML_CIQ_PLUGIN_TIMELINE, else on; GGML_CIQ_PLUGIN_GROUP on since API v29).
- * Another name, or a value the
- * switch does not take: CIQ_ERR_INVALID_ARGUMENT naming it. */
+ * GGML_CIQ_PLUGIN_TIMELINE since API v30, GGML_CIQ_PLUGIN_ROPE_KV since v31) as the environment sets it now: *on 1
+ * or 0 (1/on/true/yes, 0/off/false/no, any case; unset or empty: its default, off for GGML_CIQ_PLUGIN_GRAPHS,
+ * GGML_CIQ_PLUGIN_STATS, GGML_CIQ_PLUGIN_ATTENTION and GGML_CIQ_PLUGIN_TIMELINE, else on; GGML_CIQ_PLUGIN_GROUP on
+ * since API v29). Another name, or a value the switch does not take: CIQ_ERR_INVALID_ARGUMENT naming it. */
 ciq_status ciq_switch_on(const char *name, int *on);
 /* The registry's facts about a variant (CIQ_VARIANT_AUTO included). */
 ciq_status ciq_variant_describe(ciq_variant variant, ciq_variant_info *info);
@@ -360,9 +359,9 @@ ciq_status ciq_rows_set_f16(int device, const float *x, int64_t n, int64_t k, co
  * write, V cache write): q [tokens][heads][head_dim] roped into q_out (may be q; q NULL: no q), k
  * [tokens][heads_kv][head_dim] roped and rounded to f16 into k_table row k_ids[t], v [tokens][v_k] (NULL: no v)
  * rounded into v_table row v_ids[t] (tables as ciq_rows_set_f16's: rows row_stride values apart; an id outside
- * [0, table_rows) is an error on the host, skipped on a GPU). RoPE as ciq_rope. order: HOST on the host (ciq_rope, ciq_rope,
- * ciq_rows_set_f16, ciq_rows_set_f16 in turn); LLAMACPP_CUDA on a GPU, one kernel with ggml-cuda's values (its RoPE
- * with the fused ROPE + VIEW + SET_ROWS store, its SET_ROWS); a GPU's host order: CIQ_ERR_UNSUPPORTED. */
+ * [0, table_rows) is an error on the host, skipped on a GPU). RoPE as ciq_rope. order: HOST on the host (ciq_rope,
+ * ciq_rope, ciq_rows_set_f16, ciq_rows_set_f16 in turn); LLAMACPP_CUDA on a GPU, one kernel with ggml-cuda's values
+ * (its RoPE with the fused ROPE + VIEW + SET_ROWS store, its SET_ROWS); a GPU's host order: CIQ_ERR_UNSUPPORTED. */
 ciq_status ciq_rope_rows_set_f16(int device, ciq_op_order order, ciq_rope_mode mode, const int32_t *positions,
                                  int64_t tokens, int64_t head_dim, float base, const float *q, int64_t heads,
                                  float *q_out, const float *k, int64_t heads_kv, const float *v, int64_t v_k,

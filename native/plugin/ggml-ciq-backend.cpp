@@ -327,7 +327,7 @@ struct step {
     int glu = -1;           // GLU_PAIR: the GLU of gate's product (node, a MUL_MAT) and up's (mul, a MUL_MAT)
     int rope_q = -1;        // ROPE_KV (node: k's ROPE): q's ROPE joined to it (-1: none)
     int set_k = -1;         // ROPE_KV: the K cache write (SET_ROWS of the VIEW of k's ROPE)
-    int set_v = -1;         // ROPE_KV: the V cache write by the same ids (-1: none)
+    int set_v = -1;         // ROPE_KV: the V cache write after it, by its own ids (-1: none)
     std::vector<int> group; // MUL_MAT: the MUL_MATs on the same activations launched with it (k and v: one launch)
     std::vector<ciq_plan> group_plans;  // ... and the library's plans for them
     bool fresh_x = false;   // MUL_MAT: convert its activations (else ours converted them last and nothing wrote since)
