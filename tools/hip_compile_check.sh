@@ -48,10 +48,11 @@ for arch in gfx1100 gfx1201; do
   [ "$kernels" -eq 2 ] || { echo "  FAIL: expected 2 quantize kernels"; status=1; }
   # ops.cu: rms_norm (a block a row; a warp a row at 4 register widths; a block a row with registers at 3), rope,
   # rope + kv_store (the norm into the f16 layout is CUDA-only, as that layout), kv_store, glu and glu4, add and add4, scale, get_rows, dequantize_bf16, convert_bf16; ops_llamacpp.cu:
-  # rms_norm and the fused rms_norm + rope at 256 and 1024 threads, rope, glu gelu and silu; attention.cu: the simt kernel
+  # rms_norm and the fused rms_norm + rope at 256 and 1024 threads, rope, glu gelu and silu, rope + rows_set (32- and
+  # 64-bit indices, and the vector form); attention.cu: the simt kernel
   # and the split's combine for head_dim 64, 96, 128, 256 (mma is CUDA-only; so is attention_llamacpp.cu); gemm_q32.cu:
   # Q4_0/Q5_0/Q8_0/Q4_1/Q5_1 with MMQ's seams; gemm_mmvq.cu: 8 types x 1..8 tokens and quantize_q8_1.
-  for expect in "ops 21" "ops_llamacpp 7" "attention 9" "attention_llamacpp 0" "gemm_q32 5" "gemm_mmvq 65"; do
+  for expect in "ops 21" "ops_llamacpp 10" "attention 9" "attention_llamacpp 0" "gemm_q32 5" "gemm_mmvq 65"; do
     kernels=$(grep -c '^[[:space:]]*\.amdhsa_kernel ' "$out/${expect% *}-$arch.s" || true)
     echo "$arch: ${expect% *}.cu compiled, $kernels kernels"
     [ "$kernels" -eq "${expect#* }" ] || { echo "  FAIL: expected ${expect#* } ${expect% *} kernels"; status=1; }

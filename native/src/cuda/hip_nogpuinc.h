@@ -99,6 +99,11 @@ static __host__ __device__ __forceinline__ float4 make_float4(float x, float y, 
 struct __align__(8) float2 {
     float x, y;
 };
+static __host__ __device__ __forceinline__ float2 make_float2(float x, float y) { return {x, y}; }
+struct __align__(8) uint2 {
+    unsigned int x, y;
+};
+static __host__ __device__ __forceinline__ uint2 make_uint2(unsigned int x, unsigned int y) { return {x, y}; }
 
 // ---- half, bfloat16 ----
 typedef _Float16 __half;
