@@ -1220,7 +1220,7 @@ def test_gpu_plan_over_llamacpps_allocated_graph(plugin_path, cpu_device, llama,
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     path = catalog.resolve_model(model)
-    _, got, ops = tool.plans(path, 512, plugin_path)
+    _, got, ops, deps = tool.plans(path, 512, plugin_path)
     count = lambda label, kind: sum(1 for row in got[label] if row[0] == kind)  # noqa: E731
     *steps, runs_without, rope_kv, pick = want
     assert count("API v19's plan", "RUN") == steps[0] and {row[0] for row in got["API v19's plan"]} == {"RUN", "MUL_MAT"}
@@ -1253,4 +1253,8 @@ def test_gpu_plan_over_llamacpps_allocated_graph(plugin_path, cpu_device, llama,
     assert all(ops[row[1]] == "ROPE" and row[2] == -1 and ops[row[3]] == "SET_ROWS" for row in with_kv
                if row[0] == "ROPE_KV")
     assert not {row[0] for row in got["fused plan"]} & {"ROPE_KV"}
+    # graph_optimize's dependencies: a llama layer's q product (a MUL_MAT) kept until its k's RoPE; none where q's RoPE
+    # reads a bias ADD (Qwen2) or a q norm (Gemma 3)
+    assert len(deps) == (rope_kv if model == "smollm2-135m" else 0), deps
+    assert all(ops[kept] == "MUL_MAT" and ops[until] == "ROPE" and kept < until for kept, until in deps)
     assert not {row[0] for row in got["fused plan"]} & {"SCALE", "SET_ROWS", "ATTN"}

@@ -43,9 +43,11 @@ SWITCHES = ("GGML_CIQ_OFFLOAD", "GGML_CIQ_FUSE", "GGML_CIQ_PLUGIN_FUSE_RULE", "G
 
 
 def plans(model_path, tokens: int, plugin_path) -> tuple:
-    """(node count, {label: [(kind name, node, mul, add, flags, run length), ...]}, op of each node index) of the
-    plugin's plans over llama.cpp CPU's allocated graph of a `tokens`-token prefill of model_path. Sets SWITCHES
-    while it plans and restores them."""
+    """(node count, {label: [(kind name, node, mul, add, flags, run length), ...]}, op of each node index, the
+    allocation dependencies the plugin's graph_optimize would add as (kept, until) node pairs) of the plugin's plans over
+    llama.cpp CPU's allocated graph of a `tokens`-token prefill of model_path (allocated without those dependencies:
+    llama.cpp CPU's scheduler never calls the plugin's graph_optimize). Sets SWITCHES while it plans and restores
+    them."""
     import cffi
 
     from ggml_ciq import llama_model as lm
@@ -76,6 +78,8 @@ def plans(model_path, tokens: int, plugin_path) -> tuple:
                                                             b"ggml_ciq_plugin_plan")
             hook = ffi.cast("int (*)(struct ggml_cgraph *, int, uint64_t, int32_t *, uint64_t *, int32_t *, int)",
                             address)
+            deps_hook = ffi.cast("int (*)(struct ggml_cgraph *, int, int32_t *, int)", lib.ggml_backend_reg_get_proc_address(
+                lib.ggml_backend_dev_backend_reg(dev), b"ggml_ciq_plugin_alloc_deps"))
             with lm.LlamaModel(model_path) as model, \
                     model.context(max(256, -(-tokens // 256) * 256), n_batch=tokens, flash_attn=True,
                                   eval_callback=True) as ctx:
@@ -88,6 +92,9 @@ def plans(model_path, tokens: int, plugin_path) -> tuple:
                     n = lib.ggml_graph_n_nodes(graph)
                     ops = [ffi.string(lib.ggml_op_desc(lib.ggml_graph_node(graph, i))).decode() for i in range(n)]
                     os.environ["GGML_CIQ_OFFLOAD"] = "all"
+                    os.environ.pop("GGML_CIQ_PLUGIN_ROPE_KV", None)  # graph_optimize's dependencies, by default
+                    pairs = ffi.new("int32_t[]", 2 * n)
+                    deps = [tuple(pairs[2 * i:2 * i + 2]) for i in range(deps_hook(graph, 0, pairs, n))]
                     got = {}
                     for label, fuse, rule, attention, rope_kv in PLANS:
                         os.environ["GGML_CIQ_FUSE"], os.environ["GGML_CIQ_PLUGIN_FUSE_RULE"] = fuse, rule
@@ -100,7 +107,7 @@ def plans(model_path, tokens: int, plugin_path) -> tuple:
                         rows = ffi.new("int32_t[]", 6 * n)
                         steps = hook(graph, 0, 1, rows, ffi.new("uint64_t[]", n), ffi.new("int32_t[]", n), n)
                         got[label] = [(KINDS[rows[6 * i]], *rows[6 * i + 1:6 * i + 6]) for i in range(steps)]
-                    return n, got, ops
+                    return n, got, ops, deps
                 finally:
                     lib.ggml_free(gctx)
     finally:
@@ -126,10 +133,12 @@ def main(argv=None) -> int:
         if path is None:
             raise CiqError("no ggml plugin built (pip install . builds it next to the library)")
         model_path = catalog.resolve_model(args.model)
-        n, got, ops = plans(model_path, args.tokens, path)
+        n, got, ops, deps = plans(model_path, args.tokens, path)
     except CiqError as exc:
         print(f"plugin_plan: {exc}", file=sys.stderr)
         return 2
+    print(f"{model_path.name}: graph_optimize would keep {len(deps)} products allocated longer (q's until k's RoPE"
+          + (f", e.g. node {deps[0][0]} {ops[deps[0][0]]} until node {deps[0][1]} {ops[deps[0][1]]})" if deps else ")"))
     for label, steps in got.items():
         kinds = collections.Counter(row[0] for row in steps)
         print(f"{model_path.name}, {args.tokens} tokens, {n} nodes: {label}: {len(steps)} steps, "
