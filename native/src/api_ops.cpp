@@ -363,9 +363,12 @@ ciq_status ciq_rope_rows_set_f16(int device, ciq_op_order order, ciq_rope_mode m
                         (long long)head_dim);
     }
     if (!(base > 0.0f)) return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: base must be > 0, got %g", what, (double)base);
-    const int64_t k_row = heads_kv * head_dim, q_heads = q != nullptr ? heads : 0;
-    if (k_row / head_dim != heads_kv || tokens > INT64_MAX / 4 / k_row ||
-        (q_heads > 0 && (q_heads > INT64_MAX / head_dim || tokens > INT64_MAX / 4 / (q_heads * head_dim))) ||
+    const int64_t q_heads = q != nullptr ? heads : 0;
+    if (heads_kv > INT64_MAX / head_dim || q_heads > INT64_MAX / head_dim) {  // checked before any product is formed
+        return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: heads x head_dim %lld overflows", what, (long long)head_dim);
+    }
+    const int64_t k_row = heads_kv * head_dim;
+    if (tokens > INT64_MAX / 4 / k_row || (q_heads > 0 && tokens > INT64_MAX / 4 / (q_heads * head_dim)) ||
         (v != nullptr && tokens > INT64_MAX / 4 / v_k)) {
         return ciq_fail(CIQ_ERR_INVALID_ARGUMENT, "%s: %lld tokens of its rows overflow", what, (long long)tokens);
     }
