@@ -1500,6 +1500,26 @@ struct step_call {
     int64_t v_table_rows = 0, v_row_stride = 0;
 };
 
+// A ROPE's arguments (its positions, head_dim, heads, tokens, base, mode) into c.
+void rope_args(const ggml_tensor *rope, step_call *c) {
+    c->positions = (const int32_t *)rope->src[1]->data;
+    c->head_dim = rope->ne[0];
+    c->heads = rope->ne[1];
+    c->tokens = rope->ne[2];
+    c->base = rope_base(rope);
+    c->mode = rope_mode(rope);
+}
+
+// A SET_ROWS' destination as ciq_rows_set_f16 takes it: its ids, the table (the node, a view of the cache), its rows
+// and their stride in values.
+void set_rows_args(const ggml_tensor *set_rows, const int64_t **ids, uint16_t **table, int64_t *rows,
+                   int64_t *row_stride) {
+    *ids = (const int64_t *)set_rows->src[1]->data;
+    *table = (uint16_t *)set_rows->data;
+    *rows = set_rows->ne[1];
+    *row_stride = (int64_t)(set_rows->nb[1] / sizeof(uint16_t));
+}
+
 step_call call_of(int device, ggml_cgraph *graph, const step &s) {
     step_call c;
     ggml_tensor *n = graph->nodes[s.node];
@@ -1550,23 +1570,11 @@ step_call call_of(int device, ggml_cgraph *graph, const step &s) {
         c.x = (const float *)n->src[0]->data;
         c.k = n->src[0]->ne[0];
         c.tokens = n->src[0]->ne[1];
-        c.ids = (const int64_t *)n->src[1]->data;
-        c.table = (uint16_t *)n->data;
-        c.table_rows = n->ne[1];
-        c.row_stride = (int64_t)(n->nb[1] / sizeof(uint16_t));
+        set_rows_args(n, &c.ids, &c.table, &c.table_rows, &c.row_stride);
     } else if (s.kind == STEP_ROPE_KV) {
-        const ggml_tensor *set_k = graph->nodes[s.set_k];
         c.x = (const float *)n->src[0]->data;
-        c.positions = (const int32_t *)n->src[1]->data;
-        c.head_dim = n->ne[0];
-        c.heads = n->ne[1];
-        c.tokens = n->ne[2];
-        c.base = rope_base(n);
-        c.mode = rope_mode(n);
-        c.ids = (const int64_t *)set_k->src[1]->data;
-        c.table = (uint16_t *)set_k->data;
-        c.table_rows = set_k->ne[1];
-        c.row_stride = (int64_t)(set_k->nb[1] / sizeof(uint16_t));
+        rope_args(n, &c);
+        set_rows_args(graph->nodes[s.set_k], &c.ids, &c.table, &c.table_rows, &c.row_stride);
         if (s.rope_q >= 0) {
             ggml_tensor *q = graph->nodes[s.rope_q];
             c.q = (const float *)q->src[0]->data;
@@ -1577,10 +1585,7 @@ step_call call_of(int device, ggml_cgraph *graph, const step &s) {
             const ggml_tensor *set_v = graph->nodes[s.set_v];
             c.v = (const float *)set_v->src[0]->data;
             c.v_k = set_v->src[0]->ne[0];
-            c.v_ids = (const int64_t *)set_v->src[1]->data;
-            c.v_table = (uint16_t *)set_v->data;
-            c.v_table_rows = set_v->ne[1];
-            c.v_row_stride = (int64_t)(set_v->nb[1] / sizeof(uint16_t));
+            set_rows_args(set_v, &c.v_ids, &c.v_table, &c.v_table_rows, &c.v_row_stride);
         }
     } else if (s.kind == STEP_ATTN) {
         attention_of(n, &c.attention);  // the plan took it: its arguments are there
@@ -1591,12 +1596,7 @@ step_call call_of(int device, ggml_cgraph *graph, const step &s) {
             c.weight = (const float *)graph->nodes[s.mul]->src[1]->data;
             c.eps = ggml_get_op_params_f32(n, 0);
         }
-        c.positions = (const int32_t *)rope->src[1]->data;
-        c.head_dim = rope->ne[0];
-        c.heads = rope->ne[1];
-        c.tokens = rope->ne[2];
-        c.base = rope_base(rope);
-        c.mode = rope_mode(rope);
+        rope_args(rope, &c);
         c.out = (float *)rope->data;
     }
     if (s.fused) {
