@@ -51,6 +51,9 @@ int emu_rope_kv_store(int mode, const float *q, const float *k, const float *v, 
                       int64_t tokens, int64_t heads, int64_t heads_kv, int64_t head_dim, float base, int64_t start,
                       float *q_out, uint16_t *k_cache, uint16_t *v_cache);
 int emu_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values);
+int emu_rope_rows_set_kernel(int64_t n, int64_t head_dim, const float *q, const float *q_out, const float *k,
+                             const float *v, int64_t v_k, const uint16_t *k_table, int64_t k_row_stride,
+                             const uint16_t *v_table, int64_t v_row_stride);
 int emu_rope_rows_set_f16(int mode, const int32_t *positions, int64_t tokens, int64_t head_dim, float base,
                           const float *q, int64_t heads, float *q_out, const float *k, int64_t heads_kv,
                           const float *v, int64_t v_k, const int64_t *k_ids, uint16_t *k_table, int64_t k_table_rows,
@@ -452,6 +455,17 @@ def test_rope_rows_set_f16_emulated(emu, rng, neox, with_q, with_v, v_k):
     call(emu, "emu_rows_set_f16", k_roped, tokens, heads_kv * d, ids, k_want.view(np.uint16), 30, heads_kv * d + 8)
     call(emu, "emu_rows_set_f16", v, tokens, v_k, v_ids, v_want.view(np.uint16), 30, v_k + 4)
     q_out = poisoned(q.shape)
+    # which kernel runs (0 vectors, 1 scalar with 32-bit indices): the vector one unless v's rows are not a multiple of
+    # 4 values (numpy's buffers are 16-byte aligned; the tables' strides 136 and 98 / 100 values)
+    ffi, lib = emu
+    ptr = lambda a: ffi.NULL if a is None else ffi.cast("void *", ffi.from_buffer(a))  # noqa: E731
+    n = tokens * (heads if with_q else 0) * d // 2 + tokens * heads_kv * d // 2 + (tokens * v_k if with_v else 0)
+    kernel = lib.emu_rope_rows_set_kernel(n, d, ptr(q if with_q else None), ptr(q_out if with_q else None), ptr(k),
+                                          ptr(v if with_v else None), v_k, ptr(k_table), heads_kv * d + 8,
+                                          ptr(v_table if with_v else None), v_k + 4)
+    assert kernel == (1 if with_v and v_k % 4 else 0), kernel
+    assert lib.emu_rope_rows_set_kernel(1 << 31, d, ptr(q), ptr(q_out), ptr(k), ptr(v), v_k, ptr(k_table),
+                                        heads_kv * d + 8, ptr(v_table), v_k + 4) == 2  # past 32-bit indices
     call(emu, "emu_rope_rows_set_f16", mode, positions, tokens, d, 5e5, q if with_q else None, heads,
          q_out if with_q else None, k, heads_kv, v if with_v else None, v_k, ids, k_table.view(np.uint16), 30,
          heads_kv * d + 8, v_ids, v_table.view(np.uint16), 30, v_k + 4)

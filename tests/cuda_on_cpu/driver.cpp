@@ -79,6 +79,12 @@ int emu_rope_rows_set_f16(int mode, const int32_t *positions, int64_t tokens, in
                                                heads_kv, v, v_k, k_ids, k_table, k_table_rows, k_row_stride, v_ids,
                                                v_table, v_table_rows, v_row_stride);
 }
+int emu_rope_rows_set_kernel(int64_t n, int64_t head_dim, const float *q, const float *q_out, const float *k,
+                             const float *v, int64_t v_k, const uint16_t *k_table, int64_t k_row_stride,
+                             const uint16_t *v_table, int64_t v_row_stride) {
+    return ciq_cuda_llamacpp_rope_rows_set_kernel(n, head_dim, q, q_out, k, v, v_k, k_table, k_row_stride, v_table,
+                                                  v_row_stride);
+}
 int emu_kv_store(uint16_t *cache, int64_t start, const float *x, int64_t tokens, int64_t row_values) {
     return ciq_cuda_kv_store(cache, start, x, tokens, row_values);
 }

@@ -135,6 +135,12 @@ ciq_status ciq_cuda_llamacpp_rope(ciq_rope_mode mode, const float *x, const int3
 ciq_status ciq_cuda_llamacpp_rms_norm_rope(ciq_rope_mode mode, const float *x, const float *weight, float eps,
                                            const int32_t *positions, int64_t tokens, int64_t heads, int64_t head_dim,
                                            float base, float *out);
+// The kernel ciq_cuda_llamacpp_rope_rows_set_f16 runs for n grid indices (q's and k's pairs, v's values) over these
+// rows and tables (the tests' view of its dispatch).
+enum { CIQ_ROPE_ROWS_SET_VECTORS = 0, CIQ_ROPE_ROWS_SET_SCALAR32 = 1, CIQ_ROPE_ROWS_SET_SCALAR64 = 2 };
+int ciq_cuda_llamacpp_rope_rows_set_kernel(int64_t n, int64_t head_dim, const float *q, const float *q_out,
+                                           const float *k, const float *v, int64_t v_k, const uint16_t *k_table,
+                                           int64_t k_row_stride, const uint16_t *v_table, int64_t v_row_stride);
 // ciq_rope_rows_set_f16 in llama.cpp CUDA's order: q (or NULL) roped into q_out, k roped and v (or NULL) rounded to f16
 // into their tables' rows ids[t], one kernel (ops_llamacpp.cu).
 ciq_status ciq_cuda_llamacpp_rope_rows_set_f16(ciq_rope_mode mode, const int32_t *positions, int64_t tokens,

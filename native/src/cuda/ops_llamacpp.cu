@@ -112,6 +112,22 @@ rope_llamacpp_kernel(const float *x, const int32_t *pos, int64_t tokens, int64_t
 #define ROPE_SECOND_LLAMACPP(x0, x1, c, s) __fmaf_rn((x0), (s), (x1) * (c))
 #endif
 
+// One RoPE pair of the ROPE_KV kernels, rope_llamacpp_kernel's expressions (the angle pos * theta_scale^(i0/2) by
+// powf; the second output's contraction pinned: both ROPE_KV kernels' PTX are mul, mul, sub for the first output and
+// mul x1 * cos, then fma(x0, sin, it) for the second).
+__device__ __forceinline__ void rope_pair_llamacpp(const float x0, const float x1, const int32_t p, const int i0,
+                                                   const float theta_scale, float *r0, float *r1) {
+    const float theta_base = p * powf(theta_scale, i0 / 2.0f);
+    const float cos_theta = cosf(theta_base);
+    const float sin_theta = sinf(theta_base);
+    *r0 = x0 * cos_theta - x1 * sin_theta;
+    *r1 = ROPE_SECOND_LLAMACPP(x0, x1, cos_theta, sin_theta);
+}
+
+__device__ __forceinline__ uint32_t half2_bits(float lo, float hi) {
+    return (uint32_t)__half_as_ushort(__float2half_rn(lo)) | (uint32_t)__half_as_ushort(__float2half_rn(hi)) << 16;
+}
+
 // llama.cpp's attention inputs in one launch (ciq_rope_rows_set_f16): q's RoPE (rope_llamacpp_kernel's expressions),
 // k's RoPE with ggml-cuda's fused ROPE + VIEW + SET_ROWS store (rope.cu: the same float expression, rounded to half into
 // row k_ids[t] of the table at head h's offset h * head_dim) and v's SET_ROWS into row v_ids[t] (set-rows.cu: float ->
@@ -141,16 +157,11 @@ rope_rows_set_llamacpp_kernel(const float *q, float *q_out, Index heads, const f
         const Index row = j / half;  // (token, head)
         const int pair = (int)(j % half), i0 = 2 * pair;
         const Index t = row / hs;
-        const float theta_base = pos[t] * powf(theta_scale, i0 / 2.0f);
-        const float cos_theta = cosf(theta_base);
-        const float sin_theta = sinf(theta_base);
         const int off_a = neox ? pair : i0, off_b = off_a + (neox ? (int)half : 1);  // within the head's row
         const int64_t base = (int64_t)row * head_dim;
         const float *x = is_q ? q : k;
-        const float x0 = x[base + off_a];
-        const float x1 = x[base + off_b];
-        const float r0 = x0 * cos_theta - x1 * sin_theta;
-        const float r1 = ROPE_SECOND_LLAMACPP(x0, x1, cos_theta, sin_theta);
+        float r0, r1;
+        rope_pair_llamacpp(x[base + off_a], x[base + off_b], pos[t], i0, theta_scale, &r0, &r1);
         if (is_q) {
             q_out[base + off_a] = r0;
             q_out[base + off_b] = r1;
@@ -165,23 +176,9 @@ rope_rows_set_llamacpp_kernel(const float *q, float *q_out, Index heads, const f
 }
 
 // rope_rows_set_llamacpp_kernel with two pairs a thread and vector accesses (head_dim % 4 == 0, rows and tables
-// aligned: rope_rows_set_vectors): NORM's pairs 2g, 2g + 1 are one float4 (k: 4 halves, 8 bytes), NEOX's pairs
+// aligned: ciq_cuda_llamacpp_rope_rows_set_kernel): NORM's pairs 2g, 2g + 1 are one float4 (k: 4 halves, 8 bytes), NEOX's pairs
 // g', g' + 1 (g' = 2g) two float2s half a row apart (k: 2 x 2 halves); v four values a thread (float4 -> 4 halves).
-// Each value as the scalar kernel computes it: the same expressions per pair, the second output's contraction pinned
-// (both kernels' PTX: mul, mul, sub for the first output; mul x1 * cos, then fma(x0, sin, it) for the second).
-__device__ __forceinline__ void rope_pair_llamacpp(const float x0, const float x1, const int32_t p, const int i0,
-                                                   const float theta_scale, float *r0, float *r1) {
-    const float theta_base = p * powf(theta_scale, i0 / 2.0f);
-    const float cos_theta = cosf(theta_base);
-    const float sin_theta = sinf(theta_base);
-    *r0 = x0 * cos_theta - x1 * sin_theta;
-    *r1 = ROPE_SECOND_LLAMACPP(x0, x1, cos_theta, sin_theta);
-}
-
-__device__ __forceinline__ uint32_t half2_bits(float lo, float hi) {
-    return (uint32_t)__half_as_ushort(__float2half_rn(lo)) | (uint32_t)__half_as_ushort(__float2half_rn(hi)) << 16;
-}
-
+// Each value as the scalar kernel computes it: rope_pair_llamacpp per pair.
 __global__ void __launch_bounds__(ELEMENTWISE_THREADS)
 rope_rows_set_vec_llamacpp_kernel(const float *q, float *q_out, uint32_t heads, const float *k, uint32_t heads_kv,
                                   int head_dim, const float *v, uint32_t v_k, const int32_t *pos, uint32_t tokens,
@@ -371,6 +368,21 @@ ciq_status ciq_cuda_llamacpp_rms_norm_rope(ciq_rope_mode mode, const float *x, c
     return CIQ_OK;
 }
 
+// Which ROPE_KV kernel a call runs: the vector kernel where every access it makes is aligned (rows of head_dim % 4
+// values, float4 rows of q, q_out, k and v (v_k % 4 == 0), 8-byte rows of halves in the tables) and its indices fit 32
+// bits; else the scalar kernel with 32-bit or 64-bit indices.
+int ciq_cuda_llamacpp_rope_rows_set_kernel(int64_t n, int64_t head_dim, const float *q, const float *q_out,
+                                           const float *k, const float *v, int64_t v_k, const uint16_t *k_table,
+                                           int64_t k_row_stride, const uint16_t *v_table, int64_t v_row_stride) {
+    auto aligned = [](const void *ptr, uintptr_t to) { return ptr == nullptr || (uintptr_t)ptr % to == 0; };
+    const bool vectors = head_dim % 4 == 0 && aligned(q, 16) && aligned(q_out, 16) && aligned(k, 16) &&
+                         aligned(k_table, 8) && k_row_stride % 4 == 0 &&
+                         (v == nullptr ||
+                          (v_k % 4 == 0 && aligned(v, 16) && aligned(v_table, 8) && v_row_stride % 4 == 0));
+    if (n > (int64_t)INT32_MAX) return CIQ_ROPE_ROWS_SET_SCALAR64;  // idx + the grid stride must stay below 2^32
+    return vectors ? CIQ_ROPE_ROWS_SET_VECTORS : CIQ_ROPE_ROWS_SET_SCALAR32;
+}
+
 ciq_status ciq_cuda_llamacpp_rope_rows_set_f16(ciq_rope_mode mode, const int32_t *positions, int64_t tokens,
                                                int64_t head_dim, float base, const float *q, int64_t heads,
                                                float *q_out, const float *k, int64_t heads_kv, const float *v,
@@ -380,20 +392,15 @@ ciq_status ciq_cuda_llamacpp_rope_rows_set_f16(ciq_rope_mode mode, const int32_t
     const float theta_scale = powf(base, -2.0f / (float)head_dim);  // on the host, as llama.cpp's launcher
     const int64_t n = (q != nullptr ? tokens * heads * (head_dim / 2) : 0) + tokens * heads_kv * (head_dim / 2) +
                       (v != nullptr ? tokens * v_k : 0);
-    // the vector kernel where every access it makes is aligned: rows of head_dim % 4 values, float4 rows of q, q_out,
-    // k and v (v_k % 4 == 0), 8-byte rows of halves in the tables
-    auto aligned = [](const void *ptr, uintptr_t to) { return ptr == nullptr || (uintptr_t)ptr % to == 0; };
-    const bool vectors = head_dim % 4 == 0 && aligned(q, 16) && aligned(q_out, 16) && aligned(k, 16) &&
-                         aligned(k_table, 8) && k_row_stride % 4 == 0 &&
-                         (v == nullptr ||
-                          (v_k % 4 == 0 && aligned(v, 16) && aligned(v_table, 8) && v_row_stride % 4 == 0));
-    if (vectors && n <= (int64_t)INT32_MAX) {
+    const int kernel = ciq_cuda_llamacpp_rope_rows_set_kernel(n, head_dim, q, q_out, k, v, v_k, k_table, k_row_stride,
+                                                              v_table, v_row_stride);
+    if (kernel == CIQ_ROPE_ROWS_SET_VECTORS) {
         const int64_t items = n / 2 - (v != nullptr ? tokens * v_k / 4 : 0);  // pairs by two; v's values by four
         rope_rows_set_vec_llamacpp_kernel<<<ciq_grid_for(items), ELEMENTWISE_THREADS, 0, ciq_stream()>>>(
             q, q_out, (uint32_t)heads, k, (uint32_t)heads_kv, (int)head_dim, v, (uint32_t)v_k, positions,
             (uint32_t)tokens, theta_scale, mode == CIQ_ROPE_NEOX, k_ids, k_table, k_table_rows, k_row_stride, v_ids,
             v_table, v_table_rows, v_row_stride);
-    } else if (n <= (int64_t)INT32_MAX) {  // idx + the grid stride then stays below 2^32
+    } else if (kernel == CIQ_ROPE_ROWS_SET_SCALAR32) {
         rope_rows_set_llamacpp_kernel<uint32_t><<<ciq_grid_for(n), ELEMENTWISE_THREADS, 0, ciq_stream()>>>(
             q, q_out, (uint32_t)heads, k, (uint32_t)heads_kv, (int)head_dim, v, (uint32_t)v_k, positions,
             (uint32_t)tokens, theta_scale, mode == CIQ_ROPE_NEOX, k_ids, k_table, k_table_rows, k_row_stride, v_ids,
