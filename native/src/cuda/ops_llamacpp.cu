@@ -82,6 +82,27 @@ rms_norm_llamacpp_kernel(const float *x, const float *weight, const float *add, 
     }
 }
 
+// x0 * sin + x1 * cos as nvcc contracts it in ggml-cuda's rope_norm / rope_neox: fma(x0, sin, x1 * cos), written out
+// (left to itself nvcc fused the other product in the ROPE_KV vector kernel: 1-ulp differences, seen on the H100).
+// The CPU emulation (tests/cuda_on_cpu, -ffp-contract=off) computes it without contraction.
+#ifdef CIQ_CUDA_EMULATION
+#define ROPE_SECOND_LLAMACPP(x0, x1, c, s) ((x0) * (s) + (x1) * (c))
+#else
+#define ROPE_SECOND_LLAMACPP(x0, x1, c, s) __fmaf_rn((x0), (s), (x1) * (c))
+#endif
+
+// One RoPE pair in ggml-cuda's expressions (rope.cu; the angle pos * theta_scale^(i0/2) by powf), for
+// rope_llamacpp_kernel and both ROPE_KV kernels: their PTX is mul, mul, sub for the first output and mul x1 * cos,
+// then fma(x0, sin, it) for the second.
+__device__ __forceinline__ void rope_pair_llamacpp(const float x0, const float x1, const int32_t p, const int i0,
+                                                   const float theta_scale, float *r0, float *r1) {
+    const float theta_base = p * powf(theta_scale, i0 / 2.0f);
+    const float cos_theta = cosf(theta_base);
+    const float sin_theta = sinf(theta_base);
+    *r0 = x0 * cos_theta - x1 * sin_theta;
+    *r1 = ROPE_SECOND_LLAMACPP(x0, x1, cos_theta, sin_theta);
+}
+
 __global__ void __launch_bounds__(ELEMENTWISE_THREADS)
 rope_llamacpp_kernel(const float *x, const int32_t *pos, int64_t tokens, int64_t heads, int head_dim,
                      float theta_scale, bool neox, float *dst) {
@@ -91,37 +112,12 @@ rope_llamacpp_kernel(const float *x, const int32_t *pos, int64_t tokens, int64_t
         const int64_t row = idx / half;  // (token, head)
         const int pair = (int)(idx % half), i0 = 2 * pair;
         const int64_t t = row / heads;
-        const float theta_base = pos[t] * powf(theta_scale, i0 / 2.0f);
-        const float cos_theta = cosf(theta_base);
-        const float sin_theta = sinf(theta_base);
         const int64_t a = row * head_dim + (neox ? pair : i0), b = a + (neox ? half : 1);
-        const float x0 = x[a];
-        const float x1 = x[b];
-        dst[a] = x0 * cos_theta - x1 * sin_theta;
-        dst[b] = x0 * sin_theta + x1 * cos_theta;
+        float r0, r1;
+        rope_pair_llamacpp(x[a], x[b], pos[t], i0, theta_scale, &r0, &r1);
+        dst[a] = r0;
+        dst[b] = r1;
     }
-}
-
-// x0 * sin + x1 * cos as nvcc contracts it in rope_llamacpp_kernel and ggml-cuda's rope_norm / rope_neox:
-// fma(x0, sin, x1 * cos), written out for the ROPE_KV kernels (left to itself nvcc fuses the other product in the
-// vector kernel: 1-ulp differences, seen on the H100). The CPU emulation (tests/cuda_on_cpu, -ffp-contract=off)
-// computes rope_llamacpp_kernel without contraction, and so this.
-#ifdef CIQ_CUDA_EMULATION
-#define ROPE_SECOND_LLAMACPP(x0, x1, c, s) ((x0) * (s) + (x1) * (c))
-#else
-#define ROPE_SECOND_LLAMACPP(x0, x1, c, s) __fmaf_rn((x0), (s), (x1) * (c))
-#endif
-
-// One RoPE pair of the ROPE_KV kernels, rope_llamacpp_kernel's expressions (the angle pos * theta_scale^(i0/2) by
-// powf; the second output's contraction pinned: both ROPE_KV kernels' PTX are mul, mul, sub for the first output and
-// mul x1 * cos, then fma(x0, sin, it) for the second).
-__device__ __forceinline__ void rope_pair_llamacpp(const float x0, const float x1, const int32_t p, const int i0,
-                                                   const float theta_scale, float *r0, float *r1) {
-    const float theta_base = p * powf(theta_scale, i0 / 2.0f);
-    const float cos_theta = cosf(theta_base);
-    const float sin_theta = sinf(theta_base);
-    *r0 = x0 * cos_theta - x1 * sin_theta;
-    *r1 = ROPE_SECOND_LLAMACPP(x0, x1, cos_theta, sin_theta);
 }
 
 __device__ __forceinline__ uint32_t half2_bits(float lo, float hi) {
